@@ -1,0 +1,147 @@
+/*
+ * alloc.c — per-device caching allocators with accounting (DESIGN.md §3).
+ *
+ * Blocks are rounded up to size classes (64-byte granules below 1 MiB, then quarter powers of two) and
+ * kept in per-class free lists when released, so a training loop that allocates the same shapes every
+ * step stops calling the system allocator after its first step. `current` counts bytes handed to live
+ * storages (the requested sizes' classes), `cached` what sits in free lists, `peak` the max of current.
+ * A limit turns allocations past it into an error the recipe can catch (and makes OOM testable).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+#define N_DEVICES 9          /* cpu + 8 cuda devices */
+#define N_CLASSES 160
+
+typedef struct free_block { void *p; struct free_block *next; } free_block;
+
+typedef struct {
+    tide_memory_stats st;
+    free_block *lists[N_CLASSES];
+    size_t class_size[N_CLASSES];
+} device_pool;
+
+static device_pool g_pool[N_DEVICES];
+static int g_init;
+
+static void init_classes(void)
+{
+    for (int d = 0; d < N_DEVICES; d++) {
+        size_t s = 64;
+        for (int c = 0; c < N_CLASSES; c++) {
+            g_pool[d].class_size[c] = s;
+            if (s < (1u << 20)) s = s < 4096 ? s * 2 : s + 4096 * (s / 16384 + 1);
+            else s = s + s / 4;
+            s = (s + 63) & ~(size_t)63;
+        }
+    }
+    g_init = 1;
+}
+
+static int size_class(device_pool *pool, size_t n)
+{
+    int lo = 0, hi = N_CLASSES - 1;
+    if (n > pool->class_size[hi]) return -1;                /* huge: exact size, not cached */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (pool->class_size[mid] >= n) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+int tide_device_valid(int device) { return device >= 0 && device < N_DEVICES; }
+
+void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
+{
+    if (!g_init) init_classes();
+    if (!tide_device_valid(device)) { tide_set_error("alloc: device %d out of range", device); return NULL; }
+    const tide_backend *bk = tide_backend_for(device);
+    if (!bk) return NULL;
+    device_pool *pool = &g_pool[device];
+    if (nbytes == 0) nbytes = 1;
+    int c = size_class(pool, nbytes);
+    size_t cap = c >= 0 ? pool->class_size[c] : ((nbytes + 63) & ~(size_t)63);
+    if (pool->st.limit > 0 && pool->st.current + (int64_t)cap > pool->st.limit) {
+        tide_set_error("out of memory on %s: allocating %zu bytes with %lld in use exceeds the limit of %lld bytes",
+                       device == 0 ? "cpu" : "cuda", cap, (long long)pool->st.current,
+                       (long long)pool->st.limit);
+        return NULL;
+    }
+    void *p = NULL;
+    if (c >= 0 && pool->lists[c]) {
+        free_block *fb = pool->lists[c];
+        pool->lists[c] = fb->next;
+        p = fb->p;
+        free(fb);
+        pool->st.cached -= (int64_t)cap;
+        pool->st.n_cache_hits++;
+    } else {
+        p = bk->malloc(cap);
+        if (!p) {
+            /* give cached blocks back to the system and try once more */
+            tide_memory_empty_cache(device);
+            p = bk->malloc(cap);
+        }
+        if (!p) {
+            tide_set_error("out of memory on %s: could not allocate %zu bytes (%lld in use)",
+                           device == 0 ? "cpu" : "cuda", cap, (long long)pool->st.current);
+            return NULL;
+        }
+    }
+    pool->st.current += (int64_t)cap;
+    pool->st.n_alloc++;
+    if (pool->st.current > pool->st.peak) pool->st.peak = pool->st.current;
+    *capacity = cap;
+    return p;
+}
+
+void tide_free_block(int device, void *p, size_t capacity, size_t nbytes)
+{
+    if (!p) return;
+    device_pool *pool = &g_pool[device];
+    pool->st.current -= (int64_t)capacity;
+    int c = size_class(pool, nbytes ? nbytes : 1);
+    free_block *fb = c >= 0 && pool->class_size[c] == capacity ? malloc(sizeof *fb) : NULL;
+    if (!fb) { tide_backend_for(device)->free(p); return; }
+    fb->p = p;
+    fb->next = pool->lists[c];
+    pool->lists[c] = fb;
+    pool->st.cached += (int64_t)capacity;
+}
+
+int tide_memory_stats_get(int device, tide_memory_stats *out)
+{
+    if (!tide_device_valid(device)) return tide_set_error("memory: device %d out of range", device);
+    *out = g_pool[device].st;
+    return 0;
+}
+
+void tide_memory_reset_peak(int device)
+{
+    if (tide_device_valid(device)) g_pool[device].st.peak = g_pool[device].st.current;
+}
+
+void tide_memory_empty_cache(int device)
+{
+    if (!tide_device_valid(device) || !g_init) return;
+    const tide_backend *bk = tide_backend_for(device);
+    device_pool *pool = &g_pool[device];
+    for (int c = 0; c < N_CLASSES; c++) {
+        while (pool->lists[c]) {
+            free_block *fb = pool->lists[c];
+            pool->lists[c] = fb->next;
+            if (bk) bk->free(fb->p);
+            free(fb);
+        }
+    }
+    pool->st.cached = 0;
+}
+
+int tide_memory_set_limit(int device, int64_t bytes)
+{
+    if (!tide_device_valid(device)) return tide_set_error("memory: device %d out of range", device);
+    if (bytes < 0) return tide_set_error("memory: limit must be >= 0, got %lld", (long long)bytes);
+    g_pool[device].st.limit = bytes;
+    return 0;
+}

@@ -1,0 +1,262 @@
+/*
+ * main.c — the `tide` executable: embeds LuaJIT and hands the command line to lua/tide/cli.lua.
+ *
+ * libtide is linked with --no-as-needed and this executable exports its symbols, so the Lua side
+ * reaches the engine through ffi.C. The few functions below named tide_host_* are the host's own
+ * (line editing for the REPL); they are declared for the FFI in lua/tide/repl.lua, not in tide.h.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <lualib.h>
+
+
+
+#ifdef TIDE_HAVE_READLINE
+#include <readline/history.h>
+#include <readline/readline.h>
+#endif
+
+#ifndef TIDE_SOURCE_DIR
+#define TIDE_SOURCE_DIR "."
+#endif
+
+#define TIDE_HISTORY_LINES 2000
+
+/* ---- line editing (exported for the REPL) ------------------------------------------------------ */
+
+/* completion words, one per line, replaced by the REPL before each prompt */
+static char *g_words;
+static size_t g_words_len;
+static int g_history_ready;
+static char g_history_path[PATH_MAX];
+
+void tide_host_set_completions(const char *words)
+{
+    size_t n = words ? strlen(words) : 0;
+    char *copy = malloc(n + 1);
+    if (!copy) return;                 /* keep the old list; completion is a convenience */
+    if (n) memcpy(copy, words, n);
+    copy[n] = '\0';
+    free(g_words);
+    g_words = copy;
+    g_words_len = n;
+}
+
+int tide_host_has_readline(void)
+{
+#ifdef TIDE_HAVE_READLINE
+    return isatty(0) ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+#ifdef TIDE_HAVE_READLINE
+static char *completion_generator(const char *text, int state)
+{
+    static size_t pos;
+    size_t tlen = strlen(text);
+    if (state == 0) pos = 0;
+    while (g_words && pos < g_words_len) {
+        const char *w = g_words + pos;
+        const char *nl = memchr(w, '\n', g_words_len - pos);
+        size_t wlen = nl ? (size_t)(nl - w) : g_words_len - pos;
+        pos += wlen + 1;
+        if (wlen >= tlen && strncmp(w, text, tlen) == 0) {
+            char *m = malloc(wlen + 1);
+            if (!m) return NULL;
+            memcpy(m, w, wlen);
+            m[wlen] = '\0';
+            return m;
+        }
+    }
+    return NULL;
+}
+
+static char **completion(const char *text, int start, int end)
+{
+    rl_attempted_completion_over = 1;  /* no file-name completion */
+    rl_completion_append_character = '\0';
+    return rl_completion_matches(text, completion_generator);
+}
+
+static void history_init(void)
+{
+    if (g_history_ready) return;
+    g_history_ready = 1;
+    const char *home = getenv("HOME");
+    if (home && *home) {
+        snprintf(g_history_path, sizeof g_history_path, "%s/.tide_history", home);
+        read_history(g_history_path);  /* a missing file is fine */
+    }
+    stifle_history(TIDE_HISTORY_LINES);
+    rl_readline_name = "tide";
+    /* '.' and ':' are part of the names we complete (tide.F.softmax, x:sum) */
+    rl_completer_word_break_characters = " \t\n\"'`@$><=;|&{(,)}[]+-*/%^~#";
+    rl_attempted_completion_function = completion;
+}
+#endif
+
+/* Reads one line without its newline; NULL at end of input. The string stays valid until the next
+   call. Uses GNU readline on a terminal, plain stdio otherwise. */
+const char *tide_host_readline(const char *prompt)
+{
+    static char *line;
+    free(line);
+    line = NULL;
+#ifdef TIDE_HAVE_READLINE
+    if (isatty(0)) {
+        history_init();
+        line = readline(prompt ? prompt : "");
+        return line;
+    }
+#endif
+    if (prompt) { fputs(prompt, stdout); fflush(stdout); }
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) { free(line); line = NULL; return NULL; }
+    if (n > 0 && line[n - 1] == '\n') line[n - 1] = '\0';
+    return line;
+}
+
+/* Adds a line to the in-memory history and appends it to ~/.tide_history. */
+void tide_host_add_history(const char *line)
+{
+#ifdef TIDE_HAVE_READLINE
+    if (!line || !*line || !isatty(0)) return;
+    history_init();
+    HIST_ENTRY *last = history_length > 0 ? history_get(history_base + history_length - 1) : NULL;
+    if (last && last->line && strcmp(last->line, line) == 0) return;
+    add_history(line);
+    if (g_history_path[0]) {
+        FILE *f = fopen(g_history_path, "a");   /* append_history needs an existing file */
+        if (f) fclose(f);
+        append_history(1, g_history_path);
+        history_truncate_file(g_history_path, TIDE_HISTORY_LINES);
+    }
+#else
+    (void)line;
+#endif
+}
+
+/* ---- Lua state ---------------------------------------------------------------------------------- */
+
+static int dir_has_tide(const char *dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    if (snprintf(path, sizeof path, "%s/tide/init.lua", dir) >= (int)sizeof path) return 0;
+    return stat(path, &st) == 0;
+}
+
+/* The Lua library directory: $TIDE_LUA_DIR, else <exe dir>/../lua, else the source tree's lua/. */
+static void find_lua_dir(char *out, size_t n)
+{
+    const char *env = getenv("TIDE_LUA_DIR");
+    if (env && *env) { snprintf(out, n, "%s", env); return; }
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            char cand[PATH_MAX];
+            if (snprintf(cand, sizeof cand, "%s/../lua", exe) < (int)sizeof cand && dir_has_tide(cand)) {
+                char *real = realpath(cand, NULL);
+                snprintf(out, n, "%s", real ? real : cand);
+                free(real);
+                return;
+            }
+        }
+    }
+    snprintf(out, n, "%s/lua", TIDE_SOURCE_DIR);
+}
+
+/* message handler: string errors get a traceback; error objects with __tostring (the CLI's usage
+   errors) are shown as they are */
+static int on_error(lua_State *L)
+{
+    if (lua_type(L, 1) == LUA_TSTRING) {
+        const char *msg = lua_tostring(L, 1);
+        const char *tb = getenv("TIDE_TRACEBACK");
+        if (tb && strcmp(tb, "0") == 0) return 1;
+        lua_getglobal(L, "debug");
+        lua_getfield(L, -1, "traceback");
+        lua_pushstring(L, msg);
+        lua_pushinteger(L, 2);
+        lua_call(L, 2, 1);
+        return 1;
+    }
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    return 1;
+}
+
+static int run(lua_State *L, int argc, char **argv)
+{
+    char luadir[PATH_MAX];
+    find_lua_dir(luadir, sizeof luadir);
+
+    /* package.path = <luadir>/?.lua;<luadir>/?/init.lua;<previous> */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "path");
+    const char *old = lua_tostring(L, -1);
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", luadir, luadir, old ? old : "");
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 2);
+
+    /* refuse to run without GC64: tensors and recipes may need more than 2 GiB of Lua heap */
+    if (luaL_dostring(L, "return require('ffi').abi('gc64')") != 0 || !lua_toboolean(L, -1)) {
+        fprintf(stderr, "tide: this LuaJIT was built without GC64 (LUAJIT_ENABLE_GC64); rebuild it with GC64\n");
+        return 1;
+    }
+    lua_pop(L, 1);
+
+    lua_pushcfunction(L, on_error);
+    int handler = lua_gettop(L);
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "tide.cli");
+    if (lua_pcall(L, 1, 1, handler) != 0) {
+        fprintf(stderr, "tide: %s\n(lua library directory: %s; set TIDE_LUA_DIR to override)\n",
+                lua_tostring(L, -1), luadir);
+        return 1;
+    }
+    lua_getfield(L, -1, "main");
+    lua_createtable(L, argc > 1 ? argc - 1 : 0, 1);
+    lua_pushstring(L, argv[0]);
+    lua_rawseti(L, -2, 0);
+    for (int i = 1; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i);
+    }
+    if (lua_pcall(L, 1, 1, handler) != 0) {
+        fprintf(stderr, "tide: %s\n", lua_tostring(L, -1));
+        return 1;
+    }
+    int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        fprintf(stderr, "tide: cannot create the Lua state (out of memory)\n");
+        return 1;
+    }
+    luaL_openlibs(L);
+    int code = run(L, argc, argv);
+    fflush(stdout);
+    lua_close(L);
+    return code;
+}

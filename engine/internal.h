@@ -1,0 +1,151 @@
+/*
+ * internal.h — what engine files share and the public header does not show: storage, graph nodes,
+ * the op registry, and small helpers for writing ops (DESIGN.md §4, §5).
+ */
+#ifndef TIDE_INTERNAL_H
+#define TIDE_INTERNAL_H
+#include <stdint.h>
+#include <stddef.h>
+#include "tide.h"
+#include "../kernels/backend.h"
+
+#define TIDE_MAX_DIMS 8
+#define TIDE_MAX_SAVED 8
+
+/* ---- storage --------------------------------------------------------------------------------- */
+struct tide_storage {
+    void *data;                   /* device pointer (64-byte aligned on the CPU) */
+    size_t nbytes;                /* bytes requested */
+    size_t capacity;              /* bytes of the cached block (size class) */
+    int device;
+    int refcount;
+};
+
+struct tide_storage *tide_storage_new(int device, size_t nbytes);   /* NULL + error on OOM */
+void tide_storage_release(struct tide_storage *s);
+
+/* allocator (alloc.c): raw blocks with accounting */
+void *tide_alloc_block(int device, size_t nbytes, size_t *capacity);
+void tide_free_block(int device, void *p, size_t capacity, size_t nbytes);
+
+/* the backend table of a device; NULL + error when the device is unknown or not built */
+const tide_backend *tide_backend_for(int device);
+int tide_device_valid(int device);
+
+/* data pointer of a tensor (storage base + offset), for passing to kernels only */
+void *tide_data(const tide_tensor *t);
+
+/* ---- tensors (tensor.c) --------------------------------------------------------------------------- */
+tide_tensor *tide_tensor_alloc_struct(void);                              /* refcount 1, zeroed */
+/* a view of x's storage with the given geometry (no graph) */
+tide_tensor *tide_view_of(const tide_tensor *x, int ndim, const int64_t *shape, const int64_t *stride,
+                          int64_t offset);
+tide_tensor *tide_empty_like(const tide_tensor *x);                       /* contiguous, same dtype/device */
+void tide_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+int64_t tide_shape_numel(int ndim, const int64_t *shape);
+int tide_same_shape(const tide_tensor *a, const tide_tensor *b);
+/* "[4, 64]" into buf */
+const char *tide_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* contiguous copy (no graph), or a new reference to x when already contiguous */
+tide_tensor *tide_contiguous_nograd(tide_tensor *x);
+int tide_is_float(int dtype);
+int tide_is_int(int dtype);
+
+/* ---- autograd graph (autograd.c) ------------------------------------------------------------------ */
+typedef struct tide_attrs {
+    int64_t i[8];
+    double f[4];
+    int64_t *list;                /* variable-length int attribute (perm, sizes, shape); owned copy */
+    int n_list;
+} tide_attrs;
+
+typedef struct tide_meta {
+    int32_t dtype, device, ndim;
+    int64_t shape[TIDE_MAX_DIMS];
+} tide_meta;
+
+typedef struct tide_region tide_region;
+
+typedef struct tide_node {
+    int op;
+    int refcount;
+    int64_t seq;                  /* creation order: reverse seq is a valid backward order */
+    int n_in, n_out;
+    tide_attrs attr;
+    tide_meta *in_meta;           /* [n_in] */
+    tide_meta *out_meta;          /* [n_out] */
+    uint8_t *in_needs_grad;       /* [n_in] */
+    tide_tensor **in;             /* [n_in] retained: leaves needing grad; external inputs of regions */
+    struct tide_node **in_src;    /* [n_in] retained producer node, or NULL */
+    int *in_src_idx;              /* [n_in] output index in the producer */
+    tide_tensor *saved[TIDE_MAX_SAVED];   /* what backward needs (detached aliases) */
+    int n_saved;
+    tide_tensor **out_grad;       /* [n_out] accumulators during backward */
+    tide_tensor **replay_out;     /* [n_out] outputs recomputed by a region replay */
+    tide_region *region;          /* recompute region, or NULL */
+    int region_slot;
+    int consumed;                 /* backward already ran through this node */
+    int mark;                     /* traversal scratch */
+} tide_node;
+
+/* op forward: computes out[0..n_out) (new references) from in[] and n->attr; may call tide_node_save
+   to keep what backward needs. Runs with grad mode off. */
+typedef int (*tide_forward_fn)(tide_node *n, tide_tensor **in, tide_tensor **out);
+/* op backward: gin[i] = new reference to dL/d(in i), only where n->in_needs_grad[i] (else leave NULL).
+   gout[k] is never NULL. Runs with grad mode off, so it may use public ops freely. */
+typedef int (*tide_backward_fn)(tide_node *n, tide_tensor **gout, tide_tensor **gin);
+
+typedef struct tide_op_def {
+    const char *name;
+    tide_forward_fn forward;
+    tide_backward_fn backward;    /* NULL: not differentiable (outputs never require grad) */
+} tide_op_def;
+
+/* the op registry: one enum entry per public op (test-ops iterates it; registry.c holds the table) */
+typedef enum {
+    TIDE_OP_RESHAPE, TIDE_OP_PERMUTE, TIDE_OP_SLICE, TIDE_OP_CONTIGUOUS, TIDE_OP_EXPAND, TIDE_OP_CONCAT,
+    TIDE_OP_SPLIT, TIDE_OP_INDEX_SELECT, TIDE_OP_GATHER, TIDE_OP_SCATTER_ADD, TIDE_OP_TO_DTYPE,
+    TIDE_OP_TO_DEVICE,
+    TIDE_OP_ADD, TIDE_OP_SUB, TIDE_OP_MUL, TIDE_OP_DIV,
+    TIDE_OP_ADD_SCALAR, TIDE_OP_MUL_SCALAR, TIDE_OP_POW_SCALAR, TIDE_OP_NEG, TIDE_OP_EXP, TIDE_OP_LOG,
+    TIDE_OP_SQRT, TIDE_OP_RSQRT, TIDE_OP_TANH, TIDE_OP_SIGMOID, TIDE_OP_SILU, TIDE_OP_GELU,
+    TIDE_OP_SOFTPLUS, TIDE_OP_RELU, TIDE_OP_ABS, TIDE_OP_SWIGLU,
+    TIDE_OP_SUM, TIDE_OP_MEAN, TIDE_OP_MAX, TIDE_OP_ARGMAX, TIDE_OP_LOGSUMEXP,
+    TIDE_OP_MATMUL,
+    TIDE_OP_EMBEDDING, TIDE_OP_RMSNORM, TIDE_OP_LAYERNORM, TIDE_OP_SOFTMAX, TIDE_OP_LOG_SOFTMAX,
+    TIDE_OP_CROSS_ENTROPY, TIDE_OP_ROPE, TIDE_OP_ATTENTION,
+    TIDE_OP_COUNT
+} tide_op_id;
+
+extern const tide_op_def tide_op_defs[TIDE_OP_COUNT];
+
+/* run op `op` on inputs; records a node when grad mode is on and some input requires grad.
+   out[] receives n_out new references. attr may be NULL. Returns 0 or -1 (error set). */
+int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out, const tide_attrs *attr);
+/* single-output convenience: returns the output or NULL */
+tide_tensor *tide_op_run1(int op, int n_in, tide_tensor **in, const tide_attrs *attr);
+/* keep t for backward (stored as a detached alias so saving an output makes no cycle) */
+int tide_node_save(tide_node *n, tide_tensor *t);
+
+/* helpers for backward functions */
+/* sum g down to the given shape (reverse of broadcasting); new reference */
+tide_tensor *tide_sum_to_shape(tide_tensor *g, int ndim, const int64_t *shape);
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+/* tide_set_error is declared in backend.h; it returns -1 */
+#define TIDE_CHECK(cond, ...) do { if (!(cond)) { tide_set_error(__VA_ARGS__); return NULL; } } while (0)
+#define TIDE_CHECK_INT(cond, ...) do { if (!(cond)) { return tide_set_error(__VA_ARGS__); } } while (0)
+
+/* argument checks used by every op: name the op and the argument */
+int tide_check_tensor(const tide_tensor *t, const char *op, const char *arg);     /* non-NULL */
+int tide_check_float(const tide_tensor *t, const char *op, const char *arg);      /* f32/f64/bf16 */
+int tide_check_index_dtype(const tide_tensor *t, const char *op, const char *arg);  /* i32/i64 */
+int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const char *op);
+int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op);
+int tide_norm_dim(int dim, int ndim, const char *op, int *out);                   /* negative dims */
+
+/* a backend entry that may be NULL: reports "<op>: not implemented on <backend>" */
+#define TIDE_KERNEL(bk, entry, opname) \
+    ((bk)->entry ? 0 : tide_set_error("%s: not implemented on the %s backend", (opname), (bk)->name))
+
+#endif

@@ -1,0 +1,294 @@
+/*
+ * tide.h — the one public header of the tide engine.
+ *
+ * Lua reads the text between the TIDE_CDEF_BEGIN and TIDE_CDEF_END markers with ffi.cdef, so that
+ * part holds plain C declarations only: no macros, no preprocessor lines, literal array sizes.
+ *
+ * Conventions (DESIGN.md):
+ *  - Every fallible function returns NULL (pointers) or a non-zero status (int) and sets a thread-local
+ *    message readable with tide_last_error(). Nothing aborts on user input.
+ *  - Tensors are reference counted. A function returning a tensor returns a NEW reference the caller
+ *    owns (release with tide_tensor_release); tensors passed as arguments are borrowed.
+ *  - Indices are 0-based. Negative dims count from the end (-1 = last).
+ *  - Ops record a node on the autograd graph when grad mode is on and an input requires grad.
+ */
+#ifndef TIDE_H
+#define TIDE_H
+#include <stdint.h>
+#include <stddef.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* TIDE_CDEF_BEGIN */
+
+/* ---- dtypes and devices -------------------------------------------------------------------- */
+typedef enum {
+    TIDE_F32 = 0, TIDE_F64 = 1, TIDE_BF16 = 2, TIDE_I32 = 3, TIDE_I64 = 4, TIDE_U8 = 5,
+    TIDE_DTYPE_COUNT = 6
+} tide_dtype;
+
+/* device: 0 = cpu, 1 + n = cuda:n */
+enum { TIDE_CPU = 0, TIDE_CUDA0 = 1 };
+
+const char *tide_dtype_name(int dtype);          /* "f32", ... ; NULL when out of range */
+int tide_dtype_from_name(const char *name);      /* -1 when unknown */
+size_t tide_dtype_size(int dtype);               /* 0 when out of range */
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+const char *tide_last_error(void);               /* "" when none */
+void tide_clear_error(void);
+void tide_set_error_str(const char *msg);        /* lets front ends report through the same channel */
+
+/* ---- tensors ---------------------------------------------------------------------------------- */
+struct tide_storage;                             /* opaque: bytes on one device, reference counted */
+struct tide_node;                                /* opaque: autograd graph node */
+
+typedef struct tide_tensor {
+    int32_t dtype;                /* tide_dtype */
+    int32_t device;               /* 0 = cpu, 1+n = cuda:n */
+    int32_t ndim;                 /* 0..8; 0 = scalar */
+    int32_t requires_grad;        /* leaf flag set by the user, or 1 on outputs of recorded ops */
+    int64_t shape[8];
+    int64_t stride[8];            /* in elements */
+    int64_t offset;               /* in elements, from the storage base */
+    int64_t numel;
+    int32_t refcount;
+    int32_t out_index;            /* which output of `node` this tensor is */
+    struct tide_storage *storage;
+    struct tide_tensor *grad;     /* accumulated gradient of a leaf (owned), or NULL */
+    struct tide_node *node;       /* the op that made it (owned reference), NULL for leaves */
+} tide_tensor;
+
+void tide_tensor_retain(tide_tensor *t);
+void tide_tensor_release(tide_tensor *t);        /* NULL is fine */
+int tide_is_contiguous(const tide_tensor *t);
+int64_t tide_tensor_nbytes(const tide_tensor *t);  /* numel * dtype size */
+/* stable identity of the underlying bytes (for "do these share storage" checks) */
+const void *tide_tensor_storage_id(const tide_tensor *t);
+
+/* creation (no autograd history; requires_grad = 0) */
+tide_tensor *tide_empty(int dtype, int ndim, const int64_t *shape, int device);
+tide_tensor *tide_zeros(int dtype, int ndim, const int64_t *shape, int device);
+tide_tensor *tide_ones(int dtype, int ndim, const int64_t *shape, int device);
+tide_tensor *tide_full(int dtype, int ndim, const int64_t *shape, int device, double value);
+tide_tensor *tide_arange(int dtype, double start, double end, double step, int device);
+tide_tensor *tide_randn(int dtype, int ndim, const int64_t *shape, int device, double mean, double std);
+tide_tensor *tide_rand(int dtype, int ndim, const int64_t *shape, int device, double lo, double hi);
+/* values given as doubles, converted to dtype (integers must be exact) */
+tide_tensor *tide_from_f64(int dtype, int ndim, const int64_t *shape, int device, const double *values);
+/* raw little-endian bytes in the tensor's own dtype; nbytes must equal numel * dtype size */
+tide_tensor *tide_from_bytes(int dtype, int ndim, const int64_t *shape, int device, const void *bytes, size_t nbytes);
+
+/* explicit copies out of / into tensor memory (the only way front ends touch tensor bytes) */
+int tide_to_f64_buffer(const tide_tensor *t, double *out, int64_t n);      /* n must equal numel */
+int tide_read_bytes(const tide_tensor *t, void *out, size_t nbytes);       /* row-major, tensor dtype */
+int tide_write_bytes(tide_tensor *t, const void *bytes, size_t nbytes);    /* into a contiguous tensor */
+double tide_item(const tide_tensor *t);                                    /* numel must be 1; NaN + error otherwise */
+
+/* in-place, never recorded on the graph (optimiser and initialisation work) */
+int tide_fill_(tide_tensor *t, double value);
+int tide_copy_(tide_tensor *dst, const tide_tensor *src);   /* same shape; converts dtype/device */
+int tide_randn_(tide_tensor *t, double mean, double std);
+int tide_rand_(tide_tensor *t, double lo, double hi);
+int tide_scale_(tide_tensor *t, double s);                  /* t *= s */
+int tide_axpy_(tide_tensor *y, double a, const tide_tensor *x);   /* y += a x, same shape */
+/* sum of squares of all elements, accumulated in double; NaN/inf propagate */
+int tide_sum_squares(const tide_tensor *t, double *out);
+int tide_all_finite(const tide_tensor *t);                  /* 1, 0, or -1 on error */
+
+/* ---- autograd ---------------------------------------------------------------------------------- */
+int tide_set_requires_grad(tide_tensor *t, int flag);      /* leaves only */
+int tide_backward(tide_tensor *loss, const tide_tensor *grad);  /* grad NULL: loss must have numel 1 */
+int tide_grad_enabled(void);
+int tide_set_grad_enabled(int on);                          /* returns the previous value */
+tide_tensor *tide_detach(tide_tensor *t);                   /* shares storage, no history */
+void tide_zero_grad(tide_tensor *t);                        /* drops t->grad */
+tide_tensor *tide_grad(tide_tensor *t);                     /* new reference to t->grad or NULL */
+int tide_set_grad(tide_tensor *t, tide_tensor *g);          /* replaces t->grad (g borrowed) */
+/* recompute regions: nodes recorded between begin and end keep their inputs, not their saved
+   activations or intermediate outputs; backward replays the region's forward first. Regions nest
+   as a single region (inner begin/end pairs are counted). */
+int tide_recompute_begin(void);
+int tide_recompute_end(void);
+int64_t tide_graph_live_nodes(void);                        /* for leak tests */
+
+/* ---- RNG (Philox 4x32-10, counter based) -------------------------------------------------------- */
+void tide_manual_seed(uint64_t seed);
+void tide_rng_get(uint64_t *seed, uint64_t *offset);
+void tide_rng_set(uint64_t seed, uint64_t offset);
+/* the raw stream, for tests and for Lua-side sampling: n uniforms in [0,1) from (seed, offset) */
+void tide_philox_uniform(uint64_t seed, uint64_t offset, double *out, int64_t n);
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+typedef struct tide_memory_stats {
+    int64_t current;              /* bytes held by live storages */
+    int64_t peak;                 /* max of current since start or last reset */
+    int64_t cached;               /* bytes held in the allocator's free lists */
+    int64_t limit;                /* 0 = none; allocations that would exceed it fail with an error */
+    int64_t n_alloc;              /* allocations served */
+    int64_t n_cache_hits;
+} tide_memory_stats;
+int tide_memory_stats_get(int device, tide_memory_stats *out);
+void tide_memory_reset_peak(int device);
+void tide_memory_empty_cache(int device);
+int tide_memory_set_limit(int device, int64_t bytes);
+int64_t tide_live_tensors(void);
+
+/* ---- runtime ---------------------------------------------------------------------------------- */
+const char *tide_version(void);
+int tide_num_threads(void);
+void tide_set_num_threads(int n);
+const char *tide_blas_info(void);                           /* e.g. "OpenBLAS 0.3.21 Haswell openmp" */
+int tide_cuda_available(void);                              /* 1 when built with CUDA and a GPU is present */
+int tide_cuda_device_count(void);
+const char *tide_cuda_info(void);                           /* build/runtime summary, never NULL */
+int tide_mpi_available(void);                               /* 1 when built with MPI */
+double tide_time_now(void);                                 /* monotonic seconds */
+
+/* ---- ops: creation of views and layout (differentiable) ----------------------------------------- */
+tide_tensor *tide_reshape(tide_tensor *x, int ndim, const int64_t *shape);  /* one -1 allowed */
+tide_tensor *tide_permute(tide_tensor *x, int ndim, const int *perm);
+tide_tensor *tide_transpose(tide_tensor *x, int d0, int d1);
+tide_tensor *tide_slice(tide_tensor *x, int dim, int64_t start, int64_t end, int64_t step);  /* view */
+tide_tensor *tide_contiguous(tide_tensor *x);               /* new reference; x itself if contiguous */
+tide_tensor *tide_expand(tide_tensor *x, int ndim, const int64_t *shape);    /* broadcast view */
+tide_tensor *tide_concat(int n, tide_tensor **xs, int dim);
+int tide_split(tide_tensor *x, int dim, int n, const int64_t *sizes, tide_tensor **outs);
+tide_tensor *tide_index_select(tide_tensor *x, int dim, tide_tensor *index);  /* index i32/i64 1-D */
+tide_tensor *tide_gather(tide_tensor *x, int dim, tide_tensor *index);        /* index same ndim as x */
+tide_tensor *tide_scatter_add(tide_tensor *x, int dim, tide_tensor *index, tide_tensor *src);
+tide_tensor *tide_to_dtype(tide_tensor *x, int dtype);
+tide_tensor *tide_to_device(tide_tensor *x, int device);
+
+/* ---- ops: elementwise ---------------------------------------------------------------------------- */
+/* binary ops broadcast numpy-style */
+tide_tensor *tide_add(tide_tensor *a, tide_tensor *b);
+tide_tensor *tide_sub(tide_tensor *a, tide_tensor *b);
+tide_tensor *tide_mul(tide_tensor *a, tide_tensor *b);
+tide_tensor *tide_div(tide_tensor *a, tide_tensor *b);
+tide_tensor *tide_add_scalar(tide_tensor *x, double s);
+tide_tensor *tide_mul_scalar(tide_tensor *x, double s);
+tide_tensor *tide_pow_scalar(tide_tensor *x, double p);
+tide_tensor *tide_neg(tide_tensor *x);
+tide_tensor *tide_exp(tide_tensor *x);
+tide_tensor *tide_log(tide_tensor *x);
+tide_tensor *tide_sqrt(tide_tensor *x);
+tide_tensor *tide_rsqrt(tide_tensor *x);
+tide_tensor *tide_tanh(tide_tensor *x);
+tide_tensor *tide_sigmoid(tide_tensor *x);
+tide_tensor *tide_silu(tide_tensor *x);
+tide_tensor *tide_gelu(tide_tensor *x);                     /* tanh approximation (GPT-2) */
+tide_tensor *tide_softplus(tide_tensor *x);
+tide_tensor *tide_relu(tide_tensor *x);
+tide_tensor *tide_abs(tide_tensor *x);
+tide_tensor *tide_swiglu(tide_tensor *gate, tide_tensor *up);   /* silu(gate) * up, fused */
+
+/* ---- ops: reductions (dims: list of n dims; n = 0 means all) -------------------------------------- */
+tide_tensor *tide_sum(tide_tensor *x, int n, const int *dims, int keepdim);
+tide_tensor *tide_mean(tide_tensor *x, int n, const int *dims, int keepdim);
+tide_tensor *tide_max(tide_tensor *x, int dim, int keepdim);        /* gradient to the first argmax */
+tide_tensor *tide_argmax(tide_tensor *x, int dim, int keepdim);     /* i64, not differentiable */
+tide_tensor *tide_logsumexp(tide_tensor *x, int dim, int keepdim);
+
+/* ---- ops: linear algebra ------------------------------------------------------------------------ */
+/* a [..., M, K] (or [..., K, M] when ta), b [..., K, N] (or [..., N, K] when tb); batch dims of a and b
+   must be equal, or b may be 2-D (shared across the batch: a Linear layer is matmul(x, W, 0, 1)) */
+tide_tensor *tide_matmul(tide_tensor *a, tide_tensor *b, int ta, int tb);
+
+/* ---- ops: neural network ------------------------------------------------------------------------- */
+tide_tensor *tide_embedding(tide_tensor *weight, tide_tensor *ids);        /* weight [V, d], ids int */
+tide_tensor *tide_rmsnorm(tide_tensor *x, tide_tensor *weight, double eps);  /* over the last dim */
+tide_tensor *tide_layernorm(tide_tensor *x, tide_tensor *weight, tide_tensor *bias, double eps);
+tide_tensor *tide_softmax(tide_tensor *x, int dim);
+tide_tensor *tide_log_softmax(tide_tensor *x, int dim);
+/* logits [N, V], targets int [N], weights [N] float or NULL. reduction: 0 = weighted mean over
+   non-ignored tokens, 1 = sum, 2 = none ([N], zero at ignored tokens) */
+tide_tensor *tide_cross_entropy(tide_tensor *logits, tide_tensor *targets, tide_tensor *weights,
+                                int64_t ignore_index, int reduction);
+/* rotary embedding on x [B, T, H, D] (D even, pairs (i, i + D/2)), positions pos0 + t */
+tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0);
+/* q [B, H, Tq, D], k/v [B, H, Tk, D]; causal aligns the last query with the last key */
+tide_tensor *tide_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, int causal, double scale);
+
+/* ---- optimiser kernels (in place, no graph) -------------------------------------------------------- */
+/* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
+int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,
+                     double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+/* ---- files (engine/io: file.c, safetensors.c, shards.c; formats.md §1, §3, §6) ----------------- */
+/* Small file-system helpers. Atomic writes go to "<path>.tmp", are fsynced, renamed over <path>, and
+   the directory is fsynced, so a crash at any instant leaves either the old or the new file. */
+int tide_file_write_atomic(const char *path, const void *bytes, size_t n);
+int tide_file_write_text_atomic(const char *path, const char *text);  /* strlen(text) bytes */
+/* streaming form of the same (large files written piece by piece); abort removes the .tmp file */
+typedef struct tide_atomic_file tide_atomic_file;
+tide_atomic_file *tide_atomic_open(const char *path);
+int tide_atomic_write(tide_atomic_file *f, const void *bytes, size_t n);
+int tide_atomic_commit(tide_atomic_file *f);               /* fsync, rename, fsync dir; frees f */
+void tide_atomic_abort(tide_atomic_file *f);               /* frees f; NULL is fine */
+int tide_mkdir_p(const char *path);                        /* like mkdir -p, mode 0755 */
+int tide_path_exists(const char *path);                    /* 1 or 0 */
+int tide_is_dir(const char *path);                         /* 1 or 0 */
+int64_t tide_file_size(const char *path);                  /* -1 + error when it cannot be stat'ed */
+int tide_fsync_dir(const char *dir);
+/* rename(from, to) and fsync the directories of both (a directory may be renamed too) */
+int tide_rename_atomic(const char *from, const char *to);
+/* removes a file or a directory tree (symlinks are removed, not followed); a missing path is fine */
+int tide_remove_tree(const char *path);
+/* names in a directory (no "." / ".."), sorted bytewise, each followed by a NUL byte; *n = total bytes.
+   Returns a buffer to free with tide_free (an empty directory gives a 1-byte buffer and *n = 0). */
+char *tide_list_dir(const char *path, size_t *n);
+/* the whole file, NUL-terminated (not counted in *n); max_bytes = 0 means no limit. Free with tide_free. */
+char *tide_read_file(const char *path, size_t *n, size_t max_bytes);
+void tide_free(void *p);
+/* a text file as a u8 tensor [n] on the CPU (byte-level tokenizer input); an empty file is an error */
+tide_tensor *tide_text_read_bytes(const char *path);
+
+/* safetensors (formats.md §1). Writing: tensors in the given order, any dtype/device/layout; names
+   unique and not "__metadata__"; metadata_json: a JSON object of string values, or NULL for none.
+   The file is written atomically. */
+int tide_safetensors_save(const char *path, int n, const char *const *names, tide_tensor *const *tensors,
+                          const char *metadata_json);
+/* Reading: the file is validated as hostile input when opened (header size and shape, JSON, dtypes,
+   shapes, offsets, exact coverage of the data buffer); tensor bytes are read on demand by _get. */
+typedef struct tide_safetensors tide_safetensors;
+tide_safetensors *tide_safetensors_open(const char *path);
+/* the same from bytes in memory (copied); label names the source in error messages */
+tide_safetensors *tide_safetensors_open_memory(const void *bytes, size_t n, const char *label);
+int tide_safetensors_count(const tide_safetensors *h);              /* tensors, in header order */
+const char *tide_safetensors_name(const tide_safetensors *h, int i);  /* NULL + error when out of range */
+int tide_safetensors_find(const tide_safetensors *h, const char *name);  /* index or -1 (no error set) */
+const char *tide_safetensors_dtype(const tide_safetensors *h, int i);    /* safetensors name, "F32" */
+/* shape into shape[0..8); returns ndim (may exceed 8: only the first 8 are written), -1 on error */
+int tide_safetensors_shape(const tide_safetensors *h, int i, int64_t *shape);
+/* a new tensor holding tensor i's bytes on `device`; dtypes tide lacks (F16, I8, BOOL, ...) are errors */
+tide_tensor *tide_safetensors_get(const tide_safetensors *h, int i, int device);
+const char *tide_safetensors_metadata(const tide_safetensors *h);    /* JSON text; "{}" when absent */
+void tide_safetensors_close(tide_safetensors *h);                    /* NULL is fine */
+
+/* llm.c token shards (formats.md §3): a 256 x int32 header (magic, version, count) then the tokens.
+   width 2 writes GPT-2 shards (magic 20240520, version 1, uint16; every token must be < 65536),
+   width 4 Llama-3 shards (magic 20240801, version 7, uint32). Atomic. */
+int tide_shard_write(const char *path, const uint32_t *tokens, int64_t n, int width);
+/* the same from a 1-D i32/i64 tensor on any device */
+int tide_shard_write_tensor(const char *path, const tide_tensor *tokens, int width);
+/* token count from a validated header (magic, version, file size = 1024 + count x width); -1 on error */
+int64_t tide_shard_count(const char *path);
+/* tokens [start, start + count) as an i32 tensor on the CPU; every token must be < vocab_size
+   (vocab_size 0 skips that check). tide_shard_read reads them all. */
+tide_tensor *tide_shard_read_range(const char *path, int64_t start, int64_t count, int64_t vocab_size);
+tide_tensor *tide_shard_read(const char *path, int64_t vocab_size);
+/* a headerless file of little-endian uint16 (width 2) or uint32 (width 4) tokens (nanoGPT .bin) */
+tide_tensor *tide_raw_tokens_read(const char *path, int width, int64_t vocab_size);
+
+/* ---- op registry (for tests, the REPL and tools) --------------------------------------------------- */
+int tide_op_count(void);
+const char *tide_op_name(int op);
+
+/* TIDE_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TIDE_H */

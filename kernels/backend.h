@@ -1,0 +1,163 @@
+/*
+ * backend.h — the per-device kernel table (ggml's backend discipline).
+ *
+ * The op layer (engine/ops) checks shapes, records the graph and calls these entries; kernels are the
+ * only code that reads or writes tensor bytes. Conventions (STYLE.md): outputs first, then inputs, then
+ * sizes; every pointer already includes the tensor's offset; every entry returns 0 on success or a
+ * non-zero status after setting the error message (tide_set_error). An entry left NULL means "not
+ * implemented on this backend" and the op layer reports that by name.
+ *
+ * Unless stated otherwise buffers are contiguous, float kernels accept TIDE_F32 and TIDE_F64 on the CPU
+ * (and TIDE_F32 / TIDE_BF16 on CUDA), index buffers accept TIDE_I32 and TIDE_I64.
+ */
+#ifndef TIDE_BACKEND_H
+#define TIDE_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+#include "../engine/tide.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* elementwise unary ops; p is the scalar parameter of the *_SCALAR ops */
+typedef enum {
+    TIDE_UN_NEG, TIDE_UN_EXP, TIDE_UN_LOG, TIDE_UN_SQRT, TIDE_UN_RSQRT, TIDE_UN_TANH, TIDE_UN_SIGMOID,
+    TIDE_UN_SILU, TIDE_UN_GELU, TIDE_UN_SOFTPLUS, TIDE_UN_RELU, TIDE_UN_ABS, TIDE_UN_ADD_SCALAR,
+    TIDE_UN_MUL_SCALAR, TIDE_UN_POW_SCALAR,
+    TIDE_UN_COUNT
+} tide_unary_op;
+
+typedef enum { TIDE_BIN_ADD, TIDE_BIN_SUB, TIDE_BIN_MUL, TIDE_BIN_DIV, TIDE_BIN_COUNT } tide_binary_op;
+
+/* reductions over the middle axis of a contiguous [outer, red, inner] buffer -> [outer, inner] */
+typedef enum { TIDE_RED_SUM, TIDE_RED_MAX, TIDE_RED_ARGMAX, TIDE_RED_LOGSUMEXP, TIDE_RED_COUNT } tide_reduce_op;
+
+typedef struct tide_backend {
+    const char *name;
+
+    /* memory: raw device bytes (the caching allocator in engine/alloc.c sits on top of these) */
+    void *(*malloc)(size_t nbytes);
+    void (*free)(void *p);
+    int (*memcpy_h2d)(void *dst, const void *src, size_t n);
+    int (*memcpy_d2h)(void *dst, const void *src, size_t n);
+    int (*memcpy_d2d)(void *dst, const void *src, size_t n);
+    int (*synchronize)(void);
+
+    /* out[i] = value for n elements of dtype */
+    int (*fill)(void *out, int dtype, int64_t n, double value);
+    /* general strided copy with dtype conversion: out[idx·ostride] = x[idx·xstride] over `shape`
+       (strides in elements; any dtype pair, float→int rounds toward zero) */
+    int (*copy)(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype,
+                const int64_t *xstride, int ndim, const int64_t *shape);
+    /* Philox stream (rng.c): element i uses counter offset + i. normal: mean a, std b; uniform [a, b) */
+    int (*randn)(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+    int (*rand)(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+
+    /* y = f(x) (y may alias x); gx = gy * f'(x) with y = f(x) also given */
+    int (*unary)(int op, int dtype, void *y, const void *x, int64_t n, double p);
+    int (*unary_backward)(int op, int dtype, void *gx, const void *gy, const void *x, const void *y,
+                          int64_t n, double p);
+    /* out (contiguous, `shape`) = a op b with element strides sa, sb (0 on broadcast dims) */
+    int (*binary)(int op, int dtype, void *out, const void *a, const int64_t *sa, const void *b,
+                  const int64_t *sb, int ndim, const int64_t *shape);
+    /* out = silu(g) * u; backward dg, du from dout */
+    int (*swiglu)(int dtype, void *out, const void *g, const void *u, int64_t n);
+    int (*swiglu_backward)(int dtype, void *dg, void *du, const void *dout, const void *g,
+                           const void *u, int64_t n);
+    /* y = a x + y */
+    int (*axpy)(int dtype, void *y, double a, const void *x, int64_t n);
+    /* *out = sum x², accumulated in double */
+    int (*sum_squares)(int dtype, const void *x, int64_t n, double *out);
+    /* *out = 1 when every element is finite */
+    int (*all_finite)(int dtype, const void *x, int64_t n, int *out);
+
+    /* reductions; ARGMAX writes int64; out has outer*inner elements */
+    int (*reduce)(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
+    /* gradient of max: gx[o, r, i] = gy[o, i] at the first r attaining y[o, i], else 0 */
+    int (*reduce_max_backward)(int dtype, void *gx, const void *gy, const void *x, const void *y,
+                               int64_t outer, int64_t red, int64_t inner);
+
+    /* C = alpha op(A) op(B) + beta C, row-major; op(A) is [M, K], op(B) is [K, N]; ld* are row
+       strides of the stored (untransposed) matrices. batched: `batch` products with element
+       strides sa, sb, sc between them (sb = 0 shares B) */
+    int (*gemm)(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
+                const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+    int (*gemm_batched)(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
+                        const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb,
+                        double beta, void *C, int64_t ldc, int64_t sc, int64_t batch);
+
+    /* x viewed as [outer, n_src, inner], idx [n_idx] -> out [outer, n_idx, inner] */
+    int (*index_select)(int dtype, void *out, const void *x, const void *idx, int idx_dtype,
+                        int64_t outer, int64_t n_src, int64_t inner, int64_t n_idx);
+    /* gx [outer, n_dst, inner] += gy [outer, n_idx, inner] at rows idx (the backward of index_select) */
+    int (*index_add)(int dtype, void *gx, const void *gy, const void *idx, int idx_dtype,
+                     int64_t outer, int64_t n_dst, int64_t inner, int64_t n_idx);
+    /* out[o, j, i] = x[o, idx[o, j, i], i];  x [outer, n_x, inner], idx and out [outer, n_idx, inner] */
+    int (*gather)(int dtype, void *out, const void *x, const void *idx, int idx_dtype,
+                  int64_t outer, int64_t n_x, int64_t n_idx, int64_t inner);
+    /* out[o, idx[o, j, i], i] += src[o, j, i];  out [outer, n_out, inner] */
+    int (*scatter_add)(int dtype, void *out, const void *src, const void *idx, int idx_dtype,
+                       int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner);
+    /* every index in [0, n); *bad gets the first offending value when not */
+    int (*check_index)(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+
+    /* normalisation over the last dim of x [N, C]; rstd (and mean) [N] saved for backward;
+       backward writes dx and ACCUMULATES into dw (and db) */
+    int (*rmsnorm)(int dtype, void *out, void *rstd, const void *x, const void *w, int64_t N, int64_t C,
+                   double eps);
+    int (*rmsnorm_backward)(int dtype, void *dx, void *dw, const void *dout, const void *x,
+                            const void *w, const void *rstd, int64_t N, int64_t C);
+    int (*layernorm)(int dtype, void *out, void *mean, void *rstd, const void *x, const void *w,
+                     const void *b, int64_t N, int64_t C, double eps);
+    int (*layernorm_backward)(int dtype, void *dx, void *dw, void *db, const void *dout, const void *x,
+                              const void *w, const void *mean, const void *rstd, int64_t N, int64_t C);
+
+    /* (log_)softmax over the last dim of [N, C]; backward from y = the forward output */
+    int (*softmax)(int dtype, void *y, const void *x, int64_t N, int64_t C, int log);
+    int (*softmax_backward)(int dtype, void *dx, const void *dy, const void *y, int64_t N, int64_t C,
+                            int log);
+
+    /* per-token cross-entropy: loss[n] = w_n (lse_n - logits[n, t_n]); valid[n] = w_n (1 when
+       weights is NULL) or 0 when t_n == ignore; lse saved. Targets out of [0, V) (not ignore) fail. */
+    int (*cross_entropy)(int dtype, void *loss, void *valid, void *lse, const void *logits,
+                         const void *targets, int tdtype, const void *weights, int64_t N, int64_t V,
+                         int64_t ignore);
+    /* dlogits[n, :] = dloss[n] * w_n * (softmax(logits[n]) - onehot(t_n)); 0 for ignored rows */
+    int (*cross_entropy_backward)(int dtype, void *dlogits, const void *dloss, const void *logits,
+                                  const void *lse, const void *targets, int tdtype, const void *weights,
+                                  int64_t N, int64_t V, int64_t ignore);
+
+    /* rotary embedding on [B, T, H, D], pairs (i, i + D/2), angle (pos0 + t) * theta^(-2i/D);
+       inverse = 1 rotates by the negative angle (the backward) */
+    int (*rope)(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                double theta, int64_t pos0, int inverse);
+
+    /* softmax attention per (batch*head) on q [BH, Tq, D], k, v [BH, Tk, D]; lse [BH, Tq] saved.
+       causal: query i sees keys j <= i + (Tk - Tq) */
+    int (*attention)(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
+                     int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
+    int (*attention_backward)(int dtype, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                              const void *k, const void *v, const void *out, const void *lse,
+                              int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
+
+    /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1) */
+    int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr,
+                 double beta1, double beta2, double eps, double wd, double bc1, double bc2);
+} tide_backend;
+
+/* the tables; the CUDA one exists only when built with CUDA (TIDE_HAVE_CUDA) */
+extern const tide_backend tide_cpu_backend;
+#ifdef TIDE_HAVE_CUDA
+extern const tide_backend tide_cuda_backend;
+int tide_cuda_runtime_device_count(void);     /* 0 when no driver / GPU */
+const char *tide_cuda_runtime_info(void);
+#endif
+
+/* set the thread-local error message (engine/error.c); returns -1 so kernels can `return tide_set_error(...)` */
+int tide_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/*
+ * cpu.h — the CPU backend's kernels: one function per entry of tide_backend (kernels/backend.h),
+ * named tide_cpu_<entry> with exactly the entry's signature. C11 + OpenMP + BLAS; float32 and float64.
+ */
+#ifndef TIDE_CPU_H
+#define TIDE_CPU_H
+#include "../backend.h"
+
+void * tide_cpu_malloc(size_t nbytes);
+void tide_cpu_free(void *p);
+int tide_cpu_memcpy_h2d(void *dst, const void *src, size_t n);
+int tide_cpu_memcpy_d2h(void *dst, const void *src, size_t n);
+int tide_cpu_memcpy_d2d(void *dst, const void *src, size_t n);
+int tide_cpu_synchronize(void);
+int tide_cpu_fill(void *out, int dtype, int64_t n, double value);
+int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype, const int64_t *xstride, int ndim, const int64_t *shape);
+int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+int tide_cpu_unary(int op, int dtype, void *y, const void *x, int64_t n, double p);
+int tide_cpu_unary_backward(int op, int dtype, void *gx, const void *gy, const void *x, const void *y, int64_t n, double p);
+int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *sa, const void *b, const int64_t *sb, int ndim, const int64_t *shape);
+int tide_cpu_swiglu(int dtype, void *out, const void *g, const void *u, int64_t n);
+int tide_cpu_swiglu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n);
+int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n);
+int tide_cpu_sum_squares(int dtype, const void *x, int64_t n, double *out);
+int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out);
+int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
+int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y, int64_t outer, int64_t red, int64_t inner);
+int tide_cpu_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+int tide_cpu_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, double beta, void *C, int64_t ldc, int64_t sc, int64_t batch);
+int tide_cpu_index_select(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer, int64_t n_src, int64_t inner, int64_t n_idx);
+int tide_cpu_index_add(int dtype, void *gx, const void *gy, const void *idx, int idx_dtype, int64_t outer, int64_t n_dst, int64_t inner, int64_t n_idx);
+int tide_cpu_gather(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer, int64_t n_x, int64_t n_idx, int64_t inner);
+int tide_cpu_scatter_add(int dtype, void *out, const void *src, const void *idx, int idx_dtype, int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner);
+int tide_cpu_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+int tide_cpu_rmsnorm(int dtype, void *out, void *rstd, const void *x, const void *w, int64_t N, int64_t C, double eps);
+int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, const void *x, const void *w, const void *rstd, int64_t N, int64_t C);
+int tide_cpu_layernorm(int dtype, void *out, void *mean, void *rstd, const void *x, const void *w, const void *b, int64_t N, int64_t C, double eps);
+int tide_cpu_layernorm_backward(int dtype, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w, const void *mean, const void *rstd, int64_t N, int64_t C);
+int tide_cpu_softmax(int dtype, void *y, const void *x, int64_t N, int64_t C, int log);
+int tide_cpu_softmax_backward(int dtype, void *dx, const void *dy, const void *y, int64_t N, int64_t C, int log);
+int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
+int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
+int tide_cpu_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta, int64_t pos0, int inverse);
+int tide_cpu_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
+int tide_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out, const void *lse, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
+int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
+
+/* threads used by OpenMP loops and BLAS (set together so they never compete for cores) */
+void tide_cpu_set_threads(int n);
+int tide_cpu_get_threads(void);
+const char *tide_cpu_blas_info(void);
+#endif

@@ -1,0 +1,616 @@
+/*
+ * elementwise.c — CPU elementwise kernels: fill, strided copy with dtype conversion, Philox random
+ * numbers, unary ops and their backward, broadcasting binary ops, SwiGLU, axpy, sum of squares and the
+ * finiteness check (kernels/backend.h documents each entry).
+ *
+ * Float kernels are written once over a type T (float or double) with <tgmath.h>, so exp(x) is expf
+ * for float and exp for double; constants are cast to T so float code stays in float.
+ */
+#include <string.h>
+#include <tgmath.h>
+#include "cpu.h"
+#include "../philox.h"
+
+/* below these element counts a parallel region costs more than it saves */
+#define PAR_CHEAP 32768     /* a few flops per element */
+#define PAR_MATH 4096       /* transcendental functions, Philox */
+
+/* for (i < n) body, threaded when n is large; the loop bound must be a variable named n */
+#define EW_CHEAP(body)                                                                          \
+    _Pragma("omp parallel for if(n > PAR_CHEAP) schedule(static)")                             \
+    for (int64_t i = 0; i < n; i++) { body; }
+#define EW_MATH(body)                                                                           \
+    _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                              \
+    for (int64_t i = 0; i < n; i++) { body; }
+
+static const char *dtname(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+static int is_float_dtype(int dtype)
+{
+    return dtype == TIDE_F32 || dtype == TIDE_F64;
+}
+
+/* ---- bf16: the upper half of an IEEE float32 ------------------------------------------------------ */
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* round to nearest, ties to even; NaN stays a (quiet) NaN instead of rounding into infinity */
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* ---- scalar conversions (float -> int rounds toward zero, saturating; NaN -> 0) -------------------- */
+
+static inline int64_t f64_to_i64_sat(double v)
+{
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+
+static inline int32_t f64_to_i32_sat(double v)
+{
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return INT32_MAX;
+    if (v <= -2147483648.0) return INT32_MIN;
+    return (int32_t)v;
+}
+
+static inline uint8_t f64_to_u8_sat(double v)
+{
+    if (v != v || v <= 0.0) return 0;
+    if (v >= 255.0) return 255;
+    return (uint8_t)v;
+}
+
+static inline double load_f64(const void *p, int dtype, int64_t i)
+{
+    switch (dtype) {
+    case TIDE_F32: return ((const float *)p)[i];
+    case TIDE_F64: return ((const double *)p)[i];
+    case TIDE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case TIDE_I32: return ((const int32_t *)p)[i];
+    case TIDE_I64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+static inline void store_f64(void *p, int dtype, int64_t i, double v)
+{
+    switch (dtype) {
+    case TIDE_F32: ((float *)p)[i] = (float)v; break;
+    case TIDE_F64: ((double *)p)[i] = v; break;
+    case TIDE_BF16: ((uint16_t *)p)[i] = f32_to_bf16((float)v); break;
+    case TIDE_I32: ((int32_t *)p)[i] = f64_to_i32_sat(v); break;
+    case TIDE_I64: ((int64_t *)p)[i] = f64_to_i64_sat(v); break;
+    default: ((uint8_t *)p)[i] = f64_to_u8_sat(v); break;
+    }
+}
+
+/* integer to integer keeps exact 64-bit values (a double would round above 2^53); narrowing wraps */
+static inline int64_t load_i64(const void *p, int dtype, int64_t i)
+{
+    switch (dtype) {
+    case TIDE_I32: return ((const int32_t *)p)[i];
+    case TIDE_I64: return ((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+static inline void store_i64(void *p, int dtype, int64_t i, int64_t v)
+{
+    switch (dtype) {
+    case TIDE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case TIDE_I64: ((int64_t *)p)[i] = v; break;
+    default: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    }
+}
+
+static int is_int_dtype(int dtype)
+{
+    return dtype == TIDE_I32 || dtype == TIDE_I64 || dtype == TIDE_U8;
+}
+
+/* ---- fill ------------------------------------------------------------------------------------------ */
+
+int tide_cpu_fill(void *out, int dtype, int64_t n, double value)
+{
+    if (n < 0) return tide_set_error("fill: n = %lld must be >= 0", (long long)n);
+    switch (dtype) {
+    case TIDE_F32: { float *o = out; float v = (float)value; EW_CHEAP(o[i] = v); break; }
+    case TIDE_F64: { double *o = out; EW_CHEAP(o[i] = value); break; }
+    case TIDE_BF16: { uint16_t *o = out; uint16_t v = f32_to_bf16((float)value); EW_CHEAP(o[i] = v); break; }
+    case TIDE_I32: { int32_t *o = out; int32_t v = f64_to_i32_sat(value); EW_CHEAP(o[i] = v); break; }
+    case TIDE_I64: { int64_t *o = out; int64_t v = f64_to_i64_sat(value); EW_CHEAP(o[i] = v); break; }
+    case TIDE_U8: memset(out, f64_to_u8_sat(value), (size_t)n); break;
+    default: return tide_set_error("fill: dtype %d is not a tide dtype", dtype);
+    }
+    return 0;
+}
+
+/* ---- copy ------------------------------------------------------------------------------------------ */
+
+#define COPY_BLOCK 8192
+
+/* one strided row of n elements: out[i*os] = convert(x[i*xs]) */
+static void copy_row(void *out, int odt, int64_t os, const void *x, int xdt, int64_t xs, int64_t n)
+{
+    if (odt == xdt) {
+        switch (tide_dtype_size(odt)) {
+        case 1: { uint8_t *o = out; const uint8_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
+        case 2: { uint16_t *o = out; const uint16_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
+        case 4: { uint32_t *o = out; const uint32_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
+        default: { uint64_t *o = out; const uint64_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
+        }
+    }
+    /* the conversions training actually does (mixed precision, checkpoints) get a direct loop */
+    if (odt == TIDE_F32 && xdt == TIDE_BF16) {
+        float *o = out; const uint16_t *s = x;
+        for (int64_t i = 0; i < n; i++) o[i * os] = bf16_to_f32(s[i * xs]);
+    } else if (odt == TIDE_BF16 && xdt == TIDE_F32) {
+        uint16_t *o = out; const float *s = x;
+        for (int64_t i = 0; i < n; i++) o[i * os] = f32_to_bf16(s[i * xs]);
+    } else if (odt == TIDE_F32 && xdt == TIDE_F64) {
+        float *o = out; const double *s = x;
+        for (int64_t i = 0; i < n; i++) o[i * os] = (float)s[i * xs];
+    } else if (odt == TIDE_F64 && xdt == TIDE_F32) {
+        double *o = out; const float *s = x;
+        for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs];
+    } else if (is_int_dtype(odt) && is_int_dtype(xdt)) {
+        for (int64_t i = 0; i < n; i++) store_i64(out, odt, i * os, load_i64(x, xdt, i * xs));
+    } else {
+        for (int64_t i = 0; i < n; i++) store_f64(out, odt, i * os, load_f64(x, xdt, i * xs));
+    }
+}
+
+int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype,
+                  const int64_t *xstride, int ndim, const int64_t *shape)
+{
+    if (odtype < 0 || odtype >= TIDE_DTYPE_COUNT || xdtype < 0 || xdtype >= TIDE_DTYPE_COUNT)
+        return tide_set_error("copy: dtypes %d -> %d are not tide dtypes", xdtype, odtype);
+    if (ndim < 0 || ndim > 8) return tide_set_error("copy: ndim = %d, expected 0..8", ndim);
+
+    /* drop size-1 dims and merge dims that are contiguous in both buffers: fewer, longer rows */
+    int64_t sh[8], os[8], xs[8];
+    int d = 0;
+    for (int k = 0; k < ndim; k++) {
+        if (shape[k] < 0) return tide_set_error("copy: shape[%d] = %lld is negative", k, (long long)shape[k]);
+        if (shape[k] == 0) return 0;
+        if (shape[k] == 1) continue;
+        if (d > 0 && os[d - 1] == ostride[k] * shape[k] && xs[d - 1] == xstride[k] * shape[k]) {
+            sh[d - 1] *= shape[k];
+            os[d - 1] = ostride[k];
+            xs[d - 1] = xstride[k];
+            continue;
+        }
+        sh[d] = shape[k]; os[d] = ostride[k]; xs[d] = xstride[k];
+        d++;
+    }
+    if (d == 0) { sh[0] = 1; os[0] = 1; xs[0] = 1; d = 1; }
+
+    int64_t inner = sh[d - 1], rows = 1;
+    for (int k = 0; k < d - 1; k++) rows *= sh[k];
+
+    if (d == 1 && os[0] == 1 && xs[0] == 1 && odtype == xdtype) {
+        memcpy(out, x, (size_t)inner * tide_dtype_size(odtype));
+        return 0;
+    }
+
+    /* work items are (row, block of the row), so one long row is shared by the threads too */
+    int64_t nblk = (inner + COPY_BLOCK - 1) / COPY_BLOCK;
+    int64_t osz = (int64_t)tide_dtype_size(odtype), xsz = (int64_t)tide_dtype_size(xdtype);
+    #pragma omp parallel for if(rows * inner > PAR_CHEAP) schedule(static)
+    for (int64_t w = 0; w < rows * nblk; w++) {
+        int64_t r = w / nblk, i0 = (w % nblk) * COPY_BLOCK;
+        int64_t len = inner - i0 < COPY_BLOCK ? inner - i0 : COPY_BLOCK;
+        int64_t rem = r, ooff = i0 * os[d - 1], xoff = i0 * xs[d - 1];
+        for (int k = d - 2; k >= 0; k--) {
+            int64_t j = rem % sh[k];
+            rem /= sh[k];
+            ooff += j * os[k];
+            xoff += j * xs[k];
+        }
+        copy_row((char *)out + ooff * osz, odtype, os[d - 1], (const char *)x + xoff * xsz, xdtype,
+                 xs[d - 1], len);
+    }
+    return 0;
+}
+
+/* ---- random numbers (Philox, kernels/philox.h): element i uses counter offset + i ------------------ */
+
+int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b)
+{
+    switch (dtype) {
+    case TIDE_F32: { float *o = out; EW_MATH(o[i] = (float)(a + b * tide_philox_normal_at(seed, offset + (uint64_t)i))); break; }
+    case TIDE_F64: { double *o = out; EW_MATH(o[i] = a + b * tide_philox_normal_at(seed, offset + (uint64_t)i)); break; }
+    case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(a + b * tide_philox_normal_at(seed, offset + (uint64_t)i)))); break; }
+    default: return tide_set_error("randn: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
+    }
+    return 0;
+}
+
+int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b)
+{
+    double w = b - a;
+    switch (dtype) {
+    case TIDE_F32: { float *o = out; EW_MATH(o[i] = (float)(a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i))); break; }
+    case TIDE_F64: { double *o = out; EW_MATH(o[i] = a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i)); break; }
+    case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i)))); break; }
+    default: return tide_set_error("rand: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
+    }
+    return 0;
+}
+
+/* ---- scalar functions, once per type ---------------------------------------------------------------- */
+
+#define SCALAR_FUNCS(T)                                                                         \
+    /* never exponentiates a large positive number, so no overflow to inf/inf */                 \
+    static inline T sigmoid_##T(T x)                                                             \
+    {                                                                                            \
+        if (x >= (T)0) return (T)1 / ((T)1 + exp(-x));                                           \
+        T z = exp(x);                                                                            \
+        return z / ((T)1 + z);                                                                   \
+    }                                                                                            \
+    static inline T softplus_##T(T x)                                                            \
+    {                                                                                            \
+        return fmax(x, (T)0) + log1p(exp(-fabs(x)));                                             \
+    }                                                                                            \
+    /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */              \
+    static inline T gelu_##T(T x)                                                                \
+    {                                                                                            \
+        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                             \
+        return (T)0.5 * x * ((T)1 + tanh(u));                                                    \
+    }                                                                                            \
+    static inline T gelu_grad_##T(T x)                                                           \
+    {                                                                                            \
+        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                             \
+        T t = tanh(u);                                                                           \
+        T du = (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x * x);                            \
+        return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du;                           \
+    }                                                                                            \
+    /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */                                           \
+    static inline T silu_grad_##T(T x)                                                           \
+    {                                                                                            \
+        T s = sigmoid_##T(x);                                                                    \
+        return s * ((T)1 + x * ((T)1 - s));                                                      \
+    }
+
+SCALAR_FUNCS(float)
+SCALAR_FUNCS(double)
+
+/* ---- unary ------------------------------------------------------------------------------------------ */
+
+#define UNARY_FORWARD(T)                                                                        \
+    static void unary_##T(int op, T *y, const T *x, int64_t n, T p)                             \
+    {                                                                                           \
+        switch (op) {                                                                           \
+        case TIDE_UN_NEG: EW_CHEAP(y[i] = -x[i]); break;                           \
+        case TIDE_UN_EXP: EW_MATH(y[i] = exp(x[i])); break;                        \
+        case TIDE_UN_LOG: EW_MATH(y[i] = log(x[i])); break;                        \
+        case TIDE_UN_SQRT: EW_CHEAP(y[i] = sqrt(x[i])); break;                     \
+        case TIDE_UN_RSQRT: EW_CHEAP(y[i] = (T)1 / sqrt(x[i])); break;             \
+        case TIDE_UN_TANH: EW_MATH(y[i] = tanh(x[i])); break;                      \
+        case TIDE_UN_SIGMOID: EW_MATH(y[i] = sigmoid_##T(x[i])); break;            \
+        case TIDE_UN_SILU: EW_MATH(y[i] = x[i] * sigmoid_##T(x[i])); break;        \
+        case TIDE_UN_GELU: EW_MATH(y[i] = gelu_##T(x[i])); break;                  \
+        case TIDE_UN_SOFTPLUS: EW_MATH(y[i] = softplus_##T(x[i])); break;          \
+        case TIDE_UN_RELU: EW_CHEAP(y[i] = x[i] > (T)0 ? x[i] : (T)0); break;      \
+        case TIDE_UN_ABS: EW_CHEAP(y[i] = fabs(x[i])); break;                      \
+        case TIDE_UN_ADD_SCALAR: EW_CHEAP(y[i] = x[i] + p); break;                 \
+        case TIDE_UN_MUL_SCALAR: EW_CHEAP(y[i] = x[i] * p); break;                 \
+        case TIDE_UN_POW_SCALAR: EW_MATH(y[i] = pow(x[i], p)); break;              \
+        }                                                                                       \
+    }
+
+/* gx may alias gy: every element reads gy[i] before writing gx[i] */
+#define UNARY_BACKWARD(T)                                                                       \
+    static void unary_backward_##T(int op, T *gx, const T *gy, const T *x, const T *y,          \
+                                   int64_t n, T p)                                              \
+    {                                                                                           \
+        switch (op) {                                                                           \
+        case TIDE_UN_NEG: EW_CHEAP(gx[i] = -gy[i]); break;                         \
+        case TIDE_UN_EXP: EW_CHEAP(gx[i] = gy[i] * y[i]); break;                   \
+        case TIDE_UN_LOG: EW_CHEAP(gx[i] = gy[i] / x[i]); break;                   \
+        case TIDE_UN_SQRT: EW_CHEAP(gx[i] = gy[i] * (T)0.5 / y[i]); break;         \
+        case TIDE_UN_RSQRT:                                                                     \
+            EW_CHEAP(gx[i] = gy[i] * (T)-0.5 * y[i] * y[i] * y[i]); break;         \
+        case TIDE_UN_TANH: EW_CHEAP(gx[i] = gy[i] * ((T)1 - y[i] * y[i])); break;  \
+        case TIDE_UN_SIGMOID:                                                                   \
+            EW_CHEAP(gx[i] = gy[i] * y[i] * ((T)1 - y[i])); break;                 \
+        case TIDE_UN_SILU: EW_MATH(gx[i] = gy[i] * silu_grad_##T(x[i])); break;    \
+        case TIDE_UN_GELU: EW_MATH(gx[i] = gy[i] * gelu_grad_##T(x[i])); break;    \
+        case TIDE_UN_SOFTPLUS: EW_MATH(gx[i] = gy[i] * sigmoid_##T(x[i])); break;  \
+        case TIDE_UN_RELU: EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : (T)0); break;    \
+        case TIDE_UN_ABS:                                                                       \
+            EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : x[i] < (T)0 ? -gy[i] : (T)0);   \
+            break;                                                                              \
+        case TIDE_UN_ADD_SCALAR: EW_CHEAP(gx[i] = gy[i]); break;                   \
+        case TIDE_UN_MUL_SCALAR: EW_CHEAP(gx[i] = gy[i] * p); break;               \
+        case TIDE_UN_POW_SCALAR:                                                                \
+            EW_MATH(gx[i] = gy[i] * p * pow(x[i], p - (T)1)); break;               \
+        }                                                                                       \
+    }
+
+UNARY_FORWARD(float)
+UNARY_FORWARD(double)
+UNARY_BACKWARD(float)
+UNARY_BACKWARD(double)
+
+static const char *const unary_names[TIDE_UN_COUNT] = {
+    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "softplus", "relu", "abs",
+    "add_scalar", "mul_scalar", "pow_scalar",
+};
+_Static_assert(sizeof unary_names / sizeof unary_names[0] == TIDE_UN_COUNT, "one name per unary op");
+
+int tide_cpu_unary(int op, int dtype, void *y, const void *x, int64_t n, double p)
+{
+    if (op < 0 || op >= TIDE_UN_COUNT) return tide_set_error("unary: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
+    if (n < 0) return tide_set_error("unary %s: n = %lld must be >= 0", unary_names[op], (long long)n);
+    switch (dtype) {
+    case TIDE_F32: unary_float(op, y, x, n, (float)p); return 0;
+    case TIDE_F64: unary_double(op, y, x, n, p); return 0;
+    default: return tide_set_error("unary %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op], dtname(dtype));
+    }
+}
+
+/* ops whose derivative is cheapest from the output y = f(x) */
+static int backward_uses_y(int op)
+{
+    return op == TIDE_UN_EXP || op == TIDE_UN_SQRT || op == TIDE_UN_RSQRT || op == TIDE_UN_TANH ||
+           op == TIDE_UN_SIGMOID;
+}
+
+int tide_cpu_unary_backward(int op, int dtype, void *gx, const void *gy, const void *x, const void *y,
+                            int64_t n, double p)
+{
+    if (op < 0 || op >= TIDE_UN_COUNT) return tide_set_error("unary_backward: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
+    if (n < 0) return tide_set_error("unary_backward %s: n = %lld must be >= 0", unary_names[op], (long long)n);
+    int needs_y = backward_uses_y(op);
+    int needs_x = !needs_y && op != TIDE_UN_NEG && op != TIDE_UN_ADD_SCALAR && op != TIDE_UN_MUL_SCALAR;
+    if ((needs_y && !y) || (needs_x && !x))
+        return tide_set_error("unary_backward %s: the saved %s is NULL", unary_names[op], needs_y ? "output y" : "input x");
+    switch (dtype) {
+    case TIDE_F32: unary_backward_float(op, gx, gy, x, y, n, (float)p); return 0;
+    case TIDE_F64: unary_backward_double(op, gx, gy, x, y, n, p); return 0;
+    default: return tide_set_error("unary_backward %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op], dtname(dtype));
+    }
+}
+
+/* ---- binary (broadcasting by strides) ---------------------------------------------------------------- */
+
+/* one row of n elements; the unit-stride and scalar cases are spelled out so they vectorise */
+#define BIN_ROW_LOOPS(T, EXPR)                                                                  \
+    if (as == 1 && bs == 1) {                                                                   \
+        for (int64_t i = 0; i < n; i++) { T u = a[i], v = b[i]; o[i] = (EXPR); }                \
+    } else if (as == 1 && bs == 0) {                                                            \
+        T v = b[0];                                                                             \
+        for (int64_t i = 0; i < n; i++) { T u = a[i]; o[i] = (EXPR); }                          \
+    } else if (as == 0 && bs == 1) {                                                            \
+        T u = a[0];                                                                             \
+        for (int64_t i = 0; i < n; i++) { T v = b[i]; o[i] = (EXPR); }                          \
+    } else {                                                                                    \
+        for (int64_t i = 0; i < n; i++) { T u = a[i * as], v = b[i * bs]; o[i] = (EXPR); }      \
+    }
+
+#define BINARY_ROW(T)                                                                           \
+    static void binary_row_##T(int op, T *o, const T *a, int64_t as, const T *b, int64_t bs,    \
+                               int64_t n)                                                       \
+    {                                                                                           \
+        switch (op) {                                                                           \
+        case TIDE_BIN_ADD: BIN_ROW_LOOPS(T, u + v) break;                                       \
+        case TIDE_BIN_SUB: BIN_ROW_LOOPS(T, u - v) break;                                       \
+        case TIDE_BIN_MUL: BIN_ROW_LOOPS(T, u * v) break;                                       \
+        case TIDE_BIN_DIV: BIN_ROW_LOOPS(T, u / v) break;                                       \
+        }                                                                                       \
+    }
+
+BINARY_ROW(float)
+BINARY_ROW(double)
+
+static void binary_row(int op, int dtype, void *o, const void *a, int64_t as, const void *b, int64_t bs,
+                       int64_t n)
+{
+    if (dtype == TIDE_F32) binary_row_float(op, o, a, as, b, bs, n);
+    else binary_row_double(op, o, a, as, b, bs, n);
+}
+
+/* a flat range split into fixed blocks so that threads share it */
+#define BIN_BLOCK 8192
+
+int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *sa, const void *b,
+                    const int64_t *sb, int ndim, const int64_t *shape)
+{
+    static const char *const names[TIDE_BIN_COUNT] = { "add", "sub", "mul", "div" };
+    if (op < 0 || op >= TIDE_BIN_COUNT) return tide_set_error("binary: op %d out of range [0, %d)", op, TIDE_BIN_COUNT);
+    if (!is_float_dtype(dtype))
+        return tide_set_error("binary %s: dtype %s not supported on cpu (expected f32 or f64)", names[op], dtname(dtype));
+    if (ndim < 0 || ndim > 8) return tide_set_error("binary %s: ndim = %d, expected 0..8", names[op], ndim);
+
+    /* drop size-1 dims and merge dims contiguous in a and b (out is always contiguous) */
+    int64_t sh[8], as[8], bs[8];
+    int d = 0;
+    for (int k = 0; k < ndim; k++) {
+        if (shape[k] < 0) return tide_set_error("binary %s: shape[%d] = %lld is negative", names[op], k, (long long)shape[k]);
+        if (shape[k] == 0) return 0;
+        if (shape[k] == 1) continue;
+        if (d > 0 && as[d - 1] == sa[k] * shape[k] && bs[d - 1] == sb[k] * shape[k]) {
+            sh[d - 1] *= shape[k];
+            as[d - 1] = sa[k];
+            bs[d - 1] = sb[k];
+            continue;
+        }
+        sh[d] = shape[k]; as[d] = sa[k]; bs[d] = sb[k];
+        d++;
+    }
+    if (d == 0) { sh[0] = 1; as[0] = 1; bs[0] = 1; d = 1; }
+
+    size_t esz = tide_dtype_size(dtype);
+    const char *pa = a, *pb = b;
+    char *po = out;
+
+    if (d == 1) {
+        /* same-shape contiguous, or one side a scalar: one flat row, cut into blocks for the threads */
+        int64_t n = sh[0], nblk = (n + BIN_BLOCK - 1) / BIN_BLOCK;
+        int64_t s_a = as[0], s_b = bs[0];
+        #pragma omp parallel for if(n > PAR_CHEAP) schedule(static)
+        for (int64_t k = 0; k < nblk; k++) {
+            int64_t i0 = k * BIN_BLOCK, len = n - i0 < BIN_BLOCK ? n - i0 : BIN_BLOCK;
+            binary_row(op, dtype, po + i0 * (int64_t)esz, pa + i0 * s_a * (int64_t)esz, s_a,
+                       pb + i0 * s_b * (int64_t)esz, s_b, len);
+        }
+        return 0;
+    }
+
+    int64_t inner = sh[d - 1], rows = 1;
+    for (int k = 0; k < d - 1; k++) rows *= sh[k];
+    #pragma omp parallel for if(rows * inner > PAR_CHEAP) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rem = r, aoff = 0, boff = 0;
+        for (int k = d - 2; k >= 0; k--) {
+            int64_t j = rem % sh[k];
+            rem /= sh[k];
+            aoff += j * as[k];
+            boff += j * bs[k];
+        }
+        binary_row(op, dtype, po + r * inner * (int64_t)esz, pa + aoff * (int64_t)esz, as[d - 1],
+                   pb + boff * (int64_t)esz, bs[d - 1], inner);
+    }
+    return 0;
+}
+
+/* ---- SwiGLU: out = silu(g) * u ------------------------------------------------------------------------ */
+
+#define SWIGLU(T)                                                                               \
+    static void swiglu_##T(T *out, const T *g, const T *u, int64_t n)                           \
+    {                                                                                           \
+        EW_MATH(out[i] = g[i] * sigmoid_##T(g[i]) * u[i]);                         \
+    }                                                                                           \
+    /* dg = dout u silu'(g), du = dout silu(g); dg/du may alias dout */                         \
+    static void swiglu_backward_##T(T *dg, T *du, const T *dout, const T *g, const T *u,        \
+                                    int64_t n)                                                  \
+    {                                                                                           \
+        _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                          \
+        for (int64_t i = 0; i < n; i++) {                                                       \
+            T s = sigmoid_##T(g[i]), d = dout[i], gi = g[i], ui = u[i];                         \
+            dg[i] = d * ui * s * ((T)1 + gi * ((T)1 - s));                                      \
+            du[i] = d * gi * s;                                                                 \
+        }                                                                                       \
+    }
+
+SWIGLU(float)
+SWIGLU(double)
+
+int tide_cpu_swiglu(int dtype, void *out, const void *g, const void *u, int64_t n)
+{
+    switch (dtype) {
+    case TIDE_F32: swiglu_float(out, g, u, n); return 0;
+    case TIDE_F64: swiglu_double(out, g, u, n); return 0;
+    default: return tide_set_error("swiglu: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+int tide_cpu_swiglu_backward(int dtype, void *dg, void *du, const void *dout, const void *g,
+                             const void *u, int64_t n)
+{
+    switch (dtype) {
+    case TIDE_F32: swiglu_backward_float(dg, du, dout, g, u, n); return 0;
+    case TIDE_F64: swiglu_backward_double(dg, du, dout, g, u, n); return 0;
+    default: return tide_set_error("swiglu_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+/* ---- axpy, sum of squares, finiteness -------------------------------------------------------------------- */
+
+int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n)
+{
+    switch (dtype) {
+    case TIDE_F32: { float *py = y; const float *px = x; float fa = (float)a; EW_CHEAP(py[i] += fa * px[i]); return 0; }
+    case TIDE_F64: { double *py = y; const double *px = x; EW_CHEAP(py[i] += a * px[i]); return 0; }
+    default: return tide_set_error("axpy: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+/* Partial sums over fixed blocks, added in block order: the result does not depend on the thread
+   count, so a gradient norm (and every step that uses it) is reproducible across machines. */
+#define SSQ_MAX_BLOCKS 256
+#define SSQ_MIN_BLOCK 4096
+
+int tide_cpu_sum_squares(int dtype, const void *x, int64_t n, double *out)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
+        return tide_set_error("sum_squares: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
+    if (n < 0) return tide_set_error("sum_squares: n = %lld must be >= 0", (long long)n);
+    int64_t blk = (n + SSQ_MAX_BLOCKS - 1) / SSQ_MAX_BLOCKS;
+    if (blk < SSQ_MIN_BLOCK) blk = SSQ_MIN_BLOCK;
+    int64_t nblk = (n + blk - 1) / blk;
+    double part[SSQ_MAX_BLOCKS];
+    #pragma omp parallel for if(n > PAR_CHEAP) schedule(static)
+    for (int64_t k = 0; k < nblk; k++) {
+        int64_t i0 = k * blk, i1 = i0 + blk < n ? i0 + blk : n;
+        double acc = 0.0;
+        if (dtype == TIDE_F32) {
+            const float *p = x;
+            for (int64_t i = i0; i < i1; i++) acc += (double)p[i] * (double)p[i];
+        } else if (dtype == TIDE_F64) {
+            const double *p = x;
+            for (int64_t i = i0; i < i1; i++) acc += p[i] * p[i];
+        } else {
+            const uint16_t *p = x;
+            for (int64_t i = i0; i < i1; i++) { double v = bf16_to_f32(p[i]); acc += v * v; }
+        }
+        part[k] = acc;
+    }
+    double s = 0.0;
+    for (int64_t k = 0; k < nblk; k++) s += part[k];
+    *out = s;
+    return 0;
+}
+
+int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out)
+{
+    int ok = 1;
+    switch (dtype) {
+    case TIDE_F32: {
+        const float *p = x;
+        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
+        break;
+    }
+    case TIDE_F64: {
+        const double *p = x;
+        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
+        break;
+    }
+    case TIDE_BF16: {
+        /* exponent bits all ones = inf or NaN */
+        const uint16_t *p = x;
+        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && (p[i] & 0x7f80u) != 0x7f80u;
+        break;
+    }
+    case TIDE_I32: case TIDE_I64: case TIDE_U8:
+        break;   /* integers are always finite */
+    default:
+        return tide_set_error("all_finite: dtype %d is not a tide dtype", dtype);
+    }
+    *out = ok;
+    return 0;
+}

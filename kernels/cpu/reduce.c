@@ -1,0 +1,144 @@
+/*
+ * reduce.c — reductions over the middle axis of a contiguous [outer, red, inner] buffer -> [outer, inner]
+ * (sum, max, argmax, logsumexp) and the gradient of max (kernels/backend.h).
+ *
+ * Work is cut into items (o, block of up to RED_BLOCK inner positions). An item walks r in order and
+ * reads RED_BLOCK neighbouring elements per r, so inner > 1 stays cache friendly, and each output is
+ * produced by one thread in a fixed order: results do not depend on the thread count.
+ * Sums accumulate in double. Max treats NaN as the largest value, so a NaN in a row propagates.
+ */
+#include <tgmath.h>
+#include "cpu.h"
+
+#define RED_BLOCK 64
+#define PAR_MIN 32768
+
+static const char *dtname(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+/* v replaces the running max m when larger, or when v is the first NaN */
+#define BEATS(v, m) ((v) > (m) || ((v) != (v) && (m) == (m)))
+
+#define REDUCE_KERNELS(T)                                                                       \
+    static void reduce_item_##T(int op, void *out, const T *x, int64_t o, int64_t i0, int len,  \
+                                int64_t red, int64_t inner)                                     \
+    {                                                                                           \
+        const T *base = x + o * red * inner + i0;                                               \
+        T m[RED_BLOCK];                                                                         \
+        int64_t arg[RED_BLOCK];                                                                 \
+        double acc[RED_BLOCK];                                                                  \
+        if (op == TIDE_RED_SUM) {                                                               \
+            for (int j = 0; j < len; j++) acc[j] = 0.0;                                         \
+            for (int64_t r = 0; r < red; r++)                                                   \
+                for (int j = 0; j < len; j++) acc[j] += (double)base[r * inner + j];            \
+            T *y = (T *)out + o * inner + i0;                                                   \
+            for (int j = 0; j < len; j++) y[j] = (T)acc[j];                                     \
+            return;                                                                             \
+        }                                                                                       \
+        /* max / argmax / logsumexp all start from the first-max scan (red >= 1 here) */        \
+        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                           \
+        for (int64_t r = 1; r < red; r++)                                                       \
+            for (int j = 0; j < len; j++) {                                                     \
+                T v = base[r * inner + j];                                                      \
+                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                   \
+            }                                                                                   \
+        if (op == TIDE_RED_MAX) {                                                               \
+            T *y = (T *)out + o * inner + i0;                                                   \
+            for (int j = 0; j < len; j++) y[j] = m[j];                                          \
+        } else if (op == TIDE_RED_ARGMAX) {                                                     \
+            int64_t *y = (int64_t *)out + o * inner + i0;                                       \
+            for (int j = 0; j < len; j++) y[j] = arg[j];                                        \
+        } else {                                                                                \
+            /* logsumexp = m + log sum exp(x - m); m = ±inf or NaN is the answer itself */      \
+            for (int j = 0; j < len; j++) acc[j] = 0.0;                                         \
+            for (int64_t r = 0; r < red; r++)                                                   \
+                for (int j = 0; j < len; j++)                                                   \
+                    acc[j] += (double)exp(base[r * inner + j] - m[j]);                          \
+            T *y = (T *)out + o * inner + i0;                                                   \
+            for (int j = 0; j < len; j++)                                                       \
+                y[j] = isfinite(m[j]) ? (T)((double)m[j] + log(acc[j])) : m[j];                 \
+        }                                                                                       \
+    }                                                                                           \
+    /* gx = gy at the first r attaining the max (same scan as reduce), 0 elsewhere */           \
+    static void max_backward_item_##T(T *gx, const T *gy, const T *x, int64_t o, int64_t i0,    \
+                                      int len, int64_t red, int64_t inner)                      \
+    {                                                                                           \
+        const T *base = x + o * red * inner + i0;                                               \
+        T *gbase = gx + o * red * inner + i0;                                                   \
+        T m[RED_BLOCK];                                                                         \
+        int64_t arg[RED_BLOCK];                                                                 \
+        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                           \
+        for (int64_t r = 1; r < red; r++)                                                       \
+            for (int j = 0; j < len; j++) {                                                     \
+                T v = base[r * inner + j];                                                      \
+                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                   \
+            }                                                                                   \
+        const T *g = gy + o * inner + i0;                                                       \
+        for (int64_t r = 0; r < red; r++)                                                       \
+            for (int j = 0; j < len; j++) gbase[r * inner + j] = r == arg[j] ? g[j] : (T)0;     \
+    }
+
+REDUCE_KERNELS(float)
+REDUCE_KERNELS(double)
+
+static const char *const reduce_names[TIDE_RED_COUNT] = { "sum", "max", "argmax", "logsumexp" };
+_Static_assert(sizeof reduce_names / sizeof reduce_names[0] == TIDE_RED_COUNT, "one name per reduce op");
+
+static int check_sizes(const char *what, int64_t outer, int64_t red, int64_t inner)
+{
+    if (outer < 0 || red < 0 || inner < 0)
+        return tide_set_error("%s: sizes outer = %lld, red = %lld, inner = %lld must be >= 0", what,
+                              (long long)outer, (long long)red, (long long)inner);
+    return 0;
+}
+
+int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner)
+{
+    if (op < 0 || op >= TIDE_RED_COUNT) return tide_set_error("reduce: op %d out of range [0, %d)", op, TIDE_RED_COUNT);
+    const char *name = reduce_names[op];
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("reduce %s: dtype %s not supported on cpu (expected f32 or f64)", name, dtname(dtype));
+    if (check_sizes("reduce", outer, red, inner)) return -1;
+    int64_t n_out = outer * inner;
+    if (red == 0) {
+        /* the empty sum is 0 and the empty logsumexp is log 0 = -inf; an empty max has no value */
+        if (op == TIDE_RED_MAX || op == TIDE_RED_ARGMAX)
+            return tide_set_error("reduce %s: the reduced axis is empty (red = 0)", name);
+        double v = op == TIDE_RED_SUM ? 0.0 : -INFINITY;
+        for (int64_t k = 0; k < n_out; k++) {
+            if (dtype == TIDE_F32) ((float *)out)[k] = (float)v;
+            else ((double *)out)[k] = v;
+        }
+        return 0;
+    }
+    int64_t nblk = (inner + RED_BLOCK - 1) / RED_BLOCK;
+    #pragma omp parallel for if(outer * red * inner > PAR_MIN) schedule(static)
+    for (int64_t w = 0; w < outer * nblk; w++) {
+        int64_t o = w / nblk, i0 = (w % nblk) * RED_BLOCK;
+        int len = (int)(inner - i0 < RED_BLOCK ? inner - i0 : RED_BLOCK);
+        if (dtype == TIDE_F32) reduce_item_float(op, out, x, o, i0, len, red, inner);
+        else reduce_item_double(op, out, x, o, i0, len, red, inner);
+    }
+    return 0;
+}
+
+int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y,
+                                 int64_t outer, int64_t red, int64_t inner)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("reduce_max_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    if (check_sizes("reduce_max_backward", outer, red, inner)) return -1;
+    if (red == 0) return 0;
+    int64_t nblk = (inner + RED_BLOCK - 1) / RED_BLOCK;
+    #pragma omp parallel for if(outer * red * inner > PAR_MIN) schedule(static)
+    for (int64_t w = 0; w < outer * nblk; w++) {
+        int64_t o = w / nblk, i0 = (w % nblk) * RED_BLOCK;
+        int len = (int)(inner - i0 < RED_BLOCK ? inner - i0 : RED_BLOCK);
+        if (dtype == TIDE_F32) max_backward_item_float(gx, gy, x, o, i0, len, red, inner);
+        else max_backward_item_double(gx, gy, x, o, i0, len, red, inner);
+    }
+    return 0;
+}

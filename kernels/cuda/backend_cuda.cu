@@ -1,0 +1,261 @@
+/*
+ * backend_cuda.cu — the CUDA backend table (kernels/backend.h), process state (stream, cuBLAS handle,
+ * scratch), raw device memory, copies and runtime information.
+ *
+ * Memory is stream-ordered (cudaMallocAsync / cudaFreeAsync on the process stream); the engine's
+ * caching allocator (engine/alloc.c) keeps blocks above this, so these calls are raw.
+ */
+#include "common.cuh"
+#include <mutex>
+#include <stdio.h>
+
+namespace {
+
+struct cuda_state {
+    cudaError_t err;              /* first failure while setting up, cudaSuccess otherwise */
+    const char *what;
+    cudaStream_t stream;
+    int sm_count;
+};
+
+cuda_state make_state()
+{
+    cuda_state st = {cudaSuccess, "", 0, 0};
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n < 1) e = cudaErrorNoDevice;
+    if (e == cudaSuccess) e = cudaSetDevice(0);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st.err = e;
+        st.what = "device";
+        return st;
+    }
+    e = cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st.err = e;
+        st.what = "stream create";
+        return st;
+    }
+    if (cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || st.sm_count < 1) {
+        cudaGetLastError();
+        st.sm_count = 108;
+    }
+    return st;
+}
+
+cuda_state &state()
+{
+    static cuda_state st = make_state();  /* thread-safe one-time initialisation */
+    return st;
+}
+
+struct blas_state {
+    cublasStatus_t err;
+    cublasHandle_t handle;
+};
+
+blas_state make_blas()
+{
+    blas_state b = {CUBLAS_STATUS_SUCCESS, 0};
+    b.err = cublasCreate(&b.handle);
+    if (b.err == CUBLAS_STATUS_SUCCESS) b.err = cublasSetStream(b.handle, state().stream);
+    /* plain fp32 arithmetic for f32 GEMMs (no TF32), so results match the CPU backend closely */
+    if (b.err == CUBLAS_STATUS_SUCCESS) b.err = cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH);
+    return b;
+}
+
+struct scratch_state {
+    cudaError_t err;
+    tide_cuda_scratch *p;
+};
+
+scratch_state make_scratch()
+{
+    scratch_state s = {cudaSuccess, 0};
+    s.err = cudaMalloc((void **)&s.p, sizeof(tide_cuda_scratch));
+    if (s.err != cudaSuccess) cudaGetLastError();
+    return s;
+}
+
+}  // namespace
+
+int tide_cuda_get_stream(cudaStream_t *out)
+{
+    cuda_state &st = state();
+    if (st.err != cudaSuccess) return tide_set_error("cuda %s: %s", st.what, cudaGetErrorString(st.err));
+    *out = st.stream;
+    return 0;
+}
+
+int tide_cuda_get_cublas(cublasHandle_t *out)
+{
+    cudaStream_t s;
+    if (tide_cuda_get_stream(&s)) return -1;
+    static blas_state b = make_blas();
+    TIDE_CUBLAS(b.err, "cublas init");
+    *out = b.handle;
+    return 0;
+}
+
+int tide_cuda_get_scratch(tide_cuda_scratch **out)
+{
+    cudaStream_t s;
+    if (tide_cuda_get_stream(&s)) return -1;
+    static scratch_state sc = make_scratch();
+    TIDE_CU(sc.err, "scratch alloc");
+    *out = sc.p;
+    return 0;
+}
+
+int tide_cuda_sm_count(void)
+{
+    cuda_state &st = state();
+    return st.sm_count > 0 ? st.sm_count : 108;
+}
+
+/* ---- memory ----------------------------------------------------------------------------------- */
+
+static void *tide_cuda_malloc(size_t nbytes)
+{
+    cudaStream_t s;
+    if (tide_cuda_get_stream(&s)) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, s);
+    if (e != cudaSuccess) {
+        cudaGetLastError();  /* out-of-memory is not sticky: clear it so later calls work */
+        tide_set_error("cuda malloc of %zu bytes: %s", nbytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void tide_cuda_free(void *p)
+{
+    cudaStream_t s;
+    if (!p || tide_cuda_get_stream(&s)) return;
+    if (cudaFreeAsync(p, s) != cudaSuccess) cudaGetLastError();
+}
+
+/* the host buffer may be reused as soon as we return, so the copy completes first */
+static int tide_cuda_memcpy_h2d(void *dst, const void *src, size_t n)
+{
+    if (n == 0) return 0;
+    TIDE_STREAM(s);
+    TIDE_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s), "memcpy host to device");
+    TIDE_CU(cudaStreamSynchronize(s), "memcpy host to device (synchronize)");
+    return 0;
+}
+
+static int tide_cuda_memcpy_d2h(void *dst, const void *src, size_t n)
+{
+    if (n == 0) return 0;
+    TIDE_STREAM(s);
+    TIDE_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s), "memcpy device to host");
+    TIDE_CU(cudaStreamSynchronize(s), "memcpy device to host (synchronize)");
+    return 0;
+}
+
+static int tide_cuda_memcpy_d2d(void *dst, const void *src, size_t n)
+{
+    if (n == 0 || dst == src) return 0;
+    TIDE_STREAM(s);
+    TIDE_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s), "memcpy device to device");
+    return 0;
+}
+
+static int tide_cuda_synchronize(void)
+{
+    TIDE_STREAM(s);
+    TIDE_CU(cudaStreamSynchronize(s), "synchronize");
+    return 0;
+}
+
+/* ---- runtime information ---------------------------------------------------------------------- */
+
+/* the count cannot change during a process, and the engine asks on every device lookup */
+extern "C" int tide_cuda_runtime_device_count(void)
+{
+    static int count = [] {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return n;
+    }();
+    return count;
+}
+
+extern "C" const char *tide_cuda_runtime_info(void)
+{
+    static char buf[512];
+    static std::once_flag once;
+    std::call_once(once, [] {
+        int rt = 0, drv = 0, n = 0;
+        cudaRuntimeGetVersion(&rt);
+        cudaDriverGetVersion(&drv);
+        int len = snprintf(buf, sizeof buf, "cuda runtime %d.%d", rt / 1000, (rt % 1000) / 10);
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(buf + len, sizeof buf - len, ", no usable device (%s)", cudaGetErrorString(e));
+            return;
+        }
+        len += snprintf(buf + len, sizeof buf - len, ", driver %d.%d, %d device%s", drv / 1000,
+                        (drv % 1000) / 10, n, n == 1 ? "" : "s");
+        cudaDeviceProp p;
+        if (n > 0 && cudaGetDeviceProperties(&p, 0) == cudaSuccess)
+            snprintf(buf + len, sizeof buf - len, "; cuda:0 %s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major,
+                     p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+        else
+            cudaGetLastError();
+    });
+    return buf;
+}
+
+/* ---- the table -------------------------------------------------------------------------------- */
+
+extern "C" const tide_backend tide_cuda_backend = {
+    .name = "cuda",
+    .malloc = tide_cuda_malloc,
+    .free = tide_cuda_free,
+    .memcpy_h2d = tide_cuda_memcpy_h2d,
+    .memcpy_d2h = tide_cuda_memcpy_d2h,
+    .memcpy_d2d = tide_cuda_memcpy_d2d,
+    .synchronize = tide_cuda_synchronize,
+    .fill = tide_cuda_fill,
+    .copy = tide_cuda_copy,
+    .randn = tide_cuda_randn,
+    .rand = tide_cuda_rand,
+    .unary = tide_cuda_unary,
+    .unary_backward = tide_cuda_unary_backward,
+    .binary = tide_cuda_binary,
+    .swiglu = tide_cuda_swiglu,
+    .swiglu_backward = tide_cuda_swiglu_backward,
+    .axpy = tide_cuda_axpy,
+    .sum_squares = tide_cuda_sum_squares,
+    .all_finite = tide_cuda_all_finite,
+    .reduce = tide_cuda_reduce,
+    .reduce_max_backward = tide_cuda_reduce_max_backward,
+    .gemm = tide_cuda_gemm,
+    .gemm_batched = tide_cuda_gemm_batched,
+    .index_select = tide_cuda_index_select,
+    .index_add = tide_cuda_index_add,
+    .gather = tide_cuda_gather,
+    .scatter_add = tide_cuda_scatter_add,
+    .check_index = tide_cuda_check_index,
+    .rmsnorm = tide_cuda_rmsnorm,
+    .rmsnorm_backward = tide_cuda_rmsnorm_backward,
+    .layernorm = tide_cuda_layernorm,
+    .layernorm_backward = tide_cuda_layernorm_backward,
+    .softmax = tide_cuda_softmax,
+    .softmax_backward = tide_cuda_softmax_backward,
+    .cross_entropy = tide_cuda_cross_entropy,
+    .cross_entropy_backward = tide_cuda_cross_entropy_backward,
+    .rope = tide_cuda_rope,
+    .attention = NULL,            /* flash attention comes in its own file */
+    .attention_backward = NULL,
+    .adamw = tide_cuda_adamw,
+};

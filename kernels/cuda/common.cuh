@@ -1,0 +1,228 @@
+/*
+ * common.cuh — what every CUDA kernel file shares: the process stream and cuBLAS handle, error
+ * checks, dtype traits (bf16 storage with fp32 arithmetic), launch sizes and block reductions.
+ *
+ * The backend drives one device (cuda:0) through one stream created on first use; every kernel,
+ * copy and cuBLAS call is issued on that stream, so stream order alone keeps them consistent.
+ */
+#ifndef TIDE_CUDA_COMMON_CUH
+#define TIDE_CUDA_COMMON_CUH
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <stdint.h>
+#include <limits.h>
+#include "../backend.h"
+
+/* ---- process state (backend_cuda.cu) --------------------------------------------------------- */
+/* the stream every entry uses; 0 on success, else the error is set */
+int tide_cuda_get_stream(cudaStream_t *out);
+int tide_cuda_get_cublas(cublasHandle_t *out);
+/* a small device scratch area for reductions and error flags (TIDE_CUDA_SCRATCH_PARTIALS doubles,
+   then flags); only valid in stream order between one entry's launches */
+#define TIDE_CUDA_SCRATCH_PARTIALS 1024
+struct tide_cuda_scratch {
+    double partial[TIDE_CUDA_SCRATCH_PARTIALS];
+    double result;
+    unsigned long long first;     /* smallest offending position (atomicMin), ULLONG_MAX when none */
+    int flag;
+};
+int tide_cuda_get_scratch(tide_cuda_scratch **out);
+/* number of SMs of the device (for sizing grids) */
+int tide_cuda_sm_count(void);
+
+#define TIDE_MAX_DIMS_CUDA 8
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+#define TIDE_CU(call, what)                                                                         \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) return tide_set_error("cuda %s: %s", (what), cudaGetErrorString(e_)); \
+    } while (0)
+/* after a kernel launch: configuration errors show here, faults at the next synchronising call */
+#define TIDE_CU_LAUNCH(what) TIDE_CU(cudaGetLastError(), (what))
+#define TIDE_CUBLAS(call, what)                                                                     \
+    do {                                                                                            \
+        cublasStatus_t s_ = (call);                                                                 \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            return tide_set_error("cuda %s: %s", (what), cublasGetStatusString(s_));                \
+    } while (0)
+#define TIDE_STREAM(s) \
+    cudaStream_t s;    \
+    do { if (tide_cuda_get_stream(&s)) return -1; } while (0)
+
+static inline const char *tide_cuda_dtype_str(int dtype)
+{
+    const char *n = tide_dtype_name(dtype);
+    return n ? n : "unknown";
+}
+
+/* ---- dtype traits: T is the storage type, A the arithmetic type ------------------------------ */
+template <typename T> struct tide_tr;
+template <> struct tide_tr<float> {
+    typedef float A;
+    static __device__ __forceinline__ float load(float v) { return v; }
+    static __device__ __forceinline__ float store(float a) { return a; }
+};
+template <> struct tide_tr<double> {
+    typedef double A;
+    static __device__ __forceinline__ double load(double v) { return v; }
+    static __device__ __forceinline__ double store(double a) { return a; }
+};
+template <> struct tide_tr<__nv_bfloat16> {
+    typedef float A;
+    static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ __nv_bfloat16 store(float a) { return __float2bfloat16(a); }
+};
+#define TIDE_ACC(T) typename tide_tr<T>::A
+template <typename T> __device__ __forceinline__ TIDE_ACC(T) tide_ld(const T *p, int64_t i)
+{
+    return tide_tr<T>::load(p[i]);
+}
+template <typename T> __device__ __forceinline__ void tide_st(T *p, int64_t i, TIDE_ACC(T) v)
+{
+    p[i] = tide_tr<T>::store(v);
+}
+
+/* index buffers are i32 or i64, chosen at run time (a uniform branch) */
+__device__ __forceinline__ int64_t tide_ld_index(const void *idx, int is64, int64_t k)
+{
+    return is64 ? ((const int64_t *)idx)[k] : (int64_t)((const int32_t *)idx)[k];
+}
+
+/* runs BODY with T bound to the storage type of a float dtype, or returns an error naming `what` */
+#define TIDE_FLOAT_DISPATCH(dtype, what, ...)                                                       \
+    switch (dtype) {                                                                                \
+    case TIDE_F32: { typedef float T; __VA_ARGS__; } break;                                         \
+    case TIDE_F64: { typedef double T; __VA_ARGS__; } break;                                        \
+    case TIDE_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                                \
+    default:                                                                                        \
+        return tide_set_error("%s: dtype %s is not supported on the cuda backend (f32, f64, bf16)", \
+                              (what), tide_cuda_dtype_str(dtype));                                  \
+    }
+
+static inline int tide_cuda_check_index_dtype(int idx_dtype, const char *what)
+{
+    if (idx_dtype == TIDE_I32 || idx_dtype == TIDE_I64) return 0;
+    return tide_set_error("%s: index dtype %s is not supported (i32, i64)", what, tide_cuda_dtype_str(idx_dtype));
+}
+
+/* ---- launch sizes ---------------------------------------------------------------------------- */
+#define TIDE_THREADS 256
+/* blocks for a grid-stride loop over n elements (at most a few waves; loops cover the rest) */
+static inline unsigned tide_blocks(int64_t n)
+{
+    int64_t b = (n + TIDE_THREADS - 1) / TIDE_THREADS;
+    int64_t cap = (int64_t)tide_cuda_sm_count() * 32;
+    if (b > cap) b = cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+/* threads for a block that owns one row of C elements: a power of two in [32, 1024], ~4 per thread */
+static inline unsigned tide_row_threads(int64_t C)
+{
+    unsigned t = 32;
+    while (t < 1024 && (int64_t)t * 4 < C) t <<= 1;
+    return t;
+}
+/* rows are spread over a grid-stride loop so any count fits in gridDim.x */
+static inline unsigned tide_row_blocks(int64_t N)
+{
+    return (unsigned)(N < 65535 * 16 ? (N < 1 ? 1 : N) : 65535 * 16);
+}
+
+#define TIDE_GRID_LOOP(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---------------------------- */
+struct tide_sum_op {
+    template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
+};
+struct tide_max_op {
+    /* NaN wins, so a NaN row stays visible */
+    template <typename A> __device__ __forceinline__ A operator()(A a, A b) const
+    {
+        return (a != a || a > b) ? a : b;
+    }
+};
+template <typename A, typename F> __device__ __forceinline__ A tide_warp_reduce(A v, F f)
+{
+    for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* every thread gets the result; sh must hold 32 values; safe to call repeatedly with the same sh */
+template <typename A, typename F> __device__ __forceinline__ A tide_block_reduce(A v, F f, A identity, A *sh)
+{
+    v = tide_warp_reduce(v, f);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        A r = lane < nw ? sh[lane] : identity;
+        r = tide_warp_reduce(r, f);
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+/* ---- entries (one per tide_backend field; backend_cuda.cu builds the table) ------------------ */
+int tide_cuda_fill(void *out, int dtype, int64_t n, double value);
+int tide_cuda_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype,
+                   const int64_t *xstride, int ndim, const int64_t *shape);
+int tide_cuda_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+int tide_cuda_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
+int tide_cuda_unary(int op, int dtype, void *y, const void *x, int64_t n, double p);
+int tide_cuda_unary_backward(int op, int dtype, void *gx, const void *gy, const void *x, const void *y,
+                             int64_t n, double p);
+int tide_cuda_binary(int op, int dtype, void *out, const void *a, const int64_t *sa, const void *b,
+                     const int64_t *sb, int ndim, const int64_t *shape);
+int tide_cuda_swiglu(int dtype, void *out, const void *g, const void *u, int64_t n);
+int tide_cuda_swiglu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u,
+                              int64_t n);
+int tide_cuda_axpy(int dtype, void *y, double a, const void *x, int64_t n);
+int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1,
+                    double beta2, double eps, double wd, double bc1, double bc2);
+int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                   double theta, int64_t pos0, int inverse);
+
+int tide_cuda_sum_squares(int dtype, const void *x, int64_t n, double *out);
+int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out);
+int tide_cuda_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
+int tide_cuda_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y,
+                                  int64_t outer, int64_t red, int64_t inner);
+int tide_cuda_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+
+int tide_cuda_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                   int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+int tide_cuda_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
+                           const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb,
+                           double beta, void *C, int64_t ldc, int64_t sc, int64_t batch);
+
+int tide_cuda_index_select(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer,
+                           int64_t n_src, int64_t inner, int64_t n_idx);
+int tide_cuda_index_add(int dtype, void *gx, const void *gy, const void *idx, int idx_dtype, int64_t outer,
+                        int64_t n_dst, int64_t inner, int64_t n_idx);
+int tide_cuda_gather(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer,
+                     int64_t n_x, int64_t n_idx, int64_t inner);
+int tide_cuda_scatter_add(int dtype, void *out, const void *src, const void *idx, int idx_dtype, int64_t outer,
+                          int64_t n_out, int64_t n_idx, int64_t inner);
+
+int tide_cuda_rmsnorm(int dtype, void *out, void *rstd, const void *x, const void *w, int64_t N, int64_t C,
+                      double eps);
+int tide_cuda_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                               const void *rstd, int64_t N, int64_t C);
+int tide_cuda_layernorm(int dtype, void *out, void *mean, void *rstd, const void *x, const void *w,
+                        const void *b, int64_t N, int64_t C, double eps);
+int tide_cuda_layernorm_backward(int dtype, void *dx, void *dw, void *db, const void *dout, const void *x,
+                                 const void *w, const void *mean, const void *rstd, int64_t N, int64_t C);
+int tide_cuda_softmax(int dtype, void *y, const void *x, int64_t N, int64_t C, int log);
+int tide_cuda_softmax_backward(int dtype, void *dx, const void *dy, const void *y, int64_t N, int64_t C,
+                               int log);
+int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits,
+                            const void *targets, int tdtype, const void *weights, int64_t N, int64_t V,
+                            int64_t ignore);
+int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits,
+                                     const void *lse, const void *targets, int tdtype, const void *weights,
+                                     int64_t N, int64_t V, int64_t ignore);
+#endif

@@ -1,0 +1,191 @@
+-- checkpoint.lua — the checkpoint directory of formats.md §6:
+--   <run>/ckpt/step_00001234/{model.safetensors, optim.safetensors, state.json}
+--   <run>/ckpt/latest          the current directory name
+-- Files are written into step_XXXXXXXX.tmp/ (each fsynced by the engine), the directory is fsynced and
+-- renamed, then `latest` is replaced atomically: a run killed at any instant leaves the last good
+-- checkpoint readable.
+local ffi = require "ffi"
+local tide = require "tide"
+local json = require "tide.json"
+local C = tide.C
+
+local checkpoint = {}
+
+local function last_error() return ffi.string(C.tide_last_error()) end
+
+local function check(rc, what)
+  if rc ~= 0 then error("checkpoint: " .. what .. ": " .. last_error(), 3) end
+end
+
+function checkpoint.dir_name(step) return string.format("step_%08d", step) end
+
+local function save_tensors(path, names, tensors, metadata)
+  local n = #names
+  local cnames = ffi.new("const char *[?]", math.max(n, 1))
+  local ctensors = ffi.new("tide_tensor *[?]", math.max(n, 1))
+  for i = 1, n do
+    cnames[i - 1] = names[i]        -- the Lua strings in `names` keep the bytes alive
+    ctensors[i - 1] = tide.raw(tensors[i])
+  end
+  local meta = nil
+  if metadata then
+    local m = {}
+    for k, v in pairs(metadata) do m[k] = tostring(v) end
+    meta = json.encode(m)
+  end
+  check(C.tide_safetensors_save(path, n, cnames, ctensors, meta), "writing " .. path)
+end
+
+-- list of step directory names under <run>/ckpt, sorted by step
+function checkpoint.list(run_dir)
+  local ckdir = run_dir .. "/ckpt"
+  if C.tide_is_dir(ckdir) ~= 1 then return {} end
+  local n = ffi.new("size_t[1]")
+  local raw = C.tide_list_dir(ckdir, n)
+  if raw == nil then error("checkpoint: cannot list " .. ckdir .. ": " .. last_error(), 2) end
+  local names = ffi.string(raw, n[0])
+  C.tide_free(raw)
+  local out = {}
+  for name in names:gmatch("([^%z]+)%z") do
+    if name:match("^step_%d+$") then out[#out + 1] = name end
+  end
+  table.sort(out)
+  return out
+end
+
+-- save(run_dir, step, {model =, optim =, state = {...}, metadata = {...}, keep = n}) -> directory path
+-- keep: how many step directories to leave (older ones are removed after `latest` moves); nil keeps all
+function checkpoint.save(run_dir, step, parts)
+  local ckdir = run_dir .. "/ckpt"
+  check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
+  local name = checkpoint.dir_name(step)
+  local final = ckdir .. "/" .. name
+  local tmp = final .. ".tmp"
+  check(C.tide_remove_tree(tmp), "clearing " .. tmp)
+  check(C.tide_mkdir_p(tmp), "creating " .. tmp)
+
+  local meta = { format = "pt", ["tide.step"] = step, ["tide.version"] = ffi.string(C.tide_version()) }
+  for k, v in pairs(parts.metadata or {}) do meta[k] = v end
+  local names = parts.model:state_names()
+  local sd = parts.model:state_dict()
+  local tensors = {}
+  for i, n in ipairs(names) do tensors[i] = sd[n] end
+  save_tensors(tmp .. "/model.safetensors", names, tensors, meta)
+  if parts.optim then
+    local onames, otensors = parts.optim:state_tensors()
+    save_tensors(tmp .. "/optim.safetensors", onames, otensors, { format = "pt", ["tide.step"] = step })
+  end
+  local state = {}
+  for k, v in pairs(parts.state or {}) do state[k] = v end
+  state.step = step
+  if parts.optim then state.optim = parts.optim:state() end
+  check(C.tide_file_write_text_atomic(tmp .. "/state.json", json.encode(state, { first = { "step" } }) .. "\n"),
+    "writing state.json")
+  check(C.tide_fsync_dir(tmp), "syncing " .. tmp)
+  if C.tide_path_exists(final) == 1 then
+    -- the same step saved again (after a rollback): the new copy replaces the old one
+    check(C.tide_remove_tree(final), "removing " .. final)
+  end
+  check(C.tide_rename_atomic(tmp, final), "renaming " .. tmp)
+  check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
+  if parts.keep then
+    local all = checkpoint.list(run_dir)
+    for i = 1, #all - parts.keep do
+      if all[i] ~= name then check(C.tide_remove_tree(ckdir .. "/" .. all[i]), "removing old " .. all[i]) end
+    end
+  end
+  return final
+end
+
+-- latest(run_dir) -> the directory `latest` names, or nil when the run has no checkpoint
+function checkpoint.latest(run_dir)
+  local f = io.open(run_dir .. "/ckpt/latest", "rb")
+  if not f then return nil end
+  local name = (f:read("*a") or ""):match("^%s*(.-)%s*$")
+  f:close()
+  if not name:match("^step_%d+$") then
+    error("checkpoint: " .. run_dir .. "/ckpt/latest holds '" .. name .. "', expected step_XXXXXXXX", 2)
+  end
+  return run_dir .. "/ckpt/" .. name
+end
+
+-- resolve a resume target: a step directory, or a run directory (its latest checkpoint)
+function checkpoint.resolve(path)
+  if C.tide_path_exists(path .. "/state.json") == 1 then return path end
+  local dir = checkpoint.latest(path)
+  if not dir then error("checkpoint: no checkpoint under '" .. path .. "' (no ckpt/latest, no state.json)", 2) end
+  return dir
+end
+
+local Reader = {}
+Reader.__index = Reader
+
+local function open_file(path)
+  local h = C.tide_safetensors_open(path)
+  if h == nil then error("checkpoint: " .. last_error(), 3) end
+  return ffi.gc(h, C.tide_safetensors_close)
+end
+
+-- open(dir) -> reader with :tensors(file) -> {name = tensor}, :get(file, name), .state (state.json)
+function checkpoint.open(dir)
+  local f = io.open(dir .. "/state.json", "rb")
+  if not f then error("checkpoint: " .. dir .. "/state.json is missing", 2) end
+  local text = f:read("*a")
+  f:close()
+  local ok, state = pcall(json.decode, text)
+  if not ok then error("checkpoint: " .. dir .. "/state.json: " .. tostring(state), 2) end
+  return setmetatable({ dir = dir, state = state, files = {} }, Reader)
+end
+
+function Reader:file(name)
+  if not self.files[name] then self.files[name] = open_file(self.dir .. "/" .. name) end
+  return self.files[name]
+end
+
+-- get(file, name) -> a CPU tensor, or nil when the file has no such name
+function Reader:get(file, name, device)
+  local h = self:file(file)
+  local i = C.tide_safetensors_find(h, name)
+  if i < 0 then return nil end
+  local t = C.tide_safetensors_get(h, i, device or 0)
+  if t == nil then error("checkpoint: " .. self.dir .. "/" .. file .. ": " .. last_error(), 2) end
+  return tide.wrap(t)
+end
+
+-- every tensor of one file as {name = tensor}
+function Reader:tensors(file, device)
+  local h = self:file(file)
+  local out = {}
+  for i = 0, C.tide_safetensors_count(h) - 1 do
+    local name = ffi.string(C.tide_safetensors_name(h, i))
+    local t = C.tide_safetensors_get(h, i, device or 0)
+    if t == nil then error("checkpoint: " .. self.dir .. "/" .. file .. ": " .. last_error(), 2) end
+    out[name] = tide.wrap(t)
+  end
+  return out
+end
+
+function Reader:metadata(file)
+  return json.decode(ffi.string(C.tide_safetensors_metadata(self:file(file))))
+end
+
+function Reader:close()
+  for k, h in pairs(self.files) do
+    C.tide_safetensors_close(ffi.gc(h, nil))
+    self.files[k] = nil
+  end
+end
+
+-- load(dir, {model =, optim =}) -> state table; weights and optimiser state are copied in place
+function checkpoint.load(dir, parts)
+  local r = checkpoint.open(dir)
+  if parts.model then parts.model:load_state_dict(r:tensors("model.safetensors")) end
+  if parts.optim then
+    if not r.state.optim then error("checkpoint: " .. dir .. "/state.json has no optimiser state", 2) end
+    parts.optim:load_state(r.state.optim, function(name) return r:get("optim.safetensors", name) end)
+  end
+  r:close()
+  return r.state
+end
+
+return checkpoint

@@ -1,0 +1,406 @@
+-- tide.cli: the command line of the `tide` executable (engine/host/main.c calls main(argv)).
+--
+--   tide run RECIPE [--a.b=value ...] [--resume] [--dry-run]   train (or run) a recipe
+--   tide repl                                                   interactive prompt
+--   tide test [PATTERN]                                         run tests/lua/test_*.lua
+--   tide info                                                   build and machine summary
+--   tide help                                                   this text
+--
+-- main returns the process exit code. Usage mistakes raise a UsageError (shown without a traceback);
+-- everything else raised by a recipe keeps its file:line and gets a traceback from the host.
+local ffi = require "ffi"
+
+local M = {}
+
+M.USAGE = [[
+usage: tide <command> [arguments]
+
+  run RECIPE [--key=value ...]  load RECIPE (a Lua file returning a config table), apply the overrides,
+                                then call cfg.run(cfg) if the recipe defines it, else tide.train(cfg)
+      --a.b=value               set field b of table a; the key must exist in the recipe; the value is
+                                read as a number, true/false, or else a string ("quotes" keep a string)
+      --resume                  cfg.resume = true (continue from the last checkpoint)
+      --dry-run                 load and patch the recipe, print the resulting config, run nothing
+      --out=DIR --seed=N --threads=N   cfg.out / cfg.seed / cfg.threads (seed and threads act at once)
+  repl                          interactive prompt (help() inside it)
+  test [PATTERN]                run tests/lua/test_*.lua whose name contains PATTERN, each in its own
+                                process; prints "N passed, M failed"; exit code 1 on failure
+  info                          version, threads, BLAS, CUDA, MPI, LuaJIT
+  help                          this text
+
+environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREADS,
+             TIDE_TEST_FILTER (test case names), TIDE_TRACEBACK=0 (errors without traceback)]]
+
+-- top-level keys a flag may set even when the recipe does not define them
+M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true }
+
+local UsageError = { __tostring = function(e) return e.msg end }
+local function usage_error(msg) error(setmetatable({ msg = msg }, UsageError), 0) end
+M.usage_error = usage_error
+
+-- ---- helpers ---------------------------------------------------------------------------------------------
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local root = (here:match("^(.*)/[^/]*$") or ".")
+root = root:match("^(.*)/[^/]*$") or "."          -- <repo>/lua/tide -> <repo>
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function file_exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+if not pcall(function() return ffi.C.readlink end) then
+  pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t bufsiz);")
+end
+
+-- the path of the running executable (the `tide` binary when run by it)
+function M.exe_path()
+  local env = os.getenv("TIDE_EXE")
+  if env and env ~= "" then return env end
+  local buf = ffi.new("char[4096]")
+  local n = ffi.C.readlink("/proc/self/exe", buf, 4095)
+  if n <= 0 then return nil end
+  return ffi.string(buf, n)
+end
+
+-- "512" -> 512, "true" -> true, "'x'" / "\"x\"" -> "x", else the string
+function M.parse_value(s)
+  if s == "true" then return true elseif s == "false" then return false end
+  local q = s:match('^"(.*)"$') or s:match("^'(.*)'$")
+  if q then return q end
+  local n = tonumber(s)
+  if n then return n end
+  return s
+end
+
+local function sorted_keys(t)
+  local strs, n_int = {}, 0
+  for k in pairs(t) do
+    if type(k) == "string" then strs[#strs + 1] = k
+    elseif type(k) == "number" then n_int = n_int + 1 end
+  end
+  table.sort(strs)
+  if n_int > 0 then table.insert(strs, 1, "1.." .. n_int) end
+  return strs
+end
+
+-- edit distance, for "did you mean"
+local function distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+local function unknown_key(path, node, where, key)
+  local keys = sorted_keys(node)
+  local best, bestd = nil, 3
+  for _, k in ipairs(keys) do
+    local d = distance(k, key)
+    if d < bestd then best, bestd = k, d end
+  end
+  local at = where == "" and "known keys" or ("known keys at " .. where)
+  usage_error(string.format("unknown recipe key '%s'%s (%s: %s)", path,
+    best and (", did you mean '" .. (where == "" and "" or where .. ".") .. best .. "'?") or "",
+    at, #keys > 0 and table.concat(keys, ", ") or "none"))
+end
+
+local function existing_key(node, s)
+  if node[s] ~= nil then return s end
+  local n = tonumber(s)
+  if n and node[n] ~= nil then return n end
+  return nil
+end
+
+-- cfg[path] = value for "a.b.c"; the key must exist (or be a top-level flag); the new value must have
+-- the old value's type (a string field takes the text as it is)
+function M.patch(cfg, path, text)
+  local value = text == nil and true or M.parse_value(text)
+  local parts = {}
+  for p in path:gmatch("[^.]+") do parts[#parts + 1] = p end
+  if #parts == 0 or path:sub(1, 1) == "." or path:sub(-1) == "." or path:find("..", 1, true) then
+    usage_error(string.format("malformed recipe key '%s'", path))
+  end
+  local node, where = cfg, ""
+  for i = 1, #parts - 1 do
+    local k = existing_key(node, parts[i])
+    if k == nil then unknown_key(path, node, where, parts[i]) end
+    where = where == "" and parts[i] or (where .. "." .. parts[i])
+    if type(node[k]) ~= "table" then
+      usage_error(string.format("recipe key '%s' is a %s, not a table, so '%s' cannot be set", where, type(node[k]), path))
+    end
+    node = node[k]
+  end
+  local last = parts[#parts]
+  local k = existing_key(node, last)
+  if k == nil then
+    if #parts == 1 and M.TOP_LEVEL_FLAGS[last] then
+      cfg[last] = value
+      return
+    end
+    unknown_key(path, node, where, last)
+  end
+  local old = node[k]
+  local t = type(old)
+  if t == "number" then
+    if type(value) ~= "number" then
+      usage_error(string.format("recipe key '%s' is a number, got '%s'", path, tostring(text)))
+    end
+  elseif t == "boolean" then
+    if type(value) ~= "boolean" then
+      usage_error(string.format("recipe key '%s' is a boolean (true/false), got '%s'", path, tostring(text)))
+    end
+  elseif t == "string" then
+    value = text == nil and "true" or (text:match('^"(.*)"$') or text:match("^'(.*)'$") or text)
+  elseif t == "table" then
+    usage_error(string.format("recipe key '%s' is a table; set its fields instead (--%s.<key>=value)", path, path))
+  else
+    usage_error(string.format("recipe key '%s' is a %s and cannot be set from the command line", path, t))
+  end
+  node[k] = value
+end
+
+-- a readable Lua rendering of a config table (sorted keys), for --dry-run
+function M.dump(v, indent, seen)
+  indent, seen = indent or "", seen or {}
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) ~= "table" then
+    if type(v) == "function" or type(v) == "userdata" or type(v) == "cdata" then return "<" .. type(v) .. ">" end
+    return tostring(v)
+  end
+  if seen[v] then return "<cycle>" end
+  seen[v] = true
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) and (type(a) == "number" or type(a) == "string") then return a < b end
+    return type(a) == "number"
+  end)
+  if #keys == 0 then seen[v] = nil return "{}" end
+  local lines = {}
+  local inner = indent .. "  "
+  for _, k in ipairs(keys) do
+    local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. M.dump(k) .. "]")
+    lines[#lines + 1] = inner .. ks .. " = " .. M.dump(v[k], inner, seen) .. ","
+  end
+  seen[v] = nil
+  return "{\n" .. table.concat(lines, "\n") .. "\n" .. indent .. "}"
+end
+
+-- ---- run -------------------------------------------------------------------------------------------------
+-- splits run arguments into the recipe path and the list of {key, text} overrides
+function M.parse_run_args(args)
+  local recipe, overrides = nil, {}
+  for _, a in ipairs(args) do
+    if a:sub(1, 2) == "--" then
+      local key, text = a:sub(3):match("^([^=]+)=(.*)$")
+      if not key then key = a:sub(3) end
+      if key == "" then usage_error("empty option '" .. a .. "'") end
+      -- flags are written with dashes (--dry-run); recipe keys use underscores
+      if not key:find(".", 1, true) then key = key:gsub("-", "_") end
+      overrides[#overrides + 1] = { key = key, text = text }
+    elseif recipe == nil then
+      recipe = a
+    else
+      usage_error(string.format("unexpected argument '%s' (one recipe per run; options look like --key=value)", a))
+    end
+  end
+  return recipe, overrides
+end
+
+-- loads RECIPE and applies the overrides; returns the config table
+function M.load_recipe(path, overrides)
+  if not file_exists(path) then
+    local f, err = io.open(path, "r")
+    usage_error(string.format("cannot open recipe '%s': %s", path, f and "unknown error" or tostring(err):gsub("^.-: ", "")))
+  end
+  local chunk, err = loadfile(path)
+  if not chunk then usage_error(err) end   -- "recipe.lua:LINE: message"
+  local cfg = chunk(path)
+  if type(cfg) ~= "table" then
+    usage_error(string.format("recipe '%s' must return a config table, got %s", path, type(cfg)))
+  end
+  for _, o in ipairs(overrides or {}) do M.patch(cfg, o.key, o.text) end
+  return cfg
+end
+
+function M.run(args)
+  local path, overrides = M.parse_run_args(args)
+  if not path then usage_error("tide run: which recipe? usage: tide run RECIPE [--key=value ...]") end
+  local cfg = M.load_recipe(path, overrides)
+  local tide = require "tide"
+  if cfg.threads then tide.set_num_threads(cfg.threads) end
+  if cfg.seed then tide.manual_seed(cfg.seed) end
+  if cfg.dry_run then
+    print("-- " .. path .. " (dry run: nothing was executed)")
+    print("return " .. M.dump(cfg))
+    return 0
+  end
+  local r
+  if type(cfg.run) == "function" then
+    r = cfg.run(cfg)
+  else
+    local train = require "tide.train"
+    if type(train) == "table" and type(train.run) == "function" then r = train.run(cfg)
+    else r = train(cfg) end
+  end
+  return type(r) == "number" and r or 0
+end
+
+-- ---- test ------------------------------------------------------------------------------------------------
+function M.test_dir()
+  local env = os.getenv("TIDE_TEST_DIR")
+  if env and env ~= "" then return env end
+  if file_exists(root .. "/tests/lua") or os.execute("test -d " .. shell_quote(root .. "/tests/lua")) == 0 then
+    return root .. "/tests/lua"
+  end
+  return "tests/lua"
+end
+
+function M.test_files(dir, pattern)
+  local files = {}
+  local p = io.popen("ls -1 " .. shell_quote(dir) .. " 2>/dev/null")
+  if p then
+    for name in p:lines() do
+      if name:match("^test_.*%.lua$") and (not pattern or name:find(pattern, 1, true)) then
+        files[#files + 1] = dir .. "/" .. name
+      end
+    end
+    p:close()
+  end
+  table.sort(files)
+  return files
+end
+
+-- runs one file in a child process; returns passed, failed, exit code
+local function run_child(exe, path)
+  local p = io.popen(shell_quote(exe) .. " test-file " .. shell_quote(path) .. " 2>&1; echo \"__tide_exit=$?\"")
+  local passed, failed, code = nil, nil, nil
+  for line in p:lines() do
+    local c = line:match("^__tide_exit=(%d+)$")
+    if c then code = tonumber(c)
+    else
+      local a, b = line:match("^(%d+) passed, (%d+) failed$")
+      if a then passed, failed = tonumber(a), tonumber(b) end
+      io.write("  ", line, "\n")
+      io.stdout:flush()
+    end
+  end
+  p:close()
+  return passed, failed, code or -1
+end
+
+function M.test(args)
+  local pattern = args[1]
+  local exe = M.exe_path()
+  if not exe then usage_error("tide test: cannot find the tide executable (set TIDE_EXE)") end
+  local dir = M.test_dir()
+  local files = M.test_files(dir, pattern)
+  if #files == 0 then
+    usage_error(string.format("tide test: no test files in %s%s", dir, pattern and (" matching '" .. pattern .. "'") or ""))
+  end
+  local clock = os.time
+  local ok_t, tide = pcall(require, "tide")
+  if ok_t then clock = tide.time end
+  local total_pass, total_fail, bad_files = 0, 0, {}
+  for _, f in ipairs(files) do
+    print("== " .. f)
+    io.stdout:flush()
+    local t0 = clock()
+    local passed, failed, code = run_child(exe, f)
+    if passed == nil then
+      -- no summary line: the file crashed before finishing; count it as one failure
+      passed, failed = 0, 1
+      print(string.format("  (no summary line; exit code %d)", code))
+    elseif code ~= 0 and failed == 0 then
+      failed = 1
+      print(string.format("  (exit code %d)", code))
+    end
+    total_pass, total_fail = total_pass + passed, total_fail + failed
+    if failed > 0 then bad_files[#bad_files + 1] = f end
+    print(string.format("-- %s: %d passed, %d failed (%.1f s)", f, passed, failed, clock() - t0))
+    io.stdout:flush()
+  end
+  if #bad_files > 0 then print("failed files: " .. table.concat(bad_files, ", ")) end
+  print(string.format("%d passed, %d failed", total_pass, total_fail))
+  return total_fail > 0 and 1 or 0
+end
+
+-- runs one test file in this process (the child side of `tide test`)
+function M.test_file(args)
+  local path = args[1]
+  if not path then usage_error("tide test-file: which file?") end
+  local chunk, err = loadfile(path)
+  if not chunk then
+    print("FAIL  (load) " .. tostring(err))
+    print("0 passed, 1 failed")
+    return 1
+  end
+  local ok, e = xpcall(chunk, function(m) return debug.traceback(tostring(m), 2) end)
+  if not ok then
+    print("FAIL  (top level) " .. tostring(e))
+    print("0 passed, 1 failed")
+    return 1
+  end
+  -- a file that registered cases without calling T.run
+  local _, failed = require("tide.testing").run { exit = false }
+  return failed > 0 and 1 or 0
+end
+
+-- ---- info ------------------------------------------------------------------------------------------------
+function M.info()
+  local tide = require "tide"
+  local i = tide.info()
+  print("tide " .. i.version)
+  print(string.format("  threads   %d", i.threads))
+  print("  blas      " .. i.blas)
+  print(string.format("  cuda      %s (%d device%s) %s", i.cuda and "available" or "not available",
+                      i.cuda_devices, i.cuda_devices == 1 and "" or "s", i.cuda_info))
+  print("  mpi       " .. (i.mpi and "available" or "not available"))
+  print("  luajit    " .. i.luajit .. (i.gc64 and " (GC64)" or " (no GC64)"))
+  print(string.format("  ops       %d", #i.ops))
+  print("  lua dir   " .. tide.lua_dir)
+  return 0
+end
+
+-- ---- entry -----------------------------------------------------------------------------------------------
+function M.main(argv)
+  argv = argv or {}
+  local cmd = argv[1]
+  local rest = {}
+  for i = 2, #argv do rest[#rest + 1] = argv[i] end
+  local threads = os.getenv("TIDE_THREADS")
+  if threads and tonumber(threads) and cmd ~= "help" then require("tide").set_num_threads(tonumber(threads)) end
+  if cmd == nil or cmd == "help" or cmd == "--help" or cmd == "-h" then
+    print(M.USAGE)
+    return 0
+  elseif cmd == "run" then
+    return M.run(rest)
+  elseif cmd == "repl" then
+    return require("tide.repl").start() or 0
+  elseif cmd == "test" then
+    return M.test(rest)
+  elseif cmd == "test-file" then
+    return M.test_file(rest)
+  elseif cmd == "info" then
+    return M.info()
+  elseif cmd == "version" or cmd == "--version" then
+    print(require("tide").version)
+    return 0
+  end
+  if cmd:match("%.lua$") then
+    usage_error(string.format("unknown command '%s' (to run a recipe: tide run %s)", cmd, cmd))
+  end
+  usage_error(string.format("unknown command '%s' (commands: run, repl, test, info, help)", cmd))
+end
+
+return M

@@ -1,0 +1,41 @@
+-- data — tokenizers and the text/shard batch streams.
+local tokenizer = require "tide.data.tokenizer"
+local text = require "tide.data.text"
+
+local data = { tokenizer = tokenizer, text = text }
+
+-- the keys a recipe's `data` table may hold
+data.KEYS = {
+  path = true, paths = true, exclude = true, format = true, doc_separator = true, val_fraction = true,
+  seq_len = true, batch_size = true, seed = true, order = true, vocab_size = true,
+}
+
+local function check_keys(cfg)
+  for k in pairs(cfg) do
+    if not data.KEYS[k] then
+      local known = {}
+      for name in pairs(data.KEYS) do known[#known + 1] = name end
+      table.sort(known)
+      error("data: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 3)
+    end
+  end
+end
+
+-- build(cfg, vocab_size) -> {tokenizer, dataset, train = stream, val = stream factory or nil}
+-- The validation stream walks its split in order from the start each time it is made, so every
+-- evaluation sees the same batches.
+function data.build(cfg, vocab_size)
+  check_keys(cfg)
+  local tok = tokenizer.byte_level({ vocab_size = cfg.vocab_size or vocab_size or 320 })
+  local ds = text.load(cfg, tok)
+  local opts = { batch_size = cfg.batch_size, seq_len = cfg.seq_len, seed = cfg.seed or 0, order = cfg.order or "random" }
+  local out = { tokenizer = tok, dataset = ds, train = text.stream(ds.train, opts) }
+  if ds.val and ds.val.n > cfg.seq_len then
+    out.val = function()
+      return text.stream(ds.val, { batch_size = cfg.batch_size, seq_len = cfg.seq_len, order = "sequential" })
+    end
+  end
+  return out
+end
+
+return data

@@ -1,0 +1,121 @@
+-- generate.lua — autoregressive sampling from a language model with a key/value cache:
+-- greedy (temperature 0), temperature, top-k and top-p (nucleus) sampling. The sampler draws from its
+-- own Philox stream (seed, draw index), so samples are reproducible and leave the training RNG alone.
+local ffi = require "ffi"
+local tide = require "tide"
+local C = tide.C
+
+local generate = {}
+
+local function ids_tensor(ids)
+  return tide.tensor({ ids }, { dtype = "i32" })
+end
+
+-- logits of the last position as a Lua array of V numbers (index = id + 1)
+local function last_logits(logits)
+  return logits:narrow(2, logits:size(2), 1):tolist()
+end
+
+-- sample(logits, opts, u) -> 0-based id. logits: Lua array (index = id + 1); u: a uniform in [0, 1)
+function generate.sample(logits, opts, u)
+  local V = #logits
+  local temperature = opts.temperature or 1
+  if temperature <= 0 then
+    local best = 1
+    for i = 2, V do if logits[i] > logits[best] then best = i end end
+    return best - 1
+  end
+  local order = {}
+  for i = 1, V do order[i] = i end
+  table.sort(order, function(a, b)
+    if logits[a] ~= logits[b] then return logits[a] > logits[b] end
+    return a < b
+  end)
+  local k = V
+  if opts.top_k and opts.top_k > 0 and opts.top_k < V then k = opts.top_k end
+  local maxl = logits[order[1]]
+  local probs, total = {}, 0
+  for j = 1, k do
+    local p = math.exp((logits[order[j]] - maxl) / temperature)
+    probs[j] = p
+    total = total + p
+  end
+  if opts.top_p and opts.top_p < 1 then
+    -- the smallest prefix whose probability reaches top_p (always at least one token)
+    local acc, cut = 0, k
+    for j = 1, k do
+      acc = acc + probs[j] / total
+      if acc >= opts.top_p then cut = j break end
+    end
+    k, total = cut, 0
+    for j = 1, k do total = total + probs[j] end
+  end
+  local target, acc = u * total, 0
+  for j = 1, k do
+    acc = acc + probs[j]
+    if target < acc then return order[j] - 1 end
+  end
+  return order[k] - 1
+end
+
+-- generate(model, tok, {prompt = "text" | {ids}, max_new_tokens = 100, temperature = 1, top_k, top_p,
+--   seed = 0, stop = "<|endoftext|>" | false, window = model.cfg.max_seq_len})
+-- -> text of the new tokens, the full id list
+function generate.generate(model, tok, opts)
+  opts = opts or {}
+  local ids
+  if type(opts.prompt) == "table" then
+    ids = {}
+    for i, v in ipairs(opts.prompt) do ids[i] = v end
+  else
+    ids = tok:encode(opts.prompt or "")
+  end
+  if #ids == 0 then ids = { tok:id("<|endoftext|>") } end
+  local stop = opts.stop
+  if stop == nil then stop = "<|endoftext|>" end
+  local stop_id = stop and tok:id(stop) or nil
+  local window = opts.window or (model.cfg and model.cfg.max_seq_len) or 1024
+  local n_new = opts.max_new_tokens or 100
+  local seed = opts.seed or 0
+  local u = ffi.new("double[1]")
+  local n_prompt = #ids
+  local was_training = model.training
+  model:eval()
+  local prev = C.tide_set_grad_enabled(0)
+  local ok, err = pcall(function()
+    local cache, logits
+    local function prefill()
+      -- (re)start the cache from the last window/2 tokens when the context is full
+      local start = math.max(1, #ids - math.floor(window / 2) + 1)
+      if #ids <= window then start = 1 end
+      local ctx = {}
+      for i = start, #ids do ctx[#ctx + 1] = ids[i] end
+      cache = model:new_cache()
+      logits = last_logits(model:forward(ids_tensor(ctx), cache))
+    end
+    prefill()
+    for step = 1, n_new do
+      C.tide_philox_uniform(seed, step - 1, u, 1)
+      local id = generate.sample(logits, opts, u[0])
+      ids[#ids + 1] = id
+      if stop_id and id == stop_id then break end
+      if step == n_new then break end
+      if cache[1].pos >= window then
+        prefill()
+      else
+        logits = last_logits(model:forward(ids_tensor({ id }), cache))
+      end
+    end
+  end)
+  C.tide_set_grad_enabled(prev)
+  model:train(was_training)
+  if not ok then error(err, 2) end
+  local new = {}
+  for i = n_prompt + 1, #ids do
+    if not (stop_id and ids[i] == stop_id) then new[#new + 1] = ids[i] end
+  end
+  return tok:decode(new), ids
+end
+
+setmetatable(generate, { __call = function(_, ...) return generate.generate(...) end })
+return generate

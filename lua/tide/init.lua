@@ -1,0 +1,207 @@
+-- tide: the Lua front end of the engine.
+--
+--   local tide = require "tide"
+--
+-- Loads the declarations between the TIDE_CDEF markers of engine/tide.h, binds the engine (ffi.C inside
+-- the `tide` executable, libtide.so otherwise) and gathers the library: tensors (tide.tensor.lua),
+-- functional ops (tide.F), autograd helpers, memory and runtime information. Submodules written on top
+-- of this (tide.nn, tide.optim, ...) load lazily on first access.
+local ffi = require "ffi"
+
+assert(jit and jit.status(), "tide: needs LuaJIT with the JIT compiler enabled")
+if not ffi.abi("gc64") then
+  error("tide: this LuaJIT was built without GC64 (LUAJIT_ENABLE_GC64); rebuild it with GC64", 0)
+end
+
+local tide = {}
+
+-- <repo>/lua/tide/init.lua -> <repo>
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+tide.lua_dir = here:match("^(.*)/[^/]*$") or "."       -- <repo>/lua
+tide.root = tide.lua_dir:match("^(.*)/[^/]*$") or "."   -- <repo>
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- the header: $TIDE_HEADER, or engine/tide.h of this tree
+local header_path = os.getenv("TIDE_HEADER") or (tide.root .. "/engine/tide.h")
+local header = read_file(header_path)
+if not header then
+  error("tide: cannot read the engine header '" .. header_path .. "' (set TIDE_HEADER to its path)", 0)
+end
+local cdef = header:match("/%* TIDE_CDEF_BEGIN %*/(.-)/%* TIDE_CDEF_END %*/")
+if not cdef then
+  error("tide: '" .. header_path .. "' has no TIDE_CDEF_BEGIN/TIDE_CDEF_END section", 0)
+end
+-- a second `require` of a fresh copy of this module (tests do that) must not redefine the types
+if not pcall(ffi.typeof, "tide_tensor") then ffi.cdef(cdef) end
+
+-- the C namespace: the host executable exports the engine; plain luajit loads the shared library
+local C
+tide.in_host = pcall(function() return ffi.C.tide_version end)
+if tide.in_host then
+  C = ffi.C
+else
+  local lib = os.getenv("TIDE_LIB") or (tide.root .. "/build/libtide.so")
+  local ok, l = pcall(ffi.load, lib)
+  if not ok then
+    error("tide: cannot load the engine library '" .. lib .. "': " .. tostring(l) ..
+          " (build it, or set TIDE_LIB to libtide.so)", 0)
+  end
+  C = l
+end
+tide.C = C
+tide.version = ffi.string(C.tide_version())
+
+-- the package table is visible to tide.tensor / tide.functional while they load
+package.loaded["tide"] = tide
+
+local Tensor = require "tide.tensor"
+tide.Tensor = Tensor.type          -- the ctype of tensors (ffi.istype(tide.Tensor, x))
+tide.is_tensor = Tensor.is_tensor  -- tide.is_tensor(x) -> boolean
+tide.raw = Tensor.raw              -- tide.raw(t) -> tide_tensor* for calling tide.C directly
+tide.wrap = Tensor.wrap            -- tide.wrap(ptr) owns a NEW reference returned by a C function
+tide.check = Tensor.check          -- tide.check(ptr) = wrap, raising tide_last_error() on NULL
+tide.check_status = Tensor.check_status
+tide.methods = Tensor.methods      -- tensor methods (extend with care)
+
+-- creation: tide.zeros(shape, opts) ... ; opts = {dtype="f32", device="cpu", requires_grad=false}
+tide.empty = Tensor.empty
+tide.zeros = Tensor.zeros
+tide.ones = Tensor.ones
+tide.full = Tensor.full            -- tide.full(shape, value, opts)
+tide.arange = Tensor.arange        -- tide.arange(n) | (a, b[, step][, opts]): [a, b)
+tide.randn = Tensor.randn          -- opts.mean (0), opts.std (1)
+tide.rand = Tensor.rand            -- opts.lo (0), opts.hi (1)
+tide.tensor = Tensor.from_table    -- tide.tensor({{1, 2}, {3, 4}}, opts) or a flat table or a number
+tide.from_table = Tensor.from_table
+tide.zeros_like = Tensor.zeros_like
+tide.ones_like = Tensor.ones_like
+tide.dtype = Tensor.dtype_id       -- "f32" -> 0
+tide.device = Tensor.device_id     -- "cuda:0" -> 1
+tide.dtype_name = Tensor.dtype_name
+tide.device_name = Tensor.device_name
+
+tide.F = require "tide.functional"
+
+-- ---- autograd ----------------------------------------------------------------------------------
+
+local unpack = unpack or table.unpack
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- runs fn(...) with gradient recording off; returns fn's results
+function tide.no_grad(fn, ...)
+  local prev = C.tide_set_grad_enabled(0)
+  local r = pack(pcall(fn, ...))
+  C.tide_set_grad_enabled(prev)
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+-- runs fn(...) with gradient recording on (inside a no_grad region, for example)
+function tide.enable_grad(fn, ...)
+  local prev = C.tide_set_grad_enabled(1)
+  local r = pack(pcall(fn, ...))
+  C.tide_set_grad_enabled(prev)
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+function tide.grad_enabled() return C.tide_grad_enabled() ~= 0 end
+
+-- runs fn(...) as a recompute region: its activations are dropped and recomputed during backward
+function tide.recompute(fn, ...)
+  Tensor.check_status(C.tide_recompute_begin())
+  local r = pack(pcall(fn, ...))
+  local st = C.tide_recompute_end()
+  if not r[1] then error(r[2], 0) end
+  Tensor.check_status(st)
+  return unpack(r, 2, r.n)
+end
+
+-- backpropagates from loss (numel 1, or pass grad of loss's shape)
+function tide.backward(loss, grad) return loss:backward(grad) end
+
+function tide.graph_live_nodes() return tonumber(C.tide_graph_live_nodes()) end
+
+-- ---- RNG -------------------------------------------------------------------------------------------
+
+function tide.manual_seed(n)
+  if type(n) ~= "number" and not ffi.istype("uint64_t", n) then
+    error("tide.manual_seed: seed must be a number, got " .. type(n), 2)
+  end
+  C.tide_manual_seed(n)
+end
+
+-- returns seed, offset (as Lua numbers when exact, else uint64 cdata)
+function tide.rng_state()
+  local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  C.tide_rng_get(s, o)
+  local function num(x) return x < 2 ^ 53 and tonumber(x) or x end
+  return num(s[0]), num(o[0])
+end
+
+function tide.set_rng_state(seed, offset) C.tide_rng_set(seed, offset) end
+
+-- ---- memory and runtime ----------------------------------------------------------------------------
+
+-- engine memory of a device ("cpu" by default): {current=, peak=, cached=, limit=, n_alloc=, n_cache_hits=}
+tide.memory = Tensor.memory
+-- full Lua collection, which releases every unreachable tensor; returns tide.memory()
+tide.collect = Tensor.collect
+function tide.reset_peak(device) C.tide_memory_reset_peak(Tensor.device_id(device or "cpu")) end
+function tide.empty_cache(device) C.tide_memory_empty_cache(Tensor.device_id(device or "cpu")) end
+function tide.set_memory_limit(bytes, device)
+  Tensor.check_status(C.tide_memory_set_limit(Tensor.device_id(device or "cpu"), bytes or 0))
+end
+function tide.live_tensors() return tonumber(C.tide_live_tensors()) end
+
+function tide.num_threads() return C.tide_num_threads() end
+function tide.set_num_threads(n) C.tide_set_num_threads(n) end
+function tide.time() return C.tide_time_now() end
+function tide.cuda_available() return C.tide_cuda_available() ~= 0 end
+
+-- a table describing the build and the machine
+function tide.info()
+  local ops = {}
+  for i = 0, C.tide_op_count() - 1 do ops[#ops + 1] = ffi.string(C.tide_op_name(i)) end
+  return {
+    version = tide.version,
+    threads = C.tide_num_threads(),
+    blas = ffi.string(C.tide_blas_info()),
+    cuda = C.tide_cuda_available() ~= 0,
+    cuda_devices = C.tide_cuda_device_count(),
+    cuda_info = ffi.string(C.tide_cuda_info()),
+    mpi = C.tide_mpi_available() ~= 0,
+    luajit = jit.version,
+    gc64 = ffi.abi("gc64"),
+    host = tide.in_host,
+    ops = ops,
+  }
+end
+
+-- ---- lazily loaded submodules ------------------------------------------------------------------------
+-- (a module that is missing or broken raises its require error on first access, not at require "tide")
+local lazy = {
+  nn = "tide.nn", optim = "tide.optim", schedule = "tide.schedule", data = "tide.data",
+  train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
+  curriculum = "tide.curriculum", rl = "tide.rl", testing = "tide.testing", cli = "tide.cli",
+  repl = "tide.repl",
+}
+tide.submodules = lazy
+setmetatable(tide, {
+  __index = function(t, k)
+    local name = lazy[k]
+    if not name then return nil end
+    local m = require(name)
+    rawset(t, k, m)
+    return m
+  end,
+})
+
+return tide

@@ -1,0 +1,62 @@
+-- nn/attention.lua — multi-head causal self-attention with RoPE (pairs (i, i + D/2), HuggingFace
+-- rotate-half layout) and an optional key/value cache for decoding.
+local tide = require "tide"
+local M = require "tide.nn.module"
+local Linear = require "tide.nn.linear"
+local F = tide.F
+
+local Attention = M.Module:extend("Attention")
+
+-- Attention(dim, n_heads, {head_dim = dim / n_heads, rope_theta = 10000, std, out_std, dtype, device})
+function Attention:init(dim, n_heads, opts)
+  opts = opts or {}
+  if type(n_heads) ~= "number" or n_heads < 1 then
+    error("nn.Attention: n_heads must be a positive integer, got " .. tostring(n_heads), 3)
+  end
+  local head_dim = opts.head_dim or dim / n_heads
+  if head_dim ~= math.floor(head_dim) or head_dim % 2 ~= 0 then
+    error(string.format("nn.Attention: head_dim must be an even integer, got %s (dim %d, n_heads %d)",
+      tostring(head_dim), dim, n_heads), 3)
+  end
+  self.dim, self.n_heads, self.head_dim = dim, n_heads, head_dim
+  self.rope_theta = opts.rope_theta or 10000
+  self.scale = 1 / math.sqrt(head_dim)
+  local std = opts.std or 0.02
+  local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
+  local inner = n_heads * head_dim
+  self:child("q_proj", lin(dim, inner, std))
+  self:child("k_proj", lin(dim, inner, std))
+  self:child("v_proj", lin(dim, inner, std))
+  self:child("o_proj", lin(inner, dim, opts.out_std or std))
+end
+
+-- forward(x [B, T, d], cache) -> [B, T, d]. cache (decoding): {k =, v =, pos = tokens already seen};
+-- new keys/values are appended and positions continue from cache.pos.
+function Attention:forward(x, cache)
+  local B, T = x:size(1), x:size(2)
+  local H, D = self.n_heads, self.head_dim
+  local pos0 = cache and cache.pos or 0
+  local q = self.q_proj:forward(x):reshape(B, T, H, D)
+  local k = self.k_proj:forward(x):reshape(B, T, H, D)
+  local v = self.v_proj:forward(x):reshape(B, T, H, D)
+  -- rope on [B, T, H, D], attention on [B, H, T, D]
+  q = F.rope(q, self.rope_theta, pos0):permute(1, 3, 2, 4)
+  k = F.rope(k, self.rope_theta, pos0):permute(1, 3, 2, 4)
+  v = v:permute(1, 3, 2, 4)
+  if cache then
+    if cache.k then
+      k = F.concat({ cache.k, k }, 3)
+      v = F.concat({ cache.v, v }, 3)
+    end
+    cache.k, cache.v, cache.pos = k, v, pos0 + T
+  end
+  local o = F.attention(q, k, v, { causal = true, scale = self.scale })
+  o = o:permute(1, 3, 2, 4):contiguous():reshape(B, T, H * D)
+  return self.o_proj:forward(o)
+end
+
+function Attention:extra_repr()
+  return string.format("%d, heads=%d, head_dim=%d, rope_theta=%g", self.dim, self.n_heads, self.head_dim, self.rope_theta)
+end
+
+return Attention

@@ -1,0 +1,201 @@
+-- optim.lua — AdamW with decoupled weight decay (spec/optim.md §2) and global-norm clipping (§5).
+--
+-- Groups (§1, with the embedding rule of this release): weight decay applies to matrices (ndim >= 2)
+-- except those a module registered with decay = false (embedding tables); norm gains and biases
+-- (1-D) never decay. Recipe patterns in `no_decay` move more parameters out of the decay group.
+-- The update itself is one engine call per parameter (tide_adamw_step_), in place, off the graph.
+local ffi = require "ffi"
+local tide = require "tide"
+local C = tide.C
+
+local optim = {}
+
+local function last_error() return ffi.string(C.tide_last_error()) end
+
+local raw = tide.raw
+
+-- named parameters from a module (anything with named_parameters) or a list of {name, tensor[, meta]}
+local function collect_params(src)
+  local list = {}
+  if type(src) == "table" and src.named_parameters then
+    for name, t, meta in src:named_parameters() do list[#list + 1] = { name = name, param = t, meta = meta or {} } end
+  elseif type(src) == "table" then
+    for i, e in ipairs(src) do
+      if type(e) ~= "table" or type(e[1]) ~= "string" or not tide.is_tensor(e[2]) then
+        error("optim: parameter " .. i .. " must be {name, tensor[, meta]}", 3)
+      end
+      list[#list + 1] = { name = e[1], param = e[2], meta = e[3] or {} }
+    end
+  else
+    error("optim: expected a module or a list of {name, tensor} pairs, got a " .. type(src), 3)
+  end
+  return list
+end
+
+-- the decay rule: 2-D+ tensors decay unless their module or a recipe pattern says no
+function optim.decays(name, t, meta, no_decay)
+  if meta and meta.decay ~= nil then return meta.decay end
+  for _, pat in ipairs(no_decay or {}) do
+    if name:find(pat) then return false end
+  end
+  return t:dim() >= 2
+end
+
+local AdamW = {}
+AdamW.__index = AdamW
+optim.AdamW_class = AdamW
+
+local ADAMW_KEYS = { lr = true, betas = true, eps = true, weight_decay = true, no_decay = true, clip = true, kind = true }
+optim.KEYS = ADAMW_KEYS
+
+-- AdamW(params, {lr = 3e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1, no_decay = {patterns}})
+function optim.AdamW(params, cfg)
+  cfg = cfg or {}
+  for k in pairs(cfg) do
+    if not ADAMW_KEYS[k] then
+      local known = {}
+      for name in pairs(ADAMW_KEYS) do known[#known + 1] = name end
+      table.sort(known)
+      error("optim: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 2)
+    end
+  end
+  local betas = cfg.betas or { 0.9, 0.95 }
+  local self = setmetatable({
+    lr = cfg.lr or 3e-3, beta1 = betas[1], beta2 = betas[2], eps = cfg.eps or 1e-8,
+    weight_decay = cfg.weight_decay or 0.1, t = 0, groups = {},
+  }, AdamW)
+  if not (self.beta1 >= 0 and self.beta1 < 1 and self.beta2 >= 0 and self.beta2 < 1) then
+    error(string.format("optim: betas must lie in [0, 1), got {%s, %s}", tostring(betas[1]), tostring(betas[2])), 2)
+  end
+  if not (self.lr > 0) then error("optim: lr must be positive, got " .. tostring(self.lr), 2) end
+  self.params = collect_params(params)
+  local seen = {}
+  for _, p in ipairs(self.params) do
+    if seen[p.name] then error("optim: parameter name '" .. p.name .. "' appears twice", 2) end
+    seen[p.name] = true
+    p.decay = optim.decays(p.name, p.param, p.meta, cfg.no_decay)
+    p.m = tide.zeros_like(p.param)
+    p.v = tide.zeros_like(p.param)
+  end
+  return self
+end
+
+-- names in the decay and no-decay groups
+function AdamW:group_names()
+  local decay, no_decay = {}, {}
+  for _, p in ipairs(self.params) do
+    if p.decay then decay[#decay + 1] = p.name else no_decay[#no_decay + 1] = p.name end
+  end
+  return decay, no_decay
+end
+
+-- step(lr): one update of every parameter that has a gradient; lr defaults to cfg.lr
+function AdamW:step(lr)
+  lr = lr or self.lr
+  for _, p in ipairs(self.params) do
+    local g = C.tide_grad(raw(p.param))
+    if g ~= nil then
+      local rc = C.tide_adamw_step_(raw(p.param), g, raw(p.m), raw(p.v), lr, self.beta1, self.beta2, self.eps,
+        p.decay and self.weight_decay or 0, self.t)
+      C.tide_tensor_release(g)
+      if rc ~= 0 then error("optim.AdamW: parameter '" .. p.name .. "': " .. last_error(), 2) end
+    end
+  end
+  self.t = self.t + 1
+end
+
+function AdamW:zero_grad()
+  for _, p in ipairs(self.params) do C.tide_zero_grad(raw(p.param)) end
+end
+
+-- state tensors under the checkpoint names "<param>.adam_m" / "<param>.adam_v" (formats.md §6)
+function AdamW:state_tensors()
+  local names, tensors = {}, {}
+  for _, p in ipairs(self.params) do
+    names[#names + 1] = p.name .. ".adam_m"; tensors[#tensors + 1] = p.m
+    names[#names + 1] = p.name .. ".adam_v"; tensors[#tensors + 1] = p.v
+  end
+  return names, tensors
+end
+
+function AdamW:state() return { kind = "adamw", t = self.t } end
+
+-- load_state(scalars, get) where get(name) returns the saved tensor or nil
+function AdamW:load_state(s, get)
+  if s.kind ~= "adamw" then error("optim: checkpoint holds optimiser '" .. tostring(s.kind) .. "', expected adamw", 2) end
+  for _, p in ipairs(self.params) do
+    for _, slot in ipairs({ "m", "v" }) do
+      local key = p.name .. ".adam_" .. slot
+      local src = get(key)
+      if src == nil then error("optim: checkpoint lacks '" .. key .. "'", 2) end
+      if src:numel() ~= p[slot]:numel() then
+        error(string.format("optim: '%s' has %d elements in the checkpoint, %d in the model", key,
+          src:numel(), p[slot]:numel()), 2)
+      end
+      p[slot]:copy_(src:reshape(p[slot]:shape()))
+    end
+  end
+  self.t = s.t
+end
+
+---------------------------------------------------------------------------------------------------
+-- gradients
+
+-- grad_norm(list) -> global L2 norm of the gradients (double accumulation); params without a grad count 0
+function optim.grad_norm(params)
+  local total, out = 0, ffi.new("double[1]")
+  for _, p in ipairs(params) do
+    local g = C.tide_grad(raw(p.param or p))
+    if g ~= nil then
+      local rc = C.tide_sum_squares(g, out)
+      C.tide_tensor_release(g)
+      if rc ~= 0 then error("optim.grad_norm: " .. last_error(), 2) end
+      total = total + out[0]
+    end
+  end
+  return math.sqrt(total)
+end
+
+-- clip_grad_norm(params, max_norm) -> the norm before clipping. g ← g · min(1, c / (‖g‖ + 1e-6));
+-- gradients stay bitwise unchanged when the factor is 1, and are left alone when the norm is not finite
+function optim.clip_grad_norm(params, max_norm)
+  local norm = optim.grad_norm(params)
+  if norm ~= norm or norm == math.huge then return norm end
+  local factor = max_norm / (norm + 1e-6)
+  if factor < 1 then
+    for _, p in ipairs(params) do
+      local g = C.tide_grad(raw(p.param or p))
+      if g ~= nil then
+        local rc = C.tide_scale_(g, factor)
+        C.tide_tensor_release(g)
+        if rc ~= 0 then error("optim.clip_grad_norm: " .. last_error(), 2) end
+      end
+    end
+  end
+  return norm
+end
+
+-- name of the first parameter (in order) whose gradient holds a NaN or an infinity, or nil
+function optim.first_nonfinite(params)
+  for _, p in ipairs(params) do
+    local g = C.tide_grad(raw(p.param))
+    if g ~= nil then
+      local ok = C.tide_all_finite(g)
+      C.tide_tensor_release(g)
+      if ok ~= 1 then return p.name end
+    end
+  end
+  return nil
+end
+
+-- build(cfg, model): the optimiser a recipe's `optim` table names (kind "adamw", the default)
+function optim.build(cfg, model)
+  cfg = cfg or {}
+  local kind = cfg.kind or "adamw"
+  if kind ~= "adamw" then error("optim: unknown kind '" .. tostring(kind) .. "' (known: adamw)", 2) end
+  local c = {}
+  for k, v in pairs(cfg) do if k ~= "clip" and k ~= "kind" then c[k] = v end end
+  return optim.AdamW(model, c)
+end
+
+return optim

@@ -1,0 +1,264 @@
+-- tide.testing: the small test framework of tests/lua.
+--
+--   local T = require "tide.testing"
+--   T.test("adds", function() T.near(1 + 1, 2, 0) end)
+--   T.run()    -- one line per case, then "N passed, M failed"; exits 1 when something failed
+--
+-- Assertions raise errors located at the test's line. T.gradcheck compares backward with float64
+-- central differences. TIDE_TEST_FILTER (plain text) runs only the cases whose name contains it.
+local ffi = require "ffi"
+
+local T = {}
+local cases = {}
+
+-- registers a test case
+function T.test(name, fn)
+  if type(name) ~= "string" or type(fn) ~= "function" then
+    error("T.test(name, fn): expected a string and a function", 2)
+  end
+  cases[#cases + 1] = { name = name, fn = fn }
+end
+
+local function tide() return require "tide" end
+
+local function is_tensor(x)
+  return type(x) == "cdata" and tide().is_tensor(x)
+end
+
+local function fail(msg, level) error(msg, (level or 2) + 1) end
+
+local function describe(x)
+  if is_tensor(x) then return x:describe() end
+  if type(x) == "string" then return string.format("%q", x) end
+  return tostring(x)
+end
+
+-- flattens numbers / nested tables / tensors into (flat list, shape)
+local function flatten(x)
+  if type(x) == "number" then return { x }, {} end
+  if is_tensor(x) then return x:tolist(), x:shape() end
+  if type(x) == "table" then
+    local flat, shape = {}, {}
+    local node = x
+    while type(node) == "table" do shape[#shape + 1] = #node; node = node[1] end
+    local function walk(v)
+      if type(v) == "table" then for i = 1, #v do walk(v[i]) end else flat[#flat + 1] = v end
+    end
+    walk(x)
+    return flat, shape
+  end
+  return nil
+end
+
+local function shape_str(s)
+  local p = {}
+  for i, v in ipairs(s) do p[i] = tostring(v) end
+  return "[" .. table.concat(p, ", ") .. "]"
+end
+
+local function same_shape(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+-- T.near(a, b, tol, msg): a and b are numbers, (nested) tables or tensors of equal shape; each element
+-- must satisfy |a - b| <= tol * max(1, |b|) (absolute below 1, relative above). NaN never passes.
+-- A tensor compared with a number checks every element against it.
+function T.near(a, b, tol, msg)
+  tol = tol or 1e-6
+  local fa, sa = flatten(a)
+  local fb, sb = flatten(b)
+  if not fa or not fb then fail(string.format("%snear: cannot compare %s with %s", msg and (msg .. ": ") or "", type(a), type(b))) end
+  if #fb == 1 and #sb == 0 and #fa ~= 1 then
+    for i = 2, #fa do fb[i] = fb[1] end
+    sb = sa
+  end
+  if #fa ~= #fb or (#sa > 0 and #sb > 0 and not same_shape(sa, sb)) then
+    fail(string.format("%sshapes differ: %s vs %s", msg and (msg .. ": ") or "", shape_str(sa), shape_str(sb)))
+  end
+  for i = 1, #fa do
+    local x, y = fa[i], fb[i]
+    local bound = tol * math.max(1, math.abs(y))
+    if not (math.abs(x - y) <= bound) then
+      fail(string.format("%selement %d: got %.10g, expected %.10g (|diff| %.3g > %.3g)", msg and (msg .. ": ") or "",
+                         i, x, y, math.abs(x - y), bound))
+    end
+  end
+  return true
+end
+
+local function deep_eq(a, b)
+  if is_tensor(a) or is_tensor(b) then
+    if not (is_tensor(a) and is_tensor(b)) then return false end
+    if a:dtype() ~= b:dtype() or not same_shape(a:shape(), b:shape()) then return false end
+    local la, lb = a:tolist(), b:tolist()
+    for i = 1, #la do if la[i] ~= lb[i] then return false end end
+    return true
+  end
+  if type(a) ~= type(b) then return false end
+  if type(a) ~= "table" then return a == b end
+  for k, v in pairs(a) do if not deep_eq(v, b[k]) then return false end end
+  for k in pairs(b) do if a[k] == nil then return false end end
+  return true
+end
+
+-- T.eq(a, b, msg): equality; tables compare deeply, tensors by dtype, shape and exact values
+function T.eq(a, b, msg)
+  if not deep_eq(a, b) then
+    local da, db = describe(a), describe(b)
+    if type(a) == "table" and type(b) == "table" then
+      local ok, json = pcall(require, "tide.json")
+      if ok and type(json) == "table" and json.encode then
+        da, db = tostring(json.encode(a)), tostring(json.encode(b))
+      end
+    end
+    fail(string.format("%sexpected %s, got %s", msg and (msg .. ": ") or "", db, da))
+  end
+  return true
+end
+
+-- T.ok(cond, msg): cond must be truthy
+function T.ok(cond, msg)
+  if not cond then fail(msg or "expected a true value") end
+  return cond
+end
+
+-- T.raises(fn, text): fn() must raise an error whose message contains text (plain, not a pattern).
+-- Returns the message.
+function T.raises(fn, text, msg)
+  local ok, err = pcall(fn)
+  if ok then fail(string.format("%sexpected an error%s, but none was raised", msg and (msg .. ": ") or "",
+                                text and (" containing '" .. text .. "'") or "")) end
+  err = tostring(err)
+  if text and not err:find(text, 1, true) then
+    fail(string.format("%sexpected an error containing '%s', got: %s", msg and (msg .. ": ") or "", text, err))
+  end
+  return err
+end
+
+-- ---- gradient check ----------------------------------------------------------------------------------
+-- T.gradcheck(fn, inputs, opts): fn(unpack(inputs)) -> tensor; inputs are f64 tensors requiring grad.
+-- Compares d(sum(out * R))/d(input) from backward with central differences, R a fixed pseudo-random
+-- weighting (Philox, independent of the global RNG, whose state is restored before each evaluation so
+-- stochastic ops repeat). opts: eps (1e-6), atol (1e-6), rtol (1e-4), max_checks per input (100,
+-- evenly spaced elements beyond that). An element passes when |a - n| <= atol + rtol * |n|.
+-- Returns the largest |analytic - numeric|; raises with the worst elements otherwise.
+function T.gradcheck(fn, inputs, opts)
+  local td = tide()
+  local C = td.C
+  opts = opts or {}
+  local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-6, opts.rtol or 1e-4
+  local max_checks = opts.max_checks or 100
+  for i, x in ipairs(inputs) do
+    if not is_tensor(x) then fail("gradcheck: input " .. i .. " is not a tensor") end
+    if x:dtype() ~= "f64" then fail("gradcheck: input " .. i .. " is " .. x:dtype() .. "; use f64 inputs") end
+    if not x:requires_grad() then fail("gradcheck: input " .. i .. " does not require grad") end
+    if not x:is_contiguous() then fail("gradcheck: input " .. i .. " must be contiguous") end
+  end
+  local seed, offset = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  C.tide_rng_get(seed, offset)
+  local function restore_rng() C.tide_rng_set(seed[0], offset[0]) end
+  local unpack = unpack or table.unpack
+
+  restore_rng()
+  local out = fn(unpack(inputs))
+  if not is_tensor(out) then fail("gradcheck: fn must return a tensor, got " .. type(out)) end
+  local n_out = out:numel()
+  local rv = ffi.new("double[?]", math.max(n_out, 1))
+  C.tide_philox_uniform(20250101, 0, rv, n_out)
+  for i = 0, n_out - 1 do rv[i] = 2 * rv[i] - 1 end
+  local rshape = ffi.new("int64_t[8]")
+  for i, s in ipairs(out:shape()) do rshape[i - 1] = s end
+  local R = td.check(C.tide_from_f64(td.dtype("f64"), out:dim(), rshape, td.device(out:device()), rv))
+  local function objective(o) return (o:to("f64") * R):sum() end
+
+  for _, x in ipairs(inputs) do x:zero_grad() end
+  objective(out):backward()
+  local analytic = {}
+  for i, x in ipairs(inputs) do
+    local g = x:grad()
+    analytic[i] = g and g:tolist() or nil
+  end
+
+  local worst, failures = 0, {}
+  for i, x in ipairs(inputs) do
+    local n = x:numel()
+    local vals = x:tolist()
+    local buf = ffi.new("double[?]", math.max(n, 1))
+    for k = 1, n do buf[k - 1] = vals[k] end
+    local function eval_at(k, v)
+      buf[k - 1] = v
+      if C.tide_write_bytes(td.raw(x), buf, n * 8) ~= 0 then error(ffi.string(C.tide_last_error())) end
+      restore_rng()
+      local r = td.no_grad(function() return objective(fn(unpack(inputs))):item() end)
+      buf[k - 1] = vals[k]
+      return r
+    end
+    local step = n > max_checks and n / max_checks or 1
+    local k = 1
+    while k <= n do
+      local idx = math.floor(k)
+      local fp = eval_at(idx, vals[idx] + eps)
+      local fm = eval_at(idx, vals[idx] - eps)
+      local numeric = (fp - fm) / (2 * eps)
+      local a = analytic[i] and analytic[i][idx] or 0
+      local d = math.abs(a - numeric)
+      if d > worst or d ~= d then worst = d end
+      if not (d <= atol + rtol * math.abs(numeric)) then
+        failures[#failures + 1] = string.format("input %d element %d: analytic %.10g, numeric %.10g (|diff| %.3g)",
+                                                i, idx, a, numeric, d)
+      end
+      k = k + step
+    end
+    if C.tide_write_bytes(td.raw(x), buf, n * 8) ~= 0 then error(ffi.string(C.tide_last_error())) end
+  end
+  restore_rng()
+  if #failures > 0 then
+    local shown = {}
+    for j = 1, math.min(#failures, 8) do shown[j] = "  " .. failures[j] end
+    fail(string.format("gradcheck: %d element(s) differ (atol %g, rtol %g):\n%s", #failures, atol, rtol,
+                       table.concat(shown, "\n")))
+  end
+  return worst
+end
+
+-- ---- running ----------------------------------------------------------------------------------------------
+local function now()
+  local ok, td = pcall(tide)
+  if ok then return td.time() end
+  return os.clock()
+end
+
+-- T.run(opts): runs the registered cases in order; opts.exit = false returns (passed, failed) instead
+-- of exiting. The summary line "N passed, M failed" is what `tide test` reads.
+function T.run(opts)
+  opts = opts or {}
+  local filter = os.getenv("TIDE_TEST_FILTER")
+  local passed, failed = 0, 0
+  for _, c in ipairs(cases) do
+    if not filter or filter == "" or c.name:find(filter, 1, true) then
+      local t0 = now()
+      local ok, err = xpcall(c.fn, function(e)
+        return debug.traceback(tostring(e), 2)
+      end)
+      local dt = now() - t0
+      if ok then
+        passed = passed + 1
+        print(string.format("ok    %s (%.2f s)", c.name, dt))
+      else
+        failed = failed + 1
+        print(string.format("FAIL  %s (%.2f s)", c.name, dt))
+        for line in tostring(err):gmatch("[^\n]+") do print("      " .. line) end
+      end
+      io.stdout:flush()
+    end
+  end
+  cases = {}
+  print(string.format("%d passed, %d failed", passed, failed))
+  io.stdout:flush()
+  if opts.exit == false then return passed, failed end
+  os.exit(failed > 0 and 1 or 0)
+end
+
+return T

@@ -1,0 +1,404 @@
+/*
+ * test-ops — every op in the registry, on the CPU:
+ *   1. float64 gradient check by central differences for every differentiable input (DESIGN.md §5);
+ *   2. the float32 forward agrees with the float64 forward (the fast f32 kernels are consistent);
+ *   3. where a fast kernel exists (BLAS GEMM, fused norms, softmax, cross-entropy, attention) the output
+ *      equals a slow reference written here with plain loops.
+ * Coverage is enforced: an op id without a case fails the run, so a new op cannot slip in untested.
+ * Tolerances: gradient |num - ana| <= 1e-7 + 1e-6 |ana| (f64, eps 1e-6: truncation ~1e-12, rounding
+ * ~1e-10); f32 vs f64 forward <= 2e-4 (1 + |y|); reference vs fast f64 <= 1e-10 (1 + |y|).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+static int g_pass, g_fail;
+#define FAIL(...) do { printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); g_fail++; } while (0)
+
+/* ---- tensor helpers ------------------------------------------------------------------------------------------ */
+static tide_tensor *T(int ndim, const int64_t *shape, double lo, double hi)
+{
+    tide_tensor *t = lo == hi ? tide_randn(TIDE_F64, ndim, shape, 0, 0.0, 1.0) : tide_rand(TIDE_F64, ndim, shape, 0, lo, hi);
+    tide_set_requires_grad(t, 1);
+    return t;
+}
+#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+#define NDIM(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define RANDN(...) T(NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 0, 0)
+#define RANDU(lo, hi, ...) T(NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), lo, hi)
+
+static tide_tensor *ints(int dtype, int ndim, const int64_t *shape, int64_t hi, int64_t special_at, int64_t special)
+{
+    int64_t n = tide_shape_numel(ndim, shape);
+    double *v = malloc((size_t)n * sizeof *v), *u = malloc((size_t)n * sizeof *u);
+    tide_philox_uniform(99, (uint64_t)n * 7, u, n);
+    for (int64_t i = 0; i < n; i++) v[i] = (double)(int64_t)(u[i] * (double)hi);
+    if (special_at >= 0 && special_at < n) v[special_at] = (double)special;
+    tide_tensor *t = tide_from_f64(dtype, ndim, shape, 0, v);
+    free(v); free(u);
+    return t;
+}
+
+static double *host(const tide_tensor *t)
+{
+    double *b = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *b);
+    if (tide_to_f64_buffer(t, b, t->numel)) { printf("  host copy failed: %s\n", tide_last_error()); exit(2); }
+    return b;
+}
+
+/* ---- the cases --------------------------------------------------------------------------------------------------- */
+typedef struct {
+    int op;                        /* the registry id this case covers */
+    const char *what;
+    int n_in;
+    tide_tensor *in[4];
+    int no_f32;                    /* skip the f32-vs-f64 comparison */
+    tide_tensor *(*run)(tide_tensor **in);
+    void (*ref)(tide_tensor **in, double *out);   /* slow reference of the output, or NULL */
+} op_case;
+
+/* run functions */
+#define RUN(name, expr) static tide_tensor *name(tide_tensor **x) { return expr; }
+RUN(r_reshape, tide_reshape(x[0], 3, SHAPE(4, -1, 2)))
+static tide_tensor *r_permute(tide_tensor **x) { return tide_permute(x[0], 3, (int[]){2, 0, 1}); }
+RUN(r_slice, tide_slice(x[0], 1, 1, 7, 2))
+static tide_tensor *r_contig(tide_tensor **x)
+{
+    tide_tensor *t = tide_transpose(x[0], 0, 1), *c = tide_contiguous(t);
+    tide_tensor_release(t);
+    return c;
+}
+RUN(r_expand, tide_expand(x[0], 3, SHAPE(2, 3, 4)))
+RUN(r_concat, tide_concat(3, x, 1))
+static tide_tensor *r_split(tide_tensor **x)
+{
+    tide_tensor *o[3];
+    if (tide_split(x[0], 1, 3, SHAPE(2, 1, 3), o)) return NULL;
+    tide_tensor *pair[2] = {o[2], o[0]};   /* o[1] unused: its gradient must come back as zeros */
+    tide_tensor *c = tide_concat(2, pair, 1);
+    for (int i = 0; i < 3; i++) tide_tensor_release(o[i]);
+    return c;
+}
+RUN(r_index_select, tide_index_select(x[0], 1, x[1]))
+RUN(r_gather, tide_gather(x[0], 1, x[1]))
+RUN(r_scatter_add, tide_scatter_add(x[0], 1, x[1], x[2]))
+RUN(r_to_dtype, tide_to_dtype(x[0], x[0]->dtype))
+RUN(r_to_device, tide_to_device(x[0], 0))
+RUN(r_add, tide_add(x[0], x[1]))
+RUN(r_sub, tide_sub(x[0], x[1]))
+RUN(r_mul, tide_mul(x[0], x[1]))
+RUN(r_div, tide_div(x[0], x[1]))
+RUN(r_add_scalar, tide_add_scalar(x[0], 0.75))
+RUN(r_mul_scalar, tide_mul_scalar(x[0], -1.5))
+RUN(r_pow_scalar, tide_pow_scalar(x[0], 2.5))
+RUN(r_neg, tide_neg(x[0]))
+RUN(r_exp, tide_exp(x[0]))
+RUN(r_log, tide_log(x[0]))
+RUN(r_sqrt, tide_sqrt(x[0]))
+RUN(r_rsqrt, tide_rsqrt(x[0]))
+RUN(r_tanh, tide_tanh(x[0]))
+RUN(r_sigmoid, tide_sigmoid(x[0]))
+RUN(r_silu, tide_silu(x[0]))
+RUN(r_gelu, tide_gelu(x[0]))
+RUN(r_softplus, tide_softplus(x[0]))
+RUN(r_relu, tide_relu(x[0]))
+RUN(r_abs, tide_abs(x[0]))
+RUN(r_swiglu, tide_swiglu(x[0], x[1]))
+RUN(r_sum, tide_sum(x[0], 2, (int[]){0, 2}, 0))
+RUN(r_sum_all, tide_sum(x[0], 0, NULL, 1))
+RUN(r_mean, tide_mean(x[0], 1, (int[]){-1}, 1))
+RUN(r_max, tide_max(x[0], 1, 0))
+RUN(r_argmax, tide_argmax(x[0], -1, 0))
+RUN(r_logsumexp, tide_logsumexp(x[0], 1, 1))
+RUN(r_matmul, tide_matmul(x[0], x[1], 0, 0))
+RUN(r_matmul_tb, tide_matmul(x[0], x[1], 0, 1))
+RUN(r_matmul_ta, tide_matmul(x[0], x[1], 1, 0))
+RUN(r_matmul_tt, tide_matmul(x[0], x[1], 1, 1))
+RUN(r_matmul_bshared, tide_matmul(x[0], x[1], 1, 0))
+RUN(r_embedding, tide_embedding(x[0], x[1]))
+RUN(r_rmsnorm, tide_rmsnorm(x[0], x[1], 1e-5))
+RUN(r_layernorm, tide_layernorm(x[0], x[1], x[2], 1e-5))
+RUN(r_layernorm_nob, tide_layernorm(x[0], x[1], NULL, 1e-5))
+RUN(r_softmax, tide_softmax(x[0], -1))
+RUN(r_softmax_d0, tide_softmax(x[0], 0))
+RUN(r_log_softmax, tide_log_softmax(x[0], 1))
+RUN(r_ce_mean, tide_cross_entropy(x[0], x[1], x[2], -100, 0))
+RUN(r_ce_sum, tide_cross_entropy(x[0], x[1], NULL, -100, 1))
+RUN(r_ce_none, tide_cross_entropy(x[0], x[1], NULL, 2, 2))
+RUN(r_rope, tide_rope(x[0], 10000.0, 3))
+RUN(r_attn_causal, tide_attention(x[0], x[1], x[2], 1, 0.5))
+RUN(r_attn_full, tide_attention(x[0], x[1], x[2], 0, 0.4))
+
+/* slow references (plain loops on host copies) */
+static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N, K] -> [B, M, N] */
+{
+    double *a = host(in[0]), *b = host(in[1]);
+    int64_t B = in[0]->shape[0], M = in[0]->shape[1], K = in[0]->shape[2], N = in[1]->shape[0];
+    for (int64_t p = 0; p < B; p++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++) s += a[(p * M + i) * K + k] * b[j * K + k];
+                out[(p * M + i) * N + j] = s;
+            }
+    free(a); free(b);
+}
+
+static void ref_softmax(tide_tensor **in, double *out)
+{
+    double *x = host(in[0]);
+    int64_t C = in[0]->shape[in[0]->ndim - 1], R = in[0]->numel / C;
+    for (int64_t r = 0; r < R; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < C; c++) m = fmax(m, x[r * C + c]);
+        for (int64_t c = 0; c < C; c++) s += exp(x[r * C + c] - m);
+        for (int64_t c = 0; c < C; c++) out[r * C + c] = exp(x[r * C + c] - m) / s;
+    }
+    free(x);
+}
+
+static void ref_rmsnorm(tide_tensor **in, double *out)
+{
+    double *x = host(in[0]), *w = host(in[1]);
+    int64_t C = in[1]->shape[0], R = in[0]->numel / C;
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; c++) ss += x[r * C + c] * x[r * C + c];
+        double rs = 1.0 / sqrt(ss / (double)C + 1e-5);
+        for (int64_t c = 0; c < C; c++) out[r * C + c] = x[r * C + c] * rs * w[c];
+    }
+    free(x); free(w);
+}
+
+static void ref_attention(tide_tensor **in, double *out, int causal, double scale)
+{
+    double *q = host(in[0]), *k = host(in[1]), *v = host(in[2]);
+    int64_t BH = in[0]->shape[0] * in[0]->shape[1], Tq = in[0]->shape[2], Tk = in[1]->shape[2], D = in[0]->shape[3];
+    double *p = malloc((size_t)Tk * sizeof *p);
+    for (int64_t h = 0; h < BH; h++)
+        for (int64_t i = 0; i < Tq; i++) {
+            double m = -INFINITY, s = 0;
+            for (int64_t j = 0; j < Tk; j++) {
+                if (causal && j > i + (Tk - Tq)) { p[j] = -INFINITY; continue; }
+                double d = 0;
+                for (int64_t c = 0; c < D; c++) d += q[(h * Tq + i) * D + c] * k[(h * Tk + j) * D + c];
+                p[j] = d * scale;
+                m = fmax(m, p[j]);
+            }
+            for (int64_t j = 0; j < Tk; j++) { p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m); s += p[j]; }
+            for (int64_t c = 0; c < D; c++) {
+                double o = 0;
+                for (int64_t j = 0; j < Tk; j++) o += p[j] * v[(h * Tk + j) * D + c];
+                out[(h * Tq + i) * D + c] = o / s;
+            }
+        }
+    free(p); free(q); free(k); free(v);
+}
+static void ref_attn_causal(tide_tensor **in, double *out) { ref_attention(in, out, 1, 0.5); }
+static void ref_attn_full(tide_tensor **in, double *out) { ref_attention(in, out, 0, 0.4); }
+
+static void ref_ce_mean(tide_tensor **in, double *out)
+{
+    double *x = host(in[0]), *t = host(in[1]), *w = host(in[2]);
+    int64_t N = in[0]->shape[0], V = in[0]->shape[1];
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < N; r++) {
+        if (t[r] == -100) continue;
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < V; c++) m = fmax(m, x[r * V + c]);
+        for (int64_t c = 0; c < V; c++) s += exp(x[r * V + c] - m);
+        num += w[r] * (m + log(s) - x[r * V + (int64_t)t[r]]);
+        den += w[r];
+    }
+    out[0] = num / den;
+    free(x); free(t); free(w);
+}
+
+static int n_cases;
+static op_case cases[96];
+
+static void add(int op, const char *what, tide_tensor *(*run)(tide_tensor **), void (*ref)(tide_tensor **, double *), int no_f32,
+                int n_in, tide_tensor *a, tide_tensor *b, tide_tensor *c, tide_tensor *d)
+{
+    op_case *k = &cases[n_cases++];
+    k->op = op; k->what = what; k->run = run; k->ref = ref; k->no_f32 = no_f32; k->n_in = n_in;
+    k->in[0] = a; k->in[1] = b; k->in[2] = c; k->in[3] = d;
+}
+
+static void build_cases(void)
+{
+    int64_t s4[1] = {4};
+    add(TIDE_OP_RESHAPE, "[2,3,4] -> [4,-1,2]", r_reshape, NULL, 0, 1, RANDN(2, 3, 4), 0, 0, 0);
+    add(TIDE_OP_PERMUTE, "(2,0,1)", r_permute, NULL, 0, 1, RANDN(2, 3, 4), 0, 0, 0);
+    add(TIDE_OP_SLICE, "dim 1 [1:7:2]", r_slice, NULL, 0, 1, RANDN(3, 8), 0, 0, 0);
+    add(TIDE_OP_CONTIGUOUS, "of a transpose", r_contig, NULL, 0, 1, RANDN(3, 5), 0, 0, 0);
+    add(TIDE_OP_EXPAND, "[3,1] -> [2,3,4]", r_expand, NULL, 0, 1, RANDN(3, 1), 0, 0, 0);
+    add(TIDE_OP_CONCAT, "3 tensors, dim 1", r_concat, NULL, 0, 3, RANDN(2, 1, 3), RANDN(2, 2, 3), RANDN(2, 3, 3), 0);
+    add(TIDE_OP_SPLIT, "[2,1,3] on dim 1, one part unused", r_split, NULL, 0, 1, RANDN(2, 6), 0, 0, 0);
+    add(TIDE_OP_INDEX_SELECT, "dim 1, repeated indices", r_index_select, NULL, 0, 2, RANDN(2, 5, 3),
+        ints(TIDE_I64, 1, SHAPE(7), 5, 0, 4), 0, 0);
+    add(TIDE_OP_GATHER, "dim 1", r_gather, NULL, 0, 2, RANDN(3, 4, 2), ints(TIDE_I32, 3, SHAPE(3, 6, 2), 4, -1, 0), 0, 0);
+    add(TIDE_OP_SCATTER_ADD, "dim 1", r_scatter_add, NULL, 0, 3, RANDN(3, 4, 2), ints(TIDE_I64, 3, SHAPE(3, 5, 2), 4, -1, 0),
+        RANDN(3, 5, 2), 0);
+    add(TIDE_OP_TO_DTYPE, "same dtype copy", r_to_dtype, NULL, 0, 1, RANDN(4, 3), 0, 0, 0);
+    add(TIDE_OP_TO_DEVICE, "cpu -> cpu", r_to_device, NULL, 0, 1, RANDN(4, 3), 0, 0, 0);
+    add(TIDE_OP_ADD, "broadcast [2,3,4] + [4]", r_add, NULL, 0, 2, RANDN(2, 3, 4), RANDN(4), 0, 0);
+    add(TIDE_OP_SUB, "broadcast [3,1] - [2,1,4]", r_sub, NULL, 0, 2, RANDN(3, 1), RANDN(2, 1, 4), 0, 0);
+    add(TIDE_OP_MUL, "broadcast [2,3,4] * [3,1]", r_mul, NULL, 0, 2, RANDN(2, 3, 4), RANDN(3, 1), 0, 0);
+    add(TIDE_OP_DIV, "broadcast [2,3] / [3]", r_div, NULL, 0, 2, RANDN(2, 3), RANDU(0.5, 2.0, 3), 0, 0);
+    add(TIDE_OP_ADD_SCALAR, "+0.75", r_add_scalar, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_MUL_SCALAR, "*-1.5", r_mul_scalar, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_POW_SCALAR, "^2.5", r_pow_scalar, NULL, 0, 1, RANDU(0.5, 2.0, 3, 4), 0, 0, 0);
+    add(TIDE_OP_NEG, "", r_neg, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_EXP, "", r_exp, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_LOG, "", r_log, NULL, 0, 1, RANDU(0.5, 3.0, 3, 4), 0, 0, 0);
+    add(TIDE_OP_SQRT, "", r_sqrt, NULL, 0, 1, RANDU(0.5, 3.0, 3, 4), 0, 0, 0);
+    add(TIDE_OP_RSQRT, "", r_rsqrt, NULL, 0, 1, RANDU(0.5, 3.0, 3, 4), 0, 0, 0);
+    add(TIDE_OP_TANH, "", r_tanh, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_SIGMOID, "", r_sigmoid, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_SILU, "", r_silu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_GELU, "", r_gelu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_SOFTPLUS, "", r_softplus, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_RELU, "", r_relu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_ABS, "", r_abs, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_SWIGLU, "", r_swiglu, NULL, 0, 2, RANDN(3, 4), RANDN(3, 4), 0, 0);
+    add(TIDE_OP_SUM, "dims (0,2)", r_sum, NULL, 0, 1, RANDN(2, 3, 4), 0, 0, 0);
+    add(TIDE_OP_SUM, "all, keepdim", r_sum_all, NULL, 0, 1, RANDN(2, 3, 4), 0, 0, 0);
+    add(TIDE_OP_MEAN, "last dim, keepdim", r_mean, NULL, 0, 1, RANDN(2, 3, 4), 0, 0, 0);
+    add(TIDE_OP_MAX, "dim 1", r_max, NULL, 0, 1, RANDN(2, 5, 3), 0, 0, 0);
+    add(TIDE_OP_ARGMAX, "last dim (forward only: not differentiable)", r_argmax, NULL, 0, 1, RANDN(4, 7), 0, 0, 0);
+    add(TIDE_OP_LOGSUMEXP, "dim 1, keepdim", r_logsumexp, NULL, 0, 1, RANDN(2, 5, 3), 0, 0, 0);
+    add(TIDE_OP_MATMUL, "[3,4]x[4,5]", r_matmul, NULL, 0, 2, RANDN(3, 4), RANDN(4, 5), 0, 0);
+    add(TIDE_OP_MATMUL, "[2,3,4]x[5,4]^T (Linear)", r_matmul_tb, ref_matmul_tb, 0, 2, RANDN(2, 3, 4), RANDN(5, 4), 0, 0);
+    add(TIDE_OP_MATMUL, "[2,4,3]^T x [2,4,5]", r_matmul_ta, NULL, 0, 2, RANDN(2, 4, 3), RANDN(2, 4, 5), 0, 0);
+    add(TIDE_OP_MATMUL, "[4,3]^T x [5,4]^T", r_matmul_tt, NULL, 0, 2, RANDN(4, 3), RANDN(5, 4), 0, 0);
+    add(TIDE_OP_MATMUL, "[2,4,3]^T x [4,5] (shared b)", r_matmul_bshared, NULL, 0, 2, RANDN(2, 4, 3), RANDN(4, 5), 0, 0);
+    add(TIDE_OP_EMBEDDING, "V=6 d=4 ids [2,3]", r_embedding, NULL, 0, 2, RANDN(6, 4), ints(TIDE_I64, 2, SHAPE(2, 3), 6, 1, 1), 0, 0);
+    add(TIDE_OP_RMSNORM, "[2,3,8]", r_rmsnorm, ref_rmsnorm, 0, 2, RANDN(2, 3, 8), RANDN(8), 0, 0);
+    add(TIDE_OP_LAYERNORM, "with bias", r_layernorm, NULL, 0, 3, RANDN(3, 6), RANDN(6), RANDN(6), 0);
+    add(TIDE_OP_LAYERNORM, "without bias", r_layernorm_nob, NULL, 0, 2, RANDN(3, 6), RANDN(6), 0, 0);
+    add(TIDE_OP_SOFTMAX, "last dim", r_softmax, ref_softmax, 0, 1, RANDN(3, 7), 0, 0, 0);
+    add(TIDE_OP_SOFTMAX, "dim 0", r_softmax_d0, NULL, 0, 1, RANDN(4, 3, 2), 0, 0, 0);
+    add(TIDE_OP_LOG_SOFTMAX, "dim 1 of 3", r_log_softmax, NULL, 0, 1, RANDN(2, 5, 3), 0, 0, 0);
+    add(TIDE_OP_CROSS_ENTROPY, "mean, weights, one ignored", r_ce_mean, ref_ce_mean, 0, 3, RANDN(6, 5),
+        ints(TIDE_I64, 1, SHAPE(6), 5, 2, -100), RANDU(0.5, 1.5, 6), 0);
+    add(TIDE_OP_CROSS_ENTROPY, "sum, i32 targets", r_ce_sum, NULL, 0, 2, RANDN(6, 5), ints(TIDE_I32, 1, SHAPE(6), 5, -1, 0), 0, 0);
+    add(TIDE_OP_CROSS_ENTROPY, "none, ignore 2", r_ce_none, NULL, 0, 2, RANDN(6, 5), ints(TIDE_I64, 1, SHAPE(6), 5, -1, 0), 0, 0);
+    add(TIDE_OP_ROPE, "[2,5,3,4] pos0 3", r_rope, NULL, 0, 1, RANDN(2, 5, 3, 4), 0, 0, 0);
+    add(TIDE_OP_ATTENTION, "causal Tq 5 < Tk 7", r_attn_causal, ref_attn_causal, 0, 3, RANDN(2, 2, 5, 4), RANDN(2, 2, 7, 4),
+        RANDN(2, 2, 7, 4), 0);
+    add(TIDE_OP_ATTENTION, "non-causal", r_attn_full, ref_attn_full, 0, 3, RANDN(1, 3, 4, 8), RANDN(1, 3, 6, 8), RANDN(1, 3, 6, 8), 0);
+    (void)s4;
+}
+
+/* ---- the checks ------------------------------------------------------------------------------------------------- */
+static int check_case(op_case *k)
+{
+    int fails0 = g_fail;
+    tide_tensor *y = k->run(k->in);
+    if (!y) { FAIL("%s (%s): forward failed: %s", tide_op_name(k->op), k->what, tide_last_error()); return 0; }
+    double *yv = host(y);
+    for (int64_t i = 0; i < y->numel; i++)
+        if (!isfinite(yv[i])) { FAIL("%s (%s): non-finite output at %lld", tide_op_name(k->op), k->what, (long long)i); break; }
+
+    /* 3. slow reference */
+    if (k->ref) {
+        double *r = malloc((size_t)y->numel * sizeof *r), worst = 0;
+        k->ref(k->in, r);
+        for (int64_t i = 0; i < y->numel; i++) worst = fmax(worst, fabs(r[i] - yv[i]) / (1 + fabs(r[i])));
+        if (worst > 1e-10) FAIL("%s (%s): differs from the slow reference by %.3g", tide_op_name(k->op), k->what, worst);
+        free(r);
+    }
+
+    /* 2. f32 forward vs f64 forward */
+    if (!k->no_f32) {
+        tide_tensor *in32[4] = {0};
+        for (int i = 0; i < k->n_in; i++)
+            in32[i] = k->in[i]->dtype == TIDE_F64 ? tide_to_dtype(k->in[i], TIDE_F32) : (tide_tensor_retain(k->in[i]), k->in[i]);
+        tide_tensor *y32 = k->run(in32);
+        if (!y32) FAIL("%s (%s): f32 forward failed: %s", tide_op_name(k->op), k->what, tide_last_error());
+        else {
+            double *v = host(y32), worst = 0;
+            for (int64_t i = 0; i < y->numel; i++) worst = fmax(worst, fabs(v[i] - yv[i]) / (1 + fabs(yv[i])));
+            if (worst > 2e-4) FAIL("%s (%s): f32 differs from f64 by %.3g", tide_op_name(k->op), k->what, worst);
+            free(v);
+        }
+        tide_tensor_release(y32);
+        for (int i = 0; i < k->n_in; i++) tide_tensor_release(in32[i]);
+    }
+
+    /* 1. gradient check: L = sum(y * r) */
+    if (y->requires_grad) {
+        tide_tensor *r = tide_randn(TIDE_F64, y->ndim, y->shape, 0, 0, 1);
+        double *rv = host(r);
+        for (int i = 0; i < k->n_in; i++) tide_zero_grad(k->in[i]);
+        tide_tensor *p = tide_mul(y, r), *L = tide_sum(p, 0, NULL, 0);
+        if (!L || tide_backward(L, NULL)) FAIL("%s (%s): backward failed: %s", tide_op_name(k->op), k->what, tide_last_error());
+        tide_tensor_release(p); tide_tensor_release(L);
+        int prev = tide_set_grad_enabled(0);
+        for (int i = 0; i < k->n_in && g_fail == fails0; i++) {
+            tide_tensor *x = k->in[i];
+            if (!x->requires_grad) continue;
+            if (!x->grad) { FAIL("%s (%s): input %d got no gradient", tide_op_name(k->op), k->what, i); break; }
+            double *xv = host(x), *gv = host(x->grad), worst = 0;
+            int64_t step = x->numel > 120 ? x->numel / 120 : 1;
+            for (int64_t e = 0; e < x->numel; e += step) {
+                double f[2], orig = xv[e];
+                for (int s = 0; s < 2; s++) {
+                    xv[e] = orig + (s ? -1e-6 : 1e-6);
+                    tide_write_bytes(x, xv, (size_t)x->numel * 8);
+                    tide_tensor *yy = k->run(k->in);
+                    double *yyv = host(yy), acc = 0;
+                    for (int64_t j = 0; j < yy->numel; j++) acc += yyv[j] * rv[j];
+                    f[s] = acc;
+                    free(yyv);
+                    tide_tensor_release(yy);
+                }
+                xv[e] = orig;
+                tide_write_bytes(x, xv, (size_t)x->numel * 8);
+                double num = (f[0] - f[1]) / 2e-6, err = fabs(num - gv[e]) - 1e-6 * fabs(gv[e]);
+                worst = fmax(worst, err);
+                if (err > 1e-7) {
+                    FAIL("%s (%s): d/d(input %d)[%lld] analytic %.10g vs numeric %.10g", tide_op_name(k->op), k->what, i,
+                         (long long)e, gv[e], num);
+                    break;
+                }
+            }
+            free(xv); free(gv);
+        }
+        tide_set_grad_enabled(prev);
+        free(rv);
+        tide_tensor_release(r);
+    }
+    free(yv);
+    tide_tensor_release(y);
+    return g_fail == fails0;
+}
+
+int main(void)
+{
+    tide_manual_seed(1234);
+    if (TIDE_OP_COUNT != tide_op_count()) { printf("op count mismatch\n"); return 1; }
+    build_cases();
+    int covered[TIDE_OP_COUNT] = {0};
+    for (int c = 0; c < n_cases; c++) {
+        op_case *k = &cases[c];
+        for (int i = 0; i < k->n_in; i++)
+            if (!k->in[i]) { printf("case %s: input %d could not be made: %s\n", tide_op_name(k->op), i, tide_last_error()); return 1; }
+        covered[k->op]++;
+        int ok = check_case(k);
+        printf("%-5s %-14s %s\n", ok ? "ok" : "FAIL", tide_op_name(k->op), k->what);
+        if (ok) g_pass++;
+        for (int i = 0; i < k->n_in; i++) tide_tensor_release(k->in[i]);
+    }
+    for (int op = 0; op < TIDE_OP_COUNT; op++) {
+        if (!tide_op_defs[op].name || !tide_op_defs[op].forward) { printf("FAIL op %d has no registry entry\n", op); g_fail++; }
+        else if (!covered[op]) { printf("FAIL op %s has no test case in test_ops.c\n", tide_op_name(op)); g_fail++; }
+    }
+    if (tide_graph_live_nodes() != 0) { printf("FAIL %lld graph nodes leaked\n", (long long)tide_graph_live_nodes()); g_fail++; }
+    if (tide_live_tensors() != 0) { printf("FAIL %lld tensors leaked\n", (long long)tide_live_tensors()); g_fail++; }
+    printf("\n%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
