@@ -16,11 +16,11 @@
 #define PAR_MATH 4096       /* transcendental functions, Philox */
 
 /* for (i < n) body, threaded when n is large; the loop bound must be a variable named n */
-#define EW_CHEAP(body)                                                                          \
-    _Pragma("omp parallel for if(n > PAR_CHEAP) schedule(static)")                             \
+#define EW_CHEAP(body)                                                                             \
+    _Pragma("omp parallel for if(n > PAR_CHEAP) schedule(static)")                                 \
     for (int64_t i = 0; i < n; i++) { body; }
-#define EW_MATH(body)                                                                           \
-    _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                              \
+#define EW_MATH(body)                                                                              \
+    _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                                  \
     for (int64_t i = 0; i < n; i++) { body; }
 
 static const char *dtname(int dtype)
@@ -152,14 +152,22 @@ int tide_cpu_fill(void *out, int dtype, int64_t n, double value)
 /* one strided row of n elements: out[i*os] = convert(x[i*xs]) */
 static void copy_row(void *out, int odt, int64_t os, const void *x, int xdt, int64_t xs, int64_t n)
 {
+    /* same dtype: move elements as raw words of their size */
+#define MOVE_ROW(W)                                                                             \
+    do {                                                                                        \
+        W *o = out;                                                                             \
+        const W *s = x;                                                                         \
+        for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs];                                  \
+    } while (0)
     if (odt == xdt) {
         switch (tide_dtype_size(odt)) {
-        case 1: { uint8_t *o = out; const uint8_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
-        case 2: { uint16_t *o = out; const uint16_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
-        case 4: { uint32_t *o = out; const uint32_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
-        default: { uint64_t *o = out; const uint64_t *s = x; for (int64_t i = 0; i < n; i++) o[i * os] = s[i * xs]; return; }
+        case 1: MOVE_ROW(uint8_t); return;
+        case 2: MOVE_ROW(uint16_t); return;
+        case 4: MOVE_ROW(uint32_t); return;
+        default: MOVE_ROW(uint64_t); return;
         }
     }
+#undef MOVE_ROW
     /* the conversions training actually does (mixed precision, checkpoints) get a direct loop */
     if (odt == TIDE_F32 && xdt == TIDE_BF16) {
         float *o = out; const uint16_t *s = x;
@@ -235,61 +243,62 @@ int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, 
 
 /* ---- random numbers (Philox, kernels/philox.h): element i uses counter offset + i ------------------ */
 
+/* out[i] = value(i) for the three float dtypes; value is a double expression in i */
+#define RANDOM_FILL(what, value)                                                                \
+    switch (dtype) {                                                                            \
+    case TIDE_F32: { float *o = out; EW_MATH(o[i] = (float)(value)); break; }                   \
+    case TIDE_F64: { double *o = out; EW_MATH(o[i] = (value)); break; }                         \
+    case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(value))); break; }  \
+    default:                                                                                    \
+        return tide_set_error(what ": dtype %s not supported on cpu (expected f32, f64 or bf16)", \
+                              dtname(dtype));                                                   \
+    }
+
 int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b)
 {
-    switch (dtype) {
-    case TIDE_F32: { float *o = out; EW_MATH(o[i] = (float)(a + b * tide_philox_normal_at(seed, offset + (uint64_t)i))); break; }
-    case TIDE_F64: { double *o = out; EW_MATH(o[i] = a + b * tide_philox_normal_at(seed, offset + (uint64_t)i)); break; }
-    case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(a + b * tide_philox_normal_at(seed, offset + (uint64_t)i)))); break; }
-    default: return tide_set_error("randn: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
-    }
+    RANDOM_FILL("randn", a + b * tide_philox_normal_at(seed, offset + (uint64_t)i))
     return 0;
 }
 
 int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b)
 {
     double w = b - a;
-    switch (dtype) {
-    case TIDE_F32: { float *o = out; EW_MATH(o[i] = (float)(a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i))); break; }
-    case TIDE_F64: { double *o = out; EW_MATH(o[i] = a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i)); break; }
-    case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i)))); break; }
-    default: return tide_set_error("rand: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
-    }
+    RANDOM_FILL("rand", a + w * tide_philox_uniform_at(seed, offset + (uint64_t)i))
     return 0;
 }
 
 /* ---- scalar functions, once per type ---------------------------------------------------------------- */
 
-#define SCALAR_FUNCS(T)                                                                         \
-    /* never exponentiates a large positive number, so no overflow to inf/inf */                 \
-    static inline T sigmoid_##T(T x)                                                             \
-    {                                                                                            \
-        if (x >= (T)0) return (T)1 / ((T)1 + exp(-x));                                           \
-        T z = exp(x);                                                                            \
-        return z / ((T)1 + z);                                                                   \
-    }                                                                                            \
-    static inline T softplus_##T(T x)                                                            \
-    {                                                                                            \
-        return fmax(x, (T)0) + log1p(exp(-fabs(x)));                                             \
-    }                                                                                            \
-    /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */              \
-    static inline T gelu_##T(T x)                                                                \
-    {                                                                                            \
-        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                             \
-        return (T)0.5 * x * ((T)1 + tanh(u));                                                    \
-    }                                                                                            \
-    static inline T gelu_grad_##T(T x)                                                           \
-    {                                                                                            \
-        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                             \
-        T t = tanh(u);                                                                           \
-        T du = (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x * x);                            \
-        return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du;                           \
-    }                                                                                            \
-    /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */                                           \
-    static inline T silu_grad_##T(T x)                                                           \
-    {                                                                                            \
-        T s = sigmoid_##T(x);                                                                    \
-        return s * ((T)1 + x * ((T)1 - s));                                                      \
+#define SCALAR_FUNCS(T)                                                                            \
+    /* never exponentiates a large positive number, so no overflow to inf/inf */                   \
+    static inline T sigmoid_##T(T x)                                                               \
+    {                                                                                              \
+        if (x >= (T)0) return (T)1 / ((T)1 + exp(-x));                                             \
+        T z = exp(x);                                                                              \
+        return z / ((T)1 + z);                                                                     \
+    }                                                                                              \
+    static inline T softplus_##T(T x)                                                              \
+    {                                                                                              \
+        return fmax(x, (T)0) + log1p(exp(-fabs(x)));                                               \
+    }                                                                                              \
+    /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */                \
+    static inline T gelu_##T(T x)                                                                  \
+    {                                                                                              \
+        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                               \
+        return (T)0.5 * x * ((T)1 + tanh(u));                                                      \
+    }                                                                                              \
+    static inline T gelu_grad_##T(T x)                                                             \
+    {                                                                                              \
+        T u = (T)0.7978845608028654 * (x + (T)0.044715 * x * x * x);                               \
+        T t = tanh(u);                                                                             \
+        T du = (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x * x);                               \
+        return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du;                             \
+    }                                                                                              \
+    /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */                                             \
+    static inline T silu_grad_##T(T x)                                                             \
+    {                                                                                              \
+        T s = sigmoid_##T(x);                                                                      \
+        return s * ((T)1 + x * ((T)1 - s));                                                        \
     }
 
 SCALAR_FUNCS(float)
@@ -297,55 +306,55 @@ SCALAR_FUNCS(double)
 
 /* ---- unary ------------------------------------------------------------------------------------------ */
 
-#define UNARY_FORWARD(T)                                                                        \
-    static void unary_##T(int op, T *y, const T *x, int64_t n, T p)                             \
-    {                                                                                           \
-        switch (op) {                                                                           \
-        case TIDE_UN_NEG: EW_CHEAP(y[i] = -x[i]); break;                           \
-        case TIDE_UN_EXP: EW_MATH(y[i] = exp(x[i])); break;                        \
-        case TIDE_UN_LOG: EW_MATH(y[i] = log(x[i])); break;                        \
-        case TIDE_UN_SQRT: EW_CHEAP(y[i] = sqrt(x[i])); break;                     \
-        case TIDE_UN_RSQRT: EW_CHEAP(y[i] = (T)1 / sqrt(x[i])); break;             \
-        case TIDE_UN_TANH: EW_MATH(y[i] = tanh(x[i])); break;                      \
-        case TIDE_UN_SIGMOID: EW_MATH(y[i] = sigmoid_##T(x[i])); break;            \
-        case TIDE_UN_SILU: EW_MATH(y[i] = x[i] * sigmoid_##T(x[i])); break;        \
-        case TIDE_UN_GELU: EW_MATH(y[i] = gelu_##T(x[i])); break;                  \
-        case TIDE_UN_SOFTPLUS: EW_MATH(y[i] = softplus_##T(x[i])); break;          \
-        case TIDE_UN_RELU: EW_CHEAP(y[i] = x[i] > (T)0 ? x[i] : (T)0); break;      \
-        case TIDE_UN_ABS: EW_CHEAP(y[i] = fabs(x[i])); break;                      \
-        case TIDE_UN_ADD_SCALAR: EW_CHEAP(y[i] = x[i] + p); break;                 \
-        case TIDE_UN_MUL_SCALAR: EW_CHEAP(y[i] = x[i] * p); break;                 \
-        case TIDE_UN_POW_SCALAR: EW_MATH(y[i] = pow(x[i], p)); break;              \
-        }                                                                                       \
+#define UNARY_FORWARD(T)                                                                           \
+    static void unary_##T(int op, T *y, const T *x, int64_t n, T p)                                \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case TIDE_UN_NEG: EW_CHEAP(y[i] = -x[i]); break;                                           \
+        case TIDE_UN_EXP: EW_MATH(y[i] = exp(x[i])); break;                                        \
+        case TIDE_UN_LOG: EW_MATH(y[i] = log(x[i])); break;                                        \
+        case TIDE_UN_SQRT: EW_CHEAP(y[i] = sqrt(x[i])); break;                                     \
+        case TIDE_UN_RSQRT: EW_CHEAP(y[i] = (T)1 / sqrt(x[i])); break;                             \
+        case TIDE_UN_TANH: EW_MATH(y[i] = tanh(x[i])); break;                                      \
+        case TIDE_UN_SIGMOID: EW_MATH(y[i] = sigmoid_##T(x[i])); break;                            \
+        case TIDE_UN_SILU: EW_MATH(y[i] = x[i] * sigmoid_##T(x[i])); break;                        \
+        case TIDE_UN_GELU: EW_MATH(y[i] = gelu_##T(x[i])); break;                                  \
+        case TIDE_UN_SOFTPLUS: EW_MATH(y[i] = softplus_##T(x[i])); break;                          \
+        case TIDE_UN_RELU: EW_CHEAP(y[i] = x[i] > (T)0 ? x[i] : (T)0); break;                      \
+        case TIDE_UN_ABS: EW_CHEAP(y[i] = fabs(x[i])); break;                                      \
+        case TIDE_UN_ADD_SCALAR: EW_CHEAP(y[i] = x[i] + p); break;                                 \
+        case TIDE_UN_MUL_SCALAR: EW_CHEAP(y[i] = x[i] * p); break;                                 \
+        case TIDE_UN_POW_SCALAR: EW_MATH(y[i] = pow(x[i], p)); break;                              \
+        }                                                                                          \
     }
 
 /* gx may alias gy: every element reads gy[i] before writing gx[i] */
-#define UNARY_BACKWARD(T)                                                                       \
-    static void unary_backward_##T(int op, T *gx, const T *gy, const T *x, const T *y,          \
-                                   int64_t n, T p)                                              \
-    {                                                                                           \
-        switch (op) {                                                                           \
-        case TIDE_UN_NEG: EW_CHEAP(gx[i] = -gy[i]); break;                         \
-        case TIDE_UN_EXP: EW_CHEAP(gx[i] = gy[i] * y[i]); break;                   \
-        case TIDE_UN_LOG: EW_CHEAP(gx[i] = gy[i] / x[i]); break;                   \
-        case TIDE_UN_SQRT: EW_CHEAP(gx[i] = gy[i] * (T)0.5 / y[i]); break;         \
-        case TIDE_UN_RSQRT:                                                                     \
-            EW_CHEAP(gx[i] = gy[i] * (T)-0.5 * y[i] * y[i] * y[i]); break;         \
-        case TIDE_UN_TANH: EW_CHEAP(gx[i] = gy[i] * ((T)1 - y[i] * y[i])); break;  \
-        case TIDE_UN_SIGMOID:                                                                   \
-            EW_CHEAP(gx[i] = gy[i] * y[i] * ((T)1 - y[i])); break;                 \
-        case TIDE_UN_SILU: EW_MATH(gx[i] = gy[i] * silu_grad_##T(x[i])); break;    \
-        case TIDE_UN_GELU: EW_MATH(gx[i] = gy[i] * gelu_grad_##T(x[i])); break;    \
-        case TIDE_UN_SOFTPLUS: EW_MATH(gx[i] = gy[i] * sigmoid_##T(x[i])); break;  \
-        case TIDE_UN_RELU: EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : (T)0); break;    \
-        case TIDE_UN_ABS:                                                                       \
-            EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : x[i] < (T)0 ? -gy[i] : (T)0);   \
-            break;                                                                              \
-        case TIDE_UN_ADD_SCALAR: EW_CHEAP(gx[i] = gy[i]); break;                   \
-        case TIDE_UN_MUL_SCALAR: EW_CHEAP(gx[i] = gy[i] * p); break;               \
-        case TIDE_UN_POW_SCALAR:                                                                \
-            EW_MATH(gx[i] = gy[i] * p * pow(x[i], p - (T)1)); break;               \
-        }                                                                                       \
+#define UNARY_BACKWARD(T)                                                                          \
+    static void unary_backward_##T(int op, T *gx, const T *gy, const T *x, const T *y,             \
+                                   int64_t n, T p)                                                 \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case TIDE_UN_NEG: EW_CHEAP(gx[i] = -gy[i]); break;                                         \
+        case TIDE_UN_EXP: EW_CHEAP(gx[i] = gy[i] * y[i]); break;                                   \
+        case TIDE_UN_LOG: EW_CHEAP(gx[i] = gy[i] / x[i]); break;                                   \
+        case TIDE_UN_SQRT: EW_CHEAP(gx[i] = gy[i] * (T)0.5 / y[i]); break;                         \
+        case TIDE_UN_RSQRT:                                                                        \
+            EW_CHEAP(gx[i] = gy[i] * (T)-0.5 * y[i] * y[i] * y[i]); break;                         \
+        case TIDE_UN_TANH: EW_CHEAP(gx[i] = gy[i] * ((T)1 - y[i] * y[i])); break;                  \
+        case TIDE_UN_SIGMOID:                                                                      \
+            EW_CHEAP(gx[i] = gy[i] * y[i] * ((T)1 - y[i])); break;                                 \
+        case TIDE_UN_SILU: EW_MATH(gx[i] = gy[i] * silu_grad_##T(x[i])); break;                    \
+        case TIDE_UN_GELU: EW_MATH(gx[i] = gy[i] * gelu_grad_##T(x[i])); break;                    \
+        case TIDE_UN_SOFTPLUS: EW_MATH(gx[i] = gy[i] * sigmoid_##T(x[i])); break;                  \
+        case TIDE_UN_RELU: EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : (T)0); break;                    \
+        case TIDE_UN_ABS:                                                                          \
+            EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : x[i] < (T)0 ? -gy[i] : (T)0);                   \
+            break;                                                                                 \
+        case TIDE_UN_ADD_SCALAR: EW_CHEAP(gx[i] = gy[i]); break;                                   \
+        case TIDE_UN_MUL_SCALAR: EW_CHEAP(gx[i] = gy[i] * p); break;                               \
+        case TIDE_UN_POW_SCALAR:                                                                   \
+            EW_MATH(gx[i] = gy[i] * p * pow(x[i], p - (T)1)); break;                               \
+        }                                                                                          \
     }
 
 UNARY_FORWARD(float)
@@ -361,12 +370,15 @@ _Static_assert(sizeof unary_names / sizeof unary_names[0] == TIDE_UN_COUNT, "one
 
 int tide_cpu_unary(int op, int dtype, void *y, const void *x, int64_t n, double p)
 {
-    if (op < 0 || op >= TIDE_UN_COUNT) return tide_set_error("unary: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
+    if (op < 0 || op >= TIDE_UN_COUNT)
+        return tide_set_error("unary: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
     if (n < 0) return tide_set_error("unary %s: n = %lld must be >= 0", unary_names[op], (long long)n);
     switch (dtype) {
     case TIDE_F32: unary_float(op, y, x, n, (float)p); return 0;
     case TIDE_F64: unary_double(op, y, x, n, p); return 0;
-    default: return tide_set_error("unary %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op], dtname(dtype));
+    default:
+        return tide_set_error("unary %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op],
+                              dtname(dtype));
     }
 }
 
@@ -380,45 +392,49 @@ static int backward_uses_y(int op)
 int tide_cpu_unary_backward(int op, int dtype, void *gx, const void *gy, const void *x, const void *y,
                             int64_t n, double p)
 {
-    if (op < 0 || op >= TIDE_UN_COUNT) return tide_set_error("unary_backward: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
+    if (op < 0 || op >= TIDE_UN_COUNT)
+        return tide_set_error("unary_backward: op %d out of range [0, %d)", op, TIDE_UN_COUNT);
     if (n < 0) return tide_set_error("unary_backward %s: n = %lld must be >= 0", unary_names[op], (long long)n);
     int needs_y = backward_uses_y(op);
     int needs_x = !needs_y && op != TIDE_UN_NEG && op != TIDE_UN_ADD_SCALAR && op != TIDE_UN_MUL_SCALAR;
     if ((needs_y && !y) || (needs_x && !x))
-        return tide_set_error("unary_backward %s: the saved %s is NULL", unary_names[op], needs_y ? "output y" : "input x");
+        return tide_set_error("unary_backward %s: the saved %s is NULL", unary_names[op],
+                              needs_y ? "output y" : "input x");
     switch (dtype) {
     case TIDE_F32: unary_backward_float(op, gx, gy, x, y, n, (float)p); return 0;
     case TIDE_F64: unary_backward_double(op, gx, gy, x, y, n, p); return 0;
-    default: return tide_set_error("unary_backward %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op], dtname(dtype));
+    default:
+        return tide_set_error("unary_backward %s: dtype %s not supported on cpu (expected f32 or f64)",
+                              unary_names[op], dtname(dtype));
     }
 }
 
 /* ---- binary (broadcasting by strides) ---------------------------------------------------------------- */
 
 /* one row of n elements; the unit-stride and scalar cases are spelled out so they vectorise */
-#define BIN_ROW_LOOPS(T, EXPR)                                                                  \
-    if (as == 1 && bs == 1) {                                                                   \
-        for (int64_t i = 0; i < n; i++) { T u = a[i], v = b[i]; o[i] = (EXPR); }                \
-    } else if (as == 1 && bs == 0) {                                                            \
-        T v = b[0];                                                                             \
-        for (int64_t i = 0; i < n; i++) { T u = a[i]; o[i] = (EXPR); }                          \
-    } else if (as == 0 && bs == 1) {                                                            \
-        T u = a[0];                                                                             \
-        for (int64_t i = 0; i < n; i++) { T v = b[i]; o[i] = (EXPR); }                          \
-    } else {                                                                                    \
-        for (int64_t i = 0; i < n; i++) { T u = a[i * as], v = b[i * bs]; o[i] = (EXPR); }      \
+#define BIN_ROW_LOOPS(T, EXPR)                                                                     \
+    if (as == 1 && bs == 1) {                                                                      \
+        for (int64_t i = 0; i < n; i++) { T u = a[i], v = b[i]; o[i] = (EXPR); }                   \
+    } else if (as == 1 && bs == 0) {                                                               \
+        T v = b[0];                                                                                \
+        for (int64_t i = 0; i < n; i++) { T u = a[i]; o[i] = (EXPR); }                             \
+    } else if (as == 0 && bs == 1) {                                                               \
+        T u = a[0];                                                                                \
+        for (int64_t i = 0; i < n; i++) { T v = b[i]; o[i] = (EXPR); }                             \
+    } else {                                                                                       \
+        for (int64_t i = 0; i < n; i++) { T u = a[i * as], v = b[i * bs]; o[i] = (EXPR); }         \
     }
 
-#define BINARY_ROW(T)                                                                           \
-    static void binary_row_##T(int op, T *o, const T *a, int64_t as, const T *b, int64_t bs,    \
-                               int64_t n)                                                       \
-    {                                                                                           \
-        switch (op) {                                                                           \
-        case TIDE_BIN_ADD: BIN_ROW_LOOPS(T, u + v) break;                                       \
-        case TIDE_BIN_SUB: BIN_ROW_LOOPS(T, u - v) break;                                       \
-        case TIDE_BIN_MUL: BIN_ROW_LOOPS(T, u * v) break;                                       \
-        case TIDE_BIN_DIV: BIN_ROW_LOOPS(T, u / v) break;                                       \
-        }                                                                                       \
+#define BINARY_ROW(T)                                                                              \
+    static void binary_row_##T(int op, T *o, const T *a, int64_t as, const T *b, int64_t bs,       \
+                               int64_t n)                                                          \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case TIDE_BIN_ADD: BIN_ROW_LOOPS(T, u + v) break;                                          \
+        case TIDE_BIN_SUB: BIN_ROW_LOOPS(T, u - v) break;                                          \
+        case TIDE_BIN_MUL: BIN_ROW_LOOPS(T, u * v) break;                                          \
+        case TIDE_BIN_DIV: BIN_ROW_LOOPS(T, u / v) break;                                          \
+        }                                                                                          \
     }
 
 BINARY_ROW(float)
@@ -438,16 +454,19 @@ int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *
                     const int64_t *sb, int ndim, const int64_t *shape)
 {
     static const char *const names[TIDE_BIN_COUNT] = { "add", "sub", "mul", "div" };
-    if (op < 0 || op >= TIDE_BIN_COUNT) return tide_set_error("binary: op %d out of range [0, %d)", op, TIDE_BIN_COUNT);
+    if (op < 0 || op >= TIDE_BIN_COUNT)
+        return tide_set_error("binary: op %d out of range [0, %d)", op, TIDE_BIN_COUNT);
     if (!is_float_dtype(dtype))
-        return tide_set_error("binary %s: dtype %s not supported on cpu (expected f32 or f64)", names[op], dtname(dtype));
+        return tide_set_error("binary %s: dtype %s not supported on cpu (expected f32 or f64)", names[op],
+                              dtname(dtype));
     if (ndim < 0 || ndim > 8) return tide_set_error("binary %s: ndim = %d, expected 0..8", names[op], ndim);
 
     /* drop size-1 dims and merge dims contiguous in a and b (out is always contiguous) */
     int64_t sh[8], as[8], bs[8];
     int d = 0;
     for (int k = 0; k < ndim; k++) {
-        if (shape[k] < 0) return tide_set_error("binary %s: shape[%d] = %lld is negative", names[op], k, (long long)shape[k]);
+        if (shape[k] < 0)
+            return tide_set_error("binary %s: shape[%d] = %lld is negative", names[op], k, (long long)shape[k]);
         if (shape[k] == 0) return 0;
         if (shape[k] == 1) continue;
         if (d > 0 && as[d - 1] == sa[k] * shape[k] && bs[d - 1] == sb[k] * shape[k]) {
@@ -497,21 +516,21 @@ int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *
 
 /* ---- SwiGLU: out = silu(g) * u ------------------------------------------------------------------------ */
 
-#define SWIGLU(T)                                                                               \
-    static void swiglu_##T(T *out, const T *g, const T *u, int64_t n)                           \
-    {                                                                                           \
-        EW_MATH(out[i] = g[i] * sigmoid_##T(g[i]) * u[i]);                         \
-    }                                                                                           \
-    /* dg = dout u silu'(g), du = dout silu(g); dg/du may alias dout */                         \
-    static void swiglu_backward_##T(T *dg, T *du, const T *dout, const T *g, const T *u,        \
-                                    int64_t n)                                                  \
-    {                                                                                           \
-        _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                          \
-        for (int64_t i = 0; i < n; i++) {                                                       \
-            T s = sigmoid_##T(g[i]), d = dout[i], gi = g[i], ui = u[i];                         \
-            dg[i] = d * ui * s * ((T)1 + gi * ((T)1 - s));                                      \
-            du[i] = d * gi * s;                                                                 \
-        }                                                                                       \
+#define SWIGLU(T)                                                                                  \
+    static void swiglu_##T(T *out, const T *g, const T *u, int64_t n)                              \
+    {                                                                                              \
+        EW_MATH(out[i] = g[i] * sigmoid_##T(g[i]) * u[i]);                                         \
+    }                                                                                              \
+    /* dg = dout u silu'(g), du = dout silu(g); dg/du may alias dout */                            \
+    static void swiglu_backward_##T(T *dg, T *du, const T *dout, const T *g, const T *u,           \
+                                    int64_t n)                                                     \
+    {                                                                                              \
+        _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                              \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            T s = sigmoid_##T(g[i]), d = dout[i], gi = g[i], ui = u[i];                            \
+            dg[i] = d * ui * s * ((T)1 + gi * ((T)1 - s));                                         \
+            du[i] = d * gi * s;                                                                    \
+        }                                                                                          \
     }
 
 SWIGLU(float)
@@ -541,7 +560,12 @@ int tide_cpu_swiglu_backward(int dtype, void *dg, void *du, const void *dout, co
 int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n)
 {
     switch (dtype) {
-    case TIDE_F32: { float *py = y; const float *px = x; float fa = (float)a; EW_CHEAP(py[i] += fa * px[i]); return 0; }
+    case TIDE_F32: {
+        float *py = y, fa = (float)a;
+        const float *px = x;
+        EW_CHEAP(py[i] += fa * px[i]);
+        return 0;
+    }
     case TIDE_F64: { double *py = y; const double *px = x; EW_CHEAP(py[i] += a * px[i]); return 0; }
     default: return tide_set_error("axpy: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
     }

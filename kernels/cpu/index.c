@@ -80,30 +80,30 @@ int tide_cpu_index_select(int dtype, void *out, const void *x, const void *idx, 
     #pragma omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)
     for (int64_t w = 0; w < outer * n_idx; w++) {
         int64_t o = w / n_idx, j = w % n_idx;
-        memcpy((char *)out + (size_t)w * row, (const char *)x + (size_t)(o * n_src + idx_at(idx, idx_dtype, j)) * row,
-               row);
+        int64_t src_row = o * n_src + idx_at(idx, idx_dtype, j);
+        memcpy((char *)out + (size_t)w * row, (const char *)x + (size_t)src_row * row, row);
     }
     return 0;
 }
 
 /* ---- index_add: gx[o, idx[j], :] += gy[o, j, :] ------------------------------------------------------- */
 
-#define INDEX_ADD(T)                                                                            \
-    static void index_add_##T(T *gx, const T *gy, const void *idx, int idx_dtype, int64_t outer, \
-                              int64_t n_dst, int64_t inner, int64_t n_idx)                      \
-    {                                                                                           \
-        /* items are (o, block of inner); each walks j in order, so no two threads share a sum */ \
-        int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;                                     \
-        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")       \
-        for (int64_t w = 0; w < outer * nblk; w++) {                                            \
-            int64_t o = w / nblk, i0 = (w % nblk) * ADD_BLOCK;                                  \
-            int64_t i1 = i0 + ADD_BLOCK < inner ? i0 + ADD_BLOCK : inner;                       \
-            for (int64_t j = 0; j < n_idx; j++) {                                               \
-                T *dst = gx + (o * n_dst + idx_at(idx, idx_dtype, j)) * inner;                  \
-                const T *src = gy + (o * n_idx + j) * inner;                                    \
-                for (int64_t i = i0; i < i1; i++) dst[i] += src[i];                             \
-            }                                                                                   \
-        }                                                                                       \
+#define INDEX_ADD(T)                                                                               \
+    static void index_add_##T(T *gx, const T *gy, const void *idx, int idx_dtype, int64_t outer,   \
+                              int64_t n_dst, int64_t inner, int64_t n_idx)                         \
+    {                                                                                              \
+        /* items are (o, block of inner); each walks j in order, so no two threads share a sum */  \
+        int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;                                        \
+        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")           \
+        for (int64_t w = 0; w < outer * nblk; w++) {                                               \
+            int64_t o = w / nblk, i0 = (w % nblk) * ADD_BLOCK;                                     \
+            int64_t i1 = i0 + ADD_BLOCK < inner ? i0 + ADD_BLOCK : inner;                          \
+            for (int64_t j = 0; j < n_idx; j++) {                                                  \
+                T *dst = gx + (o * n_dst + idx_at(idx, idx_dtype, j)) * inner;                     \
+                const T *src = gy + (o * n_idx + j) * inner;                                       \
+                for (int64_t i = i0; i < i1; i++) dst[i] += src[i];                                \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 INDEX_ADD(float)
@@ -124,18 +124,18 @@ int tide_cpu_index_add(int dtype, void *gx, const void *gy, const void *idx, int
 
 /* ---- gather: out[o, j, i] = x[o, idx[o, j, i], i] (any dtype) ----------------------------------------- */
 
-#define GATHER(T)                                                                               \
-    static void gather_##T(T *out, const T *x, const void *idx, int idx_dtype, int64_t outer,   \
-                           int64_t n_x, int64_t n_idx, int64_t inner)                           \
-    {                                                                                           \
-        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")       \
-        for (int64_t w = 0; w < outer * n_idx; w++) {                                           \
-            int64_t o = w / n_idx;                                                              \
-            for (int64_t i = 0; i < inner; i++) {                                               \
-                int64_t k = w * inner + i;                                                      \
-                out[k] = x[(o * n_x + idx_at(idx, idx_dtype, k)) * inner + i];                  \
-            }                                                                                   \
-        }                                                                                       \
+#define GATHER(T)                                                                                  \
+    static void gather_##T(T *out, const T *x, const void *idx, int idx_dtype, int64_t outer,      \
+                           int64_t n_x, int64_t n_idx, int64_t inner)                              \
+    {                                                                                              \
+        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")           \
+        for (int64_t w = 0; w < outer * n_idx; w++) {                                              \
+            int64_t o = w / n_idx;                                                                 \
+            for (int64_t i = 0; i < inner; i++) {                                                  \
+                int64_t k = w * inner + i;                                                         \
+                out[k] = x[(o * n_x + idx_at(idx, idx_dtype, k)) * inner + i];                     \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 GATHER(uint8_t)
@@ -162,19 +162,19 @@ int tide_cpu_gather(int dtype, void *out, const void *x, const void *idx, int id
 
 /* ---- scatter_add: out[o, idx[o, j, i], i] += src[o, j, i] ---------------------------------------------- */
 
-#define SCATTER_ADD(T)                                                                          \
-    static void scatter_add_##T(T *out, const T *src, const void *idx, int idx_dtype,           \
-                                int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner)     \
-    {                                                                                           \
-        /* items are (o, i) columns: all writes of a column stay in one thread, in j order */  \
-        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")       \
-        for (int64_t w = 0; w < outer * inner; w++) {                                           \
-            int64_t o = w / inner, i = w % inner;                                               \
-            for (int64_t j = 0; j < n_idx; j++) {                                               \
-                int64_t k = (o * n_idx + j) * inner + i;                                        \
-                out[(o * n_out + idx_at(idx, idx_dtype, k)) * inner + i] += src[k];             \
-            }                                                                                   \
-        }                                                                                       \
+#define SCATTER_ADD(T)                                                                             \
+    static void scatter_add_##T(T *out, const T *src, const void *idx, int idx_dtype,              \
+                                int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner)        \
+    {                                                                                              \
+        /* items are (o, i) columns: all writes of a column stay in one thread, in j order */      \
+        _Pragma("omp parallel for if(outer * n_idx * inner > PAR_MIN) schedule(static)")           \
+        for (int64_t w = 0; w < outer * inner; w++) {                                              \
+            int64_t o = w / inner, i = w % inner;                                                  \
+            for (int64_t j = 0; j < n_idx; j++) {                                                  \
+                int64_t k = (o * n_idx + j) * inner + i;                                           \
+                out[(o * n_out + idx_at(idx, idx_dtype, k)) * inner + i] += src[k];                \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 SCATTER_ADD(float)

@@ -11,23 +11,23 @@
 
 #define PAR_MIN 32768
 
-#define ADAMW(T)                                                                                \
-    static void adamw_##T(T *p, const T *g, T *m, T *v, int64_t n, double lr, double b1,        \
-                          double b2, double eps, double wd, double bc1, double bc2)             \
-    {                                                                                           \
-        double decay = lr * wd;                                                                 \
-        _Pragma("omp parallel for if(n > PAR_MIN) schedule(static)")                           \
-        for (int64_t i = 0; i < n; i++) {                                                       \
-            double gi = g[i];                                                                   \
-            double mi = b1 * (double)m[i] + (1.0 - b1) * gi;                                    \
-            double vi = b2 * (double)v[i] + (1.0 - b2) * gi * gi;                               \
-            double pi = (double)p[i];                                                           \
-            pi -= decay * pi;                                                                   \
-            pi -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);                                     \
-            m[i] = (T)mi;                                                                       \
-            v[i] = (T)vi;                                                                       \
-            p[i] = (T)pi;                                                                       \
-        }                                                                                       \
+#define ADAMW(T)                                                                                   \
+    static void adamw_##T(T *p, const T *g, T *m, T *v, int64_t n, double lr, double b1,           \
+                          double b2, double eps, double wd, double bc1, double bc2)                \
+    {                                                                                              \
+        double decay = lr * wd;                                                                    \
+        _Pragma("omp parallel for if(n > PAR_MIN) schedule(static)")                               \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            double gi = g[i];                                                                      \
+            double mi = b1 * (double)m[i] + (1.0 - b1) * gi;                                       \
+            double vi = b2 * (double)v[i] + (1.0 - b2) * gi * gi;                                  \
+            double pi = (double)p[i];                                                              \
+            pi -= decay * pi;                                                                      \
+            pi -= lr * (mi / bc1) / (sqrt(vi / bc2) + eps);                                        \
+            m[i] = (T)mi;                                                                          \
+            v[i] = (T)vi;                                                                          \
+            p[i] = (T)pi;                                                                          \
+        }                                                                                          \
     }
 
 ADAMW(float)

@@ -22,63 +22,63 @@ static const char *dtname(int dtype)
 /* v replaces the running max m when larger, or when v is the first NaN */
 #define BEATS(v, m) ((v) > (m) || ((v) != (v) && (m) == (m)))
 
-#define REDUCE_KERNELS(T)                                                                       \
-    static void reduce_item_##T(int op, void *out, const T *x, int64_t o, int64_t i0, int len,  \
-                                int64_t red, int64_t inner)                                     \
-    {                                                                                           \
-        const T *base = x + o * red * inner + i0;                                               \
-        T m[RED_BLOCK];                                                                         \
-        int64_t arg[RED_BLOCK];                                                                 \
-        double acc[RED_BLOCK];                                                                  \
-        if (op == TIDE_RED_SUM) {                                                               \
-            for (int j = 0; j < len; j++) acc[j] = 0.0;                                         \
-            for (int64_t r = 0; r < red; r++)                                                   \
-                for (int j = 0; j < len; j++) acc[j] += (double)base[r * inner + j];            \
-            T *y = (T *)out + o * inner + i0;                                                   \
-            for (int j = 0; j < len; j++) y[j] = (T)acc[j];                                     \
-            return;                                                                             \
-        }                                                                                       \
-        /* max / argmax / logsumexp all start from the first-max scan (red >= 1 here) */        \
-        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                           \
-        for (int64_t r = 1; r < red; r++)                                                       \
-            for (int j = 0; j < len; j++) {                                                     \
-                T v = base[r * inner + j];                                                      \
-                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                   \
-            }                                                                                   \
-        if (op == TIDE_RED_MAX) {                                                               \
-            T *y = (T *)out + o * inner + i0;                                                   \
-            for (int j = 0; j < len; j++) y[j] = m[j];                                          \
-        } else if (op == TIDE_RED_ARGMAX) {                                                     \
-            int64_t *y = (int64_t *)out + o * inner + i0;                                       \
-            for (int j = 0; j < len; j++) y[j] = arg[j];                                        \
-        } else {                                                                                \
-            /* logsumexp = m + log sum exp(x - m); m = ±inf or NaN is the answer itself */      \
-            for (int j = 0; j < len; j++) acc[j] = 0.0;                                         \
-            for (int64_t r = 0; r < red; r++)                                                   \
-                for (int j = 0; j < len; j++)                                                   \
-                    acc[j] += (double)exp(base[r * inner + j] - m[j]);                          \
-            T *y = (T *)out + o * inner + i0;                                                   \
-            for (int j = 0; j < len; j++)                                                       \
-                y[j] = isfinite(m[j]) ? (T)((double)m[j] + log(acc[j])) : m[j];                 \
-        }                                                                                       \
-    }                                                                                           \
-    /* gx = gy at the first r attaining the max (same scan as reduce), 0 elsewhere */           \
-    static void max_backward_item_##T(T *gx, const T *gy, const T *x, int64_t o, int64_t i0,    \
-                                      int len, int64_t red, int64_t inner)                      \
-    {                                                                                           \
-        const T *base = x + o * red * inner + i0;                                               \
-        T *gbase = gx + o * red * inner + i0;                                                   \
-        T m[RED_BLOCK];                                                                         \
-        int64_t arg[RED_BLOCK];                                                                 \
-        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                           \
-        for (int64_t r = 1; r < red; r++)                                                       \
-            for (int j = 0; j < len; j++) {                                                     \
-                T v = base[r * inner + j];                                                      \
-                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                   \
-            }                                                                                   \
-        const T *g = gy + o * inner + i0;                                                       \
-        for (int64_t r = 0; r < red; r++)                                                       \
-            for (int j = 0; j < len; j++) gbase[r * inner + j] = r == arg[j] ? g[j] : (T)0;     \
+#define REDUCE_KERNELS(T)                                                                          \
+    static void reduce_item_##T(int op, void *out, const T *x, int64_t o, int64_t i0, int len,     \
+                                int64_t red, int64_t inner)                                        \
+    {                                                                                              \
+        const T *base = x + o * red * inner + i0;                                                  \
+        T m[RED_BLOCK];                                                                            \
+        int64_t arg[RED_BLOCK];                                                                    \
+        double acc[RED_BLOCK];                                                                     \
+        if (op == TIDE_RED_SUM) {                                                                  \
+            for (int j = 0; j < len; j++) acc[j] = 0.0;                                            \
+            for (int64_t r = 0; r < red; r++)                                                      \
+                for (int j = 0; j < len; j++) acc[j] += (double)base[r * inner + j];               \
+            T *y = (T *)out + o * inner + i0;                                                      \
+            for (int j = 0; j < len; j++) y[j] = (T)acc[j];                                        \
+            return;                                                                                \
+        }                                                                                          \
+        /* max / argmax / logsumexp all start from the first-max scan (red >= 1 here) */           \
+        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                              \
+        for (int64_t r = 1; r < red; r++)                                                          \
+            for (int j = 0; j < len; j++) {                                                        \
+                T v = base[r * inner + j];                                                         \
+                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                      \
+            }                                                                                      \
+        if (op == TIDE_RED_MAX) {                                                                  \
+            T *y = (T *)out + o * inner + i0;                                                      \
+            for (int j = 0; j < len; j++) y[j] = m[j];                                             \
+        } else if (op == TIDE_RED_ARGMAX) {                                                        \
+            int64_t *y = (int64_t *)out + o * inner + i0;                                          \
+            for (int j = 0; j < len; j++) y[j] = arg[j];                                           \
+        } else {                                                                                   \
+            /* logsumexp = m + log sum exp(x - m); m = ±inf or NaN is the answer itself */         \
+            for (int j = 0; j < len; j++) acc[j] = 0.0;                                            \
+            for (int64_t r = 0; r < red; r++)                                                      \
+                for (int j = 0; j < len; j++)                                                      \
+                    acc[j] += (double)exp(base[r * inner + j] - m[j]);                             \
+            T *y = (T *)out + o * inner + i0;                                                      \
+            for (int j = 0; j < len; j++)                                                          \
+                y[j] = isfinite(m[j]) ? (T)((double)m[j] + log(acc[j])) : m[j];                    \
+        }                                                                                          \
+    }                                                                                              \
+    /* gx = gy at the first r attaining the max (same scan as reduce), 0 elsewhere */              \
+    static void max_backward_item_##T(T *gx, const T *gy, const T *x, int64_t o, int64_t i0,       \
+                                      int len, int64_t red, int64_t inner)                         \
+    {                                                                                              \
+        const T *base = x + o * red * inner + i0;                                                  \
+        T *gbase = gx + o * red * inner + i0;                                                      \
+        T m[RED_BLOCK];                                                                            \
+        int64_t arg[RED_BLOCK];                                                                    \
+        for (int j = 0; j < len; j++) { m[j] = base[j]; arg[j] = 0; }                              \
+        for (int64_t r = 1; r < red; r++)                                                          \
+            for (int j = 0; j < len; j++) {                                                        \
+                T v = base[r * inner + j];                                                         \
+                if (BEATS(v, m[j])) { m[j] = v; arg[j] = r; }                                      \
+            }                                                                                      \
+        const T *g = gy + o * inner + i0;                                                          \
+        for (int64_t r = 0; r < red; r++)                                                          \
+            for (int j = 0; j < len; j++) gbase[r * inner + j] = r == arg[j] ? g[j] : (T)0;        \
     }
 
 REDUCE_KERNELS(float)
@@ -97,7 +97,8 @@ static int check_sizes(const char *what, int64_t outer, int64_t red, int64_t inn
 
 int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner)
 {
-    if (op < 0 || op >= TIDE_RED_COUNT) return tide_set_error("reduce: op %d out of range [0, %d)", op, TIDE_RED_COUNT);
+    if (op < 0 || op >= TIDE_RED_COUNT)
+        return tide_set_error("reduce: op %d out of range [0, %d)", op, TIDE_RED_COUNT);
     const char *name = reduce_names[op];
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("reduce %s: dtype %s not supported on cpu (expected f32 or f64)", name, dtname(dtype));

@@ -267,10 +267,12 @@ static void test_random(void)
     CHECK(a[3] == -2.0 + 6.0 * tide_philox_uniform_at(7, 3), "rand: a + (b - a) u");
 
     /* the stream does not depend on the thread count */
+    int threads0 = tide_cpu_get_threads();
     tide_cpu_set_threads(1);
     tide_cpu_randn(a, TIDE_F64, n, 5, 11, 0.0, 1.0);
     tide_cpu_set_threads(2);
     tide_cpu_randn(b, TIDE_F64, n, 5, 11, 0.0, 1.0);
+    tide_cpu_set_threads(threads0);
     CHECK(memcmp(a, b, n * sizeof *a) == 0, "randn: 1 thread and 2 threads give the same numbers");
 
     CHECK(tide_cpu_randn(a, TIDE_I32, 4, 1, 0, 0, 1) != 0 && error_mentions("randn", "i32"), "randn i32 rejected: %s", tide_last_error());
@@ -503,10 +505,12 @@ static void test_misc_elementwise(void)
     double ref = 0;
     for (int64_t i = 0; i < n; i++) { sf[i] = (float)urand(-1, 1); ref += (double)sf[i] * sf[i]; }
     double s1 = 0, s2 = 0;
+    int threads0 = tide_cpu_get_threads();
     tide_cpu_set_threads(1);
     CHECK(tide_cpu_sum_squares(TIDE_F32, sf, n, &s1) == 0, "sum_squares f32");
     tide_cpu_set_threads(2);
     tide_cpu_sum_squares(TIDE_F32, sf, n, &s2);
+    tide_cpu_set_threads(threads0);
     CHECK(fabs(s1 - ref) <= 1e-12 * ref, "sum_squares f32 = %.17g, expected %.17g", s1, ref);
     CHECK(s1 == s2, "sum_squares: 1 thread %.17g, 2 threads %.17g", s1, s2);
     double dsq[3] = { 3, -4, 12 }, r = 0;
@@ -875,24 +879,39 @@ static void test_adamw(void)
 
 /* ---- threads ------------------------------------------------------------------------------------ */
 
-static void test_threads(void)
+static void test_threads(int initial)
 {
-    int n0 = tide_cpu_get_threads();
-    CHECK(n0 >= 1, "default thread count %d", n0);
+    const char *env = getenv("TIDE_NUM_THREADS");
+    if (env && atoi(env) >= 1)
+        CHECK(initial == atoi(env), "TIDE_NUM_THREADS=%s at load gives %d threads", env, initial);
+    CHECK(initial >= 1, "default thread count %d", initial);
     tide_cpu_set_threads(1);
     CHECK(tide_cpu_get_threads() == 1, "set_threads(1) -> %d", tide_cpu_get_threads());
     tide_cpu_set_threads(3);
     CHECK(tide_cpu_get_threads() == 3, "set_threads(3) -> %d", tide_cpu_get_threads());
+    /* 0 goes back to the default, which TIDE_NUM_THREADS overrides (an unusable value is ignored) */
+    unsetenv("TIDE_NUM_THREADS");
     tide_cpu_set_threads(0);
-    CHECK(tide_cpu_get_threads() >= 1, "set_threads(0) restores a default (%d)", tide_cpu_get_threads());
-    tide_cpu_set_threads(n0);
+    int cores = tide_cpu_get_threads();
+    setenv("TIDE_NUM_THREADS", "5", 1);
+    tide_cpu_set_threads(0);
+    CHECK(tide_cpu_get_threads() == 5, "set_threads(0) with TIDE_NUM_THREADS=5 -> %d", tide_cpu_get_threads());
+    setenv("TIDE_NUM_THREADS", "lots", 1);
+    tide_cpu_set_threads(0);
+    int fallback = tide_cpu_get_threads();
+    CHECK(cores >= 1 && fallback == cores, "set_threads(0) with TIDE_NUM_THREADS=lots -> %d, expected the core count %d",
+          fallback, cores);
+    if (env) setenv("TIDE_NUM_THREADS", env, 1);
+    else unsetenv("TIDE_NUM_THREADS");
+    tide_cpu_set_threads(initial);
     const char *info = tide_cpu_blas_info();
     CHECK(info && strncmp(info, "OpenBLAS", 8) == 0 && strstr(info, "(openmp)"), "blas_info \"%s\"", info ? info : "(null)");
-    printf("threads %d, %s\n", n0, info);
+    printf("threads %d, %s\n", initial, info);
 }
 
 int main(void)
 {
+    int threads = tide_cpu_get_threads();   /* before any test changes it */
     test_memory();
     test_fill();
     test_copy();
@@ -904,7 +923,8 @@ int main(void)
     test_gemm();
     test_index();
     test_adamw();
-    test_threads();
+    tide_cpu_set_threads(threads);
+    test_threads(threads);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

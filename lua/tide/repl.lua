@@ -1,0 +1,282 @@
+-- tide.repl: the interactive prompt (`tide repl`).
+--
+-- Lines are read through the host's readline (history in ~/.tide_history, tab completion of globals,
+-- table fields and tensor methods) when running inside the `tide` executable, through io.read otherwise.
+-- Incomplete chunks continue on the next line; expressions and `=expr` print their values (tensors
+-- and modules through tostring); commands taking longer than 0.1 s print their time; help(x) shows
+-- documentation; the last value is kept in `_`.
+local ffi = require "ffi"
+
+local M = {}
+
+-- host-only functions (engine/host/main.c), not part of tide.h
+if not pcall(function() return ffi.C.tide_host_readline end) then
+  pcall(ffi.cdef, [[
+    const char *tide_host_readline(const char *prompt);
+    void tide_host_add_history(const char *line);
+    void tide_host_set_completions(const char *words);
+    int tide_host_has_readline(void);
+  ]])
+end
+local host = pcall(function() return ffi.C.tide_host_readline end)
+
+-- ---- documentation ------------------------------------------------------------------------------------
+-- name -> text; help() resolves the name to a value so help(tide.zeros) finds it as well
+M.docs = {
+  ["tide.zeros"] = "tide.zeros(shape, opts) -> tensor of zeros; shape {2, 3} (or 2, 3); opts {dtype=\"f32\", device=\"cpu\", requires_grad=false}",
+  ["tide.ones"] = "tide.ones(shape, opts) -> tensor of ones",
+  ["tide.full"] = "tide.full(shape, value, opts) -> tensor filled with value",
+  ["tide.empty"] = "tide.empty(shape, opts) -> uninitialised tensor",
+  ["tide.arange"] = "tide.arange(n) or tide.arange(a, b[, step][, opts]) -> values a, a+step, ... below b",
+  ["tide.randn"] = "tide.randn(shape, opts) -> normal samples; opts.mean (0), opts.std (1); see tide.manual_seed",
+  ["tide.rand"] = "tide.rand(shape, opts) -> uniform samples in [opts.lo, opts.hi) (default [0, 1))",
+  ["tide.tensor"] = "tide.tensor(data, opts) -> tensor from a number, a flat or nested table, or a tensor (copied); opts.shape reshapes flat data",
+  ["tide.no_grad"] = "tide.no_grad(fn, ...) -> fn's results, computed without recording the autograd graph",
+  ["tide.recompute"] = "tide.recompute(fn, ...) -> fn's results; activations inside are recomputed during backward instead of kept",
+  ["tide.backward"] = "tide.backward(loss[, grad]) -> accumulates gradients into the leaves (same as loss:backward())",
+  ["tide.manual_seed"] = "tide.manual_seed(n) -> seeds the counter-based RNG (same stream on every device)",
+  ["tide.memory"] = "tide.memory([device]) -> {current=, peak=, cached=, limit=, n_alloc=, n_cache_hits=} engine bytes",
+  ["tide.collect"] = "tide.collect() -> full Lua collection (releases unreachable tensors); returns tide.memory()",
+  ["tide.info"] = "tide.info() -> table: version, threads, blas, cuda, mpi, luajit, gc64, ops",
+  ["tide.F"] = "tide.F: functional ops: matmul linear embedding rmsnorm layernorm softmax log_softmax cross_entropy rope attention swiglu concat split chunk index_select gather scatter_add adamw_step_",
+  ["tide.F.matmul"] = "F.matmul(a, b[, ta, tb]) -> a @ b with a/b optionally transposed (last two dims)",
+  ["tide.F.linear"] = "F.linear(x, weight[, bias]) -> x @ weight^T + bias; weight [out, in]",
+  ["tide.F.embedding"] = "F.embedding(weight [V, d], ids) -> [..., d]; ids are 0-based token ids (tensor or table)",
+  ["tide.F.rmsnorm"] = "F.rmsnorm(x, weight[, eps=1e-5]) -> x / sqrt(mean(x^2) + eps) * weight over the last dim",
+  ["tide.F.layernorm"] = "F.layernorm(x, weight, bias[, eps=1e-5]) over the last dim",
+  ["tide.F.softmax"] = "F.softmax(x[, dim=-1])",
+  ["tide.F.log_softmax"] = "F.log_softmax(x[, dim=-1])",
+  ["tide.F.cross_entropy"] = "F.cross_entropy(logits [N, V] or [..., V], targets, {ignore_index=-100, weights=nil, reduction=\"mean\"|\"sum\"|\"none\"})",
+  ["tide.F.rope"] = "F.rope(x [B, T, H, D][, theta=10000][, pos0=0]) -> rotary position embedding",
+  ["tide.F.attention"] = "F.attention(q [B, H, Tq, D], k, v[, {causal=false, scale=1/sqrt(D)}])",
+  ["tide.F.swiglu"] = "F.swiglu(gate, up) -> silu(gate) * up",
+  ["tide.F.concat"] = "F.concat({a, b, ...}[, dim=1])",
+  ["tide.F.split"] = "F.split(x, sizes, dim=1) -> array of tensors; sizes is a table or one piece size",
+  ["tide.F.chunk"] = "F.chunk(x, n, dim=1) -> n nearly equal pieces",
+  ["tide.F.index_select"] = "F.index_select(x, dim, index) -> rows of x at the 0-based positions in index",
+  ["tide.F.gather"] = "F.gather(x, dim, index) -> out[..i..] = x[..index[..i..]..] along dim",
+  ["tide.F.scatter_add"] = "F.scatter_add(x, dim, index, src) -> a copy of x with src added at index along dim",
+  ["tide.F.adamw_step_"] = "F.adamw_step_(param, grad, m, v, {lr=, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=0})",
+}
+
+M.tensor_docs = {
+  shape = "t:shape() -> {sizes}", size = "t:size([dim]) -> size of a dim (1-based), or the shape",
+  dim = "t:dim() -> number of dims", numel = "t:numel() -> number of elements", dtype = "t:dtype() -> \"f32\" ...",
+  device = "t:device() -> \"cpu\" or \"cuda:N\"", item = "t:item() -> the value of a one-element tensor",
+  totable = "t:totable() -> nested Lua tables", tolist = "t:tolist() -> flat Lua array (row-major)",
+  reshape = "t:reshape(2, -1) or t:reshape{2, -1}", view = "t:view(...) -> reshape of a contiguous tensor",
+  permute = "t:permute(2, 1, 3) (1-based dims)", transpose = "t:transpose(a, b) (default: the last two dims)",
+  narrow = "t:narrow(dim, start, len) -> view of elements start..start+len-1 (1-based)",
+  slice = "t:slice(dim, i, j[, step]) -> view of elements i..j inclusive (1-based; negative from the end)",
+  select = "t:select(dim, i) -> the slice at position i with dim removed; t[i] = t:select(1, i)",
+  squeeze = "t:squeeze([dim])", unsqueeze = "t:unsqueeze(dim)", flatten = "t:flatten([a, b])",
+  expand = "t:expand(shape...) -> broadcast view", contiguous = "t:contiguous()",
+  to = "t:to(\"f64\") / t:to(\"cuda\") / t:to{dtype=, device=}", clone = "t:clone() -> contiguous copy without history",
+  sum = "t:sum([dims[, keepdim]])", mean = "t:mean([dims[, keepdim]])", max = "t:max([dim[, keepdim]])",
+  argmax = "t:argmax([dim[, keepdim]]) -> i64 0-based positions", logsumexp = "t:logsumexp([dim[, keepdim]])",
+  matmul = "t:matmul(b[, ta, tb])", pow = "t:pow(p) or t ^ p (p a number)",
+  backward = "t:backward([grad])", grad = "t:grad() -> accumulated gradient or nil",
+  requires_grad_ = "t:requires_grad_([flag=true]) -> t", zero_grad = "t:zero_grad()", detach = "t:detach()",
+  fill_ = "t:fill_(v)", copy_ = "t:copy_(src)", sum_squares = "t:sum_squares() -> number",
+  all_finite = "t:all_finite() -> boolean",
+}
+
+local function resolve(name)
+  local v = _G
+  for part in name:gmatch("[^.]+") do
+    if type(v) ~= "table" then return nil end
+    v = rawget(v, part) or (part == "F" and v.F) or v[part]
+  end
+  return v
+end
+
+-- help(x): documentation for a tide function/module, a tensor (its methods), or anything with __doc
+function M.help(x)
+  if x == nil then
+    print([[
+tide repl: Lua with the tide library loaded as `tide` (and `F` = tide.F).
+  expressions print their value; `=expr` too; `_` holds the last value
+  help(tide.zeros), help(F), help(t) for a tensor, help("t:sum"), help("tide.nn.Linear")
+  tide.info()  tide.memory()  tide.manual_seed(1)
+  Ctrl-D leaves]])
+    return
+  end
+  if type(x) == "string" then
+    local method = x:match("^t:(.+)$") or x:match("^tensor:(.+)$")
+    if method and M.tensor_docs[method] then print(M.tensor_docs[method]) return end
+    if M.docs[x] then print(M.docs[x]) return end
+    local full = "tide." .. x
+    if M.docs[full] then print(M.docs[full]) return end
+    local v = resolve(x) or resolve(full)
+    if v ~= nil then return M.help(v) end
+    print("no documentation for '" .. x .. "'")
+    return
+  end
+  local ok, tide = pcall(require, "tide")
+  if ok and type(x) == "cdata" and tide.is_tensor(x) then
+    print(x:describe())
+    local names = {}
+    for k in pairs(M.tensor_docs) do names[#names + 1] = k end
+    table.sort(names)
+    print("methods (help(\"t:name\")): " .. table.concat(names, " "))
+    return
+  end
+  if type(x) == "table" and x.__doc ~= nil then
+    print(x.__doc)
+    return
+  end
+  for name, text in pairs(M.docs) do
+    if resolve(name) == x then print(text) return end
+  end
+  if type(x) == "table" then
+    local keys = {}
+    for k in pairs(x) do if type(k) == "string" then keys[#keys + 1] = k end end
+    table.sort(keys)
+    print("a table with fields: " .. table.concat(keys, " "))
+    return
+  end
+  print("no documentation for this " .. type(x))
+end
+
+-- ---- printing -----------------------------------------------------------------------------------------
+local function short(v, depth)
+  depth = depth or 0
+  local t = type(v)
+  if t == "string" then return string.format("%q", v) end
+  if t ~= "table" then return tostring(v) end
+  local mt = getmetatable(v)
+  if mt and mt.__tostring then return tostring(v) end
+  if depth > 1 then return "{...}" end
+  local parts, n = {}, 0
+  for i = 1, #v do
+    n = n + 1
+    if n > 20 then parts[#parts + 1] = "..." break end
+    parts[#parts + 1] = short(v[i], depth + 1)
+  end
+  local keys = {}
+  for k in pairs(v) do
+    if not (type(k) == "number" and k >= 1 and k <= #v and k == math.floor(k)) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  for _, k in ipairs(keys) do
+    n = n + 1
+    if n > 20 then parts[#parts + 1] = "..." break end
+    local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. short(k, 2) .. "]")
+    parts[#parts + 1] = ks .. " = " .. short(v[k], depth + 1)
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+M.format = short
+
+-- ---- completion ---------------------------------------------------------------------------------------
+local function completion_words(env)
+  local words, seen = {}, {}
+  local function add(w) if not seen[w] then seen[w] = true; words[#words + 1] = w end end
+  local ok, tide = pcall(require, "tide")
+  local tensor_methods = ok and tide.methods or {}
+  local function add_fields(prefix, t, depth)
+    for k, v in pairs(t) do
+      if type(k) == "string" and k:match("^[%a_][%w_]*$") then
+        add(prefix .. k)
+        if type(v) == "table" and depth < 2 and v ~= t and v ~= _G then add_fields(prefix .. k .. ".", v, depth + 1) end
+        if ok and type(v) == "cdata" and tide.is_tensor(v) then
+          for m in pairs(tensor_methods) do add(prefix .. k .. ":" .. m) end
+        end
+      end
+    end
+  end
+  add_fields("", env, 0)
+  if ok then add_fields("tide.", tide, 1) end
+  for _, kw in ipairs { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+                        "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" } do
+    add(kw)
+  end
+  return table.concat(words, "\n")
+end
+
+-- ---- the loop -----------------------------------------------------------------------------------------
+local function read_line(prompt)
+  if host then
+    local p = ffi.C.tide_host_readline(prompt)
+    if p == nil then return nil end
+    return ffi.string(p)
+  end
+  io.write(prompt)
+  io.flush()
+  return io.read("*l")
+end
+
+local function add_history(line)
+  if host then ffi.C.tide_host_add_history(line) end
+end
+
+local function incomplete(err) return err and err:find("<eof>", 1, true) ~= nil end
+
+-- compiles a chunk: expressions first (so `1 + 1` prints), then statements
+local function compile(src)
+  if src:sub(1, 1) == "=" then src = "return " .. src:sub(2) end
+  local f, err = loadstring("return " .. src, "=stdin")
+  if f then return f end
+  return loadstring(src, "=stdin")
+end
+
+local function print_results(env, r)
+  if r.n == 0 then return end
+  local parts = {}
+  for i = 1, r.n do parts[i] = short(r[i]) end
+  print(table.concat(parts, "\t"))
+  env._ = r[1]
+end
+
+-- starts the prompt; returns 0 at end of input
+function M.start()
+  local tide = require "tide"
+  local env = _G
+  env.tide = tide
+  env.F = tide.F
+  env.help = M.help
+  print(string.format("tide %s  (LuaJIT %s) -- help() for help, Ctrl-D to leave", tide.version, jit.version))
+  local buffer = nil
+  while true do
+    if host and buffer == nil then ffi.C.tide_host_set_completions(completion_words(env)) end
+    local line = read_line(buffer and ".. " or "> ")
+    if line == nil then
+      if buffer then print() end
+      print()
+      return 0
+    end
+    local src = buffer and (buffer .. "\n" .. line) or line
+    if src:match("^%s*$") then
+      buffer = nil
+    else
+      local f, err = compile(src)
+      if not f and incomplete(err) then
+        buffer = src
+      else
+        buffer = nil
+        add_history((src:gsub("\n", " ")))
+        if not f then
+          print(err)
+        else
+          local t0 = tide.time()
+          local r = { n = 0 }
+          local ok, e = xpcall(function()
+            r = (function(...) return { n = select("#", ...), ... } end)(f())
+          end, function(m) return debug.traceback(tostring(m), 2) end)
+          local dt = tide.time() - t0
+          if ok then
+            local pok, perr = pcall(print_results, env, r)
+            if not pok then print("(cannot print the result: " .. tostring(perr) .. ")") end
+          else
+            -- drop the REPL's own frames from the traceback
+            local msg = tostring(e):gsub("\n%s*%[C%]: in function 'xpcall'.*$", "")
+            print(msg)
+          end
+          if dt > 0.1 then print(string.format("(%.2f s)", dt)) end
+        end
+      end
+    end
+  end
+end
+
+return M
