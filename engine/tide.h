@@ -282,6 +282,19 @@ tide_tensor *tide_shard_read(const char *path, int64_t vocab_size);
 /* a headerless file of little-endian uint16 (width 2) or uint32 (width 4) tokens (nanoGPT .bin) */
 tide_tensor *tide_raw_tokens_read(const char *path, int width, int64_t vocab_size);
 
+/* ---- distributed (engine/dist/comm.c): MPI for CPU tensors when built with MPI ------------------------ */
+/* Initialises MPI when the build has it and the process was started by mpirun (or MPI is otherwise
+   requested); a single process without MPI is rank 0 of 1. Safe to call more than once. */
+int tide_dist_init(void);
+int tide_dist_rank(void);
+int tide_dist_world_size(void);
+/* in-place sum across ranks of a contiguous CPU float tensor; a no-op with one rank */
+int tide_dist_allreduce_sum_(tide_tensor *t);
+/* in-place copy of root's tensor to every rank */
+int tide_dist_broadcast_(tide_tensor *t, int root);
+int tide_dist_barrier(void);
+void tide_dist_finalize(void);
+
 /* ---- op registry (for tests, the REPL and tools) --------------------------------------------------- */
 int tide_op_count(void);
 const char *tide_op_name(int op);

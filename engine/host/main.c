@@ -5,8 +5,8 @@
  * reaches the engine through ffi.C. The few functions below named tide_host_* are the host's own
  * (line editing for the REPL); they are declared for the FFI in lua/tide/repl.lua, not in tide.h.
  */
-#include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +18,6 @@
 #include <luajit.h>
 #include <lualib.h>
 
-
-
 #ifdef TIDE_HAVE_READLINE
 #include <readline/history.h>
 #include <readline/readline.h>
@@ -30,6 +28,14 @@
 #endif
 
 #define TIDE_HISTORY_LINES 2000
+
+/* exported to the Lua side (ffi.C); repl.lua carries the matching declarations */
+const char *tide_host_readline(const char *prompt);
+void tide_host_add_history(const char *line);
+void tide_host_set_completions(const char *words);
+int tide_host_has_readline(void);
+void tide_host_catch_interrupts(int on);
+int tide_host_interrupted(void);
 
 /* ---- line editing (exported for the REPL) ------------------------------------------------------ */
 
@@ -106,6 +112,65 @@ static void history_init(void)
 }
 #endif
 
+/* ---- Ctrl-C in the REPL --------------------------------------------------------------------------
+   At the prompt it discards the line being typed; while a command runs it raises "interrupted" in
+   Lua at the next hook point (interpreted code; engine calls finish first), like the stock lua REPL.
+   JIT-compiled loops never reach a hook, so a second Ctrl-C before the first took effect terminates. */
+static lua_State *g_L;
+static volatile sig_atomic_t g_in_readline, g_interrupted, g_stop_pending;
+
+static void stop_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    g_stop_pending = 0;
+    lua_sethook(L, NULL, 0, 0);
+    luaL_error(L, "interrupted");
+}
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    g_interrupted = 1;
+    if (g_in_readline) {
+#ifdef TIDE_HAVE_READLINE
+        (void)!write(1, "\n", 1);
+        rl_on_new_line();
+        rl_replace_line("", 0);
+        rl_redisplay();
+#endif
+        return;
+    }
+    if (g_stop_pending) {
+        signal(SIGINT, SIG_DFL);
+        raise(SIGINT);
+        return;
+    }
+    g_stop_pending = 1;
+    if (g_L) lua_sethook(g_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* on = 1: Ctrl-C is handled as above (only on a terminal); on = 0: the default (terminate) again */
+void tide_host_catch_interrupts(int on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = (on && isatty(0)) ? on_sigint : SIG_DFL;
+    sigaction(SIGINT, &sa, NULL);
+#ifdef TIDE_HAVE_READLINE
+    rl_catch_signals = 0;   /* our handler does readline's cleanup */
+#endif
+}
+
+/* 1 when Ctrl-C was pressed since the last call (the REPL then drops a half-typed chunk) */
+int tide_host_interrupted(void)
+{
+    int r = g_interrupted;
+    g_interrupted = 0;
+    g_stop_pending = 0;
+    return r;
+}
+
 /* Reads one line without its newline; NULL at end of input. The string stays valid until the next
    call. Uses GNU readline on a terminal, plain stdio otherwise. */
 const char *tide_host_readline(const char *prompt)
@@ -116,7 +181,9 @@ const char *tide_host_readline(const char *prompt)
 #ifdef TIDE_HAVE_READLINE
     if (isatty(0)) {
         history_init();
+        g_in_readline = 1;
         line = readline(prompt ? prompt : "");
+        g_in_readline = 0;
         return line;
     }
 #endif
@@ -255,7 +322,9 @@ int main(int argc, char **argv)
         return 1;
     }
     luaL_openlibs(L);
+    g_L = L;
     int code = run(L, argc, argv);
+    g_L = NULL;
     fflush(stdout);
     lua_close(L);
     return code;

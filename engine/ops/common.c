@@ -32,7 +32,7 @@ static const char *dev_name(int d, char *buf, size_t n)
 int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const char *op)
 {
     if (a->device == b->device) return 0;
-    char x[16], y[16];
+    char x[32], y[32];
     return tide_set_error("%s: tensors are on different devices (%s and %s)", op, dev_name(a->device, x, sizeof x),
                           dev_name(b->device, y, sizeof y));
 }

@@ -8,6 +8,11 @@
 #include "common.cuh"
 #include <mutex>
 #include <stdio.h>
+#include <string.h>
+
+/* the kernels' C++ symbols stay inside libtide (hidden visibility); these three are the backend's
+   C interface */
+#define TIDE_CUDA_EXPORT __attribute__((visibility("default")))
 
 namespace {
 
@@ -91,7 +96,7 @@ int tide_cuda_get_stream(cudaStream_t *out)
 
 int tide_cuda_get_cublas(cublasHandle_t *out)
 {
-    cudaStream_t s;
+    cudaStream_t s = 0;
     if (tide_cuda_get_stream(&s)) return -1;
     static blas_state b = make_blas();
     TIDE_CUBLAS(b.err, "cublas init");
@@ -101,7 +106,7 @@ int tide_cuda_get_cublas(cublasHandle_t *out)
 
 int tide_cuda_get_scratch(tide_cuda_scratch **out)
 {
-    cudaStream_t s;
+    cudaStream_t s = 0;
     if (tide_cuda_get_stream(&s)) return -1;
     static scratch_state sc = make_scratch();
     TIDE_CU(sc.err, "scratch alloc");
@@ -119,7 +124,7 @@ int tide_cuda_sm_count(void)
 
 static void *tide_cuda_malloc(size_t nbytes)
 {
-    cudaStream_t s;
+    cudaStream_t s = 0;
     if (tide_cuda_get_stream(&s)) return NULL;
     void *p = NULL;
     cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, s);
@@ -133,7 +138,7 @@ static void *tide_cuda_malloc(size_t nbytes)
 
 static void tide_cuda_free(void *p)
 {
-    cudaStream_t s;
+    cudaStream_t s = 0;
     if (!p || tide_cuda_get_stream(&s)) return;
     if (cudaFreeAsync(p, s) != cudaSuccess) cudaGetLastError();
 }
@@ -175,7 +180,7 @@ static int tide_cuda_synchronize(void)
 /* ---- runtime information ---------------------------------------------------------------------- */
 
 /* the count cannot change during a process, and the engine asks on every device lookup */
-extern "C" int tide_cuda_runtime_device_count(void)
+extern "C" TIDE_CUDA_EXPORT int tide_cuda_runtime_device_count(void)
 {
     static int count = [] {
         int n = 0;
@@ -188,7 +193,7 @@ extern "C" int tide_cuda_runtime_device_count(void)
     return count;
 }
 
-extern "C" const char *tide_cuda_runtime_info(void)
+extern "C" TIDE_CUDA_EXPORT const char *tide_cuda_runtime_info(void)
 {
     static char buf[512];
     static std::once_flag once;
@@ -215,47 +220,55 @@ extern "C" const char *tide_cuda_runtime_info(void)
     return buf;
 }
 
-/* ---- the table -------------------------------------------------------------------------------- */
+/* ---- the table --------------------------------------------------------------------------------
+   Filled field by field (C++17 has no designated initialisers); this runs during static
+   initialisation and touches no CUDA state. Entries left NULL report "not implemented". */
 
-extern "C" const tide_backend tide_cuda_backend = {
-    .name = "cuda",
-    .malloc = tide_cuda_malloc,
-    .free = tide_cuda_free,
-    .memcpy_h2d = tide_cuda_memcpy_h2d,
-    .memcpy_d2h = tide_cuda_memcpy_d2h,
-    .memcpy_d2d = tide_cuda_memcpy_d2d,
-    .synchronize = tide_cuda_synchronize,
-    .fill = tide_cuda_fill,
-    .copy = tide_cuda_copy,
-    .randn = tide_cuda_randn,
-    .rand = tide_cuda_rand,
-    .unary = tide_cuda_unary,
-    .unary_backward = tide_cuda_unary_backward,
-    .binary = tide_cuda_binary,
-    .swiglu = tide_cuda_swiglu,
-    .swiglu_backward = tide_cuda_swiglu_backward,
-    .axpy = tide_cuda_axpy,
-    .sum_squares = tide_cuda_sum_squares,
-    .all_finite = tide_cuda_all_finite,
-    .reduce = tide_cuda_reduce,
-    .reduce_max_backward = tide_cuda_reduce_max_backward,
-    .gemm = tide_cuda_gemm,
-    .gemm_batched = tide_cuda_gemm_batched,
-    .index_select = tide_cuda_index_select,
-    .index_add = tide_cuda_index_add,
-    .gather = tide_cuda_gather,
-    .scatter_add = tide_cuda_scatter_add,
-    .check_index = tide_cuda_check_index,
-    .rmsnorm = tide_cuda_rmsnorm,
-    .rmsnorm_backward = tide_cuda_rmsnorm_backward,
-    .layernorm = tide_cuda_layernorm,
-    .layernorm_backward = tide_cuda_layernorm_backward,
-    .softmax = tide_cuda_softmax,
-    .softmax_backward = tide_cuda_softmax_backward,
-    .cross_entropy = tide_cuda_cross_entropy,
-    .cross_entropy_backward = tide_cuda_cross_entropy_backward,
-    .rope = tide_cuda_rope,
-    .attention = NULL,            /* flash attention comes in its own file */
-    .attention_backward = NULL,
-    .adamw = tide_cuda_adamw,
-};
+static tide_backend make_table()
+{
+    tide_backend t;
+    memset(&t, 0, sizeof t);
+    t.name = "cuda";
+    t.malloc = tide_cuda_malloc;
+    t.free = tide_cuda_free;
+    t.memcpy_h2d = tide_cuda_memcpy_h2d;
+    t.memcpy_d2h = tide_cuda_memcpy_d2h;
+    t.memcpy_d2d = tide_cuda_memcpy_d2d;
+    t.synchronize = tide_cuda_synchronize;
+    t.fill = tide_cuda_fill;
+    t.copy = tide_cuda_copy;
+    t.randn = tide_cuda_randn;
+    t.rand = tide_cuda_rand;
+    t.unary = tide_cuda_unary;
+    t.unary_backward = tide_cuda_unary_backward;
+    t.binary = tide_cuda_binary;
+    t.swiglu = tide_cuda_swiglu;
+    t.swiglu_backward = tide_cuda_swiglu_backward;
+    t.axpy = tide_cuda_axpy;
+    t.sum_squares = tide_cuda_sum_squares;
+    t.all_finite = tide_cuda_all_finite;
+    t.reduce = tide_cuda_reduce;
+    t.reduce_max_backward = tide_cuda_reduce_max_backward;
+    t.gemm = tide_cuda_gemm;
+    t.gemm_batched = tide_cuda_gemm_batched;
+    t.index_select = tide_cuda_index_select;
+    t.index_add = tide_cuda_index_add;
+    t.gather = tide_cuda_gather;
+    t.scatter_add = tide_cuda_scatter_add;
+    t.check_index = tide_cuda_check_index;
+    t.rmsnorm = tide_cuda_rmsnorm;
+    t.rmsnorm_backward = tide_cuda_rmsnorm_backward;
+    t.layernorm = tide_cuda_layernorm;
+    t.layernorm_backward = tide_cuda_layernorm_backward;
+    t.softmax = tide_cuda_softmax;
+    t.softmax_backward = tide_cuda_softmax_backward;
+    t.cross_entropy = tide_cuda_cross_entropy;
+    t.cross_entropy_backward = tide_cuda_cross_entropy_backward;
+    t.rope = tide_cuda_rope;
+    t.attention = NULL; /* flash attention comes in its own file */
+    t.attention_backward = NULL;
+    t.adamw = tide_cuda_adamw;
+    return t;
+}
+
+extern "C" TIDE_CUDA_EXPORT const tide_backend tide_cuda_backend = make_table();

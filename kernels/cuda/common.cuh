@@ -48,7 +48,7 @@ int tide_cuda_sm_count(void);
             return tide_set_error("cuda %s: %s", (what), cublasGetStatusString(s_));                \
     } while (0)
 #define TIDE_STREAM(s) \
-    cudaStream_t s;    \
+    cudaStream_t s = 0; \
     do { if (tide_cuda_get_stream(&s)) return -1; } while (0)
 
 static inline const char *tide_cuda_dtype_str(int dtype)

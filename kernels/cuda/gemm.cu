@@ -83,8 +83,8 @@ static int gemm_any(const char *what, int dtype, int ta, int tb, int64_t M, int6
     if (batch < 0) return tide_set_error("%s: negative batch %lld", what, (long long)batch);
     if (batch > INT_MAX) return tide_set_error("%s: batch %lld exceeds cuBLAS's 32-bit limit", what, (long long)batch);
     if (M == 0 || N == 0 || batch == 0) return 0;
-    cudaDataType_t type;
-    cublasComputeType_t compute;
+    cudaDataType_t type = CUDA_R_32F;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
     if (gemm_types(dtype, &type, &compute)) return -1;
     TIDE_STREAM(s);
     if (K == 0) return gemm_scale_only(dtype, C, M, N, ldc, sc, batch, beta, s);

@@ -188,9 +188,15 @@ function M.dump(v, indent, seen)
   if #keys == 0 then seen[v] = nil return "{}" end
   local lines = {}
   local inner = indent .. "  "
+  local n = #v
   for _, k in ipairs(keys) do
-    local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. M.dump(k) .. "]")
-    lines[#lines + 1] = inner .. ks .. " = " .. M.dump(v[k], inner, seen) .. ","
+    local val = M.dump(v[k], inner, seen)
+    if type(k) == "number" and k >= 1 and k <= n and k == math.floor(k) then
+      lines[#lines + 1] = inner .. val .. ","          -- the array part, in order
+    else
+      local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. M.dump(k) .. "]")
+      lines[#lines + 1] = inner .. ks .. " = " .. val .. ","
+    end
   end
   seen[v] = nil
   return "{\n" .. table.concat(lines, "\n") .. "\n" .. indent .. "}"

@@ -8,7 +8,7 @@
 -- of this (tide.nn, tide.optim, ...) load lazily on first access.
 local ffi = require "ffi"
 
-assert(jit and jit.status(), "tide: needs LuaJIT with the JIT compiler enabled")
+assert(jit, "tide: needs LuaJIT")
 if not ffi.abi("gc64") then
   error("tide: this LuaJIT was built without GC64 (LUAJIT_ENABLE_GC64); rebuild it with GC64", 0)
 end

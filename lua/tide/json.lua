@@ -1,7 +1,9 @@
 -- json.lua — JSON encode/decode in plain Lua (formats.md §5).
 --
 -- Numbers are written as the shortest text that reads back to the same double (%.17g at worst);
--- integers in the exact range print without an exponent. Non-finite numbers become null; when
+-- with the float32 option, values that are exactly float32 (losses read from f32 tensors) get the
+-- shortest text that reads back to the same float32 (at most 9 digits). Integers in the exact range
+-- print without an exponent. Non-finite numbers become null; when
 -- encoding a record (json.record) their keys are listed in "nonfinite". Objects are written with
 -- sorted keys (a `first` list puts chosen keys in front) so output is deterministic.
 local json = {}
@@ -16,9 +18,22 @@ end
 
 local function is_finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
-local function format_number(x)
+local ffi = require "ffi"
+local f32 = ffi.new("float[1]")
+
+local function format_number(x, float32)
   if x == math.floor(x) and math.abs(x) < 2^53 then
     return string.format("%d", x)
+  end
+  f32[0] = x
+  if float32 and f32[0] == x then
+    -- a float32 value (a loss read from an f32 tensor): the shortest text that reads back to the same
+    -- float32, at most 9 significant digits
+    for prec = 1, 9 do
+      local s = string.format("%." .. prec .. "g", x)
+      f32[0] = tonumber(s)
+      if f32[0] == x then return s end
+    end
   end
   for prec = 1, 17 do
     local s = string.format("%." .. prec .. "g", x)
@@ -60,7 +75,7 @@ local function encode_value(v, out, opts, path, depth)
     out[#out + 1] = v and "true" or "false"
   elseif tv == "number" then
     if is_finite(v) then
-      out[#out + 1] = format_number(v)
+      out[#out + 1] = format_number(v, opts.float32)
     else
       out[#out + 1] = "null"
       if opts.nonfinite then opts.nonfinite[#opts.nonfinite + 1] = path end
@@ -108,18 +123,19 @@ local function encode_value(v, out, opts, path, depth)
   end
 end
 
--- encode(value, {first = {"step", ...}}) -> string; non-finite numbers become null
+-- encode(value, {first = {"step", ...}, float32 = false}) -> string; non-finite numbers become null
 function json.encode(v, opts)
   opts = opts or {}
   local out = {}
-  encode_value(v, out, { first = opts.first, nonfinite = opts.nonfinite }, "", 0)
+  encode_value(v, out, { first = opts.first, nonfinite = opts.nonfinite, float32 = opts.float32 }, "", 0)
   return table.concat(out)
 end
 
--- one JSONL record: an object whose non-finite values are null and listed in "nonfinite"
+-- one JSONL record: an object whose non-finite values are null and listed in "nonfinite";
+-- float32-exact values print with float32's shortest digits (metrics come from f32 tensors)
 function json.record(obj, first)
   local bad = {}
-  local body = json.encode(obj, { first = first, nonfinite = bad })
+  local body = json.encode(obj, { first = first, nonfinite = bad, float32 = true })
   if #bad == 0 then return body end
   local list = {}
   for i, k in ipairs(bad) do list[i] = escape_string(k) end

@@ -16,6 +16,8 @@ if not pcall(function() return ffi.C.tide_host_readline end) then
     void tide_host_add_history(const char *line);
     void tide_host_set_completions(const char *words);
     int tide_host_has_readline(void);
+    void tide_host_catch_interrupts(int on);
+    int tide_host_interrupted(void);
   ]])
 end
 local host = pcall(function() return ffi.C.tide_host_readline end)
@@ -129,10 +131,27 @@ tide repl: Lua with the tide library loaded as `tide` (and `F` = tide.F).
     if resolve(name) == x then print(text) return end
   end
   if type(x) == "table" then
-    local keys = {}
-    for k in pairs(x) do if type(k) == "string" then keys[#keys + 1] = k end end
-    table.sort(keys)
-    print("a table with fields: " .. table.concat(keys, " "))
+    -- an object (a module, say): what it prints as, then its fields and the methods of its classes
+    local mt = getmetatable(x)
+    if mt and mt.__tostring then print(tostring(x)) end
+    local fields, methods, seen = {}, {}, {}
+    for k in pairs(x) do
+      if type(k) == "string" and not k:match("^_") then fields[#fields + 1] = k; seen[k] = true end
+    end
+    local cls, depth = mt and rawget(mt, "__index"), 0
+    while type(cls) == "table" and depth < 8 do
+      for k, v in pairs(cls) do
+        if type(k) == "string" and type(v) == "function" and not k:match("^_") and not seen[k] then
+          methods[#methods + 1] = k; seen[k] = true
+        end
+      end
+      local m2 = getmetatable(cls)
+      cls, depth = m2 and rawget(m2, "__index"), depth + 1
+    end
+    table.sort(fields)
+    table.sort(methods)
+    if #fields > 0 then print("fields: " .. table.concat(fields, " ")) end
+    if #methods > 0 then print("methods: " .. table.concat(methods, " ")) end
     return
   end
   print("no documentation for this " .. type(x))
@@ -169,7 +188,7 @@ end
 M.format = short
 
 -- ---- completion ---------------------------------------------------------------------------------------
-local function completion_words(env)
+function M.completion_words(env)
   local words, seen = {}, {}
   local function add(w) if not seen[w] then seen[w] = true; words[#words + 1] = w end end
   local ok, tide = pcall(require, "tide")
@@ -210,6 +229,25 @@ local function add_history(line)
   if host then ffi.C.tide_host_add_history(line) end
 end
 
+-- an error as the REPL shows it: the message (without the REPL's own position, which a tail call in
+-- `return expr` can leave on it), then only the traceback frames of code the user typed or loaded
+local repl_source = debug.getinfo(1, "S").source:sub(2)
+local lib_dir = repl_source:match("^(.*/)[^/]*$") or repl_source
+function M.format_error(e)
+  local text = tostring(e)
+  local msg, tb = text:match("^(.-)\nstack traceback:\n(.*)$")
+  msg, tb = msg or text, tb or ""
+  msg = msg:gsub("^" .. repl_source:gsub("%p", "%%%0") .. ":%d+: ", "")
+  local lines = { msg }
+  for line in tb:gmatch("[^\n]+") do
+    if not line:find(lib_dir, 1, true) and not line:find("[C]", 1, true) and not line:find("(tail call)", 1, true) then
+      lines[#lines + 1] = line
+    end
+  end
+  if #lines > 1 then table.insert(lines, 2, "stack traceback:") end
+  return table.concat(lines, "\n")
+end
+
 local function incomplete(err) return err and err:find("<eof>", 1, true) ~= nil end
 
 -- compiles a chunk: expressions first (so `1 + 1` prints), then statements
@@ -228,6 +266,39 @@ local function print_results(env, r)
   env._ = r[1]
 end
 
+-- one prompt round: reads a line, and runs the chunk once it is complete. Returns the new pending
+-- buffer, or false at end of input.
+local function round(env, tide, buffer)
+  if host and buffer == nil then ffi.C.tide_host_set_completions(M.completion_words(env)) end
+  local line = read_line(buffer and ".. " or "> ")
+  if host and ffi.C.tide_host_interrupted() ~= 0 then buffer = nil end   -- Ctrl-C at the prompt
+  if line == nil then return false end
+  local src = buffer and (buffer .. "\n" .. line) or line
+  if src:match("^%s*$") then return nil end
+  local f, err = compile(src)
+  if not f and incomplete(err) then return src end
+  add_history((src:gsub("\n", " ")))
+  if not f then
+    print(err)
+    return nil
+  end
+  local t0 = tide.time()
+  local r = { n = 0 }
+  local ok, e = xpcall(function()
+    r = (function(...) return { n = select("#", ...), ... } end)(f())
+  end, function(m) return debug.traceback(tostring(m), 2) end)
+  debug.sethook()   -- a Ctrl-C that arrived while engine code ran must not fire later
+  local dt = tide.time() - t0
+  if ok then
+    local pok, perr = pcall(print_results, env, r)
+    if not pok then print("(cannot print the result: " .. tostring(perr) .. ")") end
+  else
+    print(M.format_error(e))
+  end
+  if dt > 0.1 then print(string.format("(%.2f s)", dt)) end
+  return nil
+end
+
 -- starts the prompt; returns 0 at end of input
 function M.start()
   local tide = require "tide"
@@ -235,48 +306,25 @@ function M.start()
   env.tide = tide
   env.F = tide.F
   env.help = M.help
-  print(string.format("tide %s  (LuaJIT %s) -- help() for help, Ctrl-D to leave", tide.version, jit.version))
+  print(string.format("tide %s  (%s) -- help() for help, Ctrl-D to leave", tide.version, jit.version))
+  if host then ffi.C.tide_host_catch_interrupts(1) end
   local buffer = nil
   while true do
-    if host and buffer == nil then ffi.C.tide_host_set_completions(completion_words(env)) end
-    local line = read_line(buffer and ".. " or "> ")
-    if line == nil then
-      if buffer then print() end
-      print()
-      return 0
-    end
-    local src = buffer and (buffer .. "\n" .. line) or line
-    if src:match("^%s*$") then
+    local ok, r = pcall(round, env, tide, buffer)
+    if not ok then
+      -- only an interrupt landing in the REPL's own code gets here
+      debug.sethook()
+      print(tostring(r):match("interrupted") and "interrupted" or tostring(r))
       buffer = nil
+    elseif r == false then
+      break
     else
-      local f, err = compile(src)
-      if not f and incomplete(err) then
-        buffer = src
-      else
-        buffer = nil
-        add_history((src:gsub("\n", " ")))
-        if not f then
-          print(err)
-        else
-          local t0 = tide.time()
-          local r = { n = 0 }
-          local ok, e = xpcall(function()
-            r = (function(...) return { n = select("#", ...), ... } end)(f())
-          end, function(m) return debug.traceback(tostring(m), 2) end)
-          local dt = tide.time() - t0
-          if ok then
-            local pok, perr = pcall(print_results, env, r)
-            if not pok then print("(cannot print the result: " .. tostring(perr) .. ")") end
-          else
-            -- drop the REPL's own frames from the traceback
-            local msg = tostring(e):gsub("\n%s*%[C%]: in function 'xpcall'.*$", "")
-            print(msg)
-          end
-          if dt > 0.1 then print(string.format("(%.2f s)", dt)) end
-        end
-      end
+      buffer = r
     end
   end
+  if host then ffi.C.tide_host_catch_interrupts(0) end
+  print()
+  return 0
 end
 
 return M

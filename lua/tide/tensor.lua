@@ -1,9 +1,10 @@
 -- tide.tensor: the tensor type of the Lua front end.
 --
--- A tensor is an ffi pointer to the engine's `tide_tensor`, seen through the opaque type
--- `struct tide_lua_tensor *` so that methods named like struct fields (t:shape(), t:dtype(), t:grad())
--- are not hidden by those fields. tide.raw(t) gives the `tide_tensor *` for calling tide.C directly.
--- Each Lua tensor owns one engine reference, released by its ffi.gc finalizer.
+-- A tensor is a small ffi struct `struct tide_lua_tensor { tide_tensor *handle; }` carrying the metatype.
+-- Not a bare `tide_tensor *`: the engine struct's fields (shape, dtype, grad, ...) would hide the methods
+-- of the same names, and a pointer's numeric index is pointer arithmetic, not t[i].
+-- tide.raw(t) (= t.handle) gives the `tide_tensor *` for calling tide.C directly. Each Lua tensor owns
+-- one engine reference, released by its ffi.gc finalizer.
 --
 -- Conventions: dims are 1-based (t:sum(2)); negative dims count from the end (-1 = last). Element
 -- positions (t[i], t:narrow(dim, start, len)) are 1-based too. Both are converted to the engine's 0-based
@@ -16,9 +17,8 @@ local C = tide.C
 local floor, huge = math.floor, math.huge
 local fmt, concat_strings = string.format, table.concat
 
-if not pcall(ffi.typeof, "struct tide_lua_tensor") then ffi.cdef "struct tide_lua_tensor;" end
-local TP = ffi.typeof("tide_tensor *")
-local LT = ffi.typeof("struct tide_lua_tensor *")
+if not pcall(ffi.typeof, "struct tide_lua_tensor") then ffi.cdef "struct tide_lua_tensor { tide_tensor *handle; };" end
+local LT = ffi.typeof("struct tide_lua_tensor")
 local TPA = ffi.typeof("tide_tensor *[?]")
 local I64A = ffi.typeof("int64_t[?]")
 local INTA = ffi.typeof("int[?]")
@@ -29,7 +29,7 @@ local methods = {}
 M.methods = methods
 M.type = LT
 
-local function raw(t) return ffi.cast(TP, t) end
+local function raw(t) return t.handle end
 local function is_tensor(x) return ffi.istype(LT, x) end
 M.raw, M.is_tensor = raw, is_tensor
 
@@ -99,14 +99,14 @@ local function pressure_check()
   if cur > base_bytes + grow then collect_full() end
 end
 
-local function release(t) C.tide_tensor_release(ffi.cast(TP, t)) end
+local function release(t) C.tide_tensor_release(t.handle) end
 
 -- owns a NEW reference returned by the engine (p must not be NULL)
 local function wrap(p)
   pending_bytes = pending_bytes + tonumber(p.numel) * (dtype_size[p.dtype] or 8)
   pending_count = pending_count + 1
   if pending_bytes > PRESSURE_BYTES or pending_count > PRESSURE_COUNT then pressure_check() end
-  return ffi.gc(ffi.cast(LT, p), release)
+  return ffi.gc(LT(p), release)
 end
 
 -- wraps the result of an engine call, raising the engine's message when it is NULL
@@ -526,9 +526,10 @@ function methods.detach(t) return check(C.tide_detach(raw(t))) end
 -- ---- in-place (never recorded on the graph) -------------------------------------------------------------------
 function methods.fill_(t, v) check_status(C.tide_fill_(raw(t), want_number(v, "fill_", "value"))); return t end
 function methods.zero_(t) check_status(C.tide_fill_(raw(t), 0)); return t end
--- copies src (a tensor of the same shape, any dtype/device, or a nested table) into t
+-- copies src (a tensor of the same shape, any dtype/device, a nested or flat table, or a number) into t
 function methods.copy_(t, src)
-  if type(src) == "table" or type(src) == "number" then
+  if type(src) == "number" then return methods.fill_(t, src) end
+  if type(src) == "table" then
     src = M.from_table(src, { dtype = t:dtype() })
     if src:numel() == t:numel() then src = methods.reshape(src, shape_of(t)) end
   end
@@ -818,7 +819,9 @@ for _, name in ipairs { "index_select", "gather", "scatter_add", "split", "rmsno
 end
 
 -- ---- printing ----------------------------------------------------------------------------------------------
-local EDGE = 3   -- a dim longer than 2 * EDGE shows its first and last EDGE entries
+-- a dim longer than 2 * edge shows its first and last `edge` entries: 3 in the two innermost dims,
+-- 1 in the outer ones (a [9, 9, 9, 9] tensor prints 2 x 2 blocks of 6 x 6)
+local function edge_of(d, nd) return d >= nd - 1 and 3 or 1 end
 
 local function header(t)
   local p = raw(t)
@@ -845,10 +848,11 @@ local function body(t)
   local prev = C.tide_set_grad_enabled(0)
   local ok, err = pcall(function()
     for d = 1, nd do
-      if shape[d] > 2 * EDGE then
-        cut[d] = true
-        local a = check(C.tide_slice(raw(x), d - 1, 0, EDGE, 1))
-        local b = check(C.tide_slice(raw(x), d - 1, shape[d] - EDGE, shape[d], 1))
+      local e = edge_of(d, nd)
+      if shape[d] > 2 * e then
+        cut[d] = e
+        local a = check(C.tide_slice(raw(x), d - 1, 0, e, 1))
+        local b = check(C.tide_slice(raw(x), d - 1, shape[d] - e, shape[d], 1))
         local pair = TPA(2, raw(a), raw(b))
         x = check(C.tide_concat(2, pair, d - 1))
       end
@@ -872,7 +876,7 @@ local function body(t)
   local function render(d, off, indent)
     local parts = {}
     for i = 1, xs[d] do
-      if cut[d] and i == EDGE + 1 then parts[#parts + 1] = d == nd and "..." or "..." end
+      if cut[d] and i == cut[d] + 1 then parts[#parts + 1] = "..." end
       local o = off + (i - 1) * stride[d]
       if d == nd then
         parts[#parts + 1] = fmt("%" .. width .. "s", strs[o])

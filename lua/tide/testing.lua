@@ -240,7 +240,13 @@ function T.run(opts)
     if not filter or filter == "" or c.name:find(filter, 1, true) then
       local t0 = now()
       local ok, err = xpcall(c.fn, function(e)
-        return debug.traceback(tostring(e), 2)
+        -- the traceback of the test itself: no frames of this file, nothing below the test function
+        local lines = {}
+        for line in debug.traceback(tostring(e), 2):gmatch("[^\n]+") do
+          if line:find("in function 'xpcall'", 1, true) then break end
+          if not line:find("tide/testing.lua:", 1, true) then lines[#lines + 1] = line end
+        end
+        return table.concat(lines, "\n")
       end)
       local dt = now() - t0
       if ok then

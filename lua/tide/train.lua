@@ -29,10 +29,13 @@ local SECTIONS = {
     log_every = true, seed = true, threads = true, collect_every = true, quiet = true,
   },
   sample = { prompts = true, max_new_tokens = true, temperature = true, top_k = true, top_p = true, seed = true },
+  expect = { final_loss_below = true },
 }
 local TOP = {
   name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true,
-  sample = true, on_nonfinite = true, resume = true, run = true, loss = true,
+  sample = true, on_nonfinite = true, resume = true, run = true, loss = true, expect = true,
+  -- set by the command line (--out, --seed, --threads, --dry-run); they override train.out/seed/threads
+  out = true, seed = true, threads = true, dry_run = true,
 }
 
 local function sorted_keys(t)
@@ -128,12 +131,13 @@ local function train(cfg)
   local ckpt_every = tcfg.ckpt_every or 0
   local log_every = tcfg.log_every or 10
   local collect_every = tcfg.collect_every or 1
-  local out = tcfg.out
-  local seed = tcfg.seed or 0
+  local out = cfg.out or tcfg.out
+  local seed = cfg.seed or tcfg.seed or 0
   local policy = cfg.on_nonfinite or "skip"
   local clip = (cfg.optim or {}).clip
   if clip == nil then clip = 1.0 end
-  if tcfg.threads then tide.set_num_threads(tcfg.threads) end
+  local threads = cfg.threads or tcfg.threads
+  if threads then tide.set_num_threads(threads) end
 
   -- build: the model first (its initialisation draws from the RNG seeded here), then data and optimiser
   tide.manual_seed(seed)
@@ -152,14 +156,15 @@ local function train(cfg)
   local stream = d.train
   local tokens_per_step = stream.B * stream.T
 
-  local logger = log.open({ path = out and (out .. "/metrics.jsonl") or nil, quiet = tcfg.quiet })
+  local logger = log.open({ quiet = tcfg.quiet })
   local step, tokens, last_ckpt = 0, 0, nil
   local rollbacks, consecutive, skipped_total = 0, 0, 0
 
   local function state()
     return {
       data = { train = stream:state() }, rng = rng_get(), tokens = tokens, skipped = skipped_total,
-      name = cfg.name,
+      name = cfg.name, threads = tide.num_threads(),
+      tokenizer = { kind = d.tokenizer.kind, vocab_size = d.tokenizer.vocab_size },
     }
   end
 
@@ -185,12 +190,10 @@ local function train(cfg)
     restore(dir)
     logger:line(string.format("resumed from %s at step %d", dir, step))
     if out then
-      logger:close()
       truncate_metrics(out .. "/metrics.jsonl", step)
       logger = log.open({ path = out .. "/metrics.jsonl", quiet = tcfg.quiet })
     end
   elseif out then
-    logger:close()
     os.remove(out .. "/metrics.jsonl")
     logger = log.open({ path = out .. "/metrics.jsonl", quiet = tcfg.quiet })
     local f = io.open(out .. "/config.json", "wb")
@@ -304,7 +307,8 @@ local function train(cfg)
       logger:line(string.format("rolling back to %s after 5 consecutive non-finite steps (rollback %d of 2)", last_ckpt, rollbacks))
       logger:metrics({ step = step, event = "rollback", checkpoint = last_ckpt, rollbacks = rollbacks })
       restore(last_ckpt)
-    elseif ckpt_every > 0 and step % ckpt_every == 0 and step < steps then
+    elseif not bad and ckpt_every > 0 and step % ckpt_every == 0 and step < steps then
+      -- (no checkpoint on a skipped step: a rollback must land before the non-finite streak)
       save()
     end
   end
@@ -339,6 +343,13 @@ local function train(cfg)
     val_loss and string.format(", val loss %.4f", val_loss) or "", log.si(result.tok_per_s),
     last_ckpt and (", checkpoint " .. last_ckpt) or ""))
 
+  local expect = cfg.expect and cfg.expect.final_loss_below
+  if expect and not result.stopped then
+    result.expect_met = result.final_loss < expect
+    logger:line(string.format("final loss %.4f %s the expected bound %.4f", result.final_loss,
+      result.expect_met and "is below" or "is NOT below", expect))
+  end
+
   if cfg.sample and not result.stopped then
     local sc = cfg.sample
     result.samples = {}
@@ -355,4 +366,12 @@ local function train(cfg)
   return result
 end
 
-return train
+-- the `tide run` entry: exit code 0, or 1 when the run stopped early (non-finite policy)
+local function run(cfg)
+  local r = train(cfg)
+  return (r.stopped or r.expect_met == false) and 1 or 0
+end
+
+-- tide.train(cfg) -> result table: losses (per step), final_loss (mean of the last 20), val_loss,
+-- tok_per_s, checkpoint, samples, stopped (a report when the non-finite policy ended the run), model
+return setmetatable({ run = run, train = train }, { __call = function(_, cfg) return train(cfg) end })

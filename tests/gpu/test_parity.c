@@ -1,0 +1,654 @@
+/*
+ * test_parity.c — every op the CUDA backend implements, run on cuda:0 and on the CPU from the same
+ * inputs, through the public API only (engine/tide.h). Forward outputs and input gradients must agree
+ * within the tolerances of the case table below, and the GPU results must be finite.
+ *
+ * Gradients: each output is reduced as loss = sum(out ⊙ r) with a fixed random r (plain sum(out) would
+ * give a zero gradient for softmax and hide errors), then tide_backward, then the leaves' grads are
+ * compared. bf16 cases feed the GPU op bf16 copies of inputs that were first rounded to bf16 on the
+ * CPU, so both sides see identical values and the difference is the bf16 arithmetic alone.
+ *
+ * Exit code: 0 all passed, 1 some failed, 77 skipped (no CUDA device; CTest SKIP_RETURN_CODE).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tide.h"
+
+#define CPU 0
+#define GPU 1   /* cuda:0 */
+
+/* ---- inputs ----------------------------------------------------------------------------------- */
+
+enum {
+    IN_NORMAL,      /* f32 N(0, 1) */
+    IN_POS,         /* f32 uniform [0.5, 2): log, sqrt, rsqrt, pow and divisors */
+    IN_IDS,         /* i64 uniform in [0, hi) */
+    IN_IDS32,       /* i32 uniform in [0, hi) */
+    IN_TARGETS,     /* i64 in [0, hi), every fourth row the ignore index -100 */
+    IN_WEIGHTS,     /* f32 uniform [0.5, 1.5) */
+};
+
+typedef struct {
+    int kind;
+    int ndim;
+    int64_t shape[4];
+    int64_t hi;
+} input_spec;
+
+typedef tide_tensor *(*case_fn)(tide_tensor **in);
+
+typedef struct {
+    const char *name;
+    case_fn fn;
+    int n_in;
+    input_spec in[4];
+    int grad_mask;            /* bit i: input i requires grad and its gradient is compared */
+    double atol, rtol;        /* forward: |gpu - cpu| <= atol + rtol |cpu| per element */
+    double gatol, grtol;      /* gradients, same form */
+    int bf16;                 /* run the GPU op on bf16 inputs */
+} op_case;
+
+static uint64_t lcg_state = 0x9E3779B97F4A7C15ull;
+static uint64_t next_rand(void)
+{
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lcg_state >> 33;
+}
+
+static tide_tensor *make_input(const input_spec *s)
+{
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->shape[d];
+    switch (s->kind) {
+    case IN_NORMAL: return tide_randn(TIDE_F32, s->ndim, s->shape, CPU, 0.0, 1.0);
+    case IN_POS: return tide_rand(TIDE_F32, s->ndim, s->shape, CPU, 0.5, 2.0);
+    case IN_WEIGHTS: return tide_rand(TIDE_F32, s->ndim, s->shape, CPU, 0.5, 1.5);
+    default: break;
+    }
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (!v) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = (double)(int64_t)(next_rand() % (uint64_t)s->hi);
+        if (s->kind == IN_TARGETS && i % 4 == 3) v[i] = -100.0;
+    }
+    tide_tensor *t = tide_from_f64(s->kind == IN_IDS32 ? TIDE_I32 : TIDE_I64, s->ndim, s->shape, CPU, v);
+    free(v);
+    return t;
+}
+
+/* ---- the ops under test --------------------------------------------------------------------------- */
+
+static tide_tensor *f_neg(tide_tensor **in) { return tide_neg(in[0]); }
+static tide_tensor *f_exp(tide_tensor **in) { return tide_exp(in[0]); }
+static tide_tensor *f_log(tide_tensor **in) { return tide_log(in[0]); }
+static tide_tensor *f_sqrt(tide_tensor **in) { return tide_sqrt(in[0]); }
+static tide_tensor *f_rsqrt(tide_tensor **in) { return tide_rsqrt(in[0]); }
+static tide_tensor *f_tanh(tide_tensor **in) { return tide_tanh(in[0]); }
+static tide_tensor *f_sigmoid(tide_tensor **in) { return tide_sigmoid(in[0]); }
+static tide_tensor *f_silu(tide_tensor **in) { return tide_silu(in[0]); }
+static tide_tensor *f_gelu(tide_tensor **in) { return tide_gelu(in[0]); }
+static tide_tensor *f_softplus(tide_tensor **in) { return tide_softplus(in[0]); }
+static tide_tensor *f_relu(tide_tensor **in) { return tide_relu(in[0]); }
+static tide_tensor *f_abs(tide_tensor **in) { return tide_abs(in[0]); }
+static tide_tensor *f_add_scalar(tide_tensor **in) { return tide_add_scalar(in[0], 0.75); }
+static tide_tensor *f_mul_scalar(tide_tensor **in) { return tide_mul_scalar(in[0], -1.25); }
+static tide_tensor *f_pow_frac(tide_tensor **in) { return tide_pow_scalar(in[0], 1.7); }
+static tide_tensor *f_pow_2(tide_tensor **in) { return tide_pow_scalar(in[0], 2.0); }
+
+static tide_tensor *f_add(tide_tensor **in) { return tide_add(in[0], in[1]); }
+static tide_tensor *f_sub(tide_tensor **in) { return tide_sub(in[0], in[1]); }
+static tide_tensor *f_mul(tide_tensor **in) { return tide_mul(in[0], in[1]); }
+static tide_tensor *f_div(tide_tensor **in) { return tide_div(in[0], in[1]); }
+static tide_tensor *f_swiglu(tide_tensor **in) { return tide_swiglu(in[0], in[1]); }
+
+static tide_tensor *f_sum_all(tide_tensor **in) { return tide_sum(in[0], 0, NULL, 0); }
+static tide_tensor *f_sum_d1(tide_tensor **in) { int d[1] = {1}; return tide_sum(in[0], 1, d, 0); }
+static tide_tensor *f_sum_d02k(tide_tensor **in) { int d[2] = {0, 2}; return tide_sum(in[0], 2, d, 1); }
+static tide_tensor *f_sum_last(tide_tensor **in) { int d[1] = {-1}; return tide_sum(in[0], 1, d, 0); }
+static tide_tensor *f_mean_d2(tide_tensor **in) { int d[1] = {2}; return tide_mean(in[0], 1, d, 0); }
+static tide_tensor *f_max_d1(tide_tensor **in) { return tide_max(in[0], 1, 0); }
+static tide_tensor *f_max_last(tide_tensor **in) { return tide_max(in[0], -1, 1); }
+static tide_tensor *f_argmax_d2(tide_tensor **in) { return tide_argmax(in[0], 2, 0); }
+static tide_tensor *f_argmax_d0(tide_tensor **in) { return tide_argmax(in[0], 0, 1); }
+static tide_tensor *f_lse_d0(tide_tensor **in) { return tide_logsumexp(in[0], 0, 0); }
+static tide_tensor *f_lse_last(tide_tensor **in) { return tide_logsumexp(in[0], -1, 0); }
+
+static tide_tensor *f_mm(tide_tensor **in) { return tide_matmul(in[0], in[1], 0, 0); }
+static tide_tensor *f_mm_ta(tide_tensor **in) { return tide_matmul(in[0], in[1], 1, 0); }
+static tide_tensor *f_mm_tb(tide_tensor **in) { return tide_matmul(in[0], in[1], 0, 1); }
+static tide_tensor *f_mm_tatb(tide_tensor **in) { return tide_matmul(in[0], in[1], 1, 1); }
+
+static tide_tensor *f_rmsnorm(tide_tensor **in) { return tide_rmsnorm(in[0], in[1], 1e-5); }
+static tide_tensor *f_layernorm(tide_tensor **in) { return tide_layernorm(in[0], in[1], in[2], 1e-5); }
+static tide_tensor *f_softmax(tide_tensor **in) { return tide_softmax(in[0], -1); }
+static tide_tensor *f_softmax_d0(tide_tensor **in) { return tide_softmax(in[0], 0); }
+static tide_tensor *f_log_softmax(tide_tensor **in) { return tide_log_softmax(in[0], -1); }
+static tide_tensor *f_ce_mean(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], NULL, -100, 0); }
+static tide_tensor *f_ce_w_sum(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 1); }
+static tide_tensor *f_ce_w_none(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 2); }
+static tide_tensor *f_ce_w_mean(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 0); }
+static tide_tensor *f_rope(tide_tensor **in) { return tide_rope(in[0], 10000.0, 3); }
+static tide_tensor *f_rope_far(tide_tensor **in) { return tide_rope(in[0], 10000.0, 1000000); }
+static tide_tensor *f_embedding(tide_tensor **in) { return tide_embedding(in[0], in[1]); }
+static tide_tensor *f_index_select(tide_tensor **in) { return tide_index_select(in[0], 1, in[1]); }
+static tide_tensor *f_gather(tide_tensor **in) { return tide_gather(in[0], 1, in[1]); }
+static tide_tensor *f_scatter_add(tide_tensor **in) { return tide_scatter_add(in[0], 1, in[1], in[2]); }
+/* layout and conversion kernels: a strided copy, and f32 -> bf16 -> f32 */
+static tide_tensor *f_transpose_contig(tide_tensor **in) { return tide_contiguous(tide_transpose(in[0], 0, 2)); }
+static tide_tensor *f_bf16_roundtrip(tide_tensor **in)
+{
+    tide_tensor *b = tide_to_dtype(in[0], TIDE_BF16);
+    tide_tensor *f = b ? tide_to_dtype(b, TIDE_F32) : NULL;
+    tide_tensor_release(b);
+    return f;
+}
+
+#define S1(a) 1, {a}
+#define S2(a, b) 2, {a, b}
+#define S3(a, b, c) 3, {a, b, c}
+#define S4(a, b, c, d) 4, {a, b, c, d}
+#define NORMAL(shape) {IN_NORMAL, shape, 0}
+#define POS(shape) {IN_POS, shape, 0}
+#define WEIGHTS(shape) {IN_WEIGHTS, shape, 0}
+#define IDS(shape, hi) {IN_IDS, shape, hi}
+#define IDS32(shape, hi) {IN_IDS32, shape, hi}
+#define TARGETS(shape, hi) {IN_TARGETS, shape, hi}
+
+/*
+ * The case table, with its tolerances. Why these numbers:
+ *  - f32 elementwise: both sides round once per operation; CUDA's expf/logf/tanhf are within 2 ulp,
+ *    so 1e-6 relative plus 1e-6 absolute (near zero) is ~10 ulp of slack.
+ *  - f32 reductions, norms, softmax, cross-entropy: the CPU accumulates in double, the GPU in float
+ *    over a tree; the error grows like log2(n) ulp of the summed magnitude: 1e-5 for rows of up to a
+ *    few thousand, 1e-3 absolute for sums of 1e5 - 3e5 terms (sum magnitude ~ 500, float ulp 3e-5).
+ *  - f32 matmul: cuBLAS reorders the K-sum (no TF32); error ~ sqrt(K) ulp of |a||b|: 1e-4.
+ *  - bf16 cases: the output is rounded to bf16 (relative step 2^-8 = 0.0039) and intermediates too,
+ *    so 2e-2 relative plus an absolute term of about one bf16 step at the output's typical magnitude.
+ *  - argmax: exact (integers). randn/rand: same Philox counters, double math; 1e-6 covers the last-ulp
+ *    differences of the device log/cos.
+ */
+static const op_case cases[] = {
+    /* unary */
+    {"neg", f_neg, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
+    {"exp", f_exp, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"log", f_log, 1, {POS(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"sqrt", f_sqrt, 1, {POS(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"rsqrt", f_rsqrt, 1, {POS(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"tanh", f_tanh, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"sigmoid", f_sigmoid, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"silu", f_silu, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"gelu", f_gelu, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"softplus", f_softplus, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"relu", f_relu, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
+    {"abs", f_abs, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
+    {"add_scalar", f_add_scalar, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
+    {"mul_scalar", f_mul_scalar, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
+    {"pow_scalar 1.7", f_pow_frac, 1, {POS(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"pow_scalar 2", f_pow_2, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"silu bf16", f_silu, 1, {NORMAL(S2(4, 33))}, 1, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    /* binary with broadcasting */
+    {"add [2,3,5]+[3,1]", f_add, 2, {NORMAL(S3(2, 3, 5)), NORMAL(S2(3, 1))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"sub [4,1]-[1,5]", f_sub, 2, {NORMAL(S2(4, 1)), NORMAL(S2(1, 5))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"mul [2,3,5]*[5]", f_mul, 2, {NORMAL(S3(2, 3, 5)), NORMAL(S1(5))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"div [2,3,5]/[2,1,5]", f_div, 2, {NORMAL(S3(2, 3, 5)), POS(S3(2, 1, 5))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"mul same shape", f_mul, 2, {NORMAL(S2(37, 129)), NORMAL(S2(37, 129))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"add bf16", f_add, 2, {NORMAL(S3(2, 3, 5)), NORMAL(S2(3, 1))}, 3, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    {"swiglu", f_swiglu, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"swiglu bf16", f_swiglu, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    /* reductions */
+    {"sum all", f_sum_all, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 0, 0, 0},
+    {"sum dim 1", f_sum_d1, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 0, 0, 0},
+    {"sum dims 0,2 keepdim", f_sum_d02k, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 0, 0, 0},
+    {"sum last [3,100000]", f_sum_last, 1, {NORMAL(S2(3, 100000))}, 1, 1e-3, 1e-5, 0, 0, 0},
+    {"sum all [300000]", f_sum_all, 1, {NORMAL(S1(300000))}, 1, 1e-3, 1e-5, 0, 0, 0},
+    {"sum dim 1 [2,20000,7]", f_sum_d1, 1, {NORMAL(S3(2, 20000, 7))}, 1, 1e-3, 1e-5, 0, 0, 0},
+    {"mean dim 2", f_mean_d2, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-6, 1e-5, 1e-7, 1e-6, 0},
+    {"max dim 1", f_max_d1, 1, {NORMAL(S3(4, 6, 5))}, 1, 0, 0, 0, 0, 0},
+    {"max last keepdim [5,3000]", f_max_last, 1, {NORMAL(S2(5, 3000))}, 1, 0, 0, 0, 0, 0},
+    {"argmax dim 2", f_argmax_d2, 1, {NORMAL(S3(4, 6, 5))}, 0, 0, 0, 0, 0, 0},
+    {"argmax dim 0 keepdim", f_argmax_d0, 1, {NORMAL(S3(40, 6, 5))}, 0, 0, 0, 0, 0, 0},
+    {"logsumexp dim 0", f_lse_d0, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"logsumexp last [3,50000]", f_lse_last, 1, {NORMAL(S2(3, 50000))}, 1, 1e-4, 1e-5, 1e-7, 1e-4, 0},
+    /* matmul */
+    {"matmul", f_mm, 2, {NORMAL(S2(5, 7)), NORMAL(S2(7, 9))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul ta", f_mm_ta, 2, {NORMAL(S2(7, 5)), NORMAL(S2(7, 9))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul tb", f_mm_tb, 2, {NORMAL(S2(5, 7)), NORMAL(S2(9, 7))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul ta tb", f_mm_tatb, 2, {NORMAL(S2(7, 5)), NORMAL(S2(9, 7))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul vector row", f_mm, 2, {NORMAL(S2(1, 7)), NORMAL(S2(7, 9))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul batched", f_mm, 2, {NORMAL(S3(3, 5, 7)), NORMAL(S3(3, 7, 9))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul batched ta tb", f_mm_tatb, 2, {NORMAL(S4(2, 3, 7, 5)), NORMAL(S4(2, 3, 9, 7))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul linear (shared b, tb)", f_mm_tb, 2, {NORMAL(S3(2, 4, 16)), NORMAL(S2(8, 16))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"matmul [64,128]x[128,96]", f_mm, 2, {NORMAL(S2(64, 128)), NORMAL(S2(128, 96))}, 3, 1e-4, 1e-4, 1e-4, 1e-4, 0},
+    {"matmul bf16 [64,128]x[128,96]", f_mm, 2, {NORMAL(S2(64, 128)), NORMAL(S2(128, 96))}, 3, 1e-1, 2e-2, 1e-1, 2e-2, 1},
+    {"matmul bf16 linear", f_mm_tb, 2, {NORMAL(S3(2, 4, 16)), NORMAL(S2(8, 16))}, 3, 5e-2, 2e-2, 5e-2, 2e-2, 1},
+    /* normalisation, softmax, losses */
+    {"rmsnorm", f_rmsnorm, 2, {NORMAL(S2(6, 64)), NORMAL(S1(64))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"rmsnorm [37,1000]", f_rmsnorm, 2, {NORMAL(S2(37, 1000)), NORMAL(S1(1000))}, 3, 1e-5, 1e-5, 1e-4, 1e-5, 0},
+    {"rmsnorm bf16", f_rmsnorm, 2, {NORMAL(S2(6, 64)), NORMAL(S1(64))}, 3, 3e-2, 2e-2, 5e-2, 2e-2, 1},
+    {"layernorm", f_layernorm, 3, {NORMAL(S2(6, 64)), NORMAL(S1(64)), NORMAL(S1(64))}, 7, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"layernorm [37,1000]", f_layernorm, 3, {NORMAL(S2(37, 1000)), NORMAL(S1(1000)), NORMAL(S1(1000))}, 7, 1e-5, 1e-5, 1e-4, 1e-5, 0},
+    {"softmax", f_softmax, 1, {NORMAL(S2(6, 37))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"softmax dim 0", f_softmax_d0, 1, {NORMAL(S2(6, 37))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"softmax [3,5000]", f_softmax, 1, {NORMAL(S2(3, 5000))}, 1, 1e-7, 1e-5, 1e-7, 1e-5, 0},
+    {"softmax bf16", f_softmax, 1, {NORMAL(S2(6, 37))}, 1, 5e-3, 2e-2, 1e-2, 2e-2, 1},
+    {"log_softmax", f_log_softmax, 1, {NORMAL(S2(6, 37))}, 1, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"cross_entropy mean, ignore", f_ce_mean, 2, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11)}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"cross_entropy weights sum", f_ce_w_sum, 3, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11), WEIGHTS(S1(8))}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"cross_entropy weights none", f_ce_w_none, 3, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11), WEIGHTS(S1(8))}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"cross_entropy weights mean", f_ce_w_mean, 3, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11), WEIGHTS(S1(8))}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"cross_entropy [16,3000]", f_ce_mean, 2, {NORMAL(S2(16, 3000)), TARGETS(S1(16), 3000)}, 1, 1e-5, 1e-5, 1e-7, 1e-5, 0},
+    {"cross_entropy bf16", f_ce_mean, 2, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11)}, 1, 3e-2, 2e-2, 5e-3, 2e-2, 1},
+    {"rope", f_rope, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"rope pos0 1e6", f_rope_far, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    /* indexing */
+    {"embedding i64 ids", f_embedding, 2, {NORMAL(S2(10, 6)), IDS(S1(7), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
+    {"embedding i32 ids [2,9]", f_embedding, 2, {NORMAL(S2(10, 6)), IDS32(S2(2, 9), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
+    {"index_select dim 1", f_index_select, 2, {NORMAL(S3(4, 10, 3)), IDS(S1(5), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
+    {"gather dim 1", f_gather, 2, {NORMAL(S3(4, 6, 3)), IDS(S3(4, 5, 3), 6)}, 1, 0, 0, 1e-6, 1e-6, 0},
+    {"scatter_add dim 1", f_scatter_add, 3, {NORMAL(S3(4, 6, 3)), IDS(S3(4, 5, 3), 6), NORMAL(S3(4, 5, 3))}, 5, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    /* layout and dtype conversion */
+    {"contiguous(transpose 0,2)", f_transpose_contig, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
+    {"f32 -> bf16 -> f32", f_bf16_roundtrip, 1, {NORMAL(S2(9, 17))}, 1, 0, 0, 0, 0, 0},
+};
+
+/* ---- comparison ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    double max_abs, max_rel;
+    int64_t bad, nonfinite;
+} diff;
+
+/* host doubles of any tensor (any device, any dtype) */
+static double *host_values(tide_tensor *t)
+{
+    tide_tensor *h = tide_to_device(t, CPU);
+    if (!h) return NULL;
+    double *v = malloc((size_t)(h->numel > 0 ? h->numel : 1) * sizeof *v);
+    if (v && tide_to_f64_buffer(h, v, h->numel)) {
+        free(v);
+        v = NULL;
+    }
+    tide_tensor_release(h);
+    return v;
+}
+
+static int same_shape(const tide_tensor *a, const tide_tensor *b)
+{
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+/* 0 when compared (d filled), -1 on an error or a shape/dtype/device mismatch (message printed) */
+static int compare(const char *name, const char *what, tide_tensor *cpu, tide_tensor *gpu, double atol,
+                   double rtol, diff *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!cpu || !gpu) {
+        printf("  %s: %s missing (%s)\n", name, what, tide_last_error());
+        return -1;
+    }
+    if (gpu->device != GPU) {
+        printf("  %s: %s is on device %d, expected %d\n", name, what, gpu->device, GPU);
+        return -1;
+    }
+    if (!same_shape(cpu, gpu) || cpu->dtype != gpu->dtype) {
+        printf("  %s: %s shape/dtype differ (cpu ndim %d dtype %d, gpu ndim %d dtype %d)\n", name, what, cpu->ndim,
+               cpu->dtype, gpu->ndim, gpu->dtype);
+        return -1;
+    }
+    double *c = host_values(cpu), *g = host_values(gpu);
+    if (!c || !g) {
+        printf("  %s: %s could not be read back (%s)\n", name, what, tide_last_error());
+        free(c);
+        free(g);
+        return -1;
+    }
+    for (int64_t i = 0; i < cpu->numel; i++) {
+        if (!isfinite(g[i]) || !isfinite(c[i])) {
+            d->nonfinite++;
+            continue;
+        }
+        double e = fabs(g[i] - c[i]);
+        double r = e / (fabs(c[i]) > 1e-30 ? fabs(c[i]) : 1e-30);
+        if (e > d->max_abs) d->max_abs = e;
+        if (e > 0 && r > d->max_rel) d->max_rel = r;
+        if (e > atol + rtol * fabs(c[i])) d->bad++;
+    }
+    free(c);
+    free(g);
+    return 0;
+}
+
+static int diff_ok(const diff *d) { return d->bad == 0 && d->nonfinite == 0; }
+
+/* ---- one case ---------------------------------------------------------------------------------------- */
+
+static tide_tensor *round_to_bf16(tide_tensor *x)
+{
+    tide_tensor *b = tide_to_dtype(x, TIDE_BF16);
+    tide_tensor *f = b ? tide_to_dtype(b, TIDE_F32) : NULL;
+    tide_tensor_release(b);
+    return f;
+}
+
+static int is_float_input(int kind) { return kind == IN_NORMAL || kind == IN_POS || kind == IN_WEIGHTS; }
+
+/* the GPU side of a bf16 case: bf16 copies of the float inputs in, f32 out */
+static tide_tensor *run_bf16(const op_case *c, tide_tensor **in)
+{
+    tide_tensor *b[4] = {0};
+    tide_tensor *out = NULL;
+    int i;
+    for (i = 0; i < c->n_in; i++) {
+        if (is_float_input(c->in[i].kind)) {
+            b[i] = tide_to_dtype(in[i], TIDE_BF16);
+        } else {
+            tide_tensor_retain(in[i]);
+            b[i] = in[i];
+        }
+        if (!b[i]) break;
+    }
+    if (i == c->n_in) {
+        tide_tensor *o = c->fn(b);
+        if (o) out = tide_to_dtype(o, TIDE_F32);
+        tide_tensor_release(o);
+    }
+    for (i = 0; i < c->n_in; i++) tide_tensor_release(b[i]);
+    return out;
+}
+
+/* loss = sum(out ⊙ r) */
+static tide_tensor *weighted_sum(tide_tensor *out, tide_tensor *r)
+{
+    tide_tensor *p = tide_mul(out, r);
+    tide_tensor *s = p ? tide_sum(p, 0, NULL, 0) : NULL;
+    tide_tensor_release(p);
+    return s;
+}
+
+typedef struct {
+    tide_tensor *cin[4], *gin[4];
+    tide_tensor *cout, *gout, *r, *rg, *lc, *lg;
+    char line[640];
+    int len;
+} case_state;
+
+static void say(case_state *st, const char *fmt, double a, double b)
+{
+    if (st->len < (int)sizeof st->line - 1)
+        st->len += snprintf(st->line + st->len, sizeof st->line - st->len, fmt, a, b);
+    if (st->len > (int)sizeof st->line - 1) st->len = (int)sizeof st->line - 1;
+}
+
+/* 1 passed, 0 failed within tolerance, -1 could not run (message printed) */
+static int case_body(const op_case *c, case_state *st)
+{
+    for (int i = 0; i < c->n_in; i++) {
+        st->cin[i] = make_input(&c->in[i]);
+        if (st->cin[i] && c->bf16 && is_float_input(c->in[i].kind)) {
+            tide_tensor *rd = round_to_bf16(st->cin[i]);
+            tide_tensor_release(st->cin[i]);
+            st->cin[i] = rd;
+        }
+        st->gin[i] = st->cin[i] ? tide_to_device(st->cin[i], GPU) : NULL;
+        if (!st->cin[i] || !st->gin[i]) {
+            printf("  %s: input %d: %s\n", c->name, i, tide_last_error());
+            return -1;
+        }
+        if ((c->grad_mask & (1 << i)) &&
+            (tide_set_requires_grad(st->cin[i], 1) || tide_set_requires_grad(st->gin[i], 1))) {
+            printf("  %s: requires_grad on input %d: %s\n", c->name, i, tide_last_error());
+            return -1;
+        }
+    }
+    st->cout = c->fn(st->cin);
+    if (!st->cout) {
+        printf("  %s: cpu op failed: %s\n", c->name, tide_last_error());
+        return -1;
+    }
+    st->gout = c->bf16 ? run_bf16(c, st->gin) : c->fn(st->gin);
+    if (!st->gout) {
+        printf("  %s: gpu op failed: %s\n", c->name, tide_last_error());
+        return -1;
+    }
+
+    diff d;
+    int prev = tide_set_grad_enabled(0);
+    int rc = compare(c->name, "output", st->cout, st->gout, c->atol, c->rtol, &d);
+    tide_set_grad_enabled(prev);
+    if (rc) return -1;
+    int passed = diff_ok(&d);
+    say(st, "out abs %.1e rel %.1e", d.max_abs, d.max_rel);
+    if (!diff_ok(&d)) say(st, " [%g beyond tol, %g non-finite]", (double)d.bad, (double)d.nonfinite);
+    if (!c->grad_mask) return passed;
+
+    st->r = tide_randn(TIDE_F32, st->cout->ndim, st->cout->shape, CPU, 0.0, 1.0);
+    st->rg = st->r ? tide_to_device(st->r, GPU) : NULL;
+    st->lc = st->r ? weighted_sum(st->cout, st->r) : NULL;
+    st->lg = st->rg ? weighted_sum(st->gout, st->rg) : NULL;
+    if (!st->lc || !st->lg || tide_backward(st->lc, NULL) || tide_backward(st->lg, NULL)) {
+        printf("  %s: backward failed: %s\n", c->name, tide_last_error());
+        return -1;
+    }
+    for (int i = 0; i < c->n_in; i++) {
+        if (!(c->grad_mask & (1 << i))) continue;
+        tide_tensor *gc = tide_grad(st->cin[i]), *gg = tide_grad(st->gin[i]);
+        char what[32];
+        snprintf(what, sizeof what, "grad of input %d", i);
+        prev = tide_set_grad_enabled(0);
+        rc = compare(c->name, what, gc, gg, c->gatol, c->grtol, &d);
+        tide_set_grad_enabled(prev);
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+        if (rc) return -1;
+        char fmt[64];
+        snprintf(fmt, sizeof fmt, " | d%d abs %%.1e rel %%.1e", i);
+        say(st, fmt, d.max_abs, d.max_rel);
+        if (!diff_ok(&d)) {
+            passed = 0;
+            say(st, " [%g beyond tol, %g non-finite]", (double)d.bad, (double)d.nonfinite);
+        }
+    }
+    return passed;
+}
+
+static int run_case(const op_case *c)
+{
+    case_state st;
+    memset(&st, 0, sizeof st);
+    tide_set_grad_enabled(1);
+    int rc = case_body(c, &st);
+    printf("%-36s %s %s\n", c->name, rc == 1 ? "ok  " : "FAIL", st.line);
+    for (int i = 0; i < 4; i++) {
+        tide_tensor_release(st.cin[i]);
+        tide_tensor_release(st.gin[i]);
+    }
+    tide_tensor_release(st.cout);
+    tide_tensor_release(st.gout);
+    tide_tensor_release(st.r);
+    tide_tensor_release(st.rg);
+    tide_tensor_release(st.lc);
+    tide_tensor_release(st.lg);
+    return rc == 1;
+}
+
+/* ---- checks that are not "op on inputs" ------------------------------------------------------------ */
+
+static int report(const char *name, int ok, const char *detail)
+{
+    printf("%-36s %s %s\n", name, ok ? "ok  " : "FAIL", detail);
+    return ok;
+}
+
+static int check_pair(const char *name, const char *what, tide_tensor *c, tide_tensor *g, double atol, double rtol,
+                      char *detail, size_t n)
+{
+    diff d;
+    if (compare(name, what, c, g, atol, rtol, &d)) return 0;
+    size_t len = strlen(detail);
+    snprintf(detail + len, n - len, "%s%s abs %.1e rel %.1e", len ? " | " : "", what, d.max_abs, d.max_rel);
+    return diff_ok(&d);
+}
+
+/* same seed, same Philox counters: the device stream must equal the host stream */
+static int test_random(void)
+{
+    int64_t s1[1] = {1000}, s2[2] = {7, 111};
+    tide_manual_seed(42);
+    tide_tensor *a1 = tide_randn(TIDE_F32, 1, s1, CPU, 0.5, 2.0), *a2 = tide_rand(TIDE_F32, 2, s2, CPU, -1.0, 3.0);
+    tide_manual_seed(42);
+    tide_tensor *b1 = tide_randn(TIDE_F32, 1, s1, GPU, 0.5, 2.0), *b2 = tide_rand(TIDE_F32, 2, s2, GPU, -1.0, 3.0);
+    char detail[256] = "";
+    int ok = check_pair("randn/rand", "randn", a1, b1, 1e-6, 1e-6, detail, sizeof detail);
+    ok = check_pair("randn/rand", "rand", a2, b2, 1e-6, 1e-6, detail, sizeof detail) && ok;
+    tide_tensor_release(a1);
+    tide_tensor_release(a2);
+    tide_tensor_release(b1);
+    tide_tensor_release(b2);
+    return report("randn / rand (same seed)", ok, detail);
+}
+
+/* writes through strided views must land exactly inside the view: guard values around it survive */
+static int test_guard(void)
+{
+    int64_t sd[2] = {6, 10}, ss[2] = {6, 6};
+    tide_tensor *dst = tide_full(TIDE_F32, 2, sd, GPU, 7.5);
+    tide_tensor *cols = dst ? tide_slice(dst, 1, 2, 8, 1) : NULL;    /* [6, 6], row stride 10 */
+    tide_tensor *src = tide_randn(TIDE_F32, 2, ss, CPU, 0.0, 1.0);
+    tide_tensor *srcg = src ? tide_to_device(src, GPU) : NULL;
+    int ok = cols && srcg && tide_copy_(cols, srcg) == 0;
+    tide_tensor *rows = ok ? tide_slice(dst, 0, 1, 6, 2) : NULL;     /* rows 1, 3, 5 */
+    ok = ok && rows && tide_fill_(rows, -3.0) == 0;
+    double *h = ok ? host_values(dst) : NULL, *sv = ok ? host_values(src) : NULL;
+    int64_t wrong = 0;
+    if (h && sv) {
+        for (int64_t i = 0; i < 6; i++)
+            for (int64_t j = 0; j < 10; j++) {
+                double want = (i % 2 == 1) ? -3.0 : (j >= 2 && j < 8) ? sv[i * 6 + (j - 2)] : 7.5;
+                if (h[i * 10 + j] != want) wrong++;
+            }
+    } else {
+        ok = 0;
+    }
+    char detail[128];
+    if (!ok) snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    else snprintf(detail, sizeof detail, "%lld of 60 elements wrong", (long long)wrong);
+    free(h);
+    free(sv);
+    tide_tensor_release(dst);
+    tide_tensor_release(cols);
+    tide_tensor_release(rows);
+    tide_tensor_release(src);
+    tide_tensor_release(srcg);
+    return report("copy_/fill_ into strided views", ok && wrong == 0, detail);
+}
+
+/* sum of squares, finiteness, axpy_ and scale_ (the optimiser's helpers) */
+static int test_vector_helpers(void)
+{
+    int64_t s[2] = {1000, 37};
+    tide_tensor *x = tide_randn(TIDE_F32, 2, s, CPU, 0.0, 1.0), *y = tide_randn(TIDE_F32, 2, s, CPU, 0.0, 1.0);
+    tide_tensor *xg = x ? tide_to_device(x, GPU) : NULL, *yg = y ? tide_to_device(y, GPU) : NULL;
+    char detail[256] = "";
+    int ok = xg && yg;
+    double sc = 0, sg = 0;
+    ok = ok && tide_sum_squares(x, &sc) == 0 && tide_sum_squares(xg, &sg) == 0;
+    if (ok) {
+        /* both accumulate f32 values in double; only the order differs */
+        double rel = fabs(sg - sc) / sc;
+        snprintf(detail, sizeof detail, "sum_squares rel %.1e", rel);
+        ok = rel < 1e-9;
+    }
+    ok = ok && tide_all_finite(xg) == 1;
+    double vals[4] = {1.0, INFINITY, 2.0, NAN};
+    int64_t s4[1] = {4};
+    tide_tensor *bad = tide_from_f64(TIDE_F32, 1, s4, CPU, vals);
+    tide_tensor *badg = bad ? tide_to_device(bad, GPU) : NULL;
+    tide_tensor *good2 = badg ? tide_slice(badg, 0, 0, 1, 1) : NULL;
+    ok = ok && badg && tide_all_finite(badg) == 0 && good2 && tide_all_finite(good2) == 1;
+    ok = ok && tide_axpy_(y, 0.3, x) == 0 && tide_axpy_(yg, 0.3, xg) == 0;
+    ok = ok && tide_scale_(y, -1.5) == 0 && tide_scale_(yg, -1.5) == 0;
+    ok = ok && check_pair("vector helpers", "axpy_+scale_", y, yg, 1e-6, 1e-6, detail, sizeof detail);
+    if (!ok && !detail[0]) snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    tide_tensor_release(x);
+    tide_tensor_release(y);
+    tide_tensor_release(xg);
+    tide_tensor_release(yg);
+    tide_tensor_release(bad);
+    tide_tensor_release(badg);
+    tide_tensor_release(good2);
+    return report("sum_squares / all_finite / axpy_", ok, detail);
+}
+
+/* three AdamW steps from the same state on both devices (both compute the update in double) */
+static int test_adamw(void)
+{
+    int64_t s[1] = {257};
+    tide_tensor *p = tide_randn(TIDE_F32, 1, s, CPU, 0.0, 1.0), *g = tide_randn(TIDE_F32, 1, s, CPU, 0.0, 1.0);
+    tide_tensor *m = tide_zeros(TIDE_F32, 1, s, CPU), *v = tide_zeros(TIDE_F32, 1, s, CPU);
+    tide_tensor *pg = p ? tide_to_device(p, GPU) : NULL, *gg = g ? tide_to_device(g, GPU) : NULL;
+    tide_tensor *mg = m ? tide_to_device(m, GPU) : NULL, *vg = v ? tide_to_device(v, GPU) : NULL;
+    char detail[256] = "";
+    int ok = pg && gg && mg && vg;
+    for (int64_t step = 0; ok && step < 3; step++) {
+        ok = tide_adamw_step_(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, step) == 0 &&
+             tide_adamw_step_(pg, gg, mg, vg, 1e-2, 0.9, 0.95, 1e-8, 0.1, step) == 0;
+    }
+    if (ok) {
+        int a = check_pair("adamw", "param", p, pg, 1e-6, 1e-6, detail, sizeof detail);
+        int b = check_pair("adamw", "m", m, mg, 1e-6, 1e-6, detail, sizeof detail);
+        int c = check_pair("adamw", "v", v, vg, 1e-6, 1e-6, detail, sizeof detail);
+        ok = a && b && c;
+    } else {
+        snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    }
+    tide_tensor *all[8] = {p, g, m, v, pg, gg, mg, vg};
+    for (int i = 0; i < 8; i++) tide_tensor_release(all[i]);
+    return report("adamw step x3", ok, detail);
+}
+
+/* a target outside [0, V) must be an error on the GPU too, not a silent read */
+static int test_bad_target(void)
+{
+    int64_t sl[2] = {3, 5}, st[1] = {3};
+    double tv[3] = {1, 7, 2};
+    tide_tensor *l = tide_randn(TIDE_F32, 2, sl, GPU, 0.0, 1.0);
+    tide_tensor *tc = tide_from_f64(TIDE_I64, 1, st, CPU, tv);
+    tide_tensor *t = tc ? tide_to_device(tc, GPU) : NULL;
+    tide_tensor *out = (l && t) ? tide_cross_entropy(l, t, NULL, -100, 0) : NULL;
+    int ok = l && t && !out && strstr(tide_last_error(), "7") != NULL;
+    char detail[256];
+    snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    tide_clear_error();
+    tide_tensor_release(l);
+    tide_tensor_release(tc);
+    tide_tensor_release(t);
+    tide_tensor_release(out);
+    return report("cross_entropy bad target -> error", ok, detail);
+}
+
+int main(void)
+{
+    if (!tide_cuda_available()) {
+        printf("gpu parity: skipped (no CUDA device: %s)\n", tide_cuda_info());
+        return 77;
+    }
+    printf("gpu parity: %s\n", tide_cuda_info());
+    tide_manual_seed(1234);
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (run_case(&cases[i])) passed++;
+        else failed++;
+    }
+    int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        if (extra[i]()) passed++;
+        else failed++;
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

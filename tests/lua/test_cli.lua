@@ -1,0 +1,228 @@
+-- The `tide` command line, run as a child process: info, recipe errors with file:line, overrides,
+-- and the test runner's aggregation.
+local T = require "tide.testing"
+local cli = require "tide.cli"
+
+local exe = cli.exe_path()
+local tmpdir = os.tmpname()
+os.remove(tmpdir)
+assert(os.execute("mkdir -p '" .. tmpdir .. "'") == 0, "cannot create " .. tmpdir)
+
+local function write(name, text)
+  local path = tmpdir .. "/" .. name
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- runs `tide ARGS`; returns output (stdout + stderr) and exit code
+local function tide_cmd(args, env)
+  local p = io.popen((env or "") .. " '" .. exe .. "' " .. args .. " 2>&1; echo \"__exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("__exit=(%d+)%s*$"))
+  return out:gsub("__exit=%d+%s*$", ""), code
+end
+
+local function contains(out, text)
+  T.ok(out:find(text, 1, true), "expected output to contain '" .. text .. "', got:\n" .. out)
+end
+
+T.test("the test runs inside the tide executable", function()
+  T.ok(exe and exe:match("/tide$"), "exe path: " .. tostring(exe))
+end)
+
+T.test("tide info prints the build summary", function()
+  local out, code = tide_cmd("info")
+  T.eq(code, 0, out)
+  contains(out, "tide " .. require("tide").version)
+  contains(out, "blas")
+  contains(out, "cuda")
+  contains(out, "GC64")
+end)
+
+T.test("a recipe with a syntax error reports file:line", function()
+  local path = write("syntax.lua", "return {\n  model = {dim = },\n}\n")
+  local out, code = tide_cmd("run " .. path)
+  T.eq(code, 1, out)
+  contains(out, "tide: " .. path .. ":2:")
+end)
+
+T.test("a recipe failing while it loads reports file:line", function()
+  local path = write("load_error.lua", "local cfg = {}\nlocal n = nil\nreturn {x = n + 1}\n")
+  local out, code = tide_cmd("run " .. path)
+  T.eq(code, 1, out)
+  contains(out, path .. ":3: attempt to perform arithmetic")
+end)
+
+T.test("a recipe failing in cfg.run reports file:line", function()
+  local path = write("run_error.lua", [[
+return {
+  steps = 2,
+  run = function(cfg)
+    error("stage exploded at step " .. cfg.steps)
+  end,
+}
+]])
+  local out, code = tide_cmd("run " .. path)
+  T.eq(code, 1, out)
+  contains(out, path .. ":4: stage exploded at step 2")
+end)
+
+T.test("a tensor error in a recipe points at the recipe's line", function()
+  local path = write("tensor_error.lua", [[
+local tide = require "tide"
+return {
+  run = function()
+    local a = tide.zeros({4, 64})
+    local b = tide.zeros({32, 16})
+    return a:matmul(b):sum():item()
+  end,
+}
+]])
+  local out, code = tide_cmd("run " .. path)
+  T.eq(code, 1, out)
+  contains(out, path .. ":6: matmul: a is [4, 64] but b is [32, 16]")
+end)
+
+local overrides = [[
+return {
+  model = {dim = 4, n_layers = 2, name = "tiny"},
+  stages = {{steps = 10}, {steps = 20}},
+  lr = 0.001,
+  compile = false,
+  run = function(cfg)
+    print(string.format("dim=%s layers=%s name=%s lr=%s compile=%s steps2=%s resume=%s seed=%s",
+      cfg.model.dim, cfg.model.n_layers, cfg.model.name, cfg.lr, tostring(cfg.compile),
+      cfg.stages[2].steps, tostring(cfg.resume), tostring(cfg.seed)))
+  end,
+}
+]]
+
+T.test("--a.b=value overrides recipe fields with typed values", function()
+  local path = write("overrides.lua", overrides)
+  local out, code = tide_cmd("run " .. path .. " --model.dim=512 --model.name=big --lr=3e-4 --compile=true"
+                             .. " --stages.2.steps=7 --resume --seed=42")
+  T.eq(code, 0, out)
+  contains(out, "dim=512 layers=2 name=big lr=0.0003 compile=true steps2=7 resume=true seed=42")
+end)
+
+T.test("an unknown recipe key is an error naming the key and the known ones", function()
+  local path = write("overrides.lua", overrides)
+  local out, code = tide_cmd("run " .. path .. " --model.dimm=8")
+  T.eq(code, 1, out)
+  contains(out, "unknown recipe key 'model.dimm'")
+  contains(out, "did you mean 'model.dim'?")
+  contains(out, "known keys at model: dim, n_layers, name")
+  local out2, code2 = tide_cmd("run " .. path .. " --optimizer.lr=1")
+  T.eq(code2, 1, out2)
+  contains(out2, "unknown recipe key 'optimizer.lr'")
+  local out3, code3 = tide_cmd("run " .. path .. " --model.dim=big")
+  T.eq(code3, 1, out3)
+  contains(out3, "recipe key 'model.dim' is a number, got 'big'")
+end)
+
+T.test("--dry-run prints the patched config and runs nothing", function()
+  local path = write("overrides.lua", overrides)
+  local out, code = tide_cmd("run " .. path .. " --dry-run --model.dim=16")
+  T.eq(code, 0, out)
+  contains(out, "dim = 16,")
+  contains(out, "dry_run = true,")
+  T.ok(not out:find("layers=", 1, true), "cfg.run was not called:\n" .. out)
+end)
+
+T.test("a missing recipe file is a clear error", function()
+  local out, code = tide_cmd("run " .. tmpdir .. "/no_such_recipe.lua")
+  T.eq(code, 1, out)
+  contains(out, "cannot open recipe '" .. tmpdir .. "/no_such_recipe.lua': No such file or directory")
+  local out2, code2 = tide_cmd("run")
+  T.eq(code2, 1, out2)
+  contains(out2, "which recipe?")
+end)
+
+T.test("a recipe that returns no table is an error", function()
+  local path = write("no_table.lua", "local x = 1\n")
+  local out, code = tide_cmd("run " .. path)
+  T.eq(code, 1, out)
+  contains(out, "must return a config table, got nil")
+end)
+
+T.test("unknown commands are errors", function()
+  local out, code = tide_cmd("frobnicate")
+  T.eq(code, 1, out)
+  contains(out, "unknown command 'frobnicate'")
+  local out2, code2 = tide_cmd("help")
+  T.eq(code2, 0, out2)
+  contains(out2, "usage: tide")
+end)
+
+T.test("tide test counts cases across files and fails when one fails", function()
+  local dir = tmpdir .. "/suite"
+  os.execute("mkdir -p '" .. dir .. "'")
+  local function wf(name, text)
+    local f = assert(io.open(dir .. "/" .. name, "w")); f:write(text); f:close()
+  end
+  wf("test_good.lua", [[
+local T = require "tide.testing"
+T.test("one", function() T.eq(1 + 1, 2) end)
+T.test("two", function() T.near(0.1 + 0.2, 0.3, 1e-12) end)
+T.run()
+]])
+  wf("test_bad.lua", [[
+local T = require "tide.testing"
+T.test("passes", function() T.ok(true) end)
+T.test("fails", function() T.eq(2 + 2, 5) end)
+T.run()
+]])
+  wf("test_crash.lua", "error('broken file')\n")
+  local out, code = tide_cmd("test", "TIDE_TEST_DIR='" .. dir .. "'")
+  T.eq(code, 1, out)
+  contains(out, "FAIL  fails")
+  contains(out, "expected 5, got 4")
+  contains(out, "test_crash.lua:1: broken file")
+  T.ok(out:match("\n3 passed, 2 failed\n?$"), "final line counts cases:\n" .. out)
+  local out2, code2 = tide_cmd("test good", "TIDE_TEST_DIR='" .. dir .. "'")
+  T.eq(code2, 0, out2)
+  T.ok(out2:match("\n2 passed, 0 failed\n?$"), "pattern selects files:\n" .. out2)
+end)
+
+T.test("patch() keeps types and accepts the top-level flags", function()
+  local cfg = { a = { b = 1, s = "x", on = false }, list = { 5, 6 } }
+  cli.patch(cfg, "a.b", "2.5")
+  cli.patch(cfg, "a.s", "17")
+  cli.patch(cfg, "a.on", "true")
+  cli.patch(cfg, "list.2", "9")
+  cli.patch(cfg, "resume", nil)
+  cli.patch(cfg, "out", "runs/x")
+  T.eq(cfg, { a = { b = 2.5, s = "17", on = true }, list = { 5, 9 }, resume = true, out = "runs/x" })
+  T.raises(function() cli.patch(cfg, "a", "3") end, "is a table; set its fields")
+  T.raises(function() cli.patch(cfg, "a.on", "maybe") end, "is a boolean")
+  T.raises(function() cli.patch(cfg, "a.b.c", "1") end, "is a number, not a table")
+  T.raises(function() cli.patch(cfg, "stepz", "1") end, "unknown recipe key 'stepz'")
+end)
+
+T.test("REPL evaluates expressions, continues incomplete chunks and reports errors", function()
+  local input = write("repl_input.txt", table.concat({
+    "1 + 2",
+    "x = tide.ones({2})",
+    "=x:sum():item()",
+    "function f(a)",
+    "  return a * 10",
+    "end",
+    "f(4)",
+    "tide.zeros({2}):matmul(tide.zeros({3}))",
+    "help(tide.zeros)",
+  }, "\n") .. "\n")
+  local out, code = tide_cmd("repl < '" .. input .. "'")
+  T.eq(code, 0, out)
+  contains(out, "3\n")
+  contains(out, "> 2\n")
+  contains(out, "40\n")
+  contains(out, "matmul")
+  contains(out, "tide.zeros(shape, opts)")
+end)
+
+local _, failed = T.run { exit = false }
+os.execute("rm -rf '" .. tmpdir .. "'")
+os.exit(failed > 0 and 1 or 0)
