@@ -38,6 +38,10 @@ const tide_backend *tide_backend_for(int device)
     if (device == TIDE_CPU) return &tide_cpu_backend;
 #ifdef TIDE_HAVE_CUDA
     if (device >= 1 && device <= 8) {
+        if (device > 1) {   /* the CUDA table drives one GPU; multi-GPU comes with per-device tables */
+            tide_set_error("device cuda:%d: this build drives cuda:0 only", device - 1);
+            return NULL;
+        }
         if (device - 1 >= tide_cuda_runtime_device_count()) {
             tide_set_error("device cuda:%d is not available (%s)", device - 1, tide_cuda_runtime_info());
             return NULL;

@@ -21,11 +21,12 @@ struct cuda_state {
     const char *what;
     cudaStream_t stream;
     int sm_count;
+    int pools;                    /* stream-ordered allocation supported (cudaMallocAsync) */
 };
 
 cuda_state make_state()
 {
-    cuda_state st = {cudaSuccess, "", 0, 0};
+    cuda_state st = {cudaSuccess, "", 0, 0, 0};
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e == cudaSuccess && n < 1) e = cudaErrorNoDevice;
@@ -46,6 +47,19 @@ cuda_state make_state()
     if (cudaDeviceGetAttribute(&st.sm_count, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || st.sm_count < 1) {
         cudaGetLastError();
         st.sm_count = 108;
+    }
+    if (cudaDeviceGetAttribute(&st.pools, cudaDevAttrMemoryPoolsSupported, 0) != cudaSuccess) {
+        cudaGetLastError();
+        st.pools = 0;
+    }
+    /* keep a little freed memory in the pool across synchronisations, so the per-call scratch of
+       reductions does not map and unmap pages every step; large frees still go back to the driver */
+    cudaMemPool_t pool;
+    if (st.pools && cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
+        uint64_t keep = (uint64_t)64 << 20;
+        if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) cudaGetLastError();
+    } else {
+        cudaGetLastError();
     }
     return st;
 }
@@ -114,6 +128,23 @@ int tide_cuda_get_scratch(tide_cuda_scratch **out)
     return 0;
 }
 
+/* stream-ordered where the device supports it; plain cudaMalloc / cudaFree otherwise (cudaFree waits
+   for the device, so a buffer still used by queued work is never freed early) */
+cudaError_t tide_cuda_alloc(void **p, size_t nbytes, cudaStream_t s)
+{
+    *p = NULL;
+    cudaError_t e = state().pools ? cudaMallocAsync(p, nbytes ? nbytes : 1, s) : cudaMalloc(p, nbytes ? nbytes : 1);
+    if (e != cudaSuccess) cudaGetLastError();   /* out-of-memory is not sticky: clear it */
+    return e;
+}
+
+void tide_cuda_release(void *p, cudaStream_t s)
+{
+    if (!p) return;
+    cudaError_t e = state().pools ? cudaFreeAsync(p, s) : cudaFree(p);
+    if (e != cudaSuccess) cudaGetLastError();
+}
+
 int tide_cuda_sm_count(void)
 {
     cuda_state &st = state();
@@ -127,9 +158,8 @@ static void *tide_cuda_malloc(size_t nbytes)
     cudaStream_t s = 0;
     if (tide_cuda_get_stream(&s)) return NULL;
     void *p = NULL;
-    cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, s);
+    cudaError_t e = tide_cuda_alloc(&p, nbytes, s);
     if (e != cudaSuccess) {
-        cudaGetLastError();  /* out-of-memory is not sticky: clear it so later calls work */
         tide_set_error("cuda malloc of %zu bytes: %s", nbytes, cudaGetErrorString(e));
         return NULL;
     }
@@ -140,7 +170,7 @@ static void tide_cuda_free(void *p)
 {
     cudaStream_t s = 0;
     if (!p || tide_cuda_get_stream(&s)) return;
-    if (cudaFreeAsync(p, s) != cudaSuccess) cudaGetLastError();
+    tide_cuda_release(p, s);
 }
 
 /* the host buffer may be reused as soon as we return, so the copy completes first */

@@ -28,6 +28,10 @@ struct tide_cuda_scratch {
     int flag;
 };
 int tide_cuda_get_scratch(tide_cuda_scratch **out);
+/* device memory for an entry's temporary buffers, stream ordered: free it right after the last launch
+   that uses it (the free is ordered after that work) */
+cudaError_t tide_cuda_alloc(void **p, size_t nbytes, cudaStream_t s);
+void tide_cuda_release(void *p, cudaStream_t s);
 /* number of SMs of the device (for sizing grids) */
 int tide_cuda_sm_count(void);
 

@@ -12,6 +12,43 @@
 #include <string.h>
 #include <math.h>
 
+/* ---- dtype conversion ---------------------------------------------------------------------- */
+
+/* conversions match the CPU backend (kernels/cpu/elementwise.c): integer -> integer keeps exact 64-bit
+   values and narrowing wraps; everything else goes through double; float -> integer rounds toward zero
+   and saturates (NaN -> 0); -> bf16 rounds the float32 value to nearest even */
+__device__ __forceinline__ double tide_to_f64(float v) { return v; }
+__device__ __forceinline__ double tide_to_f64(double v) { return v; }
+__device__ __forceinline__ double tide_to_f64(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ double tide_to_f64(int32_t v) { return v; }
+__device__ __forceinline__ double tide_to_f64(int64_t v) { return (double)v; }
+__device__ __forceinline__ double tide_to_f64(uint8_t v) { return v; }
+
+template <typename D> __host__ __device__ __forceinline__ D tide_from_f64(double v)
+{
+    if constexpr (std::is_same<D, float>::value) {
+        return (float)v;
+    } else if constexpr (std::is_same<D, double>::value) {
+        return v;
+    } else if constexpr (std::is_same<D, __nv_bfloat16>::value) {
+        return __float2bfloat16((float)v);
+    } else if constexpr (std::is_same<D, int32_t>::value) {
+        if (v != v) return 0;
+        if (v >= 2147483647.0) return INT32_MAX;
+        if (v <= -2147483648.0) return INT32_MIN;
+        return (int32_t)v;
+    } else if constexpr (std::is_same<D, int64_t>::value) {
+        if (v != v) return 0;
+        if (v >= 9223372036854775807.0) return INT64_MAX;
+        if (v <= -9223372036854775808.0) return INT64_MIN;
+        return (int64_t)v;
+    } else {
+        if (v != v || v <= 0.0) return 0;
+        if (v >= 255.0) return 255;
+        return (uint8_t)v;
+    }
+}
+
 /* ---- fill ----------------------------------------------------------------------------------- */
 
 template <typename U> __global__ void fill_kernel(U *out, U bits, int64_t n)
@@ -37,53 +74,19 @@ int tide_cuda_fill(void *out, int dtype, int64_t n, double value)
         TIDE_CU(cudaMemsetAsync(out, 0, (size_t)n * es, s), "fill (memset)");
         return 0;
     }
+    /* the value is converted once on the host, as copy would convert it, and stored as raw bits */
     switch (dtype) {
-    case TIDE_F32: { float v = (float)value; uint32_t b; memcpy(&b, &v, 4); return fill_bits<uint32_t>(out, b, n, s); }
+    case TIDE_F32: { float v = tide_from_f64<float>(value); uint32_t b; memcpy(&b, &v, 4); return fill_bits<uint32_t>(out, b, n, s); }
     case TIDE_F64: { uint64_t b; memcpy(&b, &value, 8); return fill_bits<uint64_t>(out, b, n, s); }
-    case TIDE_BF16: { __nv_bfloat16 v = __double2bfloat16(value); uint16_t b; memcpy(&b, &v, 2); return fill_bits<uint16_t>(out, b, n, s); }
-    case TIDE_I32: { int32_t v = (int32_t)value; uint32_t b; memcpy(&b, &v, 4); return fill_bits<uint32_t>(out, b, n, s); }
-    case TIDE_I64: { int64_t v = (int64_t)value; uint64_t b; memcpy(&b, &v, 8); return fill_bits<uint64_t>(out, b, n, s); }
-    case TIDE_U8: { uint8_t v = (uint8_t)(int64_t)value; return fill_bits<uint8_t>(out, v, n, s); }
+    case TIDE_BF16: { __nv_bfloat16 v = tide_from_f64<__nv_bfloat16>(value); uint16_t b; memcpy(&b, &v, 2); return fill_bits<uint16_t>(out, b, n, s); }
+    case TIDE_I32: { int32_t v = tide_from_f64<int32_t>(value); uint32_t b; memcpy(&b, &v, 4); return fill_bits<uint32_t>(out, b, n, s); }
+    case TIDE_I64: { int64_t v = tide_from_f64<int64_t>(value); uint64_t b; memcpy(&b, &v, 8); return fill_bits<uint64_t>(out, b, n, s); }
+    case TIDE_U8: return fill_bits<uint8_t>(out, tide_from_f64<uint8_t>(value), n, s);
     }
     return tide_set_error("fill: unknown dtype %d", dtype);
 }
 
 /* ---- copy with dtype conversion ---------------------------------------------------------------- */
-
-/* conversions match the CPU backend (kernels/cpu/elementwise.c): integer -> integer keeps exact 64-bit
-   values and narrowing wraps; everything else goes through double; float -> integer rounds toward zero
-   and saturates (NaN -> 0); -> bf16 rounds the float32 value to nearest even */
-__device__ __forceinline__ double tide_to_f64(float v) { return v; }
-__device__ __forceinline__ double tide_to_f64(double v) { return v; }
-__device__ __forceinline__ double tide_to_f64(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ double tide_to_f64(int32_t v) { return v; }
-__device__ __forceinline__ double tide_to_f64(int64_t v) { return (double)v; }
-__device__ __forceinline__ double tide_to_f64(uint8_t v) { return v; }
-
-template <typename D> __device__ __forceinline__ D tide_from_f64(double v)
-{
-    if constexpr (std::is_same<D, float>::value) {
-        return (float)v;
-    } else if constexpr (std::is_same<D, double>::value) {
-        return v;
-    } else if constexpr (std::is_same<D, __nv_bfloat16>::value) {
-        return __float2bfloat16((float)v);
-    } else if constexpr (std::is_same<D, int32_t>::value) {
-        if (v != v) return 0;
-        if (v >= 2147483647.0) return INT32_MAX;
-        if (v <= -2147483648.0) return INT32_MIN;
-        return (int32_t)v;
-    } else if constexpr (std::is_same<D, int64_t>::value) {
-        if (v != v) return 0;
-        if (v >= 9223372036854775807.0) return INT64_MAX;
-        if (v <= -9223372036854775808.0) return INT64_MIN;
-        return (int64_t)v;
-    } else {
-        if (v != v || v <= 0.0) return 0;
-        if (v >= 255.0) return 255;
-        return (uint8_t)v;
-    }
-}
 
 template <typename D, typename S> __device__ __forceinline__ D tide_cvt(S v)
 {
@@ -293,14 +296,14 @@ template <typename T> __global__ void unary_kernel(int op, T *y, const T *x, int
     TIDE_GRID_LOOP(i, n) tide_st(y, i, unary_f(op, tide_ld(x, i), p));
 }
 
-/* y may be NULL (recomputed from x); x may be NULL for ops whose gradient does not read it */
+/* x or y may be NULL when the op's gradient does not read it (checked by the entry) */
 template <typename T> __global__ void unary_backward_kernel(int op, T *gx, const T *gy, const T *x, const T *y,
                                                             int64_t n, TIDE_ACC(T) p)
 {
     typedef TIDE_ACC(T) A;
     TIDE_GRID_LOOP(i, n) {
         A xv = x ? tide_ld(x, i) : A(0);
-        A yv = y ? tide_ld(y, i) : unary_f(op, xv, p);
+        A yv = y ? tide_ld(y, i) : A(0);
         tide_st(gx, i, unary_grad(op, tide_ld(gy, i), xv, yv, p));
     }
 }
@@ -328,8 +331,12 @@ int tide_cuda_unary_backward(int op, int dtype, void *gx, const void *gy, const 
 {
     if (check_unary_op(op, "unary backward")) return -1;
     if (n <= 0) return 0;
-    if (!x && op != TIDE_UN_NEG && op != TIDE_UN_ADD_SCALAR && op != TIDE_UN_MUL_SCALAR)
-        return tide_set_error("unary backward: op %d needs its input x", op);
+    /* the gradient is cheapest from y = f(x) for these; the others read x (or nothing) */
+    int needs_y = op == TIDE_UN_EXP || op == TIDE_UN_SQRT || op == TIDE_UN_RSQRT || op == TIDE_UN_TANH ||
+                  op == TIDE_UN_SIGMOID;
+    int needs_x = !needs_y && op != TIDE_UN_NEG && op != TIDE_UN_ADD_SCALAR && op != TIDE_UN_MUL_SCALAR;
+    if ((needs_y && !y) || (needs_x && !x))
+        return tide_set_error("unary backward: op %d needs the saved %s, got NULL", op, needs_y ? "output y" : "input x");
     TIDE_STREAM(s);
     TIDE_FLOAT_DISPATCH(dtype, "unary backward", {
         unary_backward_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>(op, (T *)gx, (const T *)gy, (const T *)x,
@@ -522,41 +529,65 @@ int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t
 }
 
 /* ---- rotary embedding on [B, T, H, D]: pairs (i, i + D/2), angle (pos0 + t) theta^(-2i/D) --------------
-   The angle and its sine/cosine are computed in double: positions reach 1M tokens, where a float angle
-   would have lost every significant digit of its fractional part. */
+   Like the CPU backend: a [T, D/2] table of cos and sin computed in double (positions reach 1M tokens,
+   where a float angle keeps no fractional digits), then every (b, h) row rotates in double. Each pair is
+   read before either half is written, so out may alias x. */
 
-template <typename T> __global__ void rope_kernel(T *out, const T *x, int64_t T_, int64_t H, int64_t D, double theta,
-                                                  int64_t pos0, double sign, int64_t npairs)
+__global__ void rope_table_kernel(double *cs, int64_t Tlen, int64_t half, int64_t D, double theta, int64_t pos0,
+                                  double sign)
 {
-    typedef TIDE_ACC(T) A;
-    int64_t half = D / 2;
+    TIDE_GRID_LOOP(k, Tlen * half) {
+        int64_t t = k / half, i = k % half;
+        double ang = sign * (double)(pos0 + t) * pow(theta, -2.0 * (double)i / (double)D);
+        double sn, c;
+        sincos(ang, &sn, &c);
+        cs[t * 2 * half + i] = c;
+        cs[t * 2 * half + half + i] = sn;
+    }
+}
+
+template <typename T> __global__ void rope_kernel(T *out, const T *x, const double *cs, int64_t Tlen, int64_t H,
+                                                  int64_t half, int64_t npairs)
+{
     TIDE_GRID_LOOP(k, npairs) {
-        int64_t i = k % half;
-        int64_t row = k / half;               /* (b, t, h) flattened */
-        int64_t t = (row / H) % T_;
-        double ang = (double)(pos0 + t) * pow(theta, -2.0 * (double)i / (double)D);
-        double sn, cs;
-        sincos(ang, &sn, &cs);
-        A c = (A)cs, sg = (A)(sign * sn);
-        int64_t base = row * D;
-        A x1 = tide_ld(x, base + i), x2 = tide_ld(x, base + i + half);
-        tide_st(out, base + i, x1 * c - x2 * sg);
-        tide_st(out, base + i + half, x1 * sg + x2 * c);
+        int64_t i = k % half, row = k / half;     /* row = (b, t, h) flattened */
+        int64_t t = (row / H) % Tlen;
+        double c = cs[t * 2 * half + i], sn = cs[t * 2 * half + half + i];
+        int64_t base = row * 2 * half;
+        double x1 = (double)tide_ld(x, base + i), x2 = (double)tide_ld(x, base + i + half);
+        out[base + i] = tide_from_f64<T>(x1 * c - x2 * sn);
+        out[base + i + half] = tide_from_f64<T>(x1 * sn + x2 * c);
     }
 }
 
 int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t Tlen, int64_t H, int64_t D,
                    double theta, int64_t pos0, int inverse)
 {
-    if (D % 2 != 0) return tide_set_error("rope: head dim D must be even, got %lld", (long long)D);
+    if (B < 0 || Tlen < 0 || H < 0 || D < 0)
+        return tide_set_error("rope: negative size B=%lld T=%lld H=%lld D=%lld", (long long)B, (long long)Tlen,
+                              (long long)H, (long long)D);
+    if (D % 2 != 0) return tide_set_error("rope: head dim D=%lld must be even", (long long)D);
     if (!(theta > 0.0)) return tide_set_error("rope: theta must be positive, got %g", theta);
-    int64_t npairs = B * Tlen * H * (D / 2);
-    if (npairs <= 0) return 0;
+    if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
+        return tide_set_error("rope: dtype %s is not supported on the cuda backend (f32, f64, bf16)",
+                              tide_cuda_dtype_str(dtype));
+    int64_t half = D / 2, npairs = B * Tlen * H * half;
+    if (npairs == 0) return 0;
     TIDE_STREAM(s);
-    TIDE_FLOAT_DISPATCH(dtype, "rope", {
-        rope_kernel<T><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((T *)out, (const T *)x, Tlen, H, D,
-                                                                    theta, pos0, inverse ? -1.0 : 1.0, npairs);
-        TIDE_CU_LAUNCH("rope kernel");
-    });
+    double *cs = NULL;
+    TIDE_CU(tide_cuda_alloc((void **)&cs, (size_t)(Tlen * 2 * half) * sizeof(double), s), "rope table alloc");
+    rope_table_kernel<<<tide_blocks(Tlen * half), TIDE_THREADS, 0, s>>>(cs, Tlen, half, D, theta, pos0,
+                                                                        inverse ? -1.0 : 1.0);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        switch (dtype) {
+        case TIDE_F32: rope_kernel<float><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((float *)out, (const float *)x, cs, Tlen, H, half, npairs); break;
+        case TIDE_F64: rope_kernel<double><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((double *)out, (const double *)x, cs, Tlen, H, half, npairs); break;
+        case TIDE_BF16: rope_kernel<__nv_bfloat16><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, cs, Tlen, H, half, npairs); break;
+        }
+        e = cudaGetLastError();
+    }
+    tide_cuda_release(cs, s);
+    if (e != cudaSuccess) return tide_set_error("cuda rope kernel: %s", cudaGetErrorString(e));
     return 0;
 }

@@ -28,7 +28,7 @@ template <typename T> __global__ void rmsnorm_kernel(T *out, T *rstd, const T *x
             ss += v * v;
         }
         ss = tide_block_reduce(ss, tide_sum_op(), A(0), sh);
-        A r = rsqrt(ss / A(C) + eps);
+        A r = A(1) / sqrt(ss / A(C) + eps);
         if (rstd && threadIdx.x == 0) tide_st(rstd, row, r);
         T *orow = out + row * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) tide_st(orow, j, tide_ld(xr, j) * r * ld_or_one(w, j));
@@ -71,7 +71,7 @@ template <typename T> __global__ void layernorm_kernel(T *out, T *mean, T *rstd,
             A d = tide_ld(xr, j) - mu;
             sq += d * d;
         }
-        A r = rsqrt(tide_block_reduce(sq, tide_sum_op(), A(0), sh) / A(C) + eps);
+        A r = A(1) / sqrt(tide_block_reduce(sq, tide_sum_op(), A(0), sh) / A(C) + eps);
         if (threadIdx.x == 0) {
             if (mean) tide_st(mean, row, mu);
             if (rstd) tide_st(rstd, row, r);
@@ -173,7 +173,7 @@ template <typename T> static int norm_dw(const char *what, T *dw, T *db, const T
     nchunks = (N + rows_per - 1) / rows_per;
     A *part = NULL;
     size_t per = (size_t)(nchunks * C);
-    TIDE_CU(cudaMallocAsync((void **)&part, per * (db ? 2 : 1) * sizeof(A), s), "norm backward scratch alloc");
+    TIDE_CU(tide_cuda_alloc((void **)&part, per * (db ? 2 : 1) * sizeof(A), s), "norm backward scratch alloc");
     A *pw = part, *pb = db ? part + per : NULL;
     norm_dw_partial_kernel<T><<<dim3((unsigned)colblocks, (unsigned)nchunks), dim3(32, 8), 0, s>>>(
         pw, pb, dout, x, mean, rstd, N, C, rows_per);
@@ -182,7 +182,7 @@ template <typename T> static int norm_dw(const char *what, T *dw, T *db, const T
         norm_dw_final_kernel<T><<<tide_blocks(C), TIDE_THREADS, 0, s>>>(dw, db, pw, pb, C, (int)nchunks);
         e = cudaGetLastError();
     }
-    cudaFreeAsync(part, s);
+    tide_cuda_release(part, s);
     if (e != cudaSuccess) return tide_set_error("cuda %s weight gradient kernel: %s", what, cudaGetErrorString(e));
     return 0;
 }

@@ -159,7 +159,7 @@ template <typename T> static int reduce_launch(int op, void *out, const void *x,
         return 0;
     }
     S *partial = NULL;
-    TIDE_CU(cudaMallocAsync((void **)&partial, (size_t)(outer * nchunks * inner) * sizeof(S), s), "reduce scratch alloc");
+    TIDE_CU(tide_cuda_alloc((void **)&partial, (size_t)(outer * nchunks * inner) * sizeof(S), s), "reduce scratch alloc");
     reduce_kernel<T><<<grid, block, 0, s>>>(op, out, (const T *)x, outer, red, inner, rchunk, partial);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
@@ -167,7 +167,7 @@ template <typename T> static int reduce_launch(int op, void *out, const void *x,
                                                                                       (int)nchunks);
         e = cudaGetLastError();
     }
-    cudaFreeAsync(partial, s);
+    tide_cuda_release(partial, s);
     if (e != cudaSuccess) return tide_set_error("cuda reduce kernel: %s", cudaGetErrorString(e));
     return 0;
 }

@@ -136,7 +136,13 @@ static tide_tensor *f_index_select(tide_tensor **in) { return tide_index_select(
 static tide_tensor *f_gather(tide_tensor **in) { return tide_gather(in[0], 1, in[1]); }
 static tide_tensor *f_scatter_add(tide_tensor **in) { return tide_scatter_add(in[0], 1, in[1], in[2]); }
 /* layout and conversion kernels: a strided copy, and f32 -> bf16 -> f32 */
-static tide_tensor *f_transpose_contig(tide_tensor **in) { return tide_contiguous(tide_transpose(in[0], 0, 2)); }
+static tide_tensor *f_transpose_contig(tide_tensor **in)
+{
+    tide_tensor *t = tide_transpose(in[0], 0, 2);
+    tide_tensor *c = t ? tide_contiguous(t) : NULL;
+    tide_tensor_release(t);
+    return c;
+}
 static tide_tensor *f_bf16_roundtrip(tide_tensor **in)
 {
     tide_tensor *b = tide_to_dtype(in[0], TIDE_BF16);
@@ -649,6 +655,11 @@ int main(void)
         if (extra[i]()) passed++;
         else failed++;
     }
+    /* every case released what it made, on both devices */
+    char detail[64];
+    snprintf(detail, sizeof detail, "%lld live tensors", (long long)tide_live_tensors());
+    if (report("no tensors leaked", tide_live_tensors() == 0, detail)) passed++;
+    else failed++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

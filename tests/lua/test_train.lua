@@ -202,19 +202,24 @@ T.test("5 consecutive skips roll back to the last checkpoint; after 2 rollbacks 
   T.ok(r2.stopped:find("non-finite loss", 1, true), r2.stopped)
 end)
 
-T.test("the quickstart recipe trains on the installed English text and its loss falls", function()
+T.test("the quickstart recipe: its loss falls, and --resume continues with bit-identical losses", function()
   local cli = require "tide.cli"
   local long = os.getenv("TIDE_TEST_LONG") == "1"
-  local out = tmpdir("quickstart")
-  local overrides = { { key = "train.out", text = out } }
-  if not long then
-    for _, o in ipairs({ { "train.steps", "40" }, { "train.eval_every", "40" }, { "train.ckpt_every", "20" },
-      { "train.eval_batches", "2" }, { "sample.max_new_tokens", "40" } }) do
-      overrides[#overrides + 1] = { key = o[1], text = o[2] }
+  local out, out2 = tmpdir("quickstart"), tmpdir("quickstart-resumed")
+  local function load(extra)
+    local overrides = {}
+    if not long then
+      for _, o in ipairs({ { "train.steps", "40" }, { "train.eval_every", "20" }, { "train.ckpt_every", "20" },
+        { "train.eval_batches", "2" }, { "sample.max_new_tokens", "40" } }) do
+        overrides[#overrides + 1] = { key = o[1], text = o[2] }
+      end
     end
+    for _, o in ipairs(extra) do overrides[#overrides + 1] = o end
+    local cfg = cli.load_recipe("recipes/quickstart.lua", overrides)
+    cfg.train.quiet = true
+    return cfg
   end
-  local cfg = cli.load_recipe("recipes/quickstart.lua", overrides)
-  cfg.train.quiet = true
+  local cfg = load({ { key = "train.out", text = out } })
   local r = train(cfg)
   if long then
     T.ok(r.final_loss < cfg.expect.final_loss_below,
@@ -224,9 +229,19 @@ T.test("the quickstart recipe trains on the installed English text and its loss 
     T.ok(r.final_loss < 3.3, string.format("final loss %.4f after 40 steps should be < 3.3", r.final_loss))
   end
   T.ok(#r.samples == 2 and #r.samples[2] > #"The meaning of life is")
-  local last = long and "step_00000400" or "step_00000040"
-  T.eq(io.open(out .. "/ckpt/latest"):read("*a"), last .. "\n")
-  T.ok(exists(out .. "/ckpt/" .. last .. "/model.safetensors"))
+  local steps, every = cfg.train.steps, cfg.train.ckpt_every
+  T.eq(io.open(out .. "/ckpt/latest"):read("*a"), checkpoint.dir_name(steps) .. "\n")
+  T.ok(exists(out .. "/ckpt/" .. checkpoint.dir_name(steps) .. "/model.safetensors"))
+
+  -- continue from the previous checkpoint in a second directory: the same losses, bit for bit
+  local from = out .. "/ckpt/" .. checkpoint.dir_name(steps - every)
+  local cfg2 = load({ { key = "train.out", text = out2 }, { key = "sample.max_new_tokens", text = "1" } })
+  cfg2.resume = from
+  local r2 = train(cfg2)
+  for s = steps - every + 1, steps do
+    T.ok(r2.losses[s] == r.losses[s], string.format("step %d: %.17g vs %.17g", s, r2.losses[s], r.losses[s]))
+  end
+  T.ok(r2.val_loss == r.val_loss)
 end)
 
 local _, failed = T.run({ exit = false })

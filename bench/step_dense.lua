@@ -1,0 +1,287 @@
+-- bench/step_dense.lua — tokens/s and achieved GFLOP/s of one dense training step (forward, backward,
+-- AdamW, zero_grad) of nn.TransformerLM, beside two baselines measured in the same run:
+--   * the sgemm ceiling: bench-sgemm-ceiling times tide_matmul at this model's GEMM shapes (forward,
+--     input gradient and weight gradient of every Linear), best of `ceiling_reps`;
+--   * PyTorch CPU eager running the same model (bench/torch_dense.py) with OMP_WAIT_POLICY=PASSIVE,
+--     when `python` can import torch.
+-- Writes <results>/step_dense.json and <results>/step_dense.md and prints the table. It reports; it
+-- asserts nothing about speed.
+--
+--   tide run bench/step_dense.lua [--only=gpt2-small] [--steps=5] [--baseline=false] [--results=DIR]
+--
+-- FLOPs of a step: 6 · P · N + 6 · L · d · T · N, with N = B · T tokens and P the parameters outside the
+-- embedding table (the lm_head matrix counts: it is a GEMM); the second term is attention's QKᵀ and AV,
+-- 12 · L · d · T per token forward + backward, halved by the causal mask.
+local ffi = require "ffi"
+local tide = require "tide"
+local json = require "tide.json"
+
+local CONFIGS = {
+  { name = "d256-L4", vocab_size = 50304, dim = 256, n_layers = 4, n_heads = 4, seq = 256, batch = 4, steps = 8 },
+  { name = "gpt2-small", vocab_size = 50304, dim = 768, n_layers = 12, n_heads = 12, seq = 64, batch = 4, steps = 5 },
+}
+-- the shape whose numbers the targets speak of
+local TARGET = { config = "gpt2-small", pct_of_ceiling = 60, vs_torch = 1.3 }
+
+local FLOP_FORMULA = "6*P*N + 6*L*d*T*N; N = B*T tokens per step, P = parameters outside the embedding table "
+  .. "(lm_head counted), attention 12*L*d*T per token halved by the causal mask"
+
+local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "bench"
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function file_exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+-- runs a command; returns the JSON object it printed on stdout (from the first line opening '{'), or
+-- nil and why (with the end of its stderr)
+local function run_json(cmd)
+  local errpath = os.tmpname()
+  local p = io.popen(cmd .. " 2>" .. shell_quote(errpath))
+  local text = p and p:read("*a") or ""
+  local ok, _, code = true, nil, 0
+  if p then ok, _, code = p:close() end
+  local ef = io.open(errpath, "r")
+  local err = ef and ef:read("*a") or ""
+  if ef then ef:close() end
+  os.remove(errpath)
+  if not p or not ok or (code and code ~= 0) then
+    return nil, string.format("'%s' failed (exit %s): %s", cmd, tostring(code), err:sub(-800))
+  end
+  local start = text:sub(1, 1) == "{" and 1 or text:find("\n{")
+  if not start then return nil, string.format("'%s' printed no JSON: %s %s", cmd, text:sub(-400), err:sub(-400)) end
+  local okd, obj = pcall(json.decode, text:sub(start))
+  if not okd then return nil, string.format("'%s' printed bad JSON (%s)", cmd, tostring(obj)) end
+  return obj
+end
+
+local function loadavg()
+  local f = io.open("/proc/loadavg", "r")
+  if not f then return nil end
+  local s = f:read("*l")
+  f:close()
+  return tonumber(s:match("^(%S+)"))
+end
+
+-- the deterministic ids torch_dense.py uses as well: (i · mult) mod V for i = 1..n
+local function token_ids(n, mult, vocab, B, T)
+  local t = {}
+  for i = 1, n do t[i] = (i * mult) % vocab end
+  return tide.tensor(t, { dtype = "i64" }):reshape(B, T)
+end
+
+local function mean(xs)
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  return s / #xs
+end
+
+local function step_flops(c, n_nonembed)
+  local N = c.batch * c.seq
+  return 6 * n_nonembed * N + 6 * c.n_layers * c.dim * c.seq * N
+end
+
+-- times warmup + steps training steps of the tide model; returns the tide part of the record
+local function bench_tide(c, warmup, steps)
+  tide.manual_seed(1)
+  local model = tide.nn.TransformerLM({ vocab_size = c.vocab_size, dim = c.dim, n_layers = c.n_layers,
+    n_heads = c.n_heads, max_seq_len = c.seq })
+  local opt = tide.optim.AdamW(model, { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
+  local N = c.batch * c.seq
+  local ids = token_ids(N, 7919, c.vocab_size, c.batch, c.seq)
+  local targets = token_ids(N, 104729, c.vocab_size, c.batch, c.seq)
+  local r = { step_s = {}, forward_s = {}, backward_s = {}, optimizer_s = {}, losses = {} }
+  for s = 1, warmup + steps do
+    local t0 = tide.time()
+    local loss = model:loss(ids, targets)
+    local t1 = tide.time()
+    loss:backward()
+    local t2 = tide.time()
+    opt:step()
+    opt:zero_grad()
+    local t3 = tide.time()
+    r.losses[s] = loss:item()
+    if s > warmup then
+      r.step_s[#r.step_s + 1] = t3 - t0
+      r.forward_s[#r.forward_s + 1] = t1 - t0
+      r.backward_s[#r.backward_s + 1] = t2 - t1
+      r.optimizer_s[#r.optimizer_s + 1] = t3 - t2
+    end
+    io.stderr:write(string.format("  tide %s step %d/%d: %.3f s (fwd %.3f, bwd %.3f, opt %.3f), loss %.4f\n",
+      c.name, s, warmup + steps, t3 - t0, t1 - t0, t2 - t1, t3 - t2, r.losses[s]))
+  end
+  r.params = model:num_parameters()
+  r.params_embedding = model.model.embed_tokens.weight:numel()
+  r.ffn_dim = model.cfg.ffn_dim
+  r.step_s_mean = mean(r.step_s)
+  r.tok_per_s = N / r.step_s_mean
+  r.forward_s_mean, r.backward_s_mean, r.optimizer_s_mean = mean(r.forward_s), mean(r.backward_s), mean(r.optimizer_s)
+  r.memory_peak = tide.memory().peak
+  model, opt = nil, nil
+  tide.collect()
+  return r
+end
+
+local function ceiling_exe(cfg)
+  if cfg.ceiling_exe ~= "" then return cfg.ceiling_exe end
+  local exe = tide.cli.exe_path()
+  local dir = exe and exe:match("^(.*)/[^/]*$")
+  return (dir or ".") .. "/bench-sgemm-ceiling"
+end
+
+local function fmt_num(x, f) return x and string.format(f, x) or "-" end
+
+local function markdown(rec)
+  local L = {}
+  L[#L + 1] = "# step_dense: one dense training step (forward, backward, AdamW)"
+  L[#L + 1] = ""
+  L[#L + 1] = string.format("Machine: %d threads, %s; load average %s at start. PyTorch: %s.", rec.threads, rec.blas,
+    fmt_num(rec.loadavg_start, "%.2f"), rec.torch_version or "not run")
+  L[#L + 1] = "FLOPs per step: " .. rec.flop_formula .. "."
+  L[#L + 1] = "Ceiling: the best sgemm rate through tide_matmul over the model's GEMM shapes (best of "
+    .. rec.ceiling_reps .. "); GEMM-mix: a step's GEMM FLOPs over their summed best standalone times."
+  L[#L + 1] = ""
+  L[#L + 1] = "| config | tide tok/s | tide GFLOP/s | sgemm ceiling GFLOP/s | % of ceiling | GEMM-mix GFLOP/s | % of mix "
+    .. "| torch tok/s | tide / torch |"
+  L[#L + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  for _, r in ipairs(rec.configs) do
+    L[#L + 1] = string.format("| %s | %.1f | %.1f | %s | %s | %s | %s | %s | %s |", r.name, r.tide.tok_per_s,
+      r.tide_gflops, fmt_num(r.ceiling_gflops, "%.1f"), fmt_num(r.pct_of_ceiling, "%.1f"),
+      fmt_num(r.step_gemm_gflops, "%.1f"), fmt_num(r.pct_of_gemm_mix, "%.1f"),
+      fmt_num(r.torch and r.torch.tok_per_s, "%.1f"), fmt_num(r.tide_over_torch, "%.2fx"))
+  end
+  L[#L + 1] = ""
+  L[#L + 1] = "| config | params (embedding) | ffn | B x T | GFLOP/step | tide step s (fwd / bwd / opt) | torch step s |"
+  L[#L + 1] = "|---|---:|---:|---:|---:|---|---:|"
+  for _, r in ipairs(rec.configs) do
+    local t = r.tide
+    L[#L + 1] = string.format("| %s | %d (%d) | %d | %d x %d | %.1f | %.3f (%.3f / %.3f / %.3f) | %s |", r.name,
+      t.params, t.params_embedding, t.ffn_dim, r.batch, r.seq, r.flops_per_step / 1e9, t.step_s_mean,
+      t.forward_s_mean, t.backward_s_mean, t.optimizer_s_mean, fmt_num(r.torch and r.torch.step_s_mean, "%.3f"))
+  end
+  if rec.targets then
+    local t = rec.targets
+    L[#L + 1] = ""
+    L[#L + 1] = string.format("Targets at %s: >= %d%% of the sgemm ceiling: %s (%s%%); >= %.1fx PyTorch tok/s: %s (%s).",
+      t.config, t.pct_of_ceiling, t.ceiling_met == nil and "not measured" or (t.ceiling_met and "met" or "missed"),
+      fmt_num(t.pct_measured, "%.1f"), t.vs_torch, t.torch_met == nil and "not measured" or (t.torch_met and "met" or "missed"),
+      fmt_num(t.ratio_measured, "%.2fx"))
+  end
+  return table.concat(L, "\n") .. "\n"
+end
+
+local function run(cfg)
+  local ffn_of = {}
+  local record = {
+    benchmark = "step_dense", date = os.date("!%Y-%m-%dT%H:%M:%SZ"), tide_version = tide.version,
+    threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), loadavg_start = loadavg(),
+    flop_formula = FLOP_FORMULA, ceiling_reps = cfg.ceiling_reps, configs = {},
+  }
+  local have_torch = false
+  if cfg.baseline then
+    local probe = io.popen(shell_quote(cfg.python) .. " -c 'import torch; print(torch.__version__)' 2>/dev/null")
+    local v = probe and probe:read("*l")
+    if probe then probe:close() end
+    if v and v ~= "" then have_torch, record.torch_version = true, "pytorch " .. v
+    else io.stderr:write("step_dense: " .. cfg.python .. " cannot import torch; the PyTorch column stays empty\n") end
+  end
+  local cexe = ceiling_exe(cfg)
+  local have_ceiling = file_exists(cexe)
+  if not have_ceiling then
+    io.stderr:write("step_dense: no sgemm ceiling executable at " .. cexe .. " (build bench-sgemm-ceiling, or set --ceiling_exe)\n")
+  end
+
+  for _, c in ipairs(CONFIGS) do
+    if cfg.only == "" or cfg.only == c.name then
+      local steps = cfg.steps > 0 and cfg.steps or c.steps
+      io.stderr:write(string.format("step_dense: %s (V=%d, d=%d, L=%d, H=%d, B=%d, T=%d), %d warmup + %d timed steps\n",
+        c.name, c.vocab_size, c.dim, c.n_layers, c.n_heads, c.batch, c.seq, cfg.warmup, steps))
+      local r = { name = c.name, vocab_size = c.vocab_size, dim = c.dim, n_layers = c.n_layers, n_heads = c.n_heads,
+        seq = c.seq, batch = c.batch }
+      r.tide = bench_tide(c, cfg.warmup, steps)
+      ffn_of[c.name] = r.tide.ffn_dim
+      r.flops_per_step = step_flops(c, r.tide.params - r.tide.params_embedding)
+      r.tide_gflops = r.flops_per_step / r.tide.step_s_mean / 1e9
+      if have_ceiling then
+        local cmd = string.format("%s --tokens %d --dim %d --ffn %d --vocab %d --layers %d --reps %d --label %s",
+          shell_quote(cexe), c.batch * c.seq, c.dim, r.tide.ffn_dim, c.vocab_size, c.n_layers, cfg.ceiling_reps, c.name)
+        local ceil, why = run_json(cmd)
+        if ceil then
+          r.ceiling = ceil
+          r.ceiling_gflops, r.step_gemm_gflops = ceil.ceiling_gflops, ceil.step_gemm_gflops
+          r.pct_of_ceiling = 100 * r.tide_gflops / ceil.ceiling_gflops
+          r.pct_of_gemm_mix = 100 * r.tide_gflops / ceil.step_gemm_gflops
+        else
+          io.stderr:write("step_dense: sgemm ceiling: " .. why .. "\n")
+        end
+      end
+      if have_torch then
+        local cmd = string.format("OMP_WAIT_POLICY=PASSIVE %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d "
+          .. "--seq %d --batch %d --warmup %d --steps %d --threads %d", shell_quote(cfg.python),
+          shell_quote(bench_dir .. "/torch_dense.py"), c.vocab_size, c.dim, c.n_layers, c.n_heads, r.tide.ffn_dim,
+          c.seq, c.batch, cfg.warmup, steps, tide.num_threads())
+        io.stderr:write("  torch " .. c.name .. " ...\n")
+        local t, why = run_json(cmd)
+        if t then
+          r.torch = t
+          r.tide_over_torch = r.tide.tok_per_s / t.tok_per_s
+          r.torch_gflops = r.flops_per_step / t.step_s_mean / 1e9
+          if t.params ~= r.tide.params then
+            r.params_mismatch = string.format("tide %d parameters, torch %d", r.tide.params, t.params)
+            io.stderr:write("step_dense: " .. c.name .. ": the models differ: " .. r.params_mismatch .. "\n")
+          end
+        else
+          io.stderr:write("step_dense: PyTorch baseline: " .. why .. "\n")
+        end
+      end
+      record.configs[#record.configs + 1] = r
+      if c.name == TARGET.config then
+        record.targets = {
+          config = TARGET.config, pct_of_ceiling = TARGET.pct_of_ceiling, vs_torch = TARGET.vs_torch,
+          pct_measured = r.pct_of_ceiling, ratio_measured = r.tide_over_torch,
+          ceiling_met = r.pct_of_ceiling and r.pct_of_ceiling >= TARGET.pct_of_ceiling or nil,
+          torch_met = r.tide_over_torch and r.tide_over_torch >= TARGET.vs_torch or nil,
+        }
+        if record.targets.ceiling_met == nil and r.pct_of_ceiling then record.targets.ceiling_met = false end
+        if record.targets.torch_met == nil and r.tide_over_torch then record.targets.torch_met = false end
+      end
+    end
+  end
+  if #record.configs == 0 then
+    local names = {}
+    for _, c in ipairs(CONFIGS) do names[#names + 1] = c.name end
+    error("step_dense: --only='" .. cfg.only .. "' names no config (known: " .. table.concat(names, ", ") .. ")", 0)
+  end
+  record.loadavg_end = loadavg()
+
+  local md = markdown(record)
+  io.write(md)
+  if cfg.results ~= "" then
+    if tide.C.tide_mkdir_p(cfg.results) ~= 0 then
+      error("step_dense: cannot create '" .. cfg.results .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
+    end
+    local text = json.encode(record, { first = { "benchmark", "date", "name", "tide", "torch", "ceiling" } }) .. "\n"
+    for path, body in pairs({ [cfg.results .. "/step_dense.json"] = text, [cfg.results .. "/step_dense.md"] = md }) do
+      if tide.C.tide_file_write_text_atomic(path, body) ~= 0 then
+        error("step_dense: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
+      end
+    end
+    io.stderr:write("step_dense: wrote " .. cfg.results .. "/step_dense.json and step_dense.md\n")
+  end
+  return 0
+end
+
+return {
+  only = "",                 -- a config name to run alone ("d256-L4", "gpt2-small"); "" runs both
+  warmup = 2,                -- untimed steps first (allocator caches, BLAS buffers)
+  steps = 0,                 -- timed steps; 0 takes each config's own count
+  baseline = true,           -- time PyTorch on the same model when `python` imports torch
+  python = "/usr/bin/python3",
+  ceiling_reps = 5,
+  ceiling_exe = "",          -- "" = bench-sgemm-ceiling beside the tide executable
+  results = "bench/results", -- where step_dense.json / step_dense.md go; "" writes nothing
+  run = run,
+}
