@@ -174,6 +174,11 @@ local function train(cfg)
     stream:set_state(st.data.train)
     rng_set(st.rng)
     last_ckpt = dir
+    if st.threads and st.threads ~= tide.num_threads() then
+      -- reductions split by thread count: the run continues, but not bit-identically
+      logger:line(string.format("note: %s was written with %d threads, this run uses %d; losses may differ in the last bits",
+        dir, st.threads, tide.num_threads()))
+    end
     return st
   end
 

@@ -42,6 +42,24 @@ T.test("tide info prints the build summary", function()
   contains(out, "GC64")
 end)
 
+T.test("require 'tide' works from a plain luajit with the library path set", function()
+  local root = exe:gsub("/[^/]*/tide$", "")            -- <repo>/build/tide -> <repo>
+  local lib = exe:gsub("/tide$", "/libtide.so")
+  local script = write("plain.lua", [[
+local tide = require "tide"
+local x = tide.tensor({1, 2, 3}, {dtype = "f64", requires_grad = true})
+local y = (x * x):sum()
+y:backward()
+print(string.format("plain %g %g", y:item(), x:grad():totable()[3]))
+]])
+  local cmd = "LUA_PATH='" .. root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;;' TIDE_LIB='" .. lib ..
+              "' luajit '" .. script .. "' 2>&1"
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  contains(out, "plain 14 6")
+end)
+
 T.test("a recipe with a syntax error reports file:line", function()
   local path = write("syntax.lua", "return {\n  model = {dim = },\n}\n")
   local out, code = tide_cmd("run " .. path)

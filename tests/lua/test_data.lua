@@ -98,7 +98,7 @@ end)
 T.test("token shards (llm.c layout) load as stored", function()
   local dir = tmpdir("shard")
   local toks = {}
-  for i = 1, 500 do toks[i] = (i * 37) % 320 end
+  for i = 1, 500 do toks[i] = (i * 37) % 320 end   -- some ids >= 300
   local buf = ffi.new("uint32_t[?]", #toks)
   for i = 1, #toks do buf[i - 1] = toks[i] end
   T.eq(tide.C.tide_shard_write(dir .. "/s.bin", buf, #toks, 2), 0)
@@ -107,7 +107,8 @@ T.test("token shards (llm.c layout) load as stored", function()
   for i = 1, 500 do
     if ds.train.buf[i - 1] ~= toks[i] then T.eq(ds.train.buf[i - 1], toks[i], "token " .. i) end
   end
-  T.raises(function() text.load({ path = dir .. "/s.bin" }, tokenizer.byte_level({ vocab_size = 300 })) end, "")
+  T.raises(function() text.load({ path = dir .. "/s.bin" }, tokenizer.byte_level({ vocab_size = 300 })) end,
+    "is >= the vocabulary size 300")
   tide.C.tide_remove_tree(dir)
 end)
 

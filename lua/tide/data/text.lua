@@ -13,9 +13,9 @@ local C = tide.C
 
 local text = {}
 
-local function last_error() return ffi.string(C.tide_last_error()) end
-
 local raw = tide.raw
+
+local function last_error() return ffi.string(C.tide_last_error()) end
 
 -- token buffer: {buf = int32_t[n], n = n}
 local function new_tokens(n)
@@ -25,10 +25,10 @@ end
 local function list_files(path)
   if C.tide_is_dir(path) ~= 1 then return { path } end
   local n = ffi.new("size_t[1]")
-  local raw = C.tide_list_dir(path, n)
-  if raw == nil then error("data: cannot list directory '" .. path .. "': " .. last_error(), 3) end
-  local names = ffi.string(raw, n[0])
-  C.tide_free(raw)
+  local buf = C.tide_list_dir(path, n)
+  if buf == nil then error("data: cannot list directory '" .. path .. "': " .. last_error(), 3) end
+  local names = ffi.string(buf, n[0])
+  C.tide_free(buf)
   local files = {}
   for name in names:gmatch("([^%z]+)%z") do
     local full = path:gsub("/$", "") .. "/" .. name
@@ -94,7 +94,7 @@ local function file_tokens(f, cfg, tok)
   if format == "auto" then format = f:match("%.bin$") and "shard" or "text" end
   if format == "shard" then
     local p = C.tide_shard_read(f, tok.vocab_size)
-    if p == nil then error("data: shard '" .. f .. "': " .. last_error(), 4) end
+    if p == nil then error("data: " .. last_error(), 4) end   -- the engine names file, index and rule
     local t = tide.wrap(p)
     local n = t:numel()
     local out = new_tokens(n)
