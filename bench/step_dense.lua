@@ -79,6 +79,14 @@ local function mean(xs)
   return s / #xs
 end
 
+local function median(xs)
+  local s = {}
+  for i, x in ipairs(xs) do s[i] = x end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
 local function step_flops(c, n_nonembed)
   local N = c.batch * c.seq
   return 6 * n_nonembed * N + 6 * c.n_layers * c.dim * c.seq * N
@@ -116,9 +124,10 @@ local function bench_tide(c, warmup, steps)
   r.params = model:num_parameters()
   r.params_embedding = model.model.embed_tokens.weight:numel()
   r.ffn_dim = model.cfg.ffn_dim
-  r.step_s_mean = mean(r.step_s)
-  r.tok_per_s = N / r.step_s_mean
-  r.forward_s_mean, r.backward_s_mean, r.optimizer_s_mean = mean(r.forward_s), mean(r.backward_s), mean(r.optimizer_s)
+  r.step_s_mean, r.step_s_median = mean(r.step_s), median(r.step_s)
+  r.tok_per_s = N / r.step_s_median
+  r.forward_s_median, r.backward_s_median = median(r.forward_s), median(r.backward_s)
+  r.optimizer_s_median = median(r.optimizer_s)
   r.memory_peak = tide.memory().peak
   model, opt = nil, nil
   tide.collect()
@@ -134,17 +143,27 @@ end
 
 local function fmt_num(x, f) return x and string.format(f, x) or "-" end
 
+-- "met (61.2%)", "missed (0.84x)", "not measured"
+local function verdict(met, value, f)
+  if value == nil then return "not measured" end
+  return (met and "met" or "missed") .. " (" .. string.format(f, value) .. ")"
+end
+
 local function markdown(rec)
   local L = {}
-  L[#L + 1] = "# step_dense: one dense training step (forward, backward, AdamW)"
+  L[#L + 1] = "# step_dense: one dense training step (forward, backward, AdamW, zero_grad)"
   L[#L + 1] = ""
-  L[#L + 1] = string.format("Machine: %d threads, %s; load average %s at start. PyTorch: %s.", rec.threads, rec.blas,
-    fmt_num(rec.loadavg_start, "%.2f"), rec.torch_version or "not run")
-  L[#L + 1] = "FLOPs per step: " .. rec.flop_formula .. "."
-  L[#L + 1] = "Ceiling: the best sgemm rate through tide_matmul over the model's GEMM shapes (best of "
-    .. rec.ceiling_reps .. "); GEMM-mix: a step's GEMM FLOPs over their summed best standalone times."
+  L[#L + 1] = string.format("tide %s, %d threads, %s; PyTorch: %s (OMP_WAIT_POLICY=PASSIVE, same thread count). "
+    .. "Load average %s at start, %s at the end.", rec.tide_version, rec.threads, rec.blas,
+    rec.torch_version or "not run", fmt_num(rec.loadavg_start, "%.2f"), fmt_num(rec.loadavg_end, "%.2f"))
   L[#L + 1] = ""
-  L[#L + 1] = "| config | tide tok/s | tide GFLOP/s | sgemm ceiling GFLOP/s | % of ceiling | GEMM-mix GFLOP/s | % of mix "
+  L[#L + 1] = "- tok/s: B x T over the median timed step (after " .. rec.warmup .. " warmup steps), for both engines."
+  L[#L + 1] = "- FLOPs per step: " .. rec.flop_formula .. "."
+  L[#L + 1] = "- sgemm ceiling: the best f32 GEMM rate through tide_matmul over the model's GEMM shapes (forward, "
+    .. "input and weight gradient of each Linear; best of " .. rec.ceiling_reps .. "). GEMM mix: a step's GEMM FLOPs "
+    .. "over the sum of their best standalone times."
+  L[#L + 1] = ""
+  L[#L + 1] = "| config | tide tok/s | tide GFLOP/s | sgemm ceiling GFLOP/s | % of ceiling | GEMM mix GFLOP/s | % of mix "
     .. "| torch tok/s | tide / torch |"
   L[#L + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for _, r in ipairs(rec.configs) do
@@ -154,31 +173,32 @@ local function markdown(rec)
       fmt_num(r.torch and r.torch.tok_per_s, "%.1f"), fmt_num(r.tide_over_torch, "%.2fx"))
   end
   L[#L + 1] = ""
-  L[#L + 1] = "| config | params (embedding) | ffn | B x T | GFLOP/step | tide step s (fwd / bwd / opt) | torch step s |"
-  L[#L + 1] = "|---|---:|---:|---:|---:|---|---:|"
+  L[#L + 1] = "| config | V | d | L | H | ffn | B x T | params (embedding) | GFLOP/step | tide step s: fwd / bwd / opt "
+    .. "| torch step s |"
+  L[#L + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
   for _, r in ipairs(rec.configs) do
     local t = r.tide
-    L[#L + 1] = string.format("| %s | %d (%d) | %d | %d x %d | %.1f | %.3f (%.3f / %.3f / %.3f) | %s |", r.name,
-      t.params, t.params_embedding, t.ffn_dim, r.batch, r.seq, r.flops_per_step / 1e9, t.step_s_mean,
-      t.forward_s_mean, t.backward_s_mean, t.optimizer_s_mean, fmt_num(r.torch and r.torch.step_s_mean, "%.3f"))
+    L[#L + 1] = string.format("| %s | %d | %d | %d | %d | %d | %d x %d | %d (%d) | %.1f | %.3f: %.3f / %.3f / %.3f | %s |",
+      r.name, r.vocab_size, r.dim, r.n_layers, r.n_heads, t.ffn_dim, r.batch, r.seq, t.params, t.params_embedding,
+      r.flops_per_step / 1e9, t.step_s_median, t.forward_s_median, t.backward_s_median, t.optimizer_s_median,
+      fmt_num(r.torch and r.torch.step_s_median, "%.3f"))
   end
   if rec.targets then
     local t = rec.targets
     L[#L + 1] = ""
-    L[#L + 1] = string.format("Targets at %s: >= %d%% of the sgemm ceiling: %s (%s%%); >= %.1fx PyTorch tok/s: %s (%s).",
-      t.config, t.pct_of_ceiling, t.ceiling_met == nil and "not measured" or (t.ceiling_met and "met" or "missed"),
-      fmt_num(t.pct_measured, "%.1f"), t.vs_torch, t.torch_met == nil and "not measured" or (t.torch_met and "met" or "missed"),
-      fmt_num(t.ratio_measured, "%.2fx"))
+    L[#L + 1] = string.format("Targets at %s: >= %d%% of the sgemm ceiling: %s; >= %.1fx PyTorch tok/s: %s.", t.config,
+      t.pct_of_ceiling, verdict(t.ceiling_met, t.pct_measured, "%.1f%%"), t.vs_torch,
+      verdict(t.torch_met, t.ratio_measured, "%.2fx"))
   end
   return table.concat(L, "\n") .. "\n"
 end
 
 local function run(cfg)
-  local ffn_of = {}
   local record = {
     benchmark = "step_dense", date = os.date("!%Y-%m-%dT%H:%M:%SZ"), tide_version = tide.version,
     threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), loadavg_start = loadavg(),
-    flop_formula = FLOP_FORMULA, ceiling_reps = cfg.ceiling_reps, configs = {},
+    flop_formula = FLOP_FORMULA, ceiling_reps = cfg.ceiling_reps, warmup = cfg.warmup,
+    omp_wait_policy = os.getenv("OMP_WAIT_POLICY") or "", configs = {},
   }
   local have_torch = false
   if cfg.baseline then
@@ -202,9 +222,8 @@ local function run(cfg)
       local r = { name = c.name, vocab_size = c.vocab_size, dim = c.dim, n_layers = c.n_layers, n_heads = c.n_heads,
         seq = c.seq, batch = c.batch }
       r.tide = bench_tide(c, cfg.warmup, steps)
-      ffn_of[c.name] = r.tide.ffn_dim
       r.flops_per_step = step_flops(c, r.tide.params - r.tide.params_embedding)
-      r.tide_gflops = r.flops_per_step / r.tide.step_s_mean / 1e9
+      r.tide_gflops = r.flops_per_step / r.tide.step_s_median / 1e9
       if have_ceiling then
         local cmd = string.format("%s --tokens %d --dim %d --ffn %d --vocab %d --layers %d --reps %d --label %s",
           shell_quote(cexe), c.batch * c.seq, c.dim, r.tide.ffn_dim, c.vocab_size, c.n_layers, cfg.ceiling_reps, c.name)
@@ -228,7 +247,7 @@ local function run(cfg)
         if t then
           r.torch = t
           r.tide_over_torch = r.tide.tok_per_s / t.tok_per_s
-          r.torch_gflops = r.flops_per_step / t.step_s_mean / 1e9
+          r.torch_gflops = r.flops_per_step / t.step_s_median / 1e9
           if t.params ~= r.tide.params then
             r.params_mismatch = string.format("tide %d parameters, torch %d", r.tide.params, t.params)
             io.stderr:write("step_dense: " .. c.name .. ": the models differ: " .. r.params_mismatch .. "\n")
@@ -242,11 +261,9 @@ local function run(cfg)
         record.targets = {
           config = TARGET.config, pct_of_ceiling = TARGET.pct_of_ceiling, vs_torch = TARGET.vs_torch,
           pct_measured = r.pct_of_ceiling, ratio_measured = r.tide_over_torch,
-          ceiling_met = r.pct_of_ceiling and r.pct_of_ceiling >= TARGET.pct_of_ceiling or nil,
-          torch_met = r.tide_over_torch and r.tide_over_torch >= TARGET.vs_torch or nil,
+          ceiling_met = r.pct_of_ceiling and r.pct_of_ceiling >= TARGET.pct_of_ceiling,
+          torch_met = r.tide_over_torch and r.tide_over_torch >= TARGET.vs_torch,
         }
-        if record.targets.ceiling_met == nil and r.pct_of_ceiling then record.targets.ceiling_met = false end
-        if record.targets.torch_met == nil and r.tide_over_torch then record.targets.torch_met = false end
       end
     end
   end
