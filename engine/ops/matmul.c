@@ -51,7 +51,15 @@ int tide_matmul_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
         gin[0] = fit(ta ? tide_matmul(b, g, tb, 1) : tide_matmul(g, b, 0, !tb), &n->in_meta[0]);
         if (!gin[0]) return -1;
     }
-    if (n->in_needs_grad[1]) {
+    if (n->in_needs_grad[1] && b->ndim == 2 && a->ndim > 2 && !ta) {
+        /* a Linear layer: fold the batch into the rows so dW is one GEMM, not a batched product
+           followed by a sum over a [batch, out, in] temporary */
+        int64_t K = a->shape[a->ndim - 1], N = g->shape[g->ndim - 1];
+        tide_tensor *a2 = tide_reshape(a, 2, (int64_t[]){-1, K}), *g2 = a2 ? tide_reshape(g, 2, (int64_t[]){-1, N}) : NULL;
+        gin[1] = g2 ? (tb ? tide_matmul(g2, a2, 1, 0) : tide_matmul(a2, g2, 1, 0)) : NULL;
+        tide_tensor_release(a2); tide_tensor_release(g2);
+        if (!gin[1]) return -1;
+    } else if (n->in_needs_grad[1]) {
         gin[1] = fit(tb ? tide_matmul(g, a, 1, ta) : tide_matmul(a, g, !ta, 0), &n->in_meta[1]);
         if (!gin[1]) return -1;
     }

@@ -471,9 +471,17 @@ int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m
     if (!(lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0) || !(weight_decay >= 0) || step < 0)
         return tide_set_error("adamw: invalid hyper-parameters lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g step=%lld", lr, beta1,
                               beta2, eps, weight_decay, (long long)step);
-    tide_tensor *g = tide_empty(param->dtype, param->ndim, param->shape, param->device);
-    if (!g) return -1;
-    int rc = tide_copy_(g, grad);
+    /* the update reads grad in place when it already has the param's layout; otherwise a converted copy */
+    tide_tensor *g;
+    int rc = 0;
+    if (grad->dtype == param->dtype && tide_is_contiguous(grad)) {
+        g = (tide_tensor *)grad;
+        tide_tensor_retain(g);
+    } else {
+        g = tide_empty(param->dtype, param->ndim, param->shape, param->device);
+        if (!g) return -1;
+        rc = tide_copy_(g, grad);
+    }
     double bc1 = 1.0 - pow(beta1, (double)(step + 1)), bc2 = 1.0 - pow(beta2, (double)(step + 1));
     if (!rc && param->numel > 0)
         rc = tide_backend_for(param->device)->adamw(param->dtype, tide_data(param), tide_data(g), tide_data(m), tide_data(v),

@@ -18,7 +18,25 @@ int tide_sum_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *x = in[0];
     uint8_t red[TIDE_MAX_DIMS] = {0};
     for (int k = 0; k < n->attr.n_list; k++) red[n->attr.list[k]] = 1;
-    /* move reduced dims last, make contiguous, reduce [outer, red, 1] */
+    /* reduced dims forming one consecutive run of a contiguous tensor: reduce [outer, red, inner] in place */
+    int first = -1, last = -1, run = 1;
+    for (int i = 0; i < x->ndim; i++) if (red[i]) { if (first < 0) first = i; else if (i != last + 1) run = 0; last = i; }
+    if (first >= 0 && run && tide_is_contiguous(x)) {
+        int64_t o3 = 1, r3 = 1, i3 = 1, shape[TIDE_MAX_DIMS];
+        for (int i = 0; i < x->ndim; i++) *(i < first ? &o3 : i <= last ? &r3 : &i3) *= x->shape[i];
+        int nd = reduced_shape(x, red, (int)n->attr.i[0], shape);
+        tide_tensor *o = tide_empty(x->dtype, nd, shape, x->device);
+        int rc = o ? 0 : -1;
+        if (!rc && o->numel > 0) {
+            if (r3 == 0) rc = tide_fill_(o, 0.0);
+            else rc = tide_backend_for(x->device)->reduce(TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(x), o3, r3, i3);
+        }
+        if (!rc && n->attr.f[0] != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.f[0]);   /* mean */
+        if (rc) { tide_tensor_release(o); return -1; }
+        out[0] = o;
+        return 0;
+    }
+    /* otherwise move reduced dims last, make contiguous, reduce [outer, red, 1] */
     int perm[TIDE_MAX_DIMS], np = 0;
     int64_t outer = 1, r = 1;
     for (int i = 0; i < x->ndim; i++) if (!red[i]) { perm[np++] = i; outer *= x->shape[i]; }
