@@ -108,6 +108,24 @@ T.test("resume from a checkpoint continues with bit-identical losses; checkpoint
   T.raises(function() train(fixture_cfg({ resume = tmpdir("none") })) end, "no checkpoint under")
 end)
 
+T.test("a truncated or corrupt checkpoint fails with an error naming the file; the run dir is untouched", function()
+  local dir = tmpdir("corrupt")
+  train(fixture_cfg({ train = { steps = 8, ckpt_every = 4, out = dir } }))
+  local ck = dir .. "/ckpt/step_00000004"
+  local path = ck .. "/model.safetensors"
+  local f = assert(io.open(path, "rb"))
+  local bytes = f:read("*a")
+  f:close()
+  -- truncated: the data buffer ends early
+  f = assert(io.open(path, "wb")); f:write(bytes:sub(1, #bytes - 100)); f:close()
+  T.raises(function() train(fixture_cfg({ resume = ck, train = { steps = 12, out = tmpdir("r1") } })) end, "model.safetensors")
+  -- corrupt: a header length larger than the file
+  f = assert(io.open(path, "wb")); f:write("\255\255\255\255\0\0\0\0" .. bytes:sub(9)); f:close()
+  T.raises(function() train(fixture_cfg({ resume = ck, train = { steps = 12, out = tmpdir("r2") } })) end, "model.safetensors")
+  -- the other checkpoint files are still there and intact
+  T.ok(exists(ck .. "/optim.safetensors") and exists(ck .. "/state.json"), "other files kept")
+end)
+
 T.test("1,000 training steps run in flat memory", function()
   local seen = {}
   local r = train(fixture_cfg({
