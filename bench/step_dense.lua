@@ -28,13 +28,8 @@ local FLOP_FORMULA = "6*P*N + 6*L*d*T*N; N = B*T tokens per step, P = parameters
 
 local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "bench"
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function file_exists(path)
-  local f = io.open(path, "r")
-  if f then f:close() return true end
-  return false
-end
+local cli = require "tide.cli"
+local shell_quote, file_exists = cli.shell_quote, cli.file_exists
 
 -- runs a command; returns the JSON object it printed on stdout (from the first line opening '{'), or
 -- nil and why (with the end of its stderr)

@@ -409,4 +409,6 @@ function M.main(argv)
   usage_error(string.format("unknown command '%s' (commands: run, repl, test, info, help)", cmd))
 end
 
+M.shell_quote = shell_quote   -- shared with scripts that spawn commands (bench/)
+M.file_exists = file_exists
 return M
