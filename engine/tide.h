@@ -211,6 +211,36 @@ tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0);
 /* q [B, H, Tq, D], k/v [B, H, Tk, D]; causal aligns the last query with the last key */
 tide_tensor *tide_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, int causal, double scale);
 
+/* ---- ops: Kimi Delta Attention (spec/kda.md) ------------------------------------------------------ */
+/* kernel paths of tide_kda:
+   CHUNK      chunks of `chunk` tokens with the intra-chunk decay factorised exp(G_r)·exp(-G_j), so every
+              block is one dense matmul; valid only for a lower-bounded decay: needs lower_bound <= g <= 0
+              and chunk·|lower_bound| <= 80 (kda.md §5), and fails naming the first g below the bound;
+   CHUNK_SAFE the same chunk form with per-pair exp(G_r - G_j): any g <= 0 (the unbounded softplus gate);
+   RECURRENT  the token recurrence (kda.md §3): the reference, and the decode step. */
+enum { TIDE_KDA_CHUNK = 0, TIDE_KDA_CHUNK_SAFE = 1, TIDE_KDA_RECURRENT = 2 };
+/* o [B, T, H, dv] and the final state [B, H, dk, dv] from q, k, g [B, T, H, dk], v [B, T, H, dv],
+   beta [B, T, H] (q, k already L2-normalised, q scaled). s0 [B, H, dk, dv] or NULL (zeros).
+   cu_seqlens: NULL, or an int tensor [n + 1] of document boundaries over the flattened B·T tokens
+   (0 = c_0 < c_1 < ... < c_n = B·T; row starts are boundaries whether listed or not). The state restarts
+   at zero at every document start, except the first document of row b, which starts from s0[b]; the
+   final state of row b is the state after its last token. States are f32 when the inputs are bf16.
+   One graph node with two outputs; returns 0 or -1. */
+int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta, tide_tensor *s0,
+             tide_tensor *cu_seqlens, int path, int chunk, double lower_bound, tide_tensor **o, tide_tensor **state);
+/* the KDA decay gate over z [..., H, D] with A_log [H] and dt_bias [H, D] or [H·D] (kda.md §2):
+   form 0 (lower-bounded): g = lower_bound · sigmoid(exp(A_log_h) · (z + dt_bias)), g in [lower_bound, 0];
+   form 1 (softplus, Kimi Linear): g = -exp(A_log_h) · softplus(z + dt_bias) (lower_bound unused) */
+enum { TIDE_KDA_GATE_BOUNDED = 0, TIDE_KDA_GATE_SOFTPLUS = 1 };
+tide_tensor *tide_kda_gate(tide_tensor *z, tide_tensor *A_log, tide_tensor *dt_bias, double lower_bound, int form);
+/* depthwise causal convolution over time: x [B, T, C], w [C, K] -> [B, T, C],
+   y[b,t,c] = sum_j w[c,j] x[b, t-K+1+j, c]; positions before the start of t's document read 0, except in
+   the first document of a row, which reads cache [B, K-1, C] (NULL = zeros) for positions before t = 0.
+   cu_seqlens as for tide_kda. silu != 0 applies SiLU to the result (fused: nothing extra is stored). */
+tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cache, tide_tensor *cu_seqlens, int silu);
+/* scale · x / sqrt(sum(x²) + eps) over the last dim (kda.md §1.3: eps on the SUM of squares) */
+tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
+
 /* ---- optimiser kernels (in place, no graph) -------------------------------------------------------- */
 /* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
 int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,

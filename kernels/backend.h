@@ -141,6 +141,43 @@ typedef struct tide_backend {
                               const void *k, const void *v, const void *out, const void *lse,
                               int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
 
+    /* Kimi Delta Attention (spec/kda.md §3-§6) on q, k, g [B, T, H, dk], v [B, T, H, dv], beta [B, T, H],
+       o [B, T, H, dv]; states [B, H, dk, dv] in f32 when dtype is bf16, else in dtype (s0 NULL = zeros,
+       s_out may be NULL). cu: HOST int64 [n_seg + 1], boundaries over the flattened B·T tokens, every row
+       start included: the state restarts at zero at each segment start, except the first segment of row b
+       which starts from s0[b]; s_out[b] is the state after row b's last token.
+       path (tide.h): TIDE_KDA_CHUNK factorises the decay and must fail (naming the value) on any g < lb,
+       unless lb is -inf (tests use that to show the overflow); TIDE_KDA_CHUNK_SAFE forms exp(G_r - G_j)
+       per pair; TIDE_KDA_RECURRENT runs the token recurrence. chunk is C for the chunk paths.
+       backward: gradients of every input from gout [B, T, H, dv] and gs_out (NULL = zero); any gradient
+       pointer may be NULL when not wanted. */
+    int (*kda)(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+               const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
+               int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
+    int (*kda_backward)(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0,
+                        const void *gout, const void *gs_out, const void *q, const void *k, const void *v,
+                        const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg,
+                        int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk,
+                        double lb);
+    /* KDA gate (kda.md §2) over z [N, H, D], A_log [H], dt_bias [H·D]; form TIDE_KDA_GATE_BOUNDED:
+       g = lb σ(e^{A_h}(z + b)); TIDE_KDA_GATE_SOFTPLUS: g = -e^{A_h} softplus(z + b). backward writes gz
+       and OVERWRITES gA [H] and gb [H·D] (sums over N); any of the three may be NULL */
+    int (*kda_gate)(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N,
+                    int64_t H, int64_t D, double lb, int form);
+    int (*kda_gate_backward)(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z,
+                             const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D,
+                             double lb, int form);
+    /* depthwise causal conv over time, x and out [B, T, C], w [C, K]:
+       out[b,t,c] = Σ_j w[c,j] x[b, t-K+1+j, c]; positions before the start of t's segment read 0, except
+       in the first segment of a row, which reads cache [B, K-1, C] (NULL = zeros) before t = 0. cu as for
+       kda (host). silu: out = silu(conv). backward writes gx, gcache and OVERWRITES gw [C, K] (any may be
+       NULL), recomputing the pre-activation when silu is set */
+    int (*causal_conv1d)(int dtype, void *out, const void *x, const void *w, const void *cache,
+                         const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
+    int (*causal_conv1d_backward)(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
+                                  const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
+                                  int64_t T, int64_t C, int64_t K, int silu);
+
     /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1) */
     int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);

@@ -7,6 +7,7 @@
 DECL(reshape) DECL(permute) DECL(slice) DECL(expand) DECL(concat) DECL(split) DECL(index_select) DECL(gather)
 DECL(scatter_add) DECL(to_dtype) DECL(binary) DECL(unary) DECL(swiglu) DECL(sum) DECL(dimreduce) DECL(matmul)
 DECL(embedding) DECL(rmsnorm) DECL(layernorm) DECL(softmax) DECL(cross_entropy) DECL(rope) DECL(attention)
+DECL(kda) DECL(kda_gate) DECL(causal_conv1d) DECL(l2norm)
 int tide_contiguous_forward(tide_node *, tide_tensor **, tide_tensor **);
 int tide_identity_backward(tide_node *, tide_tensor **, tide_tensor **);
 
@@ -58,5 +59,9 @@ const tide_op_def tide_op_defs[TIDE_OP_COUNT] = {
     OP(TIDE_OP_CROSS_ENTROPY, "cross_entropy", cross_entropy, tide_cross_entropy_backward),
     OP(TIDE_OP_ROPE, "rope", rope, tide_rope_backward),
     OP(TIDE_OP_ATTENTION, "attention", attention, tide_attention_backward),
+    OP(TIDE_OP_KDA, "kda", kda, tide_kda_backward),
+    OP(TIDE_OP_KDA_GATE, "kda_gate", kda_gate, tide_kda_gate_backward),
+    OP(TIDE_OP_CAUSAL_CONV1D, "causal_conv1d", causal_conv1d, tide_causal_conv1d_backward),
+    OP(TIDE_OP_L2NORM, "l2norm", l2norm, tide_l2norm_backward),
 };
 _Static_assert(sizeof tide_op_defs / sizeof tide_op_defs[0] == TIDE_OP_COUNT, "every op id needs a registry entry");

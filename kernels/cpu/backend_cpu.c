@@ -41,5 +41,11 @@ const tide_backend tide_cpu_backend = {
     .rope = tide_cpu_rope,
     .attention = tide_cpu_attention,
     .attention_backward = tide_cpu_attention_backward,
+    .kda = tide_cpu_kda,
+    .kda_backward = tide_cpu_kda_backward,
+    .kda_gate = tide_cpu_kda_gate,
+    .kda_gate_backward = tide_cpu_kda_gate_backward,
+    .causal_conv1d = tide_cpu_causal_conv1d,
+    .causal_conv1d_backward = tide_cpu_causal_conv1d_backward,
     .adamw = tide_cpu_adamw,
 };

@@ -53,7 +53,7 @@ typedef struct {
     int op;                        /* the registry id this case covers */
     const char *what;
     int n_in;
-    tide_tensor *in[4];
+    tide_tensor *in[6];
     int no_f32;                    /* skip the f32-vs-f64 comparison */
     tide_tensor *(*run)(tide_tensor **in);
     void (*ref)(tide_tensor **in, double *out);   /* slow reference of the output, or NULL */
@@ -130,6 +130,44 @@ RUN(r_ce_none, tide_cross_entropy(x[0], x[1], NULL, 2, 2))
 RUN(r_rope, tide_rope(x[0], 10000.0, 3))
 RUN(r_attn_causal, tide_attention(x[0], x[1], x[2], 1, 0.5))
 RUN(r_attn_full, tide_attention(x[0], x[1], x[2], 0, 0.4))
+
+/* kda: both outputs in one vector so the gradient check covers o and the final state */
+static tide_tensor *kda_run(tide_tensor **x, int has_s0, int path, int chunk, const int64_t *cu, int n_cu)
+{
+    tide_tensor *o, *s, *cut = NULL;
+    if (cu) {
+        double v[8];
+        for (int i = 0; i < n_cu; i++) v[i] = (double)cu[i];
+        cut = tide_from_f64(TIDE_I64, 1, (int64_t[]){n_cu}, 0, v);
+    }
+    int rc = tide_kda(x[0], x[1], x[2], x[3], x[4], has_s0 ? x[5] : NULL, cut, path, chunk, -5.0, &o, &s);
+    tide_tensor_release(cut);
+    if (rc) return NULL;
+    tide_tensor *fo = tide_reshape(o, 1, SHAPE(-1)), *fs = tide_reshape(s, 1, SHAPE(-1));
+    tide_tensor *pair[2] = {fo, fs}, *y = tide_concat(2, pair, 0);
+    tide_tensor_release(o); tide_tensor_release(s); tide_tensor_release(fo); tide_tensor_release(fs);
+    return y;
+}
+static tide_tensor *r_kda_chunk(tide_tensor **x) { return kda_run(x, 1, TIDE_KDA_CHUNK, 4, NULL, 0); }
+static tide_tensor *r_kda_packed(tide_tensor **x)
+{
+    static const int64_t cu[4] = {0, 3, 12, 18};   /* B = 2, T = 9: documents [0,3) [3,9) | [9,12) [12,18) */
+    return kda_run(x, 1, TIDE_KDA_CHUNK, 4, cu, 4);
+}
+static tide_tensor *r_kda_safe(tide_tensor **x) { return kda_run(x, 0, TIDE_KDA_CHUNK_SAFE, 3, NULL, 0); }
+static tide_tensor *r_kda_rec(tide_tensor **x) { return kda_run(x, 1, TIDE_KDA_RECURRENT, 0, NULL, 0); }
+RUN(r_kda_gate, tide_kda_gate(x[0], x[1], x[2], -5.0, TIDE_KDA_GATE_BOUNDED))
+RUN(r_kda_gate_sp, tide_kda_gate(x[0], x[1], x[2], 0.0, TIDE_KDA_GATE_SOFTPLUS))
+static tide_tensor *r_conv(tide_tensor **x)
+{
+    double v[4] = {0, 2, 5, 10};                    /* B = 2, T = 5: documents [0,2) [2,5) | [5,10) */
+    tide_tensor *cu = tide_from_f64(TIDE_I32, 1, SHAPE(4), 0, v);
+    tide_tensor *y = tide_causal_conv1d(x[0], x[1], x[2], cu, 1);
+    tide_tensor_release(cu);
+    return y;
+}
+RUN(r_conv_plain, tide_causal_conv1d(x[0], x[1], NULL, NULL, 0))
+RUN(r_l2norm, tide_l2norm(x[0], 1e-6, 0.35))
 
 /* slow references (plain loops on host copies) */
 static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N, K] -> [B, M, N] */
@@ -227,6 +265,15 @@ static void add(int op, const char *what, tide_tensor *(*run)(tide_tensor **), v
     k->in[0] = a; k->in[1] = b; k->in[2] = c; k->in[3] = d;
 }
 
+/* a case with five or six inputs (the kda op) */
+static void add6(int op, const char *what, tide_tensor *(*run)(tide_tensor **), int n_in, tide_tensor *a, tide_tensor *b,
+                 tide_tensor *c, tide_tensor *d, tide_tensor *e, tide_tensor *f)
+{
+    add(op, what, run, NULL, 0, n_in, a, b, c, d);
+    cases[n_cases - 1].in[4] = e;
+    cases[n_cases - 1].in[5] = f;
+}
+
 static void build_cases(void)
 {
     int64_t s4[1] = {4};
@@ -290,6 +337,20 @@ static void build_cases(void)
     add(TIDE_OP_ATTENTION, "causal Tq 5 < Tk 7", r_attn_causal, ref_attn_causal, 0, 3, RANDN(2, 2, 5, 4), RANDN(2, 2, 7, 4),
         RANDN(2, 2, 7, 4), 0);
     add(TIDE_OP_ATTENTION, "non-causal", r_attn_full, ref_attn_full, 0, 3, RANDN(1, 3, 4, 8), RANDN(1, 3, 6, 8), RANDN(1, 3, 6, 8), 0);
+    /* kda: q, k, v, g (in [lb, 0]), beta (0, 1), s0; T not a multiple of the chunk */
+    add6(TIDE_OP_KDA, "chunk 4, T 7, s0", r_kda_chunk, 6, RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 4),
+         RANDU(-0.9, -0.01, 2, 7, 2, 3), RANDU(0.05, 0.95, 2, 7, 2), RANDN(2, 2, 3, 4));
+    add6(TIDE_OP_KDA, "chunk 4, packed documents, s0", r_kda_packed, 6, RANDN(2, 9, 1, 3), RANDN(2, 9, 1, 3),
+         RANDN(2, 9, 1, 2), RANDU(-0.9, -0.01, 2, 9, 1, 3), RANDU(0.05, 0.95, 2, 9, 1), RANDN(2, 1, 3, 2));
+    add6(TIDE_OP_KDA, "chunk_safe 3, strong decay", r_kda_safe, 5, RANDN(1, 8, 2, 3), RANDN(1, 8, 2, 3), RANDN(1, 8, 2, 2),
+         RANDU(-6.0, -0.01, 1, 8, 2, 3), RANDU(0.05, 0.95, 1, 8, 2), NULL);
+    add6(TIDE_OP_KDA, "recurrent, s0", r_kda_rec, 6, RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 2),
+         RANDU(-0.9, -0.01, 1, 6, 2, 3), RANDU(0.05, 0.95, 1, 6, 2), RANDN(1, 2, 3, 2));
+    add(TIDE_OP_KDA_GATE, "lower-bounded, dt_bias [H, D]", r_kda_gate, NULL, 0, 3, RANDN(3, 2, 4), RANDN(2), RANDN(2, 4), 0);
+    add(TIDE_OP_KDA_GATE, "softplus, dt_bias [H·D]", r_kda_gate_sp, NULL, 0, 3, RANDN(3, 2, 4), RANDN(2), RANDN(8), 0);
+    add(TIDE_OP_CAUSAL_CONV1D, "K 4, cache, packed, silu", r_conv, NULL, 0, 3, RANDN(2, 5, 3), RANDN(3, 4), RANDN(2, 3, 3), 0);
+    add(TIDE_OP_CAUSAL_CONV1D, "K 3, no cache", r_conv_plain, NULL, 0, 2, RANDN(2, 6, 4), RANDN(4, 3), 0, 0);
+    add(TIDE_OP_L2NORM, "[2,3,5] scale 0.35", r_l2norm, NULL, 0, 1, RANDN(2, 3, 5), 0, 0, 0);
     (void)s4;
 }
 
@@ -314,7 +375,7 @@ static int check_case(op_case *k)
 
     /* 2. f32 forward vs f64 forward */
     if (!k->no_f32) {
-        tide_tensor *in32[4] = {0};
+        tide_tensor *in32[6] = {0};
         for (int i = 0; i < k->n_in; i++)
             in32[i] = k->in[i]->dtype == TIDE_F64 ? tide_to_dtype(k->in[i], TIDE_F32) : (tide_tensor_retain(k->in[i]), k->in[i]);
         tide_tensor *y32 = k->run(in32);

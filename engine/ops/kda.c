@@ -1,0 +1,371 @@
+/* kda.c — the Kimi Delta Attention op family (spec/kda.md): the kernel op `kda` (one node, two outputs:
+   o and the final state), the decay gate `kda_gate`, the short causal convolution `causal_conv1d` (SiLU
+   fused) and `l2norm`. Document boundaries (cu_seqlens) are read to the host once, merged with the row
+   starts and kept as the node's list attribute, so a recompute replay needs no tensor for them. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../internal.h"
+
+#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
+
+static void release_all(tide_tensor **t, int n)
+{
+    for (int i = 0; i < n; i++) { tide_tensor_release(t[i]); t[i] = NULL; }
+}
+
+/* contiguous copies of in[0..n) (NULL stays NULL); -1 and nothing held on failure */
+static int contiguous_all(tide_tensor **in, int n, tide_tensor **out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = in[i] ? tide_contiguous_nograd(in[i]) : NULL;
+        if (in[i] && !out[i]) { release_all(out, i); return -1; }
+    }
+    return 0;
+}
+
+/* the segment boundaries over B·T flattened tokens: the user's cu_seqlens (validated) merged with every
+   row start, into at->list / at->n_list (malloc'd: the caller frees it after running the op) */
+static int load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, tide_attrs *at)
+{
+    int64_t n_user = 0;
+    double *u = NULL;
+    if (cu) {
+        char a[128];
+        if (!tide_is_int(cu->dtype) || cu->ndim != 1 || cu->shape[0] < 2)
+            return tide_set_error("%s: cu_seqlens must be a 1-D integer tensor [n_docs + 1], got %s %s", op,
+                                  tide_dtype_name(cu->dtype), SHAPE_STR(cu, a));
+        n_user = cu->shape[0];
+        u = malloc((size_t)n_user * sizeof *u);
+        if (!u) return tide_set_error("%s: out of memory", op);
+        if (tide_to_f64_buffer(cu, u, n_user)) { free(u); return -1; }
+        if (u[0] != 0 || u[n_user - 1] != (double)(B * T)) {
+            int rc = tide_set_error("%s: cu_seqlens must start at 0 and end at B·T = %lld, got %g .. %g", op,
+                                    (long long)(B * T), u[0], u[n_user - 1]);
+            free(u);
+            return rc;
+        }
+        for (int64_t i = 1; i < n_user; i++)
+            if (!(u[i] > u[i - 1])) {
+                int rc = tide_set_error("%s: cu_seqlens must be strictly increasing, got %g then %g at index %lld", op,
+                                        u[i - 1], u[i], (long long)i);
+                free(u);
+                return rc;
+            }
+    }
+    int64_t *list = malloc((size_t)(n_user + B + 1) * sizeof *list), n = 0;
+    if (!list) { free(u); return tide_set_error("%s: out of memory", op); }
+    int64_t iu = 0;
+    for (int64_t b = 0; b <= B; b++) {
+        int64_t rs = b * T;
+        while (iu < n_user && (int64_t)u[iu] < rs) list[n++] = (int64_t)u[iu++];
+        if (iu < n_user && (int64_t)u[iu] == rs) iu++;
+        list[n++] = rs;
+    }
+    free(u);
+    at->list = list;
+    at->n_list = (int)n;
+    return 0;
+}
+
+/* ---- kda ---------------------------------------------------------------------------------------------------- */
+/* attr: i[0] path, i[1] chunk, i[2] has s0; f[0] lower bound; list: segment boundaries */
+static int kda_state_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
+
+int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *c[6] = {0};
+    int has_s0 = (int)n->attr.i[2];
+    if (contiguous_all(in, 5 + has_s0, c)) return -1;
+    tide_tensor *q = c[0], *v = c[2];
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
+    int64_t oshape[4] = {B, T, H, dv}, sshape[4] = {B, H, dk, dv};
+    tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
+    tide_tensor *s = o ? tide_empty(kda_state_dtype(q->dtype), 4, sshape, q->device) : NULL;
+    const tide_backend *bk = tide_backend_for(q->device);
+    int rc = s ? TIDE_KERNEL(bk, kda, "kda") : -1;
+    if (!rc)
+        rc = bk->kda(q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]), tide_data(v), tide_data(c[3]),
+                     tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL, n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv,
+                     (int)n->attr.i[0], n->attr.i[1], n->attr.f[0]);
+    for (int i = 0; i < 5 + has_s0 && !rc; i++) rc = tide_node_save(n, c[i]);
+    release_all(c, 6);
+    if (rc) { tide_tensor_release(o); tide_tensor_release(s); return -1; }
+    out[0] = o;
+    out[1] = s;
+    return 0;
+}
+
+int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    int has_s0 = (int)n->attr.i[2];
+    tide_tensor **sv = n->saved, *q = sv[0], *v = sv[2];
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
+    tide_tensor *go = tide_contiguous_nograd(gout[0]), *gs = go ? tide_contiguous_nograd(gout[1]) : NULL;
+    tide_tensor *g[6] = {0};
+    int rc = gs ? 0 : -1;
+    for (int i = 0; i < 5 + has_s0 && !rc; i++)
+        if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(sv[i]))) rc = -1;
+    const tide_backend *bk = tide_backend_for(q->device);
+    if (!rc) rc = TIDE_KERNEL(bk, kda_backward, "kda");
+    if (!rc)
+        rc = bk->kda_backward(q->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+                              g[2] ? tide_data(g[2]) : NULL, g[3] ? tide_data(g[3]) : NULL, g[4] ? tide_data(g[4]) : NULL,
+                              g[5] ? tide_data(g[5]) : NULL, tide_data(go), tide_data(gs), tide_data(q), tide_data(sv[1]),
+                              tide_data(v), tide_data(sv[3]), tide_data(sv[4]), has_s0 ? tide_data(sv[5]) : NULL,
+                              n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv, (int)n->attr.i[0], n->attr.i[1],
+                              n->attr.f[0]);
+    tide_tensor_release(go);
+    tide_tensor_release(gs);
+    if (rc) { release_all(g, 6); return -1; }
+    for (int i = 0; i < 5 + has_s0; i++) gin[i] = g[i];
+    return 0;
+}
+
+int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta, tide_tensor *s0,
+             tide_tensor *cu_seqlens, int path, int chunk, double lower_bound, tide_tensor **o, tide_tensor **state)
+{
+    const char *op = "kda";
+    if (!o || !state) return tide_set_error("kda: o and state output pointers are required");
+    *o = *state = NULL;
+    tide_tensor *x[5] = {q, k, v, g, beta};
+    const char *names[5] = {"q", "k", "v", "g", "beta"};
+    for (int i = 0; i < 5; i++)
+        if (tide_check_float(x[i], op, names[i]) || tide_check_same_device(q, x[i], op) || tide_check_same_dtype(q, x[i], op))
+            return -1;
+    char a[128], b[128], c[128], d[128], e[128];
+    int ok = q->ndim == 4 && tide_same_shape(q, k) && tide_same_shape(q, g) && v->ndim == 4 && beta->ndim == 3;
+    for (int i = 0; ok && i < 3; i++) ok = v->shape[i] == q->shape[i] && beta->shape[i] == q->shape[i];
+    if (!ok)
+        return tide_set_error("kda: q %s, k %s, g %s, v %s, beta %s must be [B, T, H, dk] x3, [B, T, H, dv], [B, T, H]",
+                              SHAPE_STR(q, a), SHAPE_STR(k, b), SHAPE_STR(g, c), SHAPE_STR(v, d), SHAPE_STR(beta, e));
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
+    if (B < 1 || T < 1 || H < 1 || dk < 1 || dv < 1) return tide_set_error("kda: empty input %s", SHAPE_STR(q, a));
+    if (s0) {
+        if (tide_check_float(s0, op, "s0") || tide_check_same_device(q, s0, op)) return -1;
+        int64_t want[4] = {B, H, dk, dv};
+        if (s0->ndim != 4 || memcmp(s0->shape, want, sizeof want))
+            return tide_set_error("kda: s0 is %s but must be [B, H, dk, dv] = %s", SHAPE_STR(s0, a), tide_shape_str(4, want, b, sizeof b));
+        if (s0->dtype != kda_state_dtype(q->dtype))
+            return tide_set_error("kda: s0 is %s but the state of %s inputs is %s", tide_dtype_name(s0->dtype),
+                                  tide_dtype_name(q->dtype), tide_dtype_name(kda_state_dtype(q->dtype)));
+    }
+    if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT)
+        return tide_set_error("kda: path must be 0 (chunk), 1 (chunk_safe) or 2 (recurrent), got %d", path);
+    if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
+        return tide_set_error("kda: chunk must be in [1, 1024], got %d", chunk);
+    if (path == TIDE_KDA_CHUNK && !(lower_bound < 0 && (double)chunk * -lower_bound <= 80.0))
+        return tide_set_error("kda: the chunk path needs a lower bound lb < 0 with chunk·|lb| <= 80 so that exp(±G) stay "
+                              "normal floats (kda.md §5), got lb = %g with chunk %d", lower_bound, chunk);
+    tide_attrs at = {0};
+    at.i[0] = path;
+    at.i[1] = chunk;
+    at.i[2] = s0 != NULL;
+    at.f[0] = lower_bound;
+    if (load_boundaries(op, cu_seqlens, B, T, &at)) return -1;
+    tide_tensor *in[6] = {q, k, v, g, beta, s0}, *out[2] = {0};
+    int rc = tide_op_run(TIDE_OP_KDA, s0 ? 6 : 5, in, 2, out, &at);
+    free(at.list);
+    if (rc) return -1;
+    *o = out[0];
+    *state = out[1];
+    return 0;
+}
+
+/* ---- kda_gate ------------------------------------------------------------------------------------------------ */
+/* attr: i[0] form, i[1] H, i[2] D; f[0] lower bound */
+int tide_kda_gate_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *c[3];
+    if (contiguous_all(in, 3, c)) return -1;
+    int64_t H = n->attr.i[1], D = n->attr.i[2], N = c[0]->numel / (H * D);
+    tide_tensor *g = tide_empty_like(c[0]);
+    const tide_backend *bk = tide_backend_for(c[0]->device);
+    int rc = g ? TIDE_KERNEL(bk, kda_gate, "kda_gate") : -1;
+    if (!rc && N > 0)
+        rc = bk->kda_gate(c[0]->dtype, tide_data(g), tide_data(c[0]), tide_data(c[1]), tide_data(c[2]), N, H, D, n->attr.f[0],
+                          (int)n->attr.i[0]);
+    for (int i = 0; i < 3 && !rc; i++) rc = tide_node_save(n, c[i]);
+    release_all(c, 3);
+    if (rc) { tide_tensor_release(g); return -1; }
+    out[0] = g;
+    return 0;
+}
+
+int tide_kda_gate_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *z = n->saved[0], *A = n->saved[1], *b = n->saved[2];
+    int64_t H = n->attr.i[1], D = n->attr.i[2], N = z->numel / (H * D);
+    tide_tensor *gg = tide_contiguous_nograd(gout[0]), *g[3] = {0};
+    int rc = gg ? 0 : -1;
+    tide_tensor *src[3] = {z, A, b};
+    for (int i = 0; i < 3 && !rc; i++)
+        if (n->in_needs_grad[i] && !(g[i] = (N > 0 ? tide_empty_like(src[i]) : tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))))
+            rc = -1;
+    const tide_backend *bk = tide_backend_for(z->device);
+    if (!rc) rc = TIDE_KERNEL(bk, kda_gate_backward, "kda_gate");
+    if (!rc && N > 0)
+        rc = bk->kda_gate_backward(z->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+                                   g[2] ? tide_data(g[2]) : NULL, tide_data(gg), tide_data(z), tide_data(A), tide_data(b), N, H, D,
+                                   n->attr.f[0], (int)n->attr.i[0]);
+    tide_tensor_release(gg);
+    if (rc) { release_all(g, 3); return -1; }
+    for (int i = 0; i < 3; i++) gin[i] = g[i];
+    return 0;
+}
+
+tide_tensor *tide_kda_gate(tide_tensor *z, tide_tensor *A_log, tide_tensor *dt_bias, double lower_bound, int form)
+{
+    const char *op = "kda_gate";
+    if (tide_check_float(z, op, "z") || tide_check_float(A_log, op, "A_log") || tide_check_float(dt_bias, op, "dt_bias") ||
+        tide_check_same_device(z, A_log, op) || tide_check_same_device(z, dt_bias, op) || tide_check_same_dtype(z, A_log, op) ||
+        tide_check_same_dtype(z, dt_bias, op)) return NULL;
+    char a[128], b[128], c[128];
+    TIDE_CHECK(z->ndim >= 2, "kda_gate: z must be [..., H, D], got %s", SHAPE_STR(z, a));
+    int64_t H = z->shape[z->ndim - 2], D = z->shape[z->ndim - 1];
+    int ok = A_log->ndim == 1 && A_log->shape[0] == H &&
+             ((dt_bias->ndim == 1 && dt_bias->shape[0] == H * D) ||
+              (dt_bias->ndim == 2 && dt_bias->shape[0] == H && dt_bias->shape[1] == D));
+    TIDE_CHECK(ok, "kda_gate: z %s, A_log %s, dt_bias %s must be [..., H, D], [H], [H, D] or [H·D]", SHAPE_STR(z, a),
+               SHAPE_STR(A_log, b), SHAPE_STR(dt_bias, c));
+    TIDE_CHECK(H > 0 && D > 0, "kda_gate: empty head dims in z %s", SHAPE_STR(z, a));
+    TIDE_CHECK(form == TIDE_KDA_GATE_BOUNDED || form == TIDE_KDA_GATE_SOFTPLUS,
+               "kda_gate: form must be 0 (lower-bounded) or 1 (softplus), got %d", form);
+    TIDE_CHECK(form != TIDE_KDA_GATE_BOUNDED || (lower_bound < 0 && isfinite(lower_bound)),
+               "kda_gate: the lower bound must be negative and finite, got %g", lower_bound);
+    tide_attrs at = {0};
+    at.i[0] = form;
+    at.i[1] = H;
+    at.i[2] = D;
+    at.f[0] = lower_bound;
+    tide_tensor *in[3] = {z, A_log, dt_bias};
+    return tide_op_run1(TIDE_OP_KDA_GATE, 3, in, &at);
+}
+
+/* ---- causal_conv1d ------------------------------------------------------------------------------------------ */
+/* attr: i[0] silu, i[1] has cache; list: segment boundaries */
+int tide_causal_conv1d_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int has_cache = (int)n->attr.i[1];
+    tide_tensor *c[3] = {0};
+    if (contiguous_all(in, 2 + has_cache, c)) return -1;
+    tide_tensor *x = c[0];
+    int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = c[1]->shape[1];
+    tide_tensor *y = tide_empty_like(x);
+    const tide_backend *bk = tide_backend_for(x->device);
+    int rc = y ? TIDE_KERNEL(bk, causal_conv1d, "causal_conv1d") : -1;
+    if (!rc)
+        rc = bk->causal_conv1d(x->dtype, tide_data(y), tide_data(x), tide_data(c[1]), has_cache ? tide_data(c[2]) : NULL,
+                               n->attr.list, n->attr.n_list - 1, B, T, C, K, (int)n->attr.i[0]);
+    for (int i = 0; i < 2 + has_cache && !rc; i++) rc = tide_node_save(n, c[i]);
+    release_all(c, 3);
+    if (rc) { tide_tensor_release(y); return -1; }
+    out[0] = y;
+    return 0;
+}
+
+int tide_causal_conv1d_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    int has_cache = (int)n->attr.i[1];
+    tide_tensor *x = n->saved[0], *w = n->saved[1], *cache = has_cache ? n->saved[2] : NULL;
+    int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1];
+    tide_tensor *go = tide_contiguous_nograd(gout[0]), *g[3] = {0};
+    int rc = go ? 0 : -1;
+    for (int i = 0; i < 2 + has_cache && !rc; i++)
+        if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(n->saved[i]))) rc = -1;
+    const tide_backend *bk = tide_backend_for(x->device);
+    if (!rc) rc = TIDE_KERNEL(bk, causal_conv1d_backward, "causal_conv1d");
+    if (!rc)
+        rc = bk->causal_conv1d_backward(x->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+                                        g[2] ? tide_data(g[2]) : NULL, tide_data(go), tide_data(x), tide_data(w),
+                                        cache ? tide_data(cache) : NULL, n->attr.list, n->attr.n_list - 1, B, T, C, K,
+                                        (int)n->attr.i[0]);
+    tide_tensor_release(go);
+    if (rc) { release_all(g, 3); return -1; }
+    for (int i = 0; i < 2 + has_cache; i++) gin[i] = g[i];
+    return 0;
+}
+
+tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cache, tide_tensor *cu_seqlens, int silu)
+{
+    const char *op = "causal_conv1d";
+    if (tide_check_float(x, op, "x") || tide_check_float(w, op, "w") || tide_check_same_device(x, w, op) ||
+        tide_check_same_dtype(x, w, op)) return NULL;
+    char a[128], b[128];
+    TIDE_CHECK(x->ndim == 3 && x->shape[0] > 0 && x->shape[1] > 0, "causal_conv1d: x must be [B, T, C] with B, T >= 1, got %s",
+               SHAPE_STR(x, a));
+    TIDE_CHECK(w->ndim == 2 && w->shape[0] == x->shape[2] && w->shape[1] >= 1,
+               "causal_conv1d: w is %s but must be [C, K] with C = %lld (the channels of x)", SHAPE_STR(w, a),
+               (long long)x->shape[2]);
+    int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1];
+    if (cache) {
+        if (tide_check_float(cache, op, "cache") || tide_check_same_device(x, cache, op) || tide_check_same_dtype(x, cache, op))
+            return NULL;
+        int64_t want[3] = {B, K - 1, C};
+        TIDE_CHECK(cache->ndim == 3 && !memcmp(cache->shape, want, sizeof want),
+                   "causal_conv1d: cache is %s but must be [B, K-1, C] = %s", SHAPE_STR(cache, a), tide_shape_str(3, want, b, sizeof b));
+    }
+    tide_attrs at = {0};
+    at.i[0] = silu ? 1 : 0;
+    at.i[1] = cache != NULL;
+    if (load_boundaries(op, cu_seqlens, B, T, &at)) return NULL;
+    tide_tensor *in[3] = {x, w, cache};
+    tide_tensor *y = tide_op_run1(TIDE_OP_CAUSAL_CONV1D, cache ? 3 : 2, in, &at);
+    free(at.list);
+    return y;
+}
+
+/* ---- l2norm ----------------------------------------------------------------------------------------------- */
+/* scale·x/sqrt(Σx² + eps) = (scale/√C) · rmsnorm(x; eps/C): it runs on the RMSNorm kernels without a weight.
+   attr: f[0] eps, f[1] scale */
+int tide_l2norm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *x = tide_contiguous_nograd(in[0]);
+    if (!x) return -1;
+    int64_t C = x->shape[x->ndim - 1], N = C > 0 ? x->numel / C : 0;
+    tide_tensor *y = tide_empty_like(x), *rstd = y ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
+    const tide_backend *bk = tide_backend_for(x->device);
+    int rc = rstd ? 0 : -1;
+    if (!rc && x->numel > 0) {
+        rc = bk->rmsnorm(x->dtype, tide_data(y), tide_data(rstd), tide_data(x), NULL, N, C, n->attr.f[0] / (double)C);
+        if (!rc) rc = bk->unary(TIDE_UN_MUL_SCALAR, x->dtype, tide_data(y), tide_data(y), y->numel, n->attr.f[1] / sqrt((double)C));
+    }
+    if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, rstd);
+    tide_tensor_release(x);
+    tide_tensor_release(rstd);
+    if (rc) { tide_tensor_release(y); return -1; }
+    out[0] = y;
+    return 0;
+}
+
+int tide_l2norm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *x = n->saved[0], *rstd = n->saved[1];
+    int64_t C = x->shape[x->ndim - 1], N = C > 0 ? x->numel / C : 0;
+    tide_tensor *g = tide_contiguous_nograd(gout[0]), *gs = g ? tide_empty_like(g) : NULL, *dx = gs ? tide_empty_like(x) : NULL;
+    const tide_backend *bk = tide_backend_for(x->device);
+    int rc = dx ? 0 : -1;
+    if (!rc && x->numel > 0) {
+        rc = bk->unary(TIDE_UN_MUL_SCALAR, x->dtype, tide_data(gs), tide_data(g), g->numel, n->attr.f[1] / sqrt((double)C));
+        if (!rc) rc = bk->rmsnorm_backward(x->dtype, tide_data(dx), NULL, tide_data(gs), tide_data(x), NULL, tide_data(rstd), N, C);
+    }
+    tide_tensor_release(g);
+    tide_tensor_release(gs);
+    if (rc) { tide_tensor_release(dx); return -1; }
+    gin[0] = dx;
+    return 0;
+}
+
+tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale)
+{
+    if (tide_check_float(x, "l2norm", "x")) return NULL;
+    char a[128];
+    TIDE_CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] > 0, "l2norm: x must have a non-empty last dim, got %s", SHAPE_STR(x, a));
+    TIDE_CHECK(eps >= 0 && isfinite(eps), "l2norm: eps must be >= 0 and finite, got %g", eps);
+    TIDE_CHECK(isfinite(scale), "l2norm: scale must be finite, got %g", scale);
+    tide_attrs at = {0};
+    at.f[0] = eps;
+    at.f[1] = scale;
+    tide_tensor *in[1] = {x};
+    return tide_op_run1(TIDE_OP_L2NORM, 1, in, &at);
+}

@@ -1,0 +1,151 @@
+/*
+ * conv.c — the depthwise causal convolution over time in front of KDA's q, k, v (spec/kda.md §1.2, §8),
+ * with SiLU fused (kernels/backend.h: causal_conv1d).
+ *
+ *   y[b,t,c] = Σ_j w[c,j] x[b, t−K+1+j, c]      (tap K−1 is the current token)
+ *
+ * A source position before the start of t's document reads 0 (the conv history resets at every document
+ * boundary: forgetting it leaks K−1 tokens across documents), except in the first document of a row,
+ * where positions before t = 0 read the decode cache [B, K−1, C] (the previous K−1 inputs of the row).
+ * The backward recomputes the pre-activation for SiLU instead of storing it. gw is reduced by column
+ * ranges per thread, so it does not depend on the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+#include "cpu.h"
+
+static const char *dtype_str(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+/* start[p] = flattened index where token p's segment starts (cu: segment boundaries, host) */
+static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
+{
+    int64_t *start = malloc((size_t)(n > 0 ? n : 1) * sizeof *start);
+    if (!start) return NULL;
+    for (int64_t s = 0; s < n_seg; s++)
+        for (int64_t p = cu[s]; p < cu[s + 1]; p++) start[p] = cu[s];
+    return start;
+}
+
+static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+
+#define DEFINE_CONV(TT, SFX)                                                                                  \
+/* the input seen by tap j of token p = (b, t), channel c */                                                  \
+static inline double src_##SFX(const TT *x, const TT *cache, const int64_t *start, int64_t p, int64_t j,       \
+                               int64_t c, int64_t T_, int64_t C, int64_t K)                                   \
+{                                                                                                             \
+    int64_t sp = p - (K - 1) + j;                                                                              \
+    if (sp >= start[p]) return (double)x[sp * C + c];                                                         \
+    int64_t b = p / T_, t = p % T_;                                                                           \
+    if (cache && start[p] == b * T_) return (double)cache[(b * (K - 1) + (K - 1) + t - (K - 1) + j) * C + c];  \
+    return 0.0;                                                                                               \
+}                                                                                                             \
+                                                                                                              \
+static void conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const int64_t *start, int64_t n,    \
+                       int64_t T_, int64_t C, int64_t K, int silu)                                            \
+{                                                                                                             \
+    _Pragma("omp parallel for if(n * C > 16384)")                                                             \
+    for (int64_t p = 0; p < n; p++)                                                                           \
+        for (int64_t c = 0; c < C; c++) {                                                                     \
+            double a = 0;                                                                                     \
+            for (int64_t j = 0; j < K; j++) a += (double)w[c * K + j] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
+            out[p * C + c] = (TT)(silu ? a * sigm(a) : a);                                                    \
+        }                                                                                                     \
+}                                                                                                             \
+                                                                                                              \
+static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const TT *x, const TT *w,           \
+                               const TT *cache, const int64_t *start, int64_t B, int64_t n, int64_t T_,       \
+                               int64_t C, int64_t K, int silu)                                                \
+{                                                                                                             \
+    /* ga = dL/d(pre-activation) */                                                                           \
+    double *ga = malloc((size_t)(n * C > 0 ? n * C : 1) * sizeof *ga);                                        \
+    if (!ga) return tide_set_error("causal_conv1d backward: out of memory");                                  \
+    _Pragma("omp parallel for if(n * C > 16384)")                                                             \
+    for (int64_t p = 0; p < n; p++)                                                                           \
+        for (int64_t c = 0; c < C; c++) {                                                                     \
+            double d = (double)gout[p * C + c];                                                               \
+            if (silu) {                                                                                       \
+                double a = 0;                                                                                 \
+                for (int64_t j = 0; j < K; j++) a += (double)w[c * K + j] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
+                double s = sigm(a);                                                                           \
+                d *= s + a * s * (1 - s);                                                                     \
+            }                                                                                                 \
+            ga[p * C + c] = d;                                                                                \
+        }                                                                                                     \
+    /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment */                      \
+    if (gx) {                                                                                                 \
+        _Pragma("omp parallel for if(n * C > 16384)")                                                         \
+        for (int64_t p = 0; p < n; p++)                                                                       \
+            for (int64_t c = 0; c < C; c++) {                                                                 \
+                double s = 0;                                                                                 \
+                for (int64_t j = 0; j < K; j++) {                                                             \
+                    int64_t r = p + K - 1 - j;                                                                \
+                    if (r < n && start[r] == start[p]) s += (double)w[c * K + j] * ga[r * C + c];             \
+                }                                                                                             \
+                gx[p * C + c] = (TT)s;                                                                        \
+            }                                                                                                 \
+    }                                                                                                         \
+    /* cache slot m holds time m − (K−1) of row b; token t of the row's first segment reads it at tap j = m − t */ \
+    if (gcache) {                                                                                             \
+        for (int64_t b = 0; b < B; b++)                                                                       \
+            for (int64_t m = 0; m < K - 1; m++)                                                               \
+                for (int64_t c = 0; c < C; c++) {                                                             \
+                    double s = 0;                                                                             \
+                    for (int64_t t = 0; t <= m && t < T_; t++) {                                              \
+                        int64_t p = b * T_ + t;                                                               \
+                        if (start[p] == b * T_) s += (double)w[c * K + (m - t)] * ga[p * C + c];              \
+                    }                                                                                         \
+                    gcache[(b * (K - 1) + m) * C + c] = (TT)s;                                                \
+                }                                                                                             \
+    }                                                                                                         \
+    if (gw) {                                                                                                 \
+        _Pragma("omp parallel if(n * C > 16384)")                                                             \
+        {                                                                                                     \
+            int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
+            int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;                                             \
+            for (int64_t c = c0; c < c1; c++)                                                                 \
+                for (int64_t j = 0; j < K; j++) {                                                             \
+                    double s = 0;                                                                             \
+                    for (int64_t p = 0; p < n; p++) s += ga[p * C + c] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
+                    gw[c * K + j] = (TT)s;                                                                    \
+                }                                                                                             \
+        }                                                                                                     \
+    }                                                                                                         \
+    free(ga);                                                                                                 \
+    return 0;                                                                                                 \
+}
+
+DEFINE_CONV(float, f32)
+DEFINE_CONV(double, f64)
+
+int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, const void *cache, const int64_t *cu,
+                           int64_t n_seg, int64_t B, int64_t T_, int64_t C, int64_t K, int silu)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+    int64_t n = B * T_, *start = segment_starts(cu, n_seg, n);
+    if (!start) return tide_set_error("causal_conv1d: out of memory");
+    if (dtype == TIDE_F32) conv_f32(out, x, w, cache, start, n, T_, C, K, silu);
+    else conv_f64(out, x, w, cache, start, n, T_, C, K, silu);
+    free(start);
+    return 0;
+}
+
+int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
+                                    const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
+                                    int64_t T_, int64_t C, int64_t K, int silu)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+    int64_t n = B * T_, *start = segment_starts(cu, n_seg, n);
+    if (!start) return tide_set_error("causal_conv1d: out of memory");
+    int rc = dtype == TIDE_F32 ? conv_backward_f32(gx, gw, gcache, gout, x, w, cache, start, B, n, T_, C, K, silu)
+                               : conv_backward_f64(gx, gw, gcache, gout, x, w, cache, start, B, n, T_, C, K, silu);
+    free(start);
+    return rc;
+}

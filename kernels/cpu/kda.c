@@ -1,0 +1,207 @@
+/*
+ * kda.c — Kimi Delta Attention on the CPU (kernels/backend.h; math in spec/kda.md):
+ *   - the token recurrence (§3): the readable reference and the decode step, with its backward;
+ *   - the chunk form (§4) with C-token chunks whose intra-chunk decay is factorised
+ *     exp(G_r − G_j) = exp(G_r)·exp(−G_j), so the diagonal block goes through the same dense products as
+ *     everything else. That is only valid because the decay is lower-bounded: with g >= lb and C·|lb| <= 80
+ *     both factors stay normal floats (§5). The kernel therefore refuses any g outside [lb, 0];
+ *   - the same chunk form with per-pair exp(G_r − G_j) (any g <= 0), for the unbounded softplus gate;
+ *   - the decay gate (§2) and its backward.
+ * The backward of the chunk form recomputes the chunk start states (first the start state of every block
+ * of 64 chunks, then one block's chunks at a time) instead of storing them (§6).
+ * Work is split over (document segment, head) pairs; each owns its rows of every output, so the result
+ * does not depend on the thread count. float32 and float64.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include "cpu.h"
+
+#define T float
+#define SFX f32
+#include "kda_impl.h"
+#undef T
+#undef SFX
+#define T double
+#define SFX f64
+#include "kda_impl.h"
+#undef T
+#undef SFX
+
+static const char *dtype_str(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+static double load(int dtype, const void *p, int64_t i)
+{
+    return dtype == TIDE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* the dense path's precondition: lb <= g <= 0 everywhere (NaN passes: training reports it) */
+static int check_bound(int dtype, const void *g, int64_t n, int64_t H, int64_t dk, int64_t T_, double lb)
+{
+    int64_t bad = n;
+    #pragma omp parallel for reduction(min : bad) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        double x = load(dtype, g, i);
+        if ((x < lb || x > 0) && i < bad) bad = i;
+    }
+    if (bad == n) return 0;
+    int64_t ch = bad % dk, h = bad / dk % H, tok = bad / dk / H;
+    return tide_set_error("kda: g = %g at [b %lld, t %lld, head %lld, channel %lld] is outside [%g, 0]: the chunk path "
+                          "factorises the decay and needs the lower-bounded gate (kda.md §5); use the bounded gate "
+                          "or the chunk_safe path", load(dtype, g, bad), (long long)(tok / T_), (long long)(tok % T_),
+                          (long long)h, (long long)ch, lb);
+}
+
+static int check_args(const char *op, int dtype, int path, int64_t chunk, double lb)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, dtype_str(dtype));
+    if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT) return tide_set_error("%s: unknown path %d", op, path);
+    if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
+        return tide_set_error("%s: chunk must be in [1, 1024], got %lld", op, (long long)chunk);
+    if (path == TIDE_KDA_CHUNK && !isinf(lb) && !(lb < 0 && (double)chunk * -lb <= 80.0))
+        return tide_set_error("%s: the chunk path needs lower bound lb < 0 with chunk·|lb| <= 80 (kda.md §5), got lb %g "
+                              "and chunk %lld", op, lb, (long long)chunk);
+    return 0;
+}
+
+int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                 const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_, int64_t H,
+                 int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    if (check_args("kda", dtype, path, chunk, lb)) return -1;
+    if (path == TIDE_KDA_CHUNK && !isinf(lb) && check_bound(dtype, g, B * T_ * H * dk, H, dk, T_, lb)) return -1;
+    if (dtype == TIDE_F32)
+        return kda_forward_f32(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk);
+    return kda_forward_f64(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk);
+}
+
+int tide_cpu_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
+                          const void *gs_out, const void *q, const void *k, const void *v, const void *g,
+                          const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
+                          int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    if (check_args("kda backward", dtype, path, chunk, lb)) return -1;
+    if (path == TIDE_KDA_CHUNK && !isinf(lb) && check_bound(dtype, g, B * T_ * H * dk, H, dk, T_, lb)) return -1;
+    /* rows of gs0 without a first segment do not exist: every row start is a boundary */
+    if (dtype == TIDE_F32)
+        return kda_backward_f32(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk,
+                                dv, path, chunk);
+    return kda_backward_f64(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv,
+                            path, chunk);
+}
+
+/* (I + A)⁻¹ of a strictly lower-triangular c x c matrix (row stride c), for tests: method 0 = forward
+   substitution (what the kernel uses), 1 = the nilpotent product (I − A)(I + A²)(I + A⁴)(I + A⁸)…
+   (exact when A^(2^m) = 0, i.e. c <= 2^m; kda.md §4) */
+int tide_cpu_kda_unit_lower_inverse(int dtype, void *M, const void *A, int64_t c, int method)
+{
+    if (dtype != TIDE_F64) return tide_set_error("kda inverse: only f64 is provided for tests");
+    double *out = M;
+    const double *a = A;
+    if (method == 0) { unit_lower_inverse_f64(out, a, c, c); return 0; }
+    double *P = malloc((size_t)(3 * c * c) * sizeof(double)), *X = P + c * c, *Y = X + c * c;
+    if (!P) return tide_set_error("kda inverse: out of memory");
+    /* out = I − A;  P = A²;  repeat: out ← out (I + P), P ← P² while P != 0 */
+    for (int64_t i = 0; i < c * c; i++) out[i] = -a[i];
+    for (int64_t i = 0; i < c; i++) out[i * c + i] += 1;
+    mm_f64(P, c, a, c, 1, a, c, c, c, c, 1, 0);
+    for (int64_t pw = 2; pw < c; pw *= 2) {
+        memcpy(X, P, (size_t)(c * c) * sizeof(double));
+        for (int64_t i = 0; i < c; i++) X[i * c + i] += 1;
+        mm_f64(Y, c, out, c, 1, X, c, c, c, c, 1, 0);
+        memcpy(out, Y, (size_t)(c * c) * sizeof(double));
+        mm_f64(Y, c, P, c, 1, P, c, c, c, c, 1, 0);
+        memcpy(P, Y, (size_t)(c * c) * sizeof(double));
+    }
+    free(P);
+    return 0;
+}
+
+/* ---- the decay gate (kda.md §2, derivatives in §6) ---------------------------------------------------- */
+static inline double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+static inline double softplus(double x) { return x > 30 ? x : log1p(exp(x)); }
+
+#define DEFINE_GATE(TT, SFX2)                                                                                 \
+static void gate_##SFX2(TT *g, const TT *z, const TT *A_log, const TT *b, int64_t N, int64_t H, int64_t D,      \
+                        double lb, int form)                                                                  \
+{                                                                                                             \
+    int64_t HD = H * D;                                                                                       \
+    _Pragma("omp parallel for if(N * HD > 65536)")                                                            \
+    for (int64_t n = 0; n < N; n++)                                                                           \
+        for (int64_t h = 0; h < H; h++) {                                                                     \
+            double ea = exp((double)A_log[h]);                                                                \
+            for (int64_t d = 0; d < D; d++) {                                                                 \
+                int64_t c = h * D + d;                                                                        \
+                double x = (double)z[n * HD + c] + (double)b[c];                                              \
+                g[n * HD + c] = (TT)(form == TIDE_KDA_GATE_BOUNDED ? lb * sigmoid(ea * x) : -ea * softplus(x)); \
+            }                                                                                                 \
+        }                                                                                                     \
+}                                                                                                             \
+                                                                                                              \
+/* per element: dz = gg ∂g/∂x, and the A_log term gg ∂g/∂A; db and dA are column sums over N, split by     \
+   column range among threads (each walks every row: no race, order independent of the thread count) */     \
+static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *z, const TT *A_log,          \
+                                const TT *b, int64_t N, int64_t H, int64_t D, double lb, int form)           \
+{                                                                                                             \
+    int64_t HD = H * D;                                                                                       \
+    double *colA = (gA || gb) ? calloc((size_t)(2 * HD), sizeof(double)) : NULL;                              \
+    if ((gA || gb) && !colA) return tide_set_error("kda_gate backward: out of memory");                       \
+    _Pragma("omp parallel if(N * HD > 65536)")                                                                \
+    {                                                                                                         \
+        int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
+        int64_t c0 = HD * tid / nth, c1 = HD * (tid + 1) / nth;                                               \
+        for (int64_t n = 0; n < N; n++)                                                                       \
+            for (int64_t c = c0; c < c1; c++) {                                                               \
+                double ea = exp((double)A_log[c / D]), x = (double)z[n * HD + c] + (double)b[c];              \
+                double dgx, dga, go = (double)gg[n * HD + c];                                                 \
+                if (form == TIDE_KDA_GATE_BOUNDED) {                                                          \
+                    double u = ea * x, s = sigmoid(u), ds = lb * s * (1 - s);                                 \
+                    dgx = ds * ea;                                                                            \
+                    dga = ds * u;                                                                             \
+                } else {                                                                                      \
+                    dgx = -ea * sigmoid(x);                                                                   \
+                    dga = -ea * softplus(x);                                                                  \
+                }                                                                                             \
+                if (gz) gz[n * HD + c] = (TT)(go * dgx);                                                      \
+                if (colA) { colA[c] += go * dga; colA[HD + c] += go * dgx; }                                  \
+            }                                                                                                 \
+    }                                                                                                         \
+    if (gb) for (int64_t c = 0; c < HD; c++) gb[c] = (TT)colA[HD + c];                                        \
+    if (gA)                                                                                                   \
+        for (int64_t h = 0; h < H; h++) {                                                                     \
+            double s = 0;                                                                                     \
+            for (int64_t d = 0; d < D; d++) s += colA[h * D + d];                                             \
+            gA[h] = (TT)s;                                                                                    \
+        }                                                                                                     \
+    free(colA);                                                                                               \
+    return 0;                                                                                                 \
+}
+
+DEFINE_GATE(float, f32)
+DEFINE_GATE(double, f64)
+
+int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
+                      int64_t D, double lb, int form)
+{
+    if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS) return tide_set_error("kda_gate: unknown form %d", form);
+    if (dtype == TIDE_F32) gate_f32(g, z, A_log, dt_bias, N, H, D, lb, form);
+    else if (dtype == TIDE_F64) gate_f64(g, z, A_log, dt_bias, N, H, D, lb, form);
+    else return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+    return 0;
+}
+
+int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z, const void *A_log,
+                               const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form)
+{
+    if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS) return tide_set_error("kda_gate: unknown form %d", form);
+    if (dtype == TIDE_F32) return gate_backward_f32(gz, gA, gb, gg, z, A_log, dt_bias, N, H, D, lb, form);
+    if (dtype == TIDE_F64) return gate_backward_f64(gz, gA, gb, gg, z, A_log, dt_bias, N, H, D, lb, form);
+    return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+}

@@ -1,0 +1,562 @@
+/*
+ * kda_impl.h — the body of the KDA CPU kernels for one float type. kda.c includes it twice, with
+ * T = float / SFX = f32 and T = double / SFX = f64. Math and notation: spec/kda.md (§3 recurrence,
+ * §4 chunk form, §5 why the factorised decay needs the lower bound, §6 backward).
+ *
+ * Layout: q, k, g [B, T, H, dk], v, o [B, T, H, dv], beta [B, T, H]; the rows of head h are H·dk
+ * (H·dv, H) elements apart. A work item is one (segment, head): it owns those rows of every output.
+ */
+#define KCAT_(a, b) a##_##b
+#define KCAT(a, b) KCAT_(a, b)
+#define F(name) KCAT(name, SFX)
+
+/* ---- a small dense product ------------------------------------------------------------------------ */
+/* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
+   a stride swap) and B row-major [k, n]. Full 8 x 16 tiles keep their accumulators in vector registers;
+   the ragged edge (a last chunk shorter than 16) takes the plain loop. */
+static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
+                  int64_t n, int64_t k, T alpha, int acc)
+{
+    enum { MR = 8, NR = 16 };
+    int64_t m8 = m - m % MR, n16 = n - n % NR;
+    for (int64_t r0 = 0; r0 < m8; r0 += MR)
+        for (int64_t j0 = 0; j0 < n16; j0 += NR) {
+            T t[MR][NR];
+            for (int rr = 0; rr < MR; rr++)
+                for (int jj = 0; jj < NR; jj++) t[rr][jj] = 0;
+            for (int64_t kk = 0; kk < k; kk++) {
+                const T *b = B + kk * ldb + j0;
+                for (int rr = 0; rr < MR; rr++) {
+                    T a = A[(r0 + rr) * sar + kk * sak];
+                    for (int jj = 0; jj < NR; jj++) t[rr][jj] += a * b[jj];
+                }
+            }
+            for (int rr = 0; rr < MR; rr++) {
+                T *c = Cm + (r0 + rr) * ldc + j0;
+                if (acc) for (int jj = 0; jj < NR; jj++) c[jj] += alpha * t[rr][jj];
+                else for (int jj = 0; jj < NR; jj++) c[jj] = alpha * t[rr][jj];
+            }
+        }
+    /* edges: rows [m8, m) for every column, columns [n16, n) for rows < m8 */
+    for (int64_t r = 0; r < m; r++) {
+        int64_t j0 = r < m8 ? n16 : 0;
+        if (j0 >= n) continue;
+        T *c = Cm + r * ldc;
+        if (!acc) for (int64_t j = j0; j < n; j++) c[j] = 0;
+        for (int64_t kk = 0; kk < k; kk++) {
+            T a = alpha * A[r * sar + kk * sak];
+            const T *b = B + kk * ldb;
+            for (int64_t j = j0; j < n; j++) c[j] += a * b[j];
+        }
+    }
+}
+
+/* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
+static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
+{
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < n; j++) out[j * m + r] = in[r * ld + j];
+}
+
+/* M = (I + A)⁻¹ for a strictly lower-triangular A [c, c] (row stride C), by forward substitution:
+   M[r][j] = δ_rj − Σ_{j ≤ m < r} A[r][m] M[m][j]  (kda.md §4; the reference form) */
+static void F(unit_lower_inverse)(T *M, const T *A, int64_t c, int64_t C)
+{
+    for (int64_t r = 0; r < c; r++) {
+        T *mr = M + r * C;
+        for (int64_t j = 0; j < C; j++) mr[j] = 0;
+        mr[r] = 1;
+        for (int64_t m = 0; m < r; m++) {
+            T a = A[r * C + m];
+            if (a == 0) continue;
+            const T *mm = M + m * C;
+            for (int64_t j = 0; j <= m; j++) mr[j] -= a * mm[j];
+        }
+    }
+}
+
+/* ---- per-thread workspace ---------------------------------------------------------------------- */
+typedef struct {
+    int64_t C, dk, dv;
+    T *Q, *K, *V, *beta;               /* the chunk's rows, contiguous */
+    T *G, *Gam, *Er, *Qh, *Kh, *Kc, *Kr, *KcT;   /* G cumsum, exp(G), exp(G_c - G), Q⊙Γ, K⊙Γ, K⊙Γ⁻¹, K⊙Er, Ǩᵀ */
+    T *Araw, *A, *P, *M, *bK, *bV, *W, *Ut, *U;
+    /* backward */
+    T *R, *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *S0T, *dST, *dQh, *dKh, *dKc, *dKr, *gQ, *gK, *gG, *lastG;
+    T *buf;
+} F(ws);
+
+static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
+{
+    w->C = C; w->dk = dk; w->dv = dv;
+    int64_t ck = C * dk, cv = C * dv, cc = C * C;
+    int64_t total = 2 * ck + cv + C                  /* Q K V beta */
+                  + 8 * ck                           /* G Gam Er Qh Kh Kc Kr KcT */
+                  + 4 * cc + 2 * ck + 3 * cv         /* Araw A P M, bK W, bV Ut U */
+                  + 6 * cv + 3 * cc + 2 * dk * dv    /* R dO dU UT dB dV, dP dA bdA, S0T dST */
+                  + 7 * ck + dk;                     /* dQh dKh dKc dKr dq dk dG, lastG */
+    w->buf = malloc((size_t)total * sizeof(T));
+    if (!w->buf) return -1;
+    T *p = w->buf;
+#define TAKE(name, n) (w->name = p, p += (n))
+    TAKE(Q, ck); TAKE(K, ck); TAKE(V, cv); TAKE(beta, C);
+    TAKE(G, ck); TAKE(Gam, ck); TAKE(Er, ck); TAKE(Qh, ck); TAKE(Kh, ck); TAKE(Kc, ck); TAKE(Kr, ck); TAKE(KcT, ck);
+    TAKE(Araw, cc); TAKE(A, cc); TAKE(P, cc); TAKE(M, cc); TAKE(bK, ck); TAKE(W, ck); TAKE(bV, cv); TAKE(Ut, cv);
+    TAKE(U, cv);
+    TAKE(R, cv); TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
+    TAKE(dV, cv); TAKE(S0T, dk * dv); TAKE(dST, dk * dv); TAKE(dQh, ck); TAKE(dKh, ck); TAKE(dKc, ck); TAKE(dKr, ck);
+    TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk);
+#undef TAKE
+    return 0;
+}
+
+/* ---- one chunk: operands that do not depend on the state (kda.md §4) ------------------------------- */
+/* rows [tok, tok + c) of head h; safe = per-pair exp(G_r − G_j) instead of the factorised products */
+static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, const T *beta, int64_t tok, int64_t c,
+                    int64_t H, int64_t h, int safe)
+{
+    int64_t C = w->C, dk = w->dk, dv = w->dv;
+    for (int64_t r = 0; r < c; r++) {
+        int64_t row = tok + r;
+        memcpy(w->Q + r * dk, q + (row * H + h) * dk, (size_t)dk * sizeof(T));
+        memcpy(w->K + r * dk, k + (row * H + h) * dk, (size_t)dk * sizeof(T));
+        memcpy(w->V + r * dv, v + (row * H + h) * dv, (size_t)dv * sizeof(T));
+        w->beta[r] = beta[row * H + h];
+        const T *gr = g + (row * H + h) * dk;
+        T *G = w->G + r * dk;
+        if (r == 0) for (int64_t i = 0; i < dk; i++) G[i] = gr[i];
+        else for (int64_t i = 0; i < dk; i++) G[i] = G[i - dk] + gr[i];
+    }
+    const T *Gc = w->G + (c - 1) * dk;
+    for (int64_t r = 0; r < c; r++) {
+        const T *G = w->G + r * dk, *Q = w->Q + r * dk, *K = w->K + r * dk;
+        T *Gam = w->Gam + r * dk, *Er = w->Er + r * dk, *Qh = w->Qh + r * dk, *Kh = w->Kh + r * dk;
+        T *Kr = w->Kr + r * dk, *Kc = w->Kc + r * dk;
+        for (int64_t i = 0; i < dk; i++) {
+            Gam[i] = exp(G[i]);
+            Er[i] = exp(Gc[i] - G[i]);
+            Qh[i] = Q[i] * Gam[i];
+            Kh[i] = K[i] * Gam[i];
+            Kr[i] = K[i] * Er[i];
+        }
+        if (!safe) for (int64_t i = 0; i < dk; i++) Kc[i] = K[i] * exp(-G[i]);
+    }
+    /* Araw[r][j] = Σ k_r k_j exp(G_r − G_j) (j < r), P[r][j] = Σ q_r k_j exp(G_r − G_j) (j ≤ r). The upper
+       triangle of the dense products may hold e^{+80}: it is discarded by selection, never multiplied. */
+    if (!safe) {
+        F(transpose)(w->KcT, w->Kc, c, dk, dk);
+        F(mm)(w->Araw, C, w->Kh, dk, 1, w->KcT, c, c, c, dk, 1, 0);
+        F(mm)(w->P, C, w->Qh, dk, 1, w->KcT, c, c, c, dk, 1, 0);
+        for (int64_t r = 0; r < c; r++)
+            for (int64_t j = r + 1; j < c; j++) { w->Araw[r * C + j] = 0; w->P[r * C + j] = 0; }
+        for (int64_t r = 0; r < c; r++) w->Araw[r * C + r] = 0;
+    } else {
+        for (int64_t r = 0; r < c; r++) {
+            const T *Gr = w->G + r * dk, *Qr = w->Q + r * dk, *Kr = w->K + r * dk;
+            for (int64_t j = 0; j < c; j++) {
+                if (j > r) { w->Araw[r * C + j] = 0; w->P[r * C + j] = 0; continue; }
+                const T *Gj = w->G + j * dk, *Kj = w->K + j * dk;
+                T sa = 0, sp = 0;
+                for (int64_t i = 0; i < dk; i++) {
+                    T e = exp(Gr[i] - Gj[i]);
+                    sa += Kr[i] * Kj[i] * e;
+                    sp += Qr[i] * Kj[i] * e;
+                }
+                w->Araw[r * C + j] = j < r ? sa : 0;
+                w->P[r * C + j] = sp;
+            }
+        }
+    }
+    for (int64_t r = 0; r < c; r++)
+        for (int64_t j = 0; j < c; j++) w->A[r * C + j] = w->beta[r] * w->Araw[r * C + j];
+    F(unit_lower_inverse)(w->M, w->A, c, C);
+    for (int64_t r = 0; r < c; r++) {
+        T b = w->beta[r];
+        for (int64_t i = 0; i < dk; i++) w->bK[r * dk + i] = b * w->Kh[r * dk + i];
+        for (int64_t j = 0; j < dv; j++) w->bV[r * dv + j] = b * w->V[r * dv + j];
+    }
+    F(mm)(w->W, dk, w->M, C, 1, w->bK, dk, c, dk, c, 1, 0);     /* W = M diag(β) K̂ */
+    F(mm)(w->Ut, dv, w->M, C, 1, w->bV, dv, c, dv, c, 1, 0);    /* Ũ = M diag(β) V */
+}
+
+/* U = Ũ − W S₀; o rows (stride ldo) = Q̂ S₀ + P U when o; then S ← diag(Γ_c) S + K_rᵀ U */
+static void F(chunk_state)(F(ws) *w, T *S, T *o, int64_t ldo, int64_t c)
+{
+    int64_t C = w->C, dk = w->dk, dv = w->dv;
+    memcpy(w->U, w->Ut, (size_t)(c * dv) * sizeof(T));
+    F(mm)(w->U, dv, w->W, dk, 1, S, dv, c, dv, dk, -1, 1);
+    if (o) {
+        F(mm)(o, ldo, w->Qh, dk, 1, S, dv, c, dv, dk, 1, 0);
+        F(mm)(o, ldo, w->P, C, 1, w->U, dv, c, dv, c, 1, 1);
+    }
+    const T *Gam_c = w->Gam + (c - 1) * dk;
+    for (int64_t i = 0; i < dk; i++) {
+        T a = Gam_c[i];
+        T *s = S + i * dv;
+        for (int64_t j = 0; j < dv; j++) s[j] *= a;
+    }
+    F(mm)(S, dv, w->Kr, 1, dk, w->U, dv, dk, dv, c, 1, 1);
+}
+
+/* backward of one chunk (kda.md §6). S0 is the chunk's entering state, dS holds dS_c on entry and dS₀ on
+   return. Writes the chunk's rows of gq, gk, gv, gg, gbeta (each may be NULL). prep() must have run with
+   the same rows. */
+static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64_t tok, int64_t c, int64_t H,
+                              int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta)
+{
+    int64_t C = w->C, dk = w->dk, dv = w->dv;
+    /* forward pieces that need S₀: U = Ũ − W S₀, R = V − K̂ S₀ */
+    memcpy(w->U, w->Ut, (size_t)(c * dv) * sizeof(T));
+    F(mm)(w->U, dv, w->W, dk, 1, S0, dv, c, dv, dk, -1, 1);
+    memcpy(w->R, w->V, (size_t)(c * dv) * sizeof(T));
+    F(mm)(w->R, dv, w->Kh, dk, 1, S0, dv, c, dv, dk, -1, 1);
+    for (int64_t r = 0; r < c; r++) {
+        if (gout) memcpy(w->dO + r * dv, gout + ((tok + r) * H + h) * dv, (size_t)dv * sizeof(T));
+        else memset(w->dO + r * dv, 0, (size_t)dv * sizeof(T));
+    }
+    /* dU = Pᵀ dO + K_r dS_c;  dK_r = U dS_cᵀ;  Γ_c ⊙ rowsum(dS_c ⊙ S₀) for the last row of dG */
+    F(mm)(w->dU, dv, w->P, 1, C, w->dO, dv, c, dv, c, 1, 0);
+    F(mm)(w->dU, dv, w->Kr, dk, 1, dS, dv, c, dv, dk, 1, 1);
+    F(transpose)(w->dST, dS, dk, dv, dv);
+    F(mm)(w->dKr, dk, w->U, dv, 1, w->dST, dk, c, dk, dv, 1, 0);
+    const T *Gam_c = w->Gam + (c - 1) * dk;
+    for (int64_t i = 0; i < dk; i++) {
+        T s = 0;
+        for (int64_t j = 0; j < dv; j++) s += dS[i * dv + j] * S0[i * dv + j];
+        w->lastG[i] = Gam_c[i] * s;
+    }
+    /* dP = Tril(dO Uᵀ);  dB = Mᵀ dU;  dA = −StrictTril(dB Uᵀ);  dV = diag(β) dB */
+    F(transpose)(w->UT, w->U, c, dv, dv);
+    F(mm)(w->dP, C, w->dO, dv, 1, w->UT, c, c, c, dv, 1, 0);
+    F(mm)(w->dB, dv, w->M, 1, C, w->dU, dv, c, dv, c, 1, 0);
+    F(mm)(w->dA, C, w->dB, dv, 1, w->UT, c, c, c, dv, -1, 0);
+    for (int64_t r = 0; r < c; r++)
+        for (int64_t j = 0; j < c; j++) {
+            if (j > r) w->dP[r * C + j] = 0;
+            if (j >= r) w->dA[r * C + j] = 0;
+            w->bdA[r * C + j] = w->beta[r] * w->dA[r * C + j];
+        }
+    for (int64_t r = 0; r < c; r++) {
+        T b = w->beta[r], s = 0;
+        for (int64_t j = 0; j < dv; j++) {
+            w->dV[r * dv + j] = b * w->dB[r * dv + j];
+            s += w->dB[r * dv + j] * w->R[r * dv + j];
+        }
+        for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
+        if (gbeta) gbeta[(tok + r) * H + h] = s;
+        if (gv) memcpy(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, (size_t)dv * sizeof(T));
+    }
+    /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂ */
+    F(transpose)(w->S0T, S0, dk, dv, dv);
+    F(mm)(w->dQh, dk, w->dO, dv, 1, w->S0T, dk, c, dk, dv, 1, 0);
+    F(mm)(w->dKh, dk, w->dV, dv, 1, w->S0T, dk, c, dk, dv, -1, 0);
+    if (!safe) {
+        F(mm)(w->dQh, dk, w->dP, C, 1, w->Kc, dk, c, dk, c, 1, 1);
+        F(mm)(w->dKh, dk, w->bdA, C, 1, w->Kc, dk, c, dk, c, 1, 1);
+        F(mm)(w->dKc, dk, w->dP, 1, C, w->Qh, dk, c, dk, c, 1, 0);
+        F(mm)(w->dKc, dk, w->bdA, 1, C, w->Kh, dk, c, dk, c, 1, 1);
+    }
+    /* dS₀ = diag(Γ_c) dS_c + Q̂ᵀ dO − K̂ᵀ dV  (in place) */
+    for (int64_t i = 0; i < dk; i++) {
+        T a = Gam_c[i];
+        for (int64_t j = 0; j < dv; j++) dS[i * dv + j] *= a;
+    }
+    F(mm)(dS, dv, w->Qh, 1, dk, w->dO, dv, dk, dv, c, 1, 1);
+    F(mm)(dS, dv, w->Kh, 1, dk, w->dV, dv, dk, dv, c, -1, 1);
+    /* back to q, k and the cumulative decay G */
+    for (int64_t r = 0; r < c; r++)
+        for (int64_t i = 0; i < dk; i++) {
+            int64_t x = r * dk + i;
+            w->gQ[x] = w->dQh[x] * w->Gam[x];
+            w->gK[x] = w->dKh[x] * w->Gam[x] + w->dKr[x] * w->Er[x];
+            w->gG[x] = w->dQh[x] * w->Qh[x] + w->dKh[x] * w->Kh[x] - w->dKr[x] * w->Kr[x];
+            if (!safe) {
+                w->gK[x] += w->dKc[x] * exp(-w->G[x]);
+                w->gG[x] -= w->dKc[x] * w->Kc[x];
+            }
+        }
+    if (safe) {
+        /* the intra-chunk terms pair by pair, with e = exp(G_r − G_j) <= 1 */
+        for (int64_t r = 0; r < c; r++)
+            for (int64_t j = 0; j <= r; j++) {
+                T a = w->dP[r * C + j], b = w->bdA[r * C + j];
+                if (a == 0 && b == 0) continue;
+                const T *Gr = w->G + r * dk, *Gj = w->G + j * dk, *Qr = w->Q + r * dk, *Kr = w->K + r * dk,
+                        *Kj = w->K + j * dk;
+                T *dqr = w->gQ + r * dk, *dkr = w->gK + r * dk, *dkj = w->gK + j * dk, *dGr = w->gG + r * dk,
+                  *dGj = w->gG + j * dk;
+                for (int64_t i = 0; i < dk; i++) {
+                    T e = exp(Gr[i] - Gj[i]);
+                    T t = (a * Qr[i] + b * Kr[i]) * Kj[i] * e;
+                    dqr[i] += a * Kj[i] * e;
+                    dkj[i] += (a * Qr[i] + b * Kr[i]) * e;
+                    dkr[i] += b * Kj[i] * e;
+                    dGr[i] += t;
+                    dGj[i] -= t;
+                }
+            }
+    }
+    T *dGc = w->gG + (c - 1) * dk;
+    for (int64_t i = 0; i < dk; i++) {
+        T s = 0;
+        for (int64_t r = 0; r < c; r++) s += w->dKr[r * dk + i] * w->Kr[r * dk + i];
+        dGc[i] += s + w->lastG[i];
+    }
+    /* dg_i = Σ_{r >= i} dG_r (reverse cumsum inside the chunk) */
+    for (int64_t r = c - 2; r >= 0; r--)
+        for (int64_t i = 0; i < dk; i++) w->gG[r * dk + i] += w->gG[(r + 1) * dk + i];
+    for (int64_t r = 0; r < c; r++) {
+        int64_t row = ((tok + r) * H + h) * dk;
+        if (gq) memcpy(gq + row, w->gQ + r * dk, (size_t)dk * sizeof(T));
+        if (gk) memcpy(gk + row, w->gK + r * dk, (size_t)dk * sizeof(T));
+        if (gg) memcpy(gg + row, w->gG + r * dk, (size_t)dk * sizeof(T));
+    }
+}
+
+/* ---- one work item: a segment [t0, t1) of flattened tokens, head h ------------------------------- */
+/* chunk path forward; S enters holding the initial state and leaves holding the final one */
+static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *k, const T *v, const T *g,
+                                     const T *beta, int64_t t0, int64_t t1, int64_t H, int64_t h, int safe)
+{
+    for (int64_t tok = t0; tok < t1; tok += w->C) {
+        int64_t c = t1 - tok < w->C ? t1 - tok : w->C;
+        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+        F(chunk_state)(w, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
+    }
+}
+
+/* chunks per recompute block of the backward: the start states of one block's chunks are kept, the
+   blocks' own start states come from a first forward pass (kda.md §6: nothing per chunk is stored by the
+   forward; here the backward keeps n/NB + NB states instead of n) */
+#define KDA_BLOCK 64
+
+static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *gout, const T *q, const T *k,
+                                     const T *v, const T *g, const T *beta, int64_t t0, int64_t t1, int64_t H,
+                                     int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta)
+{
+    int64_t C = w->C, dk = w->dk, dv = w->dv, SZ = dk * dv;
+    int64_t nch = (t1 - t0 + C - 1) / C, nblk = (nch + KDA_BLOCK - 1) / KDA_BLOCK;
+    T *ck = malloc((size_t)((nblk + KDA_BLOCK + 1) * SZ) * sizeof(T));
+    if (!ck) return -1;
+    T *st = ck + nblk * SZ, *S = st + KDA_BLOCK * SZ;
+    if (s_init) memcpy(S, s_init, (size_t)SZ * sizeof(T));
+    else memset(S, 0, (size_t)SZ * sizeof(T));
+    for (int64_t i = 0; i < nch; i++) {
+        if (i % KDA_BLOCK == 0) memcpy(ck + (i / KDA_BLOCK) * SZ, S, (size_t)SZ * sizeof(T));
+        if (i / KDA_BLOCK == nblk - 1) break;          /* the last block is replayed below anyway */
+        int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
+        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+        F(chunk_state)(w, S, NULL, 0, c);
+    }
+    for (int64_t b = nblk - 1; b >= 0; b--) {
+        int64_t i0 = b * KDA_BLOCK, i1 = i0 + KDA_BLOCK < nch ? i0 + KDA_BLOCK : nch;
+        memcpy(S, ck + b * SZ, (size_t)SZ * sizeof(T));
+        for (int64_t i = i0; i < i1 - 1; i++) {
+            memcpy(st + (i - i0) * SZ, S, (size_t)SZ * sizeof(T));
+            int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+            F(chunk_state)(w, S, NULL, 0, c);
+        }
+        memcpy(st + (i1 - 1 - i0) * SZ, S, (size_t)SZ * sizeof(T));
+        for (int64_t i = i1 - 1; i >= i0; i--) {
+            int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+            F(chunk_backward)(w, st + (i - i0) * SZ, dS, gout, tok, c, H, h, safe, gq, gk, gv, gg, gbeta);
+        }
+    }
+    free(ck);
+    return 0;
+}
+
+/* the token recurrence (kda.md §3); S in/out */
+static void F(segment_recurrent_forward)(T *S, T *o, const T *q, const T *k, const T *v, const T *g, const T *beta,
+                                         int64_t t0, int64_t t1, int64_t H, int64_t h, int64_t dk, int64_t dv,
+                                         T *kS)
+{
+    for (int64_t t = t0; t < t1; t++) {
+        const T *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk, *gt = g + (t * H + h) * dk;
+        const T *vt = v + (t * H + h) * dv;
+        T b = beta[t * H + h];
+        /* S ← diag(exp(g)) S, and kS = Sᵀ k against the decayed state */
+        for (int64_t j = 0; j < dv; j++) kS[j] = 0;
+        for (int64_t i = 0; i < dk; i++) {
+            T a = exp(gt[i]), ki = kt[i];
+            T *s = S + i * dv;
+            for (int64_t j = 0; j < dv; j++) { s[j] *= a; kS[j] += ki * s[j]; }
+        }
+        /* u = β (v − Sᵀk);  S += k uᵀ;  o = Sᵀ q */
+        for (int64_t j = 0; j < dv; j++) kS[j] = b * (vt[j] - kS[j]);
+        T *ot = o ? o + (t * H + h) * dv : NULL;
+        if (ot) for (int64_t j = 0; j < dv; j++) ot[j] = 0;
+        for (int64_t i = 0; i < dk; i++) {
+            T ki = kt[i], qi = qt[i];
+            T *s = S + i * dv;
+            if (ot) for (int64_t j = 0; j < dv; j++) { s[j] += ki * kS[j]; ot[j] += qi * s[j]; }
+            else for (int64_t j = 0; j < dv; j++) s[j] += ki * kS[j];
+        }
+    }
+}
+
+/* backward of the recurrence for one segment: states every `blk` tokens from a first pass, then per block
+   the states before each token, then the tokens in reverse (the per-token gradient is written out in
+   kda.md §6's variables: S' = diag(α) S_prev, u = β(v − S'ᵀk), S_t = S' + k uᵀ, o = S_tᵀ q) */
+static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, const T *q, const T *k, const T *v,
+                                         const T *g, const T *beta, int64_t t0, int64_t t1, int64_t H, int64_t h,
+                                         int64_t dk, int64_t dv, T *gq, T *gk, T *gv, T *gg, T *gbeta)
+{
+    int64_t n = t1 - t0, SZ = dk * dv;
+    int64_t blk = 64;
+    while ((n + blk - 1) / blk > 1024) blk *= 2;
+    int64_t nblk = (n + blk - 1) / blk;
+    T *ck = malloc((size_t)((nblk + blk + 1) * SZ + 8 * (dk + dv)) * sizeof(T));
+    if (!ck) return -1;
+    T *st = ck + nblk * SZ, *S = st + blk * SZ, *tmp = S + SZ;
+    T *kS = tmp, *u = kS + dv, *du = u + dv, *dkS = du + dv, *dq = dkS + dv, *dk_ = dq + dk, *dg = dk_ + dk, *al = dg + dk;
+    if (s_init) memcpy(S, s_init, (size_t)SZ * sizeof(T));
+    else memset(S, 0, (size_t)SZ * sizeof(T));
+    for (int64_t b = 0; b < nblk - 1; b++) {
+        memcpy(ck + b * SZ, S, (size_t)SZ * sizeof(T));
+        F(segment_recurrent_forward)(S, NULL, q, k, v, g, beta, t0 + b * blk, t0 + (b + 1) * blk, H, h, dk, dv, kS);
+    }
+    memcpy(ck + (nblk - 1) * SZ, S, (size_t)SZ * sizeof(T));
+    for (int64_t b = nblk - 1; b >= 0; b--) {
+        int64_t a0 = t0 + b * blk, a1 = a0 + blk < t1 ? a0 + blk : t1;
+        memcpy(S, ck + b * SZ, (size_t)SZ * sizeof(T));
+        for (int64_t t = a0; t < a1; t++) {
+            memcpy(st + (t - a0) * SZ, S, (size_t)SZ * sizeof(T));
+            if (t + 1 < a1) F(segment_recurrent_forward)(S, NULL, q, k, v, g, beta, t, t + 1, H, h, dk, dv, kS);
+        }
+        for (int64_t t = a1 - 1; t >= a0; t--) {
+            const T *Sp = st + (t - a0) * SZ;
+            const T *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk, *gt = g + (t * H + h) * dk;
+            const T *vt = v + (t * H + h) * dv, *dot = gout ? gout + (t * H + h) * dv : NULL;
+            T bt = beta[t * H + h];
+            for (int64_t i = 0; i < dk; i++) al[i] = exp(gt[i]);
+            for (int64_t j = 0; j < dv; j++) kS[j] = 0;
+            for (int64_t i = 0; i < dk; i++) {
+                T a = al[i] * kt[i];
+                const T *s = Sp + i * dv;
+                for (int64_t j = 0; j < dv; j++) kS[j] += a * s[j];
+            }
+            for (int64_t j = 0; j < dv; j++) { u[j] = bt * (vt[j] - kS[j]); du[j] = 0; }
+            /* dS_t += q doᵀ; dq = S_t do; du = dS_tᵀ k; dk = dS_t u */
+            for (int64_t i = 0; i < dk; i++) {
+                T *d = dS + i * dv;
+                const T *s = Sp + i * dv;
+                T qi = qt[i], ki = kt[i], ai = al[i], sq = 0, sk = 0;
+                if (dot) for (int64_t j = 0; j < dv; j++) d[j] += qi * dot[j];
+                for (int64_t j = 0; j < dv; j++) {
+                    T stij = ai * s[j] + ki * u[j];
+                    if (dot) sq += stij * dot[j];
+                    du[j] += ki * d[j];
+                    sk += d[j] * u[j];
+                }
+                dq[i] = sq;
+                dk_[i] = sk;
+            }
+            T db = 0;
+            for (int64_t j = 0; j < dv; j++) { db += du[j] * (vt[j] - kS[j]); dkS[j] = -bt * du[j]; }
+            /* dS' = dS_t + k dkSᵀ; dk += S' dkS; dg = rowsum(dS' ⊙ S'); dS_prev = diag(α) dS' */
+            for (int64_t i = 0; i < dk; i++) {
+                T *d = dS + i * dv;
+                const T *s = Sp + i * dv;
+                T ki = kt[i], ai = al[i], sk = 0, sg = 0;
+                for (int64_t j = 0; j < dv; j++) {
+                    T sd = ai * s[j], dd = d[j] + ki * dkS[j];
+                    sk += sd * dkS[j];
+                    sg += dd * sd;
+                    d[j] = ai * dd;
+                }
+                dk_[i] += sk;
+                dg[i] = sg;
+            }
+            int64_t rk = (t * H + h) * dk, rv = (t * H + h) * dv;
+            if (gq) memcpy(gq + rk, dq, (size_t)dk * sizeof(T));
+            if (gk) memcpy(gk + rk, dk_, (size_t)dk * sizeof(T));
+            if (gg) memcpy(gg + rk, dg, (size_t)dk * sizeof(T));
+            if (gv) for (int64_t j = 0; j < dv; j++) gv[rv + j] = bt * du[j];
+            if (gbeta) gbeta[t * H + h] = db;
+        }
+    }
+    free(ck);
+    return 0;
+}
+
+/* ---- the entries -------------------------------------------------------------------------------- */
+/* work item i = (segment i / H, head i % H); row b of a segment is t0 / T */
+static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, const T *g, const T *beta,
+                          const T *s0, const int64_t *cu, int64_t n_seg, int64_t T_, int64_t H, int64_t dk,
+                          int64_t dv, int path, int64_t chunk)
+{
+    int failed = 0;
+    int64_t items = n_seg * H, SZ = dk * dv;
+    _Pragma("omp parallel")
+    {
+        F(ws) w;
+        int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
+        T *S = ok ? malloc((size_t)(SZ + dv) * sizeof(T)) : NULL;
+        if (!S) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int64_t it = 0; it < items; it++) {
+            if (!S) continue;
+            int64_t sg = it / H, h = it % H, t0 = cu[sg], t1 = cu[sg + 1], b = t0 / T_;
+            if (t0 == b * T_ && s0) memcpy(S, s0 + (b * H + h) * SZ, (size_t)SZ * sizeof(T));
+            else memset(S, 0, (size_t)SZ * sizeof(T));
+            if (path == TIDE_KDA_RECURRENT) F(segment_recurrent_forward)(S, o, q, k, v, g, beta, t0, t1, H, h, dk, dv, S + SZ);
+            else F(segment_chunk_forward)(&w, S, o, q, k, v, g, beta, t0, t1, H, h, path == TIDE_KDA_CHUNK_SAFE);
+            if (t1 == (b + 1) * T_ && s_out) memcpy(s_out + (b * H + h) * SZ, S, (size_t)SZ * sizeof(T));
+        }
+        free(S);
+        if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+    }
+    return failed ? tide_set_error("kda: out of memory for the kernel workspace") : 0;
+}
+
+static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T *gout, const T *gs_out,
+                           const T *q, const T *k, const T *v, const T *g, const T *beta, const T *s0,
+                           const int64_t *cu, int64_t n_seg, int64_t T_, int64_t H, int64_t dk, int64_t dv, int path,
+                           int64_t chunk)
+{
+    int failed = 0;
+    int64_t items = n_seg * H, SZ = dk * dv;
+    _Pragma("omp parallel")
+    {
+        F(ws) w;
+        int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
+        T *dS = ok ? malloc((size_t)SZ * sizeof(T)) : NULL;
+        if (!dS) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int64_t it = 0; it < items; it++) {
+            if (!dS) continue;
+            int64_t sg = it / H, h = it % H, t0 = cu[sg], t1 = cu[sg + 1], b = t0 / T_;
+            int first = t0 == b * T_, last = t1 == (b + 1) * T_;
+            if (last && gs_out) memcpy(dS, gs_out + (b * H + h) * SZ, (size_t)SZ * sizeof(T));
+            else memset(dS, 0, (size_t)SZ * sizeof(T));
+            const T *init = first && s0 ? s0 + (b * H + h) * SZ : NULL;
+            int rc = path == TIDE_KDA_RECURRENT
+                         ? F(segment_recurrent_backward)(init, dS, gout, q, k, v, g, beta, t0, t1, H, h, dk, dv, gq, gk,
+                                                         gv, gg, gbeta)
+                         : F(segment_chunk_backward)(&w, init, dS, gout, q, k, v, g, beta, t0, t1, H, h,
+                                                     path == TIDE_KDA_CHUNK_SAFE, gq, gk, gv, gg, gbeta);
+            if (rc) {
+                _Pragma("omp atomic write")
+                failed = 1;
+            }
+            if (gs0 && first) memcpy(gs0 + (b * H + h) * SZ, dS, (size_t)SZ * sizeof(T));
+        }
+        free(dS);
+        if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+    }
+    /* rows of s0 whose row has no first segment cannot exist (every row start is a boundary) */
+    return failed ? tide_set_error("kda: out of memory for the backward workspace") : 0;
+}
+
+#undef F
+#undef KCAT
+#undef KCAT_
