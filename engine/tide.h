@@ -215,7 +215,7 @@ tide_tensor *tide_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, int 
 /* kernel paths of tide_kda:
    CHUNK      chunks of `chunk` tokens with the intra-chunk decay factorised exp(G_r)·exp(-G_j), so every
               block is one dense matmul; valid only for a lower-bounded decay: needs lower_bound <= g <= 0
-              and chunk·|lower_bound| <= 80 (kda.md §5), and fails naming the first g below the bound;
+              and chunk·|lower_bound| <= 80 (700 in f64; kda.md §5), and fails naming the first g outside [lb, 0];
    CHUNK_SAFE the same chunk form with per-pair exp(G_r - G_j): any g <= 0 (the unbounded softplus gate);
    RECURRENT  the token recurrence (kda.md §3): the reference, and the decode step. */
 enum { TIDE_KDA_CHUNK = 0, TIDE_KDA_CHUNK_SAFE = 1, TIDE_KDA_RECURRENT = 2 };

@@ -154,9 +154,11 @@ int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tid
         return tide_set_error("kda: path must be 0 (chunk), 1 (chunk_safe) or 2 (recurrent), got %d", path);
     if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
         return tide_set_error("kda: chunk must be in [1, 1024], got %d", chunk);
-    if (path == TIDE_KDA_CHUNK && !(lower_bound < 0 && (double)chunk * -lower_bound <= 80.0))
-        return tide_set_error("kda: the chunk path needs a lower bound lb < 0 with chunk·|lb| <= 80 so that exp(±G) stay "
-                              "normal floats (kda.md §5), got lb = %g with chunk %d", lower_bound, chunk);
+    double limit = q->dtype == TIDE_F64 ? 700.0 : 80.0;   /* exp(±G) normal: f32/bf16 80 nats, f64 700 */
+    if (path == TIDE_KDA_CHUNK && !(lower_bound < 0 && (double)chunk * -lower_bound <= limit))
+        return tide_set_error("kda: the chunk path needs a lower bound lb < 0 with chunk·|lb| <= %g for %s so that exp(±G) "
+                              "stay normal floats (kda.md §5), got lb = %g with chunk %d", limit, tide_dtype_name(q->dtype),
+                              lower_bound, chunk);
     tide_attrs at = {0};
     at.i[0] = path;
     at.i[1] = chunk;

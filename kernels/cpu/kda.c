@@ -65,9 +65,11 @@ static int check_args(const char *op, int dtype, int path, int64_t chunk, double
     if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT) return tide_set_error("%s: unknown path %d", op, path);
     if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
         return tide_set_error("%s: chunk must be in [1, 1024], got %lld", op, (long long)chunk);
-    if (path == TIDE_KDA_CHUNK && !isinf(lb) && !(lb < 0 && (double)chunk * -lb <= 80.0))
-        return tide_set_error("%s: the chunk path needs lower bound lb < 0 with chunk·|lb| <= 80 (kda.md §5), got lb %g "
-                              "and chunk %lld", op, lb, (long long)chunk);
+    /* |G| <= chunk·|lb| must keep exp(±G) normal: 80 nats in f32 (kda.md §5), 700 in f64 */
+    double limit = dtype == TIDE_F64 ? 700.0 : 80.0;
+    if (path == TIDE_KDA_CHUNK && !isinf(lb) && !(lb < 0 && (double)chunk * -lb <= limit))
+        return tide_set_error("%s: the chunk path needs lower bound lb < 0 with chunk·|lb| <= %g for %s (kda.md §5), got "
+                              "lb %g and chunk %lld", op, limit, dtype_str(dtype), lb, (long long)chunk);
     return 0;
 }
 
