@@ -12,44 +12,56 @@
 
 /* ---- a small dense product ------------------------------------------------------------------------ */
 /* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
-   a stride swap) and B row-major [k, n]. Full 8 x 16 tiles keep their accumulators in vector registers;
-   the ragged edge (a last chunk shorter than 16) takes the plain loop. */
+   a stride swap) and B row-major [k, n]. Tiles of 8 rows x 16 columns keep their accumulators in vector
+   registers (GCC vector types: one 64-byte vector is 16 floats or 8 doubles); rows left over take 1-row
+   tiles and columns left over (a ragged last chunk) a plain loop. */
+typedef T F(vec) __attribute__((vector_size(64)));
+#define KDA_VL ((int)(64 / sizeof(T)))
+#define KDA_NV (16 / KDA_VL)
+
+static inline F(vec) F(vload)(const T *p) { F(vec) v; memcpy(&v, p, sizeof v); return v; }
+static inline void F(vstore)(T *p, F(vec) v) { memcpy(p, &v, sizeof v); }
+
+#define KDA_TILE(MR)                                                                                      \
+    {                                                                                                     \
+        F(vec) t[MR][KDA_NV];                                                                             \
+        for (int rr = 0; rr < MR; rr++)                                                                   \
+            for (int v = 0; v < KDA_NV; v++) t[rr][v] = (F(vec)){0};                                      \
+        for (int64_t kk = 0; kk < k; kk++) {                                                              \
+            F(vec) b[KDA_NV];                                                                             \
+            for (int v = 0; v < KDA_NV; v++) b[v] = F(vload)(B + kk * ldb + j0 + v * KDA_VL);            \
+            for (int rr = 0; rr < MR; rr++) {                                                             \
+                T a = A[(r0 + rr) * sar + kk * sak];                                                      \
+                for (int v = 0; v < KDA_NV; v++) t[rr][v] += a * b[v];                                    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int rr = 0; rr < MR; rr++)                                                                   \
+            for (int v = 0; v < KDA_NV; v++) {                                                            \
+                T *c = Cm + (r0 + rr) * ldc + j0 + v * KDA_VL;                                            \
+                F(vstore)(c, acc ? F(vload)(c) + alpha * t[rr][v] : alpha * t[rr][v]);                    \
+            }                                                                                             \
+    }
+
 static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
                   int64_t n, int64_t k, T alpha, int acc)
 {
-    enum { MR = 8, NR = 16 };
-    int64_t m8 = m - m % MR, n16 = n - n % NR;
-    for (int64_t r0 = 0; r0 < m8; r0 += MR)
-        for (int64_t j0 = 0; j0 < n16; j0 += NR) {
-            T t[MR][NR];
-            for (int rr = 0; rr < MR; rr++)
-                for (int jj = 0; jj < NR; jj++) t[rr][jj] = 0;
-            for (int64_t kk = 0; kk < k; kk++) {
-                const T *b = B + kk * ldb + j0;
-                for (int rr = 0; rr < MR; rr++) {
-                    T a = A[(r0 + rr) * sar + kk * sak];
-                    for (int jj = 0; jj < NR; jj++) t[rr][jj] += a * b[jj];
-                }
-            }
-            for (int rr = 0; rr < MR; rr++) {
-                T *c = Cm + (r0 + rr) * ldc + j0;
-                if (acc) for (int jj = 0; jj < NR; jj++) c[jj] += alpha * t[rr][jj];
-                else for (int jj = 0; jj < NR; jj++) c[jj] = alpha * t[rr][jj];
-            }
-        }
-    /* edges: rows [m8, m) for every column, columns [n16, n) for rows < m8 */
-    for (int64_t r = 0; r < m; r++) {
-        int64_t j0 = r < m8 ? n16 : 0;
-        if (j0 >= n) continue;
+    int64_t m8 = m - m % 8, n16 = n - n % 16;
+    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+        for (int64_t r0 = 0; r0 < m8; r0 += 8) KDA_TILE(8)
+        for (int64_t r0 = m8; r0 < m; r0++) KDA_TILE(1)
+    }
+    if (n16 == n) return;
+    for (int64_t r = 0; r < m; r++) {          /* columns [n16, n) */
         T *c = Cm + r * ldc;
-        if (!acc) for (int64_t j = j0; j < n; j++) c[j] = 0;
+        if (!acc) for (int64_t j = n16; j < n; j++) c[j] = 0;
         for (int64_t kk = 0; kk < k; kk++) {
             T a = alpha * A[r * sar + kk * sak];
             const T *b = B + kk * ldb;
-            for (int64_t j = j0; j < n; j++) c[j] += a * b[j];
+            for (int64_t j = n16; j < n; j++) c[j] += a * b[j];
         }
     }
 }
+#undef KDA_TILE
 
 /* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
 static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
@@ -79,10 +91,11 @@ static void F(unit_lower_inverse)(T *M, const T *A, int64_t c, int64_t C)
 typedef struct {
     int64_t C, dk, dv;
     T *Q, *K, *V, *beta;               /* the chunk's rows, contiguous */
-    T *G, *Gam, *Er, *Qh, *Kh, *Kc, *Kr, *KcT;   /* G cumsum, exp(G), exp(G_c - G), Q⊙Γ, K⊙Γ, K⊙Γ⁻¹, K⊙Er, Ǩᵀ */
+    T *G, *Gam, *Gi, *Er, *Qh, *Kh, *Kc, *Kr, *KcT;  /* G cumsum, Γ = exp(G), 1/Γ (dense path), exp(G_c − G),
+                                                       Q⊙Γ, K⊙Γ, K⊙Γ⁻¹, K⊙Er, Ǩᵀ */
     T *Araw, *A, *P, *M, *bK, *bV, *W, *Ut, *U;
     /* backward */
-    T *R, *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *S0T, *dST, *dQh, *dKh, *dKc, *dKr, *gQ, *gK, *gG, *lastG;
+    T *R, *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKc, *dKrT, *gQ, *gK, *gG, *lastG;
     T *buf;
 } F(ws);
 
@@ -91,20 +104,21 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
     w->C = C; w->dk = dk; w->dv = dv;
     int64_t ck = C * dk, cv = C * dv, cc = C * C;
     int64_t total = 2 * ck + cv + C                  /* Q K V beta */
-                  + 8 * ck                           /* G Gam Er Qh Kh Kc Kr KcT */
+                  + 9 * ck                           /* G Gam Gi Er Qh Kh Kc Kr KcT */
                   + 4 * cc + 2 * ck + 3 * cv         /* Araw A P M, bK W, bV Ut U */
-                  + 6 * cv + 3 * cc + 2 * dk * dv    /* R dO dU UT dB dV, dP dA bdA, S0T dST */
-                  + 7 * ck + dk;                     /* dQh dKh dKc dKr dq dk dG, lastG */
+                  + 8 * cv + 5 * cc                  /* R dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
+                  + 7 * ck + dk;                     /* dQhT dKhT dKc dKrT gQ gK gG, lastG */
     w->buf = malloc((size_t)total * sizeof(T));
     if (!w->buf) return -1;
     T *p = w->buf;
 #define TAKE(name, n) (w->name = p, p += (n))
     TAKE(Q, ck); TAKE(K, ck); TAKE(V, cv); TAKE(beta, C);
-    TAKE(G, ck); TAKE(Gam, ck); TAKE(Er, ck); TAKE(Qh, ck); TAKE(Kh, ck); TAKE(Kc, ck); TAKE(Kr, ck); TAKE(KcT, ck);
+    TAKE(G, ck); TAKE(Gam, ck); TAKE(Gi, ck); TAKE(Er, ck); TAKE(Qh, ck); TAKE(Kh, ck); TAKE(Kc, ck); TAKE(Kr, ck); TAKE(KcT, ck);
     TAKE(Araw, cc); TAKE(A, cc); TAKE(P, cc); TAKE(M, cc); TAKE(bK, ck); TAKE(W, ck); TAKE(bV, cv); TAKE(Ut, cv);
     TAKE(U, cv);
     TAKE(R, cv); TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
-    TAKE(dV, cv); TAKE(S0T, dk * dv); TAKE(dST, dk * dv); TAKE(dQh, ck); TAKE(dKh, ck); TAKE(dKc, ck); TAKE(dKr, ck);
+    TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dPT, cc); TAKE(bdAT, cc); TAKE(dQhT, ck); TAKE(dKhT, ck);
+    TAKE(dKc, ck); TAKE(dKrT, ck);
     TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk);
 #undef TAKE
     return 0;
@@ -127,19 +141,26 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
         if (r == 0) for (int64_t i = 0; i < dk; i++) G[i] = gr[i];
         else for (int64_t i = 0; i < dk; i++) G[i] = G[i - dk] + gr[i];
     }
-    const T *Gc = w->G + (c - 1) * dk;
+    for (int64_t x = 0; x < c * dk; x++) w->Gam[x] = EXP(w->G[x]);
+    const T *Gc = w->G + (c - 1) * dk, *Gam_c = w->Gam + (c - 1) * dk;
     for (int64_t r = 0; r < c; r++) {
-        const T *G = w->G + r * dk, *Q = w->Q + r * dk, *K = w->K + r * dk;
-        T *Gam = w->Gam + r * dk, *Er = w->Er + r * dk, *Qh = w->Qh + r * dk, *Kh = w->Kh + r * dk;
+        const T *G = w->G + r * dk, *Q = w->Q + r * dk, *K = w->K + r * dk, *Gam = w->Gam + r * dk;
+        T *Gi = w->Gi + r * dk, *Er = w->Er + r * dk, *Qh = w->Qh + r * dk, *Kh = w->Kh + r * dk;
         T *Kr = w->Kr + r * dk, *Kc = w->Kc + r * dk;
+        if (!safe)
+            /* under the bound Γ >= e^{-80}: 1/Γ and Γ_c/Γ are normal numbers (kda.md §5) */
+            for (int64_t i = 0; i < dk; i++) {
+                Gi[i] = 1 / Gam[i];
+                Er[i] = Gam_c[i] * Gi[i];
+                Kc[i] = K[i] * Gi[i];
+            }
+        else
+            for (int64_t i = 0; i < dk; i++) Er[i] = EXP(Gc[i] - G[i]);
         for (int64_t i = 0; i < dk; i++) {
-            Gam[i] = exp(G[i]);
-            Er[i] = exp(Gc[i] - G[i]);
             Qh[i] = Q[i] * Gam[i];
             Kh[i] = K[i] * Gam[i];
             Kr[i] = K[i] * Er[i];
         }
-        if (!safe) for (int64_t i = 0; i < dk; i++) Kc[i] = K[i] * exp(-G[i]);
     }
     /* Araw[r][j] = Σ k_r k_j exp(G_r − G_j) (j < r), P[r][j] = Σ q_r k_j exp(G_r − G_j) (j ≤ r). The upper
        triangle of the dense products may hold e^{+80}: it is discarded by selection, never multiplied. */
@@ -158,7 +179,7 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
                 const T *Gj = w->G + j * dk, *Kj = w->K + j * dk;
                 T sa = 0, sp = 0;
                 for (int64_t i = 0; i < dk; i++) {
-                    T e = exp(Gr[i] - Gj[i]);
+                    T e = EXP(Gr[i] - Gj[i]);
                     sa += Kr[i] * Kj[i] * e;
                     sp += Qr[i] * Kj[i] * e;
                 }
@@ -179,8 +200,9 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
     F(mm)(w->Ut, dv, w->M, C, 1, w->bV, dv, c, dv, c, 1, 0);    /* Ũ = M diag(β) V */
 }
 
-/* U = Ũ − W S₀; o rows (stride ldo) = Q̂ S₀ + P U when o; then S ← diag(Γ_c) S + K_rᵀ U */
-static void F(chunk_state)(F(ws) *w, T *S, T *o, int64_t ldo, int64_t c)
+/* U = Ũ − W S₀; o rows (stride ldo) = Q̂ S₀ + P U when o; then S_next = diag(Γ_c) S + K_rᵀ U
+   (S_next may be S: in place) */
+static void F(chunk_state)(F(ws) *w, const T *S, T *S_next, T *o, int64_t ldo, int64_t c)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
     memcpy(w->U, w->Ut, (size_t)(c * dv) * sizeof(T));
@@ -192,10 +214,11 @@ static void F(chunk_state)(F(ws) *w, T *S, T *o, int64_t ldo, int64_t c)
     const T *Gam_c = w->Gam + (c - 1) * dk;
     for (int64_t i = 0; i < dk; i++) {
         T a = Gam_c[i];
-        T *s = S + i * dv;
-        for (int64_t j = 0; j < dv; j++) s[j] *= a;
+        const T *s = S + i * dv;
+        T *sn = S_next + i * dv;
+        for (int64_t j = 0; j < dv; j++) sn[j] = a * s[j];
     }
-    F(mm)(S, dv, w->Kr, 1, dk, w->U, dv, dk, dv, c, 1, 1);
+    F(mm)(S_next, dv, w->Kr, 1, dk, w->U, dv, dk, dv, c, 1, 1);
 }
 
 /* backward of one chunk (kda.md §6). S0 is the chunk's entering state, dS holds dS_c on entry and dS₀ on
@@ -217,8 +240,8 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     /* dU = Pᵀ dO + K_r dS_c;  dK_r = U dS_cᵀ;  Γ_c ⊙ rowsum(dS_c ⊙ S₀) for the last row of dG */
     F(mm)(w->dU, dv, w->P, 1, C, w->dO, dv, c, dv, c, 1, 0);
     F(mm)(w->dU, dv, w->Kr, dk, 1, dS, dv, c, dv, dk, 1, 1);
-    F(transpose)(w->dST, dS, dk, dv, dv);
-    F(mm)(w->dKr, dk, w->U, dv, 1, w->dST, dk, c, dk, dv, 1, 0);
+    F(transpose)(w->UT, w->U, c, dv, dv);
+    F(mm)(w->dKrT, C, dS, dv, 1, w->UT, c, dk, c, dv, 1, 0);       /* dK_rᵀ = dS_c Uᵀ  [dk, c] */
     const T *Gam_c = w->Gam + (c - 1) * dk;
     for (int64_t i = 0; i < dk; i++) {
         T s = 0;
@@ -226,7 +249,6 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
         w->lastG[i] = Gam_c[i] * s;
     }
     /* dP = Tril(dO Uᵀ);  dB = Mᵀ dU;  dA = −StrictTril(dB Uᵀ);  dV = diag(β) dB */
-    F(transpose)(w->UT, w->U, c, dv, dv);
     F(mm)(w->dP, C, w->dO, dv, 1, w->UT, c, c, c, dv, 1, 0);
     F(mm)(w->dB, dv, w->M, 1, C, w->dU, dv, c, dv, c, 1, 0);
     F(mm)(w->dA, C, w->dB, dv, 1, w->UT, c, c, c, dv, -1, 0);
@@ -246,13 +268,18 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
         if (gbeta) gbeta[(tok + r) * H + h] = s;
         if (gv) memcpy(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, (size_t)dv * sizeof(T));
     }
-    /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂ */
-    F(transpose)(w->S0T, S0, dk, dv, dv);
-    F(mm)(w->dQh, dk, w->dO, dv, 1, w->S0T, dk, c, dk, dv, 1, 0);
-    F(mm)(w->dKh, dk, w->dV, dv, 1, w->S0T, dk, c, dk, dv, -1, 0);
+    /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂.
+       dQ̂ and dK̂ are formed transposed ([dk, c]: S₀ times small transposes) so that the dk x dv state is
+       never transposed */
+    F(transpose)(w->dOT, w->dO, c, dv, dv);
+    F(transpose)(w->dVT, w->dV, c, dv, dv);
+    F(mm)(w->dQhT, C, S0, dv, 1, w->dOT, c, dk, c, dv, 1, 0);
+    F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, -1, 0);
     if (!safe) {
-        F(mm)(w->dQh, dk, w->dP, C, 1, w->Kc, dk, c, dk, c, 1, 1);
-        F(mm)(w->dKh, dk, w->bdA, C, 1, w->Kc, dk, c, dk, c, 1, 1);
+        F(transpose)(w->dPT, w->dP, c, c, C);
+        F(transpose)(w->bdAT, w->bdA, c, c, C);
+        F(mm)(w->dQhT, C, w->Kc, 1, dk, w->dPT, c, dk, c, c, 1, 1);
+        F(mm)(w->dKhT, C, w->Kc, 1, dk, w->bdAT, c, dk, c, c, 1, 1);
         F(mm)(w->dKc, dk, w->dP, 1, C, w->Qh, dk, c, dk, c, 1, 0);
         F(mm)(w->dKc, dk, w->bdA, 1, C, w->Kh, dk, c, dk, c, 1, 1);
     }
@@ -267,16 +294,17 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     for (int64_t r = 0; r < c; r++)
         for (int64_t i = 0; i < dk; i++) {
             int64_t x = r * dk + i;
-            w->gQ[x] = w->dQh[x] * w->Gam[x];
-            w->gK[x] = w->dKh[x] * w->Gam[x] + w->dKr[x] * w->Er[x];
-            w->gG[x] = w->dQh[x] * w->Qh[x] + w->dKh[x] * w->Kh[x] - w->dKr[x] * w->Kr[x];
+            int64_t y = i * C + r;
+            w->gQ[x] = w->dQhT[y] * w->Gam[x];
+            w->gK[x] = w->dKhT[y] * w->Gam[x] + w->dKrT[y] * w->Er[x];
+            w->gG[x] = w->dQhT[y] * w->Qh[x] + w->dKhT[y] * w->Kh[x] - w->dKrT[y] * w->Kr[x];
             if (!safe) {
-                w->gK[x] += w->dKc[x] * exp(-w->G[x]);
+                w->gK[x] += w->dKc[x] * w->Gi[x];
                 w->gG[x] -= w->dKc[x] * w->Kc[x];
             }
         }
     if (safe) {
-        /* the intra-chunk terms pair by pair, with e = exp(G_r − G_j) <= 1 */
+        /* the intra-chunk terms pair by pair, with e = EXP(G_r − G_j) <= 1 */
         for (int64_t r = 0; r < c; r++)
             for (int64_t j = 0; j <= r; j++) {
                 T a = w->dP[r * C + j], b = w->bdA[r * C + j];
@@ -286,7 +314,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
                 T *dqr = w->gQ + r * dk, *dkr = w->gK + r * dk, *dkj = w->gK + j * dk, *dGr = w->gG + r * dk,
                   *dGj = w->gG + j * dk;
                 for (int64_t i = 0; i < dk; i++) {
-                    T e = exp(Gr[i] - Gj[i]);
+                    T e = EXP(Gr[i] - Gj[i]);
                     T t = (a * Qr[i] + b * Kr[i]) * Kj[i] * e;
                     dqr[i] += a * Kj[i] * e;
                     dkj[i] += (a * Qr[i] + b * Kr[i]) * e;
@@ -299,7 +327,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     T *dGc = w->gG + (c - 1) * dk;
     for (int64_t i = 0; i < dk; i++) {
         T s = 0;
-        for (int64_t r = 0; r < c; r++) s += w->dKr[r * dk + i] * w->Kr[r * dk + i];
+        for (int64_t r = 0; r < c; r++) s += w->dKrT[i * C + r] * w->Kr[r * dk + i];
         dGc[i] += s + w->lastG[i];
     }
     /* dg_i = Σ_{r >= i} dG_r (reverse cumsum inside the chunk) */
@@ -321,7 +349,7 @@ static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *
     for (int64_t tok = t0; tok < t1; tok += w->C) {
         int64_t c = t1 - tok < w->C ? t1 - tok : w->C;
         F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
-        F(chunk_state)(w, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
+        F(chunk_state)(w, S, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
     }
 }
 
@@ -346,18 +374,16 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
         if (i / KDA_BLOCK == nblk - 1) break;          /* the last block is replayed below anyway */
         int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
         F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
-        F(chunk_state)(w, S, NULL, 0, c);
+        F(chunk_state)(w, S, S, NULL, 0, c);
     }
     for (int64_t b = nblk - 1; b >= 0; b--) {
         int64_t i0 = b * KDA_BLOCK, i1 = i0 + KDA_BLOCK < nch ? i0 + KDA_BLOCK : nch;
-        memcpy(S, ck + b * SZ, (size_t)SZ * sizeof(T));
+        memcpy(st, ck + b * SZ, (size_t)SZ * sizeof(T));
         for (int64_t i = i0; i < i1 - 1; i++) {
-            memcpy(st + (i - i0) * SZ, S, (size_t)SZ * sizeof(T));
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
             F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
-            F(chunk_state)(w, S, NULL, 0, c);
+            F(chunk_state)(w, st + (i - i0) * SZ, st + (i + 1 - i0) * SZ, NULL, 0, c);
         }
-        memcpy(st + (i1 - 1 - i0) * SZ, S, (size_t)SZ * sizeof(T));
         for (int64_t i = i1 - 1; i >= i0; i--) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
             F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
@@ -380,7 +406,7 @@ static void F(segment_recurrent_forward)(T *S, T *o, const T *q, const T *k, con
         /* S ← diag(exp(g)) S, and kS = Sᵀ k against the decayed state */
         for (int64_t j = 0; j < dv; j++) kS[j] = 0;
         for (int64_t i = 0; i < dk; i++) {
-            T a = exp(gt[i]), ki = kt[i];
+            T a = EXP(gt[i]), ki = kt[i];
             T *s = S + i * dv;
             for (int64_t j = 0; j < dv; j++) { s[j] *= a; kS[j] += ki * s[j]; }
         }
@@ -431,7 +457,7 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
             const T *qt = q + (t * H + h) * dk, *kt = k + (t * H + h) * dk, *gt = g + (t * H + h) * dk;
             const T *vt = v + (t * H + h) * dv, *dot = gout ? gout + (t * H + h) * dv : NULL;
             T bt = beta[t * H + h];
-            for (int64_t i = 0; i < dk; i++) al[i] = exp(gt[i]);
+            for (int64_t i = 0; i < dk; i++) al[i] = EXP(gt[i]);
             for (int64_t j = 0; j < dv; j++) kS[j] = 0;
             for (int64_t i = 0; i < dk; i++) {
                 T a = al[i] * kt[i];
@@ -560,3 +586,5 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
 #undef F
 #undef KCAT
 #undef KCAT_
+#undef KDA_VL
+#undef KDA_NV
