@@ -518,6 +518,7 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
     int64_t items = n_seg * H, SZ = dk * dv;
     _Pragma("omp parallel")
     {
+        unsigned int csr = kda_flush_denormals();
         F(ws) w;
         int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
         T *S = ok ? malloc((size_t)(SZ + dv) * sizeof(T)) : NULL;
@@ -537,6 +538,7 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
         }
         free(S);
         if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+        kda_restore_denormals(csr);
     }
     return failed ? tide_set_error("kda: out of memory for the kernel workspace") : 0;
 }
@@ -550,6 +552,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
     int64_t items = n_seg * H, SZ = dk * dv;
     _Pragma("omp parallel")
     {
+        unsigned int csr = kda_flush_denormals();
         F(ws) w;
         int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
         T *dS = ok ? malloc((size_t)SZ * sizeof(T)) : NULL;
@@ -578,6 +581,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
         }
         free(dS);
         if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+        kda_restore_denormals(csr);
     }
     /* rows of s0 whose row has no first segment cannot exist (every row start is a boundary) */
     return failed ? tide_set_error("kda: out of memory for the backward workspace") : 0;

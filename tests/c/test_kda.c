@@ -348,7 +348,11 @@ static void test_bound(void)
     rc = tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, NULL, cu, 1, 1, T, H, dk, dv, TIDE_KDA_CHUNK, 16, -5.0);
     err = 0; scale = 0;
     for (int64_t i = 0; i < N * dv; i++) { err = fmax(err, fabs(o[i] - ref.o[i])); scale = fmax(scale, fabs(ref.o[i])); }
-    CHECK(rc == 0 && err <= 1e-5 * scale, "bounded gate at g = -5 everywhere: f32 dense path vs f64 %.3g (scale %.3g)", err, scale);
+    /* At g = lb in every channel, q⊙Γ reaches |q|·e^{-80}: entries with |q| < 6.5e-4 fall below FLT_MIN and
+       are flushed to zero inside the kernel (FTZ), losing their share of Q̂Ǩᵀ; measured ~5e-5 of max|O|.
+       spec oracle 4 allows 2^-7 of max|O| for bf16 here; float32 is held to 2e-4. */
+    CHECK(rc == 0 && err <= 2e-4 * scale, "bounded gate at g = -5 everywhere: f32 dense path vs f64 %.3g (scale %.3g)", err, scale);
+    printf("  g = -5 everywhere, f32 dense path vs f64: %.3g of max|O|\n", err / scale);
     /* the op layer's own precondition on the bound: chunk·|lb| <= 80 */
     rc = tide_kda(tq, tk, tv, tg, tb, NULL, NULL, TIDE_KDA_CHUNK, 16, -6.0, &oo, &ss);
     CHECK(rc != 0 && strstr(tide_last_error(), "chunk·|lb| <= 80 for f32"), "lb -6 with chunk 16 must be refused: %s", tide_last_error());
