@@ -221,6 +221,119 @@ for _, name in ipairs { "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu"
   F[name] = function(x) return check(f(want_tensor(x, name, "x"))) end
 end
 
+-- ---- Kimi Delta Attention (spec/kda.md) ------------------------------------------------------------------
+-- options are checked by name, so a misspelt key is an error rather than a silently ignored default
+local function check_keys(o, op, known)
+  for k in pairs(o) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      raise(fmt("%s: unknown option '%s' (known: %s)", op, tostring(k), table.concat(names, ", ")))
+    end
+  end
+end
+
+local function want_int(x, op, arg)
+  if type(x) ~= "number" or x ~= math.floor(x) then raise(fmt("%s: %s must be an integer, got %s", op, arg, tostring(x))) end
+  return x
+end
+
+-- cu_seqlens: document boundaries over the flattened B·T tokens, as a Lua table of 0-based offsets
+-- {0, e1, ..., B·T} or an integer tensor (kda.md §8); nil means none
+local function cu_tensor(cu, x, op)
+  if cu == nil then return nil end
+  if type(cu) == "table" then return T.from_table(cu, { dtype = "i64", device = x:device() }) end
+  want_tensor(cu, op, "cu_seqlens")
+  return cu
+end
+
+local KDA_PATHS = { chunk = C.TIDE_KDA_CHUNK, chunk_safe = C.TIDE_KDA_CHUNK_SAFE, recurrent = C.TIDE_KDA_RECURRENT }
+local KDA_KEYS = { s0 = true, cu_seqlens = true, path = true, chunk = true, lower_bound = true }
+
+-- F.kda(q, k, v, g, beta, opts) -> o [B, T, H, dv], state [B, H, dk, dv]
+--   q, k, g [B, T, H, dk] (q, k L2-normalised, q scaled by dk^-1/2), v [B, T, H, dv], beta [B, T, H]
+--   opts.s0: initial state [B, H, dk, dv] of the FIRST document of each row (nil = zeros)
+--   opts.cu_seqlens: document boundaries (table or int tensor) over B·T; the state restarts at each
+--   opts.path: "chunk" (default; needs lower_bound <= g <= 0 and chunk·|lower_bound| <= 80, kda.md §5),
+--              "chunk_safe" (any g <= 0: the softplus gate) or "recurrent" (the token recurrence, §3)
+--   opts.chunk (16), opts.lower_bound (-5)
+function F.kda(q, k, v, g, beta, opts)
+  local op = "kda"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, KDA_KEYS)
+  local path = opts.path or "chunk"
+  local pid = KDA_PATHS[path]
+  if pid == nil then
+    raise(fmt("%s: path must be \"chunk\", \"chunk_safe\" or \"recurrent\", got %s", op,
+              type(path) == "string" and ("\"" .. path .. "\"") or tostring(path)))
+  end
+  local chunk = want_int(opts.chunk or 16, op, "chunk")
+  local lb = opts.lower_bound == nil and -5 or want_number(opts.lower_bound, op, "lower_bound")
+  want_tensor(q, op, "q")
+  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  local o, s = ffi.new("tide_tensor *[1]"), ffi.new("tide_tensor *[1]")
+  check_status(C.tide_kda(raw(q), want_tensor(k, op, "k"), want_tensor(v, op, "v"), want_tensor(g, op, "g"),
+                          want_tensor(beta, op, "beta"), opt_tensor(opts.s0, op, "s0"), cu and raw(cu) or nil,
+                          pid, chunk, lb, o, s))
+  return T.wrap(o[0]), T.wrap(s[0])
+end
+
+local GATE_FORMS = { bounded = C.TIDE_KDA_GATE_BOUNDED, softplus = C.TIDE_KDA_GATE_SOFTPLUS }
+local GATE_KEYS = { form = true, lower_bound = true }
+
+-- F.kda_gate(z [..., H, D], A_log [H], dt_bias [H·D] or [H, D], opts) -> g (kda.md §2)
+--   opts.form: "bounded" (default): g = lb·σ(e^{A_log}(z + dt_bias)); "softplus": g = −e^{A_log}·softplus(z + dt_bias)
+--   opts.lower_bound (-5): lb of the bounded form
+function F.kda_gate(z, A_log, dt_bias, opts)
+  local op = "kda_gate"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, GATE_KEYS)
+  local form = opts.form or "bounded"
+  local fid = GATE_FORMS[form]
+  if fid == nil then
+    raise(fmt("%s: form must be \"bounded\" or \"softplus\", got %s", op,
+              type(form) == "string" and ("\"" .. form .. "\"") or tostring(form)))
+  end
+  local lb = opts.lower_bound == nil and -5 or want_number(opts.lower_bound, op, "lower_bound")
+  return check(C.tide_kda_gate(want_tensor(z, op, "z"), want_tensor(A_log, op, "A_log"),
+                               want_tensor(dt_bias, op, "dt_bias"), lb, fid))
+end
+
+local CONV_KEYS = { cache = true, cu_seqlens = true, silu = true }
+
+-- F.causal_conv1d(x [B, T, C], w [C, K] or [C, 1, K] (the checkpoint layout), opts) -> [B, T, C]
+--   y[t] = Σ_j w[:, j]·x[t−K+1+j]; positions before a document start read 0, except in the first document
+--   of a row, which reads opts.cache [B, K−1, C] (the previous K−1 inputs; nil = zeros)
+--   opts.cu_seqlens: document boundaries over B·T; opts.silu (false): SiLU fused on the output
+function F.causal_conv1d(x, w, opts)
+  local op = "causal_conv1d"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, CONV_KEYS)
+  want_tensor(x, op, "x")
+  want_tensor(w, op, "w")
+  if w:dim() == 3 then
+    if w:size(2) ~= 1 then
+      raise(fmt("%s: a 3-d w must be [C, 1, K], got %s", op, T.shape_str(w:shape())))
+    end
+    w = w:reshape(w:size(1), w:size(3))
+  end
+  local cu = cu_tensor(opts.cu_seqlens, x, op)
+  return check(C.tide_causal_conv1d(raw(x), raw(w), opt_tensor(opts.cache, op, "cache"), cu and raw(cu) or nil,
+                                    bool_int(opts.silu, op, "silu")))
+end
+
+local L2_KEYS = { eps = true, scale = true }
+
+-- F.l2norm(x, {eps = 1e-6, scale = 1}) = scale·x / sqrt(Σx² + eps) over the last dim (eps on the SUM, kda.md §1.3)
+function F.l2norm(x, opts)
+  local op = "l2norm"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, L2_KEYS)
+  return check(C.tide_l2norm(want_tensor(x, op, "x"), opts.eps == nil and 1e-6 or want_number(opts.eps, op, "eps"),
+                             opts.scale == nil and 1 or want_number(opts.scale, op, "scale")))
+end
+
 -- F.adamw_step_(param, grad, m, v, opts): one in-place AdamW update (optim.md §2)
 --   opts: lr, beta1 (0.9), beta2 (0.95), eps (1e-8), weight_decay (0.1), step (updates done before, 0-based)
 --   (defaults from optim.md)

@@ -1,5 +1,6 @@
--- generate.lua — autoregressive sampling from a language model with a key/value cache:
--- greedy (temperature 0), temperature, top-k and top-p (nucleus) sampling. The sampler draws from its
+-- generate.lua — autoregressive sampling from a language model with per-layer caches (attention: keys
+-- and values; KDA: state and conv history, a fixed size): greedy (temperature 0), temperature, top-k and
+-- top-p (nucleus) sampling. The sampler draws from its
 -- own Philox stream (seed, draw index), so samples are reproducible and leave the training RNG alone.
 local ffi = require "ffi"
 local tide = require "tide"
@@ -60,6 +61,8 @@ end
 
 -- generate(model, tok, {prompt = "text" | {ids}, max_new_tokens = 100, temperature = 1, top_k, top_p,
 --   seed = 0, stop = "<|endoftext|>" | false, window = model.cfg.max_seq_len})
+-- window bounds a growing (attention) cache; a model whose caches do not grow (model:cache_grows() is
+-- false: KDA only) keeps its whole context unless a window is given, at a per-token cost independent of it.
 -- -> text of the new tokens, the full id list
 function generate.generate(model, tok, opts)
   opts = opts or {}
@@ -74,7 +77,8 @@ function generate.generate(model, tok, opts)
   local stop = opts.stop
   if stop == nil then stop = "<|endoftext|>" end
   local stop_id = stop and tok:id(stop) or nil
-  local window = opts.window or (model.cfg and model.cfg.max_seq_len) or 1024
+  local bounded = model.cache_grows ~= nil and not model:cache_grows()
+  local window = opts.window or (bounded and math.huge) or (model.cfg and model.cfg.max_seq_len) or 1024
   local n_new = opts.max_new_tokens or 100
   local seed = opts.seed or 0
   local u = ffi.new("double[1]")

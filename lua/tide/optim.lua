@@ -1,8 +1,8 @@
 -- optim.lua — AdamW with decoupled weight decay (spec/optim.md §2) and global-norm clipping (§5).
 --
 -- Groups (§1, with the embedding rule of this release): weight decay applies to matrices (ndim >= 2)
--- except those a module registered with decay = false (embedding tables); norm gains and biases
--- (1-D) never decay. Recipe patterns in `no_decay` move more parameters out of the decay group.
+-- except those a module registered with decay = false (embedding tables, KDA conv taps [H·dk, 1, 4]);
+-- norm gains, biases, KDA A_log and dt_bias (1-D) never decay. Recipe patterns in `no_decay` move more parameters out of the decay group.
 -- The update itself is one engine call per parameter (tide_adamw_step_), in place, off the graph.
 local ffi = require "ffi"
 local tide = require "tide"

@@ -12,6 +12,7 @@ local nn = {
   LayerNorm = norms.LayerNorm,
   MLP = require "tide.nn.mlp",
   Attention = require "tide.nn.attention",
+  KDA = require "tide.nn.kda",
   Block = transformer.Block,
   TransformerLM = transformer.TransformerLM,
 }

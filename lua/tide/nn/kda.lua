@@ -1,0 +1,277 @@
+-- nn/kda.lua — the Kimi Delta Attention layer (spec/kda.md §1): projections -> short causal conv + SiLU ->
+-- L2 norm -> delta-rule kernel with a per-channel decay gate -> per-head RMSNorm -> sigmoid output gate ->
+-- output projection. Names are the checkpoint names of formats.md §2 (self_attn.q_proj, q_conv1d, A_log, ...).
+--
+-- A cache table {state = [B, H, dk, dv], conv = {q =, k =, v =} ([B, K-1, H·dk] each), pos = n} carries
+-- the recurrent state and the last K-1 pre-conv inputs (kda.md §7) from one call to the next: decoding,
+-- and processing a long sequence segment by segment. The cache tensors are ordinary graph tensors, so
+-- gradients flow through them across segments.
+local tide = require "tide"
+local M = require "tide.nn.module"
+local Linear = require "tide.nn.linear"
+local norms = require "tide.nn.norm"
+local F = tide.F
+
+local fmt = string.format
+
+-- the depthwise tap tensor [C, 1, K] of one short convolution, as its own module so the checkpoint name
+-- is <prefix>.q_conv1d.weight; taps get no weight decay (optim.md §1)
+local ShortConv = M.Module:extend("ShortConv")
+
+function ShortConv:init(channels, size, opts)
+  self.channels, self.size = channels, size
+  -- U(-0.5, 0.5): the PyTorch Conv1d default for fan-in 4 (spec/README.md, Initialisation)
+  local w = tide.rand({ channels, 1, size }, { lo = -0.5, hi = 0.5, dtype = opts.dtype or "f32", device = opts.device })
+  self:param("weight", w, { decay = false })
+end
+
+function ShortConv:extra_repr() return fmt("%d, kernel=%d, depthwise", self.channels, self.size) end
+
+local KDA = M.Module:extend("KDA")
+
+local KEYS = {
+  heads = true, head_dim = true, conv_size = true, gate = true, lower_bound = true, chunk = true, norm_eps = true,
+  std = true, out_std = true, dtype = true, device = true,
+}
+KDA.KEYS = KEYS
+
+-- errors point at the first caller outside this file and module.lua (the line that built or called the layer)
+local here = debug.getinfo(1, "S").source
+local function bad(msg)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then error("nn.KDA: " .. msg, 0) end
+    if info.what ~= "C" and info.what ~= "tail" and info.source ~= here and not info.source:find("nn/module.lua", 1, true) then
+      error("nn.KDA: " .. msg, level)
+    end
+    level = level + 1
+  end
+end
+
+local function pos_int(v, name)
+  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then bad(fmt("%s must be a positive integer, got %s", name, tostring(v))) end
+  return v
+end
+
+-- softplus⁻¹(dt) = dt + log(1 − e^{−dt}); for dt >= 1e-4 the cancellation in 1 − e^{−dt} costs ~1e-12 relative
+local function inv_softplus(dt) return dt + math.log(1 - math.exp(-dt)) end
+
+-- KDA(dim, {heads, head_dim (dk = dv), conv_size = 4, gate = "bounded" | "softplus", lower_bound = -5,
+--   chunk = 16, norm_eps = 1e-5, std = 0.02, out_std = std, dtype = "f32", device = "cpu"})
+function KDA:init(dim, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if not KEYS[k] then
+      local known = {}
+      for n in pairs(KEYS) do known[#known + 1] = n end
+      table.sort(known)
+      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")))
+    end
+  end
+  self.dim = pos_int(dim, "dim")
+  local H = pos_int(opts.heads, "heads")
+  local dk = pos_int(opts.head_dim, "head_dim")
+  self.heads, self.head_dim = H, dk
+  self.conv_size = opts.conv_size or 4
+  if type(self.conv_size) ~= "number" or self.conv_size < 2 or self.conv_size ~= math.floor(self.conv_size) then
+    bad("conv_size must be an integer >= 2, got " .. tostring(self.conv_size))
+  end
+  self.gate = opts.gate or "bounded"
+  if self.gate ~= "bounded" and self.gate ~= "softplus" then
+    bad(fmt("gate must be \"bounded\" or \"softplus\", got %s", tostring(self.gate)))
+  end
+  self.chunk = pos_int(opts.chunk or 16, "chunk")
+  self.lower_bound = opts.lower_bound or -5
+  if self.gate == "bounded" then
+    -- the dense chunk path needs exp(±G) normal in fp32/bf16 over a chunk: chunk·|lb| <= 80 (kda.md §5);
+    -- held for every dtype, so a config that runs in f64 also runs on the GPU
+    local lb = self.lower_bound
+    if type(lb) ~= "number" or not (lb < 0 and lb >= -80 / self.chunk) then
+      bad(fmt("lower_bound must lie in [-80/chunk, 0) = [%g, 0) for the chunk path with chunk %d (kda.md §5), got %s",
+        -80 / self.chunk, self.chunk, tostring(lb)))
+    end
+  end
+  -- the softplus gate is unbounded below: only the per-pair exponent path is safe (kda.md §5)
+  self.path = self.gate == "bounded" and "chunk" or "chunk_safe"
+  self.norm_eps = opts.norm_eps or 1e-5
+  local std = opts.std or 0.02
+  local po = { dtype = opts.dtype, device = opts.device }
+  local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
+  local inner = H * dk
+  self:child("q_proj", lin(dim, inner, std))
+  self:child("k_proj", lin(dim, inner, std))
+  self:child("v_proj", lin(dim, inner, std))
+  self:child("g_proj", lin(dim, inner, std))
+  self:child("o_proj", lin(inner, dim, opts.out_std or std))
+  self:child("q_conv1d", ShortConv(inner, self.conv_size, po))
+  self:child("k_conv1d", ShortConv(inner, self.conv_size, po))
+  self:child("v_conv1d", ShortConv(inner, self.conv_size, po))
+  self:child("f_a_proj", lin(dim, dk, std))
+  self:child("f_b_proj", lin(dk, inner, std))
+  self:child("b_proj", lin(dim, H, std))
+  -- A_log = 0 and dt_bias = softplus⁻¹(dt), dt ~ exp(U(ln 1e-3, ln 1e-1)) clamped >= 1e-4 (spec/README.md,
+  -- Initialisation); neither decays (optim.md §1)
+  self:param("A_log", M.Module.new_param({ H }, { "zeros" }, po), { decay = false })
+  local u = tide.rand({ inner }, { lo = math.log(1e-3), hi = math.log(1e-1), dtype = "f64" }):tolist()
+  for i = 1, inner do u[i] = inv_softplus(math.max(math.exp(u[i]), 1e-4)) end
+  self:param("dt_bias", tide.tensor(u, { dtype = opts.dtype or "f32", device = opts.device }), { decay = false })
+  self:child("o_norm", norms.RMSNorm(dk, { eps = self.norm_eps, dtype = opts.dtype, device = opts.device }))
+end
+
+-- the new conv cache of one stream: the last K-1 pre-conv inputs of each row, zero before the start of
+-- the row's last document (that document is what the next segment continues, kda.md §8)
+local function conv_tail(x, old, K1, mask)
+  local T = x:size(2)
+  local tail
+  if T >= K1 then
+    tail = x:narrow(2, T - K1 + 1, K1)
+  else
+    local prev = old or tide.zeros({ x:size(1), K1, x:size(3) }, { dtype = x:dtype(), device = x:device() })
+    tail = F.concat({ prev, x }, 2):narrow(2, T + 1, K1)
+  end
+  if mask then tail = tail * mask end
+  return tail
+end
+
+-- [B, K-1, 1] of 0/1, or nil when every row's last document covers the whole window; cu is a Lua list
+local function tail_mask(cu, B, T, K1, dtype, device)
+  if not cu then return nil end
+  local start, i = {}, 1
+  for b = 0, B - 1 do
+    local s = 0
+    for _, c in ipairs(cu) do
+      if c > b * T and c < (b + 1) * T then s = c - b * T end
+    end
+    start[b + 1] = s
+  end
+  local vals, any = {}, false
+  for b = 1, B do
+    for j = 1, K1 do
+      local t = T - K1 + j - 1          -- 0-based position in the row; negative = from the old cache
+      local keep = start[b] == 0 or t >= start[b]
+      vals[i] = keep and 1 or 0
+      if not keep then any = true end
+      i = i + 1
+    end
+  end
+  if not any then return nil end
+  return tide.tensor(vals, { shape = { B, K1, 1 }, dtype = dtype, device = device })
+end
+
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true }
+
+-- the carried cache of the rows that continue, the rows in `reset` zeroed (a new document starts exactly
+-- at this call); multiplying keeps the graph and gives the dropped rows a zero gradient
+local function reset_rows(t, reset, B)
+  if t == nil or not reset then return t end
+  local keep, any = {}, false
+  for b = 1, B do
+    local r = reset == true or reset[b]
+    keep[b] = r and 0 or 1
+    any = any or r
+  end
+  if not any then return t end
+  local shape = { B }
+  for _ = 2, t:dim() do shape[#shape + 1] = 1 end
+  return t * tide.tensor(keep, { shape = shape, dtype = t:dtype(), device = t:device() })
+end
+
+-- forward(x [B, T, d], opts) -> [B, T, d]
+--   opts.cu_seqlens: packed documents (Lua list of 0-based offsets {0, ..., B·T} or an int tensor); the conv
+--     history and the state restart at every boundary (kda.md §8)
+--   opts.cache: {state =, conv = {q =, k =, v =}} or {} — the layer starts from it (first document of each
+--     row) and writes the new state, conv caches and pos back into it
+--   opts.reset: true, or a list of B booleans: rows whose first document starts fresh at this call (a
+--     boundary exactly at the segment start) and so ignore the carried cache
+--   opts.path: kernel path override ("chunk", "chunk_safe", "recurrent"); default by gate
+function KDA:forward(x, opts)
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not FORWARD_KEYS[k] then bad(fmt("forward: unknown option '%s' (known: cache, cu_seqlens, path, reset)", tostring(k))) end
+  end
+  if not tide.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.dim then
+    bad(fmt("x must be [B, T, %d], got %s", self.dim,
+      tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))
+  end
+  local B, T = x:size(1), x:size(2)
+  local H, dk = self.heads, self.head_dim
+  local K1 = self.conv_size - 1
+  local cache = opts.cache
+  if opts.reset ~= nil and opts.reset ~= true and opts.reset ~= false and type(opts.reset) ~= "table" then
+    bad("forward: reset must be a boolean or a list of B booleans, got " .. type(opts.reset))
+  end
+  if type(opts.reset) == "table" and #opts.reset ~= B then
+    bad(fmt("forward: reset lists %d rows but x has B = %d", #opts.reset, B))
+  end
+  local conv, s0 = {}, nil
+  if cache then
+    for _, name in ipairs({ "q", "k", "v" }) do conv[name] = reset_rows(cache.conv and cache.conv[name], opts.reset, B) end
+    s0 = reset_rows(cache.state, opts.reset, B)
+  end
+  local cu = opts.cu_seqlens
+  local cu_list
+  if cu ~= nil then
+    -- read once here (the cache mask) and made a tensor once for the three convs and the kernel
+    if tide.is_tensor(cu) then cu_list = cu:tolist()
+    elseif type(cu) == "table" then cu_list, cu = cu, tide.tensor(cu, { dtype = "i64", device = x:device() })
+    else bad("forward: cu_seqlens must be a list of offsets or an integer tensor, got " .. type(cu)) end
+  end
+
+  -- 1-3. projections, causal conv + SiLU (fused), L2 norm per head; q carries dk^-1/2
+  local pre = { q = self.q_proj:forward(x), k = self.k_proj:forward(x), v = self.v_proj:forward(x) }
+  local function conv1d(name)
+    return F.causal_conv1d(pre[name], self[name .. "_conv1d"].weight, { cache = conv[name], cu_seqlens = cu, silu = true })
+  end
+  local q = F.l2norm(conv1d("q"):reshape(B, T, H, dk), { eps = 1e-6, scale = 1 / math.sqrt(dk) })
+  local k = F.l2norm(conv1d("k"):reshape(B, T, H, dk), { eps = 1e-6 })
+  local v = conv1d("v"):reshape(B, T, H, dk)
+  -- 4. β = σ(W_b x), one per head and token
+  local beta = self.b_proj:forward(x):sigmoid()
+  -- 5. the decay gate through the dk bottleneck (kda.md §2)
+  local z = self.f_b_proj:forward(self.f_a_proj:forward(x)):reshape(B, T, H, dk)
+  local g = F.kda_gate(z, self.A_log, self.dt_bias, { form = self.gate, lower_bound = self.lower_bound })
+  -- 6. the kernel
+  local o, state = F.kda(q, k, v, g, beta, { s0 = s0, cu_seqlens = cu,
+    path = opts.path or self.path, chunk = self.chunk, lower_bound = self.lower_bound })
+  -- 7. norm -> gate -> project (one o_norm weight [dv] shared by the heads)
+  local n = self.o_norm:forward(o)
+  local y = (n * self.g_proj:forward(x):reshape(B, T, H, dk):sigmoid()):reshape(B, T, H * dk)
+  y = self.o_proj:forward(y)
+
+  if cache then
+    local mask = tail_mask(cu_list, B, T, K1, x:dtype(), x:device())
+    cache.conv = {
+      q = conv_tail(pre.q, conv.q, K1, mask), k = conv_tail(pre.k, conv.k, K1, mask), v = conv_tail(pre.v, conv.v, K1, mask),
+    }
+    cache.state = state
+    cache.pos = (cache.pos or 0) + T
+  end
+  return y
+end
+
+-- prefill(x [B, T, d], cache) -> [B, T, d]: the chunked path from (and into) cache
+function KDA:prefill(x, cache)
+  if type(cache) ~= "table" then bad("prefill: cache must be a table ({} to start empty), got " .. type(cache)) end
+  return self:forward(x, { cache = cache })
+end
+
+-- step(x [B, 1, d], cache) -> [B, 1, d]: one decoding step, the token recurrence (kda.md §3)
+function KDA:step(x, cache)
+  if type(cache) ~= "table" then bad("step: cache must be a table ({} to start empty), got " .. type(cache)) end
+  if tide.is_tensor(x) and x:dim() == 3 and x:size(2) ~= 1 then
+    bad(fmt("step: x must hold one token [B, 1, %d], got [%s]", self.dim, table.concat(x:shape(), ", ")))
+  end
+  return self:forward(x, { cache = cache, path = "recurrent" })
+end
+
+-- an empty cache (the layer fills it on the first call)
+function KDA:new_cache() return { pos = 0 } end
+
+function KDA:extra_repr()
+  return fmt("%d, heads=%d, head_dim=%d, gate=%s%s, chunk=%d, conv=%d", self.dim, self.heads, self.head_dim, self.gate,
+    self.gate == "bounded" and fmt(" lb=%g", self.lower_bound) or "", self.chunk, self.conv_size)
+end
+
+return KDA
