@@ -297,6 +297,12 @@ static tide_backend make_table()
     t.rope = tide_cuda_rope;
     t.attention = NULL; /* flash attention comes in its own file */
     t.attention_backward = NULL;
+    t.kda = tide_cuda_kda;
+    t.kda_backward = tide_cuda_kda_backward;
+    t.kda_gate = tide_cuda_kda_gate;
+    t.kda_gate_backward = tide_cuda_kda_gate_backward;
+    t.causal_conv1d = tide_cuda_causal_conv1d;
+    t.causal_conv1d_backward = tide_cuda_causal_conv1d_backward;
     t.adamw = tide_cuda_adamw;
     return t;
 }

@@ -229,4 +229,23 @@ int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const
 int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits,
                                      const void *lse, const void *targets, int tdtype, const void *weights,
                                      int64_t N, int64_t V, int64_t ignore);
+
+/* Kimi Delta Attention (kda.cu) and the causal conv (conv.cu) */
+int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                  const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
+                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
+int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
+                           const void *gs_out, const void *q, const void *k, const void *v, const void *g,
+                           const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
+                           int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
+int tide_cuda_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
+                       int64_t D, double lb, int form);
+int tide_cuda_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z,
+                                const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb,
+                                int form);
+int tide_cuda_causal_conv1d(int dtype, void *out, const void *x, const void *w, const void *cache, const int64_t *cu,
+                            int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
+int tide_cuda_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
+                                     const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
+                                     int64_t T, int64_t C, int64_t K, int silu);
 #endif

@@ -28,6 +28,7 @@ enum {
     IN_IDS32,       /* i32 uniform in [0, hi) */
     IN_TARGETS,     /* i64 in [0, hi), every fourth row the ignore index -100 */
     IN_WEIGHTS,     /* f32 uniform [0.5, 1.5) */
+    IN_CU,          /* i64 document boundaries [n]: 0 < distinct sorted cuts < hi (= B·T) */
 };
 
 typedef struct {
@@ -69,6 +70,25 @@ static tide_tensor *make_input(const input_spec *s)
     }
     double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
     if (!v) return NULL;
+    if (s->kind == IN_CU) {   /* n >= 2, hi >= n - 1: insertion of distinct random cuts */
+        v[0] = 0;
+        v[n - 1] = (double)s->hi;
+        for (int64_t i = 1; i < n - 1; i++) {
+            double c;
+            int fresh;
+            do {
+                c = (double)(1 + (int64_t)(next_rand() % (uint64_t)(s->hi - 1)));
+                fresh = 1;
+                for (int64_t j = 1; j < i; j++) fresh = fresh && v[j] != c;
+            } while (!fresh);
+            int64_t j = i;
+            while (j > 1 && v[j - 1] > c) { v[j] = v[j - 1]; j--; }
+            v[j] = c;
+        }
+        tide_tensor *t = tide_from_f64(TIDE_I64, s->ndim, s->shape, CPU, v);
+        free(v);
+        return t;
+    }
     for (int64_t i = 0; i < n; i++) {
         v[i] = (double)(int64_t)(next_rand() % (uint64_t)s->hi);
         if (s->kind == IN_TARGETS && i % 4 == 3) v[i] = -100.0;
@@ -132,6 +152,12 @@ static tide_tensor *f_ce_w_mean(tide_tensor **in) { return tide_cross_entropy(in
 static tide_tensor *f_rope(tide_tensor **in) { return tide_rope(in[0], 10000.0, 3); }
 static tide_tensor *f_rope_far(tide_tensor **in) { return tide_rope(in[0], 10000.0, 1000000); }
 static tide_tensor *f_embedding(tide_tensor **in) { return tide_embedding(in[0], in[1]); }
+/* kda.md §1-§2: the gate (both forms), the short conv (cache, documents, SiLU), the L2 norm */
+static tide_tensor *f_gate_bounded(tide_tensor **in) { return tide_kda_gate(in[0], in[1], in[2], -5.0, TIDE_KDA_GATE_BOUNDED); }
+static tide_tensor *f_gate_softplus(tide_tensor **in) { return tide_kda_gate(in[0], in[1], in[2], 0.0, TIDE_KDA_GATE_SOFTPLUS); }
+static tide_tensor *f_conv(tide_tensor **in) { return tide_causal_conv1d(in[0], in[1], in[2], in[3], 1); }
+static tide_tensor *f_conv_plain(tide_tensor **in) { return tide_causal_conv1d(in[0], in[1], NULL, NULL, 0); }
+static tide_tensor *f_l2norm(tide_tensor **in) { return tide_l2norm(in[0], 1e-6, 0.125); }
 static tide_tensor *f_index_select(tide_tensor **in) { return tide_index_select(in[0], 1, in[1]); }
 static tide_tensor *f_gather(tide_tensor **in) { return tide_gather(in[0], 1, in[1]); }
 static tide_tensor *f_scatter_add(tide_tensor **in) { return tide_scatter_add(in[0], 1, in[1], in[2]); }
@@ -161,6 +187,7 @@ static tide_tensor *f_bf16_roundtrip(tide_tensor **in)
 #define IDS(shape, hi) {IN_IDS, shape, hi}
 #define IDS32(shape, hi) {IN_IDS32, shape, hi}
 #define TARGETS(shape, hi) {IN_TARGETS, shape, hi}
+#define CU(shape, hi) {IN_CU, shape, hi}
 
 /*
  * The case table, with its tolerances. Why these numbers:
@@ -254,6 +281,17 @@ static const op_case cases[] = {
     {"index_select dim 1", f_index_select, 2, {NORMAL(S3(4, 10, 3)), IDS(S1(5), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
     {"gather dim 1", f_gather, 2, {NORMAL(S3(4, 6, 3)), IDS(S3(4, 5, 3), 6)}, 1, 0, 0, 1e-6, 1e-6, 0},
     {"scatter_add dim 1", f_scatter_add, 3, {NORMAL(S3(4, 6, 3)), IDS(S3(4, 5, 3), 6), NORMAL(S3(4, 5, 3))}, 5, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    /* KDA's elementwise parts (the kernel itself: test_kda below). The gate sums gA, gb over tokens and the
+       conv sums gw over tokens: reductions, hence 1e-5; the conv's documents reset its history. */
+    {"kda_gate bounded", f_gate_bounded, 3, {NORMAL(S3(9, 3, 8)), NORMAL(S1(3)), NORMAL(S1(24))}, 7, 1e-6, 1e-5, 1e-5, 1e-5, 0},
+    {"kda_gate softplus [H, D] bias", f_gate_softplus, 3, {NORMAL(S3(9, 3, 8)), NORMAL(S1(3)), NORMAL(S2(3, 8))}, 7, 1e-6, 1e-5, 1e-5, 1e-5, 0},
+    {"kda_gate bounded bf16", f_gate_bounded, 3, {NORMAL(S3(9, 3, 8)), NORMAL(S1(3)), NORMAL(S1(24))}, 7, 3e-2, 2e-2, 5e-2, 2e-2, 1},
+    {"causal_conv1d cache, docs, silu", f_conv, 4, {NORMAL(S3(2, 11, 6)), NORMAL(S2(6, 4)), NORMAL(S3(2, 3, 6)), CU(S1(5), 22)}, 7, 1e-6, 1e-5, 1e-5, 1e-5, 0},
+    {"causal_conv1d plain [3,40,96]", f_conv_plain, 2, {NORMAL(S3(3, 40, 96)), NORMAL(S2(96, 4))}, 3, 1e-6, 1e-5, 1e-5, 1e-5, 0},
+    {"causal_conv1d bf16", f_conv, 4, {NORMAL(S3(2, 11, 6)), NORMAL(S2(6, 4)), NORMAL(S3(2, 3, 6)), CU(S1(5), 22)}, 7, 3e-2, 2e-2, 5e-2, 2e-2, 1},
+    {"l2norm", f_l2norm, 1, {NORMAL(S2(6, 64))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"l2norm [37,128]", f_l2norm, 1, {NORMAL(S3(37, 2, 128))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"l2norm bf16", f_l2norm, 1, {NORMAL(S2(6, 64))}, 1, 5e-4, 2e-2, 5e-4, 2e-2, 1},
     /* layout and dtype conversion */
     {"contiguous(transpose 0,2)", f_transpose_contig, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
     {"f32 -> bf16 -> f32", f_bf16_roundtrip, 1, {NORMAL(S2(9, 17))}, 1, 0, 0, 0, 0, 0},
@@ -590,6 +628,198 @@ static int test_vector_helpers(void)
     return report("sum_squares / all_finite / axpy_", ok, detail);
 }
 
+/* ---- Kimi Delta Attention (kda.md): seven inputs with their own distributions, two outputs ---------------
+   q, k are L2-normalised (q scaled by dk^-1/2), g comes from the lower-bounded gate (lb = -5) or, for the
+   per-pair paths, from the unbounded softplus gate with some steps far below -5; β in (0, 1); s0 ~ N(0, 1/4).
+   The loss sum(o ⊙ r) + sum(state ⊙ r2) reaches every input. Tolerances are relative to each tensor's scale,
+   |gpu - cpu| <= tol · max|cpu|: f32 1e-4 (both sides are ~1e-6 from fp64); bf16 outputs 2^-7 (kda.md oracle
+   4: about one bf16 ulp of the output scale), bf16 gradients 2^-6 (the incoming gradient is rounded to bf16
+   on the GPU side too; ~3e-3 measured in emulation). */
+typedef struct {
+    const char *name;
+    int B, T, H, dk, dv;
+    int n_cu;
+    double cu[6];             /* document boundaries over B·T tokens (row starts are added by the op) */
+    int path, chunk;
+    int softplus_gate, with_s0, bf16;
+    double tol, gtol;
+} kda_case;
+
+static const kda_case kda_cases[] = {
+    {"kda chunk f32 64, docs, s0", 2, 37, 2, 64, 64, 5, {0, 5, 37, 50, 74}, TIDE_KDA_CHUNK, 16, 0, 1, 0, 1e-4, 1e-4},
+    {"kda chunk f32 chunk 7, no s0", 2, 21, 2, 32, 48, 3, {0, 30, 42}, TIDE_KDA_CHUNK, 7, 0, 0, 0, 1e-4, 1e-4},
+    {"kda chunk_safe f32 softplus gate", 2, 37, 2, 64, 64, 4, {0, 20, 37, 74}, TIDE_KDA_CHUNK_SAFE, 64, 1, 1, 0, 1e-4, 1e-4},
+    {"kda recurrent f32, docs, s0", 2, 37, 2, 64, 64, 5, {0, 5, 37, 50, 74}, TIDE_KDA_RECURRENT, 0, 1, 1, 0, 1e-4, 1e-4},
+    {"kda chunk f32 128", 1, 40, 2, 128, 128, 3, {0, 23, 40}, TIDE_KDA_CHUNK, 16, 0, 1, 0, 1e-4, 1e-4},
+    {"kda recurrent f32 decode T=1", 3, 1, 2, 128, 128, 0, {0}, TIDE_KDA_RECURRENT, 0, 0, 1, 0, 1e-4, 1e-4},
+    {"kda chunk bf16 64 (tensor cores)", 2, 37, 2, 64, 64, 5, {0, 5, 37, 50, 74}, TIDE_KDA_CHUNK, 16, 0, 1, 1, 1.0 / 128, 1.0 / 64},
+    {"kda chunk bf16 128 (tensor cores)", 1, 40, 2, 128, 128, 3, {0, 23, 40}, TIDE_KDA_CHUNK, 16, 0, 1, 1, 1.0 / 128, 1.0 / 64},
+    {"kda recurrent bf16, docs", 2, 37, 2, 64, 64, 5, {0, 5, 37, 50, 74}, TIDE_KDA_RECURRENT, 0, 0, 1, 1, 1.0 / 128, 1.0 / 64},
+    {"kda chunk_safe bf16 softplus gate", 2, 37, 1, 64, 32, 4, {0, 20, 37, 74}, TIDE_KDA_CHUNK_SAFE, 16, 1, 1, 1, 1.0 / 128, 1.0 / 64},
+};
+
+static double uniform01(void) { return ((double)next_rand() + 0.5) / 2147483648.0; }
+static double normal01(void) { return sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01()); }
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* f32 CPU tensor of n values; with bf16, rounded to bf16 first so both devices see the same numbers */
+static tide_tensor *kda_input(int ndim, const int64_t *shape, double *v, int bf16)
+{
+    tide_tensor *t = tide_from_f64(TIDE_F32, ndim, shape, CPU, v);
+    if (t && bf16) {
+        tide_tensor *r = round_to_bf16(t);
+        tide_tensor_release(t);
+        t = r;
+    }
+    return t;
+}
+
+/* |gpu - cpu| <= tol · max|cpu|; the gpu tensor is converted to the cpu's dtype first (bf16 -> f32) */
+static int check_scaled(const char *name, const char *what, tide_tensor *c, tide_tensor *g, double tol, char *detail,
+                        size_t n)
+{
+    int prev = tide_set_grad_enabled(0);
+    tide_tensor *g32 = (c && g && g->dtype != c->dtype) ? tide_to_dtype(g, c->dtype) : NULL;
+    tide_tensor *gg = g32 ? g32 : g;
+    double *cv = c ? host_values(c) : NULL, mx = 0;
+    if (cv)
+        for (int64_t i = 0; i < c->numel; i++) mx = fabs(cv[i]) > mx ? fabs(cv[i]) : mx;
+    free(cv);
+    diff d;
+    int ok = compare(name, what, c, gg, tol * mx, 0.0, &d) == 0;
+    if (ok) {
+        size_t len = strlen(detail);
+        snprintf(detail + len, n - len, "%s%s %.1e", len ? " " : "", what, mx > 0 ? d.max_abs / mx : d.max_abs);
+        if (!diff_ok(&d)) {
+            len = strlen(detail);
+            snprintf(detail + len, n - len, "[%lld bad, %lld non-finite]", (long long)d.bad, (long long)d.nonfinite);
+        }
+        ok = diff_ok(&d);
+    }
+    tide_tensor_release(g32);
+    tide_set_grad_enabled(prev);
+    return ok;
+}
+
+static int test_kda_case(const kda_case *kc)
+{
+    enum { Q, K, V, G, BETA, S0, NIN };
+    int64_t B = kc->B, T = kc->T, H = kc->H, dk = kc->dk, dv = kc->dv;
+    int64_t shp[NIN][4] = {{B, T, H, dk}, {B, T, H, dk}, {B, T, H, dv}, {B, T, H, dk}, {B, T, H, 0}, {B, H, dk, dv}};
+    int nd[NIN] = {4, 4, 4, 4, 3, 4};
+    int64_t ntok = B * T * H, nmax = ntok * (dk > dv ? dk : dv);
+    if (B * H * dk * dv > nmax) nmax = B * H * dk * dv;
+    double *buf = malloc((size_t)nmax * sizeof *buf);
+    tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *cu_c = NULL, *cu_g = NULL;
+    tide_tensor *oc = NULL, *sc = NULL, *og = NULL, *sg = NULL, *og32 = NULL, *r1 = NULL, *r2 = NULL, *r1g = NULL,
+                *r2g = NULL, *l[6] = {0};
+    char detail[512] = "";
+    int ok = buf != NULL, nin = kc->with_s0 ? NIN : S0;
+    for (int i = 0; ok && i < nin; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < nd[i]; d++) n *= shp[i][d];
+        if (i == Q || i == K) {   /* L2-normalised rows, q scaled by dk^-1/2 */
+            for (int64_t t = 0; t < ntok; t++) {
+                double ss = 0;
+                for (int64_t j = 0; j < dk; j++) {
+                    buf[t * dk + j] = normal01();
+                    ss += buf[t * dk + j] * buf[t * dk + j];
+                }
+                double sc_ = (i == Q ? 1.0 / sqrt((double)dk) : 1.0) / sqrt(ss + 1e-6);
+                for (int64_t j = 0; j < dk; j++) buf[t * dk + j] *= sc_;
+            }
+        } else if (i == G) {
+            for (int64_t j = 0; j < n; j++) {
+                double z = 2.0 * normal01();
+                buf[j] = kc->softplus_gate ? -log1p(exp(z)) * (uniform01() < 0.05 ? 40.0 : 1.0) : -5.0 * sigm(z);
+            }
+        } else if (i == BETA) {
+            for (int64_t j = 0; j < n; j++) buf[j] = sigm(normal01());
+        } else {
+            for (int64_t j = 0; j < n; j++) buf[j] = (i == S0 ? 0.5 : 1.0) * normal01();
+        }
+        c[i] = kda_input(nd[i], shp[i], buf, kc->bf16 && i != S0);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && kc->bf16 && i != S0) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    if (ok && kc->n_cu) {
+        int64_t ncu = kc->n_cu;
+        cu_c = tide_from_f64(TIDE_I64, 1, &ncu, CPU, kc->cu);
+        cu_g = cu_c ? tide_to_device(cu_c, GPU) : NULL;
+        ok = cu_g != NULL;
+    }
+    ok = ok && !tide_kda(c[Q], c[K], c[V], c[G], c[BETA], kc->with_s0 ? c[S0] : NULL, cu_c, kc->path, kc->chunk, -5.0, &oc, &sc);
+    if (!ok) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    ok = ok && !tide_kda(gp[Q], gp[K], gp[V], gp[G], gp[BETA], kc->with_s0 ? gp[S0] : NULL, cu_g, kc->path, kc->chunk,
+                         -5.0, &og, &sg);
+    if (!ok && !detail[0]) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(kc->name, "o", oc, og32, kc->tol, detail, sizeof detail);
+        pass = check_scaled(kc->name, "state", sc, sg, kc->tol, detail, sizeof detail) && pass;
+        r1 = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
+        r2 = tide_randn(TIDE_F32, 4, sc->shape, CPU, 0.0, 1.0);
+        r1g = r1 ? tide_to_device(r1, GPU) : NULL;
+        r2g = r2 ? tide_to_device(r2, GPU) : NULL;
+        l[0] = r1 ? weighted_sum(oc, r1) : NULL;
+        l[1] = r2 ? weighted_sum(sc, r2) : NULL;
+        l[2] = (l[0] && l[1]) ? tide_add(l[0], l[1]) : NULL;
+        l[3] = r1g ? weighted_sum(og32, r1g) : NULL;
+        l[4] = r2g ? weighted_sum(sg, r2g) : NULL;
+        l[5] = (l[3] && l[4]) ? tide_add(l[3], l[4]) : NULL;
+        ok = l[2] && l[5] && !tide_backward(l[2], NULL) && !tide_backward(l[5], NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    const char *gname[NIN] = {"dq", "dk", "dv", "dg", "dbeta", "ds0"};
+    for (int i = 0; ok && i < nin; i++) {
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(kc->name, gname[i], gc, gg, kc->gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, sc, og, sg, og32, r1, r2, r1g, r2g, cu_c, cu_g, l[0], l[1], l[2], l[3], l[4], l[5]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < NIN; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(kc->name, ok && pass, detail);
+}
+
+/* the chunk path's precondition g in [lb, 0] is checked on the GPU too, and the error names the value */
+static int test_kda_bound(void)
+{
+    int64_t s4[4] = {1, 20, 1, 16}, s3[3] = {1, 20, 1};
+    tide_tensor *q = tide_randn(TIDE_F32, 4, s4, GPU, 0.0, 0.25), *k = tide_randn(TIDE_F32, 4, s4, GPU, 0.0, 0.25);
+    tide_tensor *v = tide_randn(TIDE_F32, 4, s4, GPU, 0.0, 1.0), *b = tide_full(TIDE_F32, 3, s3, GPU, 0.5);
+    double *gv = malloc(20 * 16 * sizeof *gv);
+    for (int i = 0; gv && i < 20 * 16; i++) gv[i] = -1.0;
+    if (gv) gv[7 * 16 + 3] = -5.5;
+    tide_tensor *gc = gv ? tide_from_f64(TIDE_F32, 4, s4, CPU, gv) : NULL, *g = gc ? tide_to_device(gc, GPU) : NULL;
+    tide_tensor *o = NULL, *s = NULL;
+    int rc = (q && k && v && b && g) ? tide_kda(q, k, v, g, b, NULL, NULL, TIDE_KDA_CHUNK, 16, -5.0, &o, &s) : 0;
+    int ok = rc != 0 && !o && strstr(tide_last_error(), "-5.5") != NULL;
+    char detail[320];
+    snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    tide_clear_error();
+    tide_tensor *all[] = {q, k, v, b, gc, g, o, s};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    free(gv);
+    return report("kda chunk: g < lb -> error", ok, detail);
+}
+
+static int test_kda(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof kda_cases / sizeof kda_cases[0]; i++) passed = test_kda_case(&kda_cases[i]) && passed;
+    return passed;
+}
+
 /* three AdamW steps from the same state on both devices (both compute the update in double) */
 static int test_adamw(void)
 {
@@ -650,7 +880,8 @@ int main(void)
         if (run_case(&cases[i])) passed++;
         else failed++;
     }
-    int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target};
+    int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target, test_kda,
+                                  test_kda_bound};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;

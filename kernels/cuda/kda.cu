@@ -1,0 +1,1314 @@
+/*
+ * kda.cu — Kimi Delta Attention on the GPU (spec/kda.md): the chunked forward and backward (§4–§6), the
+ * token recurrence that decode uses (§3), and the decay gate (§2), over packed segments (§8).
+ *
+ * One block of KDA_NT threads owns one (segment, head) and walks its chunks in order, with the state S
+ * (dk x dv, fp32) in shared memory. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
+ * chunk runs as chunks of 16, which is the same function (§4) with a smaller |G|. Rows of a ragged chunk
+ * are zero (q = k = v = β = g = 0): they add nothing, and G of the last row stays G_c.
+ *
+ * TIDE_KDA_CHUNK factorises exp(G_r − G_j) = exp(G_r)·exp(−G_j), so K̂Ǩᵀ and Q̂Ǩᵀ are plain products; for
+ * bf16 they and the two 16x16 · 16xdv products (M·βR, P·U) run on tensor cores (wmma, bf16 in, fp32
+ * accumulate), each operand split into bf16 hi + lo so the result keeps fp32-like accuracy.
+ * TIDE_KDA_CHUNK_SAFE forms exp(G_r − G_j) per pair (any g <= 0). U is formed as M diag(β)(V − K̂S₀)
+ * (§4), one state product fewer than Ũ − W S₀. The state products (K̂S₀, Q̂S₀, K_rᵀU) are fp32 FMA.
+ *
+ * Backward (§6): a forward pass stores every chunk's start state in a temporary buffer, then one block per
+ * (segment, head) walks the chunks in reverse carrying dS (in shared memory; S₀ is read from the buffer).
+ * The recurrent path's backward is the per-pair chunk backward: the same function.
+ */
+#include "common.cuh"
+#include <mma.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KDA_CT 16                 /* rows of a chunk tile */
+#define KDA_NT 256                /* threads per block */
+#define KDA_NW (KDA_NT / 32)
+#define KDA_RB 4                  /* rows per thread in the [CT, n] products */
+#define KDA_RG (KDA_CT / KDA_RB)  /* row groups */
+
+typedef __nv_bfloat16 kda_bf16;
+
+/* one non-empty segment of the packed batch; blocks are (segment, head) */
+struct kda_seg {
+    int64_t start, len;           /* first token (flattened b·T + t) and its token count */
+    int64_t chunk0;               /* index of its first chunk in the backward's state buffer */
+    int64_t s0_row, sout_row;     /* row whose s0 it starts from / whose final state it is, else -1 */
+};
+
+/* ---- shared memory layout (float offsets, -1 = absent); the same function sizes it on the host ----- */
+struct kda_smem {
+    int S, lds;                                   /* S (forward) or dS (backward), row stride */
+    int Qh, Kh, Kr, G, Kc, q, k;                  /* [CT, dk] */
+    int R, U, O, dO, dU, dB;                      /* [CT, dv]; backward R, dU are [CT, max(dk, dv)] */
+    int Af, P, M, dP, dA;                         /* [CT, CT] */
+    int beta, dbr, eGc, rs;                       /* [CT], [CT], [dk], [dk] */
+    int Qb, Kb, Cb, Mb, Pb, Rb, Ub;               /* bf16 hi/lo pairs for wmma (bf16 elements from sm; */
+                                                  /* the lo half follows the hi half) */
+    int total;                                    /* floats */
+};
+
+static int kda_take(int *cur, int n)
+{
+    int off = *cur;
+    *cur += (n + 7) & ~7;         /* 32-byte aligned regions (wmma pointers) */
+    return off;
+}
+
+static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward)
+{
+    kda_smem L;
+    memset(&L, 0xff, sizeof L);   /* every offset -1 */
+    int cur = 0, ck = KDA_CT * dk, cv = KDA_CT * dv, cc = KDA_CT * KDA_CT;
+    L.lds = backward ? dv + 1 : dv;   /* odd stride: the dK_r = U dSᵀ loop reads dS down columns */
+    L.S = kda_take(&cur, dk * L.lds);
+    L.Qh = kda_take(&cur, ck);
+    L.Kh = kda_take(&cur, ck);
+    L.Kr = kda_take(&cur, ck);
+    if (safe || backward) L.G = kda_take(&cur, ck);
+    if (!safe) L.Kc = kda_take(&cur, ck);
+    if (safe) {
+        L.q = kda_take(&cur, ck);
+        L.k = kda_take(&cur, ck);
+    }
+    if (backward) {
+        int cm = KDA_CT * (dk > dv ? dk : dv);    /* R then dG, dU then dK_r⊙K_r */
+        L.R = kda_take(&cur, cm);
+        L.dU = kda_take(&cur, cm);
+        L.dO = kda_take(&cur, cv);
+        L.U = kda_take(&cur, cv);
+        L.dB = kda_take(&cur, cv);
+        L.dP = kda_take(&cur, cc);
+        L.dA = kda_take(&cur, cc);
+        L.dbr = kda_take(&cur, KDA_CT);
+        L.rs = kda_take(&cur, dk);
+    } else {
+        if (!wmma) L.R = kda_take(&cur, cv);   /* wmma: V is read from global, βR goes to bf16 directly */
+        L.U = kda_take(&cur, cv);
+        L.O = kda_take(&cur, cv);
+    }
+    L.Af = kda_take(&cur, cc);
+    L.P = kda_take(&cur, cc);
+    L.M = kda_take(&cur, cc);
+    L.beta = kda_take(&cur, KDA_CT);
+    L.eGc = kda_take(&cur, dk);
+    if (wmma) {
+        int b = 2 * cur, *bp = &b;  /* bf16 elements; regions stay 32-byte aligned */
+        L.Qb = kda_take(bp, 2 * ck);
+        L.Kb = kda_take(bp, 2 * ck);
+        L.Cb = kda_take(bp, 2 * ck);
+        L.Mb = kda_take(bp, 2 * cc);
+        L.Pb = kda_take(bp, 2 * cc);
+        L.Rb = kda_take(bp, 2 * cv);
+        L.Ub = kda_take(bp, 2 * cv);
+        cur = (b + 1) / 2;
+    }
+    L.total = cur;
+    return L;
+}
+
+struct kda_views {
+    float *S, *Qh, *Kh, *Kr, *G, *Kc, *q, *k, *R, *U, *O, *dO, *dU, *dB, *Af, *P, *M, *dP, *dA;
+    float *beta, *dbr, *eGc, *rs;
+    kda_bf16 *Qb, *Kb, *Cb, *Mb, *Pb, *Rb, *Ub;
+    int lds;
+};
+
+__device__ __forceinline__ float *kda_at(float *sm, int off) { return off >= 0 ? sm + off : nullptr; }
+__device__ __forceinline__ kda_bf16 *kda_bat(float *sm, int off)
+{
+    return off >= 0 ? reinterpret_cast<kda_bf16 *>(sm) + off : nullptr;
+}
+
+__device__ __forceinline__ kda_views kda_make_views(float *sm, const kda_smem &L)
+{
+    kda_views w;
+    w.S = kda_at(sm, L.S); w.lds = L.lds;
+    w.Qh = kda_at(sm, L.Qh); w.Kh = kda_at(sm, L.Kh); w.Kr = kda_at(sm, L.Kr); w.G = kda_at(sm, L.G);
+    w.Kc = kda_at(sm, L.Kc); w.q = kda_at(sm, L.q); w.k = kda_at(sm, L.k);
+    w.R = kda_at(sm, L.R); w.U = kda_at(sm, L.U); w.O = kda_at(sm, L.O); w.dO = kda_at(sm, L.dO);
+    w.dU = kda_at(sm, L.dU); w.dB = kda_at(sm, L.dB);
+    w.Af = kda_at(sm, L.Af); w.P = kda_at(sm, L.P); w.M = kda_at(sm, L.M); w.dP = kda_at(sm, L.dP);
+    w.dA = kda_at(sm, L.dA);
+    w.beta = kda_at(sm, L.beta); w.dbr = kda_at(sm, L.dbr); w.eGc = kda_at(sm, L.eGc); w.rs = kda_at(sm, L.rs);
+    w.Qb = kda_bat(sm, L.Qb); w.Kb = kda_bat(sm, L.Kb); w.Cb = kda_bat(sm, L.Cb); w.Mb = kda_bat(sm, L.Mb);
+    w.Pb = kda_bat(sm, L.Pb); w.Rb = kda_bat(sm, L.Rb); w.Ub = kda_bat(sm, L.Ub);
+    return w;
+}
+
+/* x = hi + lo with hi = bf16(x), lo = bf16(x − hi): hi·hi + lo·hi + hi·lo on tensor cores keeps ~2^-16 of x
+   (kda.md oracle 4 allows about one bf16 ulp of the output, which single-bf16 operands already use up) */
+__device__ __forceinline__ void kda_split(kda_bf16 *hi, int n, int o, float x)
+{
+    kda_bf16 h = __float2bfloat16(x);
+    hi[o] = h;
+    hi[n + o] = __float2bfloat16(x - __bfloat162float(h));
+}
+
+__device__ __forceinline__ float kda_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---- one chunk, shared by the forward and the backward -------------------------------------------- */
+
+/* rows [0, rows) of the chunk from token tok0; the rest zero. q, k, g go where prep expects them raw:
+   into q, k, G when kept (safe path, and G in the backward), else straight into Qh, Kh, Kc, which prep
+   then transforms in place. v goes to R (R = V − K̂S₀ is formed in place). Flags g outside [lb, 0], the
+   factorised path's precondition (kda.md §5); NaN passes, as on the cpu. */
+template <typename T>
+__device__ void kda_load(const kda_views &w, const T *q, const T *k, const T *v, const T *g, const T *beta,
+                         const T *gout, int64_t tok0, int rows, int h, int H, int dk, int dv, int check, double lb,
+                         unsigned long long *bad)
+{
+    float *qd = w.q ? w.q : w.Qh, *kd = w.k ? w.k : w.Kh, *gd = w.G ? w.G : w.Kc;
+    for (int idx = threadIdx.x; idx < KDA_CT * dk; idx += KDA_NT) {
+        int r = idx / dk, i = idx - r * dk;
+        float qv = 0.f, kv = 0.f, gv = 0.f;
+        if (r < rows) {
+            int64_t off = ((tok0 + r) * H + h) * (int64_t)dk + i;
+            qv = tide_ld(q, off);
+            kv = tide_ld(k, off);
+            gv = tide_ld(g, off);
+            if (check && ((double)gv < lb || gv > 0.f)) atomicMin(bad, (unsigned long long)off);
+        }
+        qd[idx] = qv;
+        kd[idx] = kv;
+        gd[idx] = gv;
+    }
+    for (int idx = threadIdx.x; idx < KDA_CT * dv; idx += KDA_NT) {
+        int r = idx / dv, j = idx - r * dv;
+        int64_t off = ((tok0 + r) * H + h) * (int64_t)dv + j;
+        if (w.R) w.R[idx] = r < rows ? tide_ld(v, off) : 0.f;
+        if (w.dO) w.dO[idx] = (gout && r < rows) ? tide_ld(gout, off) : 0.f;
+    }
+    if (threadIdx.x < KDA_CT) {
+        int r = threadIdx.x;
+        w.beta[r] = r < rows ? tide_ld(beta, (tok0 + r) * H + h) : 0.f;
+    }
+}
+
+/* per channel: G = cumsum(g), Q̂ = Q⊙Γ, K̂ = K⊙Γ, K_r = K⊙exp(G_c − G), Ǩ = K⊙Γ⁻¹ (factorised path),
+   Γ_c = exp(G_c) (kda.md §4). One thread owns a channel, so the in-place transforms are safe. */
+template <bool WMMA> __device__ void kda_prep(const kda_views &w, int rows, int dk)
+{
+    const float *qs = w.q ? w.q : w.Qh, *ks = w.k ? w.k : w.Kh, *gs = w.G ? w.G : w.Kc;
+    for (int i = threadIdx.x; i < dk; i += KDA_NT) {
+        float Gr[KDA_CT], acc = 0.f;
+#pragma unroll
+        for (int r = 0; r < KDA_CT; r++) {
+            acc += gs[r * dk + i];
+            Gr[r] = acc;
+        }
+        w.eGc[i] = expf(acc);
+#pragma unroll
+        for (int r = 0; r < KDA_CT; r++) {
+            int o = r * dk + i;
+            float qv = qs[o], kv = ks[o], e = expf(Gr[r]);
+            bool live = r < rows;
+            float qh = live ? qv * e : 0.f, kh = live ? kv * e : 0.f;
+            w.Qh[o] = qh;
+            w.Kh[o] = kh;
+            w.Kr[o] = live ? kv * expf(acc - Gr[r]) : 0.f;
+            if (w.G) w.G[o] = Gr[r];
+            if (w.Kc) {
+                float kc = live ? kv * expf(-Gr[r]) : 0.f;
+                w.Kc[o] = kc;
+                if constexpr (WMMA) kda_split(w.Cb, KDA_CT * dk, o, kc);
+            }
+            if constexpr (WMMA) {
+                kda_split(w.Qb, KDA_CT * dk, o, qh);
+                kda_split(w.Kb, KDA_CT * dk, o, kh);
+            }
+        }
+    }
+}
+
+/* Af = StrictTril(K̂Ǩᵀ) and P = Tril(Q̂Ǩᵀ), masked by selection (kda.md §5). FMA: one warp per pair,
+   upper pairs never formed. wmma: warps 0 and 1 form the full 16x16 products (the upper triangle may hold
+   e^{+80}); kda_solve masks P and reads Af below the diagonal only. */
+template <bool WMMA> __device__ void kda_pairs(const kda_views &w, int dk, int safe)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if constexpr (WMMA) {
+        using namespace nvcuda;
+        if (warp < 2) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, kda_bf16, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, kda_bf16, wmma::col_major> fb;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+            wmma::fill_fragment(fc, 0.f);
+            const kda_bf16 *a = warp == 0 ? w.Kb : w.Qb;
+            const int n = KDA_CT * dk;
+            for (int kk = 0; kk < dk; kk += 16) {
+                /* Ǩᵀ: Ǩ row-major is Ǩᵀ column-major; the small terms first */
+                wmma::load_matrix_sync(fa, a + n + kk, dk);
+                wmma::load_matrix_sync(fb, w.Cb + kk, dk);
+                wmma::mma_sync(fc, fa, fb, fc);
+                wmma::load_matrix_sync(fa, a + kk, dk);
+                wmma::load_matrix_sync(fb, w.Cb + n + kk, dk);
+                wmma::mma_sync(fc, fa, fb, fc);
+                wmma::load_matrix_sync(fb, w.Cb + kk, dk);
+                wmma::mma_sync(fc, fa, fb, fc);
+            }
+            wmma::store_matrix_sync(warp == 0 ? w.Af : w.P, fc, KDA_CT, wmma::mem_row_major);
+        }
+        return;
+    } else {
+        for (int pr = warp; pr < KDA_CT * KDA_CT; pr += KDA_NW) {
+            int r = pr / KDA_CT, j = pr - r * KDA_CT;
+            float a = 0.f, p = 0.f;
+            if (j <= r) {                                     /* warp-uniform */
+                if (safe) {
+                    for (int i = lane; i < dk; i += 32) {
+                        float kj = w.k[j * dk + i] * expf(w.G[r * dk + i] - w.G[j * dk + i]);
+                        a += w.k[r * dk + i] * kj;
+                        p += w.q[r * dk + i] * kj;
+                    }
+                } else {
+                    for (int i = lane; i < dk; i += 32) {
+                        float kc = w.Kc[j * dk + i];
+                        a += w.Kh[r * dk + i] * kc;
+                        p += w.Qh[r * dk + i] * kc;
+                    }
+                }
+                a = kda_warp_sum(a);
+                p = kda_warp_sum(p);
+            }
+            if (lane == 0) {
+                w.Af[pr] = j < r ? a : 0.f;
+                w.P[pr] = j <= r ? p : 0.f;
+            }
+        }
+    }
+}
+
+/* M = (I + A)⁻¹, A = diag(β) StrictTril(K̂Ǩᵀ), by forward substitution (kda.md §4): thread `col` solves
+   column col, M[r][col] = δ_{r,col} − Σ_{j<r} A[r][j] M[j][col], all in registers. */
+template <bool WMMA> __device__ void kda_solve(const kda_views &w)
+{
+    int col = threadIdx.x;
+    if (col < KDA_CT) {
+        float m[KDA_CT];
+#pragma unroll
+        for (int r = 0; r < KDA_CT; r++) {
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < r; j++) s += w.Af[r * KDA_CT + j] * m[j];
+            m[r] = r < col ? 0.f : (r == col ? 1.f : -w.beta[r] * s);
+            w.M[r * KDA_CT + col] = m[r];
+            if constexpr (WMMA) kda_split(w.Mb, KDA_CT * KDA_CT, r * KDA_CT + col, m[r]);
+        }
+    }
+    if constexpr (WMMA) {
+        for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
+            int r = idx / KDA_CT, j = idx - r * KDA_CT;
+            float p = j <= r ? w.P[idx] : 0.f;
+            w.P[idx] = p;
+            kda_split(w.Pb, KDA_CT * KDA_CT, idx, p);
+        }
+    }
+}
+
+/* ---- forward ---------------------------------------------------------------------------------------- */
+
+template <typename T> struct kda_fwd_args {
+    T *o;                          /* NULL: states only (the backward's forward pass) */
+    float *s_out, *states;         /* states: [n_chunks, H, dk, dv] chunk start states, or NULL */
+    const T *q, *k, *v, *g, *beta;
+    const float *s0;
+    const kda_seg *seg;
+    int H, dk, dv, C, safe, check;
+    double lb;
+    unsigned long long *bad;
+    kda_smem L;
+};
+
+template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_chunk_kernel(kda_fwd_args<T> a)
+{
+    extern __shared__ __align__(128) float4 kda_smem4[]; /* wmma wants 32-byte aligned tiles */
+    float *sm = reinterpret_cast<float *>(kda_smem4);
+    const kda_views w = kda_make_views(sm, a.L);
+    const kda_seg sg = a.seg[blockIdx.x / a.H];
+    const int h = blockIdx.x % a.H, dk = a.dk, dv = a.dv, H = a.H;
+    const int64_t sz = (int64_t)dk * dv;
+
+    const float *s0 = (sg.s0_row >= 0 && a.s0) ? a.s0 + (sg.s0_row * H + h) * sz : nullptr;
+    for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[idx] : 0.f;
+
+    const int64_t nch = (sg.len + a.C - 1) / a.C;
+    for (int64_t ch = 0; ch < nch; ch++) {
+        const int64_t tok0 = sg.start + ch * a.C;
+        const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
+        __syncthreads();                 /* S is final for this chunk; the buffers are free */
+        if (a.states) {
+            float *st = a.states + ((sg.chunk0 + ch) * H + h) * sz;
+            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[idx] = w.S[idx];
+        }
+        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, dk, dv, a.check, a.lb,
+                    a.bad);
+        __syncthreads();
+        kda_prep<WMMA>(w, rows, dk);
+        __syncthreads();
+        kda_pairs<WMMA>(w, dk, a.safe);
+        /* R = V − K̂S₀ and O = Q̂S₀ (the inter-chunk part), RB rows x one column per item */
+        for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+            int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+            float ks[KDA_RB], qs[KDA_RB];
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) ks[rr] = qs[rr] = 0.f;
+            for (int i = 0; i < dk; i++) {
+                float s = w.S[i * dv + j];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) {
+                    ks[rr] += w.Kh[(r0 + rr) * dk + i] * s;
+                    qs[rr] += w.Qh[(r0 + rr) * dk + i] * s;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) {
+                int o = (r0 + rr) * dv + j;
+                w.O[o] = qs[rr];
+                if constexpr (WMMA) {
+                    float vv = r0 + rr < rows ? tide_ld(a.v, ((tok0 + r0 + rr) * H + h) * (int64_t)dv + j) : 0.f;
+                    kda_split(w.Rb, KDA_CT * dv, o, w.beta[r0 + rr] * (vv - ks[rr]));
+                } else {
+                    w.R[o] -= ks[rr];
+                }
+            }
+        }
+        __syncthreads();
+        kda_solve<WMMA>(w);
+        __syncthreads();
+        /* U = M diag(β) R; with wmma each warp owns 16 columns and also adds P U into O there */
+        if constexpr (WMMA) {
+            using namespace nvcuda;
+            int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+            const int cc = KDA_CT * KDA_CT, cv = KDA_CT * dv;
+            for (int n = warp; n < dv / 16; n += KDA_NW) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, kda_bf16, wmma::row_major> fa, fal;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, kda_bf16, wmma::row_major> fb, fbl;
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+                wmma::fill_fragment(fc, 0.f);
+                wmma::load_matrix_sync(fa, w.Mb, KDA_CT);
+                wmma::load_matrix_sync(fal, w.Mb + cc, KDA_CT);
+                wmma::load_matrix_sync(fb, w.Rb + n * 16, dv);
+                wmma::load_matrix_sync(fbl, w.Rb + cv + n * 16, dv);
+                wmma::mma_sync(fc, fal, fb, fc);
+                wmma::mma_sync(fc, fa, fbl, fc);
+                wmma::mma_sync(fc, fa, fb, fc);
+                wmma::store_matrix_sync(w.U + n * 16, fc, dv, wmma::mem_row_major);
+                __syncwarp();
+                for (int e = lane; e < 256; e += 32) {
+                    int o = (e >> 4) * dv + n * 16 + (e & 15);
+                    kda_split(w.Ub, cv, o, w.U[o]);
+                }
+                __syncwarp();
+                wmma::load_matrix_sync(fa, w.Pb, KDA_CT);
+                wmma::load_matrix_sync(fal, w.Pb + cc, KDA_CT);
+                wmma::load_matrix_sync(fb, w.Ub + n * 16, dv);
+                wmma::load_matrix_sync(fbl, w.Ub + cv + n * 16, dv);
+                wmma::load_matrix_sync(fc, w.O + n * 16, dv, wmma::mem_row_major);
+                wmma::mma_sync(fc, fal, fb, fc);
+                wmma::mma_sync(fc, fa, fbl, fc);
+                wmma::mma_sync(fc, fa, fb, fc);
+                wmma::store_matrix_sync(w.O + n * 16, fc, dv, wmma::mem_row_major);
+            }
+        } else {
+            for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+                int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+                float u[KDA_RB];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) u[rr] = 0.f;
+                for (int rp = 0; rp < KDA_CT; rp++) {
+                    float br = w.beta[rp] * w.R[rp * dv + j];
+#pragma unroll
+                    for (int rr = 0; rr < KDA_RB; rr++) u[rr] += w.M[(r0 + rr) * KDA_CT + rp] * br;
+                }
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) w.U[(r0 + rr) * dv + j] = u[rr];
+            }
+        }
+        __syncthreads();
+        /* O = Q̂S₀ + P U out (the FMA path adds P U here), and S ← diag(Γ_c) S + K_rᵀ U */
+        if (a.o) {
+            for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+                int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+                float ov[KDA_RB];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) ov[rr] = w.O[(r0 + rr) * dv + j];
+                if constexpr (!WMMA) {
+                    for (int rp = 0; rp < KDA_CT; rp++) {
+                        float uv = w.U[rp * dv + j];
+#pragma unroll
+                        for (int rr = 0; rr < KDA_RB; rr++) ov[rr] += w.P[(r0 + rr) * KDA_CT + rp] * uv;
+                    }
+                }
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++)
+                    if (r0 + rr < rows) tide_st(a.o, ((tok0 + r0 + rr) * H + h) * (int64_t)dv + j, ov[rr]);
+            }
+        }
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
+            int i = idx / dv, j = idx - i * dv;
+            float s = w.eGc[i] * w.S[idx];
+#pragma unroll
+            for (int r = 0; r < KDA_CT; r++) s += w.Kr[r * dk + i] * w.U[r * dv + j];
+            w.S[idx] = s;
+        }
+    }
+    __syncthreads();
+    if (sg.sout_row >= 0 && a.s_out) {
+        float *so = a.s_out + (sg.sout_row * H + h) * sz;
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) so[idx] = w.S[idx];
+    }
+}
+
+/* ---- the token recurrence (kda.md §3): decode, and the reference path ------------------------------
+   S (dk x dv) in shared memory; thread (p, j) owns column j for rows i ≡ p (mod P), so the decay, the
+   error Sᵀk, the rank-1 write and the read Sᵀq need no synchronisation on S itself. */
+
+template <typename T> struct kda_rec_args {
+    T *o;
+    float *s_out;
+    const T *q, *k, *v, *g, *beta;
+    const float *s0;
+    const kda_seg *seg;
+    int H, dk, dv;
+};
+
+template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_recurrent_kernel(kda_rec_args<T> a)
+{
+    extern __shared__ __align__(128) float4 kda_smem4[]; /* wmma wants 32-byte aligned tiles */
+    float *S = reinterpret_cast<float *>(kda_smem4);
+    const int dk = a.dk, dv = a.dv, H = a.H;
+    const int P = dv >= KDA_NT ? 1 : KDA_NT / dv;
+    float *kv = S + dk * dv, *qv = kv + dk, *av = qv + dk, *vv = av + dk, *uv = vv + dv, *part = uv + dv;
+    const kda_seg sg = a.seg[blockIdx.x / H];
+    const int h = blockIdx.x % H;
+    const int64_t sz = (int64_t)dk * dv;
+    const int p = dv >= KDA_NT ? 0 : threadIdx.x / dv;
+    const int j0 = dv >= KDA_NT ? threadIdx.x : threadIdx.x % dv, js = dv >= KDA_NT ? KDA_NT : dv;
+    const bool active = p < P;
+
+    const float *s0 = (sg.s0_row >= 0 && a.s0) ? a.s0 + (sg.s0_row * H + h) * sz : nullptr;
+    for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) S[idx] = s0 ? s0[idx] : 0.f;
+    __shared__ float beta_t;
+
+    for (int64_t t = 0; t < sg.len; t++) {
+        const int64_t tok = sg.start + t, base = (tok * H + h);
+        for (int i = threadIdx.x; i < dk; i += KDA_NT) {
+            kv[i] = tide_ld(a.k, base * dk + i);
+            qv[i] = tide_ld(a.q, base * dk + i);
+            av[i] = expf(tide_ld(a.g, base * dk + i));
+        }
+        for (int j = threadIdx.x; j < dv; j += KDA_NT) vv[j] = tide_ld(a.v, base * dv + j);
+        if (threadIdx.x == 0) beta_t = tide_ld(a.beta, base);
+        __syncthreads();
+        /* S ← diag(α) S, and the partial sums of Sᵀk over this thread's rows */
+        if (active)
+            for (int j = j0; j < dv; j += js) {
+                float acc = 0.f;
+                for (int i = p; i < dk; i += P) {
+                    float s = S[i * dv + j] * av[i];
+                    S[i * dv + j] = s;
+                    acc += s * kv[i];
+                }
+                part[p * dv + j] = acc;
+            }
+        __syncthreads();
+        /* u = β (v − Sᵀk) against the decayed state */
+        for (int j = threadIdx.x; j < dv; j += KDA_NT) {
+            float e = 0.f;
+            for (int pp = 0; pp < P; pp++) e += part[pp * dv + j];
+            uv[j] = beta_t * (vv[j] - e);
+        }
+        __syncthreads();
+        /* S ← S + k uᵀ, and the partial sums of Sᵀq */
+        if (active)
+            for (int j = j0; j < dv; j += js) {
+                float acc = 0.f, u = uv[j];
+                for (int i = p; i < dk; i += P) {
+                    float s = S[i * dv + j] + kv[i] * u;
+                    S[i * dv + j] = s;
+                    acc += s * qv[i];
+                }
+                part[p * dv + j] = acc;
+            }
+        __syncthreads();
+        for (int j = threadIdx.x; j < dv; j += KDA_NT) {
+            float o = 0.f;
+            for (int pp = 0; pp < P; pp++) o += part[pp * dv + j];
+            tide_st(a.o, base * dv + j, o);
+        }
+        /* no barrier here: the next token's loads touch only kv..beta_t, and its first barrier orders part */
+    }
+    if (sg.sout_row >= 0 && a.s_out) {
+        float *so = a.s_out + (sg.sout_row * H + h) * sz;
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) so[idx] = S[idx];
+    }
+}
+
+static size_t kda_recurrent_smem(int dk, int dv)
+{
+    int P = dv >= KDA_NT ? 1 : KDA_NT / dv;
+    return ((size_t)dk * dv + 3 * (size_t)dk + 2 * (size_t)dv + (size_t)P * dv) * sizeof(float);
+}
+
+/* ---- backward (kda.md §6) -------------------------------------------------------------------------- */
+
+template <typename T> struct kda_bwd_args {
+    T *gq, *gk, *gv, *gg, *gbeta;
+    float *gs0;
+    const T *gout;
+    const float *gs_out, *states;
+    const T *q, *k, *v, *g, *beta;
+    const kda_seg *seg;
+    int H, dk, dv, C, safe;
+    kda_smem L;
+};
+
+template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backward_kernel(kda_bwd_args<T> a)
+{
+    extern __shared__ __align__(128) float4 kda_smem4[]; /* wmma wants 32-byte aligned tiles */
+    float *sm = reinterpret_cast<float *>(kda_smem4);
+    const kda_views w = kda_make_views(sm, a.L);
+    const kda_seg sg = a.seg[blockIdx.x / a.H];
+    const int h = blockIdx.x % a.H, dk = a.dk, dv = a.dv, H = a.H, lds = w.lds, safe = a.safe;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t sz = (int64_t)dk * dv;
+    float *dS = w.S;
+    float *dGs = w.R, *KrT = w.dU;   /* R and dU are dead by the time these are written */
+
+    const float *gso = (sg.sout_row >= 0 && a.gs_out) ? a.gs_out + (sg.sout_row * H + h) * sz : nullptr;
+    for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
+        int i = idx / dv, j = idx - i * dv;
+        dS[i * lds + j] = gso ? gso[idx] : 0.f;
+    }
+
+    const int64_t nch = (sg.len + a.C - 1) / a.C;
+    for (int64_t ch = nch - 1; ch >= 0; ch--) {
+        const int64_t tok0 = sg.start + ch * a.C;
+        const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
+        const float *S0 = a.states + ((sg.chunk0 + ch) * H + h) * sz;
+        __syncthreads();
+        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, a.gout, tok0, rows, h, H, dk, dv, 0, 0.0, nullptr);
+        __syncthreads();
+        kda_prep<false>(w, rows, dk);
+        __syncthreads();
+        kda_pairs<false>(w, dk, safe);
+        /* R = V − K̂S₀, and the state part of dU: K_r dS_c */
+        for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+            int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+            float ks[KDA_RB], du[KDA_RB];
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) ks[rr] = du[rr] = 0.f;
+            for (int i = 0; i < dk; i++) {
+                float s = S0[i * dv + j], d = dS[i * lds + j];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) {
+                    ks[rr] += w.Kh[(r0 + rr) * dk + i] * s;
+                    du[rr] += w.Kr[(r0 + rr) * dk + i] * d;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) {
+                int o = (r0 + rr) * dv + j;
+                w.R[o] -= ks[rr];
+                w.dU[o] = du[rr];
+            }
+        }
+        __syncthreads();
+        kda_solve<false>(w);
+        __syncthreads();
+        /* U = M diag(β) R;  dU += Pᵀ dO */
+        for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+            int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+            float u[KDA_RB], du[KDA_RB];
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) u[rr] = du[rr] = 0.f;
+            for (int rp = 0; rp < KDA_CT; rp++) {
+                float br = w.beta[rp] * w.R[rp * dv + j], d = w.dO[rp * dv + j];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) {
+                    u[rr] += w.M[(r0 + rr) * KDA_CT + rp] * br;
+                    du[rr] += w.P[rp * KDA_CT + r0 + rr] * d;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) {
+                w.U[(r0 + rr) * dv + j] = u[rr];
+                w.dU[(r0 + rr) * dv + j] += du[rr];
+            }
+        }
+        __syncthreads();
+        /* dB = Mᵀ dU */
+        for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
+            int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
+            float b[KDA_RB];
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) b[rr] = 0.f;
+            for (int rp = 0; rp < KDA_CT; rp++) {
+                float d = w.dU[rp * dv + j];
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) b[rr] += w.M[rp * KDA_CT + r0 + rr] * d;
+            }
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) w.dB[(r0 + rr) * dv + j] = b[rr];
+        }
+        __syncthreads();
+        /* dP = Tril(dO Uᵀ), dA = −StrictTril(dB Uᵀ) (one warp per pair); the R part of dβ (one warp per
+           row); dV = diag(β) dB */
+        for (int pr = warp; pr < KDA_CT * KDA_CT; pr += KDA_NW) {
+            int r = pr / KDA_CT, j = pr - r * KDA_CT;
+            float p = 0.f, d = 0.f;
+            if (j <= r) {
+                for (int jj = lane; jj < dv; jj += 32) {
+                    float u = w.U[j * dv + jj];
+                    p += w.dO[r * dv + jj] * u;
+                    d += w.dB[r * dv + jj] * u;
+                }
+                p = kda_warp_sum(p);
+                d = kda_warp_sum(d);
+            }
+            if (lane == 0) {
+                w.dP[pr] = j <= r ? p : 0.f;
+                w.dA[pr] = j < r ? -d : 0.f;
+            }
+        }
+        for (int r = warp; r < KDA_CT; r += KDA_NW) {
+            float s = 0.f;
+            for (int jj = lane; jj < dv; jj += 32) s += w.dB[r * dv + jj] * w.R[r * dv + jj];
+            s = kda_warp_sum(s);
+            if (lane == 0) w.dbr[r] = s;
+        }
+        if (a.gv)
+            for (int idx = threadIdx.x; idx < rows * dv; idx += KDA_NT) {
+                int r = idx / dv, j = idx - r * dv;
+                tide_st(a.gv, ((tok0 + r) * H + h) * (int64_t)dv + j, w.beta[r] * w.dB[idx]);
+            }
+        __syncthreads();
+        /* dβ = rowsum(dB ⊙ R) + rowsum(dA ⊙ K̂Ǩᵀ) */
+        if (a.gbeta && threadIdx.x < rows) {
+            int r = threadIdx.x;
+            float s = w.dbr[r];
+            for (int j = 0; j < r; j++) s += w.dA[r * KDA_CT + j] * w.Af[r * KDA_CT + j];
+            tide_st(a.gbeta, (tok0 + r) * H + h, s);
+        }
+        /* per (row group, channel): dQ̂, dK̂, dǨ, dK_r (kda.md §6) -> dq, dk, and dG (the K_r term apart).
+           State parts: dQ̂ = dO S₀ᵀ, dK̂ = −diag(β) dB S₀ᵀ, dK_r = U dSᵀ. Intra parts per the path: the
+           factorised products dP Ǩ, diag(β) dA Ǩ, dPᵀQ̂ + (diag(β)dA)ᵀK̂, or the same sums with the
+           per-pair exp(G_r − G_j) (never above the diagonal, where it could overflow). */
+        for (int it = threadIdx.x; it < KDA_RG * dk; it += KDA_NT) {
+            int rg = it / dk, i = it - rg * dk, r0 = rg * KDA_RB;
+            float aq[KDA_RB], ak[KDA_RB], ar[KDA_RB], rs = 0.f;
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) aq[rr] = ak[rr] = ar[rr] = 0.f;
+            for (int j = 0; j < dv; j++) {
+                float s0 = S0[i * dv + j], d = dS[i * lds + j];
+                rs += d * s0;
+#pragma unroll
+                for (int rr = 0; rr < KDA_RB; rr++) {
+                    int o = (r0 + rr) * dv + j;
+                    aq[rr] += w.dO[o] * s0;
+                    ak[rr] += w.beta[r0 + rr] * w.dB[o] * s0;
+                    ar[rr] += w.U[o] * d;
+                }
+            }
+            if (rg == 0) w.rs[i] = rs;
+            const float gc = w.G[(KDA_CT - 1) * dk + i];
+#pragma unroll
+            for (int rr = 0; rr < KDA_RB; rr++) {
+                const int r = r0 + rr, o = r * dk + i;
+                const float Gr = w.G[o], e = expf(Gr), eR = expf(gc - Gr);
+                float dqi = 0.f, dka = 0.f, dkb = 0.f, dq, dkk, dg;
+                if (safe) {
+                    for (int j = 0; j <= r; j++) {
+                        float x = w.k[j * dk + i] * expf(Gr - w.G[j * dk + i]);
+                        dqi += w.dP[r * KDA_CT + j] * x;
+                        dka += w.dA[r * KDA_CT + j] * x;
+                    }
+                    dka *= w.beta[r];
+                    for (int j = r; j < KDA_CT; j++)
+                        dkb += (w.dP[j * KDA_CT + r] * w.q[j * dk + i] + w.beta[j] * w.dA[j * KDA_CT + r] * w.k[j * dk + i]) *
+                               expf(w.G[j * dk + i] - Gr);
+                    dq = e * aq[rr] + dqi;
+                    dkk = -e * ak[rr] + dka + dkb + eR * ar[rr];
+                    dg = w.Qh[o] * aq[rr] - w.Kh[o] * ak[rr] + w.q[o] * dqi + w.k[o] * (dka - dkb);
+                } else {
+                    for (int j = 0; j <= r; j++) {
+                        float kc = w.Kc[j * dk + i];
+                        dqi += w.dP[r * KDA_CT + j] * kc;
+                        dka += w.dA[r * KDA_CT + j] * kc;
+                    }
+                    dka *= w.beta[r];
+                    for (int j = r; j < KDA_CT; j++)
+                        dkb += w.dP[j * KDA_CT + r] * w.Qh[j * dk + i] + w.beta[j] * w.dA[j * KDA_CT + r] * w.Kh[j * dk + i];
+                    const float dqh = aq[rr] + dqi, dkh = dka - ak[rr];
+                    dq = e * dqh;
+                    dkk = e * dkh + expf(-Gr) * dkb + eR * ar[rr];
+                    dg = dqh * w.Qh[o] + dkh * w.Kh[o] - dkb * w.Kc[o];
+                }
+                dGs[o] = dg;
+                KrT[o] = ar[rr] * w.Kr[o];
+                if (r < rows) {
+                    int64_t go = ((tok0 + r) * H + h) * (int64_t)dk + i;
+                    if (a.gq) tide_st(a.gq, go, dq);
+                    if (a.gk) tide_st(a.gk, go, dkk);
+                }
+            }
+        }
+        __syncthreads();
+        /* dS_c of the previous chunk: dS₀ = Q̂ᵀ dO + diag(Γ_c) dS_c − K̂ᵀ diag(β) dB */
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
+            int i = idx / dv, j = idx - i * dv;
+            float d = w.eGc[i] * dS[i * lds + j];
+#pragma unroll
+            for (int r = 0; r < KDA_CT; r++)
+                d += w.Qh[r * dk + i] * w.dO[r * dv + j] - w.Kh[r * dk + i] * w.beta[r] * w.dB[r * dv + j];
+            dS[i * lds + j] = d;
+        }
+        /* dg = reverse cumsum of dG; the last row adds colsum(dK_r ⊙ K_r) + Γ_c ⊙ rowsum(dS_c ⊙ S₀), which
+           every row of the chunk inherits through the cumsum */
+        if (a.gg)
+            for (int i = threadIdx.x; i < dk; i += KDA_NT) {
+                float acc = w.eGc[i] * w.rs[i];
+#pragma unroll
+                for (int r = 0; r < KDA_CT; r++) acc += KrT[r * dk + i];
+#pragma unroll
+                for (int r = KDA_CT - 1; r >= 0; r--) {
+                    acc += dGs[r * dk + i] - KrT[r * dk + i];
+                    if (r < rows) tide_st(a.gg, ((tok0 + r) * H + h) * (int64_t)dk + i, acc);
+                }
+            }
+    }
+    __syncthreads();
+    if (sg.s0_row >= 0 && a.gs0) {
+        float *o = a.gs0 + (sg.s0_row * H + h) * sz;
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
+            int i = idx / dv, j = idx - i * dv;
+            o[idx] = dS[i * lds + j];
+        }
+    }
+}
+
+/* ---- host side -------------------------------------------------------------------------------------- */
+
+/* the non-empty segments of cu (NULL: one per row), checked: boundaries rise from 0 to B·T and no
+   segment crosses a row start (backend.h: every row start is a boundary) */
+static int kda_segments(const char *what, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C,
+                        kda_seg **out, int64_t *n_out, int64_t *n_chunks)
+{
+    *out = NULL;
+    *n_out = *n_chunks = 0;
+    int64_t N = B * T, n = cu ? n_seg : B;
+    if (cu) {
+        if (n_seg < 1) return tide_set_error("%s: cu_seqlens has %lld segments, expected at least 1", what, (long long)n_seg);
+        if (cu[0] != 0 || cu[n_seg] != N)
+            return tide_set_error("%s: cu_seqlens runs from %lld to %lld, expected 0 to B·T = %lld", what,
+                                  (long long)cu[0], (long long)cu[n_seg], (long long)N);
+    }
+    kda_seg *s = (kda_seg *)malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+    if (!s) return tide_set_error("%s: out of host memory for %lld segments", what, (long long)n);
+    int64_t m = 0, chunks = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = cu ? cu[i] : i * T, e = cu ? cu[i + 1] : (i + 1) * T;
+        if (e < a) {
+            free(s);
+            return tide_set_error("%s: cu_seqlens decreases at %lld (%lld then %lld)", what, (long long)i,
+                                  (long long)a, (long long)e);
+        }
+        if (e == a) continue;
+        int64_t b = a / T;
+        if ((e - 1) / T != b) {
+            free(s);
+            return tide_set_error("%s: segment [%lld, %lld) crosses the start of row %lld (T = %lld)", what,
+                                  (long long)a, (long long)e, (long long)(b + 1), (long long)T);
+        }
+        s[m].start = a;
+        s[m].len = e - a;
+        s[m].chunk0 = chunks;
+        s[m].s0_row = a == b * T ? b : -1;
+        s[m].sout_row = e == (b + 1) * T ? b : -1;
+        chunks += (e - a + C - 1) / C;
+        m++;
+    }
+    *out = s;
+    *n_out = m;
+    *n_chunks = chunks;
+    return 0;
+}
+
+static int kda_smem_limit(void)
+{
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 48 * 1024;
+    }
+    return v;
+}
+
+static int kda_check_sizes(const char *what, int dtype, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv)
+{
+    if (dtype == TIDE_F64) return tide_set_error("%s: not implemented on the cuda backend for f64", what);
+    if (dtype != TIDE_F32 && dtype != TIDE_BF16)
+        return tide_set_error("%s: dtype %s is not supported on the cuda backend (f32, bf16)", what,
+                              tide_cuda_dtype_str(dtype));
+    if (B < 0 || T < 0 || H < 1 || dk < 1 || dv < 1 || H > INT_MAX || dk > 4096 || dv > 4096)
+        return tide_set_error("%s: bad sizes B %lld T %lld H %lld dk %lld dv %lld", what, (long long)B, (long long)T,
+                              (long long)H, (long long)dk, (long long)dv);
+    return 0;
+}
+
+/* the device copy of the segment table; *d is released by the caller */
+static int kda_upload_segments(const char *what, const kda_seg *s, int64_t n, kda_seg **d, cudaStream_t st)
+{
+    *d = NULL;
+    cudaError_t e = tide_cuda_alloc((void **)d, (size_t)n * sizeof(kda_seg), st);
+    if (e != cudaSuccess) return tide_set_error("cuda %s segment table alloc: %s", what, cudaGetErrorString(e));
+    /* pageable source: the copy is staged before the call returns, so the host table may be freed */
+    e = cudaMemcpyAsync(*d, s, (size_t)n * sizeof(kda_seg), cudaMemcpyHostToDevice, st);
+    if (e != cudaSuccess) return tide_set_error("cuda %s segment table copy: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+static inline float kda_host_float(float v) { return v; }
+static inline float kda_host_float(kda_bf16 v) { return __bfloat162float(v); }
+
+/* after the kernels: name the first g outside [lb, 0] (kda.md §5), if any */
+template <typename T>
+static int kda_report_bad(const char *what, unsigned long long *bad_dev, const void *g, int64_t T_, int64_t H, int64_t dk,
+                          double lb, cudaStream_t s)
+{
+    unsigned long long first = 0;
+    TIDE_CU(cudaMemcpyAsync(&first, bad_dev, sizeof first, cudaMemcpyDeviceToHost, s), "kda bound check copy");
+    TIDE_CU(cudaStreamSynchronize(s), "kda bound check (synchronize)");
+    if (first == ULLONG_MAX) return 0;
+    T gv;
+    TIDE_CU(cudaMemcpyAsync(&gv, (const T *)g + first, sizeof gv, cudaMemcpyDeviceToHost, s), "kda bound check copy");
+    TIDE_CU(cudaStreamSynchronize(s), "kda bound check (synchronize)");
+    double val = (double)kda_host_float(gv);
+    int64_t tok = (int64_t)first / (H * dk), hh = ((int64_t)first / dk) % H, c = (int64_t)first % dk;
+    return tide_set_error("%s: g = %g at [b %lld, t %lld, head %lld, channel %lld] is outside [%g, 0]: the chunk path "
+                          "factorises the decay and needs the lower-bounded gate (kda.md §5); use the bounded gate or "
+                          "the chunk_safe path", what, val, (long long)(tok / T_), (long long)(tok % T_), (long long)hh,
+                          (long long)c, lb);
+}
+
+/* states s_out of rows without tokens (T = 0): the initial state itself */
+static int kda_empty_rows(const char *what, float *s_out, const float *s0, int64_t B, int64_t H, int64_t dk,
+                          int64_t dv, cudaStream_t s)
+{
+    if (!s_out) return 0;
+    size_t n = (size_t)(B * H * dk * dv) * sizeof(float);
+    if (s0) TIDE_CU(cudaMemcpyAsync(s_out, s0, n, cudaMemcpyDeviceToDevice, s), what);
+    else TIDE_CU(cudaMemsetAsync(s_out, 0, n, s), what);
+    return 0;
+}
+
+static int kda_chunk_of(int path, int64_t chunk)
+{
+    if (path == TIDE_KDA_RECURRENT) return KDA_CT;
+    return chunk < KDA_CT ? (int)chunk : KDA_CT;
+}
+
+template <typename T, bool WMMA>
+static int kda_launch_forward(const char *what, const kda_fwd_args<T> &args, int64_t blocks, cudaStream_t s)
+{
+    size_t bytes = (size_t)args.L.total * sizeof(float);
+    int limit = kda_smem_limit();
+    if (bytes > (size_t)limit)
+        return tide_set_error("%s: dk %d x dv %d needs %zu bytes of shared memory per block; the device allows %d",
+                              what, args.dk, args.dv, bytes, limit);
+    TIDE_CU(cudaFuncSetAttribute(kda_chunk_kernel<T, WMMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+            "kda forward (shared memory attribute)");
+    kda_chunk_kernel<T, WMMA><<<(unsigned)blocks, KDA_NT, bytes, s>>>(args);
+    TIDE_CU_LAUNCH("kda forward kernel");
+    return 0;
+}
+
+/* the chunked forward of one dtype: o (may be NULL), s_out (may be NULL), states (may be NULL) */
+template <typename T>
+static int kda_forward_chunks(const char *what, T *o, float *s_out, float *states, const T *q, const T *k,
+                              const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
+                              int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
+                              unsigned long long *bad, cudaStream_t s)
+{
+    /* tensor cores for bf16 on the factorised path (kda.md §5); f32 and the per-pair path use FMA */
+    bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && dv % 16 == 0;
+    kda_fwd_args<T> args;
+    args.o = o;
+    args.s_out = s_out;
+    args.states = states;
+    args.q = q;
+    args.k = k;
+    args.v = v;
+    args.g = g;
+    args.beta = beta;
+    args.s0 = s0;
+    args.seg = seg_d;
+    args.H = (int)H;
+    args.dk = (int)dk;
+    args.dv = (int)dv;
+    args.C = C;
+    args.safe = safe;
+    args.check = check;
+    args.lb = lb;
+    args.bad = bad;
+    args.L = kda_layout((int)dk, (int)dv, safe, wmma, 0);
+    if (nseg * H > INT_MAX) return tide_set_error("%s: %lld segments x %lld heads is too many blocks", what, (long long)nseg, (long long)H);
+    if constexpr (sizeof(T) == 2) {
+        if (wmma) return kda_launch_forward<T, true>(what, args, nseg * H, s);
+    }
+    return kda_launch_forward<T, false>(what, args, nseg * H, s);
+}
+
+template <typename T>
+static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *q, const T *k, const T *v, const T *g,
+                                 const T *beta, const float *s0, const kda_seg *seg_d, int64_t nseg, int64_t H,
+                                 int64_t dk, int64_t dv, cudaStream_t s)
+{
+    kda_rec_args<T> args;
+    args.o = o;
+    args.s_out = s_out;
+    args.q = q;
+    args.k = k;
+    args.v = v;
+    args.g = g;
+    args.beta = beta;
+    args.s0 = s0;
+    args.seg = seg_d;
+    args.H = (int)H;
+    args.dk = (int)dk;
+    args.dv = (int)dv;
+    size_t bytes = kda_recurrent_smem((int)dk, (int)dv);
+    int limit = kda_smem_limit();
+    if (bytes > (size_t)limit)
+        return tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
+                              what, (long long)dk, (long long)dv, bytes, limit);
+    if (nseg * H > INT_MAX) return tide_set_error("%s: %lld segments x %lld heads is too many blocks", what, (long long)nseg, (long long)H);
+    TIDE_CU(cudaFuncSetAttribute(kda_recurrent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+            "kda recurrent (shared memory attribute)");
+    kda_recurrent_kernel<T><<<(unsigned)(nseg * H), KDA_NT, bytes, s>>>(args);
+    TIDE_CU_LAUNCH("kda recurrent kernel");
+    return 0;
+}
+
+template <typename T>
+static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                             const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
+                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    const char *what = "kda";
+    TIDE_STREAM(s);
+    if (B * T_ == 0) return kda_empty_rows(what, (float *)s_out, (const float *)s0, B, H, dk, dv, s);
+    int C = kda_chunk_of(path, chunk);
+    kda_seg *seg = NULL, *seg_d = NULL;
+    int64_t nseg = 0, nchunks = 0;
+    if (kda_segments(what, cu, n_seg, B, T_, C, &seg, &nseg, &nchunks)) return -1;
+    int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
+    free(seg);
+    int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    tide_cuda_scratch *sc = NULL;
+    if (!rc && check) {
+        rc = tide_cuda_get_scratch(&sc);
+        if (!rc && cudaMemsetAsync(&sc->first, 0xff, sizeof sc->first, s) != cudaSuccess)
+            rc = tide_set_error("cuda kda (bound check memset): %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!rc) {
+        if (path == TIDE_KDA_RECURRENT)
+            rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
+                                          (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
+        else
+            rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)NULL, (const T *)q, (const T *)k,
+                                       (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H,
+                                       dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
+                                       check ? &sc->first : (unsigned long long *)NULL, s);
+    }
+    tide_cuda_release(seg_d, s);
+    if (!rc && check) rc = kda_report_bad<T>(what, &sc->first, g, T_, H, dk, lb, s);
+    return rc;
+}
+
+int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                  const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
+                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    if (kda_check_sizes("kda", dtype, B, T, H, dk, dv)) return -1;
+    if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
+        return tide_set_error("kda: unknown path %d (TIDE_KDA_CHUNK, TIDE_KDA_CHUNK_SAFE, TIDE_KDA_RECURRENT)", path);
+    if (path != TIDE_KDA_RECURRENT && chunk < 1) return tide_set_error("kda: chunk %lld must be positive", (long long)chunk);
+    if (dtype == TIDE_F32)
+        return kda_forward_typed<float>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb);
+    return kda_forward_typed<kda_bf16>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb);
+}
+
+template <typename T>
+static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
+                              const void *gs_out, const void *q, const void *k, const void *v, const void *g,
+                              const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B,
+                              int64_t T_, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    const char *what = "kda backward";
+    TIDE_STREAM(s);
+    if (B * T_ == 0) {
+        if (gs0) {
+            size_t n = (size_t)(B * H * dk * dv) * sizeof(float);
+            if (gs_out) TIDE_CU(cudaMemcpyAsync(gs0, gs_out, n, cudaMemcpyDeviceToDevice, s), what);
+            else TIDE_CU(cudaMemsetAsync(gs0, 0, n, s), what);
+        }
+        return 0;
+    }
+    /* the recurrence's gradient is the chunk form's (the same function), on the per-pair path */
+    int safe = path != TIDE_KDA_CHUNK, C = kda_chunk_of(path, chunk);
+    kda_seg *seg = NULL, *seg_d = NULL;
+    int64_t nseg = 0, nchunks = 0;
+    if (kda_segments(what, cu, n_seg, B, T_, C, &seg, &nseg, &nchunks)) return -1;
+    int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
+    free(seg);
+    float *states = NULL;
+    if (!rc) {
+        size_t n = (size_t)nchunks * (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
+        cudaError_t e = tide_cuda_alloc((void **)&states, n, s);
+        if (e != cudaSuccess)
+            rc = tide_set_error("cuda %s: %zu bytes for %lld chunk start states: %s", what, n, (long long)nchunks,
+                                cudaGetErrorString(e));
+    }
+    int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    tide_cuda_scratch *sc = NULL;
+    if (!rc && check) {
+        rc = tide_cuda_get_scratch(&sc);
+        if (!rc && cudaMemsetAsync(&sc->first, 0xff, sizeof sc->first, s) != cudaSuccess)
+            rc = tide_set_error("cuda kda backward (bound check memset): %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!rc)
+        rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, states, (const T *)q, (const T *)k, (const T *)v,
+                                   (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, safe, C,
+                                   check, lb, check ? &sc->first : (unsigned long long *)NULL, s);
+    if (!rc) {
+        kda_bwd_args<T> args;
+        args.gq = (T *)gq;
+        args.gk = (T *)gk;
+        args.gv = (T *)gv;
+        args.gg = (T *)gg;
+        args.gbeta = (T *)gbeta;
+        args.gs0 = (float *)gs0;
+        args.gout = (const T *)gout;
+        args.gs_out = (const float *)gs_out;
+        args.states = states;
+        args.q = (const T *)q;
+        args.k = (const T *)k;
+        args.v = (const T *)v;
+        args.g = (const T *)g;
+        args.beta = (const T *)beta;
+        args.seg = seg_d;
+        args.H = (int)H;
+        args.dk = (int)dk;
+        args.dv = (int)dv;
+        args.C = C;
+        args.safe = safe;
+        args.L = kda_layout((int)dk, (int)dv, safe, 0, 1);
+        size_t bytes = (size_t)args.L.total * sizeof(float);
+        int limit = kda_smem_limit();
+        if (bytes > (size_t)limit) {
+            rc = tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
+                                what, (long long)dk, (long long)dv, bytes, limit);
+        } else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes) != cudaSuccess) {
+            rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
+        } else {
+            kda_chunk_backward_kernel<T><<<(unsigned)(nseg * H), KDA_NT, bytes, s>>>(args);
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess) rc = tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
+        }
+    }
+    tide_cuda_release(states, s);
+    tide_cuda_release(seg_d, s);
+    if (!rc && check) rc = kda_report_bad<T>(what, &sc->first, g, T_, H, dk, lb, s);
+    return rc;
+}
+
+int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
+                           const void *gs_out, const void *q, const void *k, const void *v, const void *g,
+                           const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
+                           int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+{
+    if (kda_check_sizes("kda backward", dtype, B, T, H, dk, dv)) return -1;
+    if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
+        return tide_set_error("kda backward: unknown path %d", path);
+    if (path != TIDE_KDA_RECURRENT && chunk < 1)
+        return tide_set_error("kda backward: chunk %lld must be positive", (long long)chunk);
+    if (dtype == TIDE_F32)
+        return kda_backward_typed<float>(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, B,
+                                         T, H, dk, dv, path, chunk, lb);
+    return kda_backward_typed<kda_bf16>(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, B, T,
+                                        H, dk, dv, path, chunk, lb);
+}
+
+/* ---- the decay gate (kda.md §2; derivatives §6 "Outside the kernel") --------------------------------
+   BOUNDED: g = lb σ(u), u = e^{A_h}(z + b).  SOFTPLUS: g = −e^{A_h} softplus(z + b). σ and softplus are
+   written so that no |x| overflows: exp of a large argument goes to inf and 1/(1 + inf) is 0. */
+
+template <typename A> __device__ __forceinline__ A kda_sigmoid(A x) { return A(1) / (A(1) + exp(-x)); }
+template <typename A> __device__ __forceinline__ A kda_softplus(A x)
+{
+    return (x > A(0) ? x : A(0)) + log1p(exp(-fabs(x)));
+}
+
+template <typename T>
+__global__ void kda_gate_kernel(T *g, const T *z, const T *A_log, const T *dt_bias, int64_t N, int64_t H, int64_t D,
+                                double lb, int form)
+{
+    typedef TIDE_ACC(T) A;
+    const int64_t HD = H * D;
+    TIDE_GRID_LOOP(idx, N * HD) {
+        int64_t hd = idx % HD;
+        A x = tide_ld(z, idx) + tide_ld(dt_bias, hd), ea = exp(tide_ld(A_log, hd / D));
+        A out = form == TIDE_KDA_GATE_BOUNDED ? A(lb) * kda_sigmoid(ea * x) : -ea * kda_softplus(x);
+        tide_st(g, idx, out);
+    }
+}
+
+/* gz elementwise; per column (h, d) partial sums over a chunk of rows of gz (for gb) and of gg ∂g/∂A
+   (for gA). Block (32, 8): 32 columns, 8 row lanes; fixed order, so the sums are deterministic. */
+template <typename T>
+__global__ void kda_gate_backward_kernel(T *gz, TIDE_ACC(T) *pb, TIDE_ACC(T) *pa, const T *gg, const T *z,
+                                         const T *A_log, const T *dt_bias, int64_t N, int64_t H, int64_t D, double lb,
+                                         int form, int64_t rows_per)
+{
+    typedef TIDE_ACC(T) A;
+    __shared__ A shb[8][33], sha[8][33];
+    const int64_t HD = H * D;
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t col = (int64_t)blockIdx.x * 32 + tx;
+    int64_t n0 = (int64_t)blockIdx.y * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
+    A sb = A(0), sa = A(0);
+    if (col < HD) {
+        A b = tide_ld(dt_bias, col), ea = exp(tide_ld(A_log, col / D));
+        for (int64_t n = n0 + ty; n < n1; n += 8) {
+            int64_t idx = n * HD + col;
+            A x = tide_ld(z, idx) + b, gv = tide_ld(gg, idx), dz, dA;
+            if (form == TIDE_KDA_GATE_BOUNDED) {
+                A u = ea * x, s = kda_sigmoid(u), d = A(lb) * s * (A(1) - s);
+                dz = d * ea;
+                dA = d * u;
+            } else {
+                dz = -ea * kda_sigmoid(x);
+                dA = -ea * kda_softplus(x);   /* ∂g/∂A = g */
+            }
+            if (gz) tide_st(gz, idx, gv * dz);
+            sb += gv * dz;
+            sa += gv * dA;
+        }
+    }
+    shb[ty][tx] = sb;
+    sha[ty][tx] = sa;
+    __syncthreads();
+    if (ty == 0 && col < HD && pb) {
+        for (int k = 1; k < 8; k++) {
+            sb += shb[k][tx];
+            sa += sha[k][tx];
+        }
+        pb[blockIdx.y * HD + col] = sb;
+        pa[blockIdx.y * HD + col] = sa;
+    }
+}
+
+/* gb[c] = Σ_chunks pb[., c];  gA[h] = Σ_chunks Σ_d pa[., h·D + d], in a fixed order */
+template <typename T>
+__global__ void kda_gate_final_kernel(T *gA, T *gb, const TIDE_ACC(T) *pb, const TIDE_ACC(T) *pa, int64_t H, int64_t D,
+                                      int nchunks)
+{
+    typedef TIDE_ACC(T) A;
+    const int64_t HD = H * D;
+    TIDE_GRID_LOOP(c, HD + H) {
+        A s = A(0);
+        if (c < HD) {
+            for (int k = 0; k < nchunks; k++) s += pb[(int64_t)k * HD + c];
+            if (gb) tide_st(gb, c, s);
+        } else {
+            int64_t h = c - HD;
+            for (int k = 0; k < nchunks; k++)
+                for (int64_t d = 0; d < D; d++) s += pa[(int64_t)k * HD + h * D + d];
+            if (gA) tide_st(gA, h, s);
+        }
+    }
+}
+
+static int kda_gate_check(const char *what, int64_t N, int64_t H, int64_t D, int form)
+{
+    if (N < 0 || H < 0 || D < 0)
+        return tide_set_error("%s: negative size N %lld H %lld D %lld", what, (long long)N, (long long)H, (long long)D);
+    if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS)
+        return tide_set_error("%s: unknown form %d (TIDE_KDA_GATE_BOUNDED, TIDE_KDA_GATE_SOFTPLUS)", what, form);
+    return 0;
+}
+
+int tide_cuda_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
+                       int64_t D, double lb, int form)
+{
+    if (kda_gate_check("kda_gate", N, H, D, form)) return -1;
+    if (N * H * D == 0) return 0;
+    TIDE_STREAM(s);
+    TIDE_FLOAT_DISPATCH(dtype, "kda_gate", {
+        kda_gate_kernel<T><<<tide_blocks(N * H * D), TIDE_THREADS, 0, s>>>((T *)g, (const T *)z, (const T *)A_log,
+                                                                          (const T *)dt_bias, N, H, D, lb, form);
+        TIDE_CU_LAUNCH("kda_gate kernel");
+    });
+    return 0;
+}
+
+template <typename T>
+static int kda_gate_backward_typed(T *gz, T *gA, T *gb, const T *gg, const T *z, const T *A_log, const T *dt_bias,
+                                   int64_t N, int64_t H, int64_t D, double lb, int form, cudaStream_t s)
+{
+    typedef TIDE_ACC(T) A;
+    const char *what = "kda_gate backward";
+    const int64_t HD = H * D;
+    if (HD == 0) return 0;
+    if (N == 0) {   /* empty sums */
+        if (gA) TIDE_CU(cudaMemsetAsync(gA, 0, (size_t)H * sizeof(T), s), what);
+        if (gb) TIDE_CU(cudaMemsetAsync(gb, 0, (size_t)HD * sizeof(T), s), what);
+        return 0;
+    }
+    int64_t colblocks = (HD + 31) / 32;
+    if (colblocks > INT_MAX) return tide_set_error("%s: H·D %lld too large", what, (long long)HD);
+    /* enough blocks to fill the device, at least ~32 rows per chunk, at most 1024 chunks */
+    int64_t want = 4 * (int64_t)tide_cuda_sm_count();
+    int64_t nchunks = (want + colblocks - 1) / colblocks, maxc = (N + 31) / 32;
+    if (nchunks > maxc) nchunks = maxc;
+    if (nchunks > 1024) nchunks = 1024;
+    if (nchunks < 1) nchunks = 1;
+    int64_t rows_per = (N + nchunks - 1) / nchunks;
+    nchunks = (N + rows_per - 1) / rows_per;
+    A *part = NULL;
+    if (gA || gb) TIDE_CU(tide_cuda_alloc((void **)&part, (size_t)(2 * nchunks * HD) * sizeof(A), s), "kda_gate backward scratch alloc");
+    A *pb = part, *pa = part ? part + nchunks * HD : NULL;
+    kda_gate_backward_kernel<T><<<dim3((unsigned)colblocks, (unsigned)nchunks), dim3(32, 8), 0, s>>>(
+        gz, pb, pa, gg, z, A_log, dt_bias, N, H, D, lb, form, rows_per);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && part) {
+        kda_gate_final_kernel<T><<<tide_blocks(HD + H), TIDE_THREADS, 0, s>>>(gA, gb, pb, pa, H, D, (int)nchunks);
+        e = cudaGetLastError();
+    }
+    tide_cuda_release(part, s);
+    if (e != cudaSuccess) return tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+int tide_cuda_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z,
+                                const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb,
+                                int form)
+{
+    if (kda_gate_check("kda_gate backward", N, H, D, form)) return -1;
+    TIDE_STREAM(s);
+    TIDE_FLOAT_DISPATCH(dtype, "kda_gate backward", {
+        if (kda_gate_backward_typed<T>((T *)gz, (T *)gA, (T *)gb, (const T *)gg, (const T *)z, (const T *)A_log,
+                                       (const T *)dt_bias, N, H, D, lb, form, s))
+            return -1;
+    });
+    return 0;
+}
