@@ -21,6 +21,11 @@ typedef T F(vec) __attribute__((vector_size(64)));
 
 static inline F(vec) F(vload)(const T *p) { F(vec) v; memcpy(&v, p, sizeof v); return v; }
 static inline void F(vstore)(T *p, F(vec) v) { memcpy(p, &v, sizeof v); }
+/* short row copies inline (a libc call per 64-float row cost more than the copy) */
+static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
 
 #define KDA_TILE(MR)                                                                                      \
     {                                                                                                     \
@@ -125,16 +130,17 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
 }
 
 /* ---- one chunk: operands that do not depend on the state (kda.md §4) ------------------------------- */
-/* rows [tok, tok + c) of head h; safe = per-pair exp(G_r − G_j) instead of the factorised products */
+/* rows [tok, tok + c) of head h; safe = per-pair exp(G_r − G_j) instead of the factorised products; need_p = 0
+   skips P = Tril(Q̂Ǩᵀ) (the passes that only carry the state need no output) */
 static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, const T *beta, int64_t tok, int64_t c,
-                    int64_t H, int64_t h, int safe)
+                    int64_t H, int64_t h, int safe, int need_p)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
     for (int64_t r = 0; r < c; r++) {
         int64_t row = tok + r;
-        memcpy(w->Q + r * dk, q + (row * H + h) * dk, (size_t)dk * sizeof(T));
-        memcpy(w->K + r * dk, k + (row * H + h) * dk, (size_t)dk * sizeof(T));
-        memcpy(w->V + r * dv, v + (row * H + h) * dv, (size_t)dv * sizeof(T));
+        F(copy)(w->Q + r * dk, q + (row * H + h) * dk, dk);
+        F(copy)(w->K + r * dk, k + (row * H + h) * dk, dk);
+        F(copy)(w->V + r * dv, v + (row * H + h) * dv, dv);
         w->beta[r] = beta[row * H + h];
         const T *gr = g + (row * H + h) * dk;
         T *G = w->G + r * dk;
@@ -167,7 +173,7 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
     if (!safe) {
         F(transpose)(w->KcT, w->Kc, c, dk, dk);
         F(mm)(w->Araw, C, w->Kh, dk, 1, w->KcT, c, c, c, dk, 1, 0);
-        F(mm)(w->P, C, w->Qh, dk, 1, w->KcT, c, c, c, dk, 1, 0);
+        if (need_p) F(mm)(w->P, C, w->Qh, dk, 1, w->KcT, c, c, c, dk, 1, 0);
         for (int64_t r = 0; r < c; r++)
             for (int64_t j = r + 1; j < c; j++) { w->Araw[r * C + j] = 0; w->P[r * C + j] = 0; }
         for (int64_t r = 0; r < c; r++) w->Araw[r * C + r] = 0;
@@ -205,7 +211,7 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
 static void F(chunk_state)(F(ws) *w, const T *S, T *S_next, T *o, int64_t ldo, int64_t c)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
-    memcpy(w->U, w->Ut, (size_t)(c * dv) * sizeof(T));
+    F(copy)(w->U, w->Ut, c * dv);
     F(mm)(w->U, dv, w->W, dk, 1, S, dv, c, dv, dk, -1, 1);
     if (o) {
         F(mm)(o, ldo, w->Qh, dk, 1, S, dv, c, dv, dk, 1, 0);
@@ -229,12 +235,12 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
     /* forward pieces that need S₀: U = Ũ − W S₀, R = V − K̂ S₀ */
-    memcpy(w->U, w->Ut, (size_t)(c * dv) * sizeof(T));
+    F(copy)(w->U, w->Ut, c * dv);
     F(mm)(w->U, dv, w->W, dk, 1, S0, dv, c, dv, dk, -1, 1);
-    memcpy(w->R, w->V, (size_t)(c * dv) * sizeof(T));
+    F(copy)(w->R, w->V, c * dv);
     F(mm)(w->R, dv, w->Kh, dk, 1, S0, dv, c, dv, dk, -1, 1);
     for (int64_t r = 0; r < c; r++) {
-        if (gout) memcpy(w->dO + r * dv, gout + ((tok + r) * H + h) * dv, (size_t)dv * sizeof(T));
+        if (gout) F(copy)(w->dO + r * dv, gout + ((tok + r) * H + h) * dv, dv);
         else memset(w->dO + r * dv, 0, (size_t)dv * sizeof(T));
     }
     /* dU = Pᵀ dO + K_r dS_c;  dK_r = U dS_cᵀ;  Γ_c ⊙ rowsum(dS_c ⊙ S₀) for the last row of dG */
@@ -266,7 +272,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
         }
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
-        if (gv) memcpy(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, (size_t)dv * sizeof(T));
+        if (gv) F(copy)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);
     }
     /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂.
        dQ̂ and dK̂ are formed transposed ([dk, c]: S₀ times small transposes) so that the dk x dv state is
@@ -335,9 +341,9 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
         for (int64_t i = 0; i < dk; i++) w->gG[r * dk + i] += w->gG[(r + 1) * dk + i];
     for (int64_t r = 0; r < c; r++) {
         int64_t row = ((tok + r) * H + h) * dk;
-        if (gq) memcpy(gq + row, w->gQ + r * dk, (size_t)dk * sizeof(T));
-        if (gk) memcpy(gk + row, w->gK + r * dk, (size_t)dk * sizeof(T));
-        if (gg) memcpy(gg + row, w->gG + r * dk, (size_t)dk * sizeof(T));
+        if (gq) F(copy)(gq + row, w->gQ + r * dk, dk);
+        if (gk) F(copy)(gk + row, w->gK + r * dk, dk);
+        if (gg) F(copy)(gg + row, w->gG + r * dk, dk);
     }
 }
 
@@ -348,7 +354,7 @@ static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *
 {
     for (int64_t tok = t0; tok < t1; tok += w->C) {
         int64_t c = t1 - tok < w->C ? t1 - tok : w->C;
-        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, o != NULL);
         F(chunk_state)(w, S, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
     }
 }
@@ -367,26 +373,26 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
     T *ck = malloc((size_t)((nblk + KDA_BLOCK + 1) * SZ) * sizeof(T));
     if (!ck) return -1;
     T *st = ck + nblk * SZ, *S = st + KDA_BLOCK * SZ;
-    if (s_init) memcpy(S, s_init, (size_t)SZ * sizeof(T));
+    if (s_init) F(copy)(S, s_init, SZ);
     else memset(S, 0, (size_t)SZ * sizeof(T));
     for (int64_t i = 0; i < nch; i++) {
-        if (i % KDA_BLOCK == 0) memcpy(ck + (i / KDA_BLOCK) * SZ, S, (size_t)SZ * sizeof(T));
+        if (i % KDA_BLOCK == 0) F(copy)(ck + (i / KDA_BLOCK) * SZ, S, SZ);
         if (i / KDA_BLOCK == nblk - 1) break;          /* the last block is replayed below anyway */
         int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
         F(chunk_state)(w, S, S, NULL, 0, c);
     }
     for (int64_t b = nblk - 1; b >= 0; b--) {
         int64_t i0 = b * KDA_BLOCK, i1 = i0 + KDA_BLOCK < nch ? i0 + KDA_BLOCK : nch;
-        memcpy(st, ck + b * SZ, (size_t)SZ * sizeof(T));
+        F(copy)(st, ck + b * SZ, SZ);
         for (int64_t i = i0; i < i1 - 1; i++) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
             F(chunk_state)(w, st + (i - i0) * SZ, st + (i + 1 - i0) * SZ, NULL, 0, c);
         }
         for (int64_t i = i1 - 1; i >= i0; i--) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe);
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 1);
             F(chunk_backward)(w, st + (i - i0) * SZ, dS, gout, tok, c, H, h, safe, gq, gk, gv, gg, gbeta);
         }
     }
@@ -438,18 +444,18 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
     if (!ck) return -1;
     T *st = ck + nblk * SZ, *S = st + blk * SZ, *tmp = S + SZ;
     T *kS = tmp, *u = kS + dv, *du = u + dv, *dkS = du + dv, *dq = dkS + dv, *dk_ = dq + dk, *dg = dk_ + dk, *al = dg + dk;
-    if (s_init) memcpy(S, s_init, (size_t)SZ * sizeof(T));
+    if (s_init) F(copy)(S, s_init, SZ);
     else memset(S, 0, (size_t)SZ * sizeof(T));
     for (int64_t b = 0; b < nblk - 1; b++) {
-        memcpy(ck + b * SZ, S, (size_t)SZ * sizeof(T));
+        F(copy)(ck + b * SZ, S, SZ);
         F(segment_recurrent_forward)(S, NULL, q, k, v, g, beta, t0 + b * blk, t0 + (b + 1) * blk, H, h, dk, dv, kS);
     }
-    memcpy(ck + (nblk - 1) * SZ, S, (size_t)SZ * sizeof(T));
+    F(copy)(ck + (nblk - 1) * SZ, S, SZ);
     for (int64_t b = nblk - 1; b >= 0; b--) {
         int64_t a0 = t0 + b * blk, a1 = a0 + blk < t1 ? a0 + blk : t1;
-        memcpy(S, ck + b * SZ, (size_t)SZ * sizeof(T));
+        F(copy)(S, ck + b * SZ, SZ);
         for (int64_t t = a0; t < a1; t++) {
-            memcpy(st + (t - a0) * SZ, S, (size_t)SZ * sizeof(T));
+            F(copy)(st + (t - a0) * SZ, S, SZ);
             if (t + 1 < a1) F(segment_recurrent_forward)(S, NULL, q, k, v, g, beta, t, t + 1, H, h, dk, dv, kS);
         }
         for (int64_t t = a1 - 1; t >= a0; t--) {
@@ -497,9 +503,9 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
                 dg[i] = sg;
             }
             int64_t rk = (t * H + h) * dk, rv = (t * H + h) * dv;
-            if (gq) memcpy(gq + rk, dq, (size_t)dk * sizeof(T));
-            if (gk) memcpy(gk + rk, dk_, (size_t)dk * sizeof(T));
-            if (gg) memcpy(gg + rk, dg, (size_t)dk * sizeof(T));
+            if (gq) F(copy)(gq + rk, dq, dk);
+            if (gk) F(copy)(gk + rk, dk_, dk);
+            if (gg) F(copy)(gg + rk, dg, dk);
             if (gv) for (int64_t j = 0; j < dv; j++) gv[rv + j] = bt * du[j];
             if (gbeta) gbeta[t * H + h] = db;
         }
@@ -530,11 +536,11 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
         for (int64_t it = 0; it < items; it++) {
             if (!S) continue;
             int64_t sg = it / H, h = it % H, t0 = cu[sg], t1 = cu[sg + 1], b = t0 / T_;
-            if (t0 == b * T_ && s0) memcpy(S, s0 + (b * H + h) * SZ, (size_t)SZ * sizeof(T));
+            if (t0 == b * T_ && s0) F(copy)(S, s0 + (b * H + h) * SZ, SZ);
             else memset(S, 0, (size_t)SZ * sizeof(T));
             if (path == TIDE_KDA_RECURRENT) F(segment_recurrent_forward)(S, o, q, k, v, g, beta, t0, t1, H, h, dk, dv, S + SZ);
             else F(segment_chunk_forward)(&w, S, o, q, k, v, g, beta, t0, t1, H, h, path == TIDE_KDA_CHUNK_SAFE);
-            if (t1 == (b + 1) * T_ && s_out) memcpy(s_out + (b * H + h) * SZ, S, (size_t)SZ * sizeof(T));
+            if (t1 == (b + 1) * T_ && s_out) F(copy)(s_out + (b * H + h) * SZ, S, SZ);
         }
         free(S);
         if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
@@ -565,7 +571,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
             if (!dS) continue;
             int64_t sg = it / H, h = it % H, t0 = cu[sg], t1 = cu[sg + 1], b = t0 / T_;
             int first = t0 == b * T_, last = t1 == (b + 1) * T_;
-            if (last && gs_out) memcpy(dS, gs_out + (b * H + h) * SZ, (size_t)SZ * sizeof(T));
+            if (last && gs_out) F(copy)(dS, gs_out + (b * H + h) * SZ, SZ);
             else memset(dS, 0, (size_t)SZ * sizeof(T));
             const T *init = first && s0 ? s0 + (b * H + h) * SZ : NULL;
             int rc = path == TIDE_KDA_RECURRENT
@@ -577,7 +583,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
                 _Pragma("omp atomic write")
                 failed = 1;
             }
-            if (gs0 && first) memcpy(gs0 + (b * H + h) * SZ, dS, (size_t)SZ * sizeof(T));
+            if (gs0 && first) F(copy)(gs0 + (b * H + h) * SZ, dS, SZ);
         }
         free(dS);
         if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
