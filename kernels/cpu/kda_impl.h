@@ -93,34 +93,54 @@ static void F(unit_lower_inverse)(T *M, const T *A, int64_t c, int64_t C)
 }
 
 /* ---- per-thread workspace ---------------------------------------------------------------------- */
+/* A chunk's operands live in a "prep area" (prep() and chunk_state() fill it); the backward keeps one area
+   per chunk of a recompute block, so its reverse sweep reuses what the state pass computed. The rest is
+   scratch shared by all chunks. */
 typedef struct {
-    int64_t C, dk, dv;
+    int64_t C, dk, dv, prep_size;
+    /* prep area */
     T *Q, *K, *V, *beta;               /* the chunk's rows, contiguous */
-    T *G, *Gam, *Gi, *Er, *Qh, *Kh, *Kc, *Kr, *KcT;  /* G cumsum, Γ = exp(G), 1/Γ (dense path), exp(G_c − G),
-                                                       Q⊙Γ, K⊙Γ, K⊙Γ⁻¹, K⊙Er, Ǩᵀ */
-    T *Araw, *A, *P, *M, *bK, *bV, *W, *Ut, *U;
-    /* backward */
+    T *G, *Gam, *Gi, *Er, *Qh, *Kh, *Kc, *Kr;   /* G cumsum, Γ = exp(G), 1/Γ (dense path), exp(G_c − G),
+                                                  Q⊙Γ, K⊙Γ, K⊙Γ⁻¹, K⊙Er */
+    T *Araw, *A, *P, *M, *W, *Ut, *U;
+    /* scratch */
+    T *KcT, *bK, *bV;
     T *R, *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKc, *dKrT, *gQ, *gK, *gG, *lastG;
     T *buf;
 } F(ws);
 
+static int64_t F(prep_size)(int64_t C, int64_t dk, int64_t dv)
+{
+    return 11 * C * dk + 3 * C * dv + C + 4 * C * C;
+}
+
+/* point the prep fields at `area` (prep_size elements) */
+static void F(bind)(F(ws) *w, T *area)
+{
+    int64_t C = w->C, ck = C * w->dk, cv = C * w->dv, cc = C * C;
+    T *p = area;
+#define TAKE(name, n) (w->name = p, p += (n))
+    TAKE(Q, ck); TAKE(K, ck); TAKE(V, cv); TAKE(beta, C);
+    TAKE(G, ck); TAKE(Gam, ck); TAKE(Gi, ck); TAKE(Er, ck); TAKE(Qh, ck); TAKE(Kh, ck); TAKE(Kc, ck); TAKE(Kr, ck);
+    TAKE(Araw, cc); TAKE(A, cc); TAKE(P, cc); TAKE(M, cc); TAKE(W, ck); TAKE(Ut, cv); TAKE(U, cv);
+#undef TAKE
+}
+
 static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
 {
     w->C = C; w->dk = dk; w->dv = dv;
+    w->prep_size = F(prep_size)(C, dk, dv);
     int64_t ck = C * dk, cv = C * dv, cc = C * C;
-    int64_t total = 2 * ck + cv + C                  /* Q K V beta */
-                  + 9 * ck                           /* G Gam Gi Er Qh Kh Kc Kr KcT */
-                  + 4 * cc + 2 * ck + 3 * cv         /* Araw A P M, bK W, bV Ut U */
+    int64_t total = w->prep_size                     /* one prep area, for the forward */
+                  + 2 * ck + cv                      /* KcT bK bV */
                   + 8 * cv + 5 * cc                  /* R dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
                   + 7 * ck + dk;                     /* dQhT dKhT dKc dKrT gQ gK gG, lastG */
     w->buf = malloc((size_t)total * sizeof(T));
     if (!w->buf) return -1;
-    T *p = w->buf;
+    F(bind)(w, w->buf);
+    T *p = w->buf + w->prep_size;
 #define TAKE(name, n) (w->name = p, p += (n))
-    TAKE(Q, ck); TAKE(K, ck); TAKE(V, cv); TAKE(beta, C);
-    TAKE(G, ck); TAKE(Gam, ck); TAKE(Gi, ck); TAKE(Er, ck); TAKE(Qh, ck); TAKE(Kh, ck); TAKE(Kc, ck); TAKE(Kr, ck); TAKE(KcT, ck);
-    TAKE(Araw, cc); TAKE(A, cc); TAKE(P, cc); TAKE(M, cc); TAKE(bK, ck); TAKE(W, ck); TAKE(bV, cv); TAKE(Ut, cv);
-    TAKE(U, cv);
+    TAKE(KcT, ck); TAKE(bK, ck); TAKE(bV, cv);
     TAKE(R, cv); TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
     TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dPT, cc); TAKE(bdAT, cc); TAKE(dQhT, ck); TAKE(dKhT, ck);
     TAKE(dKc, ck); TAKE(dKrT, ck);
@@ -228,15 +248,13 @@ static void F(chunk_state)(F(ws) *w, const T *S, T *S_next, T *o, int64_t ldo, i
 }
 
 /* backward of one chunk (kda.md §6). S0 is the chunk's entering state, dS holds dS_c on entry and dS₀ on
-   return. Writes the chunk's rows of gq, gk, gv, gg, gbeta (each may be NULL). prep() must have run with
-   the same rows. */
+   return. Writes the chunk's rows of gq, gk, gv, gg, gbeta (each may be NULL). prep() (with P) and
+   chunk_state() from S0 must have run on the bound prep area. */
 static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64_t tok, int64_t c, int64_t H,
                               int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
-    /* forward pieces that need S₀: U = Ũ − W S₀, R = V − K̂ S₀ */
-    F(copy)(w->U, w->Ut, c * dv);
-    F(mm)(w->U, dv, w->W, dk, 1, S0, dv, c, dv, dk, -1, 1);
+    /* U = Ũ − W S₀ is in the prep area (chunk_state ran on it); R = V − K̂ S₀ */
     F(copy)(w->R, w->V, c * dv);
     F(mm)(w->R, dv, w->Kh, dk, 1, S0, dv, c, dv, dk, -1, 1);
     for (int64_t r = 0; r < c; r++) {
@@ -359,10 +377,10 @@ static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *
     }
 }
 
-/* chunks per recompute block of the backward: the start states of one block's chunks are kept, the
-   blocks' own start states come from a first forward pass (kda.md §6: nothing per chunk is stored by the
-   forward; here the backward keeps n/NB + NB states instead of n) */
-#define KDA_BLOCK 64
+/* chunks per recompute block of the backward: one block's chunk start states and prep areas are kept
+   (16 x ~58 KB at C = 16, dk = dv = 64: in L2), the blocks' own start states come from a first state pass
+   (kda.md §6: nothing per chunk is stored by the forward; the backward keeps n/NB + NB states, not n) */
+#define KDA_BLOCK 16
 
 static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *gout, const T *q, const T *k,
                                      const T *v, const T *g, const T *beta, int64_t t0, int64_t t1, int64_t H,
@@ -370,9 +388,9 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv, SZ = dk * dv;
     int64_t nch = (t1 - t0 + C - 1) / C, nblk = (nch + KDA_BLOCK - 1) / KDA_BLOCK;
-    T *ck = malloc((size_t)((nblk + KDA_BLOCK + 1) * SZ) * sizeof(T));
+    T *ck = malloc((size_t)((nblk + KDA_BLOCK + 1) * SZ + KDA_BLOCK * w->prep_size) * sizeof(T));
     if (!ck) return -1;
-    T *st = ck + nblk * SZ, *S = st + KDA_BLOCK * SZ;
+    T *st = ck + nblk * SZ, *S = st + KDA_BLOCK * SZ, *areas = S + SZ, *own = w->Q;
     if (s_init) F(copy)(S, s_init, SZ);
     else memset(S, 0, (size_t)SZ * sizeof(T));
     for (int64_t i = 0; i < nch; i++) {
@@ -385,17 +403,20 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
     for (int64_t b = nblk - 1; b >= 0; b--) {
         int64_t i0 = b * KDA_BLOCK, i1 = i0 + KDA_BLOCK < nch ? i0 + KDA_BLOCK : nch;
         F(copy)(st, ck + b * SZ, SZ);
-        for (int64_t i = i0; i < i1 - 1; i++) {
+        for (int64_t i = i0; i < i1; i++) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
-            F(chunk_state)(w, st + (i - i0) * SZ, st + (i + 1 - i0) * SZ, NULL, 0, c);
+            F(bind)(w, areas + (i - i0) * w->prep_size);
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 1);
+            /* the state after the block's last chunk is not needed: U alone is computed there */
+            F(chunk_state)(w, st + (i - i0) * SZ, i + 1 < i1 ? st + (i + 1 - i0) * SZ : S, NULL, 0, c);
         }
         for (int64_t i = i1 - 1; i >= i0; i--) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 1);
+            F(bind)(w, areas + (i - i0) * w->prep_size);
             F(chunk_backward)(w, st + (i - i0) * SZ, dS, gout, tok, c, H, h, safe, gq, gk, gv, gg, gbeta);
         }
     }
+    F(bind)(w, own);
     free(ck);
     return 0;
 }
