@@ -150,15 +150,21 @@ typedef struct tide_backend {
        unless lb is -inf (tests use that to show the overflow); TIDE_KDA_CHUNK_SAFE forms exp(G_r - G_j)
        per pair; TIDE_KDA_RECURRENT runs the token recurrence. chunk is C for the chunk paths.
        backward: gradients of every input from gout [B, T, H, dv] and gs_out (NULL = zero); any gradient
-       pointer may be NULL when not wanted. */
+       pointer may be NULL when not wanted.
+       ckpt (chunk paths, when kda_ckpt_chunks > 0, else NULL): the forward writes the start state of every
+       kda_ckpt_chunks-th chunk of each segment and the backward reads them instead of recomputing them;
+       layout [Σ_seg ceil(chunks(seg) / kda_ckpt_chunks), H, dk, dv], segments in order, state dtype. */
     int (*kda)(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
-               int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
+               int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt);
     int (*kda_backward)(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0,
                         const void *gout, const void *gs_out, const void *q, const void *k, const void *v,
                         const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg,
                         int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk,
-                        double lb);
+                        double lb, const void *ckpt);
+    /* chunks between the state checkpoints above; 0 = this backend keeps none (its backward recomputes
+       every chunk start state itself) */
+    int kda_ckpt_chunks;
     /* KDA gate (kda.md §2) over z [N, H, D], A_log [H], dt_bias [H·D]; form TIDE_KDA_GATE_BOUNDED:
        g = lb σ(e^{A_h}(z + b)); TIDE_KDA_GATE_SOFTPLUS: g = -e^{A_h} softplus(z + b). backward writes gz
        and OVERWRITES gA [H] and gb [H·D] (sums over N); any of the three may be NULL */

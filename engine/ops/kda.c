@@ -83,13 +83,28 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
     tide_tensor *s = o ? tide_empty(kda_state_dtype(q->dtype), 4, sshape, q->device) : NULL;
     const tide_backend *bk = tide_backend_for(q->device);
-    int rc = s ? TIDE_KERNEL(bk, kda, "kda") : -1;
+    /* the backend's chunk start-state checkpoints for the backward (backend.h: kda_ckpt_chunks) */
+    tide_tensor *ck = NULL;
+    int path = (int)n->attr.i[0];
+    int64_t chunk = n->attr.i[1];
+    if (s && bk->kda_ckpt_chunks > 0 && path != TIDE_KDA_RECURRENT) {
+        int64_t n_ck = 0;
+        for (int sg = 0; sg + 1 < n->attr.n_list; sg++) {
+            int64_t nch = (n->attr.list[sg + 1] - n->attr.list[sg] + chunk - 1) / chunk;
+            n_ck += (nch + bk->kda_ckpt_chunks - 1) / bk->kda_ckpt_chunks;
+        }
+        int64_t cshape[4] = {n_ck, H, dk, dv};
+        ck = tide_empty(s->dtype, 4, cshape, q->device);
+    }
+    int rc = s && (ck || bk->kda_ckpt_chunks == 0 || path == TIDE_KDA_RECURRENT) ? TIDE_KERNEL(bk, kda, "kda") : -1;
     if (!rc)
         rc = bk->kda(q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]), tide_data(v), tide_data(c[3]),
                      tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL, n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv,
-                     (int)n->attr.i[0], n->attr.i[1], n->attr.f[0]);
+                     path, chunk, n->attr.f[0], ck ? tide_data(ck) : NULL);
     for (int i = 0; i < 5 + has_s0 && !rc; i++) rc = tide_node_save(n, c[i]);
+    if (!rc && ck) rc = tide_node_save(n, ck);      /* saved last: index 5 + has_s0 */
     release_all(c, 6);
+    tide_tensor_release(ck);
     if (rc) { tide_tensor_release(o); tide_tensor_release(s); return -1; }
     out[0] = o;
     out[1] = s;
@@ -114,7 +129,7 @@ int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
                               g[5] ? tide_data(g[5]) : NULL, tide_data(go), tide_data(gs), tide_data(q), tide_data(sv[1]),
                               tide_data(v), tide_data(sv[3]), tide_data(sv[4]), has_s0 ? tide_data(sv[5]) : NULL,
                               n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv, (int)n->attr.i[0], n->attr.i[1],
-                              n->attr.f[0]);
+                              n->attr.f[0], n->n_saved > 5 + has_s0 ? tide_data(sv[5 + has_s0]) : NULL);
     tide_tensor_release(go);
     tide_tensor_release(gs);
     if (rc) { release_all(g, 6); return -1; }

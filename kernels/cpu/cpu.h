@@ -44,13 +44,16 @@ int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss,
 int tide_cpu_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta, int64_t pos0, int inverse);
 int tide_cpu_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
 int tide_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out, const void *lse, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
-int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
-int tide_cpu_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout, const void *gs_out, const void *q, const void *k, const void *v, const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb);
+int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt);
+int tide_cpu_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout, const void *gs_out, const void *q, const void *k, const void *v, const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt);
 int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form);
 int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form);
 int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
 int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
 int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
+
+/* chunks per KDA state checkpoint (kda.c: also the backward's recompute block) */
+#define TIDE_KDA_CPU_CKPT_CHUNKS 16
 
 /* threads used by OpenMP loops and BLAS (set together so they never compete for cores) */
 void tide_cpu_set_threads(int n);

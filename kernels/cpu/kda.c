@@ -119,28 +119,28 @@ static int check_args(const char *op, int dtype, int path, int64_t chunk, double
 
 int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                  const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_, int64_t H,
-                 int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                 int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
 {
     if (check_args("kda", dtype, path, chunk, lb)) return -1;
     if (path == TIDE_KDA_CHUNK && !isinf(lb) && check_bound(dtype, g, B * T_ * H * dk, H, dk, T_, lb)) return -1;
     if (dtype == TIDE_F32)
-        return kda_forward_f32(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk);
-    return kda_forward_f64(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk);
+        return kda_forward_f32(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk, ckpt);
+    return kda_forward_f64(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk, ckpt);
 }
 
 int tide_cpu_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
                           const void *gs_out, const void *q, const void *k, const void *v, const void *g,
                           const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
-                          int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                          int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt)
 {
     if (check_args("kda backward", dtype, path, chunk, lb)) return -1;
     if (path == TIDE_KDA_CHUNK && !isinf(lb) && check_bound(dtype, g, B * T_ * H * dk, H, dk, T_, lb)) return -1;
     /* rows of gs0 without a first segment do not exist: every row start is a boundary */
     if (dtype == TIDE_F32)
         return kda_backward_f32(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk,
-                                dv, path, chunk);
+                                dv, path, chunk, ckpt);
     return kda_backward_f64(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv,
-                            path, chunk);
+                            path, chunk, ckpt);
 }
 
 /* (I + A)⁻¹ of a strictly lower-triangular c x c matrix (row stride c), for tests: method 0 = forward

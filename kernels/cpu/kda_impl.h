@@ -365,44 +365,52 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     }
 }
 
+#ifndef KDA_BLOCK
+#define KDA_BLOCK TIDE_KDA_CPU_CKPT_CHUNKS
+#endif
+
 /* ---- one work item: a segment [t0, t1) of flattened tokens, head h ------------------------------- */
 /* chunk path forward; S enters holding the initial state and leaves holding the final one */
 static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *k, const T *v, const T *g,
-                                     const T *beta, int64_t t0, int64_t t1, int64_t H, int64_t h, int safe)
+                                     const T *beta, int64_t t0, int64_t t1, int64_t H, int64_t h, int safe, T *ck)
 {
-    for (int64_t tok = t0; tok < t1; tok += w->C) {
+    int64_t SZ = w->dk * w->dv;
+    for (int64_t tok = t0, i = 0; tok < t1; tok += w->C, i++) {
         int64_t c = t1 - tok < w->C ? t1 - tok : w->C;
+        if (ck && i % KDA_BLOCK == 0) F(copy)(ck + ((i / KDA_BLOCK) * H + h) * SZ, S, SZ);
         F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, o != NULL);
         F(chunk_state)(w, S, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
     }
 }
 
 /* chunks per recompute block of the backward: one block's chunk start states and prep areas are kept
-   (16 x ~58 KB at C = 16, dk = dv = 64: in L2), the blocks' own start states come from a first state pass
-   (kda.md §6: nothing per chunk is stored by the forward; the backward keeps n/NB + NB states, not n) */
-#define KDA_BLOCK 16
+   (16 x ~58 KB at C = 16, dk = dv = 64: in L2). The blocks' own start states are the checkpoints the
+   forward wrote (ck: one state per 16 chunks, 1/16 of what storing every chunk's state would cost; kda.md
+   §6), or, without them, come from a first state pass here. */
 
 static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *gout, const T *q, const T *k,
                                      const T *v, const T *g, const T *beta, int64_t t0, int64_t t1, int64_t H,
-                                     int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta)
+                                     int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta, const T *ck_in)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv, SZ = dk * dv;
     int64_t nch = (t1 - t0 + C - 1) / C, nblk = (nch + KDA_BLOCK - 1) / KDA_BLOCK;
-    T *ck = malloc((size_t)((nblk + KDA_BLOCK + 1) * SZ + KDA_BLOCK * w->prep_size) * sizeof(T));
+    T *ck = malloc((size_t)(((ck_in ? 0 : nblk) + KDA_BLOCK + 1) * SZ + KDA_BLOCK * w->prep_size) * sizeof(T));
     if (!ck) return -1;
-    T *st = ck + nblk * SZ, *S = st + KDA_BLOCK * SZ, *areas = S + SZ, *own = w->Q;
-    if (s_init) F(copy)(S, s_init, SZ);
-    else memset(S, 0, (size_t)SZ * sizeof(T));
-    for (int64_t i = 0; i < nch; i++) {
-        if (i % KDA_BLOCK == 0) F(copy)(ck + (i / KDA_BLOCK) * SZ, S, SZ);
-        if (i / KDA_BLOCK == nblk - 1) break;          /* the last block is replayed below anyway */
-        int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
-        F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
-        F(chunk_state)(w, S, S, NULL, 0, c);
+    T *st = ck + (ck_in ? 0 : nblk) * SZ, *S = st + KDA_BLOCK * SZ, *areas = S + SZ, *own = w->Q;
+    if (!ck_in) {
+        if (s_init) F(copy)(S, s_init, SZ);
+        else memset(S, 0, (size_t)SZ * sizeof(T));
+        for (int64_t i = 0; i < nch; i++) {
+            if (i % KDA_BLOCK == 0) F(copy)(ck + (i / KDA_BLOCK) * SZ, S, SZ);
+            if (i / KDA_BLOCK == nblk - 1) break;      /* the last block is replayed below anyway */
+            int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
+            F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
+            F(chunk_state)(w, S, S, NULL, 0, c);
+        }
     }
     for (int64_t b = nblk - 1; b >= 0; b--) {
         int64_t i0 = b * KDA_BLOCK, i1 = i0 + KDA_BLOCK < nch ? i0 + KDA_BLOCK : nch;
-        F(copy)(st, ck + b * SZ, SZ);
+        F(copy)(st, ck_in ? ck_in + (b * H + h) * SZ : ck + b * SZ, SZ);
         for (int64_t i = i0; i < i1; i++) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
             F(bind)(w, areas + (i - i0) * w->prep_size);
@@ -537,10 +545,27 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
 
 /* ---- the entries -------------------------------------------------------------------------------- */
 /* work item i = (segment i / H, head i % H); row b of a segment is t0 / T */
+/* off[sg] = checkpoints before segment sg (ceil(chunks / KDA_BLOCK) per segment); NULL + nothing when
+   there are no checkpoints */
+static int64_t *F(ckpt_offsets)(const int64_t *cu, int64_t n_seg, int64_t chunk)
+{
+    int64_t *off = malloc((size_t)(n_seg + 1) * sizeof *off);
+    if (!off) return NULL;
+    off[0] = 0;
+    for (int64_t sg = 0; sg < n_seg; sg++) {
+        int64_t nch = (cu[sg + 1] - cu[sg] + chunk - 1) / chunk;
+        off[sg + 1] = off[sg] + (nch + KDA_BLOCK - 1) / KDA_BLOCK;
+    }
+    return off;
+}
+
 static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, const T *g, const T *beta,
                           const T *s0, const int64_t *cu, int64_t n_seg, int64_t T_, int64_t H, int64_t dk,
-                          int64_t dv, int path, int64_t chunk)
+                          int64_t dv, int path, int64_t chunk, T *ckpt)
 {
+    int64_t *off = NULL;
+    if (ckpt && path != TIDE_KDA_RECURRENT && !(off = F(ckpt_offsets)(cu, n_seg, chunk)))
+        return tide_set_error("kda: out of memory");
     int failed = 0;
     int64_t items = n_seg * H, SZ = dk * dv;
     _Pragma("omp parallel")
@@ -560,21 +585,26 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
             if (t0 == b * T_ && s0) F(copy)(S, s0 + (b * H + h) * SZ, SZ);
             else memset(S, 0, (size_t)SZ * sizeof(T));
             if (path == TIDE_KDA_RECURRENT) F(segment_recurrent_forward)(S, o, q, k, v, g, beta, t0, t1, H, h, dk, dv, S + SZ);
-            else F(segment_chunk_forward)(&w, S, o, q, k, v, g, beta, t0, t1, H, h, path == TIDE_KDA_CHUNK_SAFE);
+            else F(segment_chunk_forward)(&w, S, o, q, k, v, g, beta, t0, t1, H, h, path == TIDE_KDA_CHUNK_SAFE,
+                                          off ? ckpt + off[sg] * H * SZ : NULL);
             if (t1 == (b + 1) * T_ && s_out) F(copy)(s_out + (b * H + h) * SZ, S, SZ);
         }
         free(S);
         if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
         kda_restore_denormals(csr);
     }
+    free(off);
     return failed ? tide_set_error("kda: out of memory for the kernel workspace") : 0;
 }
 
 static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T *gout, const T *gs_out,
                            const T *q, const T *k, const T *v, const T *g, const T *beta, const T *s0,
                            const int64_t *cu, int64_t n_seg, int64_t T_, int64_t H, int64_t dk, int64_t dv, int path,
-                           int64_t chunk)
+                           int64_t chunk, const T *ckpt)
 {
+    int64_t *off = NULL;
+    if (ckpt && path != TIDE_KDA_RECURRENT && !(off = F(ckpt_offsets)(cu, n_seg, chunk)))
+        return tide_set_error("kda backward: out of memory");
     int failed = 0;
     int64_t items = n_seg * H, SZ = dk * dv;
     _Pragma("omp parallel")
@@ -599,7 +629,8 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
                          ? F(segment_recurrent_backward)(init, dS, gout, q, k, v, g, beta, t0, t1, H, h, dk, dv, gq, gk,
                                                          gv, gg, gbeta)
                          : F(segment_chunk_backward)(&w, init, dS, gout, q, k, v, g, beta, t0, t1, H, h,
-                                                     path == TIDE_KDA_CHUNK_SAFE, gq, gk, gv, gg, gbeta);
+                                                     path == TIDE_KDA_CHUNK_SAFE, gq, gk, gv, gg, gbeta,
+                                                     off ? ckpt + off[sg] * H * SZ : NULL);
             if (rc) {
                 _Pragma("omp atomic write")
                 failed = 1;
@@ -611,6 +642,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
         kda_restore_denormals(csr);
     }
     /* rows of s0 whose row has no first segment cannot exist (every row start is a boundary) */
+    free(off);
     return failed ? tide_set_error("kda: out of memory for the backward workspace") : 0;
 }
 

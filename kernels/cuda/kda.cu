@@ -1000,7 +1000,7 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
 template <typename T>
 static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                              const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
-                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt)
 {
     const char *what = "kda";
     TIDE_STREAM(s);
@@ -1035,8 +1035,9 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
 
 int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                   const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
-                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
 {
+    (void)ckpt;   /* kda_ckpt_chunks = 0: the CUDA backward keeps every chunk start state itself */
     if (kda_check_sizes("kda", dtype, B, T, H, dk, dv)) return -1;
     if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
         return tide_set_error("kda: unknown path %d (TIDE_KDA_CHUNK, TIDE_KDA_CHUNK_SAFE, TIDE_KDA_RECURRENT)", path);
@@ -1134,8 +1135,9 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
 int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
                            const void *gs_out, const void *q, const void *k, const void *v, const void *g,
                            const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
-                           int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                           int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt)
 {
+    (void)ckpt;
     if (kda_check_sizes("kda backward", dtype, B, T, H, dk, dv)) return -1;
     if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
         return tide_set_error("kda backward: unknown path %d", path);

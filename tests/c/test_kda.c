@@ -3,6 +3,7 @@
  *   1. the chunk form (C = 1, 4, 16, 64; ragged last chunk, packed documents, S₀ != 0) equals the token
  *      recurrence in float64 to 1e-12, forward and backward; the per-pair (safe) chunk form too;
  *      float32 chunk vs float64 to 1e-5 (relative to max|O|) at T = 4096, dk = dv = 64;
+ *      the backward from the forward's state checkpoints equals the one that recomputes them (bitwise);
  *   2. the nilpotent-product inverse equals forward substitution, and (I + A)⁻¹ ∈ [−1, 1] (2,000 chunks);
  *   3. decode == prefill, split sequences with the state carried == one pass, packed == separate;
  *   4. causality: inputs at positions >= P change nothing at positions < P, outputs or gradients,
@@ -102,12 +103,12 @@ static result run64(const problem *p, const int64_t *cu, int64_t n_seg, int path
     result r = {0};
     r.o = calloc((size_t)(N * p->dv), 8); r.s = calloc((size_t)SZ, 8);
     if (tide_cpu_kda(TIDE_F64, r.o, r.s, p->q, p->k, p->v, p->g, p->beta, p->s0, cu, n_seg, p->B, p->T, p->H, p->dk, p->dv,
-                     path, C, -5.0)) { printf("  kda failed: %s\n", tide_last_error()); exit(2); }
+                     path, C, -5.0, NULL)) { printf("  kda failed: %s\n", tide_last_error()); exit(2); }
     if (gout) {
         r.gq = calloc((size_t)(N * p->dk), 8); r.gk = calloc((size_t)(N * p->dk), 8); r.gg = calloc((size_t)(N * p->dk), 8);
         r.gv = calloc((size_t)(N * p->dv), 8); r.gb = calloc((size_t)N, 8); r.gs0 = calloc((size_t)SZ, 8);
         if (tide_cpu_kda_backward(TIDE_F64, r.gq, r.gk, r.gv, r.gg, r.gb, r.gs0, gout, gs_out, p->q, p->k, p->v, p->g, p->beta,
-                                  p->s0, cu, n_seg, p->B, p->T, p->H, p->dk, p->dv, path, C, -5.0)) {
+                                  p->s0, cu, n_seg, p->B, p->T, p->H, p->dk, p->dv, path, C, -5.0, NULL)) {
             printf("  kda backward failed: %s\n", tide_last_error());
             exit(2);
         }
@@ -160,12 +161,40 @@ static void test_f32_vs_f64(void)
     result ref = run64(&p, cu, 1, TIDE_KDA_RECURRENT, 0, NULL, NULL);
     float *q = to32(p.q, N * 64), *k = to32(p.k, N * 64), *v = to32(p.v, N * 64), *g = to32(p.g, N * 64), *b = to32(p.beta, N);
     float *s0 = to32(p.s0, 2 * 64 * 64), *o = malloc((size_t)(N * 64) * 4), *s = malloc(2 * 64 * 64 * 4);
-    int rc = tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, s0, cu, 1, 1, p.T, 2, 64, 64, TIDE_KDA_CHUNK, 16, -5.0);
+    int rc = tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, s0, cu, 1, 1, p.T, 2, 64, 64, TIDE_KDA_CHUNK, 16, -5.0, NULL);
     double scale = 0, err = 0;
     for (int64_t i = 0; i < N * 64; i++) { scale = fmax(scale, fabs(ref.o[i])); err = fmax(err, fabs(o[i] - ref.o[i])); }
     CHECK(rc == 0 && err <= 1e-5 * scale, "f32 chunk vs f64 at T 4096: max error %.3g, 1e-5·max|O| = %.3g", err, 1e-5 * scale);
     free(q); free(k); free(v); free(g); free(b); free(s0); free(o); free(s);
     drop_result(&ref); drop(&p);
+}
+
+/* the backward reading the forward's state checkpoints equals the backward recomputing them, bitwise:
+   several recompute blocks per segment (T = 600, C = 16, 16 chunks per checkpoint), packed documents */
+static void test_checkpoints(void)
+{
+    problem p = make(2, 600, 2, 8, 6, 1.5);
+    int64_t cu[8], inner[2] = {270, 600 + 333};
+    int64_t n_seg = make_cu(cu, p.B, p.T, inner, 2), C = 16, KB = TIDE_KDA_CPU_CKPT_CHUNKS;
+    int64_t N = p.B * p.T * p.H, SZ = p.dk * p.dv, n_ck = 0;
+    for (int64_t sg = 0; sg < n_seg; sg++) n_ck += ((cu[sg + 1] - cu[sg] + C - 1) / C + KB - 1) / KB;
+    double *gout = randn_vec(N * p.dv), *gs = randn_vec(p.B * p.H * SZ), *ck = malloc((size_t)(n_ck * p.H * SZ) * 8);
+    result a = run64(&p, cu, n_seg, TIDE_KDA_CHUNK, C, gout, gs);
+    double *o = malloc((size_t)(N * p.dv) * 8), *s = malloc((size_t)(p.B * p.H * SZ) * 8);
+    double *g[6];
+    int64_t sizes[6] = {N * p.dk, N * p.dk, N * p.dv, N * p.dk, N, p.B * p.H * SZ};
+    for (int i = 0; i < 6; i++) g[i] = malloc((size_t)sizes[i] * 8);
+    int rc = tide_cpu_kda(TIDE_F64, o, s, p.q, p.k, p.v, p.g, p.beta, p.s0, cu, n_seg, p.B, p.T, p.H, p.dk, p.dv,
+                          TIDE_KDA_CHUNK, C, -5.0, ck);
+    rc = rc || tide_cpu_kda_backward(TIDE_F64, g[0], g[1], g[2], g[3], g[4], g[5], gout, gs, p.q, p.k, p.v, p.g, p.beta,
+                                     p.s0, cu, n_seg, p.B, p.T, p.H, p.dk, p.dv, TIDE_KDA_CHUNK, C, -5.0, ck);
+    int same = rc == 0 && !memcmp(o, a.o, (size_t)(N * p.dv) * 8) && !memcmp(s, a.s, (size_t)(p.B * p.H * SZ) * 8);
+    double *ref[6] = {a.gq, a.gk, a.gv, a.gg, a.gb, a.gs0};
+    for (int i = 0; i < 6; i++) same = same && !memcmp(g[i], ref[i], (size_t)sizes[i] * 8);
+    CHECK(same, "backward from the forward's %lld checkpoints differs from the recomputing backward (rc %d)", (long long)n_ck, rc);
+    for (int i = 0; i < 6; i++) free(g[i]);
+    free(o); free(s); free(ck); free(gout); free(gs);
+    drop_result(&a); drop(&p);
 }
 
 /* ---- 2. the inverse ------------------------------------------------------------------------------- */
@@ -275,9 +304,9 @@ static void test_causality(int dtype)
                 float *s0 = to32(u->s0, SZ), *go = to32(gout, n6);
                 float *o = calloc((size_t)n6, 4), *s = calloc((size_t)SZ, 4), *gq = calloc((size_t)n4, 4), *gk = calloc((size_t)n4, 4);
                 float *gg = calloc((size_t)n4, 4), *gv = calloc((size_t)n6, 4), *gb = calloc((size_t)N, 4);
-                tide_cpu_kda(TIDE_F32, o, s, q, k, vv, g, b, s0, cu, 1, 1, 37, H, dk, dv, TIDE_KDA_CHUNK, 16, -5.0);
+                tide_cpu_kda(TIDE_F32, o, s, q, k, vv, g, b, s0, cu, 1, 1, 37, H, dk, dv, TIDE_KDA_CHUNK, 16, -5.0, NULL);
                 tide_cpu_kda_backward(TIDE_F32, gq, gk, gv, gg, gb, NULL, go, NULL, q, k, vv, g, b, s0, cu, 1, 1, 37, H, dk, dv,
-                                      TIDE_KDA_CHUNK, 16, -5.0);
+                                      TIDE_KDA_CHUNK, 16, -5.0, NULL);
                 result w = {0};
                 w.o = malloc((size_t)n6 * 8); w.gv = malloc((size_t)n6 * 8); w.gq = malloc((size_t)n4 * 8);
                 w.gk = malloc((size_t)n4 * 8); w.gg = malloc((size_t)n4 * 8); w.gb = malloc((size_t)N * 8);
@@ -316,7 +345,7 @@ static void test_bound(void)
     float *q = to32(p.q, N * dk), *k = to32(p.k, N * dk), *v = to32(p.v, N * dv), *g = to32(p.g, N * dk), *b = to32(p.beta, N);
     float *o = malloc((size_t)(N * dv) * 4), *s = malloc((size_t)(dk * dv) * 4);
     /* lb = −inf switches the kernel's check off: the factorised path on an unbounded decay */
-    tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, NULL, cu, 1, 1, T, H, dk, dv, TIDE_KDA_CHUNK, 16, -INFINITY);
+    tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, NULL, cu, 1, 1, T, H, dk, dv, TIDE_KDA_CHUNK, 16, -INFINITY, NULL);
     int64_t bad = 0;
     for (int64_t i = 0; i < N * dv; i++) bad += !isfinite(o[i]);
     CHECK(bad > 0, "the unbounded gate through the factorised f32 path should overflow (non-finite outputs: %lld)", (long long)bad);
@@ -345,7 +374,7 @@ static void test_bound(void)
     ref = run64(&p, cu, 1, TIDE_KDA_RECURRENT, 0, NULL, NULL);
     free(g);
     g = to32(p.g, N * dk);
-    rc = tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, NULL, cu, 1, 1, T, H, dk, dv, TIDE_KDA_CHUNK, 16, -5.0);
+    rc = tide_cpu_kda(TIDE_F32, o, s, q, k, v, g, b, NULL, cu, 1, 1, T, H, dk, dv, TIDE_KDA_CHUNK, 16, -5.0, NULL);
     err = 0; scale = 0;
     for (int64_t i = 0; i < N * dv; i++) { err = fmax(err, fabs(o[i] - ref.o[i])); scale = fmax(scale, fabs(ref.o[i])); }
     /* At g = lb in every channel, q⊙Γ reaches |q|·e^{-80}: entries with |q| < 6.5e-4 fall below FLT_MIN and
@@ -446,6 +475,7 @@ int main(void)
     tide_manual_seed(7);
     test_chunk_equals_recurrent();
     test_f32_vs_f64();
+    test_checkpoints();
     test_inverse();
     test_state_handover();
     test_causality(TIDE_F64);
