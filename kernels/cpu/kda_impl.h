@@ -3,6 +3,9 @@
  * T = float / SFX = f32 and T = double / SFX = f64. Math and notation: spec/kda.md (§3 recurrence,
  * §4 chunk form, §5 why the factorised decay needs the lower bound, §6 backward).
  *
+ * Dot products over a head dimension are `omp simd` reductions: vector partial sums (a fixed order for a
+ * given build, independent of the thread count) instead of one serial chain of dependent adds.
+ *
  * Layout: q, k, g [B, T, H, dk], v, o [B, T, H, dv], beta [B, T, H]; the rows of head h are H·dk
  * (H·dv, H) elements apart. A work item is one (segment, head): it owns those rows of every output.
  */
@@ -204,6 +207,7 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
                 if (j > r) { w->Araw[r * C + j] = 0; w->P[r * C + j] = 0; continue; }
                 const T *Gj = w->G + j * dk, *Kj = w->K + j * dk;
                 T sa = 0, sp = 0;
+                _Pragma("omp simd reduction(+ : sa, sp)")
                 for (int64_t i = 0; i < dk; i++) {
                     T e = EXP(Gr[i] - Gj[i]);
                     sa += Kr[i] * Kj[i] * e;
@@ -269,6 +273,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     const T *Gam_c = w->Gam + (c - 1) * dk;
     for (int64_t i = 0; i < dk; i++) {
         T s = 0;
+        _Pragma("omp simd reduction(+ : s)")
         for (int64_t j = 0; j < dv; j++) s += dS[i * dv + j] * S0[i * dv + j];
         w->lastG[i] = Gam_c[i] * s;
     }
@@ -284,6 +289,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
         }
     for (int64_t r = 0; r < c; r++) {
         T b = w->beta[r], s = 0;
+        _Pragma("omp simd reduction(+ : s)")
         for (int64_t j = 0; j < dv; j++) {
             w->dV[r * dv + j] = b * w->dB[r * dv + j];
             s += w->dB[r * dv + j] * w->R[r * dv + j];
@@ -506,6 +512,7 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
                 const T *s = Sp + i * dv;
                 T qi = qt[i], ki = kt[i], ai = al[i], sq = 0, sk = 0;
                 if (dot) for (int64_t j = 0; j < dv; j++) d[j] += qi * dot[j];
+                _Pragma("omp simd reduction(+ : sq, sk)")
                 for (int64_t j = 0; j < dv; j++) {
                     T stij = ai * s[j] + ki * u[j];
                     if (dot) sq += stij * dot[j];
@@ -516,12 +523,14 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
                 dk_[i] = sk;
             }
             T db = 0;
+            _Pragma("omp simd reduction(+ : db)")
             for (int64_t j = 0; j < dv; j++) { db += du[j] * (vt[j] - kS[j]); dkS[j] = -bt * du[j]; }
             /* dS' = dS_t + k dkSᵀ; dk += S' dkS; dg = rowsum(dS' ⊙ S'); dS_prev = diag(α) dS' */
             for (int64_t i = 0; i < dk; i++) {
                 T *d = dS + i * dv;
                 const T *s = Sp + i * dv;
                 T ki = kt[i], ai = al[i], sk = 0, sg = 0;
+                _Pragma("omp simd reduction(+ : sk, sg)")
                 for (int64_t j = 0; j < dv; j++) {
                     T sd = ai * s[j], dd = d[j] + ki * dkS[j];
                     sk += sd * dkS[j];
