@@ -1000,7 +1000,7 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
 template <typename T>
 static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                              const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
-                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt)
+                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
 {
     const char *what = "kda";
     TIDE_STREAM(s);

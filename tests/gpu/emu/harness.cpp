@@ -347,7 +347,7 @@ static void run_kda_case(const char *name, KdaProb &p, int path, int chunk, doub
     std::vector<float> so(Ns, NAN);
     int rc = tide_cuda_kda(dtype, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(),
                            with_s0 ? s0.data() : nullptr, p.cu.data(), (int64_t)p.cu.size() - 1, p.B, p.T, p.H, p.dk,
-                           p.dv, path, chunk, lb);
+                           p.dv, path, chunk, lb, nullptr);
     if (rc) {
         printf("  forward failed: %s\n", err_buf);
         n_fail++;
@@ -372,7 +372,7 @@ static void run_kda_case(const char *name, KdaProb &p, int path, int chunk, doub
     rc = tide_cuda_kda_backward(dtype, gq.data(), gk.data(), gv.data(), gg.data(), gb.data(), gs0.data(), gout.data(),
                                 gso.data(), q.data(), k.data(), v.data(), g.data(), be.data(),
                                 with_s0 ? s0.data() : nullptr, p.cu.data(), (int64_t)p.cu.size() - 1, p.B, p.T, p.H,
-                                p.dk, p.dv, path, chunk, lb);
+                                p.dk, p.dv, path, chunk, lb, nullptr);
     if (rc) {
         printf("  backward failed: %s\n", err_buf);
         n_fail++;
@@ -420,12 +420,12 @@ static void run_kda_case(const char *name, KdaProb &p, int path, int chunk, doub
     std::vector<float> fgo(r1.begin(), r1.end());
     rc = tide_cpu_backend.kda(TIDE_F32, co.data(), cso.data(), fq.data(), fk.data(), fv.data(), fg.data(), fb.data(),
                               with_s0 ? s0.data() : nullptr, p.cu.data(), (int64_t)p.cu.size() - 1, p.B, p.T, p.H, p.dk,
-                              p.dv, path, chunk, lb);
+                              p.dv, path, chunk, lb, nullptr);
     if (!rc)
         rc = tide_cpu_backend.kda_backward(TIDE_F32, cgq.data(), cgk.data(), cgv.data(), cgg.data(), cgb.data(),
                                            cgs0.data(), fgo.data(), gso.data(), fq.data(), fk.data(), fv.data(),
                                            fg.data(), fb.data(), with_s0 ? s0.data() : nullptr, p.cu.data(),
-                                           (int64_t)p.cu.size() - 1, p.B, p.T, p.H, p.dk, p.dv, path, chunk, lb);
+                                           (int64_t)p.cu.size() - 1, p.B, p.T, p.H, p.dk, p.dv, path, chunk, lb, nullptr);
     if (rc) {
         printf("  cpu kernel failed: %s\n", err_buf);
         n_fail++;
@@ -692,7 +692,7 @@ int main(int argc, char **argv)
              be = to_dev<float>(p.beta);
         std::vector<float> o(20 * 16), so(256);
         int rc = tide_cuda_kda(TIDE_F32, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), nullptr,
-                               p.cu.data(), 1, 1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -5);
+                               p.cu.data(), 1, 1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -5, nullptr);
         printf("bound check: rc %d: %s\n", rc, err_buf);
         if (rc && strstr(err_buf, "-5.5") && strstr(err_buf, "t 7,") && strstr(err_buf, "channel 3")) n_pass++;
         else n_fail++;
@@ -702,12 +702,12 @@ int main(int argc, char **argv)
         g = to_dev<float>(p.g);
         rc = tide_cuda_kda_backward(TIDE_F32, o.data(), o.data(), o.data(), o.data(), o.data(), so.data(), o.data(),
                                     nullptr, q.data(), k.data(), v.data(), g.data(), be.data(), nullptr, p.cu.data(), 1,
-                                    1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -5);
+                                    1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -5, nullptr);
         printf("bound check (backward, g > 0 first): rc %d: %s\n", rc, err_buf);
         if (rc && strstr(err_buf, "0.25") && strstr(err_buf, "t 9,")) n_pass++;
         else n_fail++;
         rc = tide_cuda_kda(TIDE_F32, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), nullptr,
-                           p.cu.data(), 1, 1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -INFINITY);
+                           p.cu.data(), 1, 1, 20, 1, 16, 16, TIDE_KDA_CHUNK, 16, -INFINITY, nullptr);
         printf("lb = -inf skips the check: rc %d\n", rc);
         if (!rc) n_pass++;
         else n_fail++;
