@@ -108,7 +108,7 @@ typedef struct {
     T *Araw, *A, *P, *M, *W, *Ut, *U;
     /* scratch */
     T *KcT, *bK, *bV;
-    T *R, *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKc, *dKrT, *gQ, *gK, *gG, *lastG;
+    T *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKc, *dKrT, *gQ, *gK, *gG, *lastG;
     T *buf;
 } F(ws);
 
@@ -136,7 +136,7 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
     int64_t ck = C * dk, cv = C * dv, cc = C * C;
     int64_t total = w->prep_size                     /* one prep area, for the forward */
                   + 2 * ck + cv                      /* KcT bK bV */
-                  + 8 * cv + 5 * cc                  /* R dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
+                  + 7 * cv + 5 * cc                  /* dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
                   + 7 * ck + dk;                     /* dQhT dKhT dKc dKrT gQ gK gG, lastG */
     w->buf = malloc((size_t)total * sizeof(T));
     if (!w->buf) return -1;
@@ -144,7 +144,7 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
     T *p = w->buf + w->prep_size;
 #define TAKE(name, n) (w->name = p, p += (n))
     TAKE(KcT, ck); TAKE(bK, ck); TAKE(bV, cv);
-    TAKE(R, cv); TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
+    TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
     TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dPT, cc); TAKE(bdAT, cc); TAKE(dQhT, ck); TAKE(dKhT, ck);
     TAKE(dKc, ck); TAKE(dKrT, ck);
     TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk);
@@ -258,9 +258,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
                               int64_t h, int safe, T *gq, T *gk, T *gv, T *gg, T *gbeta)
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv;
-    /* U = Ũ − W S₀ is in the prep area (chunk_state ran on it); R = V − K̂ S₀ */
-    F(copy)(w->R, w->V, c * dv);
-    F(mm)(w->R, dv, w->Kh, dk, 1, S0, dv, c, dv, dk, -1, 1);
+    /* U = Ũ − W S₀ is in the prep area (chunk_state ran on it) */
     for (int64_t r = 0; r < c; r++) {
         if (gout) F(copy)(w->dO + r * dv, gout + ((tok + r) * H + h) * dv, dv);
         else memset(w->dO + r * dv, 0, (size_t)dv * sizeof(T));
@@ -287,24 +285,29 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
             if (j >= r) w->dA[r * C + j] = 0;
             w->bdA[r * C + j] = w->beta[r] * w->dA[r * C + j];
         }
+    /* X = dB S₀ᵀ, formed transposed ([dk, c]) so that the dk x dv state is never transposed; it gives both
+       dK̂ = −diag(β) X (+ the intra part) and, with R = V − K̂ S₀, rowsum(dB ⊙ R) = rowsum(dB ⊙ V) −
+       rowsum(K̂ ⊙ X) without forming R (one c x dk x dv product fewer) */
+    F(transpose)(w->dVT, w->dB, c, dv, dv);
+    F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, 1, 0);
     for (int64_t r = 0; r < c; r++) {
-        T b = w->beta[r], s = 0;
+        T b = w->beta[r], s = 0, x = 0;
         _Pragma("omp simd reduction(+ : s)")
         for (int64_t j = 0; j < dv; j++) {
             w->dV[r * dv + j] = b * w->dB[r * dv + j];
-            s += w->dB[r * dv + j] * w->R[r * dv + j];
+            s += w->dB[r * dv + j] * w->V[r * dv + j];
         }
+        for (int64_t i = 0; i < dk; i++) x += w->Kh[r * dk + i] * w->dKhT[i * C + r];
+        s -= x;
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
         if (gv) F(copy)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);
     }
-    /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂.
-       dQ̂ and dK̂ are formed transposed ([dk, c]: S₀ times small transposes) so that the dk x dv state is
-       never transposed */
+    for (int64_t i = 0; i < dk; i++)
+        for (int64_t r = 0; r < c; r++) w->dKhT[i * C + r] *= -w->beta[r];
+    /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂ */
     F(transpose)(w->dOT, w->dO, c, dv, dv);
-    F(transpose)(w->dVT, w->dV, c, dv, dv);
     F(mm)(w->dQhT, C, S0, dv, 1, w->dOT, c, dk, c, dv, 1, 0);
-    F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, -1, 0);
     if (!safe) {
         F(transpose)(w->dPT, w->dP, c, c, C);
         F(transpose)(w->bdAT, w->bdA, c, c, C);
