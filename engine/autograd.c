@@ -67,7 +67,7 @@ static void node_destroy(tide_node *n)
     }
     free(n->attr.list);
     free(n->in_meta); free(n->out_meta); free(n->in_needs_grad); free(n->in); free(n->in_src);
-    free(n->in_src_idx); free(n->out_grad); free(n->replay_out);
+    free(n->in_src_idx); free(n->out_grad); free(n->replay_out); free(n->saved);
     free(n);
     g_live_nodes--;
 }
@@ -142,7 +142,13 @@ static void set_meta(tide_meta *m, const tide_tensor *t)
 
 int tide_node_save(tide_node *n, tide_tensor *t)
 {
-    if (n->n_saved >= TIDE_MAX_SAVED) return tide_set_error("%s: too many saved tensors", tide_op_defs[n->op].name);
+    if (n->n_saved == n->cap_saved) {
+        int cap = n->cap_saved ? 2 * n->cap_saved : 8;
+        tide_tensor **p = realloc(n->saved, (size_t)cap * sizeof *p);
+        if (!p) return tide_set_error("%s: out of memory saving tensors for backward", tide_op_defs[n->op].name);
+        n->saved = p;
+        n->cap_saved = cap;
+    }
     tide_tensor *a = tide_view_of(t, t->ndim, t->shape, t->stride, t->offset);
     if (!a) return -1;
     n->saved[n->n_saved++] = a;

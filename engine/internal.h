@@ -10,7 +10,6 @@
 #include "../kernels/backend.h"
 
 #define TIDE_MAX_DIMS 8
-#define TIDE_MAX_SAVED 8
 
 /* ---- storage --------------------------------------------------------------------------------- */
 struct tide_storage {
@@ -78,8 +77,9 @@ typedef struct tide_node {
     tide_tensor **in;             /* [n_in] retained: leaves needing grad; external inputs of regions */
     struct tide_node **in_src;    /* [n_in] retained producer node, or NULL */
     int *in_src_idx;              /* [n_in] output index in the producer */
-    tide_tensor *saved[TIDE_MAX_SAVED];   /* what backward needs (detached aliases) */
-    int n_saved;
+    tide_tensor **saved;          /* [n_saved] what backward needs (detached aliases); grows on demand:
+                                     attnres saves one alias per source (spec/attnres.md §2: up to 2L + 1) */
+    int n_saved, cap_saved;
     tide_tensor **out_grad;       /* [n_out] accumulators during backward */
     tide_tensor **replay_out;     /* [n_out] outputs recomputed by a region replay */
     tide_region *region;          /* recompute region, or NULL */
@@ -115,6 +115,8 @@ typedef enum {
     TIDE_OP_EMBEDDING, TIDE_OP_RMSNORM, TIDE_OP_LAYERNORM, TIDE_OP_SOFTMAX, TIDE_OP_LOG_SOFTMAX,
     TIDE_OP_CROSS_ENTROPY, TIDE_OP_ROPE, TIDE_OP_ATTENTION,
     TIDE_OP_KDA, TIDE_OP_KDA_GATE, TIDE_OP_CAUSAL_CONV1D, TIDE_OP_L2NORM,
+    TIDE_OP_MLA_ATTENTION,
+    TIDE_OP_ATTNRES,
     TIDE_OP_COUNT
 } tide_op_id;
 
@@ -127,6 +129,11 @@ int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out
 tide_tensor *tide_op_run1(int op, int n_in, tide_tensor **in, const tide_attrs *attr);
 /* keep t for backward (stored as a detached alias so saving an output makes no cycle) */
 int tide_node_save(tide_node *n, tide_tensor *t);
+
+/* document boundaries for the sequence ops (kda, causal_conv1d, mla_attention): the int tensor cu (NULL =
+   none; [n + 1] offsets over the flattened B·T tokens) validated and merged with every row start into
+   at->list / at->n_list (malloc'd: the caller frees it after running the op) */
+int tide_load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, tide_attrs *at);
 
 /* helpers for backward functions */
 /* sum g down to the given shape (reverse of broadcasting); new reference */

@@ -241,6 +241,24 @@ tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cac
 /* scale · x / sqrt(sum(x²) + eps) over the last dim (kda.md §1.3: eps on the SUM of squares) */
 tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
 
+/* ---- ops: MLA attention (spec/mla.md) ---------------------------------------------------------- */
+/* causal attention of gated NoPE MLA (mla.md §1, §4, §5): q [B, Tq, H, dn + dr] (the rope slot last, not
+   rotated), k_n [B, Tk, H, dn], k_r [B, Tk, dr] (one rope-slot key shared by every head; NULL when dr = 0),
+   v [B, Tk, H, dv]; score = (q_n·k_n + q_r·k_r)·scale. Query i of a row sees key j iff j <= i + (Tk − Tq)
+   and, with cu_seqlens (only when Tq = Tk; boundaries over the flattened B·T tokens as for tide_kda), j is
+   in i's document. Tiled with an online softmax: no [Tq, Tk] buffer, memory linear in T. Returns o
+   [B, Tq, H, dv]; the gradient of k_r is summed over heads. */
+tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k_r, tide_tensor *v, tide_tensor *cu_seqlens,
+                                double scale);
+
+/* ---- ops: Attention Residuals (spec/attnres.md) --------------------------------------------------- */
+/* the AttnRes mix (attnres.md §1) of n >= 1 sources of one shape [..., d] (same dtype and device), with the
+   pseudo-query w [d] and the key-RMSNorm gain nu [d], per token:
+     r_i = (mean_c v_i[c]² + eps)^-1/2,  s_i = r_i ((w ⊙ nu) · v_i),  p = softmax_i(s),  out = Σ_i p_i v_i
+   (the values are the raw sources). eps >= 0; with eps = 0 an all-zero source has no score. One graph node
+   with n + 2 inputs; the gradients of w and nu are summed over tokens (§4). Returns out [..., d]. */
+tide_tensor *tide_attnres(int n, tide_tensor **sources, tide_tensor *w, tide_tensor *nu, double eps);
+
 /* ---- optimiser kernels (in place, no graph) -------------------------------------------------------- */
 /* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
 int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,

@@ -184,6 +184,32 @@ typedef struct tide_backend {
                                   const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
                                   int64_t T, int64_t C, int64_t K, int silu);
 
+    /* MLA attention (spec/mla.md §4, §5) on q [B, Tq, H, dn + dr], kn [B, Tk, H, dn], kr [B, Tk, dr] (shared by
+       the heads; NULL when dr = 0), v [B, Tk, H, dv] -> out [B, Tq, H, dv] and the row log-sum-exp lse
+       [B, H, Tq] (f32 when dtype is bf16). Query i of row b sees key j iff j <= i + (Tk − Tq) and, when cu is
+       given (HOST int64 boundaries over the flattened B·T tokens, every row start included; only with
+       Tq = Tk), j is in i's segment. A query that sees no key gets out 0 and lse −inf. Tiled with an online
+       softmax: no [Tq, Tk] buffer. backward: gq, gkn, gkr (summed over heads), gv from gout, recomputing the
+       probabilities from lse; any gradient pointer may be NULL. */
+    int (*mla_attention)(int dtype, void *out, void *lse, const void *q, const void *kn, const void *kr,
+                         const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                         int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+    int (*mla_attention_backward)(int dtype, void *gq, void *gkn, void *gkr, void *gv, const void *gout,
+                                  const void *q, const void *kn, const void *kr, const void *v, const void *out,
+                                  const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                                  int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+
+    /* Attention Residuals (spec/attnres.md §1, §4): srcs is a HOST array of n source pointers, each [rows, d];
+       w, nu [d]. out [rows, d] = Σ_i p_i v_i with p = softmax_i(r_i (w ⊙ nu)·v_i), r_i = (mean v_i² + eps)^-1/2.
+       stats [2, n, rows] (f32 when dtype is bf16, else dtype): p, then r, for the backward (it recomputes the
+       scores from them). backward writes gsrcs[i] (an entry, or the whole array, may be NULL: not wanted) and
+       OVERWRITES gw, gnu [d] (either may be NULL) with sums over rows in a fixed order (no float atomics). */
+    int (*attnres)(int dtype, void *out, void *stats, const void *const *srcs, int64_t n, int64_t rows, int64_t d,
+                   const void *w, const void *nu, double eps);
+    int (*attnres_backward)(int dtype, void *const *gsrcs, void *gw, void *gnu, const void *gout,
+                            const void *const *srcs, const void *stats, int64_t n, int64_t rows, int64_t d,
+                            const void *w, const void *nu);
+
     /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1) */
     int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);

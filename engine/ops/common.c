@@ -1,5 +1,6 @@
 /* common.c — argument checks shared by every op (errors name the op, the argument and the values). */
 #include <stdio.h>
+#include <stdlib.h>
 #include "../internal.h"
 
 int tide_check_tensor(const tide_tensor *t, const char *op, const char *arg)
@@ -54,3 +55,47 @@ int tide_norm_dim(int dim, int ndim, const char *op, int *out)
 
 int tide_op_count(void) { return TIDE_OP_COUNT; }
 const char *tide_op_name(int op) { return op >= 0 && op < TIDE_OP_COUNT ? tide_op_defs[op].name : NULL; }
+
+/* the segment boundaries over B·T flattened tokens: the user's cu_seqlens (validated) merged with every
+   row start, into at->list / at->n_list (malloc'd: the caller frees it after running the op) */
+int tide_load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, tide_attrs *at)
+{
+    int64_t n_user = 0;
+    double *u = NULL;
+    if (cu) {
+        char a[128];
+        if (!tide_is_int(cu->dtype) || cu->ndim != 1 || cu->shape[0] < 2)
+            return tide_set_error("%s: cu_seqlens must be a 1-D integer tensor [n_docs + 1], got %s %s", op,
+                                  tide_dtype_name(cu->dtype), tide_shape_str(cu->ndim, cu->shape, a, sizeof a));
+        n_user = cu->shape[0];
+        u = malloc((size_t)n_user * sizeof *u);
+        if (!u) return tide_set_error("%s: out of memory", op);
+        if (tide_to_f64_buffer(cu, u, n_user)) { free(u); return -1; }
+        if (u[0] != 0 || u[n_user - 1] != (double)(B * T)) {
+            int rc = tide_set_error("%s: cu_seqlens must start at 0 and end at B·T = %lld, got %g .. %g", op,
+                                    (long long)(B * T), u[0], u[n_user - 1]);
+            free(u);
+            return rc;
+        }
+        for (int64_t i = 1; i < n_user; i++)
+            if (!(u[i] > u[i - 1])) {
+                int rc = tide_set_error("%s: cu_seqlens must be strictly increasing, got %g then %g at index %lld", op,
+                                        u[i - 1], u[i], (long long)i);
+                free(u);
+                return rc;
+            }
+    }
+    int64_t *list = malloc((size_t)(n_user + B + 1) * sizeof *list), n = 0;
+    if (!list) { free(u); return tide_set_error("%s: out of memory", op); }
+    int64_t iu = 0;
+    for (int64_t b = 0; b <= B; b++) {
+        int64_t rs = b * T;
+        while (iu < n_user && (int64_t)u[iu] < rs) list[n++] = (int64_t)u[iu++];
+        if (iu < n_user && (int64_t)u[iu] == rs) iu++;
+        list[n++] = rs;
+    }
+    free(u);
+    at->list = list;
+    at->n_list = (int)n;
+    return 0;
+}

@@ -24,50 +24,6 @@ static int contiguous_all(tide_tensor **in, int n, tide_tensor **out)
     return 0;
 }
 
-/* the segment boundaries over B·T flattened tokens: the user's cu_seqlens (validated) merged with every
-   row start, into at->list / at->n_list (malloc'd: the caller frees it after running the op) */
-static int load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, tide_attrs *at)
-{
-    int64_t n_user = 0;
-    double *u = NULL;
-    if (cu) {
-        char a[128];
-        if (!tide_is_int(cu->dtype) || cu->ndim != 1 || cu->shape[0] < 2)
-            return tide_set_error("%s: cu_seqlens must be a 1-D integer tensor [n_docs + 1], got %s %s", op,
-                                  tide_dtype_name(cu->dtype), SHAPE_STR(cu, a));
-        n_user = cu->shape[0];
-        u = malloc((size_t)n_user * sizeof *u);
-        if (!u) return tide_set_error("%s: out of memory", op);
-        if (tide_to_f64_buffer(cu, u, n_user)) { free(u); return -1; }
-        if (u[0] != 0 || u[n_user - 1] != (double)(B * T)) {
-            int rc = tide_set_error("%s: cu_seqlens must start at 0 and end at B·T = %lld, got %g .. %g", op,
-                                    (long long)(B * T), u[0], u[n_user - 1]);
-            free(u);
-            return rc;
-        }
-        for (int64_t i = 1; i < n_user; i++)
-            if (!(u[i] > u[i - 1])) {
-                int rc = tide_set_error("%s: cu_seqlens must be strictly increasing, got %g then %g at index %lld", op,
-                                        u[i - 1], u[i], (long long)i);
-                free(u);
-                return rc;
-            }
-    }
-    int64_t *list = malloc((size_t)(n_user + B + 1) * sizeof *list), n = 0;
-    if (!list) { free(u); return tide_set_error("%s: out of memory", op); }
-    int64_t iu = 0;
-    for (int64_t b = 0; b <= B; b++) {
-        int64_t rs = b * T;
-        while (iu < n_user && (int64_t)u[iu] < rs) list[n++] = (int64_t)u[iu++];
-        if (iu < n_user && (int64_t)u[iu] == rs) iu++;
-        list[n++] = rs;
-    }
-    free(u);
-    at->list = list;
-    at->n_list = (int)n;
-    return 0;
-}
-
 /* ---- kda ---------------------------------------------------------------------------------------------------- */
 /* attr: i[0] path, i[1] chunk, i[2] has s0; f[0] lower bound; list: segment boundaries */
 static int kda_state_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
@@ -179,7 +135,7 @@ int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tid
     at.i[1] = chunk;
     at.i[2] = s0 != NULL;
     at.f[0] = lower_bound;
-    if (load_boundaries(op, cu_seqlens, B, T, &at)) return -1;
+    if (tide_load_boundaries(op, cu_seqlens, B, T, &at)) return -1;
     tide_tensor *in[6] = {q, k, v, g, beta, s0}, *out[2] = {0};
     int rc = tide_op_run(TIDE_OP_KDA, s0 ? 6 : 5, in, 2, out, &at);
     free(at.list);
@@ -325,7 +281,7 @@ tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cac
     tide_attrs at = {0};
     at.i[0] = silu ? 1 : 0;
     at.i[1] = cache != NULL;
-    if (load_boundaries(op, cu_seqlens, B, T, &at)) return NULL;
+    if (tide_load_boundaries(op, cu_seqlens, B, T, &at)) return NULL;
     tide_tensor *in[3] = {x, w, cache};
     tide_tensor *y = tide_op_run1(TIDE_OP_CAUSAL_CONV1D, cache ? 3 : 2, in, &at);
     free(at.list);

@@ -8,6 +8,8 @@ DECL(reshape) DECL(permute) DECL(slice) DECL(expand) DECL(concat) DECL(split) DE
 DECL(scatter_add) DECL(to_dtype) DECL(binary) DECL(unary) DECL(swiglu) DECL(sum) DECL(dimreduce) DECL(matmul)
 DECL(embedding) DECL(rmsnorm) DECL(layernorm) DECL(softmax) DECL(cross_entropy) DECL(rope) DECL(attention)
 DECL(kda) DECL(kda_gate) DECL(causal_conv1d) DECL(l2norm)
+DECL(mla_attention)
+DECL(attnres)
 int tide_contiguous_forward(tide_node *, tide_tensor **, tide_tensor **);
 int tide_identity_backward(tide_node *, tide_tensor **, tide_tensor **);
 
@@ -63,5 +65,7 @@ const tide_op_def tide_op_defs[TIDE_OP_COUNT] = {
     OP(TIDE_OP_KDA_GATE, "kda_gate", kda_gate, tide_kda_gate_backward),
     OP(TIDE_OP_CAUSAL_CONV1D, "causal_conv1d", causal_conv1d, tide_causal_conv1d_backward),
     OP(TIDE_OP_L2NORM, "l2norm", l2norm, tide_l2norm_backward),
+    OP(TIDE_OP_MLA_ATTENTION, "mla_attention", mla_attention, tide_mla_attention_backward),
+    OP(TIDE_OP_ATTNRES, "attnres", attnres, tide_attnres_backward),
 };
 _Static_assert(sizeof tide_op_defs / sizeof tide_op_defs[0] == TIDE_OP_COUNT, "every op id needs a registry entry");

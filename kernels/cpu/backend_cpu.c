@@ -48,5 +48,9 @@ const tide_backend tide_cpu_backend = {
     .kda_gate_backward = tide_cpu_kda_gate_backward,
     .causal_conv1d = tide_cpu_causal_conv1d,
     .causal_conv1d_backward = tide_cpu_causal_conv1d_backward,
+    .mla_attention = tide_cpu_mla_attention,
+    .mla_attention_backward = tide_cpu_mla_attention_backward,
+    .attnres = tide_cpu_attnres,
+    .attnres_backward = tide_cpu_attnres_backward,
     .adamw = tide_cpu_adamw,
 };

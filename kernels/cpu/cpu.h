@@ -50,6 +50,10 @@ int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, cons
 int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form);
 int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
 int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
+int tide_cpu_mla_attention(int dtype, void *out, void *lse, const void *q, const void *kn, const void *kr, const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+int tide_cpu_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, void *gv, const void *gout, const void *q, const void *kn, const void *kr, const void *v, const void *out, const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+int tide_cpu_attnres(int dtype, void *out, void *stats, const void *const *srcs, int64_t n, int64_t rows, int64_t d, const void *w, const void *nu, double eps);
+int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu, const void *gout, const void *const *srcs, const void *stats, int64_t n, int64_t rows, int64_t d, const void *w, const void *nu);
 int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 
 /* chunks per KDA state checkpoint (kda.c: also the backward's recompute block) */

@@ -13,70 +13,7 @@
 #define KCAT(a, b) KCAT_(a, b)
 #define F(name) KCAT(name, SFX)
 
-/* ---- a small dense product ------------------------------------------------------------------------ */
-/* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
-   a stride swap) and B row-major [k, n]. Tiles of 8 rows x 16 columns keep their accumulators in vector
-   registers (GCC vector types: one 64-byte vector is 16 floats or 8 doubles); rows left over take 1-row
-   tiles and columns left over (a ragged last chunk) a plain loop. */
-typedef T F(vec) __attribute__((vector_size(64)));
-#define KDA_VL ((int)(64 / sizeof(T)))
-#define KDA_NV (16 / KDA_VL)
-
-static inline F(vec) F(vload)(const T *p) { F(vec) v; memcpy(&v, p, sizeof v); return v; }
-static inline void F(vstore)(T *p, F(vec) v) { memcpy(p, &v, sizeof v); }
-/* short row copies inline (a libc call per 64-float row cost more than the copy) */
-static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
-}
-
-#define KDA_TILE(MR)                                                                                      \
-    {                                                                                                     \
-        F(vec) t[MR][KDA_NV];                                                                             \
-        for (int rr = 0; rr < MR; rr++)                                                                   \
-            for (int v = 0; v < KDA_NV; v++) t[rr][v] = (F(vec)){0};                                      \
-        for (int64_t kk = 0; kk < k; kk++) {                                                              \
-            F(vec) b[KDA_NV];                                                                             \
-            for (int v = 0; v < KDA_NV; v++) b[v] = F(vload)(B + kk * ldb + j0 + v * KDA_VL);            \
-            for (int rr = 0; rr < MR; rr++) {                                                             \
-                T a = A[(r0 + rr) * sar + kk * sak];                                                      \
-                for (int v = 0; v < KDA_NV; v++) t[rr][v] += a * b[v];                                    \
-            }                                                                                             \
-        }                                                                                                 \
-        for (int rr = 0; rr < MR; rr++)                                                                   \
-            for (int v = 0; v < KDA_NV; v++) {                                                            \
-                T *c = Cm + (r0 + rr) * ldc + j0 + v * KDA_VL;                                            \
-                F(vstore)(c, acc ? F(vload)(c) + alpha * t[rr][v] : alpha * t[rr][v]);                    \
-            }                                                                                             \
-    }
-
-static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
-                  int64_t n, int64_t k, T alpha, int acc)
-{
-    int64_t m8 = m - m % 8, n16 = n - n % 16;
-    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
-        for (int64_t r0 = 0; r0 < m8; r0 += 8) KDA_TILE(8)
-        for (int64_t r0 = m8; r0 < m; r0++) KDA_TILE(1)
-    }
-    if (n16 == n) return;
-    for (int64_t r = 0; r < m; r++) {          /* columns [n16, n) */
-        T *c = Cm + r * ldc;
-        if (!acc) for (int64_t j = n16; j < n; j++) c[j] = 0;
-        for (int64_t kk = 0; kk < k; kk++) {
-            T a = alpha * A[r * sar + kk * sak];
-            const T *b = B + kk * ldb;
-            for (int64_t j = n16; j < n; j++) c[j] += a * b[j];
-        }
-    }
-}
-#undef KDA_TILE
-
-/* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
-static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
-{
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++) out[j * m + r] = in[r * ld + j];
-}
+#include "tile_mm.h"
 
 /* M = (I + A)⁻¹ for a strictly lower-triangular A [c, c] (row stride C), by forward substitution:
    M[r][j] = δ_rj − Σ_{j ≤ m < r} A[r][m] M[m][j]  (kda.md §4; the reference form) */
@@ -661,5 +598,5 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
 #undef F
 #undef KCAT
 #undef KCAT_
-#undef KDA_VL
-#undef KDA_NV
+#undef TMM_VL
+#undef TMM_NV

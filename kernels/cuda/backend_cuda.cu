@@ -303,6 +303,10 @@ static tide_backend make_table()
     t.kda_gate_backward = tide_cuda_kda_gate_backward;
     t.causal_conv1d = tide_cuda_causal_conv1d;
     t.causal_conv1d_backward = tide_cuda_causal_conv1d_backward;
+    t.mla_attention = tide_cuda_mla_attention;
+    t.mla_attention_backward = tide_cuda_mla_attention_backward;
+    t.attnres = tide_cuda_attnres;
+    t.attnres_backward = tide_cuda_attnres_backward;
     t.adamw = tide_cuda_adamw;
     return t;
 }

@@ -248,4 +248,19 @@ int tide_cuda_causal_conv1d(int dtype, void *out, const void *x, const void *w, 
 int tide_cuda_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
                                      const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
                                      int64_t T, int64_t C, int64_t K, int silu);
+
+/* MLA attention (mla.cu) */
+int tide_cuda_mla_attention(int dtype, void *out, void *lse, const void *q, const void *kn, const void *kr,
+                            const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                            int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, void *gv, const void *gout,
+                                     const void *q, const void *kn, const void *kr, const void *v, const void *out,
+                                     const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                                     int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+
+/* Attention Residuals (attnres.cu) */
+int tide_cuda_attnres(int dtype, void *out, void *stats, const void *const *srcs, int64_t n, int64_t rows, int64_t d,
+                      const void *w, const void *nu, double eps);
+int tide_cuda_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu, const void *gout, const void *const *srcs,
+                               const void *stats, int64_t n, int64_t rows, int64_t d, const void *w, const void *nu);
 #endif

@@ -334,6 +334,57 @@ function F.l2norm(x, opts)
                              opts.scale == nil and 1 or want_number(opts.scale, op, "scale")))
 end
 
+-- ---- MLA attention (spec/mla.md) ------------------------------------------------------------------------
+local MLA_KEYS = { cu_seqlens = true, scale = true }
+
+-- F.mla_attention(q, k_n, k_r, v, opts) -> o [B, Tq, H, dv]
+--   q [B, Tq, H, dn + dr] (rope slot last, never rotated: NoPE), k_n [B, Tk, H, dn], k_r [B, Tk, dr] (one
+--   rope-slot key for every head; nil when dr = 0), v [B, Tk, H, dv]; causal with the last query on the last
+--   key. opts.cu_seqlens: document boundaries over B·T (table or int tensor; Tq = Tk); opts.scale
+--   (default (dn + dr)^-1/2, mla.md §1). Tiled with an online softmax: memory linear in T.
+function F.mla_attention(q, k_n, k_r, v, opts)
+  local op = "mla_attention"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, MLA_KEYS)
+  want_tensor(q, op, "q")
+  local scale = opts.scale == nil and 1 / math.sqrt(q:size(-1)) or want_number(opts.scale, op, "scale")
+  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return check(C.tide_mla_attention(raw(q), want_tensor(k_n, op, "k_n"), opt_tensor(k_r, op, "k_r"),
+                                    want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
+end
+
+-- ---- Attention Residuals (spec/attnres.md) -----------------------------------------------------------------
+local ATTNRES_KEYS = { eps = true }
+
+-- F.attnres({v_1, ..., v_N}, w, nu, {eps = 1e-5}) -> Σ_i p_i v_i, p = softmax_i(r_i (w ⊙ nu)·v_i),
+--   r_i = (mean v_i² + eps)^-1/2 (attnres.md §1): sources of one shape [..., d], w [d] or [1, d] (the checkpoint's
+--   `proj` layout), nu [d]. One fused op; the values are the raw sources.
+function F.attnres(sources, w, nu, opts)
+  local op = "attnres"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, ATTNRES_KEYS)
+  if type(sources) ~= "table" or #sources == 0 then
+    raise(fmt("%s: sources must be a non-empty table of tensors, got %s", op,
+              type(sources) == "table" and "an empty table" or tname(sources)))
+  end
+  local n = #sources
+  local arr = ffi.new("tide_tensor *[?]", n)
+  for i = 1, n do arr[i - 1] = want_tensor(sources[i], op, "source " .. i) end
+  -- the engine counts sources from 0; name them 1-based here, like the Lua table
+  local s1 = T.shape_str(sources[1]:shape())
+  for i = 2, n do
+    local si = T.shape_str(sources[i]:shape())
+    if si ~= s1 then raise(fmt("%s: source %d is %s but source 1 is %s: all sources need one shape", op, i, si, s1)) end
+  end
+  want_tensor(w, op, "w")
+  if w:dim() == 2 then
+    if w:size(1) ~= 1 then raise(fmt("%s: a 2-d w must be [1, d], got %s", op, T.shape_str(w:shape()))) end
+    w = w:reshape(w:size(2))
+  end
+  local eps = opts.eps == nil and 1e-5 or want_number(opts.eps, op, "eps")
+  return check(C.tide_attnres(n, arr, raw(w), want_tensor(nu, op, "nu"), eps))
+end
+
 -- F.adamw_step_(param, grad, m, v, opts): one in-place AdamW update (optim.md §2)
 --   opts: lr, beta1 (0.9), beta2 (0.95), eps (1e-8), weight_decay (0.1), step (updates done before, 0-based)
 --   (defaults from optim.md)

@@ -121,5 +121,84 @@ function generate.generate(model, tok, opts)
   return tok:decode(new), ids
 end
 
+-- ids(model, prompts, opts) -> the new ids: prompts is one list of token ids (-> one list) or a list of
+-- lists (-> a list of lists). Rows of equal length run together as one [B, T] batch on batched caches,
+-- others row by row; every row draws from its own Philox stream (seed, row index), so a row samples the
+-- same tokens alone or in a batch. opts: max_new (32), temperature (0: greedy), top_k, top_p, stop (an id or
+-- a list of ids; a row ends after emitting one, which is kept), seed (0). No window: the caches keep the
+-- whole context (KDA layers at a fixed size, attention/MLA layers growing).
+local IDS_KEYS = { max_new = true, temperature = true, top_k = true, top_p = true, stop = true, seed = true }
+
+function generate.ids(model, prompts, opts)
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not IDS_KEYS[k] then error("generate: unknown option '" .. tostring(k) .. "' (known: max_new, seed, stop, " ..
+      "temperature, top_k, top_p)", 2) end
+  end
+  if type(prompts) ~= "table" or #prompts == 0 then error("generate: prompts must be a non-empty list of ids or of lists", 2) end
+  local batch = type(prompts[1]) == "table"
+  local rows = batch and prompts or { prompts }
+  for r, row in ipairs(rows) do
+    if type(row) ~= "table" or #row == 0 then error(string.format("generate: prompt %d is empty or not a list of ids", r), 2) end
+  end
+  local stops = {}
+  if type(opts.stop) == "number" then stops[opts.stop] = true
+  elseif type(opts.stop) == "table" then for _, s in ipairs(opts.stop) do stops[s] = true end end
+  local n_new, seed = opts.max_new or 32, opts.seed or 0
+  local sample_opts = { temperature = opts.temperature or 0, top_k = opts.top_k, top_p = opts.top_p }
+  local u = ffi.new("double[1]")
+  local out = {}
+  -- a group of rows of one length, at global indices idx
+  local function run(idx)
+    local B, T = #idx, #rows[idx[1]]
+    local flat = {}
+    for b = 1, B do flat[b] = rows[idx[b]] end
+    local cache = model:new_cache()
+    local logits = model:forward(tide.tensor(flat, { dtype = "i32" }), cache)
+    local last = logits:narrow(2, T, 1):tolist()
+    local V = #last / B
+    -- the prefill's activations are garbage now: free them before decoding (the Lua collector does not see
+    -- their bytes and would otherwise run full collections again and again while they are still held)
+    logits = nil
+    collectgarbage()
+    local done, n_done = {}, 0
+    for b = 1, B do out[idx[b]] = {} end
+    for step = 1, n_new do
+      local next_ids = {}
+      for b = 1, B do
+        local id = 0
+        if not done[b] then
+          local lg = {}
+          for v = 1, V do lg[v] = last[(b - 1) * V + v] end
+          C.tide_philox_uniform(seed, (idx[b] - 1) * 1048576 + step - 1, u, 1)
+          id = generate.sample(lg, sample_opts, u[0])
+          local o = out[idx[b]]
+          o[#o + 1] = id
+          if stops[id] then done[b] = true; n_done = n_done + 1 end
+        end
+        next_ids[b] = { id }
+      end
+      if n_done == B or step == n_new then break end
+      last = model:forward(tide.tensor(next_ids, { dtype = "i32" }), cache):tolist()
+    end
+  end
+  local was_training = model.training
+  model:eval()
+  local prev = C.tide_set_grad_enabled(0)
+  local ok, err = pcall(function()
+    local groups, order = {}, {}
+    for r, row in ipairs(rows) do
+      local n = #row
+      if not groups[n] then groups[n] = {}; order[#order + 1] = n end
+      groups[n][#groups[n] + 1] = r
+    end
+    for _, n in ipairs(order) do run(groups[n]) end
+  end)
+  C.tide_set_grad_enabled(prev)
+  model:train(was_training)
+  if not ok then error(err, 2) end
+  return batch and out or out[1]
+end
+
 setmetatable(generate, { __call = function(_, ...) return generate.generate(...) end })
 return generate

@@ -169,6 +169,20 @@ static tide_tensor *r_conv(tide_tensor **x)
 RUN(r_conv_plain, tide_causal_conv1d(x[0], x[1], NULL, NULL, 0))
 RUN(r_l2norm, tide_l2norm(x[0], 1e-6, 0.35))
 
+static tide_tensor *r_mla_packed(tide_tensor **x)
+{
+    double v[4] = {0, 4, 6, 10};                    /* B = 2, T = 5: documents [0,4) [4,5) | [5,6) [6,10) */
+    tide_tensor *cu = tide_from_f64(TIDE_I64, 1, SHAPE(4), 0, v);
+    tide_tensor *y = tide_mla_attention(x[0], x[1], x[2], x[3], cu, 0.45);
+    tide_tensor_release(cu);
+    return y;
+}
+RUN(r_mla_decode, tide_mla_attention(x[0], x[1], x[2], x[3], NULL, 0.5))
+RUN(r_mla_nor, tide_mla_attention(x[0], x[1], NULL, x[2], NULL, 0.6))
+/* attnres: the sources, then w and nu */
+RUN(r_attnres3, tide_attnres(3, x, x[3], x[4], 1e-5))
+RUN(r_attnres1, tide_attnres(1, x, x[1], x[2], 1e-5))
+
 /* slow references (plain loops on host copies) */
 static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N, K] -> [B, M, N] */
 {
@@ -253,6 +267,71 @@ static void ref_ce_mean(tide_tensor **in, double *out)
     out[0] = num / den;
     free(x); free(t); free(w);
 }
+
+/* MLA attention by the definition (mla.md §1, §5): q [B, Tq, H, dn + dr], k_n, k_r (or none), v; score over
+   the visible keys of each query (causal, last query on the last key, within its document when docs given) */
+static void ref_mla(tide_tensor *tq, tide_tensor *tkn, tide_tensor *tkr, tide_tensor *tv, double scale, const int64_t *doc,
+                    double *out)
+{
+    double *q = host(tq), *kn = host(tkn), *kr = tkr ? host(tkr) : NULL, *v = host(tv);
+    int64_t B = tq->shape[0], Tq = tq->shape[1], H = tq->shape[2], dqk = tq->shape[3], Tk = tkn->shape[1], dn = tkn->shape[3];
+    int64_t dr = dqk - dn, dv = tv->shape[3];
+    double *p = malloc((size_t)Tk * sizeof *p);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tq; i++) {
+                double m = -INFINITY, s = 0;
+                for (int64_t j = 0; j < Tk; j++) {
+                    int visible = j <= i + (Tk - Tq) && (!doc || doc[b * Tq + i] == doc[b * Tk + j]);
+                    if (!visible) { p[j] = -INFINITY; continue; }
+                    double d = 0;
+                    for (int64_t c = 0; c < dn; c++) d += q[((b * Tq + i) * H + h) * dqk + c] * kn[((b * Tk + j) * H + h) * dn + c];
+                    for (int64_t c = 0; c < dr; c++) d += q[((b * Tq + i) * H + h) * dqk + dn + c] * kr[(b * Tk + j) * dr + c];
+                    p[j] = d * scale;
+                    m = fmax(m, p[j]);
+                }
+                for (int64_t j = 0; j < Tk; j++) { p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m); s += p[j]; }
+                for (int64_t c = 0; c < dv; c++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < Tk; j++) o += p[j] * v[((b * Tk + j) * H + h) * dv + c];
+                    out[((b * Tq + i) * H + h) * dv + c] = o / s;
+                }
+            }
+    free(p); free(q); free(kn); free(kr); free(v);
+}
+static void ref_mla_packed(tide_tensor **in, double *out)
+{
+    static const int64_t doc[10] = {0, 0, 0, 0, 1, 2, 3, 3, 3, 3};
+    ref_mla(in[0], in[1], in[2], in[3], 0.45, doc, out);
+}
+static void ref_mla_decode(tide_tensor **in, double *out) { ref_mla(in[0], in[1], in[2], in[3], 0.5, NULL, out); }
+static void ref_mla_nor(tide_tensor **in, double *out) { ref_mla(in[0], in[1], NULL, in[2], 0.6, NULL, out); }
+
+/* attnres by the definition (attnres.md §1): n sources [rows, d], then w, nu [d]; eps 1e-5 */
+static void ref_attnres(tide_tensor **in, int n, double *out)
+{
+    int64_t d = in[n]->shape[0], rows = in[0]->numel / d;
+    double *w = host(in[n]), *nu = host(in[n + 1]), *v[3], s[3];
+    for (int i = 0; i < n; i++) v[i] = host(in[i]);
+    for (int64_t t = 0; t < rows; t++) {
+        double m = -INFINITY, z = 0;
+        for (int i = 0; i < n; i++) {
+            double ss = 0, dot = 0;
+            for (int64_t c = 0; c < d; c++) { ss += v[i][t * d + c] * v[i][t * d + c]; dot += w[c] * nu[c] * v[i][t * d + c]; }
+            s[i] = dot / sqrt(ss / (double)d + 1e-5);
+            m = fmax(m, s[i]);
+        }
+        for (int i = 0; i < n; i++) { s[i] = exp(s[i] - m); z += s[i]; }
+        for (int64_t c = 0; c < d; c++) {
+            double o = 0;
+            for (int i = 0; i < n; i++) o += s[i] / z * v[i][t * d + c];
+            out[t * d + c] = o;
+        }
+    }
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(w); free(nu);
+}
+static void ref_attnres3(tide_tensor **in, double *out) { ref_attnres(in, 3, out); }
 
 static int n_cases;
 static op_case cases[96];
@@ -351,6 +430,18 @@ static void build_cases(void)
     add(TIDE_OP_CAUSAL_CONV1D, "K 4, cache, packed, silu", r_conv, NULL, 0, 3, RANDN(2, 5, 3), RANDN(3, 4), RANDN(2, 3, 3), 0);
     add(TIDE_OP_CAUSAL_CONV1D, "K 3, no cache", r_conv_plain, NULL, 0, 2, RANDN(2, 6, 4), RANDN(4, 3), 0, 0);
     add(TIDE_OP_L2NORM, "[2,3,5] scale 0.35", r_l2norm, NULL, 0, 1, RANDN(2, 3, 5), 0, 0, 0);
+    /* mla_attention: q [B, T, H, dn + dr], k_n [B, T, H, dn], k_r [B, T, dr] shared by the heads, v */
+    add(TIDE_OP_MLA_ATTENTION, "packed documents, rope slot", r_mla_packed, ref_mla_packed, 0, 4, RANDN(2, 5, 2, 5),
+        RANDN(2, 5, 2, 3), RANDN(2, 5, 2), RANDN(2, 5, 2, 4));
+    add(TIDE_OP_MLA_ATTENTION, "Tq 2 < Tk 6", r_mla_decode, ref_mla_decode, 0, 4, RANDN(1, 2, 3, 4), RANDN(1, 6, 3, 3),
+        RANDN(1, 6, 1), RANDN(1, 6, 3, 2));
+    add(TIDE_OP_MLA_ATTENTION, "no rope slot", r_mla_nor, ref_mla_nor, 0, 3, RANDN(1, 4, 2, 3), RANDN(1, 4, 2, 3),
+        RANDN(1, 4, 2, 3), 0);
+    /* attnres: random w so the weights are far from uniform; one source is the identity */
+    add6(TIDE_OP_ATTNRES, "3 sources [2,3,8]", r_attnres3, 5, RANDN(2, 3, 8), RANDN(2, 3, 8), RANDN(2, 3, 8), RANDN(8),
+         RANDU(0.5, 1.5, 8), NULL);
+    cases[n_cases - 1].ref = ref_attnres3;
+    add(TIDE_OP_ATTNRES, "1 source [5,6]", r_attnres1, NULL, 0, 3, RANDN(5, 6), RANDN(6), RANDU(0.5, 1.5, 6), 0);
     (void)s4;
 }
 

@@ -820,6 +820,194 @@ static int test_kda(void)
     return passed;
 }
 
+/* ---- MLA attention (mla.md §1, §4, §5): q with the rope slot last, k_n, k_r shared by the heads, v ---------------
+   All N(0, 1), scale (dn + dr)^-1/2; the loss sum(o ⊙ r) reaches every input, and k_r's gradient sums over heads.
+   Shapes: K3 (dn 128, dr 64, dv 128) and tiny (64, 32, 64) head dims, documents, decode (Tq = 1) and append
+   (Tq < Tk) forms, dr = 0 with k_r NULL, head dims that are not multiples of 16, T not a multiple of any tile.
+   |gpu - cpu| <= tol · max|cpu|: f32 1e-4 (both sides ~1e-6 from fp64); bf16 outputs 2^-7 (the bf16 output itself
+   rounds by up to 2^-9 of its size, P is rounded to bf16 for PV), gradients 2^-6 (dS and the incoming gradient in
+   bf16); the emulator (tests/gpu/emu) measures ~2.5e-3 and ~3.5e-3 at these shapes. */
+typedef struct {
+    const char *name;
+    int B, Tq, Tk, H, dn, dr, dv;
+    int n_cu;
+    double cu[6];             /* document boundaries over B·T tokens (row starts are added by the op) */
+    int bf16;
+} mla_case;
+
+static const mla_case mla_cases[] = {
+    {"mla f32 K3 dims, docs", 2, 100, 100, 3, 128, 64, 128, 5, {0, 30, 100, 170, 200}, 0},
+    {"mla f32 tiny dims, T 77", 1, 77, 77, 2, 64, 32, 64, 0, {0}, 0},
+    {"mla f32 decode Tq 1, Tk 45", 3, 1, 45, 2, 64, 32, 64, 0, {0}, 0},
+    {"mla f32 append Tq 20, Tk 83", 2, 20, 83, 2, 64, 32, 64, 0, {0}, 0},
+    {"mla f32 dr 0 (k_r NULL), docs", 2, 37, 37, 2, 64, 0, 48, 4, {0, 20, 37, 74}, 0},
+    {"mla f32 dims 40+24, 40, docs", 1, 50, 50, 3, 40, 24, 40, 3, {0, 21, 50}, 0},
+    {"mla bf16 K3 dims, docs", 2, 100, 100, 3, 128, 64, 128, 5, {0, 30, 100, 170, 200}, 1},
+    {"mla bf16 tiny dims, T 77", 1, 77, 77, 2, 64, 32, 64, 0, {0}, 1},
+    {"mla bf16 decode Tq 1, Tk 45", 3, 1, 45, 2, 64, 32, 64, 0, {0}, 1},
+    {"mla bf16 append Tq 20, Tk 83", 2, 20, 83, 2, 128, 64, 128, 0, {0}, 1},
+    {"mla bf16 dr 0 (k_r NULL), docs", 2, 37, 37, 2, 64, 0, 48, 4, {0, 20, 37, 74}, 1},
+    {"mla bf16 dims 40+24, 40, docs", 1, 50, 50, 3, 40, 24, 40, 3, {0, 21, 50}, 1},
+};
+
+static int test_mla_case(const mla_case *mc)
+{
+    enum { Q, KN, KR, V, NIN };
+    int64_t B = mc->B, Tq = mc->Tq, Tk = mc->Tk, H = mc->H, dn = mc->dn, dr = mc->dr, dv = mc->dv;
+    int64_t shp[NIN][4] = {{B, Tq, H, dn + dr}, {B, Tk, H, dn}, {B, Tk, dr, 0}, {B, Tk, H, dv}};
+    int nd[NIN] = {4, 4, 3, 4};
+    int64_t nmax = B * (Tq > Tk ? Tq : Tk) * H * (dn + dr > dv ? dn + dr : dv);
+    double *buf = malloc((size_t)nmax * sizeof *buf);
+    tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *cu_c = NULL, *cu_g = NULL;
+    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    char detail[512] = "";
+    int ok = buf != NULL;
+    double tol = mc->bf16 ? 1.0 / 128 : 1e-4, gtol = mc->bf16 ? 1.0 / 64 : 1e-4;
+    for (int i = 0; ok && i < NIN; i++) {
+        if (i == KR && dr == 0) continue;
+        int64_t n = 1;
+        for (int d = 0; d < nd[i]; d++) n *= shp[i][d];
+        for (int64_t j = 0; j < n; j++) buf[j] = normal01();
+        c[i] = kda_input(nd[i], shp[i], buf, mc->bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && mc->bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    if (ok && mc->n_cu) {
+        int64_t ncu = mc->n_cu;
+        cu_c = tide_from_f64(TIDE_I64, 1, &ncu, CPU, mc->cu);
+        cu_g = cu_c ? tide_to_device(cu_c, GPU) : NULL;
+        ok = cu_g != NULL;
+    }
+    double scale = 1.0 / sqrt((double)(dn + dr));
+    oc = ok ? tide_mla_attention(c[Q], c[KN], c[KR], c[V], cu_c, scale) : NULL;
+    ok = oc != NULL;
+    if (!ok) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    og = ok ? tide_mla_attention(gp[Q], gp[KN], gp[KR], gp[V], cu_g, scale) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(mc->name, "o", oc, og32, tol, detail, sizeof detail);
+        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    const char *gname[NIN] = {"dq", "dk_n", "dk_r", "dv"};
+    for (int i = 0; ok && i < NIN; i++) {
+        if (!c[i]) continue;
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(mc->name, gname[i], gc, gg, gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < NIN; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(mc->name, ok && pass, detail);
+}
+
+static int test_mla(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof mla_cases / sizeof mla_cases[0]; i++) passed = test_mla_case(&mla_cases[i]) && passed;
+    return passed;
+}
+
+/* ---- Attention Residuals (attnres.md §1, §4): n sources, w, nu -> one output ----------------------------------
+   The GPU forward is the online-softmax form, the CPU's the direct one (oracle 5). |gpu - cpu| <= tol · max|cpu|:
+   f32 1e-5 (fp32 block sums of d terms against double sums), gradients 1e-4 (dw and dν sum rows·n terms); bf16
+   outputs 2^-7 and gradients 2^-6 (one bf16 step of the scale, as for kda). d 7168 is K3's hidden size. */
+typedef struct {
+    const char *name;
+    int n;
+    int64_t B, T, d;
+    double wscale;
+    int bf16;
+    double tol, gtol;
+} attnres_case;
+
+static const attnres_case attnres_cases[] = {
+    {"attnres f32 5 sources [2,37,96]", 5, 2, 37, 96, 0.3, 0, 1e-5, 1e-4},
+    {"attnres f32 1 source", 1, 1, 9, 64, 1.0, 0, 1e-5, 1e-4},
+    {"attnres f32 17 sources [1,20,256]", 17, 1, 20, 256, 0.1, 0, 1e-5, 1e-4},
+    {"attnres f32 9 sources d 7168", 9, 1, 6, 7168, 0.02, 0, 1e-5, 1e-4},
+    {"attnres bf16 5 sources [2,37,96]", 5, 2, 37, 96, 0.3, 1, 1.0 / 128, 1.0 / 64},
+    {"attnres bf16 9 sources d 7168", 9, 1, 6, 7168, 0.02, 1, 1.0 / 128, 1.0 / 64},
+};
+
+static int test_attnres_case(const attnres_case *ac)
+{
+    enum { MAXN = 17 };
+    int n = ac->n;
+    int64_t sshape[3] = {ac->B, ac->T, ac->d}, wshape[1] = {ac->d}, nsrc = ac->B * ac->T * ac->d;
+    double *buf = malloc((size_t)nsrc * sizeof *buf);
+    tide_tensor *c[MAXN + 2] = {0}, *gp[MAXN + 2] = {0}, *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL,
+                *lc = NULL, *lg = NULL;
+    char detail[512] = "";
+    int ok = buf != NULL && n <= MAXN;
+    for (int i = 0; ok && i < n + 2; i++) {
+        int64_t cnt = i < n ? nsrc : ac->d;
+        for (int64_t j = 0; j < cnt; j++)
+            buf[j] = i < n ? (0.5 + 0.1 * i) * normal01() : i == n ? ac->wscale * normal01() : 1.0 + 0.2 * normal01();
+        c[i] = kda_input(i < n ? 3 : 1, i < n ? sshape : wshape, buf, ac->bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && ac->bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    oc = ok ? tide_attnres(n, c, c[n], c[n + 1], 1e-5) : NULL;
+    og = oc ? tide_attnres(n, gp, gp[n], gp[n + 1], 1e-5) : NULL;
+    og32 = og ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    if (ok && !og32) snprintf(detail, sizeof detail, "%s: %s", oc ? "gpu" : "cpu", tide_last_error());
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(ac->name, "out", oc, og32, ac->tol, detail, sizeof detail);
+        r = tide_randn(TIDE_F32, 3, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    for (int i = 0; ok && i < n + 2; i++) {
+        char what[16];
+        if (i < n) snprintf(what, sizeof what, "dv%d", i);
+        else snprintf(what, sizeof what, "%s", i == n ? "dw" : "dnu");
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(ac->name, what, gc, gg, ac->gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < MAXN + 2; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(ac->name, ok && pass, detail);
+}
+
+static int test_attnres(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof attnres_cases / sizeof attnres_cases[0]; i++)
+        passed = test_attnres_case(&attnres_cases[i]) && passed;
+    return passed;
+}
+
 /* three AdamW steps from the same state on both devices (both compute the update in double) */
 static int test_adamw(void)
 {
@@ -881,7 +1069,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target, test_kda,
-                                  test_kda_bound};
+                                  test_kda_bound, test_attnres, test_mla};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;

@@ -2,6 +2,8 @@
 local M = require "tide.nn.module"
 local norms = require "tide.nn.norm"
 local transformer = require "tide.nn.transformer"
+local hybrid = require "tide.nn.hybrid"
+local attnres = require "tide.nn.attnres"
 
 local nn = {
   Module = M.Module,
@@ -13,15 +15,21 @@ local nn = {
   MLP = require "tide.nn.mlp",
   Attention = require "tide.nn.attention",
   KDA = require "tide.nn.kda",
+  MLA = require "tide.nn.mla",
+  AttnRes = attnres.AttnRes,
+  Residual = attnres.Residual,             -- residual strategies: prenorm, attnres_block, attnres_full, gamma_chain
+  residual_config = attnres.residual_config,
   Block = transformer.Block,
   TransformerLM = transformer.TransformerLM,
+  HybridLM = hybrid.HybridLM,
 }
 
 -- build(cfg) -> a model from a recipe's `model` table (kind "dense" for now)
 function nn.build(cfg)
   local kind = cfg and cfg.kind or "dense"
   if kind == "dense" then return nn.TransformerLM(cfg) end
-  error("nn.build: unknown model kind '" .. tostring(kind) .. "' (known: dense)", 2)
+  if kind == "hybrid" then return nn.HybridLM(cfg) end
+  error("nn.build: unknown model kind '" .. tostring(kind) .. "' (known: dense, hybrid)", 2)
 end
 
 return nn

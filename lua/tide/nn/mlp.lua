@@ -1,4 +1,5 @@
--- nn/mlp.lua — the SwiGLU feed-forward: down(silu(gate(x)) ⊙ up(x)).
+-- nn/mlp.lua — the gated feed-forward down(φ_g(gate(x)) ⊙ φ_u(up(x))): SwiGLU (φ_g = silu, φ_u = identity)
+-- or SiTU-GLU (moe.md §6: φ_g(g) = κ1 tanh(g/κ1) σ(g), φ_u(u) = κ2 tanh(u/κ2), κ1 = 4, κ2 = 25, so |h| <= 100).
 local tide = require "tide"
 local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
@@ -6,9 +7,14 @@ local F = tide.F
 
 local MLP = M.Module:extend("MLP")
 
--- MLP(dim, hidden, {std = 0.02, out_std = std, dtype, device}); out_std initialises down_proj
+-- MLP(dim, hidden, {activation = "swiglu" | "situ", std = 0.02, out_std = std, dtype, device}); out_std
+-- initialises down_proj
 function MLP:init(dim, hidden, opts)
   opts = opts or {}
+  self.activation = opts.activation or "swiglu"
+  if self.activation ~= "swiglu" and self.activation ~= "situ" then
+    error("nn.MLP: activation must be \"swiglu\" or \"situ\", got " .. tostring(self.activation), 3)
+  end
   local std = opts.std or 0.02
   local function lin(i, o, s)
     return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device })
@@ -19,11 +25,22 @@ function MLP:init(dim, hidden, opts)
   self:child("down_proj", lin(hidden, dim, opts.out_std or std))
 end
 
+local SITU_GATE, SITU_LINEAR = 4, 25      -- κ1, κ2 (moe.md §6)
+
 function MLP:forward(x)
-  local h = F.swiglu(self.gate_proj:forward(x), self.up_proj:forward(x))
+  local g, u = self.gate_proj:forward(x), self.up_proj:forward(x)
+  local h
+  if self.activation == "situ" then
+    -- σ takes the uncapped g (moe.md §6)
+    h = ((g * (1 / SITU_GATE)):tanh() * SITU_GATE * g:sigmoid()) * ((u * (1 / SITU_LINEAR)):tanh() * SITU_LINEAR)
+  else
+    h = F.swiglu(g, u)
+  end
   return self.down_proj:forward(h)
 end
 
-function MLP:extra_repr() return string.format("%d -> %d -> %d, swiglu", self.dim, self.hidden, self.dim) end
+function MLP:extra_repr()
+  return string.format("%d -> %d -> %d, %s", self.dim, self.hidden, self.dim, self.activation)
+end
 
 return MLP

@@ -1,8 +1,9 @@
-// harness.cpp — runs the real kernels/cuda/kda.cu and conv.cu under the host emulator (emu.h) against fp64
-// references (the recurrence of kda.md §3 and its adjoint, itself checked by central differences) and against
-// the cpu kernels. Usage: tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound]...
-// Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 prints
-// the shared-memory sizes.
+// harness.cpp — runs the real kernels/cuda/kda.cu, conv.cu and mla.cu under the host emulator (emu.h) against
+// fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints, themselves
+// checked by central differences) and against the cpu kernels. Usage:
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128]...
+// Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
+// MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
@@ -61,6 +62,8 @@ int tide_cuda_sm_count(void) { return 2; }
 
 #include "kda_emu.inc"
 #include "conv_emu.inc"
+#define MLA_DKV_TARGET_BLOCKS 6   // small: short test sequences reach both the one- and several-head-group dk_r paths
+#include "mla_emu.inc"
 
 // ---- helpers -------------------------------------------------------------------------------------------
 typedef std::vector<double> vd;
@@ -631,6 +634,8 @@ template <class T> static void run_conv(const char *name, bool with_cache, int s
     }
 }
 
+#include "mla_cases.h"
+
 int main(int argc, char **argv)
 {
     if (getenv("EMU_SEED")) emu::rng.seed(atoi(getenv("EMU_SEED")));
@@ -712,6 +717,7 @@ int main(int argc, char **argv)
         if (!rc) n_pass++;
         else n_fail++;
     }
+    run_mla(want);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

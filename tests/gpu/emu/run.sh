@@ -1,7 +1,8 @@
 #!/bin/sh
-# Runs kernels/cuda/kda.cu and conv.cu on the CPU under emu.h (harness.cpp says what is checked): a check of
-# the CUDA kernels for machines without a GPU. Not part of ctest. Needs g++, python3, the CUDA headers
-# (CUDA_HOME, default /usr/local/cuda) and a built libtide (BUILD, default ./build).
+# Runs kernels/cuda/kda.cu, conv.cu and mla.cu on the CPU under emu.h (harness.cpp says what is checked): a check
+# of the CUDA kernels for machines without a GPU (the ctest entry gpu-emu-kda). Needs g++, python3, the CUDA
+# headers (CUDA_HOME, default /usr/local/cuda) and a built libtide (BUILD, default ./build). With no arguments
+# the KDA/conv groups and the MLA groups run as two processes side by side.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -11,7 +12,15 @@ out=${OUT:-${TMPDIR:-/tmp}/tide-emu}
 mkdir -p "$out"
 python3 "$here/transform.py" "$root/kernels/cuda/kda.cu" "$out/kda_emu.inc"
 python3 "$here/transform.py" "$root/kernels/cuda/conv.cu" "$out/conv_emu.inc"
+python3 "$here/transform.py" "$root/kernels/cuda/mla.cu" "$out/mla_emu.inc"
 g++ -std=c++20 -O1 -w -I"$out" -I"$here" -I"$root/kernels/cuda" -I"$root/kernels" -I"$root/engine" -I"$cuda/include" \
     -DTIDE_HAVE_CUDA=1 "$here/harness.cpp" -o "$out/harness" -L"$build" -ltide \
     -Wl,-rpath,"$build:$cuda/lib64" -L"$cuda/lib64"
-exec "$out/harness" "$@"
+[ $# -gt 0 ] && exec "$out/harness" "$@"
+"$out/harness" mlasmall mlaedge mla64 mla128 > "$out/mla.log" 2>&1 &
+mla=$!
+rc=0
+"$out/harness" gate conv kdasmall kda16 kda64 kda128 bound || rc=1
+wait $mla || rc=1
+cat "$out/mla.log"
+exit $rc

@@ -1,0 +1,163 @@
+/*
+ * attnres.c — the Attention Residuals mix on the CPU (kernels/backend.h: attnres; spec/attnres.md §1, §4).
+ *
+ *   a = w ⊙ ν,  r_i = (mean_c v_i² + eps)^-1/2,  s_i = r_i (a · v_i),  p = softmax(s),  out = Σ_i p_i v_i
+ *
+ * per row (token), over n sources given as separate buffers (no stacked copy). The direct form: every score
+ * first, then the softmax, then the weighted sum; sums in double for both dtypes. Rows are independent and
+ * split over threads. The backward's gw and gnu share one row sum U[c] = Σ_t Σ_i ds_i r_i v_i[t, c]
+ * (dw = ν ⊙ U, dν = w ⊙ U, §4): each thread owns a range of columns and adds rows in order, so the result
+ * does not depend on the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+#include "cpu.h"
+
+static const char *dtype_str(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+#define DEFINE_ATTNRES(TT, SFX)                                                                               \
+static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
+                              const double *a, double eps, double *scratch)                                   \
+{                                                                                                             \
+    _Pragma("omp parallel for if(rows * d * n > 16384)")                                                      \
+    for (int64_t t = 0; t < rows; t++) {                                                                      \
+        double *s = scratch + (int64_t)omp_get_thread_num() * n, m = -INFINITY, z = 0;                        \
+        for (int64_t i = 0; i < n; i++) {                                                                     \
+            const TT *x = v[i] + t * d;                                                                       \
+            double ss = 0, dot = 0;                                                                           \
+            for (int64_t c = 0; c < d; c++) { ss += (double)x[c] * x[c]; dot += a[c] * x[c]; }                \
+            double r = 1.0 / sqrt(ss / (double)d + eps);                                                      \
+            s[i] = r * dot;                                                                                   \
+            R[i * rows + t] = (TT)r;                                                                          \
+            m = s[i] > m ? s[i] : m;                                                                          \
+        }                                                                                                     \
+        for (int64_t i = 0; i < n; i++) { s[i] = exp(s[i] - m); z += s[i]; }                                  \
+        for (int64_t i = 0; i < n; i++) { s[i] /= z; P[i * rows + t] = (TT)s[i]; }                            \
+        for (int64_t c = 0; c < d; c++) {                                                                     \
+            double o = 0;                                                                                     \
+            for (int64_t i = 0; i < n; i++) o += s[i] * v[i][t * d + c];                                      \
+            out[t * d + c] = (TT)o;                                                                           \
+        }                                                                                                     \
+    }                                                                                                         \
+}                                                                                                             \
+                                                                                                              \
+/* coef[i, t] = ds_i r_i, the row weight of source i in U (NULL: not wanted) */                               \
+static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const TT *const *v, const TT *P,   \
+                              const TT *R, int64_t n, int64_t rows, int64_t d, const double *a, double *scratch) \
+{                                                                                                             \
+    _Pragma("omp parallel for if(rows * d * n > 16384)")                                                      \
+    for (int64_t t = 0; t < rows; t++) {                                                                      \
+        double *dp = scratch + (int64_t)omp_get_thread_num() * 2 * n, *s = dp + n, G = 0;                     \
+        const TT *go = gout + t * d;                                                                          \
+        for (int64_t i = 0; i < n; i++) {                                                                     \
+            const TT *x = v[i] + t * d;                                                                       \
+            double e = 0, dot = 0;                                                                            \
+            for (int64_t c = 0; c < d; c++) { e += (double)go[c] * x[c]; dot += a[c] * x[c]; }                \
+            dp[i] = e;                                                                                        \
+            s[i] = (double)R[i * rows + t] * dot;                                                             \
+            G += (double)P[i * rows + t] * e;                                                                 \
+        }                                                                                                     \
+        for (int64_t i = 0; i < n; i++) {                                                                     \
+            double p = P[i * rows + t], r = R[i * rows + t], ds = p * (dp[i] - G);                            \
+            if (coef) coef[i * rows + t] = ds * r;                                                            \
+            if (!gv || !gv[i]) continue;                                                                      \
+            const TT *x = v[i] + t * d;                                                                       \
+            TT *g = gv[i] + t * d;                                                                            \
+            double k = ds * s[i] * r * r / (double)d;                                                         \
+            for (int64_t c = 0; c < d; c++) g[c] = (TT)(p * go[c] + ds * r * a[c] - k * x[c]);                \
+        }                                                                                                     \
+    }                                                                                                         \
+}                                                                                                             \
+                                                                                                              \
+/* U[c] = Σ_t Σ_i coef[i, t] v_i[t, c], columns split over threads, rows added in order */                    \
+static void attnres_rowsum_##SFX(double *U, const double *coef, const TT *const *v, int64_t n, int64_t rows,   \
+                                 int64_t d)                                                                   \
+{                                                                                                             \
+    _Pragma("omp parallel if(rows * d * n > 16384)")                                                          \
+    {                                                                                                         \
+        int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
+        int64_t c0 = d * tid / nth, c1 = d * (tid + 1) / nth;                                                 \
+        for (int64_t c = c0; c < c1; c++) U[c] = 0;                                                           \
+        for (int64_t t = 0; t < rows; t++)                                                                    \
+            for (int64_t i = 0; i < n; i++) {                                                                 \
+                double k = coef[i * rows + t];                                                                \
+                const TT *x = v[i] + t * d;                                                                   \
+                for (int64_t c = c0; c < c1; c++) U[c] += k * x[c];                                           \
+            }                                                                                                 \
+    }                                                                                                         \
+}
+
+DEFINE_ATTNRES(float, f32)
+DEFINE_ATTNRES(double, f64)
+
+static double ld(int dtype, const void *p, int64_t i)
+{
+    return dtype == TIDE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static int check_args(const char *what, int dtype, int64_t n, int64_t rows, int64_t d)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", what, dtype_str(dtype));
+    if (n < 1 || rows < 0 || d < 1)
+        return tide_set_error("%s: bad sizes n %lld rows %lld d %lld (n, d >= 1)", what, (long long)n, (long long)rows,
+                              (long long)d);
+    return 0;
+}
+
+int tide_cpu_attnres(int dtype, void *out, void *stats, const void *const *srcs, int64_t n, int64_t rows, int64_t d,
+                     const void *w, const void *nu, double eps)
+{
+    if (check_args("attnres", dtype, n, rows, d)) return -1;
+    if (rows == 0) return 0;
+    int nth = omp_get_max_threads();
+    double *a = malloc((size_t)(d + (int64_t)nth * n) * sizeof *a);
+    if (!a) return tide_set_error("attnres: out of memory");
+    for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
+    if (dtype == TIDE_F32)
+        attnres_fwd_f32(out, stats, (float *)stats + n * rows, (const float *const *)srcs, n, rows, d, a, eps, a + d);
+    else
+        attnres_fwd_f64(out, stats, (double *)stats + n * rows, (const double *const *)srcs, n, rows, d, a, eps, a + d);
+    free(a);
+    return 0;
+}
+
+int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu, const void *gout, const void *const *srcs,
+                              const void *stats, int64_t n, int64_t rows, int64_t d, const void *w, const void *nu)
+{
+    if (check_args("attnres backward", dtype, n, rows, d)) return -1;
+    int want_u = gw || gnu, nth = omp_get_max_threads();
+    /* a [d], per-thread scratch [2n], U [d], coef [n, rows] */
+    int64_t need = d + (int64_t)nth * 2 * n + (want_u ? d + n * rows : 0);
+    double *a = malloc((size_t)need * sizeof *a);
+    if (!a) return tide_set_error("attnres backward: out of memory");
+    double *scratch = a + d, *U = want_u ? scratch + (int64_t)nth * 2 * n : NULL, *coef = want_u ? U + d : NULL;
+    for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
+    if (dtype == TIDE_F32) {
+        const float *P = stats, *R = P + n * rows;
+        attnres_bwd_f32((float *const *)gsrcs, coef, gout, (const float *const *)srcs, P, R, n, rows, d, a, scratch);
+        if (want_u) attnres_rowsum_f32(U, coef, (const float *const *)srcs, n, rows, d);
+    } else {
+        const double *P = stats, *R = P + n * rows;
+        attnres_bwd_f64((double *const *)gsrcs, coef, gout, (const double *const *)srcs, P, R, n, rows, d, a, scratch);
+        if (want_u) attnres_rowsum_f64(U, coef, (const double *const *)srcs, n, rows, d);
+    }
+    for (int64_t c = 0; want_u && c < d; c++) {
+        double gwc = ld(dtype, nu, c) * U[c], gnc = ld(dtype, w, c) * U[c];
+        if (dtype == TIDE_F32) {
+            if (gw) ((float *)gw)[c] = (float)gwc;
+            if (gnu) ((float *)gnu)[c] = (float)gnc;
+        } else {
+            if (gw) ((double *)gw)[c] = gwc;
+            if (gnu) ((double *)gnu)[c] = gnc;
+        }
+    }
+    free(a);
+    return 0;
+}

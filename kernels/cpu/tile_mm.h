@@ -1,0 +1,70 @@
+/*
+ * tile_mm.h — small dense products for the fused CPU kernels (KDA chunks, MLA attention tiles), for one
+ * float type: included inside a kernel body that has defined T (float or double) and F(name) (a name with
+ * the type's suffix). The including file undefines TMM_VL and TMM_NV at its end.
+ */
+/* ---- a small dense product ------------------------------------------------------------------------ */
+/* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
+   a stride swap) and B row-major [k, n]. Tiles of 8 rows x 16 columns keep their accumulators in vector
+   registers (GCC vector types: one 64-byte vector is 16 floats or 8 doubles); rows left over take 1-row
+   tiles and columns left over (a ragged last chunk) a plain loop. */
+typedef T F(vec) __attribute__((vector_size(64)));
+#define TMM_VL ((int)(64 / sizeof(T)))
+#define TMM_NV (16 / TMM_VL)
+
+static inline F(vec) F(vload)(const T *p) { F(vec) v; memcpy(&v, p, sizeof v); return v; }
+static inline void F(vstore)(T *p, F(vec) v) { memcpy(p, &v, sizeof v); }
+/* short row copies inline (a libc call per 64-float row cost more than the copy) */
+static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+#define TMM_TILE(MR)                                                                                      \
+    {                                                                                                     \
+        F(vec) t[MR][TMM_NV];                                                                             \
+        for (int rr = 0; rr < MR; rr++)                                                                   \
+            for (int v = 0; v < TMM_NV; v++) t[rr][v] = (F(vec)){0};                                      \
+        for (int64_t kk = 0; kk < k; kk++) {                                                              \
+            F(vec) b[TMM_NV];                                                                             \
+            for (int v = 0; v < TMM_NV; v++) b[v] = F(vload)(B + kk * ldb + j0 + v * TMM_VL);            \
+            for (int rr = 0; rr < MR; rr++) {                                                             \
+                T a = A[(r0 + rr) * sar + kk * sak];                                                      \
+                for (int v = 0; v < TMM_NV; v++) t[rr][v] += a * b[v];                                    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int rr = 0; rr < MR; rr++)                                                                   \
+            for (int v = 0; v < TMM_NV; v++) {                                                            \
+                T *c = Cm + (r0 + rr) * ldc + j0 + v * TMM_VL;                                            \
+                F(vstore)(c, acc ? F(vload)(c) + alpha * t[rr][v] : alpha * t[rr][v]);                    \
+            }                                                                                             \
+    }
+
+static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
+                  int64_t n, int64_t k, T alpha, int acc)
+{
+    int64_t m8 = m - m % 8, n16 = n - n % 16;
+    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+        for (int64_t r0 = 0; r0 < m8; r0 += 8) TMM_TILE(8)
+        for (int64_t r0 = m8; r0 < m; r0++) TMM_TILE(1)
+    }
+    if (n16 == n) return;
+    for (int64_t r = 0; r < m; r++) {          /* columns [n16, n) */
+        T *c = Cm + r * ldc;
+        if (!acc) for (int64_t j = n16; j < n; j++) c[j] = 0;
+        for (int64_t kk = 0; kk < k; kk++) {
+            T a = alpha * A[r * sar + kk * sak];
+            const T *b = B + kk * ldb;
+            for (int64_t j = n16; j < n; j++) c[j] += a * b[j];
+        }
+    }
+}
+#undef TMM_TILE
+
+/* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
+static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
+{
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < n; j++) out[j * m + r] = in[r * ld + j];
+}
+

@@ -1,0 +1,200 @@
+-- nn/hybrid.lua — the hybrid language model (spec/mla.md §7, attnres.md §3): an embedding, L layers whose
+-- token mixer is KDA or gated NoPE MLA by a layer pattern (3 KDA : 1 MLA, last layer MLA, by default), each
+-- followed by a gated FFN (SwiGLU or SiTU-GLU; the MoE issue plugs in here), the sublayers connected by a
+-- residual strategy (prenorm, Block or Full Attention Residuals, gamma chain: nn/attnres.lua), a final
+-- RMSNorm and an untied head. Names follow formats.md §2 (model.layers.{l}.self_attn..., mlp..., ...).
+local tide = require "tide"
+local M = require "tide.nn.module"
+local Linear = require "tide.nn.linear"
+local Embedding = require "tide.nn.embedding"
+local norms = require "tide.nn.norm"
+local MLP = require "tide.nn.mlp"
+local KDA = require "tide.nn.kda"
+local MLA = require "tide.nn.mla"
+local attnres = require "tide.nn.attnres"
+local generate = require "tide.generate"
+local F = tide.F
+
+local fmt = string.format
+
+local function bad(msg) error("nn.HybridLM: " .. msg, 4) end
+
+-- the mixer of every layer (1-based list of "kda" / "mla") from cfg.mixers:
+--   "3:1" (default): layer l (0-based) is MLA iff (l + 1) mod 4 = 0 or l = L − 1 (mla.md §7);
+--   a pattern of letters K (KDA) and M (MLA) repeated over the layers, e.g. "KKKM", "K", "M"; with
+--   cfg.last_mla (default true for "3:1" and patterns containing M) the last layer is MLA;
+--   an explicit list {"kda", "mla", ...} of L names.
+local function mixer_schedule(cfg)
+  local L, spec = cfg.n_layers, cfg.mixers or "3:1"
+  local out = {}
+  if type(spec) == "table" then
+    if #spec ~= L then bad(fmt("mixers lists %d layers but n_layers is %d", #spec, L)) end
+    for l, m in ipairs(spec) do
+      if m ~= "kda" and m ~= "mla" then bad(fmt("mixers[%d] must be \"kda\" or \"mla\", got %s", l, tostring(m))) end
+      out[l] = m
+    end
+    return out
+  end
+  if type(spec) ~= "string" then bad("mixers must be \"3:1\", a K/M pattern or a list, got " .. type(spec)) end
+  local ratio_k, ratio_m = spec:match("^(%d+):(%d+)$")
+  local pattern
+  if ratio_k then
+    pattern = string.rep("K", tonumber(ratio_k)) .. string.rep("M", tonumber(ratio_m))
+  else
+    if not spec:match("^[KM]+$") then bad(fmt("mixers pattern must be letters K and M (or \"3:1\"), got \"%s\"", spec)) end
+    pattern = spec
+  end
+  if #pattern == 0 then bad("mixers pattern is empty") end
+  for l = 1, L do
+    local c = pattern:sub((l - 1) % #pattern + 1, (l - 1) % #pattern + 1)
+    out[l] = c == "M" and "mla" or "kda"
+  end
+  local last_mla = cfg.last_mla
+  if last_mla == nil then last_mla = pattern:find("M", 1, true) ~= nil end
+  if last_mla then out[L] = "mla" end
+  return out
+end
+
+local Layer = M.Module:extend("HybridLayer")
+
+function Layer:init(cfg, mixer, l)
+  local out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+  local po = { eps = cfg.norm_eps, dtype = cfg.dtype, device = cfg.device }
+  self.mixer, self.index = mixer, l
+  self:child("input_layernorm", norms.RMSNorm(cfg.dim, po))
+  if mixer == "kda" then
+    local o = { std = cfg.init_std, out_std = out_std, dtype = cfg.dtype, device = cfg.device, norm_eps = cfg.norm_eps }
+    for k, v in pairs(cfg.kda or {}) do o[k] = v end
+    self:child("self_attn", KDA(cfg.dim, o))
+  else
+    local o = { std = cfg.init_std, out_std = out_std, dtype = cfg.dtype, device = cfg.device, norm_eps = cfg.norm_eps }
+    for k, v in pairs(cfg.mla or {}) do o[k] = v end
+    self:child("self_attn", MLA(cfg.dim, o))
+  end
+  self:child("post_attention_layernorm", norms.RMSNorm(cfg.dim, po))
+  self:child("mlp", MLP(cfg.dim, cfg.ffn_dim, { activation = cfg.activation, std = cfg.init_std, out_std = out_std,
+    dtype = cfg.dtype, device = cfg.device }))
+end
+
+-- the token mixer on the PreNorm'd xn; with a cache, one token goes through the decode path
+function Layer:mix(xn, cache, opts)
+  local a = self.self_attn
+  if self.mixer == "kda" then
+    local o = { cache = cache, cu_seqlens = opts and opts.cu_seqlens, reset = opts and opts.reset }
+    if cache and xn:size(2) == 1 then o.path = "recurrent" end
+    return a:forward(xn, o)
+  end
+  if opts and opts.reset then bad("reset applies to KDA caches; an MLA layer's cache cannot restart a row") end
+  return a:forward(xn, { cache = cache, cu_seqlens = opts and opts.cu_seqlens })
+end
+
+local Body = M.Module:extend("HybridBody")
+
+function Body:init(cfg, schedule, res)
+  self:child("embed_tokens", Embedding(cfg.vocab_size, cfg.dim, { std = cfg.init_std, dtype = cfg.dtype, device = cfg.device }))
+  local layers = M.ModuleList()
+  for l = 1, cfg.n_layers do
+    local layer = Layer(cfg, schedule[l], l)
+    res:attach_layer(layer, l)
+    layers:append(layer)
+  end
+  self:child("layers", layers)
+  res:attach_model(self)
+  self:child("norm", norms.RMSNorm(cfg.dim, { eps = cfg.norm_eps, dtype = cfg.dtype, device = cfg.device }))
+  self.res = res
+end
+
+function Body:forward(ids, caches, opts)
+  local res = self.res
+  local st = res:begin(self.embed_tokens:forward(ids))
+  for l = 1, self.layers.n do
+    local layer = self.layers:get(l)
+    local h = res:before_mixer(st, l)
+    local xn = layer.input_layernorm:forward(h)
+    h = res:before_ffn(st, l, layer:mix(xn, caches and caches[l], opts), xn)
+    res:after_ffn(st, l, layer.mlp:forward(layer.post_attention_layernorm:forward(h)))
+  end
+  return self.norm:forward(res:final(st))
+end
+
+local HybridLM = M.Module:extend("HybridLM")
+
+local DEFAULTS = {
+  vocab_size = 320, dim = 128, n_layers = 8, mixers = "3:1", ffn_dim = 384, activation = "swiglu",
+  norm_eps = 1e-5, init_std = 0.02, max_seq_len = 1048576, residual = "attnres_block", dtype = "f32", device = "cpu",
+}
+local KEYS = {
+  vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
+  activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
+  gamma_chain = true, dtype = true, device = true, kind = true,
+}
+
+-- HybridLM(cfg): cfg fields above; kda = nn.KDA options (heads, head_dim, ...), mla = nn.MLA options
+-- (heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, gate); residual = "prenorm" | "attnres_block" (default,
+-- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode}).
+function HybridLM:init(cfg)
+  cfg = cfg or {}
+  for k in pairs(cfg) do
+    if not KEYS[k] then
+      local names = {}
+      for n in pairs(KEYS) do names[#names + 1] = n end
+      table.sort(names)
+      bad(fmt("unknown config key '%s' (known: %s)", tostring(k), table.concat(names, ", ")))
+    end
+  end
+  local c = {}
+  for k, v in pairs(DEFAULTS) do c[k] = v end
+  for k, v in pairs(cfg) do c[k] = v end
+  if c.residual == "attnres_block" and not c.attnres then c.attnres = { block_layers = 2 } end
+  self.cfg = c
+  self.schedule = mixer_schedule(c)
+  local need = {}
+  for _, m in ipairs(self.schedule) do need[m] = true end
+  if need.kda and not c.kda then bad("a KDA layer needs cfg.kda = {heads, head_dim, ...}") end
+  if need.mla and not c.mla then bad("an MLA layer needs cfg.mla = {heads, kv_rank, nope_dim, rope_dim, v_dim, ...}") end
+  local rc = attnres.residual_config(c)
+  local res = attnres.Residual(rc.kind, { dim = c.dim, n_layers = c.n_layers, block_layers = rc.block_layers,
+    gamma_mode = rc.gamma_mode, eps = rc.eps, dtype = c.dtype, device = c.device })
+  self:child("model", Body(c, self.schedule, res))
+  self:child("lm_head", Linear(c.dim, c.vocab_size, { std = c.init_std, dtype = c.dtype, device = c.device }))
+end
+
+-- forward(ids [B, T] int, caches, opts) -> logits [B, T, V]; opts.cu_seqlens packs documents (every layer
+-- masks or resets at the boundaries), opts.reset restarts KDA rows (nn.KDA:forward)
+function HybridLM:forward(ids, caches, opts)
+  return self.lm_head:forward(self.model:forward(ids, caches, opts))
+end
+
+function HybridLM:loss(ids, targets, opts)
+  local logits = self:forward(ids, nil, opts)
+  return F.cross_entropy(logits, targets)
+end
+
+-- one cache per layer: KDA {state, conv} (fixed size), MLA {c, k_r} (the latent, d_c + d_r values a token)
+function HybridLM:new_cache()
+  local caches = {}
+  for l = 1, self.cfg.n_layers do caches[l] = { pos = 0 } end
+  return caches
+end
+
+function HybridLM:cache_grows()
+  for _, m in ipairs(self.schedule) do if m == "mla" then return true end end
+  return false
+end
+
+-- generate(prompts, opts) -> the generated ids: prompts is one list of token ids, or a list of lists (a
+-- batch: rows of equal length run as one [B, T] batch, otherwise row by row); opts: max_new (32),
+-- temperature (0 = greedy), top_k, top_p, stop (an id or a list of ids), seed (0). Decoding runs on the
+-- caches: KDA layers cost the same per token whatever the prompt length, MLA layers attend in the latent.
+function HybridLM:generate(prompts, opts)
+  return generate.ids(self, prompts, opts)
+end
+
+function HybridLM:extra_repr()
+  local c, n = self.cfg, { kda = 0, mla = 0 }
+  for _, m in ipairs(self.schedule) do n[m] = n[m] + 1 end
+  return fmt("V=%d, d=%d, L=%d (%d KDA, %d MLA), ffn=%d %s, residual=%s, %d params", c.vocab_size, c.dim, c.n_layers,
+    n.kda, n.mla, c.ffn_dim, c.activation, c.residual, self:num_parameters())
+end
+
+return { HybridLM = HybridLM, mixer_schedule = mixer_schedule }

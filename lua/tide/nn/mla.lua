@@ -1,0 +1,224 @@
+-- nn/mla.lua — gated NoPE Multi-head Latent Attention (spec/mla.md §1-§3, §6): low-rank q (or full rank),
+-- a kv down-projection to the latent c_kv plus one shared rope-slot key k_r (scored, never rotated),
+-- up-projection to per-head keys and values, causal attention with document masks, a sigmoid output gate
+-- from the layer input, output projection. Names are the checkpoint names of formats.md §2.
+--
+-- Cache (decoding and prefill continuation): {c = [B, Tc, d_c] (the NORMED latent ĉ), k_r = [B, Tc, d_r],
+-- pos = Tc}: d_c + d_r values per token and layer (mla.md §6). A one-token step attends in the latent space
+-- with the up-projection absorbed (q̃ = W_UKᵀ q_n, o = W_UV Σ p ĉ); longer calls expand keys and values
+-- (the MHA mode) over the cached prefix and the new tokens.
+local tide = require "tide"
+local M = require "tide.nn.module"
+local Linear = require "tide.nn.linear"
+local norms = require "tide.nn.norm"
+local F = tide.F
+
+local fmt = string.format
+
+local MLA = M.Module:extend("MLA")
+
+local KEYS = {
+  heads = true, q_rank = true, kv_rank = true, nope_dim = true, rope_dim = true, v_dim = true, gate = true,
+  norm_eps = true, std = true, out_std = true, dtype = true, device = true,
+}
+MLA.KEYS = KEYS
+
+local function bad(msg, level) error("nn.MLA: " .. msg, level or 3) end
+
+local function pos_int(v, name, zero_ok)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < (zero_ok and 0 or 1) then
+    bad(fmt("%s must be a %s integer, got %s", name, zero_ok and "non-negative" or "positive", tostring(v)), 4)
+  end
+  return v
+end
+
+-- MLA(dim, {heads, q_rank (nil: full-rank q), kv_rank, nope_dim, rope_dim, v_dim, gate = true,
+--   norm_eps = 1e-5, std = 0.02, out_std = std, dtype, device})
+function MLA:init(dim, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if not KEYS[k] then
+      local known = {}
+      for n in pairs(KEYS) do known[#known + 1] = n end
+      table.sort(known)
+      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")))
+    end
+  end
+  self.dim = pos_int(dim, "dim")
+  local H = pos_int(opts.heads, "heads")
+  local dn, dr = pos_int(opts.nope_dim, "nope_dim"), pos_int(opts.rope_dim or 0, "rope_dim", true)
+  local dc, dv = pos_int(opts.kv_rank, "kv_rank"), pos_int(opts.v_dim or dn, "v_dim")
+  self.heads, self.nope_dim, self.rope_dim, self.kv_rank, self.v_dim = H, dn, dr, dc, dv
+  self.q_rank = opts.q_rank and pos_int(opts.q_rank, "q_rank") or nil
+  self.gate = opts.gate == nil and true or opts.gate
+  if type(self.gate) ~= "boolean" then bad("gate must be a boolean, got " .. type(self.gate)) end
+  self.norm_eps = opts.norm_eps or 1e-5
+  self.scale = 1 / math.sqrt(dn + dr)                      -- the rope slot counts in the scale (mla.md §2)
+  local std = opts.std or 0.02
+  local po = { eps = self.norm_eps, dtype = opts.dtype, device = opts.device }
+  local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
+  if self.q_rank then
+    self:child("q_a_proj", lin(dim, self.q_rank, std))
+    self:child("q_a_layernorm", norms.RMSNorm(self.q_rank, po))
+    self:child("q_b_proj", lin(self.q_rank, H * (dn + dr), std))
+  else
+    self:child("q_proj", lin(dim, H * (dn + dr), std))
+  end
+  self:child("kv_a_proj_with_mqa", lin(dim, dc + dr, std))
+  self:child("kv_a_layernorm", norms.RMSNorm(dc, po))
+  self:child("kv_b_proj", lin(dc, H * (dn + dv), std))
+  if self.gate then self:child("g_proj", lin(dim, H * dv, std)) end
+  self:child("o_proj", lin(H * dv, dim, opts.out_std or std))
+end
+
+-- the per-head queries [B, T, H, dn + dr]
+function MLA:queries(x)
+  local B, T = x:size(1), x:size(2)
+  local q
+  if self.q_rank then
+    q = self.q_b_proj:forward(self.q_a_layernorm:forward(self.q_a_proj:forward(x)))
+  else
+    q = self.q_proj:forward(x)
+  end
+  return q:reshape(B, T, self.heads, self.nope_dim + self.rope_dim)
+end
+
+-- the latent ĉ [B, T, d_c] (normed) and the rope-slot key k_r [B, T, d_r] (not normed, not rotated)
+function MLA:latent(x)
+  local kv = self.kv_a_proj_with_mqa:forward(x)
+  local dc, dr = self.kv_rank, self.rope_dim
+  local c = self.kv_a_layernorm:forward(kv:narrow(3, 1, dc))
+  local kr = dr > 0 and kv:narrow(3, dc + 1, dr):contiguous() or nil
+  return c, kr
+end
+
+-- gate (σ(W_G x) ⊙ o, mla.md §3) and output projection; o [B, T, H, dv]
+function MLA:output(x, o)
+  local B, T = x:size(1), x:size(2)
+  o = o:reshape(B, T, self.heads * self.v_dim)
+  if self.gate then o = o * self.g_proj:forward(x):sigmoid() end
+  return self.o_proj:forward(o)
+end
+
+-- expanded (MHA-mode) attention of queries q [B, Tq, H, dn + dr] over latents c [B, Tk, d_c], k_r [B, Tk, d_r]
+function MLA:attend_expanded(q, c, kr, cu)
+  local B, Tk, H, dn, dv = c:size(1), c:size(2), self.heads, self.nope_dim, self.v_dim
+  local kvb = self.kv_b_proj:forward(c):reshape(B, Tk, H, dn + dv)
+  local kn, v = kvb:narrow(4, 1, dn):contiguous(), kvb:narrow(4, dn + 1, dv):contiguous()
+  return F.mla_attention(q, kn, kr, v, { cu_seqlens = cu, scale = self.scale })
+end
+
+-- absorbed (MQA-mode) attention of one new token per row, q [B, 1, H, dn + dr], over the whole latent cache
+-- (mla.md §6): one shared key [ĉ | k_r] of d_c + d_r values and one shared value ĉ per cached token
+function MLA:attend_absorbed(q, c, kr)
+  local B, Tc, H, dn, dr, dc, dv = c:size(1), c:size(2), self.heads, self.nope_dim, self.rope_dim, self.kv_rank, self.v_dim
+  -- W_UKV^h = [W_UK^h (dn x dc) ; W_UV^h (dv x dc)]
+  local w = self.kv_b_proj.weight:reshape(H, dn + dv, dc)
+  local w_uk, w_uv = w:narrow(2, 1, dn), w:narrow(2, dn + 1, dv)
+  -- q̃^h = W_UK^hᵀ q_n^h: [H, B, dn] x [H, dn, dc] -> [H, B, dc]
+  local qn = q:narrow(4, 1, dn):reshape(B, H, dn):permute(2, 1, 3)
+  local qt = qn:matmul(w_uk):permute(2, 1, 3)                          -- [B, H, dc]
+  local s = qt:matmul(c, false, true)                                  -- [B, H, Tc]
+  if dr > 0 then
+    local qr = q:narrow(4, dn + 1, dr):reshape(B, H, dr)
+    s = s + qr:matmul(kr, false, true)
+  end
+  local p = (s * self.scale):softmax(3)
+  local ot = p:matmul(c)                                               -- õ [B, H, dc]
+  -- o^h = W_UV^h õ^h: [H, B, dc] x [H, dc, dv] -> [H, B, dv]
+  local o = ot:permute(2, 1, 3):matmul(w_uv, false, true)
+  return o:permute(2, 1, 3):reshape(B, 1, H, dv)
+end
+
+-- append [B, T, n] rows to the cache buffer `name` (capacity doubling); returns the view of the filled part
+local function append_rows(cache, name, x)
+  local B, T, n = x:size(1), x:size(2), x:size(3)
+  local used = cache[name] and cache[name]:size(2) or 0
+  local buf = cache[name .. "_buf"]
+  if not buf or buf:size(2) < used + T then
+    local cap = math.max(16, 2 * (used + T))
+    local nb = tide.empty({ B, cap, n }, { dtype = x:dtype(), device = x:device() })
+    if used > 0 then nb:narrow(2, 1, used):copy_(cache[name]) end
+    buf = nb
+    cache[name .. "_buf"] = buf
+  end
+  buf:narrow(2, used + 1, T):copy_(x)
+  cache[name] = buf:narrow(2, 1, used + T)
+  return cache[name]
+end
+
+local function append_latent(cache, c, kr)
+  c = append_rows(cache, "c", c)
+  if kr then kr = append_rows(cache, "k_r", kr) end
+  return c, kr
+end
+
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true }
+
+-- forward(x [B, T, d], opts) -> [B, T, d]
+--   opts.cu_seqlens: packed documents (a token attends only within its document, mla.md §5); no cache
+--   opts.cache: {c, k_r, pos} or {}: attend over the cached prefix too, then append this call's latents
+--   opts.absorbed: force (true) or forbid (false) the absorbed path; default: absorbed for one token with a cache
+function MLA:forward(x, opts)
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not FORWARD_KEYS[k] then bad(fmt("forward: unknown option '%s' (known: absorbed, cache, cu_seqlens)", tostring(k))) end
+  end
+  if not tide.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.dim then
+    bad(fmt("x must be [B, T, %d], got %s", self.dim,
+      tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))
+  end
+  local cache = opts.cache
+  if cache ~= nil and type(cache) ~= "table" then bad("forward: cache must be a table, got " .. type(cache)) end
+  if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
+  local T = x:size(2)
+  local q = self:queries(x)
+  local c, kr = self:latent(x)
+  if cache then
+    if tide.grad_enabled() then
+      -- training through a cache (segments): concatenation keeps the graph
+      if cache.c then
+        c = F.concat({ cache.c, c }, 2)
+        if kr then kr = F.concat({ cache.k_r, kr }, 2) end
+      end
+      cache.c, cache.k_r = c, kr
+    else
+      -- decoding: append in place into buffers that double when full, so a step costs O(1) to cache
+      -- instead of copying the whole prefix; cache.c / cache.k_r are views of the filled part
+      c, kr = append_latent(cache, c, kr)
+    end
+    cache.pos = (cache.pos or 0) + T
+  end
+  local absorbed = opts.absorbed
+  if absorbed == nil then absorbed = cache ~= nil and T == 1 end
+  if absorbed and T ~= 1 then bad(fmt("forward: the absorbed path takes one token per row, got T = %d", T)) end
+  local o = absorbed and self:attend_absorbed(q, c, kr) or self:attend_expanded(q, c, kr, opts.cu_seqlens)
+  return self:output(x, o)
+end
+
+-- step(x [B, 1, d], cache) -> [B, 1, d]: one decoding step in the latent space
+function MLA:step(x, cache)
+  if type(cache) ~= "table" then bad("step: cache must be a table ({} to start empty), got " .. type(cache)) end
+  return self:forward(x, { cache = cache })
+end
+
+-- prefill(x [B, T, d], cache): expanded attention over the cached prefix and x, appending to the cache
+function MLA:prefill(x, cache)
+  if type(cache) ~= "table" then bad("prefill: cache must be a table ({} to start empty), got " .. type(cache)) end
+  return self:forward(x, { cache = cache, absorbed = false })
+end
+
+function MLA:new_cache() return { pos = 0 } end
+
+-- values cached per token (d_c + d_r) and what a standard MHA cache of the same heads would hold
+function MLA:cache_values_per_token()
+  return self.kv_rank + self.rope_dim, self.heads * (self.nope_dim + self.rope_dim + self.v_dim)
+end
+
+function MLA:extra_repr()
+  return fmt("%d, heads=%d, q_rank=%s, kv_rank=%d, nope=%d, rope=%d (NoPE), v=%d, gate=%s", self.dim, self.heads,
+    tostring(self.q_rank or "full"), self.kv_rank, self.nope_dim, self.rope_dim, self.v_dim, tostring(self.gate))
+end
+
+return MLA
