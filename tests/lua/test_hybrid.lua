@@ -123,6 +123,21 @@ T.test("greedy generation with caches == argmax of the full forward at every ste
   T.ok(#stopped <= 3)
 end)
 
+T.test("TransformerLM:generate (attention KV cache) == argmax of the full forward", function()
+  tide.manual_seed(25)
+  local m = nn.TransformerLM({ vocab_size = 31, dim = 16, n_layers = 2, n_heads = 2, ffn_dim = 32, dtype = "f64", init_std = 0.3 })
+  local seq = { 4, 9, 2 }
+  local gen = m:generate(seq, { max_new = 6 })
+  for step = 1, 6 do
+    local last = tide.no_grad(function() return m:forward(tide.tensor({ seq }, { dtype = "i32" })) end)
+    last = last:narrow(2, #seq, 1):tolist()
+    local best = 1
+    for v = 2, #last do if last[v] > last[best] then best = v end end
+    T.eq(gen[step], best - 1, "step " .. step)
+    seq[#seq + 1] = best - 1
+  end
+end)
+
 T.test("packed documents through every layer == separate runs (f64 1e-12)", function()
   tide.manual_seed(23)
   local m = small()

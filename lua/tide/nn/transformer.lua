@@ -222,6 +222,12 @@ function TransformerLM:cache_grows()
   return false
 end
 
+-- generate(prompts, opts) -> new ids (generate.ids: one list or a batch of lists; max_new, temperature, top_k,
+-- top_p, stop, seed), decoding on the per-layer caches
+function TransformerLM:generate(prompts, opts)
+  return require("tide.generate").ids(self, prompts, opts)
+end
+
 function TransformerLM:extra_repr()
   local c = self.cfg
   local mixer = type(c.mixer) == "table" and table.concat(c.mixer, ",") or c.mixer
