@@ -158,6 +158,29 @@ T.test("gradient check of a 4-layer hybrid end to end (f64; embedding, mixers, F
     { atol = 1e-8, rtol = 1e-6, max_checks = 6 })
 end)
 
+T.test("gamma chain over a range of layers == the full chain with γ = 0 at the range start and outside", function()
+  tide.manual_seed(26)
+  local ranged = small({ residual = "gamma_chain", gamma_chain = { layers = { 2, 3 } } })
+  local full = small({ residual = "gamma_chain" })
+  local names = {}
+  for name in ranged:named_parameters() do if name:find("attn_gamma") then names[#names + 1] = name end end
+  -- checkpoint names count layers from 0 (formats.md): Lua layers 2 and 3 are model.layers.1 and .2
+  T.eq(names, { "model.layers.1.attn_gamma", "model.layers.2.attn_gamma" }, "γ only inside the range")
+  local src = ranged:state_dict()
+  tide.no_grad(function()
+    for name, t in full:named_parameters() do
+      if name:find("attn_gamma") then
+        if name == "model.layers.2.attn_gamma" then t:copy_(src[name]) else t:zero_() end
+      else
+        t:copy_(src[name])
+      end
+    end
+  end)
+  local x = ids(2, 7, 23)
+  T.eq(ranged:forward(x):tolist(), full:forward(x):tolist(), "bitwise")
+  T.raises(function() small({ residual = "gamma_chain", gamma_chain = { layers = { 3, 9 } } }) end, "gamma_range must be")
+end)
+
 T.test("config errors name the problem", function()
   T.raises(function() nn.HybridLM({ vocab_size = 10, dim = 8, n_layers = 2, mla = { heads = 1, kv_rank = 4, nope_dim = 2 } }) end,
     "needs cfg.kda")

@@ -102,8 +102,8 @@ end
 -- ---- residual strategies ---------------------------------------------------------------------------------------
 local KINDS = { prenorm = true, attnres_block = true, attnres_full = true, gamma_chain = true }
 local GAMMA_MODES = { scalar = true, channel = true, token = true }
-local RESIDUAL_KEYS = { dim = true, n_layers = true, block_layers = true, gamma_mode = true, eps = true, dtype = true,
-                        device = true }
+local RESIDUAL_KEYS = { dim = true, n_layers = true, block_layers = true, gamma_mode = true, gamma_range = true,
+                        eps = true, dtype = true, device = true }
 
 local function kinds_list() return "\"prenorm\", \"attnres_block\", \"attnres_full\" or \"gamma_chain\"" end
 
@@ -140,7 +140,7 @@ local function config(cfg)
     bad(who, fmt("residual = \"%s\" cannot be combined with gamma_chain options (attnres.md §6)", kind))
   end
   check_opts(who .. ": attnres", ar, { block_layers = true, eps = true })
-  check_opts(who .. ": gamma_chain", gc, { mode = true })
+  check_opts(who .. ": gamma_chain", gc, { mode = true, layers = true })
   local out = { kind = kind, eps = (ar and ar.eps) or 1e-5 }
   if kind == "attnres_block" then
     local B = ar and ar.block_layers
@@ -152,6 +152,7 @@ local function config(cfg)
     if not GAMMA_MODES[out.gamma_mode] then
       bad(who, fmt("gamma_chain.mode must be \"scalar\", \"channel\" or \"token\", got %s", tostring(out.gamma_mode)))
     end
+    out.gamma_range = gc and gc.layers
   end
   return out
 end
@@ -241,7 +242,14 @@ function Full:final(st) return final_site(self):forward(st.ys) end
 -- ψ in attn_gamma_proj.weight [1, d]. No weight decay on γ or ψ (optim.md §1).
 local Gamma = {}
 Gamma.__index = Gamma
+-- the chain runs over layers gamma_range = {first, last} (1-based, inclusive; default all): outside it a layer
+-- is plain PreNorm and carries nothing, and the chain restarts (ā = m) at `first`
+function Gamma:in_range(l)
+  local r = self.gamma_range
+  return not r or (l >= r[1] and l <= r[2])
+end
 function Gamma:attach_layer(layer, l)
+  if not self:in_range(l) then return end
   local o = { dtype = self.dtype or "f32", device = self.device }
   if self.gamma_mode == "token" then
     local row = Row(self.dim, o)
@@ -265,6 +273,11 @@ function Gamma:gamma(l, xn)
   return s:forward(xn):tanh()
 end
 function Gamma:before_ffn(st, l, m, xn)
+  if not self:in_range(l) then
+    st.abar = nil
+    st.x = st.x + m
+    return st.x
+  end
   st.abar = st.abar and m + st.abar * self:gamma(l, xn) or m
   st.x = st.x + st.abar
   return st.x
@@ -297,6 +310,16 @@ local function Residual(kind, opts)
     end
   elseif opts.gamma_mode ~= nil then
     bad(who, fmt("gamma_mode is an option of gamma_chain; it cannot be combined with %s (attnres.md §6)", kind))
+  end
+  if opts.gamma_range ~= nil then
+    local r = opts.gamma_range
+    if kind ~= "gamma_chain" then bad(who, fmt("gamma_range is an option of gamma_chain, not of %s", kind)) end
+    if type(r) ~= "table" or type(r[1]) ~= "number" or type(r[2]) ~= "number" or r[1] < 1 or r[2] < r[1] or
+       r[1] ~= math.floor(r[1]) or r[2] ~= math.floor(r[2]) or (self.n_layers and r[2] > self.n_layers) then
+      bad(who, fmt("gamma_range must be {first, last} with 1 <= first <= last <= n_layers (1-based layers), got %s",
+        type(r) == "table" and ("{" .. tostring(r[1]) .. ", " .. tostring(r[2]) .. "}") or tostring(r)))
+    end
+    self.gamma_range = { r[1], r[2] }
   end
   return self
 end

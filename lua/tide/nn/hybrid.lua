@@ -131,7 +131,8 @@ local KEYS = {
 
 -- HybridLM(cfg): cfg fields above; kda = nn.KDA options (heads, head_dim, ...), mla = nn.MLA options
 -- (heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, gate); residual = "prenorm" | "attnres_block" (default,
--- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode}).
+-- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode, layers = {first, last}}:
+-- the chain over a 1-based inclusive range of layers, the others plain PreNorm).
 function HybridLM:init(cfg)
   cfg = cfg or {}
   for k in pairs(cfg) do
@@ -154,7 +155,7 @@ function HybridLM:init(cfg)
   if need.mla and not c.mla then bad("an MLA layer needs cfg.mla = {heads, kv_rank, nope_dim, rope_dim, v_dim, ...}") end
   local rc = attnres.residual_config(c)
   local res = attnres.Residual(rc.kind, { dim = c.dim, n_layers = c.n_layers, block_layers = rc.block_layers,
-    gamma_mode = rc.gamma_mode, eps = rc.eps, dtype = c.dtype, device = c.device })
+    gamma_mode = rc.gamma_mode, gamma_range = rc.gamma_range, eps = rc.eps, dtype = c.dtype, device = c.device })
   self:child("model", Body(c, self.schedule, res))
   self:child("lm_head", Linear(c.dim, c.vocab_size, { std = c.init_std, dtype = c.dtype, device = c.device }))
 end
