@@ -8,7 +8,7 @@
 --   tide run bench/generate.lua [--prompts=1024,8192,32768] [--new_tokens=32] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
-local json = require "tide.json"
+local results = require "tide.results"
 
 local WIDTH = {
   vocab_size = 320, dim = 128, n_layers = 4, ffn_dim = 384, residual = "attnres_block", attnres = { block_layers = 2 },
@@ -116,18 +116,7 @@ local function run(cfg)
   L[#L + 1] = ""
   local md = table.concat(L, "\n")
   io.write(md)
-  if cfg.results ~= "" then
-    if tide.C.tide_mkdir_p(cfg.results) ~= 0 then
-      error("generate: cannot create '" .. cfg.results .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-    end
-    local text = json.encode(record, { first = { "benchmark", "date" } }) .. "\n"
-    for path, body in pairs({ [cfg.results .. "/generate.json"] = text, [cfg.results .. "/generate.md"] = md }) do
-      if tide.C.tide_file_write_text_atomic(path, body) ~= 0 then
-        error("generate: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-      end
-    end
-    io.stderr:write("generate: wrote " .. cfg.results .. "/generate.json and generate.md\n")
-  end
+  results.write(cfg.results, "generate", record, md)
   return 0
 end
 

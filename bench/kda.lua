@@ -12,7 +12,7 @@
 --                          [--reps=2] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
-local json = require "tide.json"
+local results = require "tide.results"
 local F = tide.F
 
 local H, DK, DV, CHUNK, LB = 4, 64, 64, 16, -5
@@ -209,18 +209,7 @@ local function run(cfg)
   record.loadavg_end = loadavg()
   local md = markdown(record)
   io.write(md)
-  if cfg.results ~= "" then
-    if tide.C.tide_mkdir_p(cfg.results) ~= 0 then
-      error("kda: cannot create '" .. cfg.results .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-    end
-    local text = json.encode(record, { first = { "benchmark", "date" } }) .. "\n"
-    for path, body in pairs({ [cfg.results .. "/kda.json"] = text, [cfg.results .. "/kda.md"] = md }) do
-      if tide.C.tide_file_write_text_atomic(path, body) ~= 0 then
-        error("kda: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-      end
-    end
-    io.stderr:write("kda: wrote " .. cfg.results .. "/kda.json and kda.md\n")
-  end
+  results.write(cfg.results, "kda", record, md)
   return 0
 end
 

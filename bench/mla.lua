@@ -8,7 +8,7 @@
 --   tide run bench/mla.lua [--sizes=1024,2048,4096,8192,16384] [--baseline_max=8192] [--reps=2] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
-local json = require "tide.json"
+local results = require "tide.results"
 local F = tide.F
 
 local H, DN, DR, DV = 2, 64, 32, 64
@@ -108,18 +108,7 @@ local function run(cfg)
   L[#L + 1] = ""
   local md = table.concat(L, "\n")
   io.write(md)
-  if cfg.results ~= "" then
-    if tide.C.tide_mkdir_p(cfg.results) ~= 0 then
-      error("mla: cannot create '" .. cfg.results .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-    end
-    local text = json.encode(record, { first = { "benchmark", "date" } }) .. "\n"
-    for path, body in pairs({ [cfg.results .. "/mla.json"] = text, [cfg.results .. "/mla.md"] = md }) do
-      if tide.C.tide_file_write_text_atomic(path, body) ~= 0 then
-        error("mla: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-      end
-    end
-    io.stderr:write("mla: wrote " .. cfg.results .. "/mla.json and mla.md\n")
-  end
+  results.write(cfg.results, "mla", record, md)
   return 0
 end
 

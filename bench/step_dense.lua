@@ -15,6 +15,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
+local results = require "tide.results"
 
 local CONFIGS = {
   { name = "d256-L4", vocab_size = 50304, dim = 256, n_layers = 4, n_heads = 4, seq = 256, batch = 4, steps = 8 },
@@ -271,18 +272,7 @@ local function run(cfg)
 
   local md = markdown(record)
   io.write(md)
-  if cfg.results ~= "" then
-    if tide.C.tide_mkdir_p(cfg.results) ~= 0 then
-      error("step_dense: cannot create '" .. cfg.results .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-    end
-    local text = json.encode(record, { first = { "benchmark", "date", "name", "tide", "torch", "ceiling" } }) .. "\n"
-    for path, body in pairs({ [cfg.results .. "/step_dense.json"] = text, [cfg.results .. "/step_dense.md"] = md }) do
-      if tide.C.tide_file_write_text_atomic(path, body) ~= 0 then
-        error("step_dense: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
-      end
-    end
-    io.stderr:write("step_dense: wrote " .. cfg.results .. "/step_dense.json and step_dense.md\n")
-  end
+  results.write(cfg.results, "step_dense", record, md, { "benchmark", "date", "name", "tide", "torch", "ceiling" })
   return 0
 end
 

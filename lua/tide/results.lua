@@ -1,0 +1,25 @@
+-- results.lua — benchmark and study results on disk: one JSON record and one Markdown table per run,
+-- written atomically under a results directory (bench/results by default).
+local ffi = require "ffi"
+local tide = require "tide"
+local json = require "tide.json"
+
+local results = {}
+
+-- write(dir, name, record, md, first): <dir>/<name>.json (keys `first` first) and <dir>/<name>.md; dir "" writes
+-- nothing. Errors name the path.
+function results.write(dir, name, record, md, first)
+  if dir == "" then return end
+  if tide.C.tide_mkdir_p(dir) ~= 0 then
+    error(name .. ": cannot create '" .. dir .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
+  end
+  local text = json.encode(record, { first = first or { "benchmark", "date" } }) .. "\n"
+  for _, f in ipairs({ { dir .. "/" .. name .. ".json", text }, { dir .. "/" .. name .. ".md", md } }) do
+    if tide.C.tide_file_write_text_atomic(f[1], f[2]) ~= 0 then
+      error(name .. ": cannot write '" .. f[1] .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
+    end
+  end
+  io.stderr:write(name .. ": wrote " .. dir .. "/" .. name .. ".json and " .. name .. ".md\n")
+end
+
+return results
