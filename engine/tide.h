@@ -259,6 +259,28 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
    with n + 2 inputs; the gradients of w and nu are summed over tokens (§4). Returns out [..., d]. */
 tide_tensor *tide_attnres(int n, tide_tensor **sources, tide_tensor *w, tide_tensor *nu, double eps);
 
+/* ---- ops: sparse MoE (spec/moe.md) --------------------------------------------------------------- */
+/* SiTU-GLU (moe.md §6): h = k_gate tanh(g/k_gate) σ(g) ⊙ k_lin tanh(u/k_lin), σ on the uncapped g; |h| <= k_gate
+   k_lin. K3: k_gate = 4, k_lin = 25; both > 0 (large values approach SwiGLU). g, u one shape. */
+tide_tensor *tide_situ_glu(tide_tensor *g, tide_tensor *u, double k_gate, double k_lin);
+/* the k largest entries over the last dim of x [..., C] (1 <= k <= C), descending; ties go to the lowest index
+   (moe.md §2). values [..., k] (differentiable: the gradient goes to the selected positions), indices i64
+   [..., k] (not differentiable). One graph node; returns 0 or -1. */
+int tide_topk(tide_tensor *x, int k, tide_tensor **values, tide_tensor **indices);
+/* the routed experts of a MoE layer as one node (moe.md §7, §8): x [m, d_in] (tokens, already in the latent
+   width for LatentMoE), sel [m, k] int expert ids (not differentiable), p [m, k] routing weights, w_gate_up
+   [n, 2·d_e, d_in] (per expert the gate rows, then the up rows; [out, in]), w_down [n, d_out, d_e]:
+     u[t] = Σ_slot p[t, slot] · W_down[e] act(W_gate[e] x_t, W_up[e] x_t),  e = sel[t, slot],
+   act = SiTU-GLU (k_gate, k_lin) or SwiGLU. Assignments are sorted stably by expert; the combine adds the
+   slots in order (no atomics): bitwise reproducible. capacity_factor = 0: dropless; > 0: each expert keeps its
+   first ceil(capacity_factor·m·k/n) assignments in (t, slot) order and the rest contribute 0; *dropped (may be
+   NULL) gets the number dropped. The node saves the sort, the gate/up pre-activations and the expert outputs
+   (the activation is recomputed in backward). Gradients: x, p, w_gate_up, w_down. Returns u [m, d_out]. */
+enum { TIDE_MOE_SITU = 0, TIDE_MOE_SWIGLU = 1 };
+tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up,
+                              tide_tensor *w_down, int activation, double k_gate, double k_lin, double capacity_factor,
+                              int64_t *dropped);
+
 /* ---- optimiser kernels (in place, no graph) -------------------------------------------------------- */
 /* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
 int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,

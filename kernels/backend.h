@@ -210,6 +210,28 @@ typedef struct tide_backend {
                             const void *const *srcs, const void *stats, int64_t n, int64_t rows, int64_t d,
                             const void *w, const void *nu);
 
+    /* sparse MoE (spec/moe.md). situ_glu: out = k_gate tanh(g/k_gate) σ(g) · k_lin tanh(u/k_lin) (§6), backward dg, du.
+       topk over the last dim of x [rows, C]: values [rows, k] descending, indices int64, ties to the lowest index.
+       moe_experts (§8): x [m, d_in], sel [m, k] (sel_dtype i32/i64, every id in [0, n)), p [m, k], w_gate_up
+       [n, 2 d_e, d_in], w_down [n, d_out, d_e] -> out [m, d_out]; writes route (int64, in device memory)
+       [perm (m·k) | pos (m·k) | offsets (n + 1)] of the stable sort by (expert, t, slot), pre [m·k, 2 d_e]
+       (gate | up pre-activations, sorted rows) and y [m·k, d_out] (expert outputs, sorted rows); rows past
+       offsets[n] are unused. capacity < 0: dropless; else each expert keeps its first `capacity` rows and
+       *dropped (host) gets the count of the others. act: TIDE_MOE_SITU or TIDE_MOE_SWIGLU. The backward
+       writes dx, dp and OVERWRITES dw_gate_up, dw_down (any may be NULL), reducing in a fixed order. */
+    int (*situ_glu)(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
+    int (*situ_glu_backward)(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n,
+                             double k_gate, double k_lin);
+    int (*topk)(int dtype, void *values, int64_t *indices, const void *x, int64_t rows, int64_t C, int64_t k);
+    int (*moe_experts)(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
+                       int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
+                       int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
+                       int64_t capacity, int64_t *dropped);
+    int (*moe_experts_backward)(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
+                                const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
+                                const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
+                                int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
+
     /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1) */
     int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);

@@ -10,6 +10,7 @@ DECL(embedding) DECL(rmsnorm) DECL(layernorm) DECL(softmax) DECL(cross_entropy) 
 DECL(kda) DECL(kda_gate) DECL(causal_conv1d) DECL(l2norm)
 DECL(mla_attention)
 DECL(attnres)
+DECL(situ_glu) DECL(topk) DECL(moe_experts)
 int tide_contiguous_forward(tide_node *, tide_tensor **, tide_tensor **);
 int tide_identity_backward(tide_node *, tide_tensor **, tide_tensor **);
 
@@ -67,5 +68,8 @@ const tide_op_def tide_op_defs[TIDE_OP_COUNT] = {
     OP(TIDE_OP_L2NORM, "l2norm", l2norm, tide_l2norm_backward),
     OP(TIDE_OP_MLA_ATTENTION, "mla_attention", mla_attention, tide_mla_attention_backward),
     OP(TIDE_OP_ATTNRES, "attnres", attnres, tide_attnres_backward),
+    OP(TIDE_OP_SITU_GLU, "situ_glu", situ_glu, tide_situ_glu_backward),
+    OP(TIDE_OP_TOPK, "topk", topk, tide_topk_backward),
+    OP(TIDE_OP_MOE_EXPERTS, "moe_experts", moe_experts, tide_moe_experts_backward),
 };
 _Static_assert(sizeof tide_op_defs / sizeof tide_op_defs[0] == TIDE_OP_COUNT, "every op id needs a registry entry");

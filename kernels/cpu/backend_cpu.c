@@ -53,4 +53,9 @@ const tide_backend tide_cpu_backend = {
     .attnres = tide_cpu_attnres,
     .attnres_backward = tide_cpu_attnres_backward,
     .adamw = tide_cpu_adamw,
+    .situ_glu = tide_cpu_situ_glu,
+    .situ_glu_backward = tide_cpu_situ_glu_backward,
+    .topk = tide_cpu_topk,
+    .moe_experts = tide_cpu_moe_experts,
+    .moe_experts_backward = tide_cpu_moe_experts_backward,
 };

@@ -307,6 +307,11 @@ static tide_backend make_table()
     t.mla_attention_backward = tide_cuda_mla_attention_backward;
     t.attnres = tide_cuda_attnres;
     t.attnres_backward = tide_cuda_attnres_backward;
+    t.situ_glu = tide_cuda_situ_glu;
+    t.situ_glu_backward = tide_cuda_situ_glu_backward;
+    t.topk = tide_cuda_topk;
+    t.moe_experts = tide_cuda_moe_experts;
+    t.moe_experts_backward = tide_cuda_moe_experts_backward;
     t.adamw = tide_cuda_adamw;
     return t;
 }

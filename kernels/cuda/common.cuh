@@ -263,4 +263,18 @@ int tide_cuda_attnres(int dtype, void *out, void *stats, const void *const *srcs
                       const void *w, const void *nu, double eps);
 int tide_cuda_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu, const void *gout, const void *const *srcs,
                                const void *stats, int64_t n, int64_t rows, int64_t d, const void *w, const void *nu);
+
+/* sparse MoE (moe.cu) */
+int tide_cuda_situ_glu(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
+int tide_cuda_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n,
+                                double k_gate, double k_lin);
+int tide_cuda_topk(int dtype, void *values, int64_t *indices, const void *x, int64_t rows, int64_t C, int64_t k);
+int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
+                          int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
+                          int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
+                          int64_t capacity, int64_t *dropped);
+int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
+                                   const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
+                                   const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
+                                   int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
 #endif

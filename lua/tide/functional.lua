@@ -385,6 +385,59 @@ function F.attnres(sources, w, nu, opts)
   return check(C.tide_attnres(n, arr, raw(w), want_tensor(nu, op, "nu"), eps))
 end
 
+-- ---- sparse MoE (spec/moe.md) -----------------------------------------------------------------------------
+local SITU_KEYS = { k_gate = true, k_lin = true }
+
+-- F.situ_glu(g, u, opts) = k_gate tanh(g/k_gate) σ(g) ⊙ k_lin tanh(u/k_lin) (moe.md §6); opts.k_gate (4), opts.k_lin (25)
+function F.situ_glu(g, u, opts)
+  local op = "situ_glu"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, SITU_KEYS)
+  local kg = opts.k_gate == nil and 4 or want_number(opts.k_gate, op, "k_gate")
+  local kl = opts.k_lin == nil and 25 or want_number(opts.k_lin, op, "k_lin")
+  return check(C.tide_situ_glu(want_tensor(g, op, "g"), want_tensor(u, op, "u"), kg, kl))
+end
+
+-- F.topk(x, k) -> values, indices over the last dim: descending, ties to the lowest index (moe.md §2);
+-- indices are i64 and 0-based (data, like every index value); values carry the gradient
+function F.topk(x, k)
+  local op = "topk"
+  want_tensor(x, op, "x")
+  k = want_int(k, op, "k")
+  local v, i = ffi.new("tide_tensor *[1]"), ffi.new("tide_tensor *[1]")
+  check_status(C.tide_topk(raw(x), k, v, i))
+  return T.wrap(v[0]), T.wrap(i[0])
+end
+
+local MOE_ACTS = { situ = C.TIDE_MOE_SITU, swiglu = C.TIDE_MOE_SWIGLU }
+local MOE_KEYS = { activation = true, k_gate = true, k_lin = true, capacity_factor = true }
+
+-- F.moe_experts(x, sel, p, w_gate_up, w_down, opts) -> u [m, d_out], dropped (moe.md §7, §8)
+--   x [m, d_in], sel [m, k] 0-based expert ids (int tensor or Lua table of rows), p [m, k] routing weights,
+--   w_gate_up [n, 2·d_e, d_in] (gate rows, then up rows), w_down [n, d_out, d_e]
+--   opts.activation "situ" (default) | "swiglu"; opts.k_gate (4), opts.k_lin (25);
+--   opts.capacity_factor (0 = dropless; > 0 keeps ceil(cf·m·k/n) assignments per expert); dropped = the count lost
+function F.moe_experts(x, sel, p, w_gate_up, w_down, opts)
+  local op = "moe_experts"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, MOE_KEYS)
+  local act_name = opts.activation or "situ"
+  local act = MOE_ACTS[act_name]
+  if act == nil then
+    raise(fmt("%s: activation must be \"situ\" or \"swiglu\", got %s", op,
+              type(act_name) == "string" and ("\"" .. act_name .. "\"") or tostring(act_name)))
+  end
+  local kg = opts.k_gate == nil and 4 or want_number(opts.k_gate, op, "k_gate")
+  local kl = opts.k_lin == nil and 25 or want_number(opts.k_lin, op, "k_lin")
+  local cf = opts.capacity_factor == nil and 0 or want_number(opts.capacity_factor, op, "capacity_factor")
+  want_tensor(x, op, "x")
+  sel = index_tensor(sel, x, op, "sel")
+  local dropped = ffi.new("int64_t[1]")
+  local u = check(C.tide_moe_experts(raw(x), raw(sel), want_tensor(p, op, "p"), want_tensor(w_gate_up, op, "w_gate_up"),
+                                     want_tensor(w_down, op, "w_down"), act, kg, kl, cf, dropped))
+  return u, tonumber(dropped[0])
+end
+
 -- F.adamw_step_(param, grad, m, v, opts): one in-place AdamW update (optim.md §2)
 --   opts: lr, beta1 (0.9), beta2 (0.95), eps (1e-8), weight_decay (0.1), step (updates done before, 0-based)
 --   (defaults from optim.md)

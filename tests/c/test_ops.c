@@ -182,6 +182,18 @@ RUN(r_mla_nor, tide_mla_attention(x[0], x[1], NULL, x[2], NULL, 0.6))
 /* attnres: the sources, then w and nu */
 RUN(r_attnres3, tide_attnres(3, x, x[3], x[4], 1e-5))
 RUN(r_attnres1, tide_attnres(1, x, x[1], x[2], 1e-5))
+/* sparse MoE (spec/moe.md §6, §2, §8) */
+RUN(r_situ, tide_situ_glu(x[0], x[1], 4.0, 25.0))
+RUN(r_situ_small, tide_situ_glu(x[0], x[1], 1.5, 2.0))
+static tide_tensor *r_topk(tide_tensor **x)
+{
+    tide_tensor *v, *id;
+    if (tide_topk(x[0], 3, &v, &id)) return NULL;
+    tide_tensor_release(id);
+    return v;
+}
+RUN(r_moe_situ, tide_moe_experts(x[0], x[1], x[2], x[3], x[4], TIDE_MOE_SITU, 1.5, 2.0, 0.0, NULL))
+RUN(r_moe_swiglu_cap, tide_moe_experts(x[0], x[1], x[2], x[3], x[4], TIDE_MOE_SWIGLU, 4.0, 25.0, 0.6, NULL))
 
 /* slow references (plain loops on host copies) */
 static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N, K] -> [B, M, N] */
@@ -333,6 +345,34 @@ static void ref_attnres(tide_tensor **in, int n, double *out)
 }
 static void ref_attnres3(tide_tensor **in, double *out) { ref_attnres(in, 3, out); }
 
+/* the routed experts by the definition (moe.md §8), dense per token: u[t] = Σ_slot p E_sel(x_t) */
+static void ref_moe_situ(tide_tensor **in, double *out)
+{
+    double *x = host(in[0]), *sel = host(in[1]), *p = host(in[2]), *wgu = host(in[3]), *wd = host(in[4]);
+    int64_t m = in[0]->shape[0], din = in[0]->shape[1], k = in[1]->shape[1], de = in[3]->shape[1] / 2, dout = in[4]->shape[1];
+    double h[16];
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t c = 0; c < dout; c++) out[t * dout + c] = 0;
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t s = 0; s < k; s++) {
+            int64_t e = (int64_t)sel[t * k + s];
+            for (int64_t j = 0; j < de; j++) {
+                double g = 0, u = 0;
+                for (int64_t i = 0; i < din; i++) {
+                    g += wgu[(e * 2 * de + j) * din + i] * x[t * din + i];
+                    u += wgu[(e * 2 * de + de + j) * din + i] * x[t * din + i];
+                }
+                h[j] = 1.5 * tanh(g / 1.5) / (1 + exp(-g)) * 2.0 * tanh(u / 2.0);
+            }
+            for (int64_t c = 0; c < dout; c++) {
+                double y = 0;
+                for (int64_t j = 0; j < de; j++) y += wd[(e * dout + c) * de + j] * h[j];
+                out[t * dout + c] += p[t * k + s] * y;
+            }
+        }
+    free(x); free(sel); free(p); free(wgu); free(wd);
+}
+
 static int n_cases;
 static op_case cases[96];
 
@@ -442,6 +482,15 @@ static void build_cases(void)
          RANDU(0.5, 1.5, 8), NULL);
     cases[n_cases - 1].ref = ref_attnres3;
     add(TIDE_OP_ATTNRES, "1 source [5,6]", r_attnres1, NULL, 0, 3, RANDN(5, 6), RANDN(6), RANDU(0.5, 1.5, 6), 0);
+    add(TIDE_OP_SITU_GLU, "k 4, 25 on [-6, 6]", r_situ, NULL, 0, 2, RANDU(-6.0, 6.0, 3, 5), RANDU(-6.0, 6.0, 3, 5), 0, 0);
+    add(TIDE_OP_SITU_GLU, "k 1.5, 2 (saturating)", r_situ_small, NULL, 0, 2, RANDU(-4.0, 4.0, 4, 3), RANDU(-4.0, 4.0, 4, 3), 0, 0);
+    add(TIDE_OP_TOPK, "k 3 of 7 over [2,3,7]", r_topk, NULL, 0, 1, RANDN(2, 3, 7), 0, 0, 0);
+    /* moe_experts: x [6,3], sel [6,2] over 4 experts, p, w_gate_up [4, 2·2, 3], w_down [4, 3, 2] */
+    add6(TIDE_OP_MOE_EXPERTS, "SiTU, n 4, k 2", r_moe_situ, 5, RANDN(6, 3), ints(TIDE_I64, 2, SHAPE(6, 2), 4, -1, 0),
+         RANDU(0.1, 1.0, 6, 2), RANDN(4, 4, 3), RANDN(4, 3, 2), NULL);
+    cases[n_cases - 1].ref = ref_moe_situ;
+    add6(TIDE_OP_MOE_EXPERTS, "SwiGLU, capacity 0.6, i32 sel", r_moe_swiglu_cap, 5, RANDN(7, 3),
+         ints(TIDE_I32, 2, SHAPE(7, 2), 3, -1, 0), RANDU(0.1, 1.0, 7, 2), RANDN(3, 4, 3), RANDN(3, 2, 2), NULL);
     (void)s4;
 }
 

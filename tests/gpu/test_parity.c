@@ -122,6 +122,15 @@ static tide_tensor *f_sub(tide_tensor **in) { return tide_sub(in[0], in[1]); }
 static tide_tensor *f_mul(tide_tensor **in) { return tide_mul(in[0], in[1]); }
 static tide_tensor *f_div(tide_tensor **in) { return tide_div(in[0], in[1]); }
 static tide_tensor *f_swiglu(tide_tensor **in) { return tide_swiglu(in[0], in[1]); }
+/* moe.md §6, §2: SiTU-GLU with small caps (both tanh factors bend on N(0, 1)·3 inputs) and top-k values */
+static tide_tensor *f_situ(tide_tensor **in) { return tide_situ_glu(in[0], in[1], 1.5, 2.0); }
+static tide_tensor *f_topk(tide_tensor **in)
+{
+    tide_tensor *v = NULL, *id = NULL;
+    if (tide_topk(in[0], 5, &v, &id)) return NULL;
+    tide_tensor_release(id);
+    return v;
+}
 
 static tide_tensor *f_sum_all(tide_tensor **in) { return tide_sum(in[0], 0, NULL, 0); }
 static tide_tensor *f_sum_d1(tide_tensor **in) { int d[1] = {1}; return tide_sum(in[0], 1, d, 0); }
@@ -230,6 +239,9 @@ static const op_case cases[] = {
     {"add bf16", f_add, 2, {NORMAL(S3(2, 3, 5)), NORMAL(S2(3, 1))}, 3, 1e-2, 2e-2, 1e-2, 2e-2, 1},
     {"swiglu", f_swiglu, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
     {"swiglu bf16", f_swiglu, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    {"situ_glu", f_situ, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"situ_glu bf16", f_situ, 2, {NORMAL(S2(5, 40)), NORMAL(S2(5, 40))}, 3, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    {"topk 5 of 33 (values, gradient scatter)", f_topk, 1, {NORMAL(S3(3, 7, 33))}, 1, 0, 0, 0, 0, 0},
     /* reductions */
     {"sum all", f_sum_all, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 0, 0, 0},
     {"sum dim 1", f_sum_d1, 1, {NORMAL(S3(4, 6, 5))}, 1, 1e-5, 1e-5, 0, 0, 0},
@@ -1000,6 +1012,88 @@ static int test_attnres_case(const attnres_case *ac)
     return report(ac->name, ok && pass, detail);
 }
 
+/* ---- MoE experts (moe.md §8): n 8, k 2, expert 3 in every token, experts 5 and 6 idle; forward, dx, dp, dw vs
+   the CPU; the GPU run repeated is bitwise equal (no atomics); the capacity drops the same count on both ---- */
+static int test_moe_case(int bf16, double tol)
+{
+    enum { X, SEL, P, WGU, WD, NIN };
+    const int64_t m = 37, k = 2, n = 8, din = 48, de = 32, dout = 40;
+    int64_t shp[NIN][3] = {{m, din}, {m, k}, {m, k}, {n, 2 * de, din}, {n, dout, de}};
+    int nd[NIN] = {2, 2, 2, 3, 3};
+    double *buf = malloc((size_t)(n * 2 * de * din) * sizeof *buf);
+    tide_tensor *c[NIN] = {0}, *g[NIN] = {0}, *oc = NULL, *og = NULL, *og2 = NULL, *og32 = NULL, *r = NULL, *rg = NULL,
+                *lc = NULL, *lg = NULL, *cap_c = NULL, *cap_g = NULL;
+    static const int cyc[5] = {7, 0, 4, 1, 2};
+    char detail[512] = "", name[64];
+    snprintf(name, sizeof name, "moe_experts %s n 8 k 2 (idle and full experts)", bf16 ? "bf16" : "f32");
+    int ok = buf != NULL;
+    for (int i = 0; ok && i < NIN; i++) {
+        int64_t cnt = 1;
+        for (int d = 0; d < nd[i]; d++) cnt *= shp[i][d];
+        for (int64_t j = 0; j < cnt; j++)
+            buf[j] = i == SEL ? (j % 2 ? cyc[(j / 2 * 3) % 5] : 3) : i == P ? 0.1 + 0.9 * uniform01() :
+                     i == X ? normal01() : 0.2 * normal01();
+        if (i == SEL) {
+            c[i] = tide_from_f64(TIDE_I64, 2, shp[i], CPU, buf);
+            g[i] = c[i] ? tide_to_device(c[i], GPU) : NULL;
+            ok = c[i] && g[i];
+            continue;
+        }
+        c[i] = kda_input(nd[i], shp[i], buf, bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        g[i] = (d && bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (g[i] != d) tide_tensor_release(d);
+        ok = c[i] && g[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(g[i], 1);
+    }
+    int64_t dc = -1, dg = -2;
+    oc = ok ? tide_moe_experts(c[X], c[SEL], c[P], c[WGU], c[WD], TIDE_MOE_SITU, 4, 25, 0, NULL) : NULL;
+    og = oc ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SITU, 4, 25, 0, NULL) : NULL;
+    og2 = og ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SITU, 4, 25, 0, NULL) : NULL;
+    cap_c = og2 ? tide_moe_experts(c[X], c[SEL], c[P], c[WGU], c[WD], TIDE_MOE_SWIGLU, 4, 25, 0.75, &dc) : NULL;
+    cap_g = cap_c ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SWIGLU, 4, 25, 0.75, &dg) : NULL;
+    og32 = og ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    if (ok && !(og32 && cap_g)) snprintf(detail, sizeof detail, "%s", tide_last_error());
+    ok = ok && og32 && cap_g;
+    int pass = ok;
+    if (ok) {
+        double *a = host_values(og), *b = host_values(og2);
+        int same = a && b && !memcmp(a, b, (size_t)og->numel * sizeof *a);
+        free(a); free(b);
+        if (!same) snprintf(detail, sizeof detail, "two GPU runs differ ");
+        pass = same && dc == dg && dc > 0 && check_scaled(name, "out", oc, og32, tol, detail, sizeof detail) &&
+               check_scaled(name, "capacity out", cap_c, cap_g, tol, detail, sizeof detail);
+        if (dc != dg) { size_t len = strlen(detail); snprintf(detail + len, sizeof detail - len, " dropped cpu %lld gpu %lld", (long long)dc, (long long)dg); }
+        r = tide_randn(TIDE_F32, 2, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    static const char *what[NIN] = {"dx", "", "dp", "dw_gate_up", "dw_down"};
+    for (int i = 0; ok && i < NIN; i++) {
+        if (i == SEL) continue;
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(g[i]);
+        pass = check_scaled(name, what[i], gc, gg, tol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og2, og32, r, rg, lc, lg, cap_c, cap_g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < NIN; i++) { tide_tensor_release(c[i]); tide_tensor_release(g[i]); }
+    free(buf);
+    return report(name, ok && pass, detail);
+}
+
+/* f32: cuBLAS reorders the K-sums (K <= 48): 1e-5 of the largest value; bf16: the inputs, pre-activations, h and y
+   are rounded to bf16 (step 2^-8) along the way: 1/64 of the largest value */
+static int test_moe(void)
+{
+    int a = test_moe_case(0, 1e-5);
+    int b = test_moe_case(1, 1.0 / 64);
+    return a && b;
+}
+
 static int test_attnres(void)
 {
     int passed = 1;
@@ -1069,7 +1163,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target, test_kda,
-                                  test_kda_bound, test_attnres, test_mla};
+                                  test_kda_bound, test_attnres, test_mla, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;

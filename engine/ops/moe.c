@@ -1,0 +1,225 @@
+/* moe.c — the ops of the sparse MoE layer (spec/moe.md): the SiTU-GLU activation (§6), top-k over the last dim
+   (§2: the router's selection, ties to the lowest index) and the routed experts with dispatch and combine as one
+   node (§7, §8). The experts node saves the sort (int64 route), the gate/up pre-activations and the expert
+   outputs y in sorted order: y gives dp = du · y without a second down GEMM, the activation h is recomputed
+   from the pre-activations (one elementwise pass) instead of being stored. */
+#include <math.h>
+#include <stdlib.h>
+#include "../internal.h"
+
+#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
+
+/* ---- SiTU-GLU (§6) ------------------------------------------------------------------------------------------ */
+/* attr: f[0] k_gate, f[1] k_lin */
+int tide_situ_glu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *g = tide_contiguous_nograd(in[0]), *u = g ? tide_contiguous_nograd(in[1]) : NULL;
+    tide_tensor *o = u ? tide_empty_like(g) : NULL;
+    const tide_backend *bk = tide_backend_for(in[0]->device);
+    int rc = o ? TIDE_KERNEL(bk, situ_glu, "situ_glu") : -1;
+    if (!rc && g->numel > 0) rc = bk->situ_glu(g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel, n->attr.f[0], n->attr.f[1]);
+    if (!rc) rc = tide_node_save(n, g) || tide_node_save(n, u);
+    tide_tensor_release(g); tide_tensor_release(u);
+    if (rc) { tide_tensor_release(o); return -1; }
+    out[0] = o;
+    return 0;
+}
+
+int tide_situ_glu_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *g = n->saved[0], *u = n->saved[1];
+    tide_tensor *d = tide_contiguous_nograd(gout[0]);
+    tide_tensor *dg = d ? tide_empty_like(g) : NULL, *du = dg ? tide_empty_like(u) : NULL;
+    const tide_backend *bk = tide_backend_for(g->device);
+    int rc = du ? TIDE_KERNEL(bk, situ_glu_backward, "situ_glu") : -1;
+    if (!rc && g->numel > 0)
+        rc = bk->situ_glu_backward(g->dtype, tide_data(dg), tide_data(du), tide_data(d), tide_data(g), tide_data(u), g->numel,
+                                   n->attr.f[0], n->attr.f[1]);
+    tide_tensor_release(d);
+    if (rc) { tide_tensor_release(dg); tide_tensor_release(du); return -1; }
+    gin[0] = dg;
+    gin[1] = du;
+    return 0;
+}
+
+tide_tensor *tide_situ_glu(tide_tensor *g, tide_tensor *u, double k_gate, double k_lin)
+{
+    const char *op = "situ_glu";
+    if (tide_check_float(g, op, "g") || tide_check_float(u, op, "u") || tide_check_same_device(g, u, op) ||
+        tide_check_same_dtype(g, u, op)) return NULL;
+    char a[128], b[128];
+    TIDE_CHECK(tide_same_shape(g, u), "situ_glu: g is %s but u is %s: they need one shape", SHAPE_STR(g, a), SHAPE_STR(u, b));
+    TIDE_CHECK(isfinite(k_gate) && k_gate > 0 && isfinite(k_lin) && k_lin > 0,
+               "situ_glu: k_gate = %g and k_lin = %g must be positive and finite", k_gate, k_lin);
+    tide_attrs at = {0};
+    at.f[0] = k_gate;
+    at.f[1] = k_lin;
+    tide_tensor *in[2] = {g, u};
+    return tide_op_run1(TIDE_OP_SITU_GLU, 2, in, &at);
+}
+
+/* ---- top-k over the last dim (§2) ------------------------------------------------------------------------------ */
+/* attr: i[0] k */
+int tide_topk_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *x = tide_contiguous_nograd(in[0]);
+    if (!x) return -1;
+    int64_t k = n->attr.i[0], C = x->shape[x->ndim - 1], rows = C ? x->numel / C : 0, shape[TIDE_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = k;
+    tide_tensor *v = tide_empty(x->dtype, x->ndim, shape, x->device);
+    tide_tensor *id = v ? tide_empty(TIDE_I64, x->ndim, shape, x->device) : NULL;
+    const tide_backend *bk = tide_backend_for(x->device);
+    int rc = id ? TIDE_KERNEL(bk, topk, "topk") : -1;
+    if (!rc && v->numel > 0) rc = bk->topk(x->dtype, tide_data(v), tide_data(id), tide_data(x), rows, C, k);
+    if (!rc) rc = tide_node_save(n, id);
+    tide_tensor_release(x);
+    if (rc) { tide_tensor_release(v); tide_tensor_release(id); return -1; }
+    out[0] = v;
+    out[1] = id;
+    return 0;
+}
+
+/* the value gradient goes back to the selected positions (scatter along the last dim; indices are distinct) */
+int tide_topk_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *id = n->saved[0];
+    tide_meta *xm = &n->in_meta[0];
+    int64_t C = xm->shape[xm->ndim - 1], k = n->attr.i[0], rows = id->numel / (k ? k : 1);
+    tide_tensor *g = tide_contiguous_nograd(gout[0]);
+    tide_tensor *gx = g ? tide_zeros(xm->dtype, xm->ndim, xm->shape, xm->device) : NULL;
+    const tide_backend *bk = tide_backend_for(xm->device);
+    int rc = gx ? TIDE_KERNEL(bk, scatter_add, "topk") : -1;
+    if (!rc && id->numel > 0) rc = bk->scatter_add(xm->dtype, tide_data(gx), tide_data(g), tide_data(id), TIDE_I64, rows, C, k, 1);
+    tide_tensor_release(g);
+    if (rc) { tide_tensor_release(gx); return -1; }
+    gin[0] = gx;
+    return 0;
+}
+
+int tide_topk(tide_tensor *x, int k, tide_tensor **values, tide_tensor **indices)
+{
+    const char *op = "topk";
+    TIDE_CHECK_INT(values && indices, "topk: values and indices must be non-NULL output pointers");
+    *values = *indices = NULL;
+    if (tide_check_float(x, op, "x")) return -1;
+    char a[128];
+    TIDE_CHECK_INT(x->ndim >= 1, "topk: x must have at least one dim, got a scalar");
+    int64_t C = x->shape[x->ndim - 1];
+    TIDE_CHECK_INT(k >= 1 && k <= C, "topk: k = %d must be in [1, %lld] (the last dim of x %s)", k, (long long)C,
+                   SHAPE_STR(x, a));
+    tide_attrs at = {0};
+    at.i[0] = k;
+    tide_tensor *out[2];
+    if (tide_op_run(TIDE_OP_TOPK, 1, &x, 2, out, &at)) return -1;
+    *values = out[0];
+    *indices = out[1];
+    return 0;
+}
+
+/* ---- routed experts with dispatch and combine (§7, §8) --------------------------------------------------------- */
+static _Thread_local int64_t g_moe_dropped;
+
+/* attr: i[0] activation, i[1] capacity (−1 = dropless); f[0] k_gate, f[1] k_lin.
+   saved: x, p, w_gate_up, w_down, route, pre, y */
+int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *c[5] = {0};
+    for (int i = 0; i < 5; i++)
+        if (!(c[i] = tide_contiguous_nograd(in[i]))) { for (int j = 0; j < i; j++) tide_tensor_release(c[j]); return -1; }
+    tide_tensor *x = c[0], *sel = c[1], *p = c[2], *wgu = c[3], *wd = c[4];
+    int64_t m = x->shape[0], d_in = x->shape[1], k = sel->shape[1], ne = wgu->shape[0], d_e = wgu->shape[1] / 2;
+    int64_t d_out = wd->shape[1], A = m * k;
+    tide_tensor *o = tide_empty(x->dtype, 2, (int64_t[]){m, d_out}, x->device);
+    tide_tensor *route = o ? tide_empty(TIDE_I64, 1, (int64_t[]){2 * A + ne + 1}, x->device) : NULL;
+    tide_tensor *pre = route ? tide_empty(x->dtype, 2, (int64_t[]){A, 2 * d_e}, x->device) : NULL;
+    tide_tensor *y = pre ? tide_empty(x->dtype, 2, (int64_t[]){A, d_out}, x->device) : NULL;
+    const tide_backend *bk = tide_backend_for(x->device);
+    int rc = y ? TIDE_KERNEL(bk, moe_experts, "moe_experts") : -1;
+    int64_t dropped = 0;
+    if (!rc)
+        rc = bk->moe_experts(x->dtype, tide_data(o), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(sel),
+                             sel->dtype, tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out,
+                             (int)n->attr.i[0], n->attr.f[0], n->attr.f[1], n->attr.i[1], &dropped);
+    if (!rc) g_moe_dropped = dropped;
+    if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, p) || tide_node_save(n, wgu) || tide_node_save(n, wd) ||
+                  tide_node_save(n, route) || tide_node_save(n, pre) || tide_node_save(n, y);
+    for (int i = 0; i < 5; i++) tide_tensor_release(c[i]);
+    tide_tensor_release(route); tide_tensor_release(pre); tide_tensor_release(y);
+    if (rc) { tide_tensor_release(o); return -1; }
+    out[0] = o;
+    return 0;
+}
+
+int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *x = n->saved[0], *p = n->saved[1], *wgu = n->saved[2], *wd = n->saved[3];
+    tide_tensor *route = n->saved[4], *pre = n->saved[5], *y = n->saved[6];
+    int64_t m = x->shape[0], d_in = x->shape[1], k = p->shape[1], ne = wgu->shape[0], d_e = wgu->shape[1] / 2;
+    int64_t d_out = wd->shape[1];
+    tide_tensor *g = tide_contiguous_nograd(gout[0]);
+    /* inputs: x, sel, p, w_gate_up, w_down (sel has no gradient) */
+    tide_tensor *src[5] = {x, NULL, p, wgu, wd}, *grads[5] = {0};
+    int rc = g ? 0 : -1;
+    for (int i = 0; i < 5 && !rc; i++)
+        if (src[i] && n->in_needs_grad[i] && !(grads[i] = tide_empty_like(src[i]))) rc = -1;
+    const tide_backend *bk = tide_backend_for(x->device);
+    if (!rc) rc = TIDE_KERNEL(bk, moe_experts_backward, "moe_experts");
+#define GP(i) (grads[i] ? tide_data(grads[i]) : NULL)
+    if (!rc)
+        rc = bk->moe_experts_backward(x->dtype, GP(0), GP(2), GP(3), GP(4), tide_data(g), tide_data(route), tide_data(pre),
+                                      tide_data(y), tide_data(x), tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in,
+                                      d_e, d_out, (int)n->attr.i[0], n->attr.f[0], n->attr.f[1]);
+#undef GP
+    tide_tensor_release(g);
+    if (rc) { for (int i = 0; i < 5; i++) tide_tensor_release(grads[i]); return -1; }
+    for (int i = 0; i < 5; i++) gin[i] = grads[i];
+    return 0;
+}
+
+tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up, tide_tensor *w_down,
+                              int activation, double k_gate, double k_lin, double capacity_factor, int64_t *dropped)
+{
+    const char *op = "moe_experts";
+    if (tide_check_float(x, op, "x") || tide_check_index_dtype(sel, op, "sel") || tide_check_float(p, op, "p") ||
+        tide_check_float(w_gate_up, op, "w_gate_up") || tide_check_float(w_down, op, "w_down")) return NULL;
+    tide_tensor *all[5] = {x, sel, p, w_gate_up, w_down};
+    for (int i = 1; i < 5; i++) if (tide_check_same_device(x, all[i], op)) return NULL;
+    if (tide_check_same_dtype(x, p, op) || tide_check_same_dtype(x, w_gate_up, op) || tide_check_same_dtype(x, w_down, op))
+        return NULL;
+    char a[128], b[128], c[128], d[128], e[128];
+    int ok = x->ndim == 2 && sel->ndim == 2 && p->ndim == 2 && w_gate_up->ndim == 3 && w_down->ndim == 3;
+    ok = ok && sel->shape[0] == x->shape[0] && tide_same_shape(sel, p) && sel->shape[1] >= 1 &&
+         w_gate_up->shape[2] == x->shape[1] && w_gate_up->shape[1] % 2 == 0 && w_gate_up->shape[1] > 0 &&
+         w_down->shape[0] == w_gate_up->shape[0] && w_down->shape[2] == w_gate_up->shape[1] / 2 && w_gate_up->shape[0] >= 1;
+    TIDE_CHECK(ok, "moe_experts: x %s, sel %s, p %s, w_gate_up %s, w_down %s must be [m, d_in], [m, k], [m, k], "
+               "[n, 2·d_e, d_in], [n, d_out, d_e]", SHAPE_STR(x, a), SHAPE_STR(sel, b), SHAPE_STR(p, c), SHAPE_STR(w_gate_up, d),
+               SHAPE_STR(w_down, e));
+    TIDE_CHECK(activation == TIDE_MOE_SITU || activation == TIDE_MOE_SWIGLU,
+               "moe_experts: activation = %d must be TIDE_MOE_SITU (0) or TIDE_MOE_SWIGLU (1)", activation);
+    TIDE_CHECK(activation != TIDE_MOE_SITU || (isfinite(k_gate) && k_gate > 0 && isfinite(k_lin) && k_lin > 0),
+               "moe_experts: k_gate = %g and k_lin = %g must be positive and finite", k_gate, k_lin);
+    TIDE_CHECK(isfinite(capacity_factor) && capacity_factor >= 0,
+               "moe_experts: capacity_factor = %g must be 0 (dropless) or positive", capacity_factor);
+    int64_t ne = w_gate_up->shape[0], A = sel->numel;
+    /* every expert id in [0, n): the kernels index weights with them */
+    const tide_backend *bk = tide_backend_for(sel->device);
+    tide_tensor *sc = tide_contiguous_nograd(sel);
+    int64_t bad = 0;
+    int good = 1;
+    if (!sc) return NULL;
+    int rc = A > 0 ? bk->check_index(tide_data(sc), sc->dtype, A, ne, &bad, &good) : 0;
+    tide_tensor_release(sc);
+    if (rc) return NULL;
+    TIDE_CHECK(good, "moe_experts: sel holds expert id %lld, outside [0, %lld) (w_gate_up %s)", (long long)bad, (long long)ne,
+               SHAPE_STR(w_gate_up, a));
+    tide_attrs at = {0};
+    at.i[0] = activation;
+    at.i[1] = capacity_factor > 0 ? (int64_t)ceil(capacity_factor * (double)A / (double)ne) : -1;
+    at.f[0] = k_gate;
+    at.f[1] = k_lin;
+    g_moe_dropped = 0;
+    tide_tensor *u = tide_op_run1(TIDE_OP_MOE_EXPERTS, 5, all, &at);
+    if (u && dropped) *dropped = g_moe_dropped;
+    return u;
+}

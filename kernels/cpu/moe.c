@@ -1,0 +1,340 @@
+/*
+ * moe.c — the sparse MoE kernels (spec/moe.md): SiTU-GLU (§6), top-k over the last dim (§2: ties go to the
+ * lowest index), and the dropless grouped expert FFN with dispatch and combine (§8).
+ *
+ * moe_experts: a stable counting sort of the m·k assignments (t, slot) by expert (ties by t, then slot) gives
+ * route = [perm (m·k) | pos (m·k) | offsets (n + 1)]: perm[r] = the assignment at sorted row r, pos[a] = the
+ * sorted row of assignment a (−1 when dropped by the capacity), offsets = segment starts of the kept rows.
+ * Per expert segment two BLAS products (gate/up, down) with the activation between; the combine walks each
+ * token's slots in order with an accumulator in the compute type (no scatter, no atomics), so results are
+ * bitwise independent of the thread count. OpenBLAS is the OpenMP build and must not be called from inside an
+ * OpenMP region (see attention.c): the segments run sequentially, only the row loops use OpenMP.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cpu.h"
+
+static const char *dtname(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+static inline int64_t idx_at(const void *p, int dt, int64_t i)
+{
+    return dt == TIDE_I64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
+}
+
+/* ---- SiTU-GLU (moe.md §6): h = k1 tanh(g/k1) σ(g) · k2 tanh(u/k2), σ on the uncapped g ------------------- */
+#define SITU(T, EXP, TANH)                                                                                  \
+    static inline T sig_##T(T x)                                                                            \
+    {   /* overflow-safe: exp of a non-positive number only */                                              \
+        if (x >= 0) return (T)1 / ((T)1 + EXP(-x));                                                         \
+        T e = EXP(x);                                                                                       \
+        return e / ((T)1 + e);                                                                              \
+    }                                                                                                       \
+    static inline T situ_h_##T(T g, T u, T k1, T k2) { return k1 * TANH(g / k1) * sig_##T(g) * (k2 * TANH(u / k2)); } \
+    static inline void situ_grad_##T(T d, T g, T u, T k1, T k2, T *dg, T *du)                               \
+    {                                                                                                       \
+        T tg = TANH(g / k1), s = sig_##T(g), tu = TANH(u / k2);                                             \
+        T pg = k1 * tg * s, pu = k2 * tu;                                                                   \
+        *dg = d * ((((T)1 - tg * tg) * s + k1 * tg * s * ((T)1 - s)) * pu);                                  \
+        *du = d * (pg * ((T)1 - tu * tu));                                                                  \
+    }                                                                                                       \
+    static inline T swiglu_h_##T(T g, T u) { return g * sig_##T(g) * u; }                                   \
+    static inline void swiglu_grad_##T(T d, T g, T u, T *dg, T *du)                                         \
+    {                                                                                                       \
+        T s = sig_##T(g);                                                                                   \
+        *dg = d * u * s * ((T)1 + g * ((T)1 - s));                                                          \
+        *du = d * g * s;                                                                                    \
+    }
+
+SITU(float, expf, tanhf)
+SITU(double, exp, tanh)
+
+#define SITU_KERNELS(T)                                                                                     \
+    static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, T k1, T k2)                          \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(n > 16384) schedule(static)")                                          \
+        for (int64_t i = 0; i < n; i++) out[i] = situ_h_##T(g[i], u[i], k1, k2);                            \
+    }                                                                                                       \
+    static void situ_bw_##T(T *dg, T *du, const T *d, const T *g, const T *u, int64_t n, T k1, T k2)        \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(n > 16384) schedule(static)")                                          \
+        for (int64_t i = 0; i < n; i++) situ_grad_##T(d[i], g[i], u[i], k1, k2, &dg[i], &du[i]);            \
+    }
+SITU_KERNELS(float)
+SITU_KERNELS(double)
+
+int tide_cpu_situ_glu(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin)
+{
+    switch (dtype) {
+    case TIDE_F32: situ_fw_float(out, g, u, n, (float)k_gate, (float)k_lin); return 0;
+    case TIDE_F64: situ_fw_double(out, g, u, n, k_gate, k_lin); return 0;
+    default: return tide_set_error("situ_glu: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+int tide_cpu_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n,
+                               double k_gate, double k_lin)
+{
+    switch (dtype) {
+    case TIDE_F32: situ_bw_float(dg, du, dout, g, u, n, (float)k_gate, (float)k_lin); return 0;
+    case TIDE_F64: situ_bw_double(dg, du, dout, g, u, n, k_gate, k_lin); return 0;
+    default: return tide_set_error("situ_glu_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+/* ---- top-k over the last dim: descending, ties to the lowest index (moe.md §2) --------------------------- */
+#define TOPK(T)                                                                                             \
+    static void topk_##T(T *val, int64_t *ind, const T *x, int64_t rows, int64_t C, int64_t k)              \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(rows * C > 16384) schedule(static)")                                   \
+        for (int64_t r = 0; r < rows; r++) {                                                                \
+            const T *xr = x + r * C;                                                                        \
+            T *v = val + r * k;                                                                             \
+            int64_t *id = ind + r * k, have = 0;                                                            \
+            for (int64_t c = 0; c < C; c++) {                                                               \
+                T xc = xr[c];                                                                               \
+                /* strictly greater displaces: an equal value found later (higher index) stays behind */   \
+                if (have == k && !(xc > v[k - 1])) continue;                                                \
+                int64_t j = have < k ? have++ : k - 1;                                                      \
+                while (j > 0 && xc > v[j - 1]) { v[j] = v[j - 1]; id[j] = id[j - 1]; j--; }                 \
+                v[j] = xc;                                                                                  \
+                id[j] = c;                                                                                  \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+TOPK(float)
+TOPK(double)
+
+int tide_cpu_topk(int dtype, void *values, int64_t *indices, const void *x, int64_t rows, int64_t C, int64_t k)
+{
+    switch (dtype) {
+    case TIDE_F32: topk_float(values, indices, x, rows, C, k); return 0;
+    case TIDE_F64: topk_double(values, indices, x, rows, C, k); return 0;
+    default: return tide_set_error("topk: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    }
+}
+
+/* ---- routing: stable counting sort by expert (moe.md §8 step 1), capacity applied in sort order ---------- */
+static int64_t build_route(int64_t *route, const void *sel, int sel_dtype, int64_t m, int64_t k, int64_t n, int64_t cap)
+{
+    int64_t A = m * k, *perm = route, *pos = route + A, *off = route + 2 * A;
+    int64_t *count = calloc((size_t)n + 1, sizeof *count), dropped = 0;
+    if (!count) return -1;
+    for (int64_t a = 0; a < A; a++) count[idx_at(sel, sel_dtype, a)]++;
+    off[0] = 0;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t kept = cap >= 0 && count[e] > cap ? cap : count[e];
+        dropped += count[e] - kept;
+        off[e + 1] = off[e] + kept;
+        count[e] = 0;                          /* reused as the running fill of each segment */
+    }
+    for (int64_t a = 0; a < A; a++) {        /* ascending a = (t, slot) order: the sort is stable */
+        int64_t e = idx_at(sel, sel_dtype, a), r = off[e] + count[e];
+        if (r < off[e + 1]) { perm[r] = a; pos[a] = r; count[e]++; }
+        else pos[a] = -1;
+    }
+    for (int64_t r = off[n]; r < A; r++) perm[r] = -1;
+    free(count);
+    return dropped;
+}
+
+static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
+                int64_t ldb, void *C, int64_t ldc)
+{
+    return tide_cpu_gemm(dtype, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, ldc);
+}
+
+/* sorted rows [R, d] <- x[t(perm[r])] */
+#define GATHER(T)                                                                                           \
+    static void gather_rows_##T(T *xg, const T *x, const int64_t *perm, int64_t R, int64_t k, int64_t d)    \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(R * d > 16384) schedule(static)")                                      \
+        for (int64_t r = 0; r < R; r++) memcpy(xg + r * d, x + (perm[r] / k) * d, (size_t)d * sizeof(T));   \
+    }
+GATHER(float)
+GATHER(double)
+
+/* h [R, de] from pre [R, 2 de] (gate | up) */
+#define ACT(T)                                                                                              \
+    static void act_fw_##T(T *h, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)                  \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(R * de > 16384) schedule(static)")                                     \
+        for (int64_t r = 0; r < R; r++)                                                                     \
+            for (int64_t j = 0; j < de; j++) {                                                              \
+                T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j];                                    \
+                h[r * de + j] = act == TIDE_MOE_SITU ? situ_h_##T(g, u, k1, k2) : swiglu_h_##T(g, u);       \
+            }                                                                                               \
+    }                                                                                                       \
+    static void act_bw_##T(T *dpre, const T *dh, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)  \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(R * de > 16384) schedule(static)")                                     \
+        for (int64_t r = 0; r < R; r++)                                                                     \
+            for (int64_t j = 0; j < de; j++) {                                                              \
+                T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j], d = dh[r * de + j];                \
+                if (act == TIDE_MOE_SITU) situ_grad_##T(d, g, u, k1, k2, &dpre[r * 2 * de + j], &dpre[r * 2 * de + de + j]); \
+                else swiglu_grad_##T(d, g, u, &dpre[r * 2 * de + j], &dpre[r * 2 * de + de + j]);          \
+            }                                                                                               \
+    }
+ACT(float)
+ACT(double)
+
+/* combine (§8 step 3): out[t] = Σ_slot p[t, slot] Y[pos(t, slot)], slots in order, dropped ones skipped */
+#define COMBINE(T)                                                                                          \
+    static void combine_##T(T *out, const T *y, const T *p, const int64_t *pos, int64_t m, int64_t k,        \
+                            int64_t d)                                                                      \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(m * d > 16384) schedule(static)")                                      \
+        for (int64_t t = 0; t < m; t++)                                                                     \
+            for (int64_t c = 0; c < d; c++) {                                                               \
+                T acc = 0;                                                                                  \
+                for (int64_t s = 0; s < k; s++) {                                                           \
+                    int64_t r = pos[t * k + s];                                                             \
+                    if (r >= 0) acc += p[t * k + s] * y[r * d + c];                                         \
+                }                                                                                           \
+                out[t * d + c] = acc;                                                                       \
+            }                                                                                               \
+    }
+COMBINE(float)
+COMBINE(double)
+
+static size_t esz(int dtype) { return dtype == TIDE_F32 ? sizeof(float) : sizeof(double); }
+
+int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
+                         int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
+                         int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
+                         int64_t capacity, int64_t *dropped)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("moe_experts: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    int64_t A = m * k, nd = build_route(route, sel, sel_dtype, m, k, n, capacity);
+    if (nd < 0) return tide_set_error("moe_experts: out of memory (%lld experts)", (long long)n);
+    const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
+    int64_t R = off[n];
+    size_t es = esz(dtype);
+    void *xg = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_in * es), *h = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_e * es);
+    if (!xg || !h) { free(xg); free(h); return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R); }
+    int rc = 0;
+    if (dtype == TIDE_F32) gather_rows_float(xg, x, perm, R, k, d_in);
+    else gather_rows_double(xg, x, perm, R, k, d_in);
+    for (int64_t e = 0; e < n && !rc; e++) {   /* §8 step 2: gate/up, activation, down on each segment */
+        int64_t r0 = off[e], cnt = off[e + 1] - off[e];
+        if (!cnt) continue;
+        char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es, *he = (char *)h + (size_t)(r0 * d_e) * es;
+        rc = gemm(dtype, 0, 1, cnt, 2 * d_e, d_in, (const char *)xg + (size_t)(r0 * d_in) * es, d_in,
+                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e);
+        if (rc) break;
+        if (dtype == TIDE_F32) act_fw_float((float *)he, (const float *)pe, cnt, d_e, act, (float)k_gate, (float)k_lin);
+        else act_fw_double((double *)he, (const double *)pe, cnt, d_e, act, k_gate, k_lin);
+        rc = gemm(dtype, 0, 1, cnt, d_out, d_e, he, d_e, (const char *)w_down + (size_t)(e * d_out * d_e) * es, d_e,
+                  (char *)y + (size_t)(r0 * d_out) * es, d_out);
+    }
+    if (!rc) {
+        if (dtype == TIDE_F32) combine_float(out, y, p, pos, m, k, d_out);
+        else combine_double(out, y, p, pos, m, k, d_out);
+    }
+    free(xg); free(h);
+    if (dropped) *dropped = nd;
+    return rc;
+}
+
+/* backward through the same permutation (§8): dY = p ⊙ du (gathered), dp = du · Y, then per segment
+   dh = dY Wd, dWd = dYᵀ h, dpre = act'(dh), dWgu = dpreᵀ X, dX = dpre Wgu; dx[t] = Σ_slot dX[pos(t, slot)] in
+   slot order. dWgu / dWd are overwritten (experts with no rows get 0). */
+#define MOE_BW(T)                                                                                           \
+    static void dy_rows_##T(T *dy, const T *du, const T *p, const int64_t *perm, int64_t R, int64_t k,       \
+                            int64_t d)                                                                      \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(R * d > 16384) schedule(static)")                                      \
+        for (int64_t r = 0; r < R; r++) {                                                                   \
+            int64_t a = perm[r];                                                                            \
+            for (int64_t c = 0; c < d; c++) dy[r * d + c] = p[a] * du[(a / k) * d + c];                     \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void dp_rows_##T(T *dp, const T *du, const T *y, const int64_t *pos, int64_t m, int64_t k,       \
+                            int64_t d)                                                                      \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(m * k * d > 16384) schedule(static)")                                  \
+        for (int64_t a = 0; a < m * k; a++) {                                                               \
+            int64_t r = pos[a];                                                                             \
+            T acc = 0;                                                                                      \
+            if (r >= 0) for (int64_t c = 0; c < d; c++) acc += du[(a / k) * d + c] * y[r * d + c];          \
+            dp[a] = acc;                                                                                    \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void dx_rows_##T(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)        \
+    {                                                                                                       \
+        _Pragma("omp parallel for if(m * d > 16384) schedule(static)")                                      \
+        for (int64_t t = 0; t < m; t++)                                                                     \
+            for (int64_t c = 0; c < d; c++) {                                                               \
+                T acc = 0;                                                                                  \
+                for (int64_t s = 0; s < k; s++) {                                                           \
+                    int64_t r = pos[t * k + s];                                                             \
+                    if (r >= 0) acc += dxg[r * d + c];                                                      \
+                }                                                                                           \
+                dx[t * d + c] = acc;                                                                        \
+            }                                                                                               \
+    }
+MOE_BW(float)
+MOE_BW(double)
+
+int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
+                                  const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
+                                  const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
+                                  int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    int64_t A = m * k;
+    const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
+    int64_t R = off[n], R1 = R > 0 ? R : 1;
+    size_t es = esz(dtype);
+    /* scratch: gathered x, h (recomputed from pre), dY, dh, dpre, dX */
+    char *buf = malloc((size_t)R1 * (size_t)(d_in + d_e + d_out + d_e + 2 * d_e + d_in) * es);
+    if (!buf) return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
+    char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
+    char *dh = dy + (size_t)(R1 * d_out) * es, *dpre = dh + (size_t)(R1 * d_e) * es, *dxg = dpre + (size_t)(R1 * 2 * d_e) * es;
+    int f32 = dtype == TIDE_F32, rc = 0;
+    if (f32) {
+        gather_rows_float((float *)xg, x, perm, R, k, d_in);
+        act_fw_float((float *)h, pre, R, d_e, act, (float)k_gate, (float)k_lin);
+        dy_rows_float((float *)dy, du, p, perm, R, k, d_out);
+        if (dp) dp_rows_float(dp, du, y, pos, m, k, d_out);
+    } else {
+        gather_rows_double((double *)xg, x, perm, R, k, d_in);
+        act_fw_double((double *)h, pre, R, d_e, act, k_gate, k_lin);
+        dy_rows_double((double *)dy, du, p, perm, R, k, d_out);
+        if (dp) dp_rows_double(dp, du, y, pos, m, k, d_out);
+    }
+    for (int64_t e = 0; e < n && !rc; e++) {
+        int64_t r0 = off[e], cnt = off[e + 1] - off[e];
+        const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
+        const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
+        char *dye = dy + (size_t)(r0 * d_out) * es, *dhe = dh + (size_t)(r0 * d_e) * es;
+        char *dpe = dpre + (size_t)(r0 * 2 * d_e) * es, *xe = xg + (size_t)(r0 * d_in) * es;
+        /* cnt = 0: the weight-gradient products have K = 0 and write zeros (gemm.c): an idle expert gets 0 */
+        if (dw_down)
+            rc = gemm(dtype, 1, 0, d_out, d_e, cnt, dye, d_out, h + (size_t)(r0 * d_e) * es, d_e,
+                      (char *)dw_down + (size_t)(e * d_out * d_e) * es, d_e);
+        if (!rc && cnt) rc = gemm(dtype, 0, 0, cnt, d_e, d_out, dye, d_out, wd, d_e, dhe, d_e);
+        if (rc) break;
+        if (f32) act_bw_float((float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, cnt, d_e, act,
+                              (float)k_gate, (float)k_lin);
+        else act_bw_double((double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e, cnt, d_e, act, k_gate,
+                           k_lin);
+        if (dw_gate_up)
+            rc = gemm(dtype, 1, 0, 2 * d_e, d_in, cnt, dpe, 2 * d_e, xe, d_in,
+                      (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in);
+        if (!rc && dx) rc = gemm(dtype, 0, 0, cnt, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in, dxg + (size_t)(r0 * d_in) * es, d_in);
+    }
+    if (!rc && dx) {
+        if (f32) dx_rows_float(dx, (const float *)dxg, pos, m, k, d_in);
+        else dx_rows_double(dx, (const double *)dxg, pos, m, k, d_in);
+    }
+    free(buf);
+    return rc;
+}
