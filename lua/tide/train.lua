@@ -257,6 +257,7 @@ local function train(cfg)
     x, y, loss = nil, nil, nil
     if bad then
       opt:zero_grad()
+      if model.balance_step then model:balance_step({ discard = true }) end   -- MoE: drop the step's routing
       consecutive = consecutive + 1
       skipped_total = skipped_total + 1
       first_bad = first_bad or string.format("%s at step %d", bad, step + 1)
@@ -266,6 +267,8 @@ local function train(cfg)
     else
       opt:step(lr)
       opt:zero_grad()
+      -- MoE balancers update the selection bias from this step's routing, for the next step (moe.md §4.1)
+      if model.balance_step then model:balance_step() end
       consecutive = 0
     end
     step = step + 1
@@ -280,10 +283,29 @@ local function train(cfg)
       tok_per_s = tokens_per_step / math.max(now - t0, 1e-9), step_time = now - t0,
     }
     if bad then rec.skipped = true; rec.nonfinite_tensor = bad end
+    -- MoE load metrics per layer (moe.md §5), keys as TensorBoard tags: moe/maxvio_batch/3
+    local moe_mt = model.moe_metrics and model:moe_metrics() or {}
+    for l, mt in pairs(moe_mt) do
+      for _, key in ipairs({ "maxvio_batch", "load_entropy", "route_entropy", "dead_experts", "topk_changed", "b_std" }) do
+        if mt[key] ~= nil then rec["moe/" .. key .. "/" .. l] = mt[key] end
+      end
+    end
 
     if not bad and eval_every > 0 and step % eval_every == 0 then
       val_loss = evaluate()
       rec.val_loss = val_loss
+      if next(moe_mt) then     -- a compact expert-load line per eval: layer: MaxVio, dead experts, b std
+        local parts, ls = {}, {}
+        for l in pairs(moe_mt) do ls[#ls + 1] = l end
+        table.sort(ls)
+        for _, l in ipairs(ls) do
+          local mt = moe_mt[l]
+          if mt.maxvio_batch then
+            parts[#parts + 1] = string.format("L%d %.2f/%d/%.3f", l, mt.maxvio_batch, mt.dead_experts, mt.b_std)
+          end
+        end
+        logger:line("moe maxvio/dead/b_std: " .. table.concat(parts, "  "))
+      end
     end
     local mem = tide.memory()
     rec.mem_current, rec.mem_peak = mem.current, mem.peak

@@ -1,6 +1,6 @@
 -- nn/hybrid.lua — the hybrid language model (spec/mla.md §7, attnres.md §3): an embedding, L layers whose
 -- token mixer is KDA or gated NoPE MLA by a layer pattern (3 KDA : 1 MLA, last layer MLA, by default), each
--- followed by a gated FFN (SwiGLU or SiTU-GLU; the MoE issue plugs in here), the sublayers connected by a
+-- followed by a gated FFN (SwiGLU or SiTU-GLU) or, with cfg.moe, a MoE FFN (nn/moe.lua), the sublayers connected by a
 -- residual strategy (prenorm, Block or Full Attention Residuals, gamma chain: nn/attnres.lua), a final
 -- RMSNorm and an untied head. Names follow formats.md §2 (model.layers.{l}.self_attn..., mlp..., ...).
 local tide = require "tide"
@@ -9,6 +9,7 @@ local Linear = require "tide.nn.linear"
 local Embedding = require "tide.nn.embedding"
 local norms = require "tide.nn.norm"
 local MLP = require "tide.nn.mlp"
+local MoE = require "tide.nn.moe"
 local KDA = require "tide.nn.kda"
 local MLA = require "tide.nn.mla"
 local attnres = require "tide.nn.attnres"
@@ -72,8 +73,17 @@ function Layer:init(cfg, mixer, l)
     self:child("self_attn", MLA(cfg.dim, o))
   end
   self:child("post_attention_layernorm", norms.RMSNorm(cfg.dim, po))
-  self:child("mlp", MLP(cfg.dim, cfg.ffn_dim, { activation = cfg.activation, std = cfg.init_std, out_std = out_std,
-    dtype = cfg.dtype, device = cfg.device }))
+  local moe = cfg.moe
+  if moe and (l > 1 or moe.first_dense == false) then
+    -- a MoE FFN (moe.md §1: layer 0 dense unless first_dense = false); names per formats.md §2
+    local o = { std = cfg.init_std, out_std = out_std, activation = cfg.activation, norm_eps = cfg.norm_eps,
+      dtype = cfg.dtype, device = cfg.device }
+    for k, v in pairs(moe) do if k ~= "first_dense" then o[k] = v end end
+    self.ffn = self:child("block_sparse_moe", MoE(cfg.dim, o))
+  else
+    self.ffn = self:child("mlp", MLP(cfg.dim, cfg.ffn_dim, { activation = cfg.activation, std = cfg.init_std,
+      out_std = out_std, dtype = cfg.dtype, device = cfg.device }))
+  end
 end
 
 -- the token mixer on the PreNorm'd xn; with a cache, one token goes through the decode path
@@ -112,7 +122,7 @@ function Body:forward(ids, caches, opts)
     local h = res:before_mixer(st, l)
     local xn = layer.input_layernorm:forward(h)
     h = res:before_ffn(st, l, layer:mix(xn, caches and caches[l], opts), xn)
-    res:after_ffn(st, l, layer.mlp:forward(layer.post_attention_layernorm:forward(h)))
+    res:after_ffn(st, l, layer.ffn:forward(layer.post_attention_layernorm:forward(h)))
   end
   return self.norm:forward(res:final(st))
 end
@@ -126,13 +136,14 @@ local DEFAULTS = {
 local KEYS = {
   vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
   activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
-  gamma_chain = true, dtype = true, device = true, kind = true,
+  gamma_chain = true, dtype = true, device = true, kind = true, moe = true,
 }
 
 -- HybridLM(cfg): cfg fields above; kda = nn.KDA options (heads, head_dim, ...), mla = nn.MLA options
 -- (heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, gate); residual = "prenorm" | "attnres_block" (default,
 -- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode, layers = {first, last}}:
--- the chain over a 1-based inclusive range of layers, the others plain PreNorm).
+-- the chain over a 1-based inclusive range of layers, the others plain PreNorm); moe = nn.MoE options (n_experts,
+-- top_k, expert_dim, latent_dim, ...; first_dense = true keeps layer 0 a dense cfg.ffn_dim FFN, moe.md §1).
 function HybridLM:init(cfg)
   cfg = cfg or {}
   for k in pairs(cfg) do
@@ -168,7 +179,36 @@ end
 
 function HybridLM:loss(ids, targets, opts)
   local logits = self:forward(ids, nil, opts)
-  return F.cross_entropy(logits, targets)
+  local loss = F.cross_entropy(logits, targets)
+  for _, m in ipairs(self:moe_layers()) do
+    if m.aux_loss then loss = loss + m.aux_loss end      -- balance = "aux" (moe.md §4.2)
+  end
+  return loss
+end
+
+-- the MoE FFNs, in layer order (empty for a dense model)
+function HybridLM:moe_layers()
+  local out = {}
+  for l = 1, self.cfg.n_layers do
+    local f = self.model.layers:get(l).block_sparse_moe
+    if f then out[#out + 1] = f end
+  end
+  return out
+end
+
+-- balance_step(opts): every MoE layer's balancer, after the optimiser step (moe.md §4); opts.discard for a skipped step
+function HybridLM:balance_step(opts)
+  for _, m in ipairs(self:moe_layers()) do m:balance_step(opts) end
+end
+
+-- moe_metrics() -> {[layer index, 0-based] = that layer's MoE metrics (moe.md §5)}
+function HybridLM:moe_metrics()
+  local out = {}
+  for l = 1, self.cfg.n_layers do
+    local f = self.model.layers:get(l).block_sparse_moe
+    if f then out[l - 1] = f:metrics() end
+  end
+  return out
 end
 
 -- one cache per layer: KDA {state, conv} (fixed size), MLA {c, k_r} (the latent, d_c + d_r values a token)

@@ -13,6 +13,7 @@ local nn = {
   RMSNorm = norms.RMSNorm,
   LayerNorm = norms.LayerNorm,
   MLP = require "tide.nn.mlp",
+  MoE = require "tide.nn.moe",
   Attention = require "tide.nn.attention",
   KDA = require "tide.nn.kda",
   MLA = require "tide.nn.mla",

@@ -1,0 +1,487 @@
+-- nn/moe.lua — the sparse MoE FFN (spec/moe.md): a router (§2 sigmoid + selection bias, softmax, or the §3 latent
+-- router), routed experts as one fused dispatch node (F.moe_experts, §8), optional LatentMoE (§7), shared experts
+-- as one MLP of width n_shared·d_e at full d (§1), a balancer that writes the selection bias between steps (§4:
+-- Quantile Balancing, sign, aux, none) and the §5 load metrics.
+--
+-- Names (formats.md §2, under the layer's `block_sparse_moe.`): gate.weight [n, d], gate.e_score_correction_bias
+-- [n] (a buffer: in the state dict, not a parameter), shared_experts.{gate,up,down}_proj.weight,
+-- routed_expert_down_proj.weight [d_lat, d], routed_expert_up_proj.weight [d, d_lat], routed_expert_norm.weight.
+-- The routed experts are stored fused: experts.gate_up_proj [n, 2·d_e, d_in] and experts.down_proj [n, d_out, d_e];
+-- formats.md's per-expert experts.{j}.gate_proj.weight = gate_up_proj[j, 0:d_e], up_proj.weight =
+-- gate_up_proj[j, d_e:2·d_e], down_proj.weight = down_proj[j] (d_in = d_out = d_lat with LatentMoE, else d).
+local ffi = require "ffi"
+local tide = require "tide"
+local M = require "tide.nn.module"
+local Linear = require "tide.nn.linear"
+local norms = require "tide.nn.norm"
+local MLP = require "tide.nn.mlp"
+local F, C = tide.F, tide.C
+
+local fmt, floor = string.format, math.floor
+local F64A = ffi.typeof("double[?]")
+
+-- ---- plain-array helpers (QB statistics are small: m·n doubles per step) ----------------------------------
+local function read_f64(t)
+  local n = t:numel()
+  local buf = F64A(math.max(n, 1))
+  tide.check_status(C.tide_to_f64_buffer(tide.raw(t), buf, n))
+  return buf, n
+end
+
+local function as_array(b, n)      -- a tensor, a 1-based Lua list or a double array -> double[n]
+  if tide.is_tensor(b) then return (read_f64(b)) end
+  local a = F64A(n)
+  if type(b) == "table" then for j = 1, n do a[j - 1] = b[j] end
+  elseif b ~= nil then for j = 0, n - 1 do a[j] = b[j] end end
+  return a
+end
+
+-- the kk-th smallest (0-based) of a[0..n-1]; reorders a (Hoare quickselect, median-of-three pivot)
+local function select_kth(a, n, kk)
+  local lo, hi = 0, n - 1
+  while hi > lo do
+    local x, y, z = a[lo], a[floor((lo + hi) / 2)], a[hi]
+    local pivot = math.max(math.min(x, y), math.min(math.max(x, y), z))
+    local i, j = lo, hi
+    while i <= j do
+      while a[i] < pivot do i = i + 1 end
+      while a[j] > pivot do j = j - 1 end
+      if i <= j then a[i], a[j] = a[j], a[i]; i = i + 1; j = j - 1 end
+    end
+    if kk <= j then hi = j elseif kk >= i then lo = i else return a[kk] end
+  end
+  return a[kk]
+end
+
+-- Quantile Balancing pieces (moe.md §4.1), on double arrays: s [m·n] row-major scores, b [n]
+local qb = {}
+
+-- margins μ_{t,j} = s_{t,j} − c_t, c_t = the (k+1)-th largest of s_t + b
+function qb.margins(s, b, m, n, k)
+  local mu, top = F64A(m * n), F64A(k + 1)
+  for t = 0, m - 1 do
+    local row, cnt = t * n, 0
+    for j = 0, n - 1 do
+      local v = s[row + j] + b[j]
+      local i
+      if cnt <= k then i = cnt; cnt = cnt + 1 elseif v > top[k] then i = k end
+      if i then
+        while i > 0 and top[i - 1] < v do top[i] = top[i - 1]; i = i - 1 end
+        top[i] = v
+      end
+    end
+    local c = top[k]
+    for j = 0, n - 1 do mu[row + j] = s[row + j] - c end
+  end
+  return mu
+end
+
+-- θ_j = the r-th largest of column j (r = ⌊q⌋ + 1), exact by selection (= sorting the column)
+function qb.theta_exact(mu, m, n, r)
+  local col, theta = F64A(m), F64A(n)
+  for j = 0, n - 1 do
+    for t = 0, m - 1 do col[t] = mu[t * n + j] end
+    theta[j] = select_kth(col, m, m - r)
+  end
+  return theta
+end
+
+-- per-column histograms (counts int [n·bins]) of margins over [lo, hi); out-of-range margins go to the edge bins
+-- and are counted in `clamped` (K3 all-reduces these counts across ranks)
+function qb.histogram(mu, m, n, lo, hi, bins)
+  local counts = ffi.new("int64_t[?]", n * bins)
+  local w, clamped = (hi - lo) / bins, 0
+  for t = 0, m - 1 do
+    for j = 0, n - 1 do
+      local i = floor((mu[t * n + j] - lo) / w)
+      if i < 0 then i = 0; clamped = clamped + 1 elseif i >= bins then i = bins - 1; clamped = clamped + 1 end
+      counts[j * bins + i] = counts[j * bins + i] + 1
+    end
+  end
+  return counts, clamped
+end
+
+-- θ_j = the right edge of the first ascending bin whose cumulative count reaches m − ⌊q⌋ = m − r + 1
+function qb.theta_histogram(counts, m, n, r, lo, hi, bins)
+  local theta, w, need = F64A(n), (hi - lo) / bins, m - r + 1
+  for j = 0, n - 1 do
+    local cum, i = 0, 0
+    while i < bins - 1 do
+      cum = cum + tonumber(counts[j * bins + i])
+      if cum >= need then break end
+      i = i + 1
+    end
+    theta[j] = lo + (i + 1) * w
+  end
+  return theta
+end
+
+-- b ← b̂ − mean(b̂), b̂ = −θ (centering: a common shift changes no TopK)
+function qb.center(theta, n)
+  local b, mean = F64A(n), 0
+  for j = 0, n - 1 do mean = mean - theta[j] end
+  mean = mean / n
+  for j = 0, n - 1 do b[j] = -theta[j] - mean end
+  return b
+end
+
+-- qb.update(s, b, k, opts) -> new b (1-based Lua list), clamped: one alternation on scores s [m, n] (tensor) with the
+-- bias b (tensor or list) used to route them; opts.estimator "exact" | "histogram", opts.range {lo, hi}, opts.bins
+function qb.update(s, b, k, opts)
+  opts = opts or {}
+  local m, n = s:size(1), s:size(2)
+  local sa = read_f64(s)
+  local nb, clamped = qb.update_arrays(sa, as_array(b, n), m, n, k, opts)
+  local out = {}
+  for j = 1, n do out[j] = nb[j - 1] end
+  return out, clamped
+end
+
+function qb.update_arrays(s, b, m, n, k, opts)
+  local r = math.min(floor(m * k / n) + 1, m)
+  local mu = qb.margins(s, b, m, n, k)
+  local theta, clamped
+  if (opts.estimator or "exact") == "exact" then
+    theta = qb.theta_exact(mu, m, n, r)
+  else
+    local range, bins = opts.range or { -2, 2 }, opts.bins or 2048
+    local counts
+    counts, clamped = qb.histogram(mu, m, n, range[1], range[2], bins)
+    theta = qb.theta_histogram(counts, m, n, r, range[1], range[2], bins)
+  end
+  return qb.center(theta, n), clamped
+end
+
+-- ---- the router (§2, §3) -----------------------------------------------------------------------------------
+local Router = M.Module:extend("MoERouter")
+
+function Router:init(dim, o)
+  self.kind, self.n, self.k, self.rho = o.router, o.n_experts, o.top_k, o.routed_scaling
+  local po = { dtype = o.dtype == "bf16" and "f32" or o.dtype, device = o.device }   -- routing in fp32 (§2)
+  if self.kind == "latent" then
+    self.similarity, self.rank = o.similarity, o.router_rank
+    self:child("latent_proj", Linear(dim, o.router_rank, { std = o.std, dtype = po.dtype, device = o.device }))
+    -- e_j and ω: no weight decay (§3, optim.md §1)
+    self:param("expert_vectors", M.Module.new_param({ o.n_experts, o.router_rank }, { "normal", 1 }, po), { decay = false })
+    if self.similarity == "cosine" then
+      self:param("log_scale", tide.full({ 1 }, math.log(10), { dtype = po.dtype, device = o.device }), { decay = false })
+    end
+  else
+    self:param("weight", M.Module.new_param({ o.n_experts, dim }, { "normal", o.std }, po))
+  end
+  self:buffer("e_score_correction_bias", tide.zeros({ o.n_experts }, po))
+end
+
+-- scores(x [m, d]) -> s [m, n] in (0, 1) (softmax: rows sum to 1), fp32 for bf16 inputs
+function Router:scores(x)
+  if x:dtype() == "bf16" then x = x:to("f32") end
+  local logits
+  if self.kind == "latent" then
+    local z = self.latent_proj:forward(x)
+    local e = self.expert_vectors
+    logits = F.linear(z, e)
+    if self.similarity == "cosine" then
+      local nz = (z * z):sum(2, true):sqrt()                       -- [m, 1]
+      local ne = (e * e):sum(2, true):sqrt():reshape(1, self.n)    -- [1, n]
+      logits = logits * self.log_scale:exp() / (nz * ne + 1e-6)
+    end
+  else
+    logits = F.linear(x, self.weight)
+  end
+  if self.kind == "softmax" then return F.softmax(logits, -1) end
+  return logits:sigmoid()
+end
+
+-- route(s) -> sel [m, k] i64 (TopK of s + b, selection only), p [m, k] = ρ s_sel / (Σ s_sel + 1e-20) from the
+-- unbiased s (differentiable through the gathered s)
+function Router:route(s)
+  local b = self.e_score_correction_bias
+  if b:dtype() ~= s:dtype() then b = b:to(s:dtype()) end
+  local _, sel = F.topk(s:detach() + b, self.k)
+  local ss = F.gather(s, 2, sel)
+  return sel, ss * self.rho / (ss:sum(2, true) + 1e-20)
+end
+
+function Router:extra_repr()
+  return fmt("%s, n=%d, k=%d, rho=%g", self.kind, self.n, self.k, self.rho)
+end
+
+-- ---- the routed experts (fused storage) ------------------------------------------------------------------
+local Experts = M.Module:extend("MoEExperts")
+
+function Experts:init(n, d_in, d_e, d_out, o)
+  self.n, self.d_in, self.d_e, self.d_out = n, d_in, d_e, d_out
+  local po = { dtype = o.dtype, device = o.device }
+  self:param("gate_up_proj", M.Module.new_param({ n, 2 * d_e, d_in }, { "normal", o.std }, po))
+  self:param("down_proj", M.Module.new_param({ n, d_out, d_e }, { "normal", o.out_std }, po))
+end
+
+function Experts:extra_repr() return fmt("%d x (%d -> %d -> %d)", self.n, self.d_in, self.d_e, self.d_out) end
+
+-- ---- the MoE layer -------------------------------------------------------------------------------------
+local MoE = M.Module:extend("MoE")
+
+local KEYS = {
+  n_experts = true, top_k = true, expert_dim = true, n_shared = true, shared_dim = true, latent_dim = true,
+  routed_scaling = true, activation = true, router = true, router_rank = true, similarity = true, balance = true,
+  sign_rate = true, aux_alpha = true, estimator = true, hist_range = true, hist_bins = true, capacity_factor = true,
+  dead_window = true, std = true, out_std = true, norm_eps = true, dtype = true, device = true,
+}
+local CHOICES = {
+  activation = { situ = true, swiglu = true }, router = { sigmoid = true, softmax = true, latent = true },
+  similarity = { cosine = true, dot = true }, balance = { quantile = true, sign = true, aux = true, none = true },
+  estimator = { exact = true, histogram = true },
+}
+
+local function bad(msg) error("nn.MoE: " .. msg, 4) end
+
+local function pos_int(o, key)
+  local v = o[key]
+  if type(v) ~= "number" or v < 1 or v ~= floor(v) then bad(fmt("%s must be a positive integer, got %s", key, tostring(v))) end
+  return v
+end
+
+-- MoE(dim, {n_experts, top_k, expert_dim, n_shared = 1, shared_dim = n_shared·expert_dim, latent_dim (nil: experts
+-- on x, no norm), routed_scaling = 1 (ρ), activation = "situ" | "swiglu", router = "sigmoid" | "softmax" | "latent"
+-- (router_rank = 32, similarity = "cosine" | "dot"), balance = "quantile" | "sign" | "aux" | "none" (sign_rate = 1e-3,
+-- aux_alpha = 1e-3, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048), capacity_factor = 0,
+-- dead_window = 100, std = 0.02, out_std = std, norm_eps = 1e-5, dtype, device})
+function MoE:init(dim, opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if not KEYS[k] then
+      local names = {}
+      for n in pairs(KEYS) do names[#names + 1] = n end
+      table.sort(names)
+      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(names, ", ")))
+    end
+  end
+  local o = {
+    n_shared = 1, routed_scaling = 1.0, activation = "situ", router = "sigmoid", router_rank = 32, similarity = "cosine",
+    balance = "quantile", sign_rate = 1e-3, aux_alpha = 1e-3, estimator = "exact", hist_range = { -2, 2 },
+    hist_bins = 2048, capacity_factor = 0, dead_window = 100, std = 0.02, norm_eps = 1e-5, dtype = "f32", device = "cpu",
+  }
+  for k, v in pairs(opts) do o[k] = v end
+  o.out_std = o.out_std or o.std
+  local n, k, de = pos_int(o, "n_experts"), pos_int(o, "top_k"), pos_int(o, "expert_dim")
+  if k >= n then bad(fmt("top_k = %d must be < n_experts = %d (the balancer needs the (k+1)-th score)", k, n)) end
+  for key, set in pairs(CHOICES) do
+    if not set[o[key]] then
+      local names = {}
+      for c in pairs(set) do names[#names + 1] = "\"" .. c .. "\"" end
+      table.sort(names)
+      bad(fmt("%s must be one of %s, got %s", key, table.concat(names, ", "), tostring(o[key])))
+    end
+  end
+  if o.router == "latent" then pos_int(o, "router_rank") end
+  self.dim, self.n, self.k, self.d_e, self.rho = dim, n, k, de, o.routed_scaling
+  self.latent_dim, self.activation, self.balance = o.latent_dim, o.activation, o.balance
+  self.capacity_factor, self.dead_window = o.capacity_factor, o.dead_window
+  self.sign_rate, self.aux_alpha = o.sign_rate, o.aux_alpha
+  self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins }
+
+  self:child("gate", Router(dim, o))
+  local po = { std = o.std, dtype = o.dtype, device = o.device }
+  local d_in = dim
+  if o.latent_dim then
+    d_in = pos_int(o, "latent_dim")
+    self:child("routed_expert_down_proj", Linear(dim, d_in, po))
+  end
+  self:child("experts", Experts(n, d_in, de, d_in, o))
+  if o.latent_dim then
+    self:child("routed_expert_norm", norms.RMSNorm(d_in, { eps = o.norm_eps, dtype = o.dtype, device = o.device }))
+    self:child("routed_expert_up_proj", Linear(d_in, dim, { std = o.out_std, dtype = o.dtype, device = o.device }))
+  end
+  local shared = o.shared_dim or o.n_shared * de
+  if shared > 0 then
+    self:child("shared_experts", MLP(dim, shared, { activation = o.activation, std = o.std, out_std = o.out_std,
+      dtype = o.dtype, device = o.device }))
+  end
+  self.shared_dim = shared
+  self._records, self._steps, self._last_used, self._metrics = {}, 0, {}, nil
+  for j = 1, n do self._last_used[j] = 0 end
+end
+
+-- forward(x [..., d]) -> y [..., d]. In training mode the step's scores and selections are recorded for
+-- balance_step (QB needs the whole step's batch, §4.1); with balance = "aux", self.aux_loss holds α Σ f_j P_j.
+function MoE:forward(x)
+  local shape = x:shape()
+  local d = shape[#shape]
+  if d ~= self.dim then bad(fmt("forward: x has last dim %d, expected %d", d, self.dim)) end
+  local xf = x:reshape(-1, d)
+  local m = xf:size(1)
+  local s = self.gate:scores(xf)
+  local sel, p = self.gate:route(s)
+  if p:dtype() ~= xf:dtype() then p = p:to(xf:dtype()) end
+  local z = self.routed_expert_down_proj and self.routed_expert_down_proj:forward(xf) or xf
+  local u, dropped = F.moe_experts(z, sel, p, self.experts.gate_up_proj, self.experts.down_proj,
+    { activation = self.activation, capacity_factor = self.capacity_factor })
+  local y = u
+  if self.routed_expert_norm then
+    -- the norm applies once, to the weighted aggregate (§7)
+    y = self.routed_expert_up_proj:forward(self.routed_expert_norm:forward(u))
+  end
+  if self.shared_experts then y = y + self.shared_experts:forward(xf) end
+  self.aux_loss = nil
+  if self.training then
+    local sela = self:record(s, sel, dropped)
+    if self.balance == "aux" then
+      -- classic aux loss over the batch (§4.2): f_j constant, the gradient flows through P_j only
+      local f = {}
+      for j = 1, self.n do f[j] = 0 end
+      for i = 0, m * self.k - 1 do local e = sela[i] + 1; f[e] = f[e] + 1 end
+      for j = 1, self.n do f[j] = f[j] * self.n / (self.k * m) end
+      local P = (s / s:sum(2, true)):mean(1)
+      self.aux_loss = (P * tide.tensor(f, { dtype = P:dtype(), device = P:device() })):sum() * self.aux_alpha
+    end
+  end
+  shape[#shape] = self.dim
+  return y:reshape(shape)
+end
+
+-- record(s [m, n], sel [m, k], dropped): adds one routed batch to the step's statistics (forward does this in
+-- training mode; the balancer tests feed scores directly). Returns sel as a double array.
+function MoE:record(s, sel, dropped)
+  local sela = read_f64(sel)
+  self._records[#self._records + 1] = { s = read_f64(s:detach()), sel = sela, m = s:size(1), dropped = dropped or 0 }
+  return sela
+end
+
+-- the recorded step as one batch: s [m·n], sel [m·k] (double arrays), m
+local function gather_records(self)
+  local recs, n, k = self._records, self.n, self.k
+  if #recs == 1 then return recs[1].s, recs[1].sel, recs[1].m, recs[1].dropped end
+  local m, dropped = 0, 0
+  for _, r in ipairs(recs) do m = m + r.m; dropped = dropped + r.dropped end
+  local s, sel = F64A(m * n), F64A(m * k)
+  local off = 0
+  for _, r in ipairs(recs) do
+    ffi.copy(s + off * n, r.s, r.m * n * 8)
+    ffi.copy(sel + off * k, r.sel, r.m * k * 8)
+    off = off + r.m
+  end
+  return s, sel, m, dropped
+end
+
+-- §5 metrics of one routed batch; advances the dead-expert window and the top-k-change reference when `advance`
+local function batch_metrics(self, s, sel, m, dropped, advance)
+  local n, k = self.n, self.k
+  local load = {}
+  for j = 1, n do load[j] = 0 end
+  for i = 0, m * k - 1 do local e = sel[i] + 1; load[e] = load[e] + 1 end
+  local q = m * k / n
+  local maxload, ent = 0, 0
+  for j = 1, n do
+    if load[j] > maxload then maxload = load[j] end
+    local f = load[j] / (m * k)
+    if f > 0 then ent = ent - f * math.log(f) end
+  end
+  local rent = 0
+  if k > 1 then
+    for t = 0, m - 1 do
+      local tot, h = 0, 0
+      for i = 0, k - 1 do tot = tot + s[t * n + sel[t * k + i]] end
+      for i = 0, k - 1 do
+        local pb = s[t * n + sel[t * k + i]] / (tot + 1e-20)
+        if pb > 0 then h = h - pb * math.log(pb) end
+      end
+      rent = rent + h / math.log(k)
+    end
+    rent = rent / m
+  end
+  -- top-k change: the share of positions whose selection (as a set) differs from the previous step's, compared
+  -- only when the previous step routed the same number of positions (a fixed batch shape)
+  local sorted = F64A(m * k)
+  for t = 0, m - 1 do
+    for i = 0, k - 1 do
+      local v, a = sel[t * k + i], i
+      while a > 0 and sorted[t * k + a - 1] > v do sorted[t * k + a] = sorted[t * k + a - 1]; a = a - 1 end
+      sorted[t * k + a] = v
+    end
+  end
+  local changed
+  local prev = self._prev_sel
+  if prev and prev.m == m then
+    local c = 0
+    for t = 0, m - 1 do
+      for i = 0, k - 1 do
+        if prev.sel[t * k + i] ~= sorted[t * k + i] then c = c + 1; break end
+      end
+    end
+    changed = c / m
+  end
+  local steps = self._steps + (advance and 1 or 0)
+  local dead = 0
+  for j = 1, n do
+    local last = (advance and load[j] > 0) and steps or self._last_used[j]
+    -- dead: no token in each of the last min(window, steps) steps
+    if steps - last >= math.min(self.dead_window, math.max(steps, 1)) then dead = dead + 1 end
+    if advance then self._last_used[j] = last end
+  end
+  if advance then self._steps = steps; self._prev_sel = { sel = sorted, m = m } end
+  return {
+    tokens = m, load = load, maxvio_batch = (maxload - q) / q, load_entropy = ent / math.log(n),
+    route_entropy = k > 1 and rent or nil, dead_experts = dead, topk_changed = changed, dropped = dropped,
+    aux_loss = self.aux_loss and self.aux_loss:item() or nil,
+  }
+end
+
+-- balance_step(opts): after the optimiser step — computes the step's metrics and writes the new selection bias
+-- from the step's recorded routing (used from the next forward only: no leakage, §4.1). opts.discard = true
+-- drops the records (a skipped step). Returns the metrics.
+function MoE:balance_step(opts)
+  if opts and opts.discard then self._records = {}; return nil end
+  if #self._records == 0 then return self._metrics end
+  local s, sel, m, dropped = gather_records(self)
+  self._records = {}
+  local mt = batch_metrics(self, s, sel, m, dropped, true)
+  local n, k = self.n, self.k
+  local bias = self.gate.e_score_correction_bias
+  local b = read_f64(bias)
+  local nb
+  if self.balance == "quantile" then
+    local clamped
+    nb, clamped = qb.update_arrays(s, b, m, n, k, self.qb_opts)
+    mt.qb_clamped = clamped
+  elseif self.balance == "sign" then
+    local q = m * k / n
+    nb = F64A(n)
+    for j = 0, n - 1 do
+      local e = q - mt.load[j + 1]
+      nb[j] = b[j] + self.sign_rate * (e > 0 and 1 or (e < 0 and -1 or 0))
+    end
+  end
+  if nb then
+    local list = {}
+    for j = 1, n do list[j] = nb[j - 1] end
+    tide.no_grad(function() bias:copy_(tide.tensor(list, { dtype = bias:dtype(), device = bias:device() })) end)
+  end
+  self._metrics = mt
+  return mt
+end
+
+-- metrics() -> the §5 metrics of the last balanced step (or of the recorded forwards not yet balanced) with the
+-- current bias range: tokens, load (per expert, 1-based), maxvio_batch, load_entropy, route_entropy, dead_experts,
+-- topk_changed, dropped, aux_loss, qb_clamped (histogram estimator), b_min, b_max, b_std
+function MoE:metrics()
+  local mt = self._metrics
+  if #self._records > 0 then mt = batch_metrics(self, gather_records(self)) end
+  local out = {}
+  for key, v in pairs(mt or {}) do out[key] = v end
+  mt = out
+  local b = self.gate.e_score_correction_bias:tolist()
+  local lo, hi, mean, var = math.huge, -math.huge, 0, 0
+  for _, v in ipairs(b) do lo = math.min(lo, v); hi = math.max(hi, v); mean = mean + v / #b end
+  for _, v in ipairs(b) do var = var + (v - mean) ^ 2 / #b end
+  mt.b_min, mt.b_max, mt.b_std = lo, hi, math.sqrt(var)
+  return mt
+end
+
+function MoE:extra_repr()
+  return fmt("d=%d, n=%d, k=%d, d_e=%d, shared=%d, latent=%s, rho=%g, %s, balance=%s", self.dim, self.n, self.k,
+    self.d_e, self.shared_dim, tostring(self.latent_dim or "off"), self.rho, self.activation, self.balance)
+end
+
+MoE.qb = qb
+return MoE

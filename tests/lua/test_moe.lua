@@ -1,0 +1,518 @@
+-- moe: nn.MoE (spec/moe.md oracles 1-5, 7, 8; oracle 6 SiTU is in test_moe_ops) — the router, Quantile Balancing on
+-- a fixed skewed batch and on a stream (with the sign baseline), centering and no leakage, the histogram estimator,
+-- the §5 metrics, LatentMoE, dispatch == a dense per-token loop, the latent router, a float64 gradient check of the
+-- whole layer, and a hybrid LM with MoE FFNs training with QB.
+local T = require "tide.testing"
+local tide = require "tide"
+local nn, F = tide.nn, tide.F
+local optim = require "tide.optim"
+local MoE = nn.MoE
+local qb = MoE.qb
+
+local function sig(x) return 1 / (1 + math.exp(-x)) end
+local function situ(g, u) return 4 * math.tanh(g / 4) * sig(g) * 25 * math.tanh(u / 25) end
+local function swiglu(g, u) return g * sig(g) * u end
+
+local function matvec(W, rows, cols, v)      -- W flat row-major [rows, cols]
+  local out = {}
+  for r = 1, rows do
+    local a = 0
+    for c = 1, cols do a = a + W[(r - 1) * cols + c] * v[c] end
+    out[r] = a
+  end
+  return out
+end
+
+-- TopK with ties to the lowest index (moe.md §2), 1-based expert numbers
+local function topk_list(v, k)
+  local idx = {}
+  for j = 1, #v do idx[j] = j end
+  table.sort(idx, function(a, c) if v[a] ~= v[c] then return v[a] > v[c] end return a < c end)
+  local out = {}
+  for i = 1, k do out[i] = idx[i] end
+  return out
+end
+
+-- the MoE layer token by token in plain Lua (moe.md §2, §7, §8): the dispatch oracle
+local function reference(moe, x)
+  local d, n, k, de, rho = moe.dim, moe.n, moe.k, moe.d_e, moe.rho
+  local X, m = x:tolist(), x:size(1)
+  local Wr, b = moe.gate.weight:tolist(), moe.gate.e_score_correction_bias:tolist()
+  local GU, DN = moe.experts.gate_up_proj:tolist(), moe.experts.down_proj:tolist()
+  local lat = moe.latent_dim
+  local din = lat or d
+  local act = moe.activation == "situ" and situ or swiglu
+  local out = {}
+  for t = 0, m - 1 do
+    local xt = {}
+    for i = 1, d do xt[i] = X[t * d + i] end
+    local s, sb = {}, {}
+    for j, a in ipairs(matvec(Wr, n, d, xt)) do s[j] = sig(a); sb[j] = s[j] + b[j] end
+    local sel = topk_list(sb, k)
+    local tot = 0
+    for _, e in ipairs(sel) do tot = tot + s[e] end
+    local z = lat and matvec(moe.routed_expert_down_proj.weight:tolist(), din, d, xt) or xt
+    local u = {}
+    for o = 1, din do u[o] = 0 end
+    for _, e1 in ipairs(sel) do
+      local e, p = e1 - 1, rho * s[e1] / (tot + 1e-20)
+      local h = {}
+      for r = 1, de do
+        local g, v = 0, 0
+        for c = 1, din do
+          g = g + GU[(e * 2 * de + r - 1) * din + c] * z[c]
+          v = v + GU[(e * 2 * de + de + r - 1) * din + c] * z[c]
+        end
+        h[r] = act(g, v)
+      end
+      for o = 1, din do
+        local y = 0
+        for r = 1, de do y = y + DN[(e * din + o - 1) * de + r] * h[r] end
+        u[o] = u[o] + p * y
+      end
+    end
+    local y = u
+    if lat then     -- RMSNorm once, on the aggregate (§7)
+      local ms, g = 0, moe.routed_expert_norm.weight:tolist()
+      for o = 1, din do ms = ms + u[o] ^ 2 end
+      local r = 1 / math.sqrt(ms / din + moe.routed_expert_norm.eps)
+      local un = {}
+      for o = 1, din do un[o] = u[o] * r * g[o] end
+      y = matvec(moe.routed_expert_up_proj.weight:tolist(), d, din, un)
+    end
+    local sh = moe.shared_experts
+    if sh then
+      local hs = moe.shared_dim
+      local g = matvec(sh.gate_proj.weight:tolist(), hs, d, xt)
+      local v = matvec(sh.up_proj.weight:tolist(), hs, d, xt)
+      local h = {}
+      for r = 1, hs do h[r] = act(g[r], v[r]) end
+      local ys = matvec(sh.down_proj.weight:tolist(), d, hs, h)
+      for o = 1, d do y[o] = y[o] + ys[o] end
+    end
+    for o = 1, d do out[#out + 1] = y[o] end
+  end
+  return out
+end
+
+local function set(t, values) tide.no_grad(function() t:copy_(tide.tensor(values, { dtype = t:dtype() }):reshape(t:shape())) end) end
+
+local function loads(sel, n)
+  local load = {}
+  for j = 1, n do load[j] = 0 end
+  for _, e in ipairs(sel:tolist()) do load[e + 1] = load[e + 1] + 1 end
+  return load
+end
+
+local function maxvio(s, b, k)
+  local n = s:size(2)
+  local _, sel = F.topk(s + tide.tensor(b, { dtype = s:dtype() }), k)
+  local mx = 0
+  for _, l in ipairs(loads(sel, n)) do mx = math.max(mx, l) end
+  local q = s:size(1) * k / n
+  return (mx - q) / q
+end
+
+-- the spec's skewed routing batch (oracle 2): σ(N(0,1) + linspace(−3, 3, 64)_j), m = 4,096
+local M_QB, N_QB, K_QB = 4096, 64, 4
+local offsets
+local function skewed_batch(dtype)
+  if not offsets then
+    local o = {}
+    for j = 1, N_QB do o[j] = -3 + 6 * (j - 1) / (N_QB - 1) end
+    offsets = tide.tensor(o)
+  end
+  local s = (tide.randn({ M_QB, N_QB }) + offsets):sigmoid()
+  return dtype and s:to(dtype) or s
+end
+
+local function zeros_list(n) local b = {} for j = 1, n do b[j] = 0 end return b end
+
+T.test("router: TopK on s + b, weights from s summing to rho (1e-6), ties to the lowest index, b no gradient", function()
+  tide.manual_seed(3)
+  local moe = MoE(8, { n_experts = 6, top_k = 2, expert_dim = 4, routed_scaling = 2.5 })
+  local x = tide.randn({ 5, 8 })
+  set(moe.gate.weight, tide.randn({ 6, 8 }):tolist())
+  set(moe.gate.e_score_correction_bias, { 0, 0, 0, 0, 3, 2 })    -- pushes every token to experts 4 and 5
+  local s = moe.gate:scores(x)
+  local sel, p = moe.gate:route(s)
+  local S, P = s:totable(), p:totable()
+  for t, row in ipairs(sel:totable()) do
+    T.eq(row, { 4, 5 }, "selection follows s + b")
+    T.near(P[t], { 2.5 * S[t][5] / (S[t][5] + S[t][6]), 2.5 * S[t][6] / (S[t][5] + S[t][6]) }, 1e-6, "p from unbiased s")
+    T.near(P[t][1] + P[t][2], 2.5, 1e-6)
+  end
+  -- b = 0, equal scores: the lowest indices win
+  set(moe.gate.e_score_correction_bias, zeros_list(6))
+  set(moe.gate.weight, zeros_list(48))
+  local sel0 = moe.gate:route(moe.gate:scores(x))
+  for _, row in ipairs(sel0:totable()) do T.eq(row, { 0, 1 }) end
+  -- b is a buffer: in the state dict, not a parameter, no gradient
+  set(moe.gate.weight, tide.randn({ 6, 8 }):tolist())
+  set(moe.gate.e_score_correction_bias, { 0.1, -0.2, 0.3, 0, 0, -0.2 })
+  moe(x):sum():backward()
+  local b = moe.gate.e_score_correction_bias
+  T.ok(not b:requires_grad() and b:grad() == nil, "b has no gradient")
+  T.ok(moe:state_dict()["gate.e_score_correction_bias"] ~= nil, "b is in the state dict")
+  for name in moe:named_parameters() do T.ok(not name:find("correction"), "b is not a parameter: " .. name) end
+  T.ok(moe.gate.weight:grad():sum_squares() > 0, "the router weight gets a gradient through p")
+end)
+
+T.test("router: float64 gradient check through the renormalised p, TopK fixed (<= 1e-8)", function()
+  tide.manual_seed(4)
+  local moe = MoE(6, { n_experts = 5, top_k = 3, expert_dim = 2, routed_scaling = 2.827, dtype = "f64", std = 1 })
+  set(moe.gate.e_score_correction_bias, { 0.05, -0.1, 0.2, 0, -0.05 })
+  local x = tide.randn({ 7, 6 }, { dtype = "f64", requires_grad = true })
+  local sel0 = moe.gate:route(moe.gate:scores(x)):tolist()
+  local worst = T.gradcheck(function()
+    local sel, p = moe.gate:route(moe.gate:scores(x))
+    T.eq(sel:tolist(), sel0, "TopK stays fixed under the perturbation")
+    return p
+  end, { x, moe.gate.weight }, { atol = 1e-8, rtol = 1e-6 })
+  T.ok(worst <= 1e-8, "worst " .. worst)
+end)
+
+T.test("QB fixed skewed batch (oracle 2): MaxVio ~6.5 before, <= 0.5 after 1, <= 0.05 from alternation 20", function()
+  tide.manual_seed(11)
+  local s = skewed_batch()
+  local b = zeros_list(N_QB)
+  local before = maxvio(s, b, K_QB)
+  T.ok(before > 6 and before < 7, "MaxVio before " .. before)
+  for it = 1, 30 do
+    b = qb.update(s, b, K_QB)
+    local v = maxvio(s, b, K_QB)
+    if it == 1 then T.ok(v <= 0.5, "after 1 alternation " .. v) end
+    if it >= 20 then T.ok(v <= 0.05, "alternation " .. it .. ": " .. v) end
+  end
+end)
+
+T.test("QB stream (oracle 3) through nn.MoE: MaxVio_batch <= 0.6 from step 5, mean <= 0.3; sign u=1e-3 > 2 at 100", function()
+  tide.manual_seed(12)
+  local function run(balance, steps)
+    local moe = MoE(4, { n_experts = N_QB, top_k = K_QB, expert_dim = 1, n_shared = 0, balance = balance })
+    local vio = {}
+    for step = 0, steps - 1 do
+      local s = skewed_batch()
+      moe:record(s, (moe.gate:route(s)))        -- route with the current b, as forward does
+      vio[step] = moe:balance_step().maxvio_batch
+    end
+    return vio, moe
+  end
+  local vio, moe = run("quantile", 300)
+  T.ok(vio[0] > 6, "step 0 is unbalanced: " .. vio[0])
+  local sum = 0
+  for step = 5, 299 do
+    T.ok(vio[step] <= 0.6, "step " .. step .. ": " .. vio[step])
+    sum = sum + vio[step]
+  end
+  T.ok(sum / 295 <= 0.3, "mean MaxVio_batch over steps 5-299: " .. sum / 295)
+  local mt, bsum = moe:metrics(), 0
+  for _, v in ipairs(moe.gate.e_score_correction_bias:tolist()) do bsum = bsum + v end
+  T.near(bsum, 0, 1e-5, "b is centred")
+  T.ok(mt.b_min < 0 and mt.b_max > 0 and mt.b_std > 0.1, "b spreads to undo the skew: std " .. mt.b_std)
+  local svio = run("sign", 101)
+  T.ok(svio[100] > 2, "sign baseline at step 100: " .. svio[100])
+end)
+
+T.test("QB centering and no leakage (oracle 4)", function()
+  tide.manual_seed(13)
+  local m, n, k = 512, 16, 2
+  -- scores on a 2^-10 grid so every sum with the biases is exact in f64
+  local s = (tide.rand({ m, n }, { dtype = "f64" }) * 1024):tolist()
+  for i = 1, #s do s[i] = math.floor(s[i]) / 1024 end
+  local st = tide.tensor(s, { dtype = "f64" }):reshape(m, n)
+  local ffi = require "ffi"
+  local sa = ffi.new("double[?]", m * n)
+  for i = 1, m * n do sa[i - 1] = s[i] end
+  local mu = qb.margins(sa, ffi.new("double[?]", n), m, n, k)
+  local theta = qb.theta_exact(mu, m, n, math.floor(m * k / n) + 1)
+  local bhat, sum = {}, 0
+  for j = 1, n do bhat[j] = -theta[j - 1] end
+  local bc = qb.update(st, zeros_list(n), k)
+  for j = 1, n do sum = sum + bc[j] end
+  T.near(sum, 0, 1e-12, "centered")
+  local _, sel1 = F.topk(st + tide.tensor(bhat, { dtype = "f64" }), k)
+  local _, sel2 = F.topk(st + tide.tensor(bc, { dtype = "f64" }), k)
+  T.eq(sel1:tolist(), sel2:tolist(), "b̂ and b̂ − mean(b̂) select the same sets")
+
+  -- no leakage: batch t is routed with the bias of batches < t, whatever batch t holds
+  local opts = { n_experts = 4, top_k = 2, expert_dim = 3, latent_dim = 4, dtype = "f64", std = 0.5 }
+  local A = MoE(6, opts)
+  local B = MoE(6, opts)
+  B:load_state_dict(A:state_dict())
+  local xs = { tide.randn({ 20, 6 }, { dtype = "f64" }), tide.randn({ 20, 6 }, { dtype = "f64" }) }
+  for _, x in ipairs(xs) do A(x); A:balance_step(); B(x); B:balance_step() end
+  local frozen = MoE(6, opts):eval()
+  frozen:load_state_dict(A:state_dict())      -- the bias of batches 0, 1
+  local x2, x2p = tide.randn({ 20, 6 }, { dtype = "f64" }), tide.randn({ 20, 6 }, { dtype = "f64" })
+  local b_before = A.gate.e_score_correction_bias:tolist()
+  T.near(A(x2), frozen(x2), 0, "step 2 routes with the bias of steps < 2")
+  T.eq(A.gate.e_score_correction_bias:tolist(), b_before, "forward does not touch b")
+  T.near(B(x2p), frozen(x2p), 0, "the perturbed batch too")
+  A:balance_step(); B:balance_step()
+  T.ok(A.gate.e_score_correction_bias:tolist()[1] ~= B.gate.e_score_correction_bias:tolist()[1],
+    "after the step, b depends on batch 2")
+end)
+
+T.test("QB histogram estimator (oracle 5): within one bin of exact; 2 ranks' counts == the whole batch", function()
+  local ffi = require "ffi"
+  tide.manual_seed(14)
+  local s = skewed_batch("f64")
+  local m, n, k = M_QB, N_QB, K_QB
+  local sa = ffi.new("double[?]", m * n)
+  tide.check_status(tide.C.tide_to_f64_buffer(tide.raw(s), sa, m * n))
+  local mu = qb.margins(sa, ffi.new("double[?]", n), m, n, k)
+  local r = math.floor(m * k / n) + 1
+  local exact = qb.theta_exact(mu, m, n, r)
+  local counts, clamped = qb.histogram(mu, m, n, -2, 2, 2048)
+  T.eq(clamped, 0)
+  local est = qb.theta_histogram(counts, m, n, r, -2, 2, 2048)
+  local w = 4 / 2048
+  for j = 0, n - 1 do
+    local dlt = est[j] - exact[j]
+    T.ok(dlt >= -1e-12 and dlt <= w * (1 + 1e-9), "column " .. j .. ": histogram − exact = " .. dlt)
+  end
+  -- data-parallel: the sum of two halves' counts == the counts of the concatenated batch, exactly
+  local half = m / 2
+  local c1 = qb.histogram(mu, half, n, -2, 2, 2048)
+  local c2 = qb.histogram(mu + half * n, half, n, -2, 2, 2048)
+  local diff = 0
+  for i = 0, n * 2048 - 1 do if c1[i] + c2[i] ~= counts[i] then diff = diff + 1 end end
+  T.eq(diff, 0, "bins that differ")
+  local _, narrow = qb.histogram(mu, m, n, -0.1, 0.1, 64)
+  T.ok(narrow > 0, "out-of-range margins are clamped and counted")
+  -- through the module: histogram-estimated b within two bins of the exact one (each θ within one, then centering)
+  local function bias(estimator)
+    local moe = MoE(4, { n_experts = n, top_k = k, expert_dim = 1, n_shared = 0, estimator = estimator, dtype = "f64" })
+    moe:record(s, (moe.gate:route(s)))
+    local mt = moe:balance_step()
+    return moe.gate.e_score_correction_bias:tolist(), mt
+  end
+  local be = bias("exact")
+  local bh, mt = bias("histogram")
+  T.eq(mt.qb_clamped, 0)
+  T.near(bh, be, 2 * w + 1e-12)
+end)
+
+T.test("metrics (§5): load, maxvio, entropies, dead experts over a window, top-k change; none keeps b = 0", function()
+  local moe = MoE(4, { n_experts = 4, top_k = 2, expert_dim = 1, n_shared = 0, balance = "none", dead_window = 2,
+    dtype = "f64" })
+  local function step(rows)
+    local s = tide.tensor(rows, { dtype = "f64" })
+    moe:record(s, (moe.gate:route(s)))
+    return moe:balance_step()
+  end
+  local a = { 0.9, 0.3, 0.1, 0.1 }
+  local mt = step({ a, a, a, a })
+  T.eq(mt.load, { 4, 4, 0, 0 })
+  T.near(mt.maxvio_batch, 1, 1e-12)
+  T.near(mt.load_entropy, 0.5, 1e-12)
+  T.near(mt.route_entropy, -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(2), 1e-12)
+  T.eq(mt.dead_experts, 2)
+  T.eq(mt.topk_changed, nil, "no previous step")
+  local c = { 0.1, 0.2, 0.9, 0.8 }
+  mt = step({ a, a, c, c })
+  T.eq(mt.load, { 2, 2, 2, 2 })
+  T.near(mt.maxvio_batch, 0, 0)
+  T.near(mt.load_entropy, 1, 1e-12)
+  T.eq(mt.dead_experts, 0)
+  T.near(mt.topk_changed, 0.5, 0)
+  T.eq(step({ a, a, a, a }).dead_experts, 0, "experts 2, 3 idle for 1 step < window 2")
+  T.eq(step({ a, a, a, a }).dead_experts, 2, "idle for 2 steps")
+  T.eq(moe.gate.e_score_correction_bias:tolist(), { 0, 0, 0, 0 })
+  local m2 = moe:metrics()
+  T.eq(m2.b_std, 0)
+end)
+
+T.test("dispatch == a dense per-token loop through the module (f32 1e-5): plain and LatentMoE, both activations", function()
+  tide.manual_seed(21)
+  for _, o in ipairs({ { latent_dim = 8, activation = "situ" }, { activation = "swiglu", routed_scaling = 2.5 } }) do
+    local opts = { n_experts = 6, top_k = 2, expert_dim = 5, n_shared = 2, std = 0.4 }
+    for key, v in pairs(o) do opts[key] = v end
+    local moe = MoE(12, opts)
+    set(moe.gate.e_score_correction_bias, { 0.02, -0.03, 0, 0.05, -0.01, -0.03 })
+    local x = tide.randn({ 2, 5, 12 })
+    local y = moe(x)
+    T.eq(y:shape(), { 2, 5, 12 })
+    T.near(y:tolist(), reference(moe, x:reshape(10, 12)), 1e-5)
+  end
+end)
+
+T.test("LatentMoE (oracle 7): fused shared MLP == two narrower MLPs (f64 1e-12); norm once; tiny layer sizes", function()
+  tide.manual_seed(22)
+  local d, h = 10, 6
+  local wide = nn.MLP(d, 2 * h, { activation = "situ", dtype = "f64", std = 0.5 })
+  local a = nn.MLP(d, h, { activation = "situ", dtype = "f64" })
+  local b = nn.MLP(d, h, { activation = "situ", dtype = "f64" })
+  local G, U, D = wide.gate_proj.weight:tolist(), wide.up_proj.weight:tolist(), wide.down_proj.weight:tolist()
+  local function rows(W, from) local out = {} for i = from * d + 1, (from + h) * d do out[#out + 1] = W[i] end return out end
+  local function cols(W, from)
+    local out = {}
+    for r = 0, d - 1 do for c = from + 1, from + h do out[#out + 1] = W[r * 2 * h + c] end end
+    return out
+  end
+  set(a.gate_proj.weight, rows(G, 0)); set(a.up_proj.weight, rows(U, 0)); set(a.down_proj.weight, cols(D, 0))
+  set(b.gate_proj.weight, rows(G, h)); set(b.up_proj.weight, rows(U, h)); set(b.down_proj.weight, cols(D, h))
+  local x = tide.randn({ 7, d }, { dtype = "f64" })
+  T.near(wide(x), a(x) + b(x), 1e-12)
+  -- norm applied once, to the aggregate: the module == the reference that norms Σ p_i E_i(z) (a norm per expert, or
+  -- none, would not match at this tolerance)
+  local moe = MoE(d, { n_experts = 4, top_k = 2, expert_dim = 3, latent_dim = 5, dtype = "f64", std = 0.5, n_shared = 0 })
+  local xm = tide.randn({ 6, d }, { dtype = "f64" })
+  T.near(moe(xm):tolist(), reference(moe, xm), 1e-12)
+  -- spec README oracle 1: the tiny MoE layer (d 128, n 8, k 2, d_e 128, d_lat 64, one shared) has 263,232
+  -- parameters (b is a buffer, not counted), 115,776 active
+  local tiny = MoE(128, { n_experts = 8, top_k = 2, expert_dim = 128, latent_dim = 64 })
+  T.eq(tiny:num_parameters(), 263232)
+  local per_expert = (tiny.experts.gate_up_proj:numel() + tiny.experts.down_proj:numel()) / 8
+  T.eq(tiny:num_parameters() - 6 * per_expert, 115776)
+end)
+
+T.test("latent router (oracle 8): dot with r = d, P = I, e_j = rows of W_r == the default router; cosine grads", function()
+  tide.manual_seed(23)
+  local d, n = 8, 6
+  local base = MoE(d, { n_experts = n, top_k = 2, expert_dim = 2, std = 0.5 })
+  local lat = MoE(d, { n_experts = n, top_k = 2, expert_dim = 2, router = "latent", similarity = "dot", router_rank = d })
+  local eye = {}
+  for i = 1, d do for j = 1, d do eye[#eye + 1] = i == j and 1 or 0 end end
+  set(lat.gate.latent_proj.weight, eye)
+  set(lat.gate.expert_vectors, base.gate.weight:tolist())
+  local x = tide.randn({ 9, d })
+  local s1, s2 = base.gate:scores(x), lat.gate:scores(x)
+  T.near(s2:tolist(), s1:tolist(), 1e-6)
+  T.eq(lat.gate:route(s2):tolist(), base.gate:route(s1):tolist())
+  -- the cosine form: ω starts at ln 10; e_j and ω are in the no-decay group; float64 gradients of P, e_j, ω
+  local cos = MoE(d, { n_experts = n, top_k = 2, expert_dim = 2, router = "latent", router_rank = 4, dtype = "f64", std = 0.5 })
+  T.near(cos.gate.log_scale, math.log(10), 1e-12)
+  local opt = optim.AdamW(cos)
+  local _, no_decay = opt:group_names()
+  local nd = table.concat(no_decay, " ")
+  T.ok(nd:find("gate.expert_vectors", 1, true) and nd:find("gate.log_scale", 1, true), "no decay: " .. nd)
+  local xd = tide.randn({ 5, d }, { dtype = "f64", requires_grad = true })
+  local worst = T.gradcheck(function() return cos.gate:scores(xd) end,
+    { xd, cos.gate.latent_proj.weight, cos.gate.expert_vectors, cos.gate.log_scale }, { atol = 1e-8, rtol = 1e-6 })
+  T.ok(worst <= 1e-8, "worst " .. worst)
+end)
+
+T.test("float64 gradient check of the whole MoE layer (LatentMoE + shared, x and every parameter)", function()
+  tide.manual_seed(24)
+  local moe = MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, latent_dim = 4, n_shared = 1, dtype = "f64", std = 0.6 })
+  set(moe.gate.e_score_correction_bias, { 0.1, -0.1, 0.05, 0 })
+  local x = tide.randn({ 2, 3, 6 }, { dtype = "f64", requires_grad = true })
+  local inputs = { x }
+  for _, t in moe:named_parameters() do inputs[#inputs + 1] = t end
+  T.eq(#inputs, 10)
+  local worst = T.gradcheck(function() return moe(x) end, inputs, { atol = 1e-8, rtol = 1e-6 })
+  T.ok(worst < 1e-7, "worst " .. worst)
+end)
+
+T.test("aux baseline: L = alpha Σ f_j P_j over the batch, in the hybrid's loss; b stays 0", function()
+  tide.manual_seed(25)
+  local moe = MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, balance = "aux", aux_alpha = 0.01, dtype = "f64", std = 0.5 })
+  local x = tide.randn({ 10, 6 }, { dtype = "f64" })
+  moe(x)
+  local s = moe.gate:scores(x)
+  local sel = moe.gate:route(s)
+  local S, load = s:totable(), loads(sel, 4)
+  local want = 0
+  for j = 1, 4 do
+    local P = 0
+    for t = 1, 10 do
+      local tot = 0
+      for i = 1, 4 do tot = tot + S[t][i] end
+      P = P + S[t][j] / tot / 10
+    end
+    want = want + (4 / (2 * 10)) * load[j] * P
+  end
+  T.near(moe.aux_loss, 0.01 * want, 1e-12)
+  moe.aux_loss:backward()
+  T.ok(moe.gate.weight:grad():sum_squares() > 0, "the aux loss trains the router")
+  moe:balance_step()
+  T.eq(moe.gate.e_score_correction_bias:tolist(), { 0, 0, 0, 0 })
+  T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, balance = "qb" }) end, "balance must be one of")
+  T.raises(function() MoE(6, { n_experts = 4, top_k = 4, expert_dim = 3 }) end, "top_k = 4 must be < n_experts = 4")
+  T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, topk = 1 }) end, "unknown option 'topk'")
+end)
+
+T.test("HybridLM with MoE FFNs: layer 0 dense, trains with QB, the bias moves and is checkpointed", function()
+  tide.manual_seed(26)
+  local cfg = {
+    vocab_size = 23, dim = 16, n_layers = 3, mixers = "K", ffn_dim = 24, residual = "prenorm", init_std = 0.1,
+    kda = { heads = 2, head_dim = 4, chunk = 4 },
+    moe = { n_experts = 4, top_k = 2, expert_dim = 8, latent_dim = 8, activation = "situ" },
+  }
+  local model = nn.HybridLM(cfg)
+  T.ok(model.model.layers:get(1).mlp ~= nil and model.model.layers:get(1).block_sparse_moe == nil, "layer 0 dense")
+  T.eq(#model:moe_layers(), 2)
+  local opt = optim.AdamW(model, { lr = 1e-2 })
+  for _, p in ipairs(opt.params) do T.ok(not p.name:find("correction"), "b is not optimised") end
+  local ids = tide.rand({ 4, 12 }, { lo = 0, hi = 23 }):to("i32")
+  local tgt = tide.rand({ 4, 12 }, { lo = 0, hi = 23 }):to("i32")
+  local first, last
+  for step = 1, 8 do
+    local loss = model:loss(ids, tgt)
+    if step == 1 then first = loss:item() end
+    last = loss:item()
+    loss:backward()
+    opt:step(1e-2)
+    opt:zero_grad()
+    model:balance_step()
+  end
+  T.ok(last < first, string.format("loss %.4f -> %.4f", first, last))
+  local mm = model:moe_metrics()
+  T.ok(mm[0] == nil and mm[1] and mm[2], "metrics for layers 1, 2")
+  for l = 1, 2 do
+    T.ok(mm[l].b_std > 0, "layer " .. l .. " bias moved")
+    local bsum = 0
+    for _, v in ipairs(model.model.layers:get(l + 1).block_sparse_moe.gate.e_score_correction_bias:tolist()) do bsum = bsum + v end
+    T.near(bsum, 0, 1e-6, "layer " .. l .. " bias centred")
+    T.eq(mm[l].tokens, 48)
+  end
+  local sd = model:state_dict()
+  local key = "model.layers.1.block_sparse_moe.gate.e_score_correction_bias"
+  T.ok(sd[key] ~= nil, key)
+  local fresh = nn.HybridLM(cfg)
+  fresh:load_state_dict(sd)
+  T.eq(fresh.model.layers:get(2).block_sparse_moe.gate.e_score_correction_bias:tolist(), sd[key]:tolist())
+  T.near(fresh:forward(ids), model:eval():forward(ids), 0)
+  cfg.moe.first_dense = false
+  T.eq(#nn.HybridLM(cfg):moe_layers(), 3, "first_dense = false")
+end)
+
+T.test("tide.train with a MoE hybrid: moe/* keys per step, the bias in checkpoints, resume bit-identical", function()
+  local train, checkpoint = require "tide.train", require "tide.checkpoint"
+  local TMP = os.getenv("TMPDIR") or "/tmp"
+  local function tmpdir(name)
+    local dir = string.format("%s/tide-test-moe-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
+    tide.C.tide_remove_tree(dir)
+    return dir
+  end
+  local function cfg(over)
+    local c = {
+      model = { kind = "hybrid", vocab_size = 320, dim = 16, n_layers = 2, mixers = "K", ffn_dim = 24, residual = "prenorm",
+        kda = { heads = 2, head_dim = 4, chunk = 4 }, moe = { n_experts = 4, top_k = 2, expert_dim = 8, latent_dim = 8 } },
+      data = { path = "tests/fixtures/tiny_corpus.txt", doc_separator = "%", val_fraction = 0.1, seq_len = 16, batch_size = 4 },
+      optim = { lr = 3e-3 }, schedule = { kind = "cosine", warmup = 2 },
+      train = { steps = 6, ckpt_every = 3, eval_every = 3, log_every = 1000, seed = 1, quiet = true, eval_batches = 1 },
+    }
+    for k, v in pairs(over or {}) do c.train[k] = v end
+    return c
+  end
+  local a_dir, b_dir = tmpdir("a"), tmpdir("b")
+  local a = train(cfg({ out = a_dir }))
+  local log = io.open(a_dir .. "/metrics.jsonl"):read("*a")
+  T.ok(log:find('"moe/maxvio_batch/1"', 1, true) and log:find('"moe/b_std/1"', 1, true), "moe metrics in the JSONL")
+  local ck = a_dir .. "/ckpt/step_00000003"
+  local rd = checkpoint.open(ck)
+  local b3 = rd:tensors("model.safetensors")["model.layers.1.block_sparse_moe.gate.e_score_correction_bias"]
+  rd:close()
+  T.ok(b3 ~= nil and b3:sum_squares() > 0, "the step-3 bias is in the checkpoint and nonzero")
+  local c = cfg({ out = b_dir })
+  c.resume = ck
+  local b = train(c)
+  for step = 4, 6 do T.ok(b.losses[step] == a.losses[step], "step " .. step .. " resumed == uninterrupted") end
+  tide.C.tide_remove_tree(a_dir)
+  tide.C.tide_remove_tree(b_dir)
+end)
+
+T.run()
