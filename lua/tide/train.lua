@@ -26,7 +26,7 @@ local SECTIONS = {
   schedule = false,   -- checked by schedule.new
   train = {
     steps = true, eval_every = true, eval_batches = true, ckpt_every = true, keep_ckpts = true, out = true,
-    log_every = true, seed = true, threads = true, collect_every = true, quiet = true,
+    log_every = true, seed = true, threads = true, collect_every = true, quiet = true, jitter_window = true,
   },
   sample = { prompts = true, max_new_tokens = true, temperature = true, top_k = true, top_p = true, seed = true },
   expect = { final_loss_below = true },
@@ -230,6 +230,19 @@ local function train(cfg)
   end
 
   local result = { losses = {}, out = out, model = model, tokenizer = d.tokenizer, skipped = 0, rollbacks = 0 }
+  -- gradient-norm jitter: std / mean of the global gradient norm over the last `jitter_window` good steps
+  -- (the model-wide monitor beside the MoE load metrics: routing churn shows up as a jumpy norm)
+  local jitter_window, norms_seen = tcfg.jitter_window or 50, {}
+  local function jitter(norm)
+    norms_seen[#norms_seen + 1] = norm
+    if #norms_seen > jitter_window then table.remove(norms_seen, 1) end
+    if #norms_seen < 2 then return nil end
+    local mean, var = 0, 0
+    for _, v in ipairs(norms_seen) do mean = mean + v end
+    mean = mean / #norms_seen
+    for _, v in ipairs(norms_seen) do var = var + (v - mean) ^ 2 end
+    return mean > 0 and math.sqrt(var / (#norms_seen - 1)) / mean or nil
+  end
   local t_start = tide.time()
   local steps_done_here = 0
   local t_log, tokens_log = t_start, 0
@@ -282,7 +295,7 @@ local function train(cfg)
       step = step, time = os.time(), tokens = tokens, loss = lv, lr = lr, grad_norm = norm,
       tok_per_s = tokens_per_step / math.max(now - t0, 1e-9), step_time = now - t0,
     }
-    if bad then rec.skipped = true; rec.nonfinite_tensor = bad end
+    if bad then rec.skipped = true; rec.nonfinite_tensor = bad else rec.grad_norm_jitter = jitter(norm) end
     -- MoE load metrics per layer (moe.md §5), keys as TensorBoard tags: moe/maxvio_batch/3
     local moe_mt = model.moe_metrics and model:moe_metrics() or {}
     for l, mt in pairs(moe_mt) do

@@ -178,6 +178,26 @@ T.test("a non-finite loss skips the step: weights unchanged, data cursor advance
   T.eq(rec.nonfinite, { "loss" })
 end)
 
+T.test("grad_norm_jitter = std / mean of the logged gradient norms over the window", function()
+  local out = tmpdir("jitter")
+  train(fixture_cfg({ train = { steps = 6, out = out, jitter_window = 4 } }))
+  local norms, jit = {}, {}
+  for line in io.lines(out .. "/metrics.jsonl") do
+    local v = json.decode(line)
+    if v.grad_norm then norms[v.step], jit[v.step] = v.grad_norm, v.grad_norm_jitter end
+  end
+  T.eq(jit[1], nil, "no jitter from one norm")
+  for step = 2, 6 do
+    local w = {}
+    for i = math.max(1, step - 3), step do w[#w + 1] = norms[i] end
+    local mean, var = 0, 0
+    for _, v in ipairs(w) do mean = mean + v end
+    mean = mean / #w
+    for _, v in ipairs(w) do var = var + (v - mean) ^ 2 end
+    T.near(jit[step], math.sqrt(var / (#w - 1)) / mean, 1e-9, "step " .. step)
+  end
+end)
+
 T.test("a non-finite gradient is found by name and skipped", function()
   local r = train(fixture_cfg({
     schedule = { warmup = 1 },
