@@ -19,13 +19,7 @@ local H, DK, DV, CHUNK, LB = 4, 64, 64, 16, -5
 -- the issue's target for the kernel table: chunk >= 4x the recurrence from T = 4K on
 local TARGET = { ratio = 4, from_T = 4096 }
 
-local function loadavg()
-  local f = io.open("/proc/loadavg")
-  if not f then return nil end
-  local s = f:read("*l")
-  f:close()
-  return s and tonumber(s:match("^(%S+)"))
-end
+local loadavg = require("tide.results").loadavg
 
 -- inputs shaped as the layer makes them: q, k L2-normalised (q scaled), g from the bounded gate
 local function inputs(T)

@@ -21,13 +21,7 @@ local F = tide.F
 local N_EXPERTS, TOP_K = 16, 2
 local TARGET = 0.6      -- the issue's target: MoE >= 0.6x the dense layer's tokens/s
 
-local function loadavg()
-  local f = io.open("/proc/loadavg")
-  if not f then return nil end
-  local s = f:read("*l")
-  f:close()
-  return s and tonumber(s:match("^(%S+)"))
-end
+local loadavg = require("tide.results").loadavg
 
 local function list(s)
   local out = {}

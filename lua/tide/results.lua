@@ -22,4 +22,13 @@ function results.write(dir, name, record, md, first)
   io.stderr:write(name .. ": wrote " .. dir .. "/" .. name .. ".json and " .. name .. ".md\n")
 end
 
+-- the 1-minute load average (nil where /proc is absent): benchmarks record it beside their timings
+function results.loadavg()
+  local f = io.open("/proc/loadavg")
+  if not f then return nil end
+  local line = f:read("*l")
+  f:close()
+  return line and tonumber(line:match("^(%S+)"))
+end
+
 return results

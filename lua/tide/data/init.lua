@@ -1,13 +1,16 @@
--- data — tokenizers and the text/shard batch streams.
+-- data — tokenizers, the text/shard batch streams and the synthetic tasks (task = "mqar").
 local tokenizer = require "tide.data.tokenizer"
 local text = require "tide.data.text"
+local mqar = require "tide.data.mqar"
 
-local data = { tokenizer = tokenizer, text = text }
+local data = { tokenizer = tokenizer, text = text, mqar = mqar }
 
 -- the keys a recipe's `data` table may hold
 data.KEYS = {
   path = true, paths = true, exclude = true, format = true, doc_separator = true, val_fraction = true,
   seq_len = true, batch_size = true, seed = true, order = true, vocab_size = true,
+  -- synthetic tasks (data/mqar.lua): task = "mqar" with num_pairs, power, filler, examples, val_examples, val_seed
+  task = true, num_pairs = true, power = true, filler = true, examples = true, val_examples = true, val_seed = true,
 }
 
 local function check_keys(cfg)
@@ -26,6 +29,8 @@ end
 -- evaluation sees the same batches.
 function data.build(cfg, vocab_size)
   check_keys(cfg)
+  if cfg.task == "mqar" then return mqar.build(cfg, vocab_size) end
+  if cfg.task ~= nil then error("data: unknown task '" .. tostring(cfg.task) .. "' (known: mqar)", 2) end
   local tok = tokenizer.byte_level({ vocab_size = cfg.vocab_size or vocab_size or 320 })
   local ds = text.load(cfg, tok)
   local opts = { batch_size = cfg.batch_size, seq_len = cfg.seq_len, seed = cfg.seed or 0, order = cfg.order or "random" }

@@ -1,0 +1,263 @@
+-- data/mqar.lua — multi-query associative recall (spec/evals.md §1, after Zoology's associative_recall.py):
+-- D key–value pairs as context, then every key queried once at a power-law-distributed gap; the label at a
+-- query is its key's value (the token after the query), every other label is ignored (F.cross_entropy's -100).
+--
+-- Example i is a pure function of (V, T, D, power, filler, seed, i): its uniforms come from the Philox stream
+-- keyed by (task "mqar", seed) at counters [i·2^32, i·2^32 + 3D + T), so it is the same whatever batch, stream or
+-- machine draws it.
+local ffi = require "ffi"
+local tide = require "tide"
+local C = tide.C
+
+local mqar = {}
+
+mqar.IGNORE = -100                      -- F.cross_entropy's default ignore_index
+mqar.DEFAULTS = { vocab_size = 1024, seq_len = 256, num_pairs = 16, power = 0.01, filler = "zero", seed = 0 }
+mqar.KEYS = { vocab_size = true, seq_len = true, num_pairs = true, power = true, filler = true, seed = true }
+
+local TASK = 0x6d717172ULL              -- "mqar": the task half of the Philox key
+local STRIDE = 4294967296ULL            -- counters per example (2^32 >= 3D + T for any T that fits in memory)
+
+local fmt = string.format
+
+local function bad(msg, level) error("mqar: " .. msg, level or 3) end
+
+local function int_at_least(v, lo, name, level)
+  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
+    bad(fmt("%s must be an integer >= %d, got %s", name, lo, tostring(v)), level)
+  end
+  return v
+end
+
+-- checked configs carry this metatable, so batch() and stream() skip re-checking them
+local Checked = {}
+
+-- check(cfg) -> a full, validated copy of cfg (defaults filled); errors name the parameter and the values
+function mqar.check(cfg)
+  if getmetatable(cfg) == Checked then return cfg end
+  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
+  local c = {}
+  for k, v in pairs(mqar.DEFAULTS) do c[k] = v end
+  for k, v in pairs(cfg or {}) do
+    if not mqar.KEYS[k] then
+      local known = {}
+      for name in pairs(mqar.KEYS) do known[#known + 1] = name end
+      table.sort(known)
+      bad(fmt("unknown key '%s' (known: %s)", tostring(k), table.concat(known, ", ")), 4)
+    end
+    c[k] = v
+  end
+  local V = int_at_least(c.vocab_size, 4, "vocab_size", 5)
+  local T = int_at_least(c.seq_len, 4, "seq_len", 5)
+  local D = int_at_least(c.num_pairs, 1, "num_pairs", 5)
+  if V % 2 ~= 0 then bad(fmt("vocab_size must be even (keys from [1, V/2), values from [V/2, V)), got %d", V), 4) end
+  if T % 2 ~= 0 then bad(fmt("seq_len must be even (pairs and query slots are 2 tokens), got %d", T), 4) end
+  if 4 * D > T then bad(fmt("num_pairs D = %d needs 4D <= seq_len, got 4D = %d > %d", D, 4 * D, T), 4) end
+  if D > V / 2 - 1 then bad(fmt("num_pairs D = %d exceeds the %d distinct keys of [1, %d)", D, V / 2 - 1, V / 2), 4) end
+  if type(c.power) ~= "number" or not (c.power > 0) or c.power > 1 then
+    bad(fmt("power must be in (0, 1], got %s", tostring(c.power)), 4)
+  end
+  if c.filler ~= "zero" and c.filler ~= "random" then
+    bad(fmt("filler must be \"zero\" or \"random\", got %s", tostring(c.filler)), 4)
+  end
+  int_at_least(c.seed, 0, "seed", 5)
+  if c.seed >= 2 ^ 32 then bad(fmt("seed must be < 2^32, got %d", c.seed), 4) end
+  c.slots = (T - 2 * D) / 2
+  return setmetatable(c, Checked)
+end
+
+-- the gap weights w_g = a·(g+1)^(a−1), g ∈ [0, S) (evals.md §1), cached per (S, a)
+local weight_cache = {}
+function mqar.gap_weights(S, a)
+  local key = S .. ":" .. a
+  local w = weight_cache[key]
+  if not w then
+    w = { n = S, total = 0 }
+    for g = 0, S - 1 do
+      w[g] = a * (g + 1) ^ (a - 1)
+      w.total = w.total + w[g]
+    end
+    weight_cache[key] = w
+  end
+  return w
+end
+
+-- D distinct integers uniform in [lo, hi) from u[at .. at+D): a partial Fisher–Yates shuffle of the range,
+-- touching only the swapped entries
+local function distinct(u, at, D, lo, hi, out)
+  local n, swap = hi - lo, {}
+  for j = 0, D - 1 do
+    local r = j + math.floor(u[at + j] * (n - j))
+    local pick = swap[r] or r
+    swap[r] = swap[j] or j
+    out[j] = lo + pick
+  end
+end
+
+-- example indices stay below 2^32 so their counter ranges never overlap
+local MAX_INDEX = 2 ^ 32
+
+local ubuf, ubuf_n = nil, 0
+local function uniforms(n)
+  if n > ubuf_n then ubuf, ubuf_n = ffi.new("double[?]", n), n end
+  return ubuf
+end
+
+-- fill(c, i, x, y, off): example i of the checked config c into x[off .. off+T) (ids) and y[off .. off+T)
+-- (labels); x, y are ffi integer arrays. Returns keys, values, gaps (0-based Lua arrays of D) for tests.
+function mqar.fill(c, i, x, y, off)
+  local V, T, D, S = c.vocab_size, c.seq_len, c.num_pairs, c.slots
+  local random_filler = c.filler == "random"
+  local n_u = 3 * D + (random_filler and T or 0)
+  local u = uniforms(n_u)
+  C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, n_u)
+  local keys, values, gaps = {}, {}, {}
+  distinct(u, 0, D, 1, V / 2, keys)
+  distinct(u, D, D, V / 2, V, values)
+  -- gaps one at a time without replacement, P ∝ w over the remaining ones
+  local w, used = mqar.gap_weights(S, c.power), {}
+  local total = w.total
+  for j = 0, D - 1 do
+    local r, acc, pick, last = u[2 * D + j] * total, 0, nil, nil
+    for g = 0, S - 1 do
+      if not used[g] then
+        acc = acc + w[g]
+        last = g
+        if r < acc then pick = g break end
+      end
+    end
+    pick = pick or last           -- r ≥ the running sum only through rounding of `total`
+    used[pick] = true
+    total = total - w[pick]
+    gaps[j] = pick
+  end
+  for t = 0, T - 1 do y[off + t] = mqar.IGNORE end
+  for j = 0, D - 1 do
+    x[off + 2 * j] = keys[j]
+    x[off + 2 * j + 1] = values[j]
+  end
+  for t = 2 * D, T - 1 do
+    x[off + t] = random_filler and math.floor(u[3 * D + t] * V) or 0
+  end
+  for j = 0, D - 1 do
+    local p = 2 * D + 2 * gaps[j]
+    x[off + p] = keys[j]
+    y[off + p] = values[j]
+  end
+  return keys, values, gaps
+end
+
+-- example(cfg, i) -> ids, labels (Lua lists of T, 1-based), info {keys, values, gaps} (0-based arrays of D);
+-- i is the 0-based example index
+function mqar.example(cfg, i)
+  local c = mqar.check(cfg)
+  int_at_least(i, 0, "example index", 4)
+  if i >= MAX_INDEX then bad(fmt("example index must be < 2^32, got %d", i)) end
+  local x, y = ffi.new("int64_t[?]", c.seq_len), ffi.new("int64_t[?]", c.seq_len)
+  local keys, values, gaps = mqar.fill(c, i, x, y, 0)
+  local ids, labels = {}, {}
+  for t = 0, c.seq_len - 1 do ids[t + 1], labels[t + 1] = tonumber(x[t]), tonumber(y[t]) end
+  return ids, labels, { keys = keys, values = values, gaps = gaps }
+end
+
+-- batch(cfg, first, n) -> ids [n, T] i32, targets [n, T] i64: examples first .. first+n−1
+function mqar.batch(cfg, first, n)
+  local c = mqar.check(cfg)
+  int_at_least(first, 0, "first", 4)
+  int_at_least(n, 1, "n", 4)
+  if first + n > MAX_INDEX then bad(fmt("examples %d .. %d reach past index 2^32", first, first + n - 1)) end
+  local T = c.seq_len
+  local x, y = ffi.new("int32_t[?]", n * T), ffi.new("int64_t[?]", n * T)
+  for b = 0, n - 1 do mqar.fill(c, first + b, x, y, b * T) end
+  local shape = ffi.new("int64_t[2]", n, T)
+  local ids = tide.check(C.tide_from_bytes(C.tide_dtype_from_name("i32"), 2, shape, 0, x, n * T * 4))
+  local targets = tide.check(C.tide_from_bytes(C.tide_dtype_from_name("i64"), 2, shape, 0, y, n * T * 8))
+  return ids, targets
+end
+
+-- accuracy(logits [B, T, V], targets [B, T]) -> mean over labelled positions of 1[argmax = label], and the
+-- number of labelled positions (evals.md §1)
+function mqar.accuracy(logits, targets)
+  local pred = logits:argmax(-1):to("i64")
+  local n = pred:numel()
+  if targets:numel() ~= n then
+    bad(fmt("accuracy: logits hold %d positions but targets %d", n, targets:numel()))
+  end
+  targets = targets:to("i64")
+  local p, t = ffi.new("int64_t[?]", n), ffi.new("int64_t[?]", n)
+  tide.check_status(C.tide_read_bytes(tide.raw(pred), p, n * 8))
+  tide.check_status(C.tide_read_bytes(tide.raw(targets), t, n * 8))
+  local hit, labelled = 0, 0
+  for k = 0, n - 1 do
+    if t[k] ~= mqar.IGNORE then
+      labelled = labelled + 1
+      if p[k] == t[k] then hit = hit + 1 end
+    end
+  end
+  if labelled == 0 then bad("accuracy: no labelled positions in targets") end
+  return hit / labelled, labelled
+end
+
+-- a batch stream for tide.train: batch k holds examples (k·B + b) mod `examples`, b < B; the cursor is the
+-- whole state, so a checkpoint resumes it exactly
+local Stream = {}
+Stream.__index = Stream
+
+function mqar.stream(cfg, opts)
+  local c = mqar.check(cfg)
+  local B = int_at_least(opts.batch_size, 1, "batch_size", 4)
+  local N = int_at_least(opts.examples or MAX_INDEX, B, "examples", 4)
+  if N > MAX_INDEX then bad(fmt("examples must be <= 2^32, got %d", N)) end
+  return setmetatable({ cfg = c, B = B, T = c.seq_len, examples = N, cursor = 0 }, Stream)
+end
+
+function Stream:next()
+  local first = (self.cursor * self.B) % self.examples
+  self.cursor = self.cursor + 1
+  if first + self.B <= self.examples then return mqar.batch(self.cfg, first, self.B) end
+  -- a batch that wraps around the end of the set: build it example by example
+  local T, B = self.T, self.B
+  local x, y = ffi.new("int32_t[?]", B * T), ffi.new("int64_t[?]", B * T)
+  for b = 0, B - 1 do mqar.fill(self.cfg, (first + b) % self.examples, x, y, b * T) end
+  local shape = ffi.new("int64_t[2]", B, T)
+  return tide.check(C.tide_from_bytes(C.tide_dtype_from_name("i32"), 2, shape, 0, x, B * T * 4)),
+    tide.check(C.tide_from_bytes(C.tide_dtype_from_name("i64"), 2, shape, 0, y, B * T * 8))
+end
+
+function Stream:state() return { task = "mqar", seed = self.cfg.seed, cursor = self.cursor } end
+
+function Stream:set_state(s)
+  if s.task ~= "mqar" or s.seed ~= self.cfg.seed then
+    bad(fmt("checkpoint stream (task %s, seed %s) differs from the configured one (mqar, seed %d)",
+      tostring(s.task), tostring(s.seed), self.cfg.seed))
+  end
+  self.cursor = s.cursor
+end
+
+function Stream:reset() self.cursor = 0 end
+
+-- build(dcfg, vocab_size) -> the data.build result for `data = {task = "mqar", ...}`: train examples from
+-- `seed`, validation examples from `val_seed` (default seed + 1) so the two sets are disjoint streams;
+-- sizes after Zoology (100k train, 3k test)
+function mqar.build(dcfg, vocab_size)
+  local c = {
+    vocab_size = dcfg.vocab_size or vocab_size or mqar.DEFAULTS.vocab_size, seq_len = dcfg.seq_len,
+    num_pairs = dcfg.num_pairs, power = dcfg.power, filler = dcfg.filler, seed = dcfg.seed or 0,
+  }
+  local train_n = dcfg.examples or 100000
+  local val_n = dcfg.val_examples or 3000
+  local B = dcfg.batch_size
+  local train_cfg = mqar.check(c)
+  c.seed = dcfg.val_seed or (train_cfg.seed + 1)
+  local val_cfg = mqar.check(c)
+  local T = train_cfg.seq_len
+  return {
+    tokenizer = { kind = "mqar", vocab_size = train_cfg.vocab_size },
+    dataset = { train = { n = train_n * T }, val = { n = val_n * T }, files = {} },
+    train = mqar.stream(train_cfg, { batch_size = B, examples = train_n }),
+    val = function() return mqar.stream(val_cfg, { batch_size = B, examples = val_n }) end,
+    cfg = train_cfg, val_cfg = val_cfg,
+  }
+end
+
+return mqar
