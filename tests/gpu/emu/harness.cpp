@@ -9,56 +9,7 @@
 #include <cstdarg>
 #include <string>
 
-namespace emu {
-std::vector<Th> *ths;
-ucontext_t sched_ctx;
-int my_tid;
-std::vector<char *> stacks;
-void *dyn_smem;
-int smem_limit = 232448;   // sm_90 opt-in
-double xch[1024];
-std::mt19937 rng(12345);
-std::function<void()> body;
-}  // namespace emu
-
-static char err_buf[2048];
-int tide_set_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-const char *tide_dtype_name(int d)
-{
-    static const char *n[] = {"f32", "f64", "bf16", "i32", "i64", "u8"};
-    return d >= 0 && d < 6 ? n[d] : NULL;
-}
-size_t tide_dtype_size(int d)
-{
-    static const size_t s[] = {4, 8, 2, 4, 8, 1};
-    return d >= 0 && d < 6 ? s[d] : 0;
-}
-int tide_cuda_get_stream(cudaStream_t *out)
-{
-    *out = 0;
-    return 0;
-}
-static tide_cuda_scratch the_scratch;
-int tide_cuda_get_scratch(tide_cuda_scratch **out)
-{
-    *out = &the_scratch;
-    return 0;
-}
-cudaError_t tide_cuda_alloc(void **p, size_t n, cudaStream_t)
-{
-    *p = malloc(n ? n : 1);
-    memset(*p, 0xff, n);   // NaN: unwritten reads show
-    return cudaSuccess;
-}
-void tide_cuda_release(void *p, cudaStream_t) { free(p); }
-int tide_cuda_sm_count(void) { return 2; }
+#include "emu_host.h"
 
 #include "kda_emu.inc"
 #include "conv_emu.inc"
