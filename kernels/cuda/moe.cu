@@ -2,12 +2,18 @@
  * moe.cu — the sparse MoE kernels on CUDA (spec/moe.md; the CPU twin is kernels/cpu/moe.c, same layouts):
  * SiTU-GLU (§6), top-k over the last dim (§2, ties to the lowest index), and the grouped experts (§8).
  *
- * moe_experts: the stable sort by expert is built on the device with one thread per expert scanning the
- * assignments in (t, slot) order (O(n·m·k) work, no atomics: simple and exactly the CPU order; a prefix-sum sort
- * is the upgrade when n·m·k gets large). The segment offsets come back to the host (one sync) to size one
- * cuBLAS product per expert segment (tide_cuda_gemm: bf16 in, fp32 compute). Gather, activation, combine and
- * their backward are row kernels; the combine and dx sum each token's slots in order in fp32: no atomics,
- * bitwise reproducible.
+ * moe_experts routes with a stable counting sort by (expert, t, slot) on the device, O(m·k + n) work: (1) the
+ * assignments, in (t, slot) order, are cut into tiles; a block walks its tile in order, one warp of 32 at a time,
+ * and gives each assignment its rank among the tile's earlier ones to the same expert, then writes the tile's
+ * count per expert; (2) per expert an exclusive scan over its tile counts, over experts the capacity and an
+ * exclusive scan of the kept counts (the segment offsets); (3) row = offset + earlier tiles' count + rank. Every
+ * number is a count of the assignments before a given one, so no atomic and no thread schedule enters: the
+ * permutation is the CPU's exactly.
+ * The offsets come back to the host (the forward's one sync): cuBLAS's grouped GEMM takes the group sizes in host
+ * arrays. Each GEMM stage (gate/up; down; backward: dW_down with dh, then dW_gate_up with dX) is ONE
+ * cublasGemmGroupedBatchedEx over the experts with rows, one group per expert (bf16 in, fp32 compute, as
+ * tide_cuda_gemm). Gather, activation, combine and their backward are row kernels; the combine and dx sum each
+ * token's slots in order in fp32: no atomics, bitwise reproducible.
  */
 #include "common.cuh"
 
@@ -99,45 +105,172 @@ int tide_cuda_topk(int dtype, void *values, int64_t *indices, const void *x, int
     return 0;
 }
 
-/* ---- routing (§8 step 1) ------------------------------------------------------------------------------------------ */
-__global__ void moe_count_kernel(int64_t *count, const void *sel, int is64, int64_t A, int64_t n)
+/* ---- routing (§8 step 1): the stable counting sort ------------------------------------------------------------- */
+#define MOE_SORT_THREADS 256
+/* the tile pass keeps one int count per expert in shared memory, within the default 48 KiB */
+#define MOE_SORT_MAX_EXPERTS 12288
+
+/* exclusive scan of one value per thread of the block (blockDim.x = MOE_SORT_THREADS), *total = the block's sum.
+   Hillis-Steele in shared memory; integer sums, so the result does not depend on the order of the additions. */
+__device__ int64_t moe_block_scan(int64_t v, int64_t *sh, int64_t *total)
 {
-    TIDE_GRID_LOOP(e, n) {
-        int64_t c = 0;
-        for (int64_t a = 0; a < A; a++) c += tide_ld_index(sel, is64, a) == e;
-        count[e] = c;
+    const int t = threadIdx.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int o = 1; o < (int)blockDim.x; o <<= 1) {
+        int64_t add = t >= o ? sh[t - o] : 0;
+        __syncthreads();
+        sh[t] += add;
+        __syncthreads();
     }
+    int64_t incl = sh[t];
+    *total = sh[blockDim.x - 1];
+    __syncthreads();   /* sh is reused by the next call */
+    return incl - v;
 }
-/* offsets with the capacity (one thread: n is small); dropped total into off[n + 1] */
-__global__ void moe_offsets_kernel(int64_t *off, const int64_t *count, int64_t n, int64_t cap)
+
+/* pass 1, per tile b of ts assignments: rank[a] = the assignments before a in its tile that go to a's expert, and
+   tile_count[e, b] (expert-major, [n, tiles]) = the tile's assignments to e. The block takes its tile 32 at a time,
+   in order: lanes with the same expert find each other with __match_any_sync (inside the warp, a lane's rank = the
+   equal lanes below it), then the warps take turns, one barrier each, reading and advancing hist[e], the tile's
+   running count. Ids outside [0, n) (the op layer rejects them) stay unrouted rather than index out of bounds. */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+moe_rank_kernel(int32_t *rank, int64_t *tile_count, const void *sel, int is64, int64_t A, int64_t n, int64_t ts,
+                int64_t tiles)
 {
-    if (blockIdx.x || threadIdx.x) return;
-    int64_t acc = 0, dropped = 0;
-    for (int64_t e = 0; e < n; e++) {
-        int64_t kept = cap >= 0 && count[e] > cap ? cap : count[e];
-        off[e] = acc;
-        acc += kept;
-        dropped += count[e] - kept;
-    }
-    off[n] = acc;
-    off[n + 1] = dropped;
-}
-__global__ void moe_fill_kernel(int64_t *perm, int64_t *pos, const int64_t *off, const void *sel, int is64, int64_t A,
-                                int64_t n)
-{
-    TIDE_GRID_LOOP(e, n) {
-        int64_t r = off[e], end = off[e + 1];
-        for (int64_t a = 0; a < A; a++)
-            if (tide_ld_index(sel, is64, a) == e) {
-                if (r < end) { perm[r] = a; pos[a] = r++; }
-                else pos[a] = -1;
+    extern __shared__ int moe_hist[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
+        for (int64_t e = threadIdx.x; e < n; e += blockDim.x) moe_hist[e] = 0;
+        __syncthreads();
+        int64_t end = (b + 1) * ts < A ? (b + 1) * ts : A;
+        for (int64_t a0 = b * ts; a0 < end; a0 += blockDim.x) {
+            int64_t a = a0 + threadIdx.x, id = a < end ? tide_ld_index(sel, is64, a) : -1;
+            int key = id >= 0 && id < n ? (int)id : -1;
+            unsigned same = __match_any_sync(0xffffffffu, key);
+            int below = __popc(same & ((1u << lane) - 1u));
+            for (int w = 0; w < nwarp; w++) {
+                if (warp == w) {
+                    int base = key >= 0 ? moe_hist[key] : 0;
+                    __syncwarp();   /* every equal lane has read before the last one advances the count */
+                    if (key >= 0 && (same >> lane) == 1u) moe_hist[key] = base + __popc(same);
+                    if (key >= 0) rank[a] = base + below;
+                }
+                __syncthreads();
             }
+        }
+        for (int64_t e = threadIdx.x; e < n; e += blockDim.x) tile_count[e * tiles + b] = moe_hist[e];
+        __syncthreads();   /* before the next tile clears hist */
     }
 }
+
+/* pass 2a, a block per expert: tile_count[e, :] becomes its exclusive prefix (the assignments to e in earlier
+   tiles) and count[e] the total */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+moe_tile_scan_kernel(int64_t *tile_count, int64_t *count, int64_t n, int64_t tiles)
+{
+    __shared__ int64_t sh[MOE_SORT_THREADS];
+    for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
+        int64_t *row = tile_count + e * tiles, carry = 0, total;
+        for (int64_t i0 = 0; i0 < tiles; i0 += blockDim.x) {
+            int64_t i = i0 + threadIdx.x, v = i < tiles ? row[i] : 0;
+            int64_t ex = moe_block_scan(v, sh, &total);
+            if (i < tiles) row[i] = carry + ex;
+            carry += total;
+        }
+        if (threadIdx.x == 0) count[e] = carry;
+    }
+}
+
+/* pass 2b, one block: each expert keeps its first cap rows (cap < 0: all); off[e] = the exclusive prefix of the kept
+   counts, off[n] = the rows kept, off[n + 1] = the assignments dropped */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+moe_offsets_kernel(int64_t *off, const int64_t *count, int64_t n, int64_t cap)
+{
+    __shared__ int64_t sh[MOE_SORT_THREADS];
+    int64_t kept_sum = 0, dropped = 0, total;
+    for (int64_t e0 = 0; e0 < n; e0 += blockDim.x) {
+        int64_t e = e0 + threadIdx.x, c = e < n ? count[e] : 0, kept = cap >= 0 && c > cap ? cap : c;
+        int64_t ex = moe_block_scan(kept, sh, &total);
+        if (e < n) off[e] = kept_sum + ex;
+        kept_sum += total;
+        moe_block_scan(c - kept, sh, &total);
+        dropped += total;
+    }
+    if (threadIdx.x == 0) {
+        off[n] = kept_sum;
+        off[n + 1] = dropped;
+    }
+}
+
+/* pass 3: a's place among all assignments to its expert e = the earlier tiles' count + its rank in its tile; kept
+   when below the capacity, at row off[e] + place */
+__global__ void moe_scatter_kernel(int64_t *perm, int64_t *pos, const void *sel, int is64, const int32_t *rank,
+                                   const int64_t *tile_base, const int64_t *off, int64_t A, int64_t n, int64_t ts,
+                                   int64_t tiles, int64_t cap)
+{
+    TIDE_GRID_LOOP(a, A) {
+        int64_t e = tide_ld_index(sel, is64, a);
+        int64_t r = e >= 0 && e < n ? tile_base[e * tiles + a / ts] + rank[a] : -1;
+        if (r < 0 || (cap >= 0 && r >= cap)) {
+            pos[a] = -1;
+            continue;
+        }
+        perm[off[e] + r] = a;
+        pos[a] = off[e] + r;
+    }
+}
+/* rows past the kept ones: perm = -1 */
 __global__ void moe_tail_kernel(int64_t *perm, const int64_t *off, int64_t n, int64_t A)
 {
     int64_t R = off[n];
     TIDE_GRID_LOOP(r, A - R) perm[R + r] = -1;
+}
+
+/* blocks for a grid-stride loop over `items` block-sized items, at most per_sm per SM */
+static unsigned moe_grid(int64_t items, int64_t per_sm)
+{
+    int64_t cap = (int64_t)tide_cuda_sm_count() * per_sm;
+    int64_t b = items < cap ? items : cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* §8 step 1: route = [perm (A) | pos (A) | off (n + 1)] exactly as kernels/cpu/moe.c builds it, for the A = m·k
+   assignments of sel; hoff [n + 2] gets off and the dropped count on the host (one sync) */
+static int moe_sort(int64_t *route, int64_t *hoff, const void *sel, int is64, int64_t A, int64_t n, int64_t cap,
+                    cudaStream_t s)
+{
+    if (n > MOE_SORT_MAX_EXPERTS)
+        return tide_set_error("moe_experts: %lld experts exceed the cuda sort's limit of %d (a count per expert in "
+                              "48 KiB of shared memory)", (long long)n, MOE_SORT_MAX_EXPERTS);
+    /* tiles of at least n assignments: the per-tile counts (n per tile) then cost at most A + n */
+    int64_t ipt = (n + MOE_SORT_THREADS - 1) / MOE_SORT_THREADS;
+    if (ipt < 4) ipt = 4;
+    int64_t ts = ipt * MOE_SORT_THREADS, tiles = (A + ts - 1) / ts;
+    int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
+    /* scratch: tile counts [n, tiles], count [n], off and dropped [n + 2], then the ranks [A] (int32: < ts) */
+    size_t n64 = (size_t)(n * tiles + n + n + 2);
+    char *buf = NULL;
+    TIDE_CU(tide_cuda_alloc((void **)&buf, n64 * sizeof(int64_t) + (size_t)A * sizeof(int32_t), s), "moe_experts sort alloc");
+    int64_t *tile_count = (int64_t *)buf, *count = tile_count + n * tiles, *offx = count + n;
+    int32_t *rank = (int32_t *)(offx + n + 2);
+    if (tiles > 0)
+        moe_rank_kernel<<<moe_grid(tiles, 16), MOE_SORT_THREADS, (size_t)n * sizeof(int), s>>>(rank, tile_count, sel,
+                                                                                                 is64, A, n, ts, tiles);
+    moe_tile_scan_kernel<<<moe_grid(n, 32), MOE_SORT_THREADS, 0, s>>>(tile_count, count, n, tiles);
+    moe_offsets_kernel<<<1, MOE_SORT_THREADS, 0, s>>>(offx, count, n, cap);
+    if (A > 0) {
+        moe_scatter_kernel<<<tide_blocks(A), TIDE_THREADS, 0, s>>>(perm, pos, sel, is64, rank, tile_count, offx, A, n,
+                                                                    ts, tiles, cap);
+        moe_tail_kernel<<<tide_blocks(A), TIDE_THREADS, 0, s>>>(perm, offx, n, A);
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(off, offx, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(hoff, offx, (size_t)(n + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    tide_cuda_release(buf, s);
+    if (e != cudaSuccess) return tide_set_error("cuda moe_experts sort: %s", cudaGetErrorString(e));
+    return 0;
 }
 
 /* ---- row kernels ---------------------------------------------------------------------------------------------------- */
@@ -215,7 +348,120 @@ template <typename T> __global__ void moe_dx_kernel(T *dx, const T *dxg, const i
     }
 }
 
+
 static size_t moe_esz(int dtype) { return dtype == TIDE_F64 ? 8 : dtype == TIDE_F32 ? 4 : 2; }
+/* element i of a buffer of es-byte elements */
+static char *moe_at(const void *base, int64_t i, size_t es) { return (char *)base + (size_t)i * es; }
+
+/* ---- grouped expert GEMMs (§8 step 2) ------------------------------------------------------------------------------ */
+/* one product of a stage in the engine's row-major terms, as tide_cuda_gemm: C [M, N] = op(A) op(B) (alpha 1, beta 0) */
+struct moe_prod {
+    int ta, tb;
+    int64_t M, N, K;
+    const void *A;
+    int64_t lda;
+    const void *B;
+    int64_t ldb;
+    void *C;
+    int64_t ldc;
+};
+
+/* A stage's products as ONE cublasGemmGroupedBatchedEx, a group of one per product (the row counts differ per
+   expert). Row-major to column-major as in gemm.cu: C^T = op(B)^T op(A)^T, so cuBLAS gets (B, A) and (N, M). Sizes,
+   leading dimensions, scalars and group sizes are host arrays; the matrix pointer arrays must be in device memory:
+   they go to dptr (3·np slots) by a stream-ordered copy whose host source may be freed once cudaMemcpyAsync
+   returns (pageable memory is staged first). K = 0 products are zero fills and M or N = 0 ones empty: cuBLAS gets
+   neither. bf16 grouped GEMMs need 16-byte aligned matrix pointers (a segment starts r0·ld elements in; with an ld
+   that is not a multiple of 8 it may not be): then the stage runs as one tide_cuda_gemm per product instead. */
+static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dptr, cudaStream_t s, const char *what)
+{
+    size_t es = moe_esz(dtype);
+    int64_t g = 0;
+    int aligned = 1;
+    for (int64_t i = 0; i < np; i++) {
+        const moe_prod *q = pr + i;
+        if (q->M > INT_MAX || q->N > INT_MAX || q->K > INT_MAX || q->lda > INT_MAX || q->ldb > INT_MAX || q->ldc > INT_MAX)
+            return tide_set_error("%s: a product of [%lld, %lld] x [%lld, %lld] exceeds cuBLAS's 32-bit sizes", what,
+                                  (long long)q->M, (long long)q->K, (long long)q->K, (long long)q->N);
+        if (q->M == 0 || q->N == 0) continue;
+        if (q->K == 0) {
+            TIDE_CU(cudaMemset2DAsync(q->C, (size_t)q->ldc * es, 0, (size_t)q->N * es, (size_t)q->M, s), what);
+            continue;
+        }
+        if (dtype == TIDE_BF16 && (((uintptr_t)q->A | (uintptr_t)q->B | (uintptr_t)q->C) & 15)) aligned = 0;
+        g++;
+    }
+    if (g == 0) return 0;
+    if (!aligned) {
+        for (int64_t i = 0; i < np; i++) {
+            const moe_prod *q = pr + i;
+            if (q->M && q->N && q->K &&
+                tide_cuda_gemm(dtype, q->ta, q->tb, q->M, q->N, q->K, 1.0, q->A, q->lda, q->B, q->ldb, 0.0, q->C, q->ldc))
+                return -1;
+        }
+        return 0;
+    }
+    /* host arrays in one block: pointers [3g] (B, A, C: cuBLAS's order), scalars [2g] (alpha | beta; float or
+       double, as the compute type), ops [2g], ints [7g] (m, n, k, lda, ldb, ldc, group size) */
+    char *hb = (char *)malloc((size_t)g * (3 * sizeof(void *) + 2 * sizeof(double) + 2 * sizeof(cublasOperation_t) +
+                                           7 * sizeof(int)));
+    if (!hb) return tide_set_error("%s: out of host memory for %lld products", what, (long long)g);
+    void **ptr = (void **)hb;
+    double *sd = (double *)(ptr + 3 * g);
+    float *sf = (float *)sd;
+    cublasOperation_t *op = (cublasOperation_t *)(sd + 2 * g);
+    int *iv = (int *)(op + 2 * g);
+    int64_t j = 0;
+    for (int64_t i = 0; i < np; i++) {
+        const moe_prod *q = pr + i;
+        if (!q->M || !q->N || !q->K) continue;
+        op[j] = q->tb ? CUBLAS_OP_T : CUBLAS_OP_N;       /* first cuBLAS operand: B */
+        op[g + j] = q->ta ? CUBLAS_OP_T : CUBLAS_OP_N;   /* second: A */
+        iv[j] = (int)q->N;
+        iv[g + j] = (int)q->M;
+        iv[2 * g + j] = (int)q->K;
+        iv[3 * g + j] = (int)q->ldb;
+        iv[4 * g + j] = (int)q->lda;
+        iv[5 * g + j] = (int)q->ldc;
+        iv[6 * g + j] = 1;
+        ptr[j] = (void *)q->B;
+        ptr[g + j] = (void *)q->A;
+        ptr[2 * g + j] = q->C;
+        if (dtype == TIDE_F64) { sd[j] = 1.0; sd[g + j] = 0.0; }
+        else { sf[j] = 1.0f; sf[g + j] = 0.0f; }
+        j++;
+    }
+    cudaDataType_t type = dtype == TIDE_F64 ? CUDA_R_64F : dtype == TIDE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasComputeType_t compute = dtype == TIDE_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+    const void *alpha = dtype == TIDE_F64 ? (const void *)sd : (const void *)sf;
+    const void *beta = dtype == TIDE_F64 ? (const void *)(sd + g) : (const void *)(sf + g);
+    cublasHandle_t h;
+    int rc = 0;
+    cudaError_t ce = cudaMemcpyAsync(dptr, ptr, (size_t)(3 * g) * sizeof(void *), cudaMemcpyHostToDevice, s);
+    if (ce != cudaSuccess) rc = tide_set_error("cuda %s pointer arrays: %s", what, cudaGetErrorString(ce));
+    else if (tide_cuda_get_cublas(&h)) rc = -1;
+    else {
+        cublasStatus_t st = cublasGemmGroupedBatchedEx(h, op, op + g, iv, iv + g, iv + 2 * g, alpha,
+                                                       (const void *const *)dptr, type, iv + 3 * g,
+                                                       (const void *const *)(dptr + g), type, iv + 4 * g, beta,
+                                                       (void *const *)(dptr + 2 * g), type, iv + 5 * g, (int)g,
+                                                       iv + 6 * g, compute);
+        if (st != CUBLAS_STATUS_SUCCESS) rc = tide_set_error("cuda %s: %s", what, cublasGetStatusString(st));
+    }
+    free(hb);
+    return rc;
+}
+
+/* one allocation for an entry's scratch: `rows_bytes` of row buffers, then 2 stages x 3·per_stage device pointers */
+static int moe_scratch(char **buf, void ***dptr, size_t rows_bytes, int64_t per_stage, cudaStream_t s, const char *what)
+{
+    size_t head = (rows_bytes + 15) / 16 * 16;
+    size_t bytes = head + (size_t)(6 * per_stage) * sizeof(void *);
+    if (tide_cuda_alloc((void **)buf, bytes, s) != cudaSuccess)
+        return tide_set_error("%s: out of device memory (%zu bytes of scratch)", what, bytes);
+    *dptr = (void **)(*buf + head);
+    return 0;
+}
 
 int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                           int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
@@ -224,55 +470,57 @@ int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void 
 {
     if (tide_cuda_check_index_dtype(sel_dtype, "moe_experts")) return -1;
     if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
-        return tide_set_error("moe_experts: dtype %s is not supported on the cuda backend (f32, f64, bf16)", tide_cuda_dtype_str(dtype));
+        return tide_set_error("moe_experts: dtype %s is not supported on the cuda backend (f32, f64, bf16)",
+                              tide_cuda_dtype_str(dtype));
     TIDE_STREAM(s);
-    int64_t A_ = m * k, *perm = route, *pos = route + A_, *off = route + 2 * A_;
-    int is64 = sel_dtype == TIDE_I64;
-    /* off has n + 1 entries in route; counts and the dropped total live in a scratch [n + 2] */
-    int64_t *tmp = NULL;
-    TIDE_CU(tide_cuda_alloc((void **)&tmp, (size_t)(2 * n + 2) * sizeof(int64_t), s), "moe_experts alloc");
-    int64_t *count = tmp, *offx = tmp + n;
-    moe_count_kernel<<<tide_blocks(n), TIDE_THREADS, 0, s>>>(count, sel, is64, A_, n);
-    moe_offsets_kernel<<<1, 32, 0, s>>>(offx, count, n, capacity);
-    moe_fill_kernel<<<tide_blocks(n), TIDE_THREADS, 0, s>>>(perm, pos, offx, sel, is64, A_, n);
-    moe_tail_kernel<<<tide_blocks(A_ > 0 ? A_ : 1), TIDE_THREADS, 0, s>>>(perm, offx, n, A_);
-    TIDE_CU_LAUNCH("moe_experts routing kernels");
+    int64_t A_ = m * k, *perm = route, *pos = route + A_;
+    /* the offsets on the host: the grouped GEMMs take their group sizes from host arrays */
     int64_t *hoff = (int64_t *)malloc((size_t)(n + 2) * sizeof(int64_t));
-    if (!hoff) { tide_cuda_release(tmp, s); return tide_set_error("moe_experts: out of host memory"); }
-    cudaError_t e1 = cudaMemcpyAsync(off, offx, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToDevice, s);
-    cudaError_t e2 = e1 == cudaSuccess ? cudaMemcpyAsync(hoff, offx, (size_t)(n + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, s) : e1;
-    cudaError_t e3 = e2 == cudaSuccess ? cudaStreamSynchronize(s) : e2;
-    tide_cuda_release(tmp, s);
-    if (e3 != cudaSuccess) { free(hoff); return tide_set_error("cuda moe_experts offsets: %s", cudaGetErrorString(e3)); }
-    if (dropped) *dropped = hoff[n + 1];
-    int64_t R = hoff[n];
-    size_t es = moe_esz(dtype);
-    char *xg = NULL, *h = NULL;
-    int rc = 0;
-    if (tide_cuda_alloc((void **)&xg, (size_t)(R > 0 ? R : 1) * (size_t)(d_in + d_e) * es, s) != cudaSuccess) {
+    moe_prod *pr = (moe_prod *)malloc((size_t)(2 * n) * sizeof(moe_prod));
+    if (!hoff || !pr || moe_sort(route, hoff, sel, sel_dtype == TIDE_I64, A_, n, capacity, s)) {
+        int rc = !hoff || !pr ? tide_set_error("moe_experts: out of host memory (%lld experts)", (long long)n) : -1;
         free(hoff);
-        return tide_set_error("moe_experts: out of device memory for %lld rows", (long long)R);
+        free(pr);
+        return rc;
     }
-    h = xg + (size_t)(R * d_in) * es;
+    if (dropped) *dropped = hoff[n + 1];
+    int64_t R = hoff[n], R1 = R > 0 ? R : 1;
+    size_t es = moe_esz(dtype);
+    char *xg = NULL, *h;
+    void **dptr = NULL;
+    if (moe_scratch(&xg, &dptr, (size_t)R1 * (size_t)(d_in + d_e) * es, n, s, "moe_experts")) {
+        free(hoff);
+        free(pr);
+        return -1;
+    }
+    h = moe_at(xg, R1 * d_in, es);
+    /* stage 1: pre_e = xg_e W_gu[e]^T; stage 2: y_e = h_e W_d[e]^T (experts with rows only) */
+    int64_t g = 0;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t r0 = hoff[e], cnt = hoff[e + 1] - hoff[e];
+        if (!cnt) continue;
+        pr[g] = moe_prod{0, 1, cnt, 2 * d_e, d_in, moe_at(xg, r0 * d_in, es), d_in, moe_at(w_gate_up, e * 2 * d_e * d_in, es),
+                         d_in, moe_at(pre, r0 * 2 * d_e, es), 2 * d_e};
+        pr[n + g] = moe_prod{0, 1, cnt, d_out, d_e, moe_at(h, r0 * d_e, es), d_e, moe_at(w_down, e * d_out * d_e, es), d_e,
+                             moe_at(y, r0 * d_out, es), d_out};
+        g++;
+    }
+    int rc = 0;
     TIDE_FLOAT_DISPATCH(dtype, "moe_experts", {
-        if (R > 0) moe_gather_kernel<T><<<tide_blocks(R * d_in), TIDE_THREADS, 0, s>>>((T *)xg, (const T *)x, perm, R, k, d_in);
-        for (int64_t e = 0; e < n && !rc; e++) {
-            int64_t r0 = hoff[e], cnt = hoff[e + 1] - hoff[e];
-            if (!cnt) continue;
-            T *pe = (T *)pre + r0 * 2 * d_e, *he = (T *)h + r0 * d_e;
-            rc = tide_cuda_gemm(dtype, 0, 1, cnt, 2 * d_e, d_in, 1.0, (const T *)xg + r0 * d_in, d_in,
-                                (const T *)w_gate_up + e * 2 * d_e * d_in, d_in, 0.0, pe, 2 * d_e);
-            if (rc) break;
-            moe_act_kernel<T><<<tide_blocks(cnt * d_e), TIDE_THREADS, 0, s>>>(he, pe, cnt, d_e, act, k_gate, k_lin);
-            rc = tide_cuda_gemm(dtype, 0, 1, cnt, d_out, d_e, 1.0, he, d_e, (const T *)w_down + e * d_out * d_e, d_e, 0.0,
-                                (T *)y + r0 * d_out, d_out);
-        }
+        if (R > 0)
+            moe_gather_kernel<T><<<tide_blocks(R * d_in), TIDE_THREADS, 0, s>>>((T *)xg, (const T *)x, perm, R, k, d_in);
+        rc = moe_gemm_grouped(dtype, pr, g, dptr, s, "moe_experts gate/up");
+        if (!rc && R > 0)
+            moe_act_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)h, (const T *)pre, R, d_e, act, k_gate,
+                                                                             k_lin);
+        if (!rc) rc = moe_gemm_grouped(dtype, pr + n, g, dptr + 3 * n, s, "moe_experts down");
         if (!rc && m * d_out > 0)
             moe_combine_kernel<T><<<tide_blocks(m * d_out), TIDE_THREADS, 0, s>>>((T *)out, (const T *)y, (const T *)p, pos, m,
                                                                                    k, d_out);
     });
     tide_cuda_release(xg, s);
     free(hoff);
+    free(pr);
     if (rc) return rc;
     TIDE_CU_LAUNCH("moe_experts kernels");
     return 0;
@@ -289,54 +537,92 @@ int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_
     TIDE_STREAM(s);
     int64_t A_ = m * k;
     const int64_t *perm = route, *pos = route + A_, *off = route + 2 * A_;
+    /* the op keeps only the device route: the group sizes come to the host again (the backward's one sync) */
     int64_t *hoff = (int64_t *)malloc((size_t)(n + 1) * sizeof(int64_t));
-    if (!hoff) return tide_set_error("moe_experts backward: out of host memory");
-    cudaError_t e1 = cudaMemcpyAsync(hoff, off, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
+    moe_prod *pr = (moe_prod *)malloc((size_t)(4 * n) * sizeof(moe_prod));
+    cudaError_t e1 = cudaErrorMemoryAllocation;
+    if (hoff && pr) e1 = cudaMemcpyAsync(hoff, off, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
     if (e1 == cudaSuccess) e1 = cudaStreamSynchronize(s);
-    if (e1 != cudaSuccess) { free(hoff); return tide_set_error("cuda moe_experts backward offsets: %s", cudaGetErrorString(e1)); }
+    if (e1 != cudaSuccess) {
+        int rc = !hoff || !pr ? tide_set_error("moe_experts backward: out of host memory (%lld experts)", (long long)n)
+                              : tide_set_error("cuda moe_experts backward offsets: %s", cudaGetErrorString(e1));
+        free(hoff);
+        free(pr);
+        return rc;
+    }
     int64_t R = hoff[n], R1 = R > 0 ? R : 1;
     size_t es = moe_esz(dtype);
+    /* scratch rows: gathered x, h (recomputed from pre), dY, dh, dpre, dX */
     char *buf = NULL;
-    if (tide_cuda_alloc((void **)&buf, (size_t)R1 * (size_t)(2 * d_in + 4 * d_e + d_out) * es, s) != cudaSuccess) {
+    void **dptr = NULL;
+    if (moe_scratch(&buf, &dptr, (size_t)R1 * (size_t)(2 * d_in + 4 * d_e + d_out) * es, 2 * n, s, "moe_experts backward")) {
         free(hoff);
-        return tide_set_error("moe_experts backward: out of device memory for %lld rows", (long long)R);
+        free(pr);
+        return -1;
     }
-    char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
-    char *dh = dy + (size_t)(R1 * d_out) * es, *dpre = dh + (size_t)(R1 * d_e) * es, *dxg = dpre + (size_t)(R1 * 2 * d_e) * es;
+    char *xg = buf, *h = moe_at(xg, R1 * d_in, es), *dy = moe_at(h, R1 * d_e, es), *dh = moe_at(dy, R1 * d_out, es);
+    char *dpre = moe_at(dh, R1 * d_e, es), *dxg = moe_at(dpre, R1 * 2 * d_e, es);
+    const int need_dh = dw_gate_up || dx;
+    /* stage 1: dW_d[e] = dY_e^T h_e and dh_e = dY_e W_d[e]; stage 2: dW_gu[e] = dpre_e^T xg_e and dX_e = dpre_e W_gu[e] */
+    int64_t g1 = 0, g2 = 0;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t r0 = hoff[e], cnt = hoff[e + 1] - hoff[e];
+        if (!cnt) continue;
+        char *dye = moe_at(dy, r0 * d_out, es), *dpe = moe_at(dpre, r0 * 2 * d_e, es);
+        if (dw_down)
+            pr[g1++] = moe_prod{1, 0, d_out, d_e, cnt, dye, d_out, moe_at(h, r0 * d_e, es), d_e,
+                                moe_at(dw_down, e * d_out * d_e, es), d_e};
+        if (need_dh)
+            pr[g1++] = moe_prod{0, 0, cnt, d_e, d_out, dye, d_out, moe_at(w_down, e * d_out * d_e, es), d_e,
+                                moe_at(dh, r0 * d_e, es), d_e};
+        if (dw_gate_up)
+            pr[2 * n + g2++] = moe_prod{1, 0, 2 * d_e, d_in, cnt, dpe, 2 * d_e, moe_at(xg, r0 * d_in, es), d_in,
+                                        moe_at(dw_gate_up, e * 2 * d_e * d_in, es), d_in};
+        if (dx)
+            pr[2 * n + g2++] = moe_prod{0, 0, cnt, d_in, 2 * d_e, dpe, 2 * d_e, moe_at(w_gate_up, e * 2 * d_e * d_in, es), d_in,
+                                        moe_at(dxg, r0 * d_in, es), d_in};
+    }
     int rc = 0;
+    /* experts without rows get zero weight gradients: one memset per run of such experts */
+    for (int64_t e = 0; e < n && !rc;) {
+        int64_t e1 = e;
+        while (e1 < n && hoff[e1 + 1] == hoff[e1]) e1++;
+        if (e1 > e) {
+            int64_t nd = d_out * d_e, ngu = 2 * d_e * d_in;
+            cudaError_t ce = cudaSuccess;
+            if (dw_down) ce = cudaMemsetAsync(moe_at(dw_down, e * nd, es), 0, (size_t)((e1 - e) * nd) * es, s);
+            if (dw_gate_up && ce == cudaSuccess)
+                ce = cudaMemsetAsync(moe_at(dw_gate_up, e * ngu, es), 0, (size_t)((e1 - e) * ngu) * es, s);
+            if (ce != cudaSuccess)
+                rc = tide_set_error("cuda moe_experts backward: zeroing the weight gradients of experts %lld..%lld: %s",
+                                    (long long)e, (long long)e1 - 1, cudaGetErrorString(ce));
+        }
+        e = e1 + 1;
+    }
     TIDE_FLOAT_DISPATCH(dtype, "moe_experts backward", {
-        if (R > 0) {
-            moe_gather_kernel<T><<<tide_blocks(R * d_in), TIDE_THREADS, 0, s>>>((T *)xg, (const T *)x, perm, R, k, d_in);
-            moe_act_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)h, (const T *)pre, R, d_e, act, k_gate, k_lin);
-            moe_dy_kernel<T><<<tide_blocks(R * d_out), TIDE_THREADS, 0, s>>>((T *)dy, (const T *)du, (const T *)p, perm, R, k, d_out);
+        if (!rc && R > 0) {
+            if (dw_gate_up)
+                moe_gather_kernel<T><<<tide_blocks(R * d_in), TIDE_THREADS, 0, s>>>((T *)xg, (const T *)x, perm, R, k, d_in);
+            if (dw_down)
+                moe_act_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)h, (const T *)pre, R, d_e, act, k_gate,
+                                                                                 k_lin);
+            if (dw_down || need_dh)
+                moe_dy_kernel<T><<<tide_blocks(R * d_out), TIDE_THREADS, 0, s>>>((T *)dy, (const T *)du, (const T *)p, perm, R,
+                                                                                  k, d_out);
         }
-        if (dp && A_ > 0)
+        if (!rc && dp && A_ > 0)
             moe_dp_kernel<T><<<tide_blocks(A_), TIDE_THREADS, 0, s>>>((T *)dp, (const T *)du, (const T *)y, pos, A_, k, d_out);
-        for (int64_t e = 0; e < n && !rc; e++) {
-            int64_t r0 = hoff[e], cnt = hoff[e + 1] - hoff[e];
-            T *dwd = dw_down ? (T *)dw_down + e * d_out * d_e : NULL, *dwgu = dw_gate_up ? (T *)dw_gate_up + e * 2 * d_e * d_in : NULL;
-            if (!cnt) {   /* an expert without rows: zero weight gradients */
-                if (dwd && cudaMemsetAsync(dwd, 0, (size_t)(d_out * d_e) * es, s) != cudaSuccess) rc = tide_set_error("cuda moe memset");
-                if (dwgu && cudaMemsetAsync(dwgu, 0, (size_t)(2 * d_e * d_in) * es, s) != cudaSuccess) rc = tide_set_error("cuda moe memset");
-                continue;
-            }
-            T *dye = (T *)dy + r0 * d_out, *dhe = (T *)dh + r0 * d_e, *dpe = (T *)dpre + r0 * 2 * d_e, *xe = (T *)xg + r0 * d_in;
-            if (dwd) rc = tide_cuda_gemm(dtype, 1, 0, d_out, d_e, cnt, 1.0, dye, d_out, (T *)h + r0 * d_e, d_e, 0.0, dwd, d_e);
-            if (!rc) rc = tide_cuda_gemm(dtype, 0, 0, cnt, d_e, d_out, 1.0, dye, d_out, (const T *)w_down + e * d_out * d_e, d_e,
-                                         0.0, dhe, d_e);
-            if (rc) break;
-            moe_act_backward_kernel<T><<<tide_blocks(cnt * d_e), TIDE_THREADS, 0, s>>>(dpe, dhe, (const T *)pre + r0 * 2 * d_e, cnt,
-                                                                                        d_e, act, k_gate, k_lin);
-            if (dwgu) rc = tide_cuda_gemm(dtype, 1, 0, 2 * d_e, d_in, cnt, 1.0, dpe, 2 * d_e, xe, d_in, 0.0, dwgu, d_in);
-            if (!rc && dx)
-                rc = tide_cuda_gemm(dtype, 0, 0, cnt, d_in, 2 * d_e, 1.0, dpe, 2 * d_e, (const T *)w_gate_up + e * 2 * d_e * d_in,
-                                    d_in, 0.0, (T *)dxg + r0 * d_in, d_in);
-        }
+        if (!rc) rc = moe_gemm_grouped(dtype, pr, g1, dptr, s, "moe_experts backward dw_down/dh");
+        if (!rc && need_dh && R > 0)
+            moe_act_backward_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)dpre, (const T *)dh, (const T *)pre, R,
+                                                                                      d_e, act, k_gate, k_lin);
+        if (!rc) rc = moe_gemm_grouped(dtype, pr + 2 * n, g2, dptr + 6 * n, s, "moe_experts backward dw_gate_up/dx");
         if (!rc && dx && m * d_in > 0)
             moe_dx_kernel<T><<<tide_blocks(m * d_in), TIDE_THREADS, 0, s>>>((T *)dx, (const T *)dxg, pos, m, k, d_in);
     });
     tide_cuda_release(buf, s);
     free(hoff);
+    free(pr);
     if (rc) return rc;
     TIDE_CU_LAUNCH("moe_experts backward kernels");
     return 0;

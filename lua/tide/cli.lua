@@ -19,8 +19,11 @@ usage: tide <command> [arguments]
                                 then call cfg.run(cfg) if the recipe defines it, else tide.train(cfg)
       --a.b=value               set field b of table a; the key must exist in the recipe; the value is
                                 read as a number, true/false, or else a string ("quotes" keep a string)
-      --resume                  cfg.resume = true (continue from the last checkpoint)
-      --dry-run                 load and patch the recipe, print the resulting config, run nothing
+      --resume[=DIR]            cfg.resume = true (continue from the last checkpoint) or a checkpoint/run dir
+      --dry-run                 load and patch the recipe, print its plan (a curriculum) or the resulting
+                                config, run nothing
+      --stage=NAME              (curricula) start at stage NAME, from the --resume checkpoint if given
+      --scale=NAME              (curricula) a recipe-defined scale, e.g. --scale=tiny
       --out=DIR --seed=N --threads=N   cfg.out / cfg.seed / cfg.threads (seed and threads act at once)
   repl                          interactive prompt (help() inside it)
   test [PATTERN]                run tests/lua/test_*.lua whose name contains PATTERN, each in its own
@@ -32,7 +35,7 @@ environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREA
              TIDE_TEST_FILTER (test case names), TIDE_TRACEBACK=0 (errors without traceback)]]
 
 -- top-level keys a flag may set even when the recipe does not define them
-M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true }
+M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true }
 
 local UsageError = { __tostring = function(e) return e.msg end }
 local function usage_error(msg) error(setmetatable({ msg = msg }, UsageError), 0) end
@@ -246,7 +249,11 @@ function M.run(args)
   local tide = require "tide"
   if cfg.threads then tide.set_num_threads(cfg.threads) end
   if cfg.seed then tide.manual_seed(cfg.seed) end
-  if cfg.dry_run then
+  if cfg.dry_run and type(cfg.plan) == "function" then
+    -- a recipe with a plan (tide.Curriculum) prints it: stages, parameters, memory, parallel layout
+    print(cfg.plan(cfg))
+    return 0
+  elseif cfg.dry_run then
     print("-- " .. path .. " (dry run: nothing was executed)")
     print("return " .. M.dump(cfg))
     return 0

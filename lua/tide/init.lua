@@ -190,7 +190,7 @@ end
 local lazy = {
   nn = "tide.nn", optim = "tide.optim", schedule = "tide.schedule", data = "tide.data",
   train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
-  curriculum = "tide.curriculum", rl = "tide.rl", testing = "tide.testing", cli = "tide.cli",
+  curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", rl = "tide.rl", testing = "tide.testing", cli = "tide.cli",
   repl = "tide.repl",
 }
 tide.submodules = lazy

@@ -161,8 +161,10 @@ local function train(cfg)
   local rollbacks, consecutive, skipped_total = 0, 0, 0
 
   local function state()
+    local moe = {}
+    for i, m in ipairs(model.moe_layers and model:moe_layers() or {}) do moe[i] = m:balancer_state() end
     return {
-      data = { train = stream:state() }, rng = rng_get(), tokens = tokens, skipped = skipped_total,
+      data = { train = stream:state() }, rng = rng_get(), tokens = tokens, skipped = skipped_total, moe = moe,
       name = cfg.name, threads = tide.num_threads(),
       tokenizer = { kind = d.tokenizer.kind, vocab_size = d.tokenizer.vocab_size },
     }
@@ -173,6 +175,9 @@ local function train(cfg)
     step, tokens, skipped_total = st.step, st.tokens or 0, st.skipped or 0
     stream:set_state(st.data.train)
     rng_set(st.rng)
+    for i, m in ipairs(model.moe_layers and model:moe_layers() or {}) do    -- the dead-expert windows (moe.md §5)
+      if st.moe and st.moe[i] then m:set_balancer_state(st.moe[i]) end
+    end
     last_ckpt = dir
     if st.threads and st.threads ~= tide.num_threads() then
       -- reductions split by thread count: the run continues, but not bit-identically
@@ -209,10 +214,15 @@ local function train(cfg)
   logger:line(string.format("data: %d train tokens%s from %d file(s); batch %d x %d", d.dataset.train.n,
     d.dataset.val and string.format(", %d val tokens", d.dataset.val.n) or "", #d.dataset.files, stream.B, stream.T))
 
+  -- the validation loss over eval_batches fixed batches; with MoE layers also their maxvio_global over the same
+  -- tokens (moe.md §5), kept in `maxvio_global` ({[layer, 0-based] = value}) for the step's record
+  local maxvio_global
   local function evaluate()
     if not d.val then return nil end
     local s = d.val()
     local total = 0
+    local moe = model.moe_layers and model:moe_layers() or {}
+    for _, m in ipairs(moe) do m:count_eval_loads(true) end
     model:eval()
     tide.no_grad(function()
       for _ = 1, eval_batches do
@@ -221,6 +231,14 @@ local function train(cfg)
       end
     end)
     model:train()
+    maxvio_global = {}
+    for _, m in ipairs(moe) do
+      local r = m:count_eval_loads(false)
+      -- the layer index as in moe_metrics (0-based position in the stack)
+      for l = 1, model.cfg.n_layers do
+        if model.model.layers:get(l).block_sparse_moe == m and r then maxvio_global[l - 1] = r.maxvio end
+      end
+    end
     return total / eval_batches
   end
 
@@ -307,6 +325,7 @@ local function train(cfg)
     if not bad and eval_every > 0 and step % eval_every == 0 then
       val_loss = evaluate()
       rec.val_loss = val_loss
+      for l, v in pairs(maxvio_global or {}) do rec["moe/maxvio_global/" .. l] = v end
       if next(moe_mt) then     -- a compact expert-load line per eval: layer: MaxVio, dead experts, b std
         local parts, ls = {}, {}
         for l in pairs(moe_mt) do ls[#ls + 1] = l end
@@ -314,10 +333,12 @@ local function train(cfg)
         for _, l in ipairs(ls) do
           local mt = moe_mt[l]
           if mt.maxvio_batch then
-            parts[#parts + 1] = string.format("L%d %.2f/%d/%.3f", l, mt.maxvio_batch, mt.dead_experts, mt.b_std)
+            local g = (maxvio_global or {})[l]
+            parts[#parts + 1] = string.format("L%d %.2f/%s/%d/%.3f", l, mt.maxvio_batch, g and string.format("%.2f", g) or "-",
+              mt.dead_experts, mt.b_std)
           end
         end
-        logger:line("moe maxvio/dead/b_std: " .. table.concat(parts, "  "))
+        logger:line("moe maxvio batch/global, dead, b_std: " .. table.concat(parts, "  "))
       end
     end
     local mem = tide.memory()

@@ -294,6 +294,64 @@ T.test("QB histogram estimator (oracle 5): within one bin of exact; 2 ranks' cou
   T.near(bh, be, 2 * w + 1e-12)
 end)
 
+T.test("qb_rate β: b ← b + β(b̂ − b) exactly, still centred; β = 1 is the spec's rule; bad β named", function()
+  local function make(rate)
+    return MoE(4, { n_experts = N_QB, top_k = K_QB, expert_dim = 1, n_shared = 0, qb_rate = rate })
+  end
+  local full, half = make(1), make(0.5)
+  local s = skewed_batch()
+  for _, m in ipairs({ full, half }) do m:record(s, (m.gate:route(s))); m:balance_step() end
+  local bf, bh = full.gate.e_score_correction_bias:tolist(), half.gate.e_score_correction_bias:tolist()
+  local ref = qb.update(s, zeros_list(N_QB), K_QB, {})
+  local worst, sum = 0, 0
+  for j = 1, N_QB do
+    worst = math.max(worst, math.abs(bf[j] - ref[j]), math.abs(bh[j] - 0.5 * ref[j]))
+    sum = sum + bh[j]
+  end
+  T.ok(worst <= 1e-6, "β = 1 equals the one-step solution, β = 0.5 half of it from b = 0: " .. worst)
+  T.near(sum, 0, 1e-5, "centred")
+  -- a second step from b ≠ 0: b2 = b1 + β(b̂(b1) − b1)
+  local s2 = skewed_batch()
+  half:record(s2, (half.gate:route(s2)))
+  half:balance_step()
+  local ref2 = qb.update(s2, bh, K_QB, {})
+  local b2 = half.gate.e_score_correction_bias:tolist()
+  worst = 0
+  for j = 1, N_QB do worst = math.max(worst, math.abs(b2[j] - (bh[j] + 0.5 * (ref2[j] - bh[j])))) end
+  T.ok(worst <= 1e-6, "second step: " .. worst)
+  for _, v in ipairs({ 0, 1.5, "x" }) do
+    T.raises(function() make(v) end, "qb_rate must be a number in (0, 1]")
+  end
+end)
+
+T.test("maxvio_global counting in eval mode, and the balancer window survives a checkpoint round trip", function()
+  local moe = MoE(4, { n_experts = 4, top_k = 2, expert_dim = 2, n_shared = 0, balance = "none", dtype = "f64" })
+  moe:eval()
+  moe:count_eval_loads(true)
+  local x = tide.randn({ 6, 4 }, { dtype = "f64" })
+  tide.no_grad(function() moe:forward(x); moe:forward(x) end)
+  local r = moe:count_eval_loads(false)
+  local sel = moe.gate:route(moe.gate:scores(x))
+  local want = { 0, 0, 0, 0 }
+  for _, e in ipairs(sel:reshape(-1):tolist()) do want[e + 1] = want[e + 1] + 2 end
+  T.eq(r.load, want)
+  T.eq(r.tokens, 12)
+  local mx = math.max(want[1], want[2], want[3], want[4])
+  T.near(r.maxvio, (mx - 6) / 6, 1e-12)
+  T.eq(moe:count_eval_loads(false), nil, "counting stopped")
+  moe:train()
+  local s = tide.tensor({ { 0.9, 0.3, 0.1, 0.1 }, { 0.9, 0.3, 0.1, 0.1 } }, { dtype = "f64" })
+  for _ = 1, 3 do moe:record(s, (moe.gate:route(s))); moe:balance_step() end
+  local st = require("tide.json").decode(require("tide.json").encode(moe:balancer_state()))
+  local other = MoE(4, { n_experts = 4, top_k = 2, expert_dim = 2, n_shared = 0, balance = "none", dtype = "f64" })
+  other:set_balancer_state(st)
+  other:record(s, (other.gate:route(s)))
+  moe:record(s, (moe.gate:route(s)))
+  T.eq(other:balance_step().dead_experts, moe:balance_step().dead_experts)
+  T.eq(other:balancer_state(), moe:balancer_state())
+  T.raises(function() other:set_balancer_state({ steps = 1 }) end, "set_balancer_state")
+end)
+
 T.test("metrics (§5): load, maxvio, entropies, dead experts over a window, top-k change; none keeps b = 0", function()
   local moe = MoE(4, { n_experts = 4, top_k = 2, expert_dim = 1, n_shared = 0, balance = "none", dead_window = 2,
     dtype = "f64" })

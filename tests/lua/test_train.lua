@@ -1,6 +1,6 @@
 -- train: the loop end to end on a fixture — loss falls below a stated bound, resume == uninterrupted
 -- (bitwise), flat memory over 1,000 steps, the non-finite policy, config errors, checkpoint layout,
--- and the quickstart recipe (shortened; TIDE_TEST_LONG=1 runs it in full against its own bound).
+-- and the dense recipe (shortened; TIDE_TEST_LONG=1 runs it in full against its own bound).
 local T = require "tide.testing"
 local tide = require "tide"
 local json = require "tide.json"
@@ -240,10 +240,10 @@ T.test("5 consecutive skips roll back to the last checkpoint; after 2 rollbacks 
   T.ok(r2.stopped:find("non-finite loss", 1, true), r2.stopped)
 end)
 
-T.test("the quickstart recipe: its loss falls, and --resume continues with bit-identical losses", function()
+T.test("the dense recipe: its loss falls, and --resume continues with bit-identical losses", function()
   local cli = require "tide.cli"
   local long = os.getenv("TIDE_TEST_LONG") == "1"
-  local out, out2 = tmpdir("quickstart"), tmpdir("quickstart-resumed")
+  local out, out2 = tmpdir("dense"), tmpdir("dense-resumed")
   local function load(extra)
     local overrides = {}
     if not long then
@@ -253,7 +253,7 @@ T.test("the quickstart recipe: its loss falls, and --resume continues with bit-i
       end
     end
     for _, o in ipairs(extra) do overrides[#overrides + 1] = o end
-    local cfg = cli.load_recipe("recipes/quickstart.lua", overrides)
+    local cfg = cli.load_recipe("recipes/dense.lua", overrides)
     cfg.train.quiet = true
     return cfg
   end

@@ -2,8 +2,10 @@
 local tokenizer = require "tide.data.tokenizer"
 local text = require "tide.data.text"
 local mqar = require "tide.data.mqar"
+local pack = require "tide.data.pack"
 
-local data = { tokenizer = tokenizer, text = text, mqar = mqar }
+local data = { tokenizer = tokenizer, text = text, mqar = mqar, pack = pack, passkey = require "tide.data.passkey",
+  copy = require "tide.data.copy", synthetic = require "tide.data.synthetic" }
 
 -- the keys a recipe's `data` table may hold
 data.KEYS = {

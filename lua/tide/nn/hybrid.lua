@@ -3,6 +3,30 @@
 -- followed by a gated FFN (SwiGLU or SiTU-GLU) or, with cfg.moe, a MoE FFN (nn/moe.lua), the sublayers connected by a
 -- residual strategy (prenorm, Block or Full Attention Residuals, gamma chain: nn/attnres.lua), a final
 -- RMSNorm and an untied head. Names follow formats.md §2 (model.layers.{l}.self_attn..., mlp..., ...).
+--
+-- Activation memory (long_context.md §4): cfg.recompute says what a training forward keeps for the backward.
+--   "layer" (default)  every layer (residual mixes, both norms, mixer, FFN, the residual bookkeeping) is one
+--                      recompute region (tide.recompute): the backward keeps only what enters a layer from outside
+--                      it — the layer input (Block AttnRes: the current `prefix`; PreNorm / gamma chain: the stream
+--                      x and ā; Full AttnRes: the earlier sublayer outputs) and the shared block sources, each
+--                      tensor once — and replays the layer's forward in C just before its backward.
+--   "selective"        only cheap, memory-heavy pieces are regions: (a) each of the layer's two PreNorm sites —
+--                      the residual mix (AttnRes mix / prefix add / gamma update) together with the RMSNorm that
+--                      reads it, so the mixed [T, d] input of each norm is not kept (two per layer with AttnRes;
+--                      with PreNorm or the gamma chain it is the stream itself, kept anyway: nothing saved); (b) the
+--                      SiTU-GLU activation chain of the dense FFN and of the MoE shared experts (nn.MLP
+--                      recompute_activation: its ~6 [T, hidden] intermediates are replaced by the gate and up
+--                      pre-activations). Not covered, because an engine region replays whole graph nodes: SwiGLU
+--                      (one fused node that saves only its inputs: nothing to drop), the routed experts' activation
+--                      (F.moe_experts already recomputes it), the MLA up-projection (its K/V are saved by the
+--                      attention node, so dropping them replays the O(T²) attention forward: that is "layer"), the
+--                      LatentMoE down-projection (its output is saved by the experts node: dropping it replays the
+--                      expert GEMMs). Those need op-level recompute in the engine (an attention op that takes the
+--                      latent and W_UKV, mla.md §5).
+--   "none"             every op keeps what its backward needs.
+-- Recompute applies only while gradients are recorded: under tide.no_grad and for one-token decode steps through
+-- caches the forward runs plainly. Lua code runs once per forward in every mode (the engine replays the graph,
+-- not the Lua), so caches are written once and the MoE routing statistics are recorded once per forward.
 local tide = require "tide"
 local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
@@ -114,17 +138,47 @@ function Body:init(cfg, schedule, res)
   self.res = res
 end
 
+-- runs fn(...) as a recompute region when `on`, plainly otherwise
+local function region(on, fn, ...)
+  if on then return tide.recompute(fn, ...) end
+  return fn(...)
+end
+
+-- the two PreNorm sites: the residual mix and the norm that reads it (one region each in "selective")
+local function mixer_input(res, st, l, layer) return layer.input_layernorm:forward(res:before_mixer(st, l)) end
+local function ffn_input(res, st, l, layer, m, xn)
+  return layer.post_attention_layernorm:forward(res:before_ffn(st, l, m, xn))
+end
+
+-- one layer on the residual state st: the whole layer is a region in "layer" mode (the caller wraps it)
+local function layer_step(layer, res, st, l, cache, opts, selective)
+  local xn = region(selective, mixer_input, res, st, l, layer)
+  local m = layer:mix(xn, cache, opts)
+  res:after_ffn(st, l, layer.ffn:forward(region(selective, ffn_input, res, st, l, layer, m, xn)))
+end
+
+-- the recompute mode a forward of ids [B, T] runs in: recompute only matters while the graph is recorded, and a
+-- decode step (caches, one token per row) runs plainly
+function Body:recompute_mode(ids, caches)
+  if not tide.grad_enabled() or (caches and ids:size(2) == 1) then return "none" end
+  return self.recompute
+end
+
+-- forward_layer(st, l, cache, opts, mode): layer l (1-based) on the residual state st = res:begin(embedding), in
+-- `mode` (from recompute_mode); the loop body of forward, public for benchmarks that time the layers one by one
+function Body:forward_layer(st, l, cache, opts, mode)
+  region(mode == "layer", layer_step, self.layers:get(l), self.res, st, l, cache, opts, mode == "selective")
+  -- what a region dropped is Lua garbage now, but the collector cannot see tensor bytes: collect at the layer
+  -- boundary (a full collection of the small Lua heap takes ~0.1 ms) so the forward's peak is the checkpoints
+  -- plus one layer's working set, not whatever the allocation-pressure collector lets pile up
+  if mode ~= "none" then tide.collect() end
+end
+
 function Body:forward(ids, caches, opts)
-  local res = self.res
-  local st = res:begin(self.embed_tokens:forward(ids))
-  for l = 1, self.layers.n do
-    local layer = self.layers:get(l)
-    local h = res:before_mixer(st, l)
-    local xn = layer.input_layernorm:forward(h)
-    h = res:before_ffn(st, l, layer:mix(xn, caches and caches[l], opts), xn)
-    res:after_ffn(st, l, layer.ffn:forward(layer.post_attention_layernorm:forward(h)))
-  end
-  return self.norm:forward(res:final(st))
+  local mode = self:recompute_mode(ids, caches)
+  local st = self.res:begin(self.embed_tokens:forward(ids))
+  for l = 1, self.layers.n do self:forward_layer(st, l, caches and caches[l], opts, mode) end
+  return self.norm:forward(self.res:final(st))
 end
 
 local HybridLM = M.Module:extend("HybridLM")
@@ -132,18 +186,29 @@ local HybridLM = M.Module:extend("HybridLM")
 local DEFAULTS = {
   vocab_size = 320, dim = 128, n_layers = 8, mixers = "3:1", ffn_dim = 384, activation = "swiglu",
   norm_eps = 1e-5, init_std = 0.02, max_seq_len = 1048576, residual = "attnres_block", dtype = "f32", device = "cpu",
+  recompute = "layer",
 }
 local KEYS = {
   vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
   activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
-  gamma_chain = true, dtype = true, device = true, kind = true, moe = true,
+  gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true,
 }
+local RECOMPUTE = { layer = true, selective = true, none = true }
+
+local function check_recompute(mode)
+  if not RECOMPUTE[mode] then
+    bad(fmt("recompute must be \"layer\", \"selective\" or \"none\", got %s", type(mode) == "string"
+      and ("\"" .. mode .. "\"") or tostring(mode)))
+  end
+  return mode
+end
 
 -- HybridLM(cfg): cfg fields above; kda = nn.KDA options (heads, head_dim, ...), mla = nn.MLA options
 -- (heads, q_rank, kv_rank, nope_dim, rope_dim, v_dim, gate); residual = "prenorm" | "attnres_block" (default,
 -- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode, layers = {first, last}}:
 -- the chain over a 1-based inclusive range of layers, the others plain PreNorm); moe = nn.MoE options (n_experts,
--- top_k, expert_dim, latent_dim, ...; first_dense = true keeps layer 0 a dense cfg.ffn_dim FFN, moe.md §1).
+-- top_k, expert_dim, latent_dim, ...; first_dense = true keeps layer 0 a dense cfg.ffn_dim FFN, moe.md §1);
+-- recompute = "layer" (default) | "selective" | "none" (activation memory, the top of this file).
 function HybridLM:init(cfg)
   cfg = cfg or {}
   for k in pairs(cfg) do
@@ -167,8 +232,22 @@ function HybridLM:init(cfg)
   local rc = attnres.residual_config(c)
   local res = attnres.Residual(rc.kind, { dim = c.dim, n_layers = c.n_layers, block_layers = rc.block_layers,
     gamma_mode = rc.gamma_mode, gamma_range = rc.gamma_range, eps = rc.eps, dtype = c.dtype, device = c.device })
+  check_recompute(c.recompute)
   self:child("model", Body(c, self.schedule, res))
   self:child("lm_head", Linear(c.dim, c.vocab_size, { std = c.init_std, dtype = c.dtype, device = c.device }))
+  self:set_recompute(c.recompute)
+end
+
+-- set_recompute(mode): switch the activation-memory mode ("layer", "selective", "none") of this model; the
+-- weights and every result stay the same, only what the backward keeps changes
+function HybridLM:set_recompute(mode)
+  check_recompute(mode)
+  self.cfg.recompute, self.model.recompute = mode, mode
+  for l = 1, self.cfg.n_layers do
+    local ffn = self.model.layers:get(l).ffn
+    local mlp = ffn.shared_experts or (ffn.gate_proj and ffn) or nil    -- the MoE's shared experts, or the dense FFN
+    if mlp then mlp.recompute_activation = mode == "selective" end
+  end
 end
 
 -- forward(ids [B, T] int, caches, opts) -> logits [B, T, V]; opts.cu_seqlens packs documents (every layer
@@ -234,8 +313,8 @@ end
 function HybridLM:extra_repr()
   local c, n = self.cfg, { kda = 0, mla = 0 }
   for _, m in ipairs(self.schedule) do n[m] = n[m] + 1 end
-  return fmt("V=%d, d=%d, L=%d (%d KDA, %d MLA), ffn=%d %s, residual=%s, %d params", c.vocab_size, c.dim, c.n_layers,
-    n.kda, n.mla, c.ffn_dim, c.activation, c.residual, self:num_parameters())
+  return fmt("V=%d, d=%d, L=%d (%d KDA, %d MLA), ffn=%d %s, residual=%s, recompute=%s, %d params", c.vocab_size, c.dim,
+    c.n_layers, n.kda, n.mla, c.ffn_dim, c.activation, c.residual, c.recompute, self:num_parameters())
 end
 
 return { HybridLM = HybridLM, mixer_schedule = mixer_schedule }

@@ -23,6 +23,7 @@ local nn = {
   Block = transformer.Block,
   TransformerLM = transformer.TransformerLM,
   HybridLM = hybrid.HybridLM,
+  plan = require "tide.nn.plan",           -- shipped configs, parameter counts, memory estimates (no tensors)
 }
 
 -- build(cfg) -> a model from a recipe's `model` table (kind "dense" for now)

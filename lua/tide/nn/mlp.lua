@@ -27,12 +27,19 @@ end
 
 local SITU_GATE, SITU_LINEAR = 4, 25      -- κ1, κ2 (moe.md §6)
 
+-- σ takes the uncapped g (moe.md §6)
+local function situ(g, u)
+  return ((g * (1 / SITU_GATE)):tanh() * SITU_GATE * g:sigmoid()) * ((u * (1 / SITU_LINEAR)):tanh() * SITU_LINEAR)
+end
+
+-- self.recompute_activation = true (set by nn.HybridLM's recompute = "selective", long_context.md §4) makes the
+-- SiTU chain a recompute region while gradients are recorded: its intermediates are replayed in the backward
+-- instead of kept (SwiGLU is one fused node that keeps only g and u, so it has nothing to drop)
 function MLP:forward(x)
   local g, u = self.gate_proj:forward(x), self.up_proj:forward(x)
   local h
   if self.activation == "situ" then
-    -- σ takes the uncapped g (moe.md §6)
-    h = ((g * (1 / SITU_GATE)):tanh() * SITU_GATE * g:sigmoid()) * ((u * (1 / SITU_LINEAR)):tanh() * SITU_LINEAR)
+    if self.recompute_activation and tide.grad_enabled() then h = tide.recompute(situ, g, u) else h = situ(g, u) end
   else
     h = F.swiglu(g, u)
   end

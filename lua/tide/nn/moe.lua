@@ -224,6 +224,7 @@ local MoE = M.Module:extend("MoE")
 local KEYS = {
   n_experts = true, top_k = true, expert_dim = true, n_shared = true, shared_dim = true, latent_dim = true,
   routed_scaling = true, activation = true, router = true, router_rank = true, similarity = true, balance = true,
+  qb_rate = true,
   sign_rate = true, aux_alpha = true, estimator = true, hist_range = true, hist_bins = true, capacity_factor = true,
   dead_window = true, std = true, out_std = true, norm_eps = true, dtype = true, device = true,
 }
@@ -244,7 +245,8 @@ end
 -- MoE(dim, {n_experts, top_k, expert_dim, n_shared = 1, shared_dim = n_shared·expert_dim, latent_dim (nil: experts
 -- on x, no norm), routed_scaling = 1 (ρ), activation = "situ" | "swiglu", router = "sigmoid" | "softmax" | "latent"
 -- (router_rank = 32, similarity = "cosine" | "dot"), balance = "quantile" | "sign" | "aux" | "none" (sign_rate = 1e-3,
--- aux_alpha = 1e-3, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048), capacity_factor = 0,
+-- aux_alpha = 1e-3, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048, qb_rate = 1),
+-- capacity_factor = 0,
 -- dead_window = 100, std = 0.02, out_std = std, norm_eps = 1e-5, dtype, device})
 function MoE:init(dim, opts)
   opts = opts or {}
@@ -260,7 +262,7 @@ function MoE:init(dim, opts)
   local o = {
     n_shared = 1, routed_scaling = 1.0, activation = "situ", router = "sigmoid", router_rank = 32, similarity = "cosine",
     balance = "quantile", sign_rate = 1e-3, aux_alpha = 1e-3, estimator = "exact", hist_range = { -2, 2 },
-    hist_bins = 2048, capacity_factor = 0, dead_window = 100, std = 0.02, norm_eps = 1e-5, dtype = "f32", device = "cpu",
+    hist_bins = 2048, qb_rate = 1, capacity_factor = 0, dead_window = 100, std = 0.02, norm_eps = 1e-5, dtype = "f32", device = "cpu",
   }
   for k, v in pairs(opts) do o[k] = v end
   o.out_std = o.out_std or o.std
@@ -275,11 +277,14 @@ function MoE:init(dim, opts)
     end
   end
   if o.router == "latent" then pos_int(o, "router_rank") end
+  if type(o.qb_rate) ~= "number" or not (o.qb_rate > 0 and o.qb_rate <= 1) then
+    bad(fmt("qb_rate must be a number in (0, 1], got %s", tostring(o.qb_rate)))
+  end
   self.dim, self.n, self.k, self.d_e, self.rho = dim, n, k, de, o.routed_scaling
   self.latent_dim, self.activation, self.balance = o.latent_dim, o.activation, o.balance
   self.capacity_factor, self.dead_window = o.capacity_factor, o.dead_window
   self.sign_rate, self.aux_alpha = o.sign_rate, o.aux_alpha
-  self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins }
+  self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate }
 
   self:child("gate", Router(dim, o))
   local po = { std = o.std, dtype = o.dtype, device = o.device }
@@ -324,6 +329,12 @@ function MoE:forward(x)
   end
   if self.shared_experts then y = y + self.shared_experts:forward(xf) end
   self.aux_loss = nil
+  if not self.training and self._eval_loads then
+    -- maxvio_global (§5): tokens per expert over a fixed validation set, counted while it is routed in eval mode
+    local loads = self._eval_loads
+    for _, e in ipairs(sel:reshape(-1):tolist()) do loads[e + 1] = loads[e + 1] + 1 end
+    loads.m = loads.m + m
+  end
   if self.training then
     local sela = self:record(s, sel, dropped)
     if self.balance == "aux" then
@@ -444,6 +455,11 @@ function MoE:balance_step(opts)
     local clamped
     nb, clamped = qb.update_arrays(s, b, m, n, k, self.qb_opts)
     mt.qb_clamped = clamped
+    -- qb_rate β < 1: b ← b + β·(b̂ − b), an average of the per-step solutions. Both are centred, so the result is.
+    -- With few tokens per expert (q = m·k/n) the one-step θ carries sampling noise of order 1/√q that β = 1 (the
+    -- spec's rule) passes straight into the next step's routing; β averages it over about 2/β − 1 steps.
+    local beta = self.qb_opts.rate
+    if beta < 1 then for j = 0, n - 1 do nb[j] = b[j] + beta * (nb[j] - b[j]) end end
   elseif self.balance == "sign" then
     local q = m * k / n
     nb = F64A(n)
@@ -476,6 +492,42 @@ function MoE:metrics()
   for _, v in ipairs(b) do var = var + (v - mean) ^ 2 / #b end
   mt.b_min, mt.b_max, mt.b_std = lo, hi, math.sqrt(var)
   return mt
+end
+
+-- count_eval_loads(true) starts counting tokens per expert in eval-mode forwards; count_eval_loads(false) stops
+-- and returns {load = {...}, tokens = m, maxvio = (max_j load_j − q)/q} over everything routed in between (the
+-- §5 maxvio_global when the forwards were a fixed validation set)
+function MoE:count_eval_loads(on)
+  if on then
+    local loads = { m = 0 }
+    for j = 1, self.n do loads[j] = 0 end
+    self._eval_loads = loads
+    return nil
+  end
+  local loads = self._eval_loads
+  self._eval_loads = nil
+  if not loads or loads.m == 0 then return nil end
+  local q, mx, load = loads.m * self.k / self.n, 0, {}
+  for j = 1, self.n do load[j] = loads[j]; mx = math.max(mx, loads[j]) end
+  return { load = load, tokens = loads.m, maxvio = (mx - q) / q }
+end
+
+-- balancer_state() / set_balancer_state(st): what balance_step keeps between steps besides the bias buffer (the
+-- dead-expert window: steps seen and the last step each expert had a token), for checkpoints. The top-k-change
+-- reference (the previous step's selections) is not kept: after a resume moe/topk_changed restarts one step late.
+function MoE:balancer_state()
+  local last = {}
+  for j = 1, self.n do last[j] = self._last_used[j] end
+  return { steps = self._steps, last_used = last }
+end
+
+function MoE:set_balancer_state(st)
+  if type(st) ~= "table" or type(st.last_used) ~= "table" or #st.last_used ~= self.n then
+    bad(fmt("set_balancer_state: expected {steps, last_used = %d numbers}", self.n))
+  end
+  self._steps = st.steps
+  for j = 1, self.n do self._last_used[j] = st.last_used[j] end
+  self._prev_sel = nil
 end
 
 function MoE:extra_repr()

@@ -1,8 +1,8 @@
 // emu.h — host emulation of the small part of CUDA that kda.cu / conv.cu use, so the kernels can run (slowly)
 // on a machine without a GPU. Every CUDA thread of a block is a ucontext fiber; one runs at a time and
 // switches at barriers; the run order between barriers is shuffled, so a missing __syncthreads shows up as
-// wrong results. Warp-level ops (__syncwarp, shuffles, wmma) are warp barriers; wmma checks its alignment
-// rules. A barrier some threads never reach (divergence) aborts. Shared memory starts as NaN.
+// wrong results. Warp-level ops (__syncwarp, shuffles, __match_any_sync, wmma) are warp barriers; wmma checks its
+// alignment rules. A barrier some threads never reach (divergence) aborts. Shared memory starts as NaN.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -176,6 +176,10 @@ inline cudaError_t memcpy_async(void *d, const void *s, size_t n)
     memcpy(d, s, n);
     return cudaSuccess;
 }
+inline void memset_2d(void *p, size_t pitch, int v, size_t w, size_t h)
+{
+    for (size_t r = 0; r < h; r++) memset((char *)p + r * pitch, v, w);
+}
 }  // namespace emu
 
 inline void __syncthreads() { emu::syncthreads(); }
@@ -189,6 +193,19 @@ template <class V> inline V __shfl_xor_sync(unsigned, V v, int o)
     emu::syncwarp();
     return r;
 }
+// every lane of the warp with the same value: the lanes' values meet in xch between two warp barriers
+inline unsigned __match_any_sync(unsigned, int v)
+{
+    int t = emu::my_tid, w0 = t & ~31, nt = (int)(blockDim.x * blockDim.y * blockDim.z);
+    emu::xch[t] = (double)v;
+    emu::syncwarp();
+    unsigned m = 0;
+    for (int l = 0; l < 32 && w0 + l < nt; l++)
+        if (emu::xch[w0 + l] == (double)v) m |= 1u << l;
+    emu::syncwarp();
+    return m;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v)
 {
     unsigned long long old = *p;
@@ -267,6 +284,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float, void> &d, const fr
 // ---- runtime calls the kernels' host code makes ----------------------------------------------------
 #define cudaMemcpyAsync(d, s, n, k, st) emu::memcpy_async((d), (s), (n))
 #define cudaMemsetAsync(p, v, n, st) (memset((p), (v), (n)), cudaSuccess)
+#define cudaMemset2DAsync(p, pitch, v, w, h, st) (emu::memset_2d((p), (pitch), (v), (w), (h)), cudaSuccess)
 #define cudaStreamSynchronize(s) cudaSuccess
 #define cudaGetLastError() cudaSuccess
 #define cudaGetErrorString(e) "emu error"

@@ -3,6 +3,7 @@
 // Included once per harness program, after emu.h and common.cuh.
 #pragma once
 #include <cstdarg>
+#include <map>
 namespace emu {
 std::vector<Th> *ths;
 ucontext_t sched_ctx;
@@ -13,6 +14,16 @@ int smem_limit = 232448;   // sm_90 opt-in
 double xch[1024];
 std::mt19937 rng(12345);
 std::function<void()> body;
+// the blocks tide_cuda_alloc handed out: what stands for device memory where a stand-in must tell (cuBLAS's pointer
+// arrays); the harnesses' own vectors play device tensors and are not in it
+std::map<const char *, size_t> device_blocks;
+bool is_device(const void *p, size_t n)
+{
+    auto it = device_blocks.upper_bound((const char *)p);
+    if (it == device_blocks.begin()) return false;
+    --it;
+    return (const char *)p + n <= it->first + it->second;
+}
 }  // namespace emu
 
 static char err_buf[2048];
@@ -49,7 +60,12 @@ cudaError_t tide_cuda_alloc(void **p, size_t n, cudaStream_t)
 {
     *p = malloc(n ? n : 1);
     memset(*p, 0xff, n);   // NaN: unwritten reads show
+    emu::device_blocks[(const char *)*p] = n;
     return cudaSuccess;
 }
-void tide_cuda_release(void *p, cudaStream_t) { free(p); }
+void tide_cuda_release(void *p, cudaStream_t)
+{
+    emu::device_blocks.erase((const char *)p);
+    free(p);
+}
 int tide_cuda_sm_count(void) { return 2; }

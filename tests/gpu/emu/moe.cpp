@@ -1,37 +1,131 @@
 // moe.cpp — runs the real kernels/cuda/moe.cu under the host emulator (emu.h) against the cpu kernels (spec/moe.md
-// §6, §2, §8): SiTU-GLU and its backward, top-k (exact), and moe_experts forward/backward: the routing (perm, pos,
-// offsets) must equal the cpu's exactly, the outputs and gradients within 1e-5 of max|cpu| (f32: the products
-// differ only in summation order). cuBLAS cannot run here: tide_cuda_gemm is a plain host loop (fp32 accumulate),
-// so what is checked is everything around the GEMMs. Usage: tests/gpu/emu/run_moe.sh (EMU_SEED=n reorders threads).
+// §6, §2, §8): SiTU-GLU and its backward, top-k (exact); the device counting sort (moe_sort) against a reference
+// stable sort, exactly (random and skewed routings, empty experts, every assignment on one expert, several tiles,
+// capacities, i32 ids); moe_experts forward/backward: the routing (perm, pos, offsets) must equal the cpu's exactly,
+// the outputs and gradients within 1e-5 of max|cpu| in f32 (the products differ only in summation order), 1/64 in
+// bf16 (both sides get the bf16-rounded inputs; the gpu also rounds pre, h and y, step 2^-8). cuBLAS cannot run here:
+// cublasGemmGroupedBatchedEx is a host loop with cuBLAS's column-major semantics and its documented argument rules
+// (pointer arrays in device memory, bf16 pointers 16-byte aligned), tide_cuda_gemm (the per-product fallback of a
+// misaligned bf16 stage) a row-major one. Both count their calls: every GEMM stage must be ONE grouped call.
+// Usage: tests/gpu/emu/run_moe.sh (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
+#include <numeric>
 #include <string>
 
 #include "emu_host.h"
 
-// the stand-in for cuBLAS: C = op(A) op(B) (alpha 1, beta 0 only: what moe.cu asks), fp32/fp64 accumulate
+static int n_grouped = 0, n_gemm = 0;   // calls of the two GEMM stand-ins
+
+static double ld_any(int dtype, const void *p, int64_t i)
+{
+    if (dtype == TIDE_F64) return ((const double *)p)[i];
+    if (dtype == TIDE_F32) return ((const float *)p)[i];
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+static void st_any(int dtype, void *p, int64_t i, double v)
+{
+    if (dtype == TIDE_F64) ((double *)p)[i] = v;
+    else if (dtype == TIDE_F32) ((float *)p)[i] = (float)v;
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16((float)v);
+}
+
+// the stand-in for gemm.cu (row-major): C = op(A) op(B) (alpha 1, beta 0 only: what moe.cu asks), fp64 accumulate
 int tide_cuda_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda,
                    const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
+    n_gemm++;
     if (alpha != 1.0 || beta != 0.0) return tide_set_error("emu gemm: only alpha 1, beta 0");
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double acc = 0;
-            for (int64_t k = 0; k < K; k++) {
-                int64_t ia = ta ? k * lda + i : i * lda + k, ib = tb ? j * ldb + k : k * ldb + j;
-                if (dtype == TIDE_F32) acc += (double)((const float *)A)[ia] * ((const float *)B)[ib];
-                else acc += ((const double *)A)[ia] * ((const double *)B)[ib];
-            }
-            if (dtype == TIDE_F32) ((float *)C)[i * ldc + j] = (float)acc;
-            else ((double *)C)[i * ldc + j] = acc;
+            for (int64_t k = 0; k < K; k++)
+                acc += ld_any(dtype, A, ta ? k * lda + i : i * lda + k) * ld_any(dtype, B, tb ? j * ldb + k : k * ldb + j);
+            st_any(dtype, C, i * ldc + j, acc);
         }
     return 0;
 }
 
+int tide_cuda_get_cublas(cublasHandle_t *out)
+{
+    *out = nullptr;
+    return 0;
+}
+const char *cublasGetStatusString(cublasStatus_t s)
+{
+    static char b[64];
+    snprintf(b, sizeof b, "emu cublas status %d", (int)s);
+    return b;
+}
+
+// cuBLAS's grouped GEMM as its documentation states it: column-major; group i has m, n, k, lda, ldb, ldc, alpha and
+// beta (host arrays) for group_size[i] problems whose matrices come from the pointer arrays (device memory) in turn;
+// types R_32F or R_16BF with COMPUTE_32F (float scalars), R_64F with COMPUTE_64F (double scalars). The argument
+// checks are the documented ones; a failure says why, since a status alone says little.
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[], const int n_array[],
+                                          const int k_array[], const void *alpha_array, const void *const Aarray[],
+                                          cudaDataType_t Atype, const int lda_array[], const void *const Barray[],
+                                          cudaDataType_t Btype, const int ldb_array[], const void *beta_array,
+                                          void *const Carray[], cudaDataType_t Ctype, const int ldc_array[], int group_count,
+                                          const int group_size[], cublasComputeType_t computeType)
+{
+    n_grouped++;
+    auto fail = [](cublasStatus_t st, const char *why) {
+        printf("  emu cublasGemmGroupedBatchedEx: %s\n", why);
+        return st;
+    };
+    if (!transa_array || !transb_array || !m_array || !n_array || !k_array || !alpha_array || !lda_array || !ldb_array ||
+        !beta_array || !ldc_array || !group_size || group_count < 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "a NULL host array or a negative group count");
+    int dtype;
+    if (Atype != Btype || Atype != Ctype) return fail(CUBLAS_STATUS_NOT_SUPPORTED, "A, B and C types differ");
+    if (Atype == CUDA_R_32F && computeType == CUBLAS_COMPUTE_32F) dtype = TIDE_F32;
+    else if (Atype == CUDA_R_16BF && computeType == CUBLAS_COMPUTE_32F) dtype = TIDE_BF16;
+    else if (Atype == CUDA_R_64F && computeType == CUBLAS_COMPUTE_64F) dtype = TIDE_F64;
+    else return fail(CUBLAS_STATUS_NOT_SUPPORTED, "type and compute type");
+    int64_t problems = 0;
+    for (int i = 0; i < group_count; i++) {
+        cublasOperation_t ta = transa_array[i], tb = transb_array[i];
+        int m = m_array[i], n = n_array[i], k = k_array[i];
+        bool ops = (ta == CUBLAS_OP_N || ta == CUBLAS_OP_T || ta == CUBLAS_OP_C) &&
+                   (tb == CUBLAS_OP_N || tb == CUBLAS_OP_T || tb == CUBLAS_OP_C);
+        if (!ops || m < 0 || n < 0 || k < 0 || group_size[i] < 0 ||
+            lda_array[i] < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb_array[i] < std::max(1, tb == CUBLAS_OP_N ? k : n) ||
+            ldc_array[i] < std::max(1, m))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "a size, operation or leading dimension");
+        problems += group_size[i];
+    }
+    size_t pa = (size_t)problems * sizeof(void *);
+    if (problems && !(emu::is_device(Aarray, pa) && emu::is_device(Barray, pa) && emu::is_device(Carray, pa)))
+        return fail(CUBLAS_STATUS_EXECUTION_FAILED, "the pointer arrays are not in device memory");
+    int64_t idx = 0;
+    for (int i = 0; i < group_count; i++) {
+        double alpha = dtype == TIDE_F64 ? ((const double *)alpha_array)[i] : ((const float *)alpha_array)[i];
+        double beta = dtype == TIDE_F64 ? ((const double *)beta_array)[i] : ((const float *)beta_array)[i];
+        bool ta = transa_array[i] != CUBLAS_OP_N, tb = transb_array[i] != CUBLAS_OP_N;
+        int64_t m = m_array[i], n = n_array[i], k = k_array[i], lda = lda_array[i], ldb = ldb_array[i], ldc = ldc_array[i];
+        for (int j = 0; j < group_size[i]; j++, idx++) {
+            const void *A = Aarray[idx], *B = Barray[idx];
+            void *C = Carray[idx];
+            if (dtype == TIDE_BF16 && (((uintptr_t)A | (uintptr_t)B | (uintptr_t)C) & 15))
+                return fail(CUBLAS_STATUS_EXECUTION_FAILED, "a bf16 matrix pointer is not 16-byte aligned");
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t r = 0; r < m; r++) {
+                    double acc = 0;
+                    for (int64_t l = 0; l < k; l++)
+                        acc += ld_any(dtype, A, ta ? l + r * lda : r + l * lda) * ld_any(dtype, B, tb ? c + l * ldb : l + c * ldb);
+                    int64_t ic = r + c * ldc;
+                    st_any(dtype, C, ic, alpha * acc + (beta != 0 ? beta * ld_any(dtype, C, ic) : 0.0));
+                }
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 #include "moe_emu.inc"
 
-typedef std::vector<double> vd;
 static std::mt19937_64 gen(17);
 static float randn()
 {
@@ -44,18 +138,18 @@ static void check(const char *name, const std::vector<float> &got, const std::ve
     double mx = 0, e = 0;
     int nonfin = 0;
     for (size_t i = 0; i < ref.size(); i++) mx = std::max(mx, (double)std::fabs(ref[i]));
-    for (size_t i = 0; i < ref.size(); i++) {
+    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
         if (!std::isfinite(got[i])) { nonfin++; continue; }
         e = std::max(e, (double)std::fabs(got[i] - ref[i]));
     }
     double rel = mx > 0 ? e / mx : e;
     bool ok = nonfin == 0 && rel <= tol && got.size() == ref.size();
-    printf("  %-34s %s err/max %.2e (tol %.1e)%s\n", name, ok ? "ok  " : "FAIL", rel, tol, nonfin ? "  NONFINITE" : "");
+    printf("  %-40s %s err/max %.2e (tol %.1e)%s\n", name, ok ? "ok  " : "FAIL", rel, tol, nonfin ? "  NONFINITE" : "");
     if (ok) n_pass++; else n_fail++;
 }
 static void check_exact(const char *name, bool ok)
 {
-    printf("  %-34s %s\n", name, ok ? "ok  " : "FAIL");
+    printf("  %-40s %s\n", name, ok ? "ok  " : "FAIL");
     if (ok) n_pass++; else n_fail++;
 }
 static std::vector<float> rv(size_t n, float s = 1)
@@ -64,18 +158,109 @@ static std::vector<float> rv(size_t n, float s = 1)
     for (auto &x : v) x = s * randn();
     return v;
 }
-
-static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t din, int64_t de, int64_t dout, int act,
-                    double cf, int full_expert)
+static float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+template <class T> static std::vector<T> to_dev(const std::vector<float> &x)
 {
-    printf("%s: m %lld k %lld n %lld, d %lld/%lld/%lld, %s, capacity %g\n", name, (long long)m, (long long)k, (long long)n,
-           (long long)din, (long long)de, (long long)dout, act ? "swiglu" : "situ", cf);
+    std::vector<T> o(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        if constexpr (std::is_same<T, float>::value) o[i] = x[i];
+        else o[i] = __float2bfloat16(x[i]);
+    }
+    return o;
+}
+template <class T> static std::vector<float> from_dev(const std::vector<T> &x)
+{
+    std::vector<float> o(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        if constexpr (std::is_same<T, float>::value) o[i] = x[i];
+        else o[i] = __bfloat162float(x[i]);
+    }
+    return o;
+}
+
+// moe_sort against std::stable_sort by expert (ties keep the (t, slot) order), each expert keeping its first cap
+// (cap < 0: all): route = [perm | pos | offsets], the host offsets and the dropped count, all exactly
+static void run_sort(const char *what, const std::vector<int64_t> &sel, int64_t n, int64_t cap, bool i32)
+{
+    int64_t A = (int64_t)sel.size();
+    char name[160];
+    snprintf(name, sizeof name, "sort %s (A %lld, n %lld%s%s)", what, (long long)A, (long long)n, cap >= 0 ? ", cap" : "",
+             i32 ? ", i32" : "");
+    std::vector<int64_t> order(A), count(n, 0), taken(n, 0), ref(2 * A + n + 1, -1);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sel[a] < sel[b]; });
+    for (int64_t e : sel) count[e]++;
+    int64_t *perm = ref.data(), *pos = perm + A, *off = pos + A, dropped = 0;
+    off[0] = 0;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t kept = cap >= 0 && count[e] > cap ? cap : count[e];
+        off[e + 1] = off[e] + kept;
+        dropped += count[e] - kept;
+    }
+    for (int64_t a : order) {
+        int64_t e = sel[a];
+        if (cap >= 0 && taken[e] >= cap) continue;   // pos stays -1
+        perm[off[e] + taken[e]] = a;
+        pos[a] = off[e] + taken[e]++;
+    }
+    std::vector<int64_t> route(2 * A + n + 1, -7), hoff(n + 2, -7);
+    std::vector<int32_t> sel32(sel.begin(), sel.end());
+    int rc = moe_sort(route.data(), hoff.data(), i32 ? (const void *)sel32.data() : (const void *)sel.data(), !i32, A, n,
+                      cap, 0);
+    if (rc) printf("  failed: %s\n", err_buf);
+    bool ok = rc == 0 && route == ref && std::equal(off, off + n + 1, hoff.begin()) && hoff[n + 1] == dropped;
+    check_exact(name, ok);
+}
+
+static void sort_cases()
+{
+    printf("device counting sort vs std::stable_sort\n");
+    auto draw = [](int64_t A, int64_t n, auto pick) {
+        std::vector<int64_t> s(A);
+        for (auto &v : s) v = pick(n);
+        return s;
+    };
+    auto uniform = [](int64_t n) { return (int64_t)(gen() % (uint64_t)n); };
+    // experts 2 and 5 never drawn
+    auto holes = [](int64_t) {
+        static const int64_t used[] = {0, 1, 3, 4, 6, 7};
+        return used[gen() % 6];
+    };
+    // p(e) ∝ 1/(e + 1): a few hot experts, a long cold tail, some empty
+    auto skewed = [](int64_t n) {
+        double u = std::uniform_real_distribution<double>(0, 1)(gen);
+        return std::min(n - 1, (int64_t)std::floor(std::exp(u * std::log((double)n + 1)) - 1));
+    };
+    run_sort("empty experts, 3 tiles", draw(3000, 8, holes), 8, -1, false);
+    run_sort("all on expert 3", std::vector<int64_t>(2500, 3), 6, -1, false);
+    run_sort("all on expert 3, capacity 700", std::vector<int64_t>(2500, 3), 6, 700, false);
+    run_sort("skewed", draw(4000, 64, skewed), 64, -1, false);
+    run_sort("skewed, capacity", draw(4000, 64, skewed), 64, 4000 / 64, false);
+    run_sort("uniform", draw(700, 5, uniform), 5, -1, true);
+    run_sort("1100 experts (tiles of 1280)", draw(3000, 1100, skewed), 1100, -1, false);
+    run_sort("one assignment", std::vector<int64_t>(1, 2), 3, -1, false);
+    run_sort("no assignments", std::vector<int64_t>(), 4, -1, false);
+}
+
+// moe_experts forward and backward on storage type T (float or bf16) against the cpu in f32; `grouped`: whether the
+// GEMM stages must be one grouped call each (else a bf16 stage with misaligned rows: tide_cuda_gemm per product)
+template <class T>
+static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t din, int64_t de, int64_t dout, int act,
+                    double cf, int full_expert, double tol, bool grouped)
+{
+    const bool bf = !std::is_same<T, float>::value;
+    const int dt = bf ? TIDE_BF16 : TIDE_F32;
+    printf("%s: %s, m %lld k %lld n %lld, d %lld/%lld/%lld, %s, capacity %g\n", name, bf ? "bf16" : "f32", (long long)m,
+           (long long)k, (long long)n, (long long)din, (long long)de, (long long)dout, act ? "swiglu" : "situ", cf);
     int64_t A = m * k, cap = cf > 0 ? (int64_t)ceil(cf * (double)A / (double)n) : -1;
     std::vector<int64_t> sel(A);
     for (int64_t a = 0; a < A; a++) sel[a] = full_expert >= 0 && a % k == 0 ? full_expert : (int64_t)(gen() % (uint64_t)(n > 2 ? n - 2 : n));
     auto x = rv(m * din), wgu = rv(n * 2 * de * din, 0.3f), wd = rv(n * dout * de, 0.3f), du = rv(m * dout);
     std::vector<float> p(A);
     for (auto &v : p) v = 0.1f + 0.9f * (float)(gen() % 1000) / 1000.0f;
+    if (bf)
+        for (auto *v : {&x, &wgu, &wd, &du, &p})
+            for (auto &e : *v) e = bf16_round(e);
     // cpu
     std::vector<int64_t> rc(2 * A + n + 1);
     std::vector<float> oc(m * dout), prc(A * 2 * de), yc(A * dout), dxc(m * din), dpc(A), dwguc(wgu.size()), dwdc(wd.size());
@@ -86,28 +271,34 @@ static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t d
                                           prc.data(), yc.data(), x.data(), p.data(), wgu.data(), wd.data(), m, k, n, din, de,
                                           dout, act, 1.5, 2.0);
     // emulated cuda, outputs poisoned with NaN
+    auto xd = to_dev<T>(x), wgud = to_dev<T>(wgu), wdd = to_dev<T>(wd), dud = to_dev<T>(du), pd = to_dev<T>(p);
+    auto nan = [](size_t sz) { return to_dev<T>(std::vector<float>(sz, NAN)); };
     std::vector<int64_t> rg(2 * A + n + 1, -7);
-    std::vector<float> og(m * dout, NAN), prg(A * 2 * de, NAN), yg(A * dout, NAN), dxg(m * din, NAN), dpg(A, NAN),
-        dwgug(wgu.size(), NAN), dwdg(wd.size(), NAN);
-    if (tide_cuda_moe_experts(TIDE_F32, og.data(), rg.data(), prg.data(), yg.data(), x.data(), sel.data(), TIDE_I64, p.data(),
-                              wgu.data(), wd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropg) ||
-        tide_cuda_moe_experts_backward(TIDE_F32, dxg.data(), dpg.data(), dwgug.data(), dwdg.data(), du.data(), rg.data(),
-                                       prg.data(), yg.data(), x.data(), p.data(), wgu.data(), wd.data(), m, k, n, din, de, dout,
-                                       act, 1.5, 2.0)) {
+    std::vector<T> og = nan(m * dout), prg = nan(A * 2 * de), yg = nan(A * dout), dxg = nan(m * din), dpg = nan(A),
+                   dwgug = nan(wgu.size()), dwdg = nan(wd.size());
+    n_grouped = n_gemm = 0;
+    if (tide_cuda_moe_experts(dt, og.data(), rg.data(), prg.data(), yg.data(), xd.data(), sel.data(), TIDE_I64, pd.data(),
+                              wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropg) ||
+        tide_cuda_moe_experts_backward(dt, dxg.data(), dpg.data(), dwgug.data(), dwdg.data(), dud.data(), rg.data(),
+                                       prg.data(), yg.data(), xd.data(), pd.data(), wgud.data(), wdd.data(), m, k, n, din, de,
+                                       dout, act, 1.5, 2.0)) {
         printf("  failed: %s\n", err_buf);
         n_fail++;
         return;
     }
     check_exact("route (perm | pos | offsets) == cpu", rg == rc);
     check_exact("dropped count == cpu", dropg == dropc);
+    if (grouped) check_exact("one grouped GEMM per stage (2 + 2)", n_grouped == 4 && n_gemm == 0);
+    else check_exact("misaligned bf16: a GEMM per product", n_grouped == 0 && n_gemm > 0);
     int64_t R = rc[2 * A + n];
-    check("out", og, oc, 1e-5);
-    check("pre (kept rows)", std::vector<float>(prg.begin(), prg.begin() + R * 2 * de),
-          std::vector<float>(prc.begin(), prc.begin() + R * 2 * de), 1e-5);
-    check("dx", dxg, dxc, 1e-5);
-    check("dp", dpg, dpc, 1e-5);
-    check("dw_gate_up", dwgug, dwguc, 1e-5);
-    check("dw_down", dwdg, dwdc, 1e-5);
+    auto prf = from_dev(prg);
+    check("out", from_dev(og), oc, tol);
+    check("pre (kept rows)", std::vector<float>(prf.begin(), prf.begin() + R * 2 * de),
+          std::vector<float>(prc.begin(), prc.begin() + R * 2 * de), tol);
+    check("dx", from_dev(dxg), dxc, tol);
+    check("dp", from_dev(dpg), dpc, tol);
+    check("dw_gate_up", from_dev(dwgug), dwguc, tol);
+    check("dw_down", from_dev(dwdg), dwdc, tol);
 }
 
 int main()
@@ -134,9 +325,14 @@ int main()
         tide_cuda_topk(TIDE_F32, vg.data(), ig.data(), x.data(), rows, C, kk);
         check_exact("topk values and indices == cpu", vc == vg && ic == ig);
     }
-    run_moe("dropless, one expert in every token, two idle", 29, 2, 8, 12, 8, 10, TIDE_MOE_SITU, 0, 3);
-    run_moe("swiglu, k 3", 17, 3, 5, 7, 6, 9, TIDE_MOE_SWIGLU, 0, -1);
-    run_moe("capacity 0.75", 31, 2, 6, 8, 5, 7, TIDE_MOE_SITU, 0.75, 1);
+    sort_cases();
+    run_moe<float>("dropless, one expert in every token, two idle", 29, 2, 8, 12, 8, 10, TIDE_MOE_SITU, 0, 3, 1e-5, true);
+    run_moe<float>("swiglu, k 3", 17, 3, 5, 7, 6, 9, TIDE_MOE_SWIGLU, 0, -1, 1e-5, true);
+    run_moe<float>("capacity 0.75", 31, 2, 6, 8, 5, 7, TIDE_MOE_SITU, 0.75, 1, 1e-5, true);
+    run_moe<float>("several sort tiles", 700, 2, 8, 4, 3, 5, TIDE_MOE_SITU, 0, 2, 1e-5, true);
+    // bf16 rows of 16, 8 and 24 elements: every segment pointer is 16-byte aligned, so the grouped calls run
+    run_moe<__nv_bfloat16>("bf16, aligned rows", 23, 2, 6, 16, 8, 24, TIDE_MOE_SITU, 0, 2, 1.0 / 64, true);
+    run_moe<__nv_bfloat16>("bf16, odd rows", 19, 2, 5, 7, 5, 9, TIDE_MOE_SWIGLU, 0.75, 0, 1.0 / 64, false);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -1,0 +1,101 @@
+-- data/copy.lua — the palindrome (copy) task of spec/evals.md §3 (Kimi Linear §5.1 style), in the shared
+-- byte-level vocabulary (formats.md §4):
+--
+--   x = x_1 .. x_N  <|sep|>  x_N .. x_1          |x| = T = 2N + 1, x_k uniform from a 64-token alphabet
+--   labels only on the output half: the position before each output token predicts it (the <|sep|> position
+--   predicts x_N, the position of output token j predicts output token j + 1): N labels, all else -100
+--
+-- The alphabet is the passkey filler alphabet (data/passkey.lua): the 64 printable bytes A–Z, a–z, space and
+-- . , ! ? ; : - ' ( ) "; <|sep|> is the special resolved by name.
+-- Example i is a pure function of (seed, i, N): x_k = ALPHABET[⌊64·u_k⌋] with u the Philox stream keyed by
+-- (task "copy", seed) at counters [i·2^32, i·2^32 + N).
+local ffi = require "ffi"
+local tide = require "tide"
+local passkey = require "tide.data.passkey"
+local C = tide.C
+
+local copy = {}
+
+copy.IGNORE = -100
+copy.ALPHABET = passkey.ALPHABET        -- 0-based array of 64 byte ids
+copy.DEFAULTS = { seed = 0 }
+copy.KEYS = { seed = true, tokenizer = true }
+
+local TASK = 0x636f7079ULL              -- "copy": the task half of the Philox key
+local STRIDE = 4294967296ULL
+local MAX_INDEX = 2 ^ 32
+
+local fmt = string.format
+local function bad(msg, level) error("copy: " .. msg, level or 3) end
+
+local Checked = {}
+
+-- check(cfg) -> a full, validated copy (defaults filled, <|sep|> resolved by name from cfg.tokenizer, a
+-- byte-level tokenizer of V = 320 when absent)
+function copy.check(cfg)
+  if getmetatable(cfg) == Checked then return cfg end
+  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
+  local c = {}
+  for k, v in pairs(copy.DEFAULTS) do c[k] = v end
+  for k, v in pairs(cfg or {}) do
+    if not copy.KEYS[k] then
+      local known = {}
+      for name in pairs(copy.KEYS) do known[#known + 1] = name end
+      table.sort(known)
+      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")), 4)
+    end
+    c[k] = v
+  end
+  if type(c.seed) ~= "number" or c.seed ~= math.floor(c.seed) or c.seed < 0 or c.seed >= 2 ^ 32 then
+    bad(fmt("seed must be an integer in [0, 2^32), got %s", tostring(c.seed)), 4)
+  end
+  local tok = c.tokenizer or require("tide.data.tokenizer").byte_level({ vocab_size = 320 })
+  if type(tok) ~= "table" or tok.kind ~= "byte" then
+    bad(fmt("tokenizer must be a byte-level tokenizer (the alphabet is byte ids), got %s",
+      type(tok) == "table" and tostring(tok.kind) or type(tok)), 4)
+  end
+  c.tokenizer = tok
+  c.sep_id = tok:id("<|sep|>")
+  return setmetatable(c, Checked)
+end
+
+local ubuf, ubuf_n = nil, 0
+local function uniforms(n)
+  if n > ubuf_n then ubuf, ubuf_n = ffi.new("double[?]", n), n end
+  return ubuf
+end
+
+-- fill(c, i, N, x, y, off): example i with N inputs (2N + 1 tokens) into x[off .. off+2N+1) (ids) and
+-- y[off .. off+2N+1) (labels); x, y are ffi integer arrays, c a checked config
+function copy.fill(c, i, N, x, y, off)
+  if N < 1 then bad(fmt("N must be >= 1 input token, got %d", N)) end
+  local u = uniforms(N)
+  C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, N)
+  local A = copy.ALPHABET
+  for k = 0, N - 1 do
+    local tok = A[math.floor(u[k] * 64)]
+    x[off + k] = tok                                      -- x_{k+1}
+    x[off + 2 * N - k] = tok                              -- the output half, reversed
+  end
+  x[off + N] = c.sep_id
+  for t = 0, N - 1 do y[off + t] = copy.IGNORE end
+  for t = N, 2 * N - 1 do y[off + t] = x[off + t + 1] end  -- <|sep|> .. second-to-last output predict the next
+  y[off + 2 * N] = copy.IGNORE
+end
+
+-- example(cfg, i, N) -> ids, labels (Lua lists of 2N + 1, 1-based); i is 0-based
+function copy.example(cfg, i, N)
+  local c = copy.check(cfg)
+  if type(i) ~= "number" or i ~= math.floor(i) or i < 0 or i >= MAX_INDEX then
+    bad(fmt("example index must be an integer in [0, 2^32), got %s", tostring(i)))
+  end
+  if type(N) ~= "number" or N ~= math.floor(N) then bad(fmt("N must be an integer, got %s", tostring(N))) end
+  local T = 2 * N + 1
+  local x, y = ffi.new("int32_t[?]", T), ffi.new("int32_t[?]", T)
+  copy.fill(c, i, N, x, y, 0)
+  local ids, labels = {}, {}
+  for t = 0, T - 1 do ids[t + 1], labels[t + 1] = x[t], y[t] end
+  return ids, labels
+end
+
+return copy

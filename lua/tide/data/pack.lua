@@ -1,0 +1,445 @@
+-- data/pack.lua — document sources and the packer (spec/long_context.md §3 packing, §6 stage switches,
+-- §7 exact resume; token layout after spec/formats.md §3: every document begins with <|endoftext|>).
+--
+-- A document source is any object with `src.name` (a string) and
+--   local ids, targets, n = src:doc(i, T)
+-- document i (0-based, any i >= 0) for stage row length T: int32 ffi arrays of length n, ids[0] = <|endoftext|>,
+-- targets[t] = the label of position t or -100; targets[n-1] is replaced by the packer. doc(i, T) is a pure
+-- function of (source config, i, T). pack.text_source makes one from text files or token shards.
+--
+-- pack.Packer draws each new document's source by weight from the Philox stream at (seed, draw counter), takes
+-- the next document of that source at its own cursor, and fills rows of T tokens contiguously: a document that
+-- does not fit is cut and its remainder starts the next row as a new segment (no padding). The last label of a
+-- segment is <|endoftext|> when the segment ends its document (it predicts the next document's separator) and
+-- -100 at a cut. Draw counter, cursors and the carried-over remainder are the whole state, so state() /
+-- set_state() resume bit-for-bit and set_seq_len() switches stage without losing a document.
+local ffi = require "ffi"
+local tide = require "tide"
+local text = require "tide.data.text"
+local tokenizer = require "tide.data.tokenizer"
+local C = tide.C
+
+local pack = {}
+
+pack.IGNORE = -100                    -- F.cross_entropy's default ignore_index
+pack.MAX_REJECTIONS = 10000           -- consecutive documents a length filter may skip before it is an error
+
+-- Philox keys: (domain << 32) + seed, so a packer and a text source given the same seed draw unrelated streams
+local STRIDE = 4294967296ULL
+local PACK_KEY = 0x7061636bULL        -- "pack"
+local TEXT_KEY = 0x74657874ULL        -- "text"
+
+local fmt = string.format
+
+local function bad(msg, level) error("pack: " .. msg, (level or 2) + 1) end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  return keys
+end
+
+-- every key of cfg must be in known; the error names the key, the table and the known keys
+local function check_keys(cfg, known, what, level)
+  if type(cfg) ~= "table" then bad(fmt("%s must be a table, got %s", what, type(cfg)), level + 1) end
+  for k in pairs(cfg) do
+    if not known[k] then
+      bad(fmt("unknown key '%s' in %s (known: %s)", tostring(k), what, table.concat(sorted_keys(known), ", ")), level + 1)
+    end
+  end
+end
+
+local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
+
+local function check_seed(seed, what, level)
+  if not is_int(seed) or seed < 0 or seed >= 2 ^ 32 then
+    bad(fmt("%s must be an integer in [0, 2^32), got %s", what, tostring(seed)), level + 1)
+  end
+  return seed
+end
+
+local function positive_int(v, what, level)
+  if not is_int(v) or v < 1 then bad(fmt("%s must be a positive integer, got %s", what, tostring(v)), level + 1) end
+  return v
+end
+
+---------------------------------------------------------------------------------------------------
+-- text source: the documents of text files or token shards (text.load), in shuffled or file order
+
+local TextSource = {}
+TextSource.__index = TextSource
+
+local TEXT_KEYS = {
+  path = true, paths = true, exclude = true, format = true, doc_separator = true, val_fraction = true,
+  split = true, order = true, seed = true, tokenizer = true, name = true,
+}
+
+-- append the documents of one token piece {buf, offset, n}: spans that begin at an <|endoftext|> id and run to
+-- the next one. A span before the first separator is the tail of a document cut by the split (or a shard that
+-- does not begin at a document) and is dropped; so is the last span when `cut_at_end` (the split cut it short).
+-- Documents are kept as three flat lists (piece, start, length), not a table each: corpora hold millions.
+local function add_documents(self, piece, eot, cut_at_end)
+  local buf, first, last = piece.buf, piece.offset, piece.offset + piece.n
+  self.pieces[#self.pieces + 1] = piece
+  local k = #self.pieces
+  local dp, ds, dn = self.doc_piece, self.doc_start, self.doc_len
+  local function add(start, n)
+    local j = #dn + 1
+    dp[j], ds[j], dn[j] = k, start, n
+  end
+  local start = nil
+  for p = first, last - 1 do
+    if buf[p] == eot then
+      if start then add(start, p - start) end
+      start = p
+    end
+  end
+  if start and not cut_at_end then add(start, last - start) end
+end
+
+-- text_source{path | paths, exclude, format, doc_separator, val_fraction, split = "train" | "val",
+--             order = "shuffle" | "sequential", seed, tokenizer, name} -> a document source
+-- The last val_fraction of each file is its validation split (text.load). A document the split point cuts is
+-- in neither split (its head ends the file's train part, its tail begins the val part), so both splits hold
+-- whole documents only.
+function pack.text_source(cfg)
+  check_keys(cfg, TEXT_KEYS, "text_source config", 2)
+  local split = cfg.split or "train"
+  if split ~= "train" and split ~= "val" then bad(fmt("split must be 'train' or 'val', got '%s'", tostring(split))) end
+  local order = cfg.order or "shuffle"
+  if order ~= "shuffle" and order ~= "sequential" then
+    bad(fmt("order must be 'shuffle' or 'sequential', got '%s'", tostring(order)))
+  end
+  local seed = check_seed(cfg.seed or 0, "text_source seed", 2)
+  local vf = cfg.val_fraction or 0
+  if split == "val" and not (type(vf) == "number" and vf > 0) then
+    bad(fmt("split 'val' needs val_fraction > 0, got %s", tostring(cfg.val_fraction)))
+  end
+  local tok = cfg.tokenizer or tokenizer.byte_level()
+  if type(tok) ~= "table" or type(tok.id) ~= "function" then bad("tokenizer must be a tokenizer object (with :id(name))") end
+  local eot = tok:id("<|endoftext|>")
+  if cfg.name ~= nil and type(cfg.name) ~= "string" then bad("name must be a string, got " .. type(cfg.name)) end
+
+  local load_cfg = {
+    path = cfg.path, paths = cfg.paths, exclude = cfg.exclude, format = cfg.format,
+    doc_separator = cfg.doc_separator, val_fraction = vf,
+  }
+  local ds = text.load(load_cfg, tok)
+  -- text.load concatenates the files' splits, so a val part's partial first document would run on from the
+  -- previous file's last document; with several files read each on its own to keep file boundaries
+  local parts = {}
+  if #ds.files == 1 then
+    parts[1] = ds
+  else
+    for k, f in ipairs(ds.files) do
+      parts[k] = text.load({ path = f, format = cfg.format, doc_separator = cfg.doc_separator, val_fraction = vf }, tok)
+    end
+  end
+  local self = setmetatable({
+    name = cfg.name or ("text:" .. split), split = split, order = order, seed = seed, eot = eot,
+    tokenizer = tok, files = ds.files, pieces = {}, doc_piece = {}, doc_start = {}, doc_len = {}, key = TEXT_KEY * STRIDE + seed,
+    perm = nil, perm_epoch = nil,
+  }, TextSource)
+  for _, part in ipairs(parts) do
+    local toks = part[split]
+    local cut = split == "train" and part.val ~= nil and part.val.n > 0 and part.val.buf[0] ~= eot
+    if toks and toks.n > 0 then add_documents(self, { buf = toks.buf, offset = 0, n = toks.n }, eot, cut) end
+  end
+  self.n_docs = #self.doc_len
+  if self.n_docs == 0 then
+    bad(fmt("text source has no documents in split '%s' (%d files; every document must begin with <|endoftext|>)",
+      split, #ds.files))
+  end
+  if self.n_docs >= 2 ^ 31 then bad(fmt("text source has %d documents, more than 2^31 - 1", self.n_docs)) end
+  return self
+end
+
+function TextSource:count() return self.n_docs end
+
+-- the Philox-seeded permutation of epoch e (Fisher–Yates over uniforms at [e·n, e·n + n)), the latest one cached
+function TextSource:permutation(e)
+  if self.perm_epoch ~= e then
+    local n = self.n_docs
+    local perm = self.perm or ffi.new("int32_t[?]", n)
+    local u = ffi.new("double[?]", n)
+    C.tide_philox_uniform(self.key, e * n, u, n)
+    for j = 0, n - 1 do perm[j] = j end
+    for j = n - 1, 1, -1 do
+      local r = math.floor(u[j] * (j + 1))
+      if r > j then r = j end
+      perm[j], perm[r] = perm[r], perm[j]
+    end
+    self.perm, self.perm_epoch = perm, e
+  end
+  return self.perm
+end
+
+-- the 0-based document number (into doc_piece, doc_start, doc_len) of stream document i
+function TextSource:index(i)
+  if not is_int(i) or i < 0 then bad(fmt("%s: document index must be an integer >= 0, got %s", self.name, tostring(i))) end
+  local n = self.n_docs
+  if self.order == "sequential" then return i % n end
+  return self:permutation(math.floor(i / n))[i % n]
+end
+
+-- doc(i, T) -> ids, targets, n (T is not used: a text document is the same at every row length)
+function TextSource:doc(i, T)
+  local j = self:index(i) + 1
+  local n = self.doc_len[j]
+  local ids, targets = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+  ffi.copy(ids, self.pieces[self.doc_piece[j]].buf + self.doc_start[j], n * 4)
+  for t = 0, n - 2 do targets[t] = ids[t + 1] end
+  targets[n - 1] = pack.IGNORE
+  return ids, targets, n
+end
+
+---------------------------------------------------------------------------------------------------
+-- the packer
+
+local Packer = {}
+Packer.__index = Packer
+
+local PACKER_KEYS = { sources = true, seq_len = true, seed = true, eot = true }
+local ENTRY_KEYS = { source = true, weight = true, min_len = true, max_len = true, name = true }
+
+-- Packer{sources = {{source, weight, min_len, max_len, name}, ...}, seq_len, seed, eot}
+function pack.Packer(cfg)
+  check_keys(cfg, PACKER_KEYS, "Packer config", 2)
+  local list = cfg.sources
+  if type(list) ~= "table" or #list == 0 then bad("sources must be a non-empty list of {source = ..., weight = ...}") end
+  for k in pairs(list) do
+    if not is_int(k) or k < 1 or k > #list then bad(fmt("sources must be a list (1 .. %d), got key '%s'", #list, tostring(k))) end
+  end
+  local T = positive_int(cfg.seq_len, "seq_len", 2)
+  local seed = check_seed(cfg.seed or 0, "seed", 2)
+  if not is_int(cfg.eot) or cfg.eot < 0 then
+    bad(fmt("eot must be the integer id of <|endoftext|> (tok:id(\"<|endoftext|>\")), got %s", tostring(cfg.eot)))
+  end
+  local self = setmetatable({
+    seq_len = T, seed = seed, eot = cfg.eot, key = PACK_KEY * STRIDE + seed,
+    sources = {}, by_name = {}, total_weight = 0, draws = 0, carry = nil,
+    u = ffi.new("double[1]"), shape = ffi.new("int64_t[2]"), i32 = C.tide_dtype_from_name("i32"),
+  }, Packer)
+  for j, e in ipairs(list) do
+    local what = fmt("sources[%d]", j)
+    check_keys(e, ENTRY_KEYS, what, 2)
+    local src = e.source
+    if type(src) ~= "table" and type(src) ~= "userdata" then bad(fmt("%s.source must be a document source, got %s", what, type(src))) end
+    if type(src.doc) ~= "function" then bad(fmt("%s.source has no doc(i, T) method", what)) end
+    local name = e.name or src.name
+    if type(name) ~= "string" or name == "" then bad(fmt("%s needs a name (entry.name or source.name), got %s", what, tostring(name))) end
+    if self.by_name[name] then bad(fmt("%s: source name '%s' is used twice; give each entry its own name", what, name)) end
+    local w = e.weight
+    if type(w) ~= "number" or not (w > 0) or w == math.huge then
+      bad(fmt("%s ('%s'): weight must be a finite number > 0, got %s", what, name, tostring(w)))
+    end
+    local lo = e.min_len or 1
+    local hi = e.max_len or math.huge
+    if not is_int(lo) or lo < 1 then bad(fmt("%s ('%s'): min_len must be an integer >= 1, got %s", what, name, tostring(lo))) end
+    if hi ~= math.huge and (not is_int(hi) or hi < lo) then
+      bad(fmt("%s ('%s'): max_len must be an integer >= min_len (%d), got %s", what, name, lo, tostring(hi)))
+    end
+    self.total_weight = self.total_weight + w
+    local s = { index = j, name = name, source = src, weight = w, min_len = lo, max_len = hi, cursor = 0, tokens = 0 }
+    self.sources[j] = s
+    self.by_name[name] = s
+  end
+  local acc = 0
+  for _, s in ipairs(self.sources) do
+    acc = acc + s.weight
+    s.cum = acc / self.total_weight
+  end
+  return self
+end
+
+-- set_mix({{name, weight, min_len, max_len}, ...}): a stage switch that changes the mixture. Every name must be
+-- one of the packer's sources; sources left out get weight 0 (not drawn) but keep their cursors, so a later stage
+-- that lists them again continues where they stopped. The state (draws, cursors, carry-over) is untouched.
+function Packer:set_mix(entries)
+  if type(entries) ~= "table" or #entries == 0 then bad("set_mix: expected a non-empty list of {name, weight, ...}", 2) end
+  local seen = {}
+  for j, e in ipairs(entries) do
+    local what = fmt("set_mix[%d]", j)
+    local s = type(e) == "table" and self.by_name[e.name]
+    if not s then bad(fmt("%s: no source named '%s' in this packer", what, tostring(type(e) == "table" and e.name)), 2) end
+    if seen[e.name] then bad(fmt("%s: source '%s' is listed twice", what, e.name), 2) end
+    seen[e.name] = true
+    if type(e.weight) ~= "number" or not (e.weight > 0) or e.weight == math.huge then
+      bad(fmt("%s ('%s'): weight must be a finite number > 0, got %s", what, e.name, tostring(e.weight)), 2)
+    end
+    local lo, hi = e.min_len or 1, e.max_len or math.huge
+    if not is_int(lo) or lo < 1 then bad(fmt("%s ('%s'): min_len must be an integer >= 1, got %s", what, e.name, tostring(lo)), 2) end
+    if hi ~= math.huge and (not is_int(hi) or hi < lo) then
+      bad(fmt("%s ('%s'): max_len must be an integer >= min_len (%d), got %s", what, e.name, lo, tostring(hi)), 2)
+    end
+  end
+  local total = 0
+  for _, s in ipairs(self.sources) do
+    s.weight, s.min_len, s.max_len = 0, 1, math.huge
+  end
+  for _, e in ipairs(entries) do
+    local s = self.by_name[e.name]
+    s.weight, s.min_len, s.max_len = e.weight, e.min_len or 1, e.max_len or math.huge
+    total = total + e.weight
+  end
+  self.total_weight = total
+  local acc = 0
+  for _, s in ipairs(self.sources) do
+    acc = acc + s.weight
+    s.cum = acc / total
+  end
+end
+
+-- document i of source s at row length T, checked against the source contract
+local function fetch(self, s, i, T)
+  local ids, targets, n = s.source:doc(i, T)
+  if not is_int(n) or n < 1 then bad(fmt("source '%s': doc(%d, %d) returned length %s", s.name, i, T, tostring(n)), 3) end
+  if ids[0] ~= self.eot then
+    bad(fmt("source '%s': document %d begins with id %d, not <|endoftext|> (%d)", s.name, i, ids[0], self.eot), 3)
+  end
+  return ids, targets, n
+end
+
+-- the next document of the mixture: one draw picks the source, its cursor walks past filtered documents
+local function next_document(self)
+  C.tide_philox_uniform(self.key, self.draws, self.u, 1)
+  self.draws = self.draws + 1
+  local u, s = self.u[0], nil
+  for _, c in ipairs(self.sources) do
+    if u < c.cum then s = c break end
+    if c.weight > 0 then s = c end   -- (u at the rounding edge of the last cumulative weight: the last live source)
+  end
+  local T = self.seq_len
+  for _ = 1, pack.MAX_REJECTIONS do
+    local i = s.cursor
+    s.cursor = i + 1
+    local ids, targets, n = fetch(self, s, i, T)
+    if n >= s.min_len and n <= s.max_len then
+      return { s = s, doc = i, ids = ids, targets = targets, n = n, offset = 0, seq_len = T }
+    end
+  end
+  bad(fmt("source '%s': %d consecutive documents (up to index %d) fell outside min_len %d .. max_len %s at seq_len %d",
+    s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T), 3)
+end
+
+-- next_rows(R) -> {ids [R, T] i32, targets [R, T] i32, cu_seqlens, max_seqlen, n_targets, segments, per_source}
+-- cu_seqlens: 0-based offsets over the R·T flattened tokens of every segment start (each row start and each
+-- document start) and R·T at the end.
+function Packer:next_rows(R)
+  positive_int(R, "next_rows: R", 2)
+  local T, eot, IGNORE = self.seq_len, self.eot, pack.IGNORE
+  local N = R * T
+  local ibuf, tbuf = ffi.new("int32_t[?]", N), ffi.new("int32_t[?]", N)
+  local cu, per_source, max_seqlen = { 0 }, {}, 0
+  local cur = self.carry
+  for r = 0, R - 1 do
+    local p = 0
+    while p < T do
+      if not cur then cur = next_document(self) end
+      local base, off = r * T + p, cur.offset
+      local take = math.min(cur.n - off, T - p)
+      ffi.copy(ibuf + base, cur.ids + off, take * 4)
+      ffi.copy(tbuf + base, cur.targets + off, take * 4)
+      cur.offset = off + take
+      local ends = cur.offset == cur.n
+      tbuf[base + take - 1] = ends and eot or IGNORE   -- only a document's end predicts across a boundary
+      if base > 0 then cu[#cu + 1] = base end
+      if take > max_seqlen then max_seqlen = take end
+      local s = cur.s
+      s.tokens = s.tokens + take
+      per_source[s.name] = (per_source[s.name] or 0) + take
+      p = p + take
+      if ends then cur = nil end
+    end
+  end
+  cu[#cu + 1] = N
+  self.carry = cur
+  local n_targets = 0
+  for k = 0, N - 1 do
+    if tbuf[k] ~= IGNORE then n_targets = n_targets + 1 end
+  end
+  self.shape[0], self.shape[1] = R, T
+  return {
+    ids = tide.check(C.tide_from_bytes(self.i32, 2, self.shape, 0, ibuf, N * 4)),
+    targets = tide.check(C.tide_from_bytes(self.i32, 2, self.shape, 0, tbuf, N * 4)),
+    cu_seqlens = cu, max_seqlen = max_seqlen, n_targets = n_targets, segments = #cu - 1, per_source = per_source,
+  }
+end
+
+-- a stage switch (long_context.md §6): cursors, draws and the carried-over remainder stay; the next rows have T2
+function Packer:set_seq_len(T2)
+  self.seq_len = positive_int(T2, "set_seq_len: seq_len", 2)
+end
+
+-- tokens packed per source name since construction (or since the state that was restored)
+function Packer:tokens_per_source()
+  local out = {}
+  for _, s in ipairs(self.sources) do out[s.name] = s.tokens end
+  return out
+end
+
+-- state() -> {seed, sources = {names in order}, draws, cursors = {name = n}, tokens = {name = n},
+--             carry = {source = name, doc = i, offset = tokens already packed, seq_len = T the doc was made at} | nil}
+function Packer:state()
+  local names, cursors = {}, {}
+  for j, s in ipairs(self.sources) do
+    names[j] = s.name
+    cursors[s.name] = s.cursor
+  end
+  local st = { seed = self.seed, sources = names, draws = self.draws, cursors = cursors, tokens = self:tokens_per_source() }
+  local c = self.carry
+  if c then st.carry = { source = c.s.name, doc = c.doc, offset = c.offset, seq_len = c.seq_len } end
+  return st
+end
+
+local function names_str(list) return "{" .. table.concat(list, ", ") .. "}" end
+
+-- set_state(st): the next rows equal those of the packer that wrote st; a state of other sources or another
+-- seed is an error. Weights and length filters may differ (a stage may change the mixture).
+function Packer:set_state(st)
+  if type(st) ~= "table" then bad("set_state: expected a state table, got " .. type(st), 2) end
+  if st.seed ~= self.seed then
+    bad(fmt("set_state: the state's seed %s differs from the packer's seed %d", tostring(st.seed), self.seed))
+  end
+  local mine = {}
+  for j, s in ipairs(self.sources) do mine[j] = s.name end
+  local theirs = type(st.sources) == "table" and st.sources or {}
+  local same = #theirs == #mine
+  for j = 1, #mine do if theirs[j] ~= mine[j] then same = false end end
+  if not same then
+    bad(fmt("set_state: the state's sources %s differ from the packer's sources %s (names, in order)",
+      names_str(theirs), names_str(mine)))
+  end
+  if not is_int(st.draws) or st.draws < 0 then bad("set_state: draws must be an integer >= 0, got " .. tostring(st.draws)) end
+  for _, s in ipairs(self.sources) do
+    local c = type(st.cursors) == "table" and st.cursors[s.name]
+    if not is_int(c) or c < 0 then bad(fmt("set_state: cursor of source '%s' must be an integer >= 0, got %s", s.name, tostring(c))) end
+    local t = type(st.tokens) == "table" and st.tokens[s.name] or 0
+    if not is_int(t) or t < 0 then bad(fmt("set_state: tokens of source '%s' must be an integer >= 0, got %s", s.name, tostring(t))) end
+  end
+  local carry = nil
+  if st.carry ~= nil then
+    local c = st.carry
+    local s = type(c) == "table" and self.by_name[c.source]
+    if not s then bad(fmt("set_state: carry-over names source '%s', which the packer does not have", tostring(type(c) == "table" and c.source))) end
+    if not is_int(c.doc) or c.doc < 0 or c.doc >= st.cursors[s.name] then
+      bad(fmt("set_state: carry-over document %s of source '%s' is not below its cursor %d", tostring(c.doc), s.name, st.cursors[s.name]))
+    end
+    positive_int(c.seq_len, "set_state: carry-over seq_len", 2)
+    local ids, targets, n = fetch(self, s, c.doc, c.seq_len)
+    if not is_int(c.offset) or c.offset < 1 or c.offset >= n then
+      bad(fmt("set_state: carry-over offset %s must lie inside document %d of source '%s' (length %d)",
+        tostring(c.offset), c.doc, s.name, n))
+    end
+    carry = { s = s, doc = c.doc, ids = ids, targets = targets, n = n, offset = c.offset, seq_len = c.seq_len }
+  end
+  self.draws = st.draws
+  for _, s in ipairs(self.sources) do
+    s.cursor = st.cursors[s.name]
+    s.tokens = type(st.tokens) == "table" and st.tokens[s.name] or 0
+  end
+  self.carry = carry
+end
+
+return pack

@@ -1,0 +1,172 @@
+-- evals.lua — scorers for the synthetic long-context probes (spec/evals.md §1–§3, test oracle 4): token accuracy
+-- and exact match per context length and, for passkey, per needle depth.
+--
+--   local rows = evals.run(model, { task = "passkey", lengths = {256, 1024}, depths = {0, 0.25, 0.5, 0.75, 1},
+--                                   examples = 20, batch = 4, seed = 1234, tokenizer = tok, ...task options })
+--   rows[k] = { task, length, depth (passkey only), accuracy, exact, examples, labelled }
+--   evals.table(rows) -> a markdown table
+--
+-- The example scored at length L is exactly the training document src:doc(i, L) of data/synthetic.lua (it starts
+-- with <|endoftext|>, n = L), one per row of a [B, L] batch, from the source's "eval" split: example indices from
+-- 2^31 on, disjoint from every training document whatever the seeds. Scoring is teacher-forced: argmax of the
+-- logits at every labelled position. accuracy = hits / labelled positions; exact = share of examples with every
+-- label right.
+local ffi = require "ffi"
+local tide = require "tide"
+local synthetic = require "tide.data.synthetic"
+local C = tide.C
+
+local evals = {}
+
+evals.DEFAULTS = { depths = { 0, 0.25, 0.5, 0.75, 1 }, examples = 20, batch = 4, seed = 1234 }
+local RUN_KEYS = { task = true, lengths = true, depths = true, examples = true, batch = true, seed = true, device = true }
+
+local fmt = string.format
+local function bad(msg) error("evals: " .. msg, 3) end
+local function is_int(v) return type(v) == "number" and v == math.floor(v) end
+
+-- the device of the model's first parameter ("cpu" for a model without parameters)
+local function model_device(model)
+  if type(model.named_parameters) == "function" then
+    for _, t in model:named_parameters() do return t:device() end
+  end
+  return "cpu"
+end
+
+-- scores examples 0 .. n−1 of src at length L; returns hits, labelled, exact (examples all right)
+local function score(model, src, L, n, B, device)
+  local hits, labelled, exact = 0, 0, 0
+  local i32, i64 = C.tide_dtype_from_name("i32"), C.tide_dtype_from_name("i64")
+  for first = 0, n - 1, B do
+    local nb = math.min(B, n - first)
+    local x = ffi.new("int32_t[?]", nb * L)
+    local targets = {}
+    for b = 0, nb - 1 do
+      local ids, tg, len = src:doc(first + b, L)
+      if len ~= L then bad(fmt("%s document %d has %d tokens at length %d", src.name, first + b, len, L)) end
+      ffi.copy(x + b * L, ids, L * 4)
+      targets[b] = tg
+    end
+    local shape = ffi.new("int64_t[2]", nb, L)
+    local ids = tide.check(C.tide_from_bytes(i32, 2, shape, 0, x, nb * L * 4))
+    if device ~= "cpu" then ids = ids:to(device) end
+    local logits = model:forward(ids)
+    local s = logits:shape()
+    if #s ~= 3 or s[1] ~= nb or s[2] ~= L then
+      bad(fmt("model:forward(ids [%d, %d]) returned logits of shape [%s], expected [%d, %d, V]", nb, L,
+        table.concat(s, ", "), nb, L))
+    end
+    local pred = logits:argmax(-1):to("i64")
+    if pred:device() ~= "cpu" then pred = pred:to("cpu") end
+    local p = ffi.new("int64_t[?]", nb * L)
+    tide.check_status(C.tide_read_bytes(tide.raw(pred), p, nb * L * 8))
+    for b = 0, nb - 1 do
+      local tg, all = targets[b], true
+      -- the last position's label belongs to the packer (data/synthetic.lua); the generators leave it -100
+      for t = 0, L - 2 do
+        local y = tg[t]
+        if y ~= synthetic.IGNORE then
+          labelled = labelled + 1
+          if p[b * L + t] == y then hits = hits + 1 else all = false end
+        end
+      end
+      if all then exact = exact + 1 end
+    end
+  end
+  return hits, labelled, exact
+end
+
+-- run(model, opts) -> rows (see the header). model is any LM with model:forward(ids [B, T] i32) -> logits
+-- [B, T, V]. It runs under tide.no_grad with the model in eval mode; each module's training flag is restored
+-- afterwards, also when scoring fails.
+--
+-- For passkey, "all 5 digits right under teacher forcing" is exactly "exact match under greedy decoding after
+-- <Q>": if every teacher-forced argmax is right, greedy decoding feeds back the true digits and reproduces them;
+-- if one is wrong, greedy decoding has the true prefix up to the first wrong digit and makes the same mistake.
+-- (Per-digit accuracy is the teacher-forced one.)
+function evals.run(model, opts)
+  if type(model) ~= "table" or type(model.forward) ~= "function" then
+    bad("model must have a forward(ids) method, got " .. type(model))
+  end
+  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
+  local task = opts.task
+  if task == nil then bad("task is required (" .. table.concat(synthetic.TASKS, ", ") .. ")") end
+  if opts.length ~= nil then bad("use lengths = {L1, L2, ...} (a list), not length") end
+  if opts.depth ~= nil then bad("use depths = {δ1, δ2, ...} (a list), not depth") end
+  if opts.split ~= nil then bad("split is always \"eval\" here (disjoint from training documents)") end
+  local lengths = opts.lengths
+  if type(lengths) ~= "table" or #lengths == 0 then
+    bad("lengths must be a non-empty list of integers, got " .. tostring(lengths))
+  end
+  for k, L in ipairs(lengths) do
+    if not is_int(L) or L < 2 then bad(fmt("lengths[%d] must be an integer >= 2, got %s", k, tostring(L))) end
+  end
+  local examples = opts.examples or evals.DEFAULTS.examples
+  if not is_int(examples) or examples < 1 then bad("examples must be an integer >= 1, got " .. tostring(examples)) end
+  local B = opts.batch or evals.DEFAULTS.batch
+  if not is_int(B) or B < 1 then bad("batch must be an integer >= 1, got " .. tostring(B)) end
+  local depths = { false }                                   -- one pass without a depth for copy / mqar
+  if task == "passkey" then
+    depths = opts.depths or evals.DEFAULTS.depths
+    if type(depths) ~= "table" or #depths == 0 then bad("depths must be a non-empty list, got " .. tostring(depths)) end
+    for k, d in ipairs(depths) do
+      if type(d) ~= "number" or d < 0 or d > 1 then
+        bad(fmt("depths[%d] must be a number in [0, 1], got %s", k, tostring(d)))
+      end
+    end
+  elseif opts.depths ~= nil then
+    bad("depths applies to task passkey only, not " .. tostring(task))
+  end
+  local src_opts = { task = task, seed = opts.seed or evals.DEFAULTS.seed, length = "stage", split = "eval" }
+  for k, v in pairs(opts) do
+    if not RUN_KEYS[k] then src_opts[k] = v end              -- task options: synthetic.source checks them
+  end
+  local sources = {}
+  for k, d in ipairs(depths) do
+    if d then src_opts.depth = d end
+    sources[k] = synthetic.source(src_opts)
+  end
+  local device = opts.device or model_device(model)
+
+  -- eval mode for the run; every module's own flag comes back afterwards
+  local flags = {}
+  if type(model.walk) == "function" then
+    model:walk(function(m) flags[#flags + 1] = { m, m.training } end)
+  end
+  if type(model.eval) == "function" then model:eval() end
+  local rows = {}
+  local ok, err = pcall(tide.no_grad, function()
+    for _, L in ipairs(lengths) do
+      for k, d in ipairs(depths) do
+        local hits, labelled, exact = score(model, sources[k], L, examples, B, device)
+        rows[#rows + 1] = { task = task, length = L, depth = d or nil, accuracy = hits / labelled,
+          exact = exact / examples, examples = examples, labelled = labelled }
+      end
+    end
+  end)
+  for _, f in ipairs(flags) do f[1].training = f[2] end
+  if not ok then error(err, 0) end
+  return rows
+end
+
+-- table(rows) -> markdown: one line per (task, length[, depth])
+function evals.table(rows)
+  local with_depth = false
+  for _, r in ipairs(rows) do if r.depth ~= nil then with_depth = true end end
+  local out = {}
+  if with_depth then
+    out[1] = "| task | length | depth | token accuracy | exact match | examples |"
+    out[2] = "|---|---:|---:|---:|---:|---:|"
+  else
+    out[1] = "| task | length | token accuracy | exact match | examples |"
+    out[2] = "|---|---:|---:|---:|---:|"
+  end
+  for _, r in ipairs(rows) do
+    local depth = with_depth and (r.depth and fmt(" %g |", r.depth) or " – |") or ""
+    out[#out + 1] = fmt("| %s | %d |%s %.1f%% | %.1f%% | %d |", r.task, r.length, depth, 100 * r.accuracy,
+      100 * r.exact, r.examples)
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
+return evals

@@ -1,0 +1,220 @@
+-- curriculum: tide.Curriculum (spec/long_context.md §2, §6, §7, test oracles 5 and 7) on a three-stage fixture
+-- (tests/fixtures/curriculum_small.lua): the stage table and η segments, stage transitions that change the row
+-- length, the rows per step and η exactly as written with tokens per step constant, an in-process resume across a
+-- stage switch, a process killed with SIGKILL mid-stage and resumed (the same losses bit for bit, the checkpoint
+-- left at the kill readable), --stage, --dry-run plans (the shipped recipes included), and config errors.
+local T = require "tide.testing"
+local tide = require "tide"
+local json = require "tide.json"
+local checkpoint = require "tide.checkpoint"
+local curriculum = require "tide.curriculum"
+local cli = require "tide.cli"
+
+local RECIPE = "tests/fixtures/curriculum_small.lua"
+local TMP = os.getenv("TMPDIR") or "/tmp"
+local dirs = {}
+
+local function tmpdir(name)
+  local dir = string.format("%s/tide-test-curr-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
+  tide.C.tide_remove_tree(dir)
+  dirs[#dirs + 1] = dir
+  return dir
+end
+
+local function load(overrides)
+  local o = {}
+  for k, v in pairs(overrides or {}) do o[#o + 1] = { key = k, text = v } end
+  table.sort(o, function(a, b) return a.key < b.key end)
+  return cli.load_recipe(RECIPE, o)
+end
+
+local function records(path)
+  local out = {}
+  local f = io.open(path, "rb")
+  if not f then return out end
+  for line in f:lines() do
+    local r = json.decode(line)
+    if r.step and not r.event then out[r.step] = r end
+  end
+  f:close()
+  return out
+end
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+T.test("stage table: rows, micro-batches, steps; η continuous at every switch (oracle 7)", function()
+  local cfg = load()
+  local st = curriculum.resolve(cfg)
+  T.eq(#st, 3)
+  local want = { { 32, 8, 4, 2 }, { 64, 4, 2, 2 }, { 128, 2, 1, 2 } }   -- T, rows/step, rows/micro, micro-batches
+  for i, w in ipairs(want) do
+    T.eq({ st[i].seq_len, st[i].rows, st[i].micro_rows, st[i].n_micro }, w, "stage " .. i)
+    T.eq(st[i].rows * st[i].seq_len, 256, "tokens per step constant")
+  end
+  -- warmup from 0 to 1e-2 over 2 steps, then constant; linear 1e-2 -> 5e-3; cosine 5e-3 -> 1e-3
+  T.near(curriculum.lr_at(st[1], 0), 5e-3, 1e-15)
+  T.near(curriculum.lr_at(st[1], 5), 1e-2, 1e-15)
+  T.near(curriculum.lr_at(st[2], 0), 1e-2, 1e-15)
+  T.near(curriculum.lr_at(st[2], 5), 5e-3, 1e-15)
+  T.near(curriculum.lr_at(st[3], 5), 1e-3, 1e-15)
+  for i = 1, 2 do
+    T.ok(math.abs(curriculum.lr_at(st[i], st[i].steps - 1) - curriculum.lr_at(st[i + 1], 0)) <= 1e-12,
+      "η continuous at switch " .. i)
+  end
+  -- the shipped recipes resolve too, with constant tokens per step and continuous η
+  for _, path in ipairs({ "recipes/quickstart.lua", "recipes/long_context_1m.lua" }) do
+    local c = curriculum.apply_scale(cli.load_recipe(path, {}))
+    local s = curriculum.resolve(c)
+    for i = 1, #s - 1 do
+      T.eq(s[i].tokens_per_step, s[i + 1].tokens_per_step, path .. ": tokens per step")
+      T.ok(math.abs(curriculum.lr_at(s[i], s[i].steps - 1) - curriculum.lr_at(s[i + 1], 0)) <= 1e-12 * s[i].lr.from,
+        path .. ": η continuous at switch " .. i)
+    end
+  end
+end)
+
+local full   -- the uninterrupted run, shared by the resume tests
+local function full_run()
+  if full then return full end
+  local out = tmpdir("full")
+  local r = curriculum.train(load({ ["train.out"] = out }))
+  full = { r = r, out = out, recs = records(out .. "/metrics.jsonl") }
+  return full
+end
+
+T.test("transitions: each step's row length, rows and η are the stage's, as written", function()
+  local f = full_run()
+  local st = curriculum.resolve(load())
+  T.eq(f.r.steps, 18)
+  local step = 0
+  for _, s in ipairs(st) do
+    for k = 0, s.steps - 1 do
+      step = step + 1
+      local rec = f.recs[step]
+      T.ok(rec, "a record for step " .. step)
+      T.eq(rec.stage, s.name, "step " .. step)
+      T.eq(rec.seq_len, s.seq_len, "step " .. step)
+      T.eq(rec.lr, curriculum.lr_at(s, k), "step " .. step)
+      T.eq(rec.tokens, step * 256, "step " .. step)
+      T.ok(rec.targets > 0 and rec.targets <= 256, "targets " .. tostring(rec.targets))
+    end
+  end
+  T.ok(f.r.final_loss < f.r.losses[1], string.format("the loss falls: %.4f -> %.4f", f.r.losses[1], f.r.final_loss))
+  -- a checkpoint at the first step of every stage after the first (the switch), and the final one
+  local st2 = checkpoint.open(f.out .. "/ckpt/" .. checkpoint.dir_name(18)).state
+  T.eq({ st2.kind, st2.stage, st2.stage_name, st2.stage_step }, { "curriculum", 3, "c", 6 })
+  T.ok(#f.r.evals >= 2 and f.r.evals[1].accuracy >= 0, "the passkey eval rows")
+end)
+
+T.test("resume: from a mid-stage checkpoint and across a stage switch, bit-identical losses (oracle 5)", function()
+  local f = full_run()
+  for _, from in ipairs({ 4, 6, 8 }) do    -- mid stage a; at the a -> b switch; mid stage b
+    local out = tmpdir("resume" .. from)
+    local cfg = load({ ["train.out"] = out })
+    cfg.resume = f.out .. "/ckpt/" .. checkpoint.dir_name(from)
+    if tide.C.tide_path_exists(cfg.resume) ~= 1 then
+      -- keep_ckpts = 3 removed it: rerun the uninterrupted run's prefix in a fresh directory
+      local pre = tmpdir("prefix" .. from)
+      local c0 = load({ ["train.out"] = pre, ["train.keep_ckpts"] = "100" })
+      curriculum.train(c0)
+      cfg.resume = pre .. "/ckpt/" .. checkpoint.dir_name(from)
+    end
+    local r = curriculum.train(cfg)
+    for s = from + 1, 18 do
+      T.ok(r.losses[s] == f.r.losses[s], string.format("from %d, step %d: %.17g vs %.17g", from, s, r.losses[s] or -1,
+        f.r.losses[s]))
+    end
+  end
+end)
+
+T.test("SIGKILL mid-stage: the checkpoint left is readable and --resume gives the same losses", function()
+  local f = full_run()
+  local out = tmpdir("killed")
+  local exe = cli.exe_path()
+  local threads = tide.num_threads()
+  local cmd = string.format("TIDE_TEST_STEP_SLEEP=0.05 %s run %s --train.out=%s --threads=%d >/dev/null 2>&1 & echo $!", shell_quote(exe),
+    RECIPE, shell_quote(out), threads)
+  local p = io.popen(cmd)
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  T.ok(pid, "the child started")
+  -- wait until the child is inside stage b (step >= 9, past the checkpoint at 8), then kill it without warning
+  local t0, killed_at = tide.time(), nil
+  while tide.time() - t0 < 120 do
+    local recs = records(out .. "/metrics.jsonl")
+    local last = 0
+    for s in pairs(recs) do last = math.max(last, s) end
+    if last >= 9 then killed_at = last; break end
+    os.execute("sleep 0.05")
+  end
+  os.execute("kill -9 " .. pid .. " 2>/dev/null")
+  os.execute("sleep 0.2")
+  T.ok(killed_at and killed_at < 18, "killed mid-run at step " .. tostring(killed_at))
+  -- the latest checkpoint loads completely: state, weights, optimiser moments
+  local dir = checkpoint.resolve(out)
+  local st = checkpoint.open(dir).state
+  T.ok(st.step >= 8 and st.step <= 18, "latest checkpoint at step " .. st.step)
+  local cfg = load({ ["train.out"] = out })
+  cfg.resume = true
+  local r = curriculum.train(cfg)
+  T.eq(r.steps, 18)
+  for s = st.step + 1, 18 do
+    T.ok(r.losses[s] == f.r.losses[s], string.format("step %d: %.17g vs %.17g", s, r.losses[s] or -1, f.r.losses[s]))
+  end
+  -- the metrics file holds every step once, and the resumed steps equal the uninterrupted run's
+  local recs = records(out .. "/metrics.jsonl")
+  for s = 1, 18 do T.ok(recs[s] and recs[s].loss == f.recs[s].loss, "metrics step " .. s) end
+end)
+
+T.test("--stage NAME: starts that stage from a checkpoint (or fresh), at its first step", function()
+  local f = full_run()
+  local out = tmpdir("stage")
+  local cfg = load({ ["train.out"] = out })
+  cfg.resume = f.out .. "/ckpt/" .. checkpoint.dir_name(18)
+  cfg.stage = "b"
+  local r = curriculum.train(cfg)
+  T.eq(r.steps, 18 + 12, "stages b and c again after the checkpoint's 18 steps")
+  local recs = records(out .. "/metrics.jsonl")
+  T.eq({ recs[19].stage, recs[19].seq_len, recs[19].lr }, { "b", 64, 1e-2 })
+  local out2 = tmpdir("stage-fresh")
+  local c2 = load({ ["train.out"] = out2 })
+  c2.stage = "c"
+  local r2 = curriculum.train(c2)
+  T.eq(r2.steps, 6)
+  T.raises(function()
+    local c3 = load({ ["train.out"] = "" })
+    c3.stage = "nope"
+    curriculum.train(c3)
+  end, "no stage named 'nope'")
+end)
+
+T.test("--dry-run prints the plan: parameters, the stage table, memory per token", function()
+  local p = io.popen(shell_quote(cli.exe_path()) .. " run " .. RECIPE .. " --dry-run 2>&1")
+  local text = p:read("*a")
+  p:close()
+  T.ok(text:find("dry run", 1, true), text)
+  T.ok(text:find("| a | 32 | 256 | 8 | 2 | 6 |", 1, true), text)
+  T.ok(text:find("| c | 128 | 256 | 2 | 2 | 6 |", 1, true), text)
+  T.ok(text:find("bytes/token", 1, true), text)
+end)
+
+T.test("config errors name the problem", function()
+  local function raises(patch, text)
+    T.raises(function()
+      local cfg = load({ ["train.out"] = "" })
+      patch(cfg)
+      curriculum.resolve(cfg)
+    end, text)
+  end
+  raises(function(c) c.stages[2].seq_len = 100 end, "not a multiple of seq_len 100")
+  raises(function(c) c.stages[1].mix = { nope = 1 } end, "which `sources` does not define")
+  raises(function(c) c.stages[1].steps = nil end, "give a stop condition")
+  raises(function(c) c.stages[1].bogus = 1 end, "unknown key 'bogus'")
+  raises(function(c) c.stages[2].name = "a" end, "used twice")
+  raises(function(c) c.stages[1].lr.warmup = 6 end, "lr.warmup")
+  T.raises(function() tide.Curriculum{ stagez = {} } end, "unknown key 'stagez'")
+end)
+
+local _, failed = T.run({ exit = false })
+for _, d in ipairs(dirs) do tide.C.tide_remove_tree(d) end
+os.exit(failed == 0 and 0 or 1)
