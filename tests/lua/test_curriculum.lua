@@ -188,6 +188,25 @@ T.test("--stage NAME: starts that stage from a checkpoint (or fresh), at its fir
   end, "no stage named 'nope'")
 end)
 
+T.test("gradient accumulation: 1, 2 or 4 micro-batches per step give the same losses (f64, 1e-12)", function()
+  local losses = {}
+  for i, micro in ipairs({ 256, 128, 64 }) do
+    local cfg = load({ ["train.out"] = "", ["micro_tokens"] = tostring(micro) })
+    cfg.model.dtype = "f64"
+    for _, st in ipairs(cfg.stages) do st.steps = 2; st.lr.warmup = 0 end
+    cfg.evals = nil
+    local st = curriculum.resolve(cfg)
+    T.eq(st[1].n_micro, 256 / micro, "micro-batches in stage a")
+    losses[i] = curriculum.train(cfg).losses
+  end
+  for i = 2, 3 do
+    for s = 1, 6 do
+      T.ok(math.abs(losses[i][s] - losses[1][s]) <= 1e-12 * math.abs(losses[1][s]),
+        string.format("step %d: %.17g vs %.17g", s, losses[i][s], losses[1][s]))
+    end
+  end
+end)
+
 T.test("--dry-run prints the plan: parameters, the stage table, memory per token", function()
   local p = io.popen(shell_quote(cli.exe_path()) .. " run " .. RECIPE .. " --dry-run 2>&1")
   local text = p:read("*a")

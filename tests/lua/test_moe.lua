@@ -492,6 +492,78 @@ T.test("aux baseline: L = alpha Σ f_j P_j over the batch, in the hybrid's loss;
   T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, topk = 1 }) end, "unknown option 'topk'")
 end)
 
+T.test("seq_aux baseline: L = alpha mean over sequences of Σ f_j Pr_j (per row of [B, T, d]); alpha default 1e-4", function()
+  tide.manual_seed(26)
+  local moe = MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, balance = "seq_aux", dtype = "f64", std = 0.5 })
+  T.eq(moe.aux_alpha, 1e-4)
+  moe.aux_alpha = 0.01
+  local B, Tn = 3, 5
+  local x = tide.randn({ B, Tn, 6 }, { dtype = "f64" })
+  moe(x)
+  local xf = x:reshape(B * Tn, 6)
+  local s = moe.gate:scores(xf)
+  local sel = moe.gate:route(s)
+  local S, SEL = s:totable(), sel:totable()
+  local want = 0
+  for b = 0, B - 1 do
+    local f, P = { 0, 0, 0, 0 }, { 0, 0, 0, 0 }
+    for t = 1, Tn do
+      local row = S[b * Tn + t]
+      local tot = row[1] + row[2] + row[3] + row[4]
+      for j = 1, 4 do P[j] = P[j] + row[j] / tot / Tn end
+      for _, e in ipairs(SEL[b * Tn + t]) do f[e + 1] = f[e + 1] + 4 / (2 * Tn) end
+    end
+    for j = 1, 4 do want = want + f[j] * P[j] / B end
+  end
+  T.near(moe.aux_loss, 0.01 * want, 1e-12)
+  moe.aux_loss:backward()
+  T.ok(moe.gate.weight:grad():sum_squares() > 0, "the seq_aux loss trains the router")
+end)
+
+T.test("group-limited routing: TopK only inside each token's topk_group best groups (sum of top-2 of s + b)", function()
+  tide.manual_seed(27)
+  local n, G, tg, k = 8, 4, 2, 2
+  local moe = MoE(6, { n_experts = n, top_k = k, expert_dim = 2, n_group = G, topk_group = tg, dtype = "f64", std = 1 })
+  local bias = { 0.3, -0.2, 0.1, 0, -0.1, 0.25, -0.3, 0.05 }
+  set(moe.gate.e_score_correction_bias, bias)
+  local x = tide.randn({ 40, 6 }, { dtype = "f64" })
+  local s = moe.gate:scores(x)
+  local sel = moe.gate:route(s)
+  local S, SEL = s:totable(), sel:totable()
+  local per = n / G
+  for t = 1, 40 do
+    local sb = {}
+    for j = 1, n do sb[j] = S[t][j] + bias[j] end
+    local gs = {}
+    for g = 1, G do
+      local a, b = sb[(g - 1) * per + 1], sb[(g - 1) * per + 2]
+      gs[g] = { g = g, v = a + b }
+    end
+    table.sort(gs, function(u, v) return u.v > v.v or (u.v == v.v and u.g < v.g) end)
+    local allowed = {}
+    for i = 1, tg do allowed[gs[i].g] = true end
+    local cand = {}
+    for j = 1, n do if allowed[math.floor((j - 1) / per) + 1] then cand[#cand + 1] = j end end
+    table.sort(cand, function(u, v) return sb[u] > sb[v] or (sb[u] == sb[v] and u < v) end)
+    T.eq({ SEL[t][1] + 1, SEL[t][2] + 1 }, { cand[1], cand[2] }, "token " .. t)
+  end
+  T.raises(function() MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, n_group = 3 }) end, "must divide n_experts")
+  T.raises(function() MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, n_group = 4, topk_group = 5 }) end,
+    "must be <= n_group")
+  T.raises(function() MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, topk_group = 2 }) end, "needs n_group")
+end)
+
+T.test("sign_normalized: b += u (q − load)/RMS(q − load)", function()
+  local moe = MoE(4, { n_experts = 4, top_k = 2, expert_dim = 1, n_shared = 0, balance = "sign", sign_normalized = true,
+    sign_rate = 0.1, dtype = "f64" })
+  local a = { 0.9, 0.3, 0.1, 0.2 }
+  local s = tide.tensor({ a, a, a, a }, { dtype = "f64" })
+  moe:record(s, (moe.gate:route(s)))
+  moe:balance_step()
+  -- loads {4, 4, 0, 0}, q = 2: q − load = {−2, −2, 2, 2}, RMS 2
+  T.eq(moe.gate.e_score_correction_bias:tolist(), { -0.1, -0.1, 0.1, 0.1 })
+end)
+
 T.test("HybridLM with MoE FFNs: layer 0 dense, trains with QB, the bias moves and is checkpointed", function()
   tide.manual_seed(26)
   local cfg = {

@@ -1,7 +1,7 @@
 -- nn/moe.lua — the sparse MoE FFN (spec/moe.md): a router (§2 sigmoid + selection bias, softmax, or the §3 latent
 -- router), routed experts as one fused dispatch node (F.moe_experts, §8), optional LatentMoE (§7), shared experts
 -- as one MLP of width n_shared·d_e at full d (§1), a balancer that writes the selection bias between steps (§4:
--- Quantile Balancing, sign, aux, none) and the §5 load metrics.
+-- Quantile Balancing, sign (optionally normalised), aux, seq_aux, none) and the §5 load metrics.
 --
 -- Names (formats.md §2, under the layer's `block_sparse_moe.`): gate.weight [n, d], gate.e_score_correction_bias
 -- [n] (a buffer: in the state dict, not a parameter), shared_experts.{gate,up,down}_proj.weight,
@@ -157,6 +157,7 @@ local Router = M.Module:extend("MoERouter")
 
 function Router:init(dim, o)
   self.kind, self.n, self.k, self.rho = o.router, o.n_experts, o.top_k, o.routed_scaling
+  self.n_group, self.topk_group = o.n_group or 1, o.topk_group or o.n_group or 1
   local po = { dtype = o.dtype == "bf16" and "f32" or o.dtype, device = o.device }   -- routing in fp32 (§2)
   if self.kind == "latent" then
     self.similarity, self.rank = o.similarity, o.router_rank
@@ -197,7 +198,19 @@ end
 function Router:route(s)
   local b = self.e_score_correction_bias
   if b:dtype() ~= s:dtype() then b = b:to(s:dtype()) end
-  local _, sel = F.topk(s:detach() + b, self.k)
+  local sb = s:detach() + b
+  if self.n_group > 1 then
+    -- group-limited routing (§2, DeepSeek-V3): experts in n_group contiguous groups; a group scores the sum of its
+    -- 2 best s + b; each token picks from its topk_group best groups only (the others pushed below every score)
+    local m, G = sb:size(1), self.n_group
+    local per = math.floor(self.n / G)
+    local best = F.topk(sb:reshape(m, G, per), math.min(2, per))
+    local _, gsel = F.topk(best:sum(3), self.topk_group)                        -- [m, topk_group]
+    local keep = F.scatter_add(tide.zeros({ m, G }, { dtype = sb:dtype(), device = sb:device() }), 2, gsel,
+      tide.ones({ m, self.topk_group }, { dtype = sb:dtype(), device = sb:device() }))
+    sb = sb + (keep:reshape(m, G, 1):expand(m, G, per):reshape(m, self.n) - 1) * 1e9
+  end
+  local _, sel = F.topk(sb, self.k)
   local ss = F.gather(s, 2, sel)
   return sel, ss * self.rho / (ss:sum(2, true) + 1e-20)
 end
@@ -224,13 +237,13 @@ local MoE = M.Module:extend("MoE")
 local KEYS = {
   n_experts = true, top_k = true, expert_dim = true, n_shared = true, shared_dim = true, latent_dim = true,
   routed_scaling = true, activation = true, router = true, router_rank = true, similarity = true, balance = true,
-  qb_rate = true,
-  sign_rate = true, aux_alpha = true, estimator = true, hist_range = true, hist_bins = true, capacity_factor = true,
+  qb_rate = true, n_group = true, topk_group = true,
+  sign_rate = true, sign_normalized = true, aux_alpha = true, estimator = true, hist_range = true, hist_bins = true, capacity_factor = true,
   dead_window = true, std = true, out_std = true, norm_eps = true, dtype = true, device = true,
 }
 local CHOICES = {
   activation = { situ = true, swiglu = true }, router = { sigmoid = true, softmax = true, latent = true },
-  similarity = { cosine = true, dot = true }, balance = { quantile = true, sign = true, aux = true, none = true },
+  similarity = { cosine = true, dot = true }, balance = { quantile = true, sign = true, aux = true, seq_aux = true, none = true },
   estimator = { exact = true, histogram = true },
 }
 
@@ -244,8 +257,8 @@ end
 
 -- MoE(dim, {n_experts, top_k, expert_dim, n_shared = 1, shared_dim = n_shared·expert_dim, latent_dim (nil: experts
 -- on x, no norm), routed_scaling = 1 (ρ), activation = "situ" | "swiglu", router = "sigmoid" | "softmax" | "latent"
--- (router_rank = 32, similarity = "cosine" | "dot"), balance = "quantile" | "sign" | "aux" | "none" (sign_rate = 1e-3,
--- aux_alpha = 1e-3, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048, qb_rate = 1),
+-- (router_rank = 32, similarity = "cosine" | "dot"), balance = "quantile" | "sign" | "aux" | "seq_aux" | "none"
+-- (sign_rate = 1e-3, sign_normalized = false, n_group = 1 and topk_group for group-limited routing, aux_alpha = 1e-3 for aux and 1e-4 for seq_aux, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048, qb_rate = 1),
 -- capacity_factor = 0,
 -- dead_window = 100, std = 0.02, out_std = std, norm_eps = 1e-5, dtype, device})
 function MoE:init(dim, opts)
@@ -277,13 +290,25 @@ function MoE:init(dim, opts)
     end
   end
   if o.router == "latent" then pos_int(o, "router_rank") end
+  if o.n_group ~= nil then
+    local g = pos_int(o, "n_group")
+    if n % g ~= 0 then bad(fmt("n_group = %d must divide n_experts = %d", g, n)) end
+    local tg = o.topk_group == nil and g or pos_int(o, "topk_group")
+    if tg > g then bad(fmt("topk_group = %d must be <= n_group = %d", tg, g)) end
+    if tg * (n / g) < k + 1 then
+      bad(fmt("topk_group = %d groups of %d experts hold fewer than top_k + 1 = %d experts", tg, n / g, k + 1))
+    end
+  elseif o.topk_group ~= nil then
+    bad("topk_group needs n_group")
+  end
   if type(o.qb_rate) ~= "number" or not (o.qb_rate > 0 and o.qb_rate <= 1) then
     bad(fmt("qb_rate must be a number in (0, 1], got %s", tostring(o.qb_rate)))
   end
   self.dim, self.n, self.k, self.d_e, self.rho = dim, n, k, de, o.routed_scaling
   self.latent_dim, self.activation, self.balance = o.latent_dim, o.activation, o.balance
   self.capacity_factor, self.dead_window = o.capacity_factor, o.dead_window
-  self.sign_rate, self.aux_alpha = o.sign_rate, o.aux_alpha
+  self.sign_rate, self.sign_normalized = o.sign_rate, o.sign_normalized and true or false
+  self.aux_alpha = opts.aux_alpha or (o.balance == "seq_aux" and 1e-4 or 1e-3)   -- DeepSeek-V3's α for seq_aux
   self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate }
 
   self:child("gate", Router(dim, o))
@@ -337,7 +362,24 @@ function MoE:forward(x)
   end
   if self.training then
     local sela = self:record(s, sel, dropped)
-    if self.balance == "aux" then
+    if self.balance == "seq_aux" then
+      -- the sequence-wise aux loss (§4.2, DeepSeek-V3): per sequence (a row of x [B, T, d]; all of x when it is
+      -- 2-D) f_j = (n/(kT)) Σ_t 1[j ∈ sel_t] (constant) and Pr_j = (1/T) Σ_t s_tj / Σ_i s_ti; L = α mean_rows Σ_j f_j Pr_j
+      local rows = #shape >= 3 and shape[1] or 1
+      local T = math.floor(m / rows)
+      local f = {}
+      for b = 0, rows - 1 do
+        for j = 1, self.n do f[b * self.n + j] = 0 end
+        for i = b * T * self.k, (b + 1) * T * self.k - 1 do
+          local e = b * self.n + sela[i] + 1
+          f[e] = f[e] + 1
+        end
+      end
+      for i = 1, #f do f[i] = f[i] * self.n / (self.k * T) end
+      local P = (s / s:sum(2, true)):reshape(rows, T, self.n):mean(2)           -- [rows, n]
+      local ft = tide.tensor(f, { dtype = P:dtype(), device = P:device() }):reshape(rows, self.n)
+      self.aux_loss = (P * ft):sum() * (self.aux_alpha / rows)
+    elseif self.balance == "aux" then
       -- classic aux loss over the batch (§4.2): f_j constant, the gradient flows through P_j only
       local f = {}
       for j = 1, self.n do f[j] = 0 end
@@ -463,9 +505,17 @@ function MoE:balance_step(opts)
   elseif self.balance == "sign" then
     local q = m * k / n
     nb = F64A(n)
+    local rms = 0
+    if self.sign_normalized then
+      -- Su's variant: sign(q − load) → (q − load)/RMS_j(q − load)
+      for j = 1, n do rms = rms + (q - mt.load[j]) ^ 2 / n end
+      rms = math.sqrt(rms)
+    end
     for j = 0, n - 1 do
       local e = q - mt.load[j + 1]
-      nb[j] = b[j] + self.sign_rate * (e > 0 and 1 or (e < 0 and -1 or 0))
+      local step
+      if self.sign_normalized then step = rms > 0 and e / rms or 0 else step = e > 0 and 1 or (e < 0 and -1 or 0) end
+      nb[j] = b[j] + self.sign_rate * step
     end
   end
   if nb then
