@@ -665,6 +665,21 @@ local function run(cfg)
   end
   result.final_loss = n > 0 and sum / n or 0 / 0
   result.moe = model.moe_metrics and model:moe_metrics() or {}
+  if next(result.moe) and not result.stopped then
+    -- the expert load at the end: per MoE layer (0-based) MaxVio of the last step's batch and of the last
+    -- validation pass (moe.md §5), dead experts, the selection bias spread
+    local ls = {}
+    for l in pairs(result.moe) do ls[#ls + 1] = l end
+    table.sort(ls)
+    local lines = { "| MoE layer | MaxVio last batch | MaxVio val | dead experts | b std |", "|---:|---:|---:|---:|---:|" }
+    local gv = (result.stages[#result.stages] or {}).maxvio_global or {}
+    for _, l in ipairs(ls) do
+      local mt = result.moe[l]
+      lines[#lines + 1] = fmt("| %d | %s | %s | %d | %.3f |", l, mt.maxvio_batch and fmt("%.3f", mt.maxvio_batch) or "–",
+        gv[l] and fmt("%.3f", gv[l]) or "–", mt.dead_experts or 0, mt.b_std or 0)
+    end
+    logger:line(table.concat(lines, "\n"))
+  end
   logger:line(fmt("done: %d steps, %s tokens in %s, final loss %.4f%s", step, log.si(tokens), log.duration(result.elapsed),
     result.final_loss, last_ckpt and (", checkpoint " .. last_ckpt) or ""))
   logger:close()
