@@ -143,7 +143,7 @@ local function markdown(rec)
   local L = {}
   L[#L + 1] = "# MoE load balancing study (recipes/moe_balance.lua)"
   L[#L + 1] = ""
-  L[#L + 1] = string.format("%s, %d threads (the machine may be shared: train s carries that noise). nn.HybridLM d = %d, %d layers (mixers \"%s\", "
+  L[#L + 1] = string.format("%s, %d thread(s) (the machine may be shared: train s carries that noise). nn.HybridLM d = %d, %d layers (mixers \"%s\", "
     .. "KDA %d x %d), both FFNs MoE: %d experts, top-%d, d_e = %d, %s, %d shared expert(s); byte text of the quickstart "
     .. "(batch %d x %d), AdamW lr %g (WSD), %d steps, seed %d. Skewed init: router rows of experts 0..%d offset so their "
     .. "logit rises by %g at the mean router input of the first batch. Held-out: %d validation batches (%d tokens) routed "
