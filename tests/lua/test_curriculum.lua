@@ -232,6 +232,11 @@ T.test("config errors name the problem", function()
   raises(function(c) c.stages[2].name = "a" end, "used twice")
   raises(function(c) c.stages[1].lr.warmup = 6 end, "lr.warmup")
   T.raises(function() tide.Curriculum{ stagez = {} } end, "unknown key 'stagez'")
+  -- the full-scale recipe on this machine: refused before anything is allocated, naming why
+  local big = cli.load_recipe("recipes/long_context_1m.lua", {})
+  if not tide.cuda_available() then T.raises(function() curriculum.train(big) end, "has no CUDA device") end
+  big.model.device, big.model.dtype = "cpu", "f32"
+  T.raises(function() curriculum.train(big) end, "more than the")
 end)
 
 local _, failed = T.run({ exit = false })
