@@ -13,7 +13,7 @@
 --       {name = "s256", seq_len = 256, steps = 100,          -- or tokens = N (stop condition)
 --        mix = {text = 0.7, recall = {weight = 0.3, max_len = 256}},
 --        lr = {kind = "constant", warmup = 10, from = 3e-3}, -- a segment: constant | linear | cosine, from -> to
---        eval = {every = 50}, on_stage_start = function(ctx) end},
+--        eval = {every = 50, tasks = true}, on_stage_start = function(ctx, stage) stage.steps = 120 end},
 --       ...
 --     },
 --     val = {mix = {text_val = 1}, batches = 2},       -- the held-out loss (and MoE maxvio_global) at evals
@@ -220,8 +220,8 @@ local function build_sources(cfg, tok, seed)
   return out
 end
 
--- one packer for the whole run over every source any stage (or cfg.val) names, in name order; a stage sets its
--- mixture with set_mix and its row length with set_seq_len, so every cursor and the carry-over continue
+-- one packer for the whole run over every source of cfg.sources, in name order; a stage sets its mixture with
+-- set_mix and its row length with set_seq_len, so every cursor and the carry-over continue
 local function mix_entries(mix)
   local out = {}
   for _, e in ipairs(mix) do
@@ -235,17 +235,6 @@ local function new_packer(names, sources, T, seed, eot)
   local entries = {}
   for _, name in ipairs(names) do entries[#entries + 1] = { source = sources[name], weight = 1, name = name } end
   return data.pack.Packer{ sources = entries, seq_len = T, seed = seed, eot = eot }
-end
-
-local function stage_source_names(stages)
-  local set, names = {}, {}
-  for _, st in ipairs(stages) do
-    for _, e in ipairs(st.mix) do
-      if not set[e.name] then set[e.name] = true; names[#names + 1] = e.name end
-    end
-  end
-  table.sort(names)
-  return names
 end
 
 -- ---- the run state (what a checkpoint holds besides weights and AdamW) ------------------------------------------
@@ -457,10 +446,16 @@ local function run(cfg)
 
   local function enter_stage(i, pstate, resumed)
     si = i
+    ctx.stage, ctx.stage_index, ctx.resumed = stages[i], i, resumed
+    -- on_stage_start(ctx, stage) gets the recipe's own stage table: whatever it changes there or in ctx.cfg
+    -- (seq_len, steps, mix, lr, ...) is resolved again for this stage and the ones after it (a resume runs the
+    -- hook again, so the resumed run sees the same changes); ctx.model and ctx.optim can be changed directly
+    call_hooks(stages[i], hooks, "on_stage_start", ctx, stages[i].spec)
+    local again = resolve_stages(cfg)
+    for j = i, #stages do stages[j] = again[j] end
     local st = stages[i]
-    ctx.stage, ctx.stage_index, ctx.resumed = st, i, resumed
-    call_hooks(st, hooks, "on_stage_start", ctx, st)
-    packer = packer or new_packer(stage_source_names(stages), sources, st.seq_len, seed, eot)
+    ctx.stage = st
+    packer = packer or new_packer(sorted_keys(sources), sources, st.seq_len, seed, eot)
     if pstate then packer:set_state(pstate) end
     packer:set_seq_len(st.seq_len)
     packer:set_mix(mix_entries(st.mix))

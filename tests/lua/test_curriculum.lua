@@ -188,6 +188,28 @@ T.test("--stage NAME: starts that stage from a checkpoint (or fresh), at its fir
   end, "no stage named 'nope'")
 end)
 
+T.test("on_stage_start may rewrite its stage: the new mix, steps and η segment are what runs", function()
+  local cfg = load({ ["train.out"] = "" })
+  local seen = {}
+  cfg.stages[3].on_stage_start = function(ctx, stage)
+    seen[#seen + 1] = ctx.resumed
+    stage.steps = 4
+    stage.lr.to = 2e-3
+    stage.mix = { recall = 1 }
+  end
+  local recs = {}
+  cfg.hooks.on_step = function(ctx, rec) recs[rec.step] = { rec.stage, rec.lr, ctx.packer:tokens_per_source() } end
+  local r = curriculum.train(cfg)
+  T.eq(r.steps, 16, "6 + 6 + 4 steps")
+  T.eq(seen, { false })
+  T.eq(recs[16][1], "c")
+  T.near(recs[16][2], 2e-3, 1e-15)
+  -- (the first step of stage c still finishes a text document cut at the end of stage b: the carry-over)
+  local before, after = recs[13][3], recs[16][3]
+  T.eq(after.text, before.text, "stage c draws no new text")
+  T.ok(after.recall > before.recall, "stage c draws recall documents")
+end)
+
 T.test("gradient accumulation: 1, 2 or 4 micro-batches per step give the same losses (f64, 1e-12)", function()
   local losses = {}
   for i, micro in ipairs({ 256, 128, 64 }) do
