@@ -125,17 +125,14 @@ function pack.text_source(cfg)
     path = cfg.path, paths = cfg.paths, exclude = cfg.exclude, format = cfg.format,
     doc_separator = cfg.doc_separator, val_fraction = vf,
   }
-  local ds = text.load(load_cfg, tok)
   -- text.load concatenates the files' splits, so a val part's partial first document would run on from the
-  -- previous file's last document; with several files read each on its own to keep file boundaries
+  -- previous file's last document: each file is read on its own to keep file boundaries
+  local files = text.files(load_cfg)
   local parts = {}
-  if #ds.files == 1 then
-    parts[1] = ds
-  else
-    for k, f in ipairs(ds.files) do
-      parts[k] = text.load({ path = f, format = cfg.format, doc_separator = cfg.doc_separator, val_fraction = vf }, tok)
-    end
+  for k, f in ipairs(files) do
+    parts[k] = text.load({ path = f, format = cfg.format, doc_separator = cfg.doc_separator, val_fraction = vf }, tok)
   end
+  local ds = { files = files }
   local self = setmetatable({
     name = cfg.name or ("text:" .. split), split = split, order = order, seed = seed, eot = eot,
     tokenizer = tok, files = ds.files, pieces = {}, doc_piece = {}, doc_start = {}, doc_len = {}, key = TEXT_KEY * STRIDE + seed,

@@ -60,6 +60,9 @@ local function resolve_paths(cfg)
   return files
 end
 
+-- files(cfg) -> the input files cfg.path / cfg.paths name, minus cfg.exclude, in the order text.load reads them
+function text.files(cfg) return resolve_paths(cfg) end
+
 -- split text into documents at lines that equal `sep` exactly
 local function split_documents(s, sep)
   if not sep then return { s } end
