@@ -101,24 +101,24 @@ cfg.scales.tiny = function(c)
   c.sources.recall = { kind = "mqar", vocab_size = 32, num_pairs = 4, length = "stage" }
   c.sources.recall_short = { kind = "mqar", vocab_size = 32, num_pairs = 4, length = 32 }
   c.sources.copy = { kind = "copy", length = 128 }
-  local steps = { 60, 30, 20, 10 }
+  local steps = { 80, 30, 20, 10 }
   local T = { 256, 1024, 4096, 16384 }
   local lr = { { kind = "constant", warmup = 10, from = 3e-3 }, { kind = "cosine", to = 2e-3 },
     { kind = "cosine", to = 1e-3 }, { kind = "cosine", to = 3e-4 } }
   for i, st in ipairs(c.stages) do
     st.name = ({ "S0_256", "S1_1k", "S2_4k", "S3_16k" })[i]
     st.seq_len, st.tokens, st.steps, st.lr = T[i], nil, steps[i], lr[i]
-    -- S0: text and short recall, a little of the row-length tasks; S1-S3: 30% long (fortunes of >= 400 bytes,
-    -- row-length recall and passkey, copying), 70% replay of the S0 mix
-    st.mix = i == 1 and { pretrain = 0.55, recall_short = 0.35, recall = 0.05, passkey = 0.05 }
-      or { pretrain = 0.4, recall_short = 0.3, long_docs = { weight = 0.1, min_len = 400 }, recall = 0.1,
+    -- S0: text and short recall (the model learns the task there); S1-S3: 35% long (fortunes of >= 400 bytes,
+    -- row-length recall and passkey, copying), 65% replay of the S0 mix
+    st.mix = i == 1 and { pretrain = 0.4, recall_short = 0.6 }
+      or { pretrain = 0.3, recall_short = 0.35, long_docs = { weight = 0.1, min_len = 400 }, recall = 0.15,
         passkey = 0.05, copy = 0.05 }
     st.eval = { every = 0 }
   end
   c.val.batches = 1
   c.evals = {
-    { source = "passkey", lengths = { 256, 1024, 4096, 16384 }, depths = { 0, 0.5, 1 }, examples = 4, batch = 1 },
-    { source = "recall", lengths = { 256, 1024, 4096, 16384 }, examples = 4, batch = 1 },
+    { source = "recall", lengths = { 256, 1024, 4096, 16384 }, examples = 8, batch = 1 },
+    { source = "passkey", lengths = { 256, 1024, 4096, 16384 }, depths = { 0, 0.5, 1 }, examples = 2, batch = 1 },
   }
   c.parallel = { dtype = "f32" }
   c.train = { out = "runs/long_context_1m-tiny", seed = 1, ckpt_every = 20, log_every = 5, keep_ckpts = 2 }

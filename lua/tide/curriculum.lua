@@ -51,7 +51,8 @@ local TOP = {
   sources = true, stages = true, val = true, evals = true, hooks = true, train = true, parallel = true,
   expect = true, scales = true, on_nonfinite = true, results = true,
   -- set by the command line (--resume, --stage=NAME, --scale=NAME, --dry-run, --out, --seed, --threads)
-  resume = true, stage = true, scale = true, dry_run = true, out = true, seed = true, threads = true,
+  resume = true, stage = true, scale = true, scale_applied = true, dry_run = true, out = true, seed = true,
+  threads = true,
   -- set by Curriculum()
   kind = true, run = true, plan = true,
 }
@@ -282,7 +283,7 @@ end
 -- apply --scale=NAME: cfg.scales[NAME] is a function(cfg) that edits the config in place (or returns a new one)
 local function apply_scale(cfg)
   local scale = cfg.scale
-  if scale == nil or scale == "full" or scale == "" then return cfg end
+  if scale == nil or scale == "full" or scale == "" or cfg.scale_applied == scale then return cfg end
   local f = (cfg.scales or {})[scale]
   if type(f) ~= "function" then
     bad(fmt("unknown scale '%s' (this recipe has: full%s)", tostring(scale),
@@ -290,7 +291,7 @@ local function apply_scale(cfg)
   end
   local r = f(cfg)
   if type(r) == "table" then cfg = r end
-  cfg.scale = scale
+  cfg.scale, cfg.scale_applied = scale, scale     -- applied once: a caller may edit the scaled config and run it
   return cfg
 end
 curriculum.apply_scale = apply_scale
