@@ -239,18 +239,8 @@ local function new_packer(names, sources, T, seed, eot)
 end
 
 -- ---- the run state (what a checkpoint holds besides weights and AdamW) ------------------------------------------
-local function u64_str(x) return (tostring(ffi.new("uint64_t", x)):gsub("ULL$", "")) end
-local function str_u64(s)
-  local v = ffi.new("uint64_t", 0)
-  for d in tostring(s):gmatch("%d") do v = v * 10 + tonumber(d) end
-  return v
-end
-local function rng_get()
-  local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  tide.C.tide_rng_get(s, o)
-  return { seed = u64_str(s[0]), offset = u64_str(o[0]) }
-end
-local function rng_set(r) tide.C.tide_rng_set(str_u64(r.seed), str_u64(r.offset)) end
+local run_state = require "tide.train"           -- the Philox counter and metrics helpers tide.train uses
+local rng_get, rng_set = run_state.rng_get, run_state.rng_set
 
 local function moe_layers(model) return model.moe_layers and model:moe_layers() or {} end
 
@@ -265,20 +255,7 @@ end
 
 local function is_finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
--- keep only the records of steps <= step (a resumed run rewrites what follows)
-local function truncate_metrics(path, step)
-  local f = io.open(path, "rb")
-  if not f then return end
-  local keep = {}
-  for line in f:lines() do
-    local s = tonumber(line:match('^{"step":(%d+)'))
-    if s == nil or s <= step then keep[#keep + 1] = line end
-  end
-  f:close()
-  f = assert(io.open(path, "wb"))
-  for _, line in ipairs(keep) do f:write(line, "\n") end
-  f:close()
-end
+local truncate_metrics = run_state.truncate_metrics
 
 -- apply --scale=NAME: cfg.scales[NAME] is a function(cfg) that edits the config in place (or returns a new one)
 local function apply_scale(cfg)

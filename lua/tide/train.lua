@@ -435,4 +435,6 @@ end
 
 -- tide.train(cfg) -> result table: losses (per step), final_loss (mean of the last 20), val_loss,
 -- tok_per_s, checkpoint, samples, stopped (a report when the non-finite policy ended the run), model
-return setmetatable({ run = run, train = train }, { __call = function(_, cfg) return train(cfg) end })
+-- rng_get/rng_set (the Philox counter as decimal strings) and truncate_metrics are shared with tide.Curriculum
+return setmetatable({ run = run, train = train, rng_get = rng_get, rng_set = rng_set, truncate_metrics = truncate_metrics },
+  { __call = function(_, cfg) return train(cfg) end })
