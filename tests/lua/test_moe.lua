@@ -8,6 +8,7 @@ local nn, F = tide.nn, tide.F
 local optim = require "tide.optim"
 local MoE = nn.MoE
 local qb = MoE.qb
+local fmt = string.format
 
 local function sig(x) return 1 / (1 + math.exp(-x)) end
 local function situ(g, u) return 4 * math.tanh(g / 4) * sig(g) * 25 * math.tanh(u / 25) end
@@ -551,6 +552,65 @@ T.test("group-limited routing: TopK only inside each token's topk_group best gro
   T.raises(function() MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, n_group = 4, topk_group = 5 }) end,
     "must be <= n_group")
   T.raises(function() MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, topk_group = 2 }) end, "needs n_group")
+end)
+
+T.test("group-limited QB: the token cutoff is the (k+1)-th s + b over the token's allowed experts", function()
+  local ffi = require "ffi"
+  tide.manual_seed(28)
+  local n, G, tg, k, m = 8, 4, 2, 2, 64
+  local per = n / G
+  local moe = MoE(6, { n_experts = n, top_k = k, expert_dim = 2, n_group = G, topk_group = tg, dtype = "f64", std = 1 })
+  local bias = { 0.3, -0.2, 0.1, 0, -0.1, 0.25, -0.3, 0.05 }
+  set(moe.gate.e_score_correction_bias, bias)
+  local s = moe.gate:scores(tide.randn({ m, 6 }, { dtype = "f64" }))
+  local sel = moe.gate:route(s)
+  local S, SEL = s:totable(), sel:totable()
+  local sa, ba = ffi.new("double[?]", m * n), ffi.new("double[?]", n)
+  for t = 1, m do for j = 1, n do sa[(t - 1) * n + j - 1] = S[t][j] end end
+  for j = 1, n do ba[j - 1] = bias[j] end
+  local allowed = qb.allowed(sa, ba, m, n, G, tg)
+  local mu = qb.margins(sa, ba, m, n, k, allowed)
+  local mu_all = qb.margins(sa, ba, m, n, k)
+  local differ = 0
+  for t = 1, m do
+    local row = (t - 1) * n
+    -- the allowed groups by brute force: the tg best sums of each group's two s + b
+    local gs = {}
+    for g = 1, G do
+      local a, b2 = S[t][(g - 1) * per + 1] + bias[(g - 1) * per + 1], S[t][(g - 1) * per + 2] + bias[(g - 1) * per + 2]
+      gs[g] = { g = g, v = a + b2 }
+    end
+    table.sort(gs, function(u, v) return u.v > v.v or (u.v == v.v and u.g < v.g) end)
+    local want, vals = {}, {}
+    for i = 1, tg do want[gs[i].g] = true end
+    for j = 1, n do
+      local ok = want[math.floor((j - 1) / per) + 1] == true
+      T.eq(allowed[row + j - 1] == 1, ok, fmt("token %d expert %d allowed", t, j))
+      if ok then vals[#vals + 1] = S[t][j] + bias[j] end
+    end
+    for i = 1, k do T.eq(allowed[row + SEL[t][i]], 1, "the router chose inside the allowed groups") end
+    table.sort(vals, function(u, v) return u > v end)
+    local c = vals[k + 1]
+    local above = 0
+    for j = 1, n do
+      T.near(mu[row + j - 1], S[t][j] - c, 1e-15, fmt("token %d margin %d", t, j))
+      if allowed[row + j - 1] == 1 and S[t][j] + bias[j] > c then above = above + 1 end
+    end
+    T.eq(above, k, "exactly k allowed experts clear the cutoff: the ones TopK chose")
+    if math.abs(mu[row] - mu_all[row]) > 1e-9 then differ = differ + 1 end
+  end
+  T.ok(differ > 0, "the group cutoff differs from the all-expert one on some tokens")
+  -- balance_step uses it
+  moe:record(s, sel)
+  moe:balance_step()
+  local want = qb.update_arrays(sa, ba, m, n, k, { n_group = G, topk_group = tg })
+  local plain = qb.update_arrays(sa, ba, m, n, k, {})
+  local got, gap = moe.gate.e_score_correction_bias:totable(), 0
+  for j = 1, n do
+    T.near(got[j], want[j - 1], 1e-12, "bias " .. j)
+    gap = math.max(gap, math.abs(want[j - 1] - plain[j - 1]))
+  end
+  T.ok(gap > 1e-6, "the masked update is not the unmasked one")
 end)
 
 T.test("sign_normalized: b += u (q − load)/RMS(q − load)", function()

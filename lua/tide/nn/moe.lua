@@ -56,24 +56,53 @@ end
 -- Quantile Balancing pieces (moe.md §4.1), on double arrays: s [m·n] row-major scores, b [n]
 local qb = {}
 
--- margins μ_{t,j} = s_{t,j} − c_t, c_t = the (k+1)-th largest of s_t + b
-function qb.margins(s, b, m, n, k)
+-- margins μ_{t,j} = s_{t,j} − c_t, c_t = the (k+1)-th largest of s_t + b (over the experts allowed[t·n + j] ~= 0
+-- when a mask is given: group-limited routing)
+function qb.margins(s, b, m, n, k, allowed)
   local mu, top = F64A(m * n), F64A(k + 1)
   for t = 0, m - 1 do
     local row, cnt = t * n, 0
     for j = 0, n - 1 do
-      local v = s[row + j] + b[j]
-      local i
-      if cnt <= k then i = cnt; cnt = cnt + 1 elseif v > top[k] then i = k end
-      if i then
-        while i > 0 and top[i - 1] < v do top[i] = top[i - 1]; i = i - 1 end
-        top[i] = v
+      if not allowed or allowed[row + j] ~= 0 then
+        local v = s[row + j] + b[j]
+        local i
+        if cnt <= k then i = cnt; cnt = cnt + 1 elseif v > top[k] then i = k end
+        if i then
+          while i > 0 and top[i - 1] < v do top[i] = top[i - 1]; i = i - 1 end
+          top[i] = v
+        end
       end
     end
     local c = top[k]
     for j = 0, n - 1 do mu[row + j] = s[row + j] - c end
   end
   return mu
+end
+
+-- group-limited routing's candidate sets (§2): allowed[t·n + j] = 1 when expert j's group is one of token t's
+-- tg best groups of G contiguous groups, a group scoring the sum of its 2 best s + b (ties: the lower index, as
+-- F.topk); the router pushes every other expert below all scores
+function qb.allowed(s, b, m, n, G, tg)
+  local per = n / G
+  local allowed, gs, order = ffi.new("uint8_t[?]", m * n), F64A(G), {}
+  for t = 0, m - 1 do
+    local row = t * n
+    for g = 0, G - 1 do
+      local b1, b2 = -math.huge, -math.huge
+      for j = g * per, (g + 1) * per - 1 do
+        local v = s[row + j] + b[j]
+        if v > b1 then b1, b2 = v, b1 elseif v > b2 then b2 = v end
+      end
+      gs[g] = per > 1 and b1 + b2 or b1
+      order[g + 1] = g
+    end
+    table.sort(order, function(u, v) return gs[u] > gs[v] or (gs[u] == gs[v] and u < v) end)
+    for i = 1, tg do
+      local g = order[i]
+      for j = g * per, (g + 1) * per - 1 do allowed[row + j] = 1 end
+    end
+  end
+  return allowed
 end
 
 -- θ_j = the r-th largest of column j (r = ⌊q⌋ + 1), exact by selection (= sorting the column)
@@ -139,7 +168,11 @@ end
 
 function qb.update_arrays(s, b, m, n, k, opts)
   local r = math.min(floor(m * k / n) + 1, m)
-  local mu = qb.margins(s, b, m, n, k)
+  -- with group-limited routing the token cutoff c_t is the (k+1)-th largest s + b over the token's allowed experts
+  -- (the set its TopK chose from); margins are still taken for every expert
+  local G = opts.n_group or 1
+  local allowed = G > 1 and qb.allowed(s, b, m, n, G, opts.topk_group or G) or nil
+  local mu = qb.margins(s, b, m, n, k, allowed)
   local theta, clamped
   if (opts.estimator or "exact") == "exact" then
     theta = qb.theta_exact(mu, m, n, r)
@@ -309,7 +342,8 @@ function MoE:init(dim, opts)
   self.capacity_factor, self.dead_window = o.capacity_factor, o.dead_window
   self.sign_rate, self.sign_normalized = o.sign_rate, o.sign_normalized and true or false
   self.aux_alpha = opts.aux_alpha or (o.balance == "seq_aux" and 1e-4 or 1e-3)   -- DeepSeek-V3's α for seq_aux
-  self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate }
+  self.qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate,
+    n_group = o.n_group, topk_group = o.topk_group }
 
   self:child("gate", Router(dim, o))
   local po = { std = o.std, dtype = o.dtype, device = o.device }
