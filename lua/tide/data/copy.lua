@@ -13,6 +13,7 @@ local ffi = require "ffi"
 local tide = require "tide"
 local passkey = require "tide.data.passkey"
 local C = tide.C
+local task = require "tide.data.task"
 
 local copy = {}
 
@@ -23,7 +24,6 @@ copy.KEYS = { seed = true, tokenizer = true }
 
 local TASK = 0x636f7079ULL              -- "copy": the task half of the Philox key
 local STRIDE = 4294967296ULL
-local MAX_INDEX = 2 ^ 32
 
 local fmt = string.format
 local function bad(msg, level) error("copy: " .. msg, level or 3) end
@@ -35,41 +35,18 @@ local Checked = {}
 function copy.check(cfg)
   if getmetatable(cfg) == Checked then return cfg end
   if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
-  local c = {}
-  for k, v in pairs(copy.DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg or {}) do
-    if not copy.KEYS[k] then
-      local known = {}
-      for name in pairs(copy.KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")), 4)
-    end
-    c[k] = v
-  end
-  if type(c.seed) ~= "number" or c.seed ~= math.floor(c.seed) or c.seed < 0 or c.seed >= 2 ^ 32 then
-    bad(fmt("seed must be an integer in [0, 2^32), got %s", tostring(c.seed)), 4)
-  end
-  local tok = c.tokenizer or require("tide.data.tokenizer").byte_level({ vocab_size = 320 })
-  if type(tok) ~= "table" or tok.kind ~= "byte" then
-    bad(fmt("tokenizer must be a byte-level tokenizer (the alphabet is byte ids), got %s",
-      type(tok) == "table" and tostring(tok.kind) or type(tok)), 4)
-  end
+  local c = task.options(cfg, copy.DEFAULTS, copy.KEYS, bad)
+  local tok = task.byte_tokenizer(c.tokenizer, "the alphabet is byte ids", bad)
   c.tokenizer = tok
   c.sep_id = tok:id("<|sep|>")
   return setmetatable(c, Checked)
-end
-
-local ubuf, ubuf_n = nil, 0
-local function uniforms(n)
-  if n > ubuf_n then ubuf, ubuf_n = ffi.new("double[?]", n), n end
-  return ubuf
 end
 
 -- fill(c, i, N, x, y, off): example i with N inputs (2N + 1 tokens) into x[off .. off+2N+1) (ids) and
 -- y[off .. off+2N+1) (labels); x, y are ffi integer arrays, c a checked config
 function copy.fill(c, i, N, x, y, off)
   if N < 1 then bad(fmt("N must be >= 1 input token, got %d", N)) end
-  local u = uniforms(N)
+  local u = task.uniforms(N)
   C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, N)
   local A = copy.ALPHABET
   for k = 0, N - 1 do
@@ -86,15 +63,8 @@ end
 -- example(cfg, i, N) -> ids, labels (Lua lists of 2N + 1, 1-based); i is 0-based
 function copy.example(cfg, i, N)
   local c = copy.check(cfg)
-  if type(i) ~= "number" or i ~= math.floor(i) or i < 0 or i >= MAX_INDEX then
-    bad(fmt("example index must be an integer in [0, 2^32), got %s", tostring(i)))
-  end
-  if type(N) ~= "number" or N ~= math.floor(N) then bad(fmt("N must be an integer, got %s", tostring(N))) end
-  local T = 2 * N + 1
-  local x, y = ffi.new("int32_t[?]", T), ffi.new("int32_t[?]", T)
-  copy.fill(c, i, N, x, y, 0)
-  local ids, labels = {}, {}
-  for t = 0, T - 1 do ids[t + 1], labels[t + 1] = x[t], y[t] end
+  if type(N) ~= "number" then bad(fmt("N must be an integer, got %s", tostring(N))) end
+  local ids, labels = task.example(c, i, N, 2 * N + 1, copy.fill, "N", bad)   -- not a tail call: error levels
   return ids, labels
 end
 

@@ -17,6 +17,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local C = tide.C
+local task = require "tide.data.task"
 
 local passkey = {}
 
@@ -36,7 +37,6 @@ assert(#passkey.ALPHABET_TEXT == 64 and #passkey.SENTENCE == 24)
 
 local TASK = 0x706b6579ULL              -- "pkey": the task half of the Philox key
 local STRIDE = 4294967296ULL            -- counters per example
-local MAX_INDEX = 2 ^ 32
 local DIGIT0 = string.byte("0")
 
 local fmt = string.format
@@ -49,40 +49,17 @@ local Checked = {}
 function passkey.check(cfg)
   if getmetatable(cfg) == Checked then return cfg end
   if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
-  local c = {}
-  for k, v in pairs(passkey.DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg or {}) do
-    if not passkey.KEYS[k] then
-      local known = {}
-      for name in pairs(passkey.KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")), 4)
-    end
-    c[k] = v
-  end
-  if type(c.seed) ~= "number" or c.seed ~= math.floor(c.seed) or c.seed < 0 or c.seed >= 2 ^ 32 then
-    bad(fmt("seed must be an integer in [0, 2^32), got %s", tostring(c.seed)), 4)
-  end
+  local c = task.options(cfg, passkey.DEFAULTS, passkey.KEYS, bad)
   if c.depth ~= "uniform" and not (type(c.depth) == "number" and c.depth >= 0 and c.depth <= 1) then
     bad(fmt("depth must be a number in [0, 1] or \"uniform\", got %s", tostring(c.depth)), 4)
   end
   if c.filler ~= "sentence" and c.filler ~= "random" then
     bad(fmt("filler must be \"sentence\" or \"random\", got %s", tostring(c.filler)), 4)
   end
-  local tok = c.tokenizer or require("tide.data.tokenizer").byte_level({ vocab_size = 320 })
-  if type(tok) ~= "table" or tok.kind ~= "byte" then
-    bad(fmt("tokenizer must be a byte-level tokenizer (digits and filler are byte ids), got %s",
-      type(tok) == "table" and tostring(tok.kind) or type(tok)), 4)
-  end
+  local tok = task.byte_tokenizer(c.tokenizer, "digits and filler are byte ids", bad)
   c.tokenizer = tok
   c.key_id, c.q_id = tok:id("<KEY>"), tok:id("<Q>")
   return setmetatable(c, Checked)
-end
-
-local ubuf, ubuf_n = nil, 0
-local function uniforms(n)
-  if n > ubuf_n then ubuf, ubuf_n = ffi.new("double[?]", n), n end
-  return ubuf
 end
 
 -- needle_position(δ, T) -> p = round(δ·(T − 12)), halves rounded up
@@ -101,7 +78,7 @@ function passkey.fill(c, i, T, x, y, off)
   local F = T - passkey.OVERHEAD                           -- filler tokens
   local random_filler = c.filler == "random"
   local n_u = 6 + (random_filler and F or 0)
-  local u = uniforms(n_u)
+  local u = task.uniforms(n_u)
   C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, n_u)
   local digits = {}
   for j = 0, passkey.DIGITS - 1 do digits[j] = math.min(9, math.floor(u[j] * 10)) end
@@ -129,14 +106,8 @@ end
 -- example(cfg, i, T) -> ids, labels (Lua lists of T, 1-based), info {p, depth, digits}; i is 0-based
 function passkey.example(cfg, i, T)
   local c = passkey.check(cfg)
-  if type(i) ~= "number" or i ~= math.floor(i) or i < 0 or i >= MAX_INDEX then
-    bad(fmt("example index must be an integer in [0, 2^32), got %s", tostring(i)))
-  end
-  if type(T) ~= "number" or T ~= math.floor(T) then bad(fmt("length must be an integer, got %s", tostring(T))) end
-  local x, y = ffi.new("int32_t[?]", T), ffi.new("int32_t[?]", T)
-  local info = passkey.fill(c, i, T, x, y, 0)
-  local ids, labels = {}, {}
-  for t = 0, T - 1 do ids[t + 1], labels[t + 1] = x[t], y[t] end
+  if type(T) ~= "number" then bad(fmt("length must be an integer, got %s", tostring(T))) end
+  local ids, labels, info = task.example(c, i, T, T, passkey.fill, "length", bad)   -- not a tail call: error levels
   return ids, labels, info
 end
 
