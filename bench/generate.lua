@@ -46,8 +46,7 @@ local function argmax_last(logits)
 end
 
 local function run(cfg)
-  local prompts = {}
-  for n in tostring(cfg.prompts):gmatch("%d+") do prompts[#prompts + 1] = tonumber(n) end
+  local prompts = results.numbers(cfg.prompts)
   local record = {
     benchmark = "generate", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(),
     blas = ffi.string(tide.C.tide_blas_info()), new_tokens = cfg.new_tokens, width = WIDTH, runs = {},

@@ -19,7 +19,7 @@ local H, DK, DV, CHUNK, LB = 4, 64, 64, 16, -5
 -- the issue's target for the kernel table: chunk >= 4x the recurrence from T = 4K on
 local TARGET = { ratio = 4, from_T = 4096 }
 
-local loadavg = require("tide.results").loadavg
+local loadavg = results.loadavg
 
 -- inputs shaped as the layer makes them: q, k L2-normalised (q scaled), g from the bounded gate
 local function inputs(T)
@@ -182,18 +182,12 @@ local function markdown(record)
   return table.concat(L, "\n")
 end
 
-local function parse_sizes(s)
-  local out = {}
-  for n in tostring(s):gmatch("%d+") do out[#out + 1] = tonumber(n) end
-  return out
-end
-
 local function run(cfg)
   local record = {
     benchmark = "kda", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(),
     blas = ffi.string(tide.C.tide_blas_info()), reps = cfg.reps, loadavg_start = loadavg(), kernel = {},
   }
-  cfg.sizes = parse_sizes(cfg.sizes)
+  cfg.sizes = results.numbers(cfg.sizes)
   io.stderr:write("kda: kernel forward + backward, chunk vs recurrent\n")
   kernel_table(cfg, record)
   if cfg.model_tokens > 0 then

@@ -303,12 +303,6 @@ local function markdown(record)
   return table.concat(L, "\n")
 end
 
-local function parse_sizes(s)
-  local out = {}
-  for n in tostring(s):gmatch("%d+") do out[#out + 1] = tonumber(n) end
-  return out
-end
-
 local function run(cfg)
   local record = {
     benchmark = "long_context", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(),
@@ -321,7 +315,7 @@ local function run(cfg)
   io.stderr:write("long_context: warm-up at T = 1024, and the staged step checked against the plain step\n")
   record.staging_check = { T = 1024, max_rel_grad_err = check_staging(model, 1024) }
   io.stderr:write("long_context: one staged training step per size\n")
-  for _, Tn in ipairs(parse_sizes(cfg.sizes)) do
+  for _, Tn in ipairs(results.numbers(cfg.sizes)) do
     record.steps[#record.steps + 1] = run_size(model, Tn, cfg)
     collectgarbage()
   end

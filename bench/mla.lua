@@ -44,8 +44,7 @@ local function time_it(reps, fn)
 end
 
 local function run(cfg)
-  local sizes = {}
-  for n in tostring(cfg.sizes):gmatch("%d+") do sizes[#sizes + 1] = tonumber(n) end
+  local sizes = results.numbers(cfg.sizes)
   local record = {
     benchmark = "mla", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(),
     blas = ffi.string(tide.C.tide_blas_info()), reps = cfg.reps, heads = H, nope_dim = DN, rope_dim = DR, v_dim = DV,

@@ -22,6 +22,13 @@ function results.write(dir, name, record, md, first)
   io.stderr:write(name .. ": wrote " .. dir .. "/" .. name .. ".json and " .. name .. ".md\n")
 end
 
+-- numbers(s) -> the integers in s ("8192,32768" or a number) as a list: the size lists of benchmark options
+function results.numbers(s)
+  local out = {}
+  for n in tostring(s):gmatch("%d+") do out[#out + 1] = tonumber(n) end
+  return out
+end
+
 -- the 1-minute load average (nil where /proc is absent): benchmarks record it beside their timings
 function results.loadavg()
   local f = io.open("/proc/loadavg")
