@@ -50,14 +50,20 @@ static int size_class(device_pool *pool, size_t n)
     return lo;
 }
 
+/* a block back to the device (no status to return: a table without free leaks rather than crashes) */
+static void release_block(int device, void *p)
+{
+    if (!TIDE_KERNEL_MISSING(device, free, "free")) tide_backend_for(device)->free(p);
+}
+
 int tide_device_valid(int device) { return device >= 0 && device < N_DEVICES; }
 
 void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
 {
     if (!g_init) init_classes();
     if (!tide_device_valid(device)) { tide_set_error("alloc: device %d out of range", device); return NULL; }
+    if (TIDE_KERNEL_MISSING(device, malloc, "alloc")) return NULL;
     const tide_backend *bk = tide_backend_for(device);
-    if (!bk) return NULL;
     device_pool *pool = &g_pool[device];
     if (nbytes == 0) nbytes = 1;
     int c = size_class(pool, nbytes);
@@ -103,7 +109,7 @@ void tide_free_block(int device, void *p, size_t capacity, size_t nbytes)
     pool->st.current -= (int64_t)capacity;
     int c = size_class(pool, nbytes ? nbytes : 1);
     free_block *fb = c >= 0 && pool->class_size[c] == capacity ? malloc(sizeof *fb) : NULL;
-    if (!fb) { tide_backend_for(device)->free(p); return; }
+    if (!fb) { release_block(device, p); return; }
     fb->p = p;
     fb->next = pool->lists[c];
     pool->lists[c] = fb;
@@ -125,13 +131,12 @@ void tide_memory_reset_peak(int device)
 void tide_memory_empty_cache(int device)
 {
     if (!tide_device_valid(device) || !g_init) return;
-    const tide_backend *bk = tide_backend_for(device);
     device_pool *pool = &g_pool[device];
     for (int c = 0; c < N_CLASSES; c++) {
         while (pool->lists[c]) {
             free_block *fb = pool->lists[c];
             pool->lists[c] = fb->next;
-            if (bk) bk->free(fb->p);
+            release_block(device, fb->p);
             free(fb);
         }
     }

@@ -27,8 +27,24 @@ void tide_storage_release(struct tide_storage *s);
 void *tide_alloc_block(int device, size_t nbytes, size_t *capacity);
 void tide_free_block(int device, void *p, size_t capacity, size_t nbytes);
 
+/* ---- dispatch (dispatch.c) ----------------------------------------------------------------------- */
 /* the backend table of a device; NULL + error when the device is unknown or not built */
 const tide_backend *tide_backend_for(int device);
+/* "cpu" or "cuda:N" into buf */
+const char *tide_device_str(int device, char *buf, size_t n);
+/* 0 when `device` has a backend whose entry at entry_offset is non-NULL; else -1 with the error
+   "<op>: no <entry> kernel on the <backend> backend (device <dev>)" (or "<op>: <why the device has none>") */
+int tide_kernel_missing(int device, size_t entry_offset, const char *entry, const char *op);
+/* THE path from engine/ to a kernel: calls backend entry `entry` of `device` with the remaining arguments,
+   or returns -1 (error set, see tide_kernel_missing) when the device has no such kernel. Every backend
+   call in engine/ goes through it; TIDE_KERNEL_MISSING is its check, for the entries that return no status. */
+#define TIDE_KERNEL_MISSING(device, entry, opname) \
+    tide_kernel_missing((device), offsetof(tide_backend, entry), #entry, (opname))
+#define TIDE_DISPATCH(device, entry, opname, ...) \
+    (TIDE_KERNEL_MISSING(device, entry, opname) ? -1 : tide_backend_for(device)->entry(__VA_ARGS__))
+/* test hook: route `device` to table bk (NULL restores the built-in table); tests use it to show that a
+   missing kernel is reported, not jumped through */
+int tide_backend_override(int device, const tide_backend *bk);
 int tide_device_valid(int device);
 
 /* data pointer of a tensor (storage base + offset), for passing to kernels only */
@@ -122,6 +138,8 @@ typedef enum {
 } tide_op_id;
 
 extern const tide_op_def tide_op_defs[TIDE_OP_COUNT];
+/* the name of a node's op, for messages */
+#define TIDE_OP_NAME(node) (tide_op_defs[(node)->op].name)
 
 /* run op `op` on inputs; records a node when grad mode is on and some input requires grad.
    out[] receives n_out new references. attr may be NULL. Returns 0 or -1 (error set). */
@@ -152,9 +170,5 @@ int tide_check_index_dtype(const tide_tensor *t, const char *op, const char *arg
 int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const char *op);
 int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op);
 int tide_norm_dim(int dim, int ndim, const char *op, int *out);                   /* negative dims */
-
-/* a backend entry that may be NULL: reports "<op>: not implemented on <backend>" */
-#define TIDE_KERNEL(bk, entry, opname) \
-    ((bk)->entry ? 0 : tide_set_error("%s: not implemented on the %s backend", (opname), (bk)->name))
 
 #endif

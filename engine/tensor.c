@@ -33,29 +33,6 @@ int tide_is_float(int dtype) { return dtype == TIDE_F32 || dtype == TIDE_F64 || 
 int tide_is_int(int dtype) { return dtype == TIDE_I32 || dtype == TIDE_I64 || dtype == TIDE_U8; }
 
 /* ---- devices ------------------------------------------------------------------------------------ */
-const tide_backend *tide_backend_for(int device)
-{
-    if (device == TIDE_CPU) return &tide_cpu_backend;
-#ifdef TIDE_HAVE_CUDA
-    if (device >= 1 && device <= 8) {
-        if (device > 1) {   /* the CUDA table drives one GPU; multi-GPU comes with per-device tables */
-            tide_set_error("device cuda:%d: this build drives cuda:0 only", device - 1);
-            return NULL;
-        }
-        if (device - 1 >= tide_cuda_runtime_device_count()) {
-            tide_set_error("device cuda:%d is not available (%s)", device - 1, tide_cuda_runtime_info());
-            return NULL;
-        }
-        return &tide_cuda_backend;
-    }
-#endif
-    if (device >= 1 && device <= 8)
-        tide_set_error("device cuda:%d requested but this build has no CUDA backend", device - 1);
-    else
-        tide_set_error("unknown device %d", device);
-    return NULL;
-}
-
 static int check_device(int device, const char *op)
 {
     if (!tide_backend_for(device)) {
@@ -300,8 +277,7 @@ int tide_read_bytes(const tide_tensor *t, void *out, size_t nbytes)
     if (nbytes == 0) return 0;
     tide_tensor *c = tide_contiguous_nograd((tide_tensor *)t);
     if (!c) return -1;
-    const tide_backend *bk = tide_backend_for(c->device);
-    int rc = bk ? bk->memcpy_d2h(out, tide_data(c), nbytes) : -1;
+    int rc = TIDE_DISPATCH(c->device, memcpy_d2h, "read_bytes", out, tide_data(c), nbytes);
     tide_tensor_release(c);
     return rc;
 }
@@ -313,8 +289,7 @@ int tide_write_bytes(tide_tensor *t, const void *bytes, size_t nbytes)
     if (nbytes != (size_t)tide_tensor_nbytes(t))
         return tide_set_error("write_bytes: tensor holds %lld bytes, buffer is %zu", (long long)tide_tensor_nbytes(t), nbytes);
     if (nbytes == 0) return 0;
-    const tide_backend *bk = tide_backend_for(t->device);
-    return bk ? bk->memcpy_h2d(tide_data(t), bytes, nbytes) : -1;
+    return TIDE_DISPATCH(t->device, memcpy_h2d, "write_bytes", tide_data(t), bytes, nbytes);
 }
 
 int tide_to_f64_buffer(const tide_tensor *t, double *out, int64_t n)
@@ -354,9 +329,7 @@ int tide_copy_(tide_tensor *dst, const tide_tensor *src)
     }
     if (dst->numel == 0) return 0;
     if (dst->device == src->device) {
-        const tide_backend *bk = tide_backend_for(dst->device);
-        if (!bk) return -1;
-        return bk->copy(tide_data(dst), dst->dtype, dst->stride, tide_data(src), src->dtype, src->stride,
+        return TIDE_DISPATCH(dst->device, copy, "copy_", tide_data(dst), dst->dtype, dst->stride, tide_data(src), src->dtype, src->stride,
                         dst->ndim, dst->shape);
     }
     /* cross-device: make src contiguous on its device, move bytes, convert on the destination */
@@ -367,13 +340,13 @@ int tide_copy_(tide_tensor *dst, const tide_tensor *src)
     size_t nb = (size_t)tide_tensor_nbytes(c);
     int rc;
     if (c->device == TIDE_CPU) {
-        rc = tide_backend_for(dst->device)->memcpy_h2d(tide_data(stage), tide_data(c), nb);
+        rc = TIDE_DISPATCH(dst->device, memcpy_h2d, "copy_", tide_data(stage), tide_data(c), nb);
     } else if (dst->device == TIDE_CPU) {
-        rc = tide_backend_for(c->device)->memcpy_d2h(tide_data(stage), tide_data(c), nb);
+        rc = TIDE_DISPATCH(c->device, memcpy_d2h, "copy_", tide_data(stage), tide_data(c), nb);
     } else {   /* device to device through the host */
         void *h = malloc(nb);
-        rc = h ? tide_backend_for(c->device)->memcpy_d2h(h, tide_data(c), nb) : tide_set_error("copy_: out of memory");
-        if (!rc) rc = tide_backend_for(dst->device)->memcpy_h2d(tide_data(stage), h, nb);
+        rc = h ? TIDE_DISPATCH(c->device, memcpy_d2h, "copy_", h, tide_data(c), nb) : tide_set_error("copy_: out of memory");
+        if (!rc) rc = TIDE_DISPATCH(dst->device, memcpy_h2d, "copy_", tide_data(stage), h, nb);
         free(h);
     }
     if (!rc) rc = tide_copy_(dst, stage);
@@ -401,22 +374,21 @@ static int inplace_target(tide_tensor *t, const char *op, int need_float)
 }
 
 /* run f on a contiguous version of t and write back when t is a strided view */
-typedef int (*inplace_fn)(const tide_backend *bk, tide_tensor *c, void *ctx);
+typedef int (*inplace_fn)(tide_tensor *c, void *ctx);
 static int apply_inplace(tide_tensor *t, inplace_fn f, void *ctx)
 {
-    const tide_backend *bk = tide_backend_for(t->device);
-    if (tide_is_contiguous(t)) return f(bk, t, ctx);
+    if (tide_is_contiguous(t)) return f(t, ctx);
     tide_tensor *c = tide_contiguous_nograd(t);
     if (!c) return -1;
-    int rc = f(bk, c, ctx);
+    int rc = f(c, ctx);
     if (!rc) rc = tide_copy_(t, c);
     tide_tensor_release(c);
     return rc;
 }
 
-static int do_fill(const tide_backend *bk, tide_tensor *c, void *ctx)
+static int do_fill(tide_tensor *c, void *ctx)
 {
-    return bk->fill(tide_data(c), c->dtype, c->numel, *(double *)ctx);
+    return TIDE_DISPATCH(c->device, fill, "fill_", tide_data(c), c->dtype, c->numel, *(double *)ctx);
 }
 int tide_fill_(tide_tensor *t, double value)
 {
@@ -426,10 +398,11 @@ int tide_fill_(tide_tensor *t, double value)
 }
 
 typedef struct { int normal; double a, b; uint64_t seed, offset; } rand_ctx;
-static int do_rand(const tide_backend *bk, tide_tensor *c, void *ctx)
+static int do_rand(tide_tensor *c, void *ctx)
 {
     rand_ctx *r = ctx;
-    return (r->normal ? bk->randn : bk->rand)(tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
+    if (r->normal) return TIDE_DISPATCH(c->device, randn, "randn_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
+    return TIDE_DISPATCH(c->device, rand, "rand_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
 }
 uint64_t tide_rng_take(uint64_t n, uint64_t *seed);   /* rng.c */
 static int rand_fill(tide_tensor *t, int normal, double a, double b)
@@ -456,9 +429,9 @@ tide_tensor *tide_rand(int dtype, int ndim, const int64_t *shape, int device, do
     return t;
 }
 
-static int do_scale(const tide_backend *bk, tide_tensor *c, void *ctx)
+static int do_scale(tide_tensor *c, void *ctx)
 {
-    return bk->unary(TIDE_UN_MUL_SCALAR, c->dtype, tide_data(c), tide_data(c), c->numel, *(double *)ctx);
+    return TIDE_DISPATCH(c->device, unary, "scale_", TIDE_UN_MUL_SCALAR, c->dtype, tide_data(c), tide_data(c), c->numel, *(double *)ctx);
 }
 int tide_scale_(tide_tensor *t, double s)
 {
@@ -468,10 +441,10 @@ int tide_scale_(tide_tensor *t, double s)
 }
 
 typedef struct { double a; tide_tensor *x; } axpy_ctx;
-static int do_axpy(const tide_backend *bk, tide_tensor *c, void *ctx)
+static int do_axpy(tide_tensor *c, void *ctx)
 {
     axpy_ctx *a = ctx;
-    return bk->axpy(c->dtype, tide_data(c), a->a, tide_data(a->x), c->numel);
+    return TIDE_DISPATCH(c->device, axpy, "axpy_", c->dtype, tide_data(c), a->a, tide_data(a->x), c->numel);
 }
 int tide_axpy_(tide_tensor *y, double a, const tide_tensor *x)
 {
@@ -500,7 +473,7 @@ int tide_sum_squares(const tide_tensor *t, double *out)
     if (t->numel == 0) return 0;
     tide_tensor *c = tide_contiguous_nograd((tide_tensor *)t);
     if (!c) return -1;
-    int rc = tide_backend_for(c->device)->sum_squares(c->dtype, tide_data(c), c->numel, out);
+    int rc = TIDE_DISPATCH(c->device, sum_squares, "sum_squares", c->dtype, tide_data(c), c->numel, out);
     tide_tensor_release(c);
     return rc;
 }
@@ -512,7 +485,7 @@ int tide_all_finite(const tide_tensor *t)
     tide_tensor *c = tide_contiguous_nograd((tide_tensor *)t);
     if (!c) return -1;
     int ok = 0;
-    int rc = tide_backend_for(c->device)->all_finite(c->dtype, tide_data(c), c->numel, &ok);
+    int rc = TIDE_DISPATCH(c->device, all_finite, "all_finite", c->dtype, tide_data(c), c->numel, &ok);
     tide_tensor_release(c);
     return rc ? -1 : ok;
 }

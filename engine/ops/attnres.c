@@ -35,11 +35,9 @@ int tide_attnres_forward(tide_node *nd, tide_tensor **in, tide_tensor **out)
         stats = o ? tide_empty(stats_dtype(c[0]->dtype), 3, sshape, c[0]->device) : NULL;
         if (!stats) rc = -1;
     }
-    const tide_backend *bk = rc ? NULL : tide_backend_for(c[0]->device);
-    if (!rc) rc = TIDE_KERNEL(bk, attnres, "attnres");
     if (!rc && rows > 0) {
         for (int i = 0; i < n; i++) src[i] = tide_data(c[i]);
-        rc = bk->attnres(c[0]->dtype, tide_data(o), tide_data(stats), src, n, rows, d, tide_data(c[n]), tide_data(c[n + 1]),
+        rc = TIDE_DISPATCH(c[0]->device, attnres, "attnres", c[0]->dtype, tide_data(o), tide_data(stats), src, n, rows, d, tide_data(c[n]), tide_data(c[n + 1]),
                          nd->attr.f[0]);
     }
     for (int i = 0; i < n + 2 && !rc; i++) rc = tide_node_save(nd, c[i]);
@@ -69,14 +67,12 @@ int tide_attnres_backward(tide_node *nd, tide_tensor **gout, tide_tensor **gin)
         if (nd->in_needs_grad[i] &&
             !(g[i] = rows > 0 ? tide_empty_like(sv[i]) : tide_zeros(sv[i]->dtype, sv[i]->ndim, sv[i]->shape, sv[i]->device)))
             rc = -1;
-    const tide_backend *bk = tide_backend_for(sv[0]->device);
-    if (!rc) rc = TIDE_KERNEL(bk, attnres_backward, "attnres");
     if (!rc && rows > 0) {
         for (int i = 0; i < n; i++) {
             src[i] = tide_data(sv[i]);
             gsrc[i] = g[i] ? tide_data(g[i]) : NULL;
         }
-        rc = bk->attnres_backward(sv[0]->dtype, gsrc, g[n] ? tide_data(g[n]) : NULL, g[n + 1] ? tide_data(g[n + 1]) : NULL,
+        rc = TIDE_DISPATCH(sv[0]->device, attnres_backward, "attnres", sv[0]->dtype, gsrc, g[n] ? tide_data(g[n]) : NULL, g[n + 1] ? tide_data(g[n + 1]) : NULL,
                                   tide_data(go), src, tide_data(stats), n, rows, d, tide_data(w), tide_data(nu));
     }
     tide_tensor_release(go);

@@ -24,18 +24,12 @@ int tide_check_index_dtype(const tide_tensor *t, const char *op, const char *arg
     return 0;
 }
 
-static const char *dev_name(int d, char *buf, size_t n)
-{
-    if (d == 0) snprintf(buf, n, "cpu"); else snprintf(buf, n, "cuda:%d", d - 1);
-    return buf;
-}
-
 int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const char *op)
 {
     if (a->device == b->device) return 0;
     char x[32], y[32];
-    return tide_set_error("%s: tensors are on different devices (%s and %s)", op, dev_name(a->device, x, sizeof x),
-                          dev_name(b->device, y, sizeof y));
+    return tide_set_error("%s: tensors are on different devices (%s and %s)", op, tide_device_str(a->device, x, sizeof x),
+                          tide_device_str(b->device, y, sizeof y));
 }
 
 int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op)

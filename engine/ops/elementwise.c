@@ -25,8 +25,7 @@ int tide_binary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     }
     tide_tensor *o = tide_empty(a->dtype, nd, shape, a->device);
     if (!o) return -1;
-    const tide_backend *bk = tide_backend_for(a->device);
-    if (o->numel > 0 && bk->binary(op, a->dtype, tide_data(o), tide_data(a), sa, tide_data(b), sb, nd, shape)) {
+    if (o->numel > 0 && TIDE_DISPATCH(a->device, binary, binary_names[op], op, a->dtype, tide_data(o), tide_data(a), sa, tide_data(b), sb, nd, shape)) {
         tide_tensor_release(o);
         return -1;
     }
@@ -99,7 +98,7 @@ int tide_unary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *y = tide_empty_like(x);
     int rc = y ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->unary((int)n->attr.i[0], x->dtype, tide_data(y), tide_data(x), x->numel, n->attr.f[0]);
+        rc = TIDE_DISPATCH(x->device, unary, TIDE_OP_NAME(n), (int)n->attr.i[0], x->dtype, tide_data(y), tide_data(x), x->numel, n->attr.f[0]);
     if (!rc && n->attr.i[1]) rc = tide_node_save(n, x) || tide_node_save(n, y);   /* i[1]: backward needs x, y */
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(y); return -1; }
@@ -119,7 +118,7 @@ int tide_unary_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *gx = tide_empty_like(x);
     int rc = gx ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->unary_backward(op, x->dtype, tide_data(gx), tide_data(g), tide_data(x),
+        rc = TIDE_DISPATCH(x->device, unary_backward, TIDE_OP_NAME(n), op, x->dtype, tide_data(gx), tide_data(g), tide_data(x),
                                                           tide_data(y), x->numel, n->attr.f[0]);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
@@ -161,7 +160,7 @@ int tide_swiglu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *g = tide_contiguous_nograd(in[0]), *u = g ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *o = u ? tide_empty_like(g) : NULL;
     int rc = o ? 0 : -1;
-    if (!rc && g->numel > 0) rc = tide_backend_for(g->device)->swiglu(g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel);
+    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(g->device, swiglu, "swiglu", g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel);
     if (!rc) rc = tide_node_save(n, g) || tide_node_save(n, u);
     tide_tensor_release(g); tide_tensor_release(u);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -176,7 +175,7 @@ int tide_swiglu_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dg = d ? tide_empty_like(g) : NULL, *du = dg ? tide_empty_like(u) : NULL;
     int rc = du ? 0 : -1;
     if (!rc && g->numel > 0)
-        rc = tide_backend_for(g->device)->swiglu_backward(g->dtype, tide_data(dg), tide_data(du), tide_data(d),
+        rc = TIDE_DISPATCH(g->device, swiglu_backward, "swiglu", g->dtype, tide_data(dg), tide_data(du), tide_data(d),
                                                            tide_data(g), tide_data(u), g->numel);
     tide_tensor_release(d);
     if (rc) { tide_tensor_release(dg); tide_tensor_release(du); return -1; }

@@ -52,9 +52,9 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
         int64_t cshape[4] = {n_ck, H, dk, dv};
         ck = tide_empty(s->dtype, 4, cshape, q->device);
     }
-    int rc = s && (ck || bk->kda_ckpt_chunks == 0 || path == TIDE_KDA_RECURRENT) ? TIDE_KERNEL(bk, kda, "kda") : -1;
+    int rc = s && (ck || bk->kda_ckpt_chunks == 0 || path == TIDE_KDA_RECURRENT) ? 0 : -1;
     if (!rc)
-        rc = bk->kda(q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]), tide_data(v), tide_data(c[3]),
+        rc = TIDE_DISPATCH(q->device, kda, "kda", q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]), tide_data(v), tide_data(c[3]),
                      tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL, n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv,
                      path, chunk, n->attr.f[0], ck ? tide_data(ck) : NULL);
     for (int i = 0; i < 5 + has_s0 && !rc; i++) rc = tide_node_save(n, c[i]);
@@ -77,10 +77,8 @@ int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     int rc = gs ? 0 : -1;
     for (int i = 0; i < 5 + has_s0 && !rc; i++)
         if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(sv[i]))) rc = -1;
-    const tide_backend *bk = tide_backend_for(q->device);
-    if (!rc) rc = TIDE_KERNEL(bk, kda_backward, "kda");
     if (!rc)
-        rc = bk->kda_backward(q->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+        rc = TIDE_DISPATCH(q->device, kda_backward, "kda", q->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
                               g[2] ? tide_data(g[2]) : NULL, g[3] ? tide_data(g[3]) : NULL, g[4] ? tide_data(g[4]) : NULL,
                               g[5] ? tide_data(g[5]) : NULL, tide_data(go), tide_data(gs), tide_data(q), tide_data(sv[1]),
                               tide_data(v), tide_data(sv[3]), tide_data(sv[4]), has_s0 ? tide_data(sv[5]) : NULL,
@@ -153,10 +151,9 @@ int tide_kda_gate_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     if (contiguous_all(in, 3, c)) return -1;
     int64_t H = n->attr.i[1], D = n->attr.i[2], N = c[0]->numel / (H * D);
     tide_tensor *g = tide_empty_like(c[0]);
-    const tide_backend *bk = tide_backend_for(c[0]->device);
-    int rc = g ? TIDE_KERNEL(bk, kda_gate, "kda_gate") : -1;
+    int rc = g ? 0 : -1;
     if (!rc && N > 0)
-        rc = bk->kda_gate(c[0]->dtype, tide_data(g), tide_data(c[0]), tide_data(c[1]), tide_data(c[2]), N, H, D, n->attr.f[0],
+        rc = TIDE_DISPATCH(c[0]->device, kda_gate, "kda_gate", c[0]->dtype, tide_data(g), tide_data(c[0]), tide_data(c[1]), tide_data(c[2]), N, H, D, n->attr.f[0],
                           (int)n->attr.i[0]);
     for (int i = 0; i < 3 && !rc; i++) rc = tide_node_save(n, c[i]);
     release_all(c, 3);
@@ -175,10 +172,8 @@ int tide_kda_gate_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     for (int i = 0; i < 3 && !rc; i++)
         if (n->in_needs_grad[i] && !(g[i] = (N > 0 ? tide_empty_like(src[i]) : tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))))
             rc = -1;
-    const tide_backend *bk = tide_backend_for(z->device);
-    if (!rc) rc = TIDE_KERNEL(bk, kda_gate_backward, "kda_gate");
     if (!rc && N > 0)
-        rc = bk->kda_gate_backward(z->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+        rc = TIDE_DISPATCH(z->device, kda_gate_backward, "kda_gate", z->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
                                    g[2] ? tide_data(g[2]) : NULL, tide_data(gg), tide_data(z), tide_data(A), tide_data(b), N, H, D,
                                    n->attr.f[0], (int)n->attr.i[0]);
     tide_tensor_release(gg);
@@ -225,10 +220,9 @@ int tide_causal_conv1d_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     tide_tensor *x = c[0];
     int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = c[1]->shape[1];
     tide_tensor *y = tide_empty_like(x);
-    const tide_backend *bk = tide_backend_for(x->device);
-    int rc = y ? TIDE_KERNEL(bk, causal_conv1d, "causal_conv1d") : -1;
+    int rc = y ? 0 : -1;
     if (!rc)
-        rc = bk->causal_conv1d(x->dtype, tide_data(y), tide_data(x), tide_data(c[1]), has_cache ? tide_data(c[2]) : NULL,
+        rc = TIDE_DISPATCH(x->device, causal_conv1d, "causal_conv1d", x->dtype, tide_data(y), tide_data(x), tide_data(c[1]), has_cache ? tide_data(c[2]) : NULL,
                                n->attr.list, n->attr.n_list - 1, B, T, C, K, (int)n->attr.i[0]);
     for (int i = 0; i < 2 + has_cache && !rc; i++) rc = tide_node_save(n, c[i]);
     release_all(c, 3);
@@ -246,10 +240,8 @@ int tide_causal_conv1d_backward(tide_node *n, tide_tensor **gout, tide_tensor **
     int rc = go ? 0 : -1;
     for (int i = 0; i < 2 + has_cache && !rc; i++)
         if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(n->saved[i]))) rc = -1;
-    const tide_backend *bk = tide_backend_for(x->device);
-    if (!rc) rc = TIDE_KERNEL(bk, causal_conv1d_backward, "causal_conv1d");
     if (!rc)
-        rc = bk->causal_conv1d_backward(x->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
+        rc = TIDE_DISPATCH(x->device, causal_conv1d_backward, "causal_conv1d", x->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
                                         g[2] ? tide_data(g[2]) : NULL, tide_data(go), tide_data(x), tide_data(w),
                                         cache ? tide_data(cache) : NULL, n->attr.list, n->attr.n_list - 1, B, T, C, K,
                                         (int)n->attr.i[0]);
@@ -297,11 +289,10 @@ int tide_l2norm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     if (!x) return -1;
     int64_t C = x->shape[x->ndim - 1], N = C > 0 ? x->numel / C : 0;
     tide_tensor *y = tide_empty_like(x), *rstd = y ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
-    const tide_backend *bk = tide_backend_for(x->device);
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0) {
-        rc = bk->rmsnorm(x->dtype, tide_data(y), tide_data(rstd), tide_data(x), NULL, N, C, n->attr.f[0] / (double)C);
-        if (!rc) rc = bk->unary(TIDE_UN_MUL_SCALAR, x->dtype, tide_data(y), tide_data(y), y->numel, n->attr.f[1] / sqrt((double)C));
+        rc = TIDE_DISPATCH(x->device, rmsnorm, "l2norm", x->dtype, tide_data(y), tide_data(rstd), tide_data(x), NULL, N, C, n->attr.f[0] / (double)C);
+        if (!rc) rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(y), tide_data(y), y->numel, n->attr.f[1] / sqrt((double)C));
     }
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, rstd);
     tide_tensor_release(x);
@@ -316,11 +307,10 @@ int tide_l2norm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *x = n->saved[0], *rstd = n->saved[1];
     int64_t C = x->shape[x->ndim - 1], N = C > 0 ? x->numel / C : 0;
     tide_tensor *g = tide_contiguous_nograd(gout[0]), *gs = g ? tide_empty_like(g) : NULL, *dx = gs ? tide_empty_like(x) : NULL;
-    const tide_backend *bk = tide_backend_for(x->device);
     int rc = dx ? 0 : -1;
     if (!rc && x->numel > 0) {
-        rc = bk->unary(TIDE_UN_MUL_SCALAR, x->dtype, tide_data(gs), tide_data(g), g->numel, n->attr.f[1] / sqrt((double)C));
-        if (!rc) rc = bk->rmsnorm_backward(x->dtype, tide_data(dx), NULL, tide_data(gs), tide_data(x), NULL, tide_data(rstd), N, C);
+        rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(gs), tide_data(g), g->numel, n->attr.f[1] / sqrt((double)C));
+        if (!rc) rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "l2norm", x->dtype, tide_data(dx), NULL, tide_data(gs), tide_data(x), NULL, tide_data(rstd), N, C);
     }
     tide_tensor_release(g);
     tide_tensor_release(gs);

@@ -340,7 +340,7 @@ static int check_indices(const tide_tensor *idx, int64_t n, const char *op)
     if (!c) return -1;
     int64_t bad = 0;
     int ok = 1;
-    int rc = tide_backend_for(c->device)->check_index(tide_data(c), c->dtype, c->numel, n, &bad, &ok);
+    int rc = TIDE_DISPATCH(c->device, check_index, op, tide_data(c), c->dtype, c->numel, n, &bad, &ok);
     tide_tensor_release(c);
     if (rc) return -1;
     if (!ok) return tide_set_error("%s: index %lld is out of range [0, %lld)", op, (long long)bad, (long long)n);
@@ -359,7 +359,7 @@ int tide_index_select_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(x->dtype, x->ndim, shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = tide_backend_for(x->device)->index_select(x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype,
+        rc = TIDE_DISPATCH(x->device, index_select, "index_select", x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype,
                                                         outer, x->shape[d], inner, idx->numel);
     if (!rc) rc = tide_node_save(n, idx);
     tide_tensor_release(x); tide_tensor_release(idx);
@@ -378,7 +378,7 @@ int tide_index_select_backward(tide_node *n, tide_tensor **gout, tide_tensor **g
     if (!rc && g->numel > 0) {
         int64_t outer, inner;
         outer_inner(gx, d, &outer, &inner);
-        rc = tide_backend_for(gx->device)->index_add(gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
+        rc = TIDE_DISPATCH(gx->device, index_add, "index_select", gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
                                                       outer, m->shape[d], inner, idx->numel);
     }
     tide_tensor_release(g);
@@ -422,7 +422,7 @@ int tide_gather_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(x->dtype, idx->ndim, idx->shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = tide_backend_for(x->device)->gather(x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype, outer,
+        rc = TIDE_DISPATCH(x->device, gather, "gather", x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype, outer,
                                                   x->shape[d], idx->shape[d], inner);
     if (!rc) rc = tide_node_save(n, idx);
     tide_tensor_release(x); tide_tensor_release(idx);
@@ -441,7 +441,7 @@ int tide_gather_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     if (!rc && g->numel > 0) {
         int64_t outer, inner;
         outer_inner(gx, d, &outer, &inner);
-        rc = tide_backend_for(gx->device)->scatter_add(gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
+        rc = TIDE_DISPATCH(gx->device, scatter_add, "gather", gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
                                                         outer, m->shape[d], idx->shape[d], inner);
     }
     tide_tensor_release(g);
@@ -472,7 +472,7 @@ int tide_scatter_add_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     if (!rc && src->numel > 0) {
         int64_t outer, inner;
         outer_inner(x, d, &outer, &inner);
-        rc = tide_backend_for(x->device)->scatter_add(x->dtype, tide_data(o), tide_data(src), tide_data(idx), idx->dtype,
+        rc = TIDE_DISPATCH(x->device, scatter_add, "scatter_add", x->dtype, tide_data(o), tide_data(src), tide_data(idx), idx->dtype,
                                                        outer, x->shape[d], idx->shape[d], inner);
     }
     if (!rc) rc = tide_node_save(n, idx);

@@ -18,13 +18,12 @@ int tide_matmul_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     shape[nd - 1] = N;
     tide_tensor *c = tide_empty(a->dtype, nd, shape, a->device);
     int rc = c ? 0 : -1;
-    const tide_backend *bk = tide_backend_for(a->device);
     if (!rc && c->numel > 0) {
         int64_t lda = a->shape[an - 1], ldb = b->shape[bn - 1];
         if (bn == 2 && !ta)          /* b shared: fold the batch into M, one GEMM */
-            rc = bk->gemm(a->dtype, 0, tb, M * batch, N, K, 1.0, tide_data(a), lda, tide_data(b), ldb, 0.0, tide_data(c), N);
+            rc = TIDE_DISPATCH(a->device, gemm, "matmul", a->dtype, 0, tb, M * batch, N, K, 1.0, tide_data(a), lda, tide_data(b), ldb, 0.0, tide_data(c), N);
         else
-            rc = bk->gemm_batched(a->dtype, ta, tb, M, N, K, 1.0, tide_data(a), lda, an == 2 ? 0 : M * K, tide_data(b), ldb,
+            rc = TIDE_DISPATCH(a->device, gemm_batched, "matmul", a->dtype, ta, tb, M, N, K, 1.0, tide_data(a), lda, an == 2 ? 0 : M * K, tide_data(b), ldb,
                                   bn == 2 ? 0 : K * N, 0.0, tide_data(c), N, M * N, batch);
     }
     if (!rc) rc = tide_node_save(n, a) || tide_node_save(n, b);

@@ -23,10 +23,9 @@ int tide_mla_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     int64_t dv = v->shape[3], oshape[4] = {B, Tq, H, dv}, lshape[3] = {B, H, Tq};
     tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
     tide_tensor *lse = o ? tide_empty(lse_dtype(q->dtype), 3, lshape, q->device) : NULL;
-    const tide_backend *bk = tide_backend_for(q->device);
-    int rc = lse ? TIDE_KERNEL(bk, mla_attention, "mla_attention") : -1;
+    int rc = lse ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = bk->mla_attention(q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(kn), kr ? tide_data(kr) : NULL,
+        rc = TIDE_DISPATCH(q->device, mla_attention, "mla_attention", q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(kn), kr ? tide_data(kr) : NULL,
                                tide_data(v), n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0,
                                B, Tq, Tk, H, dn, dqk - dn, dv, n->attr.f[0]);
     if (!rc) rc = tide_node_save(n, q) || tide_node_save(n, kn) || tide_node_save(n, v) || tide_node_save(n, o) ||
@@ -51,10 +50,8 @@ int tide_mla_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **
     for (int i = 0; i < n_in && !rc; i++)
         if (n->in_needs_grad[i] && !(grads[i] = tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))) rc = -1;
     tide_tensor *gkr = has_kr ? grads[2] : NULL, *gv = grads[2 + has_kr];
-    const tide_backend *bk = tide_backend_for(q->device);
-    if (!rc) rc = TIDE_KERNEL(bk, mla_attention_backward, "mla_attention");
     if (!rc && o->numel > 0)
-        rc = bk->mla_attention_backward(q->dtype, grads[0] ? tide_data(grads[0]) : NULL, grads[1] ? tide_data(grads[1]) : NULL,
+        rc = TIDE_DISPATCH(q->device, mla_attention_backward, "mla_attention", q->dtype, grads[0] ? tide_data(grads[0]) : NULL, grads[1] ? tide_data(grads[1]) : NULL,
                                         gkr ? tide_data(gkr) : NULL, gv ? tide_data(gv) : NULL, tide_data(g), tide_data(q),
                                         tide_data(kn), kr ? tide_data(kr) : NULL, tide_data(v), tide_data(o), tide_data(lse),
                                         n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq,

@@ -15,9 +15,8 @@ int tide_situ_glu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *g = tide_contiguous_nograd(in[0]), *u = g ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *o = u ? tide_empty_like(g) : NULL;
-    const tide_backend *bk = tide_backend_for(in[0]->device);
-    int rc = o ? TIDE_KERNEL(bk, situ_glu, "situ_glu") : -1;
-    if (!rc && g->numel > 0) rc = bk->situ_glu(g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel, n->attr.f[0], n->attr.f[1]);
+    int rc = o ? 0 : -1;
+    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(in[0]->device, situ_glu, "situ_glu", g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel, n->attr.f[0], n->attr.f[1]);
     if (!rc) rc = tide_node_save(n, g) || tide_node_save(n, u);
     tide_tensor_release(g); tide_tensor_release(u);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -30,10 +29,9 @@ int tide_situ_glu_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *g = n->saved[0], *u = n->saved[1];
     tide_tensor *d = tide_contiguous_nograd(gout[0]);
     tide_tensor *dg = d ? tide_empty_like(g) : NULL, *du = dg ? tide_empty_like(u) : NULL;
-    const tide_backend *bk = tide_backend_for(g->device);
-    int rc = du ? TIDE_KERNEL(bk, situ_glu_backward, "situ_glu") : -1;
+    int rc = du ? 0 : -1;
     if (!rc && g->numel > 0)
-        rc = bk->situ_glu_backward(g->dtype, tide_data(dg), tide_data(du), tide_data(d), tide_data(g), tide_data(u), g->numel,
+        rc = TIDE_DISPATCH(g->device, situ_glu_backward, "situ_glu", g->dtype, tide_data(dg), tide_data(du), tide_data(d), tide_data(g), tide_data(u), g->numel,
                                    n->attr.f[0], n->attr.f[1]);
     tide_tensor_release(d);
     if (rc) { tide_tensor_release(dg); tide_tensor_release(du); return -1; }
@@ -69,9 +67,8 @@ int tide_topk_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     shape[x->ndim - 1] = k;
     tide_tensor *v = tide_empty(x->dtype, x->ndim, shape, x->device);
     tide_tensor *id = v ? tide_empty(TIDE_I64, x->ndim, shape, x->device) : NULL;
-    const tide_backend *bk = tide_backend_for(x->device);
-    int rc = id ? TIDE_KERNEL(bk, topk, "topk") : -1;
-    if (!rc && v->numel > 0) rc = bk->topk(x->dtype, tide_data(v), tide_data(id), tide_data(x), rows, C, k);
+    int rc = id ? 0 : -1;
+    if (!rc && v->numel > 0) rc = TIDE_DISPATCH(x->device, topk, "topk", x->dtype, tide_data(v), tide_data(id), tide_data(x), rows, C, k);
     if (!rc) rc = tide_node_save(n, id);
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(v); tide_tensor_release(id); return -1; }
@@ -88,9 +85,8 @@ int tide_topk_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     int64_t C = xm->shape[xm->ndim - 1], k = n->attr.i[0], rows = id->numel / (k ? k : 1);
     tide_tensor *g = tide_contiguous_nograd(gout[0]);
     tide_tensor *gx = g ? tide_zeros(xm->dtype, xm->ndim, xm->shape, xm->device) : NULL;
-    const tide_backend *bk = tide_backend_for(xm->device);
-    int rc = gx ? TIDE_KERNEL(bk, scatter_add, "topk") : -1;
-    if (!rc && id->numel > 0) rc = bk->scatter_add(xm->dtype, tide_data(gx), tide_data(g), tide_data(id), TIDE_I64, rows, C, k, 1);
+    int rc = gx ? 0 : -1;
+    if (!rc && id->numel > 0) rc = TIDE_DISPATCH(xm->device, scatter_add, "topk", xm->dtype, tide_data(gx), tide_data(g), tide_data(id), TIDE_I64, rows, C, k, 1);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
     gin[0] = gx;
@@ -134,11 +130,10 @@ int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *route = o ? tide_empty(TIDE_I64, 1, (int64_t[]){2 * A + ne + 1}, x->device) : NULL;
     tide_tensor *pre = route ? tide_empty(x->dtype, 2, (int64_t[]){A, 2 * d_e}, x->device) : NULL;
     tide_tensor *y = pre ? tide_empty(x->dtype, 2, (int64_t[]){A, d_out}, x->device) : NULL;
-    const tide_backend *bk = tide_backend_for(x->device);
-    int rc = y ? TIDE_KERNEL(bk, moe_experts, "moe_experts") : -1;
+    int rc = y ? 0 : -1;
     int64_t dropped = 0;
     if (!rc)
-        rc = bk->moe_experts(x->dtype, tide_data(o), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(sel),
+        rc = TIDE_DISPATCH(x->device, moe_experts, "moe_experts", x->dtype, tide_data(o), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(sel),
                              sel->dtype, tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out,
                              (int)n->attr.i[0], n->attr.f[0], n->attr.f[1], n->attr.i[1], &dropped);
     if (!rc) g_moe_dropped = dropped;
@@ -163,11 +158,9 @@ int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
     int rc = g ? 0 : -1;
     for (int i = 0; i < 5 && !rc; i++)
         if (src[i] && n->in_needs_grad[i] && !(grads[i] = tide_empty_like(src[i]))) rc = -1;
-    const tide_backend *bk = tide_backend_for(x->device);
-    if (!rc) rc = TIDE_KERNEL(bk, moe_experts_backward, "moe_experts");
 #define GP(i) (grads[i] ? tide_data(grads[i]) : NULL)
     if (!rc)
-        rc = bk->moe_experts_backward(x->dtype, GP(0), GP(2), GP(3), GP(4), tide_data(g), tide_data(route), tide_data(pre),
+        rc = TIDE_DISPATCH(x->device, moe_experts_backward, "moe_experts", x->dtype, GP(0), GP(2), GP(3), GP(4), tide_data(g), tide_data(route), tide_data(pre),
                                       tide_data(y), tide_data(x), tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in,
                                       d_e, d_out, (int)n->attr.i[0], n->attr.f[0], n->attr.f[1]);
 #undef GP
@@ -203,12 +196,11 @@ tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, 
                "moe_experts: capacity_factor = %g must be 0 (dropless) or positive", capacity_factor);
     int64_t ne = w_gate_up->shape[0], A = sel->numel;
     /* every expert id in [0, n): the kernels index weights with them */
-    const tide_backend *bk = tide_backend_for(sel->device);
     tide_tensor *sc = tide_contiguous_nograd(sel);
     int64_t bad = 0;
     int good = 1;
     if (!sc) return NULL;
-    int rc = A > 0 ? bk->check_index(tide_data(sc), sc->dtype, A, ne, &bad, &good) : 0;
+    int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", tide_data(sc), sc->dtype, A, ne, &bad, &good) : 0;
     tide_tensor_release(sc);
     if (rc) return NULL;
     TIDE_CHECK(good, "moe_experts: sel holds expert id %lld, outside [0, %lld) (w_gate_up %s)", (long long)bad, (long long)ne,

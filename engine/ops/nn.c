@@ -16,7 +16,7 @@ int tide_embedding_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(w->dtype, ids->ndim + 1, shape, w->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = tide_backend_for(w->device)->index_select(w->dtype, tide_data(o), tide_data(w), tide_data(ids), ids->dtype, 1,
+        rc = TIDE_DISPATCH(w->device, index_select, "embedding", w->dtype, tide_data(o), tide_data(w), tide_data(ids), ids->dtype, 1,
                                                         w->shape[0], w->shape[1], ids->numel);
     if (!rc) rc = tide_node_save(n, ids);
     tide_tensor_release(w); tide_tensor_release(ids);
@@ -32,7 +32,7 @@ int tide_embedding_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *gw = g ? tide_zeros(m->dtype, m->ndim, m->shape, m->device) : NULL;
     int rc = gw ? 0 : -1;
     if (!rc && g->numel > 0)
-        rc = tide_backend_for(gw->device)->index_add(gw->dtype, tide_data(gw), tide_data(g), tide_data(ids), ids->dtype, 1,
+        rc = TIDE_DISPATCH(gw->device, index_add, "embedding", gw->dtype, tide_data(gw), tide_data(g), tide_data(ids), ids->dtype, 1,
                                                       m->shape[0], m->shape[1], ids->numel);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gw); return -1; }
@@ -52,7 +52,7 @@ tide_tensor *tide_embedding(tide_tensor *weight, tide_tensor *ids)
         if (!c) return NULL;
         int64_t bad = 0;
         int ok = 1;
-        int rc = tide_backend_for(c->device)->check_index(tide_data(c), c->dtype, c->numel, weight->shape[0], &bad, &ok);
+        int rc = TIDE_DISPATCH(c->device, check_index, "embedding", tide_data(c), c->dtype, c->numel, weight->shape[0], &bad, &ok);
         tide_tensor_release(c);
         if (rc) return NULL;
         TIDE_CHECK(ok, "embedding: token id %lld is out of range for a vocabulary of %lld", (long long)bad,
@@ -85,7 +85,7 @@ int tide_rmsnorm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty_like(x), *rstd = o ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->rmsnorm(x->dtype, tide_data(o), tide_data(rstd), tide_data(x), tide_data(w), N, C, n->attr.f[0]);
+        rc = TIDE_DISPATCH(x->device, rmsnorm, "rmsnorm", x->dtype, tide_data(o), tide_data(rstd), tide_data(x), tide_data(w), N, C, n->attr.f[0]);
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, w) || tide_node_save(n, rstd);
     tide_tensor_release(x); tide_tensor_release(w); tide_tensor_release(rstd);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -101,7 +101,7 @@ int tide_rmsnorm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dx = g ? tide_empty_like(x) : NULL, *dw = dx ? tide_zeros(w->dtype, 1, &C, w->device) : NULL;
     int rc = dw ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->rmsnorm_backward(x->dtype, tide_data(dx), tide_data(dw), tide_data(g), tide_data(x),
+        rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "rmsnorm", x->dtype, tide_data(dx), tide_data(dw), tide_data(g), tide_data(x),
                                                             tide_data(w), tide_data(rstd), N, C);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(dx); tide_tensor_release(dw); return -1; }
@@ -131,7 +131,7 @@ int tide_layernorm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *rstd = mean ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->layernorm(x->dtype, tide_data(o), tide_data(mean), tide_data(rstd), tide_data(x),
+        rc = TIDE_DISPATCH(x->device, layernorm, "layernorm", x->dtype, tide_data(o), tide_data(mean), tide_data(rstd), tide_data(x),
                                                      tide_data(w), b ? tide_data(b) : NULL, N, C, n->attr.f[0]);
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, w) || tide_node_save(n, mean) || tide_node_save(n, rstd);
     tide_tensor_release(x); tide_tensor_release(w); tide_tensor_release(b); tide_tensor_release(mean); tide_tensor_release(rstd);
@@ -150,7 +150,7 @@ int tide_layernorm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *db = (dw && has_b) ? tide_zeros(w->dtype, 1, &C, w->device) : NULL;
     int rc = (dw && (!has_b || db)) ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = tide_backend_for(x->device)->layernorm_backward(x->dtype, tide_data(dx), tide_data(dw), db ? tide_data(db) : NULL,
+        rc = TIDE_DISPATCH(x->device, layernorm_backward, "layernorm", x->dtype, tide_data(dx), tide_data(dw), db ? tide_data(db) : NULL,
                                                               tide_data(g), tide_data(x), tide_data(w), tide_data(mean),
                                                               tide_data(rstd), N, C);
     tide_tensor_release(g);
@@ -205,7 +205,7 @@ int tide_softmax_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     int64_t C = x->ndim ? x->shape[x->ndim - 1] : 1, N = C ? x->numel / C : 0;
     tide_tensor *y = tide_empty_like(x);
     int rc = y ? 0 : -1;
-    if (!rc && x->numel > 0) rc = tide_backend_for(x->device)->softmax(x->dtype, tide_data(y), tide_data(x), N, C, lg);
+    if (!rc && x->numel > 0) rc = TIDE_DISPATCH(x->device, softmax, "softmax", x->dtype, tide_data(y), tide_data(x), N, C, lg);
     if (!rc) rc = tide_node_save(n, y);
     tide_tensor_release(x);
     if (!rc) { out[0] = move_back(y, d); rc = out[0] ? 0 : -1; }
@@ -220,7 +220,7 @@ int tide_softmax_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     int64_t C = y->ndim ? y->shape[y->ndim - 1] : 1, N = C ? y->numel / C : 0;
     tide_tensor *g = move_last(gout[0], d), *dx = g ? tide_empty_like(y) : NULL;
     int rc = dx ? 0 : -1;
-    if (!rc && y->numel > 0) rc = tide_backend_for(y->device)->softmax_backward(y->dtype, tide_data(dx), tide_data(g), tide_data(y), N, C, lg);
+    if (!rc && y->numel > 0) rc = TIDE_DISPATCH(y->device, softmax_backward, "softmax", y->dtype, tide_data(dx), tide_data(g), tide_data(y), N, C, lg);
     tide_tensor_release(g);
     if (!rc) { gin[0] = move_back(dx, d); rc = gin[0] ? 0 : -1; }
     tide_tensor_release(dx);
@@ -258,7 +258,7 @@ int tide_cross_entropy_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     tide_tensor *o = NULL;
     int rc = lse ? 0 : -1;
     if (!rc && N > 0)
-        rc = tide_backend_for(lg->device)->cross_entropy(lg->dtype, tide_data(loss), tide_data(valid), tide_data(lse), tide_data(lg),
+        rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(loss), tide_data(valid), tide_data(lse), tide_data(lg),
                                                           tide_data(t), t->dtype, w ? tide_data(w) : NULL, N, V, n->attr.i[0]);
     if (!rc && red == 2) { o = loss; tide_tensor_retain(o); }
     if (!rc && red != 2) {
@@ -299,7 +299,7 @@ int tide_cross_entropy_backward(tide_node *n, tide_tensor **gout, tide_tensor **
     tide_tensor *dl = dloss ? tide_empty_like(lg) : NULL;
     int rc = dl ? 0 : -1;
     if (!rc && N > 0)
-        rc = tide_backend_for(lg->device)->cross_entropy_backward(lg->dtype, tide_data(dl), tide_data(dloss), tide_data(lg),
+        rc = TIDE_DISPATCH(lg->device, cross_entropy_backward, "cross_entropy", lg->dtype, tide_data(dl), tide_data(dloss), tide_data(lg),
                                                                    tide_data(lse), tide_data(t), t->dtype, w ? tide_data(w) : NULL,
                                                                    N, V, n->attr.i[0]);
     if (!rc && w && n->in_needs_grad[2]) {
@@ -308,7 +308,7 @@ int tide_cross_entropy_backward(tide_node *n, tide_tensor **gout, tide_tensor **
         tide_tensor *lse2 = ok ? tide_empty(lg->dtype, 1, &N, lg->device) : NULL, *gw = NULL;
         rc = lse2 ? 0 : -1;
         if (!rc && N > 0)
-            rc = tide_backend_for(lg->device)->cross_entropy(lg->dtype, tide_data(ce), tide_data(ok), tide_data(lse2), tide_data(lg),
+            rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(ce), tide_data(ok), tide_data(lse2), tide_data(lg),
                                                               tide_data(t), t->dtype, NULL, N, V, n->attr.i[0]);
         if (!rc && red == 0) {
             double denom = n->attr.f[0], L = n->attr.f[1], g = tide_item(gout[0]);
@@ -359,7 +359,7 @@ static int rope_apply(tide_tensor *x, double theta, int64_t pos0, int inverse, t
     tide_tensor *c = tide_contiguous_nograd(x), *o = c ? tide_empty_like(c) : NULL;
     int rc = o ? 0 : -1;
     if (!rc && c->numel > 0)
-        rc = tide_backend_for(c->device)->rope(c->dtype, tide_data(o), tide_data(c), c->shape[0], c->shape[1], c->shape[2],
+        rc = TIDE_DISPATCH(c->device, rope, "rope", c->dtype, tide_data(o), tide_data(c), c->shape[0], c->shape[1], c->shape[2],
                                                 c->shape[3], theta, pos0, inverse);
     tide_tensor_release(c);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -402,7 +402,7 @@ int tide_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty_like(q), *lse = o ? tide_empty(q->dtype, 3, lshape, q->device) : NULL;
     int rc = lse ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = tide_backend_for(q->device)->attention(q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(k), tide_data(v),
+        rc = TIDE_DISPATCH(q->device, attention, "attention", q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(k), tide_data(v),
                                                      B * H, Tq, Tk, D, (int)n->attr.i[0], n->attr.f[0]);
     if (!rc) rc = tide_node_save(n, q) || tide_node_save(n, k) || tide_node_save(n, v) || tide_node_save(n, o) || tide_node_save(n, lse);
     tide_tensor_release(q); tide_tensor_release(k); tide_tensor_release(v); tide_tensor_release(lse);
@@ -419,7 +419,7 @@ int tide_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dq = g ? tide_empty_like(q) : NULL, *dk = dq ? tide_empty_like(k) : NULL, *dv = dk ? tide_empty_like(v) : NULL;
     int rc = dv ? 0 : -1;
     if (!rc && q->numel > 0)
-        rc = tide_backend_for(q->device)->attention_backward(q->dtype, tide_data(dq), tide_data(dk), tide_data(dv), tide_data(g),
+        rc = TIDE_DISPATCH(q->device, attention_backward, "attention", q->dtype, tide_data(dq), tide_data(dk), tide_data(dv), tide_data(g),
                                                               tide_data(q), tide_data(k), tide_data(v), tide_data(o), tide_data(lse),
                                                               B * H, Tq, Tk, D, (int)n->attr.i[0], n->attr.f[0]);
     tide_tensor_release(g);
@@ -484,7 +484,7 @@ int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m
     }
     double bc1 = 1.0 - pow(beta1, (double)(step + 1)), bc2 = 1.0 - pow(beta2, (double)(step + 1));
     if (!rc && param->numel > 0)
-        rc = tide_backend_for(param->device)->adamw(param->dtype, tide_data(param), tide_data(g), tide_data(m), tide_data(v),
+        rc = TIDE_DISPATCH(param->device, adamw, "adamw", param->dtype, tide_data(param), tide_data(g), tide_data(m), tide_data(v),
                                                      param->numel, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
     tide_tensor_release(g);
     return rc;

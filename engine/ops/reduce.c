@@ -29,7 +29,7 @@ int tide_sum_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
         int rc = o ? 0 : -1;
         if (!rc && o->numel > 0) {
             if (r3 == 0) rc = tide_fill_(o, 0.0);
-            else rc = tide_backend_for(x->device)->reduce(TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(x), o3, r3, i3);
+            else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(x), o3, r3, i3);
         }
         if (!rc && n->attr.f[0] != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.f[0]);   /* mean */
         if (rc) { tide_tensor_release(o); return -1; }
@@ -53,7 +53,7 @@ int tide_sum_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     int rc = o ? 0 : -1;
     if (!rc && outer > 0) {
         if (r == 0) rc = tide_fill_(o, 0.0);
-        else rc = tide_backend_for(x->device)->reduce(TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(c), outer, r, 1);
+        else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(c), outer, r, 1);
     }
     if (!rc && n->attr.f[0] != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.f[0]);   /* mean */
     tide_tensor_release(c);
@@ -132,7 +132,7 @@ int tide_dimreduce_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(rop == TIDE_RED_ARGMAX ? TIDE_I64 : x->dtype, nd, shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = tide_backend_for(x->device)->reduce(rop, x->dtype, tide_data(o), tide_data(x), outer, red, inner);
+        rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), rop, x->dtype, tide_data(o), tide_data(x), outer, red, inner);
     if (!rc && rop != TIDE_RED_ARGMAX) rc = tide_node_save(n, x) || tide_node_save(n, o);
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -150,7 +150,7 @@ int tide_dimreduce_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
         tide_tensor *g = tide_contiguous_nograd(gout[0]), *gx = g ? tide_empty_like(x) : NULL;
         int rc = gx ? 0 : -1;
         if (!rc && x->numel > 0)
-            rc = tide_backend_for(x->device)->reduce_max_backward(x->dtype, tide_data(gx), tide_data(g), tide_data(x),
+            rc = TIDE_DISPATCH(x->device, reduce_max_backward, TIDE_OP_NAME(n), x->dtype, tide_data(gx), tide_data(g), tide_data(x),
                                                                    tide_data(y), outer, red, inner);
         tide_tensor_release(g);
         if (rc) { tide_tensor_release(gx); return -1; }
