@@ -28,7 +28,7 @@ local function inputs(T)
   local k = F.l2norm(tide.randn({ 1, T, H, DK }))
   local v = tide.randn({ 1, T, H, DV })
   local z = tide.randn({ 1, T, H, DK })
-  local g = F.kda_gate(z, tide.zeros({ H }), tide.zeros({ H * DK }), { lower_bound = LB })
+  local g = F.kda_gate(z, tide.zeros({ H }), tide.zeros({ H * DK }), { gate_lower_bound = LB })
   local beta = tide.rand({ 1, T, H })
   local gout = tide.randn({ 1, T, H, DV })
   for _, t in ipairs({ q, k, v, g, beta }) do t:requires_grad_(true) end
@@ -44,7 +44,7 @@ local function time_path(x, path, reps)
     local base = tide.memory().current
     tide.reset_peak()
     local t0 = tide.time()
-    local o = F.kda(x.q, x.k, x.v, x.g, x.beta, { path = path, chunk = CHUNK, lower_bound = LB })
+    local o = F.kda(x.q, x.k, x.v, x.g, x.beta, { path = path, chunk = CHUNK, gate_lower_bound = LB })
     local t1 = tide.time()
     o:backward(x.gout)
     local t2 = tide.time()
@@ -100,7 +100,7 @@ local function model_run(cfg, record)
   tide.manual_seed(1)
   local model = nn.TransformerLM({
     vocab_size = 256, dim = 128, n_layers = 2, mixer = "kda", ffn_dim = 384,
-    kda = { heads = 2, head_dim = 64, chunk = CHUNK, lower_bound = LB },
+    kda = { heads = 2, head_dim = 64, chunk = CHUNK, gate_lower_bound = LB },
   })
   local body = model.model
   -- a deterministic byte sequence (a repeated pseudo-random text): what is learned does not matter here

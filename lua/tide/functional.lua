@@ -4,6 +4,8 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local T = require "tide.tensor"
+local options = require "tide.options"
+local defaults = require "tide.defaults"
 local C = tide.C
 
 local raw, check, check_status, raise = T.raw, T.check, T.check_status, T.raise
@@ -223,16 +225,7 @@ end
 
 -- ---- Kimi Delta Attention (spec/kda.md) ------------------------------------------------------------------
 -- options are checked by name, so a misspelt key is an error rather than a silently ignored default
-local function check_keys(o, op, known)
-  for k in pairs(o) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      raise(fmt("%s: unknown option '%s' (known: %s)", op, tostring(k), table.concat(names, ", ")))
-    end
-  end
-end
+local function check_keys(o, op, known) options.check(o, known, nil, op) end
 
 local function want_int(x, op, arg)
   if type(x) ~= "number" or x ~= math.floor(x) then raise(fmt("%s: %s must be an integer, got %s", op, arg, tostring(x))) end
@@ -249,15 +242,15 @@ local function cu_tensor(cu, x, op)
 end
 
 local KDA_PATHS = { chunk = C.TIDE_KDA_CHUNK, chunk_safe = C.TIDE_KDA_CHUNK_SAFE, recurrent = C.TIDE_KDA_RECURRENT }
-local KDA_KEYS = { s0 = true, cu_seqlens = true, path = true, chunk = true, lower_bound = true }
+local KDA_KEYS = { s0 = true, cu_seqlens = true, path = true, chunk = true, gate_lower_bound = true }
 
 -- F.kda(q, k, v, g, beta, opts) -> o [B, T, H, dv], state [B, H, dk, dv]
 --   q, k, g [B, T, H, dk] (q, k L2-normalised, q scaled by dk^-1/2), v [B, T, H, dv], beta [B, T, H]
 --   opts.s0: initial state [B, H, dk, dv] of the FIRST document of each row (nil = zeros)
 --   opts.cu_seqlens: document boundaries (table or int tensor) over B·T; the state restarts at each
---   opts.path: "chunk" (default; needs lower_bound <= g <= 0 and chunk·|lower_bound| <= 80, kda.md §5),
+--   opts.path: "chunk" (default; needs gate_lower_bound <= g <= 0 and chunk·|gate_lower_bound| <= 80, kda.md §5),
 --              "chunk_safe" (any g <= 0: the softplus gate) or "recurrent" (the token recurrence, §3)
---   opts.chunk (16), opts.lower_bound (-5)
+--   opts.chunk (16), opts.gate_lower_bound (-5) (tide.defaults.kda)
 function F.kda(q, k, v, g, beta, opts)
   local op = "kda"
   opts = want_opts(opts, op)
@@ -268,8 +261,9 @@ function F.kda(q, k, v, g, beta, opts)
     raise(fmt("%s: path must be \"chunk\", \"chunk_safe\" or \"recurrent\", got %s", op,
               type(path) == "string" and ("\"" .. path .. "\"") or tostring(path)))
   end
-  local chunk = want_int(opts.chunk or 16, op, "chunk")
-  local lb = opts.lower_bound == nil and -5 or want_number(opts.lower_bound, op, "lower_bound")
+  local chunk = want_int(opts.chunk or defaults.kda.chunk, op, "chunk")
+  local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
+             or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
   want_tensor(q, op, "q")
   local cu = cu_tensor(opts.cu_seqlens, q, op)
   local o, s = ffi.new("tide_tensor *[1]"), ffi.new("tide_tensor *[1]")
@@ -280,22 +274,23 @@ function F.kda(q, k, v, g, beta, opts)
 end
 
 local GATE_FORMS = { bounded = C.TIDE_KDA_GATE_BOUNDED, softplus = C.TIDE_KDA_GATE_SOFTPLUS }
-local GATE_KEYS = { form = true, lower_bound = true }
+local GATE_KEYS = { gate_form = true, gate_lower_bound = true }
 
 -- F.kda_gate(z [..., H, D], A_log [H], dt_bias [H·D] or [H, D], opts) -> g (kda.md §2)
---   opts.form: "bounded" (default): g = lb·σ(e^{A_log}(z + dt_bias)); "softplus": g = −e^{A_log}·softplus(z + dt_bias)
---   opts.lower_bound (-5): lb of the bounded form
+--   opts.gate_form: "bounded" (default): g = lb·σ(e^{A_log}(z + dt_bias)); "softplus": g = −e^{A_log}·softplus(z + dt_bias)
+--   opts.gate_lower_bound (-5): lb of the bounded form (defaults: tide.defaults.kda)
 function F.kda_gate(z, A_log, dt_bias, opts)
   local op = "kda_gate"
   opts = want_opts(opts, op)
   check_keys(opts, op, GATE_KEYS)
-  local form = opts.form or "bounded"
+  local form = opts.gate_form or defaults.kda.gate_form
   local fid = GATE_FORMS[form]
   if fid == nil then
-    raise(fmt("%s: form must be \"bounded\" or \"softplus\", got %s", op,
+    raise(fmt("%s: gate_form must be \"bounded\" or \"softplus\", got %s", op,
               type(form) == "string" and ("\"" .. form .. "\"") or tostring(form)))
   end
-  local lb = opts.lower_bound == nil and -5 or want_number(opts.lower_bound, op, "lower_bound")
+  local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
+             or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
   return check(C.tide_kda_gate(want_tensor(z, op, "z"), want_tensor(A_log, op, "A_log"),
                                want_tensor(dt_bias, op, "dt_bias"), lb, fid))
 end
@@ -389,12 +384,13 @@ end
 local SITU_KEYS = { k_gate = true, k_lin = true }
 
 -- F.situ_glu(g, u, opts) = k_gate tanh(g/k_gate) σ(g) ⊙ k_lin tanh(u/k_lin) (moe.md §6); opts.k_gate (4), opts.k_lin (25)
+-- (tide.defaults.situ)
 function F.situ_glu(g, u, opts)
   local op = "situ_glu"
   opts = want_opts(opts, op)
   check_keys(opts, op, SITU_KEYS)
-  local kg = opts.k_gate == nil and 4 or want_number(opts.k_gate, op, "k_gate")
-  local kl = opts.k_lin == nil and 25 or want_number(opts.k_lin, op, "k_lin")
+  local kg = opts.k_gate == nil and defaults.situ.k_gate or want_number(opts.k_gate, op, "k_gate")
+  local kl = opts.k_lin == nil and defaults.situ.k_lin or want_number(opts.k_lin, op, "k_lin")
   return check(C.tide_situ_glu(want_tensor(g, op, "g"), want_tensor(u, op, "u"), kg, kl))
 end
 
@@ -427,8 +423,8 @@ function F.moe_experts(x, sel, p, w_gate_up, w_down, opts)
     raise(fmt("%s: activation must be \"situ\" or \"swiglu\", got %s", op,
               type(act_name) == "string" and ("\"" .. act_name .. "\"") or tostring(act_name)))
   end
-  local kg = opts.k_gate == nil and 4 or want_number(opts.k_gate, op, "k_gate")
-  local kl = opts.k_lin == nil and 25 or want_number(opts.k_lin, op, "k_lin")
+  local kg = opts.k_gate == nil and defaults.situ.k_gate or want_number(opts.k_gate, op, "k_gate")
+  local kl = opts.k_lin == nil and defaults.situ.k_lin or want_number(opts.k_lin, op, "k_lin")
   local cf = opts.capacity_factor == nil and 0 or want_number(opts.capacity_factor, op, "capacity_factor")
   want_tensor(x, op, "x")
   sel = index_tensor(sel, x, op, "sel")

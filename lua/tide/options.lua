@@ -52,14 +52,16 @@ function options.sorted_keys(t)
   return keys
 end
 
--- check(t, known, where, who, level) -> t; every key of t must be a key of the set `known`
+-- check(t, known, where, who, level) -> t; every key of t must be a key of `known` (a set of key -> true, or a
+-- table of defaults: a key whose default is false is known too). `where` names the
+-- table in the message ("unknown key 'x' in sources[2]; ..."); nil leaves it out (the table is who's own options)
 function options.check(t, known, where, who, level)
   if type(t) ~= "table" then
-    options.fail(who, fmt("%s must be a table, got a %s", where, type(t)), up(level))
+    options.fail(who, fmt("%s must be a table, got a %s", where or "options", type(t)), up(level))
   end
   for k in pairs(t) do
-    if not known[k] then
-      options.fail(who, fmt("unknown key '%s' in %s; known keys: %s", tostring(k), where,
+    if known[k] == nil then
+      options.fail(who, fmt("unknown key '%s'%s; known keys: %s", tostring(k), where and (" in " .. where) or "",
                             table.concat(options.sorted_keys(known), ", ")), up(level))
     end
   end

@@ -66,7 +66,7 @@ T.test("F.attnres: bad arguments name the op and the argument", function()
   T.raises(function() F.attnres(v, w, nu) end, "attnres: source 2 is [3, 4] but source 1 is [2, 4]")
   T.raises(function() F.attnres({ v[1] }, randn({ 2, d }), nu) end, "attnres: a 2-d w must be [1, d], got [2, 4]")
   T.raises(function() F.attnres({ v[1] }, randn({ d + 1 }), nu) end, "attnres: w is [5] and nu is [4]")
-  T.raises(function() F.attnres({ v[1] }, w, nu, { epsilon = 1 }) end, "attnres: unknown option 'epsilon'")
+  T.raises(function() F.attnres({ v[1] }, w, nu, { epsilon = 1 }) end, "attnres: unknown key 'epsilon'")
   T.raises(function() F.attnres({ v[1] }, w, nu, { eps = -1 }) end, "attnres: eps must be finite and >= 0")
 end)
 

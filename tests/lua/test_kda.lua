@@ -32,7 +32,7 @@ local function kda_inputs(B, Tn, H, dk, dv)
   local q = F.l2norm(randn({ B, Tn, H, dk }), { scale = 1 / math.sqrt(dk) })
   local k = F.l2norm(randn({ B, Tn, H, dk }))
   local v = randn({ B, Tn, H, dv })
-  local g = F.kda_gate(randn({ B, Tn, H, dk }), randn({ H }) * 0.5, randn({ H * dk }), { lower_bound = -5 })
+  local g = F.kda_gate(randn({ B, Tn, H, dk }), randn({ H }) * 0.5, randn({ H * dk }), { gate_lower_bound = -5 })
   local beta = randn({ B, Tn, H }):sigmoid()
   local s0 = randn({ B, H, dk, dv }) * 0.5
   return q, k, v, g, beta, s0
@@ -80,8 +80,8 @@ T.test("F.kda_gate, F.causal_conv1d and F.l2norm equal plain-Lua references (f64
       end
     end
   end
-  T.near(F.kda_gate(z, A, dt, { lower_bound = -3 }):tolist(), bounded, 1e-14)
-  T.near(F.kda_gate(z, A, dt:reshape(H, D), { form = "softplus" }):tolist(), soft, 1e-14)
+  T.near(F.kda_gate(z, A, dt, { gate_lower_bound = -3 }):tolist(), bounded, 1e-14)
+  T.near(F.kda_gate(z, A, dt:reshape(H, D), { gate_form = "softplus" }):tolist(), soft, 1e-14)
 
   -- conv: x [B=2, T=6, C=3], K = 3, cache, a document boundary at flattened 4 (row 1, t = 4)
   local B, Tn, Cc, K = 2, 6, 3, 3
@@ -130,25 +130,25 @@ T.test("F wrappers: bad options are Lua errors carrying the C message and the ca
   local e = T.raises(function() F.kda(q, k, v, g, beta, { path = "chunked" }) end,
     'kda: path must be "chunk", "chunk_safe" or "recurrent", got "chunked"')
   T.ok(e:find("test_kda.lua:", 1, true), "location: " .. e)
-  T.raises(function() F.kda(q, k, v, g, beta, { lowerbound = -3 }) end, "kda: unknown option 'lowerbound'")
+  T.raises(function() F.kda(q, k, v, g, beta, { lowerbound = -3 }) end, "kda: unknown key 'lowerbound'")
   T.raises(function() F.kda(q, k, v, g, beta, { chunk = 2.5 }) end, "kda: chunk must be an integer, got 2.5")
   -- from the engine: the message names the op and the values
   e = T.raises(function() F.kda(q, k, v, g, beta, { s0 = randn({ 1, 1, 2, 2 }) }) end, "kda: s0 is [1, 1, 2, 2] but must be [B, H, dk, dv] = [1, 1, 3, 2]")
   T.ok(e:find("test_kda.lua:", 1, true), "location: " .. e)
   T.raises(function() F.kda(q, k, v, g * 3, beta, { chunk = 16 }) end, "is outside [-5, 0]")
   T.raises(function() F.kda(q, k, v, g, beta, { cu_seqlens = { 0, 3, 2, 5 } }) end, "cu_seqlens must be strictly increasing")
-  T.raises(function() F.kda_gate(g, randn({ 1 }), randn({ 3 }), { form = "sigmoid" }) end,
-    'kda_gate: form must be "bounded" or "softplus", got "sigmoid"')
+  T.raises(function() F.kda_gate(g, randn({ 1 }), randn({ 3 }), { gate_form = "sigmoid" }) end,
+    'kda_gate: gate_form must be "bounded" or "softplus", got "sigmoid"')
   T.raises(function() F.kda_gate(g, randn({ 2 }), randn({ 3 })) end, "kda_gate: z [1, 5, 1, 3], A_log [2], dt_bias [3]")
   T.raises(function() F.causal_conv1d(v:reshape(1, 5, 2), randn({ 2, 2, 4 })) end, "a 3-d w must be [C, 1, K], got [2, 2, 4]")
   T.raises(function() F.causal_conv1d(v:reshape(1, 5, 2), randn({ 2, 4 }), { silu = "yes" }) end, "silu must be a boolean")
-  T.raises(function() F.l2norm(q, { epsilon = 1 }) end, "l2norm: unknown option 'epsilon'")
+  T.raises(function() F.l2norm(q, { epsilon = 1 }) end, "l2norm: unknown key 'epsilon'")
 end)
 
 -- ---- nn.KDA --------------------------------------------------------------------------------------------------
 
 local function small_layer(gate, dtype)
-  return nn.KDA(8, { heads = 2, head_dim = 4, chunk = 4, gate = gate, dtype = dtype or "f64" })
+  return nn.KDA(8, { heads = 2, head_dim = 4, chunk = 4, gate_form = gate, dtype = dtype or "f64" })
 end
 
 -- random values in every parameter, so gradients and outputs exercise every path (init puts A_log at 0)
@@ -214,7 +214,7 @@ local function reference_layer(m, xs, Tn)
         sq, sk = sq + q[c] ^ 2, sk + k[c] ^ 2
         local w = r.z[ch + 1] + P.dt_bias[ch + 1]
         local a = math.exp(P.A_log[h + 1])
-        if m.gate == "bounded" then g[c] = m.lower_bound * sig(a * w) else g[c] = -a * math.log(1 + math.exp(w)) end
+        if m.gate_form == "bounded" then g[c] = m.gate_lower_bound * sig(a * w) else g[c] = -a * math.log(1 + math.exp(w)) end
       end
       for c = 0, dk - 1 do
         q[c] = q[c] / math.sqrt(sq + 1e-6) / math.sqrt(dk)
@@ -561,28 +561,28 @@ T.test("errors: input shape, gate name, lower bound outside [-80/chunk, 0), opti
   T.ok(e:find("test_kda.lua:", 1, true), "location: " .. e)
   T.raises(function() m:forward(randn({ 1, 3, 6 })) end, "nn.KDA: x must be [B, T, 8], got [1, 3, 6]")
   T.raises(function() m:step(randn({ 1, 3, 8 }), {}) end, "nn.KDA: step: x must hold one token [B, 1, 8], got [1, 3, 8]")
-  T.raises(function() m:forward(randn({ 1, 3, 8 }), { cu = { 0, 3 } }) end, "nn.KDA: forward: unknown option 'cu'")
+  T.raises(function() m:forward(randn({ 1, 3, 8 }), { cu = { 0, 3 } }) end, "nn.KDA: unknown key 'cu' in forward options")
   T.raises(function() m:prefill(randn({ 1, 3, 8 })) end, "nn.KDA: prefill: cache must be a table")
   T.raises(function() m:forward(randn({ 2, 3, 8 }), { cache = {}, reset = { true } }) end,
     "nn.KDA: forward: reset lists 1 rows but x has B = 2")
   T.raises(function() m:forward(randn({ 1, 3, 8 }), { cu_seqlens = 3 }) end, "cu_seqlens must be a list of offsets")
   T.raises(function() m:forward(randn({ 1, 3, 8 }), { cu_seqlens = { 0, 2 } }) end, "cu_seqlens must start at 0 and end at B·T = 3")
-  e = T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, gate = "swish" }) end,
-    'nn.KDA: gate must be "bounded" or "softplus", got swish')
+  e = T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, gate_form = "swish" }) end,
+    'nn.KDA: gate_form must be one of "bounded", "softplus", got "swish"')
   T.ok(e:find("test_kda.lua:", 1, true), "location: " .. e)
-  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, lower_bound = -6 }) end,
-    "lower_bound must lie in [-80/chunk, 0) = [-5, 0) for the chunk path with chunk 16 (kda.md §5), got -6")
-  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, lower_bound = 0 }) end, "got 0")
+  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, gate_lower_bound = -6 }) end,
+    "gate_lower_bound must lie in [-80/chunk, 0) = [-5, 0) for the chunk path with chunk 16 (kda.md §5), got -6")
+  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, gate_lower_bound = 0 }) end, "got 0")
   T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, chunk = 32 }) end, "[-2.5, 0) for the chunk path with chunk 32")
   -- a bound that fits a smaller chunk is fine, and the softplus gate has none
-  nn.KDA(8, { heads = 2, head_dim = 4, chunk = 8, lower_bound = -10 })
-  nn.KDA(8, { heads = 2, head_dim = 4, chunk = 64, gate = "softplus" })
+  nn.KDA(8, { heads = 2, head_dim = 4, chunk = 8, gate_lower_bound = -10 })
+  nn.KDA(8, { heads = 2, head_dim = 4, chunk = 64, gate_form = "softplus" })
   T.raises(function() nn.KDA(8, { heads = 2 }) end, "nn.KDA: head_dim must be a positive integer, got nil")
-  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, headdim = 4 }) end, "nn.KDA: unknown option 'headdim'")
+  T.raises(function() nn.KDA(8, { heads = 2, head_dim = 4, headdim = 4 }) end, "nn.KDA: unknown key 'headdim'")
   T.raises(function() nn.TransformerLM({ dim = 16, n_heads = 2, mixer = "mamba" }) end,
     "model: mixer must be 'attention' or 'kda', got 'mamba'")
   T.raises(function() nn.TransformerLM({ dim = 16, n_heads = 2, mixer = "kda", kda = { gates = 1 } }) end,
-    "model: unknown key 'kda.gates'")
+    "model: unknown key 'gates' in kda")
   T.raises(function() nn.TransformerLM({ dim = 16, n_layers = 2, n_heads = 2, mixer = { "kda" } }) end,
     "mixer lists 1 layers but n_layers is 2")
   local lm = nn.TransformerLM({ vocab_size = 300, dim = 16, n_layers = 1, n_heads = 2 })
@@ -598,7 +598,7 @@ T.test("LM with KDA mixers: decode == full forward (f64 1e-12), KDA-only and hyb
   for _, mixer in ipairs({ "kda", { "kda", "attention", "kda" } }) do
     tide.manual_seed(13)
     local m = nn.TransformerLM({ vocab_size = 300, dim = 16, n_layers = type(mixer) == "table" and 3 or 2, n_heads = 2,
-      mixer = mixer, kda = { chunk = 4, gate = "softplus" }, dtype = "f64" })
+      mixer = mixer, kda = { chunk = 4, gate_form = "softplus" }, dtype = "f64" })
     local seq = { 5, 17, 200, 256, 3, 77, 41, 9, 1, 2 }
     local full = m:forward(ids({ seq }))
     -- count the decode steps taken by the first KDA layer: one-token calls with a cache use the recurrence

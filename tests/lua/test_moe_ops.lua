@@ -16,7 +16,7 @@ T.test("situ_glu == the formula (defaults 4, 25 and given caps); bounded by k_ga
   T.near(F.situ_glu(g, u), want, 1e-12)
   T.near(F.situ_glu(g, u, { k_gate = 1.5, k_lin = 2 }), want2, 1e-12)
   for _, v in ipairs(F.situ_glu(g * 1e3, u * 1e3):tolist()) do T.ok(math.abs(v) <= 100, "|h| <= 100, got " .. v) end
-  T.raises(function() F.situ_glu(g, u, { kgate = 1 }) end, "situ_glu: unknown option 'kgate'")
+  T.raises(function() F.situ_glu(g, u, { kgate = 1 }) end, "situ_glu: unknown key 'kgate'")
   T.raises(function() F.situ_glu(g, u, { k_gate = -1 }) end, "k_gate = -1")
   T.raises(function() F.situ_glu(g, 3) end, "situ_glu: u must be a tensor")
 end)
@@ -82,7 +82,7 @@ T.test("moe_experts == a dense per-token loop (both activations), gradients, cap
   T.eq(dropped, 5)
   T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { activation = "relu" }) end,
            'moe_experts: activation must be "situ" or "swiglu", got "relu"')
-  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { capacity = 1 }) end, "moe_experts: unknown option 'capacity'")
+  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { capacity = 1 }) end, "moe_experts: unknown key 'capacity'")
   T.raises(function() F.moe_experts(x, { { 0, 4 }, { 0, 0 }, { 0, 0 }, { 0, 0 }, { 0, 0 } }, p, wgu, wd) end,
            "expert id 4, outside [0, 4)")
   T.raises(function() F.moe_experts(x, sel, p, wd, wd) end, "must be [m, d_in], [m, k], [m, k]")

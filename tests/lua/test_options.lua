@@ -13,6 +13,10 @@ T.test("check: an unknown key names the table, the key and the sorted known keys
   local e = T.raises(function() options.check({ heads = 2, headz = 1 }, known, "options", "nn.KDA") end,
     "nn.KDA: unknown key 'headz' in options; known keys: chunk, dim, heads")
   T.ok(not e:find("\n", 1, true), "one line: " .. e)
+  -- without `where` the table is who's own: the message leaves the "in ..." out
+  T.raises(function() options.check({ widht = 1 }, known, nil, "model") end,
+    "model: unknown key 'widht'; known keys: chunk, dim, heads")
+  T.raises(function() options.check(false, known, nil, "model") end, "model: options must be a table, got a boolean")
 end)
 
 T.test("check: a non-table is an error naming its type", function()

@@ -10,6 +10,8 @@ local tide = require "tide"
 local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
 local norms = require "tide.nn.norm"
+local options = require "tide.options"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local fmt = string.format
@@ -30,71 +32,44 @@ function ShortConv:extra_repr() return fmt("%d, kernel=%d, depthwise", self.chan
 local KDA = M.Module:extend("KDA")
 
 local KEYS = {
-  heads = true, head_dim = true, conv_size = true, gate = true, lower_bound = true, chunk = true, norm_eps = true,
+  heads = true, head_dim = true, conv_size = true, gate_form = true, gate_lower_bound = true, chunk = true, norm_eps = true,
   std = true, out_std = true, dtype = true, device = true,
 }
 KDA.KEYS = KEYS
+local GATE_FORMS = { bounded = true, softplus = true }
 
--- errors point at the first caller outside this file and module.lua (the line that built or called the layer)
-local here = debug.getinfo(1, "S").source
-local function bad(msg)
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info then error("nn.KDA: " .. msg, 0) end
-    if info.what ~= "C" and info.what ~= "tail" and info.source ~= here and not info.source:find("nn/module.lua", 1, true) then
-      error("nn.KDA: " .. msg, level)
-    end
-    level = level + 1
-  end
-end
-
-local function pos_int(v, name)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then bad(fmt("%s must be a positive integer, got %s", name, tostring(v))) end
-  return v
-end
+-- errors point at the first caller outside lua/tide (the line that built or called the layer)
+local WHO = "nn.KDA"
+local function bad(msg) options.fail(WHO, msg) end
+local function pos_int(v, name) return options.pos_int(v, name, WHO) end
 
 -- softplus⁻¹(dt) = dt + log(1 − e^{−dt}); for dt >= 1e-4 the cancellation in 1 − e^{−dt} costs ~1e-12 relative
 local function inv_softplus(dt) return dt + math.log(1 - math.exp(-dt)) end
 
--- KDA(dim, {heads, head_dim (dk = dv), conv_size = 4, gate = "bounded" | "softplus", lower_bound = -5,
---   chunk = 16, norm_eps = 1e-5, std = 0.02, out_std = std, dtype = "f32", device = "cpu"})
+-- KDA(dim, {heads, head_dim (dk = dv), conv_size = 4, gate_form = "bounded" | "softplus", gate_lower_bound = -5,
+--   chunk = 16 (tide.defaults.kda), norm_eps = 1e-5, std = 0.02, out_std = std, dtype = "f32", device = "cpu"})
 function KDA:init(dim, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
-  for k in pairs(opts) do
-    if not KEYS[k] then
-      local known = {}
-      for n in pairs(KEYS) do known[#known + 1] = n end
-      table.sort(known)
-      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")))
-    end
-  end
+  opts = options.check(opts or {}, KEYS, nil, WHO)
+  local kd = defaults.kda
   self.dim = pos_int(dim, "dim")
   local H = pos_int(opts.heads, "heads")
   local dk = pos_int(opts.head_dim, "head_dim")
   self.heads, self.head_dim = H, dk
-  self.conv_size = opts.conv_size or 4
-  if type(self.conv_size) ~= "number" or self.conv_size < 2 or self.conv_size ~= math.floor(self.conv_size) then
-    bad("conv_size must be an integer >= 2, got " .. tostring(self.conv_size))
-  end
-  self.gate = opts.gate or "bounded"
-  if self.gate ~= "bounded" and self.gate ~= "softplus" then
-    bad(fmt("gate must be \"bounded\" or \"softplus\", got %s", tostring(self.gate)))
-  end
-  self.chunk = pos_int(opts.chunk or 16, "chunk")
-  self.lower_bound = opts.lower_bound or -5
-  if self.gate == "bounded" then
+  self.conv_size = options.int_at_least(opts.conv_size or kd.conv_size, 2, "conv_size", WHO)
+  self.gate_form = options.one_of(opts.gate_form or kd.gate_form, GATE_FORMS, "gate_form", WHO)
+  self.chunk = pos_int(opts.chunk or kd.chunk, "chunk")
+  self.gate_lower_bound = opts.gate_lower_bound or kd.gate_lower_bound
+  if self.gate_form == "bounded" then
     -- the dense chunk path needs exp(±G) normal in fp32/bf16 over a chunk: chunk·|lb| <= 80 (kda.md §5);
     -- held for every dtype, so a config that runs in f64 also runs on the GPU
-    local lb = self.lower_bound
+    local lb = self.gate_lower_bound
     if type(lb) ~= "number" or not (lb < 0 and lb >= -80 / self.chunk) then
-      bad(fmt("lower_bound must lie in [-80/chunk, 0) = [%g, 0) for the chunk path with chunk %d (kda.md §5), got %s",
+      bad(fmt("gate_lower_bound must lie in [-80/chunk, 0) = [%g, 0) for the chunk path with chunk %d (kda.md §5), got %s",
         -80 / self.chunk, self.chunk, tostring(lb)))
     end
   end
   -- the softplus gate is unbounded below: only the per-pair exponent path is safe (kda.md §5)
-  self.path = self.gate == "bounded" and "chunk" or "chunk_safe"
+  self.path = self.gate_form == "bounded" and "chunk" or "chunk_safe"
   self.norm_eps = opts.norm_eps or 1e-5
   local std = opts.std or 0.02
   local po = { dtype = opts.dtype, device = opts.device }
@@ -187,10 +162,7 @@ end
 --     boundary exactly at the segment start) and so ignore the carried cache
 --   opts.path: kernel path override ("chunk", "chunk_safe", "recurrent"); default by gate
 function KDA:forward(x, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not FORWARD_KEYS[k] then bad(fmt("forward: unknown option '%s' (known: cache, cu_seqlens, path, reset)", tostring(k))) end
-  end
+  opts = options.check(opts or {}, FORWARD_KEYS, "forward options", WHO)
   if not tide.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.dim then
     bad(fmt("x must be [B, T, %d], got %s", self.dim,
       tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))
@@ -231,10 +203,10 @@ function KDA:forward(x, opts)
   local beta = self.b_proj:forward(x):sigmoid()
   -- 5. the decay gate through the dk bottleneck (kda.md §2)
   local z = self.f_b_proj:forward(self.f_a_proj:forward(x)):reshape(B, T, H, dk)
-  local g = F.kda_gate(z, self.A_log, self.dt_bias, { form = self.gate, lower_bound = self.lower_bound })
+  local g = F.kda_gate(z, self.A_log, self.dt_bias, { gate_form = self.gate_form, gate_lower_bound = self.gate_lower_bound })
   -- 6. the kernel
   local o, state = F.kda(q, k, v, g, beta, { s0 = s0, cu_seqlens = cu,
-    path = opts.path or self.path, chunk = self.chunk, lower_bound = self.lower_bound })
+    path = opts.path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound })
   -- 7. norm -> gate -> project (one o_norm weight [dv] shared by the heads)
   local n = self.o_norm:forward(o)
   local y = (n * self.g_proj:forward(x):reshape(B, T, H, dk):sigmoid()):reshape(B, T, H * dk)
@@ -270,8 +242,8 @@ end
 function KDA:new_cache() return { pos = 0 } end
 
 function KDA:extra_repr()
-  return fmt("%d, heads=%d, head_dim=%d, gate=%s%s, chunk=%d, conv=%d", self.dim, self.heads, self.head_dim, self.gate,
-    self.gate == "bounded" and fmt(" lb=%g", self.lower_bound) or "", self.chunk, self.conv_size)
+  return fmt("%d, heads=%d, head_dim=%d, gate_form=%s%s, chunk=%d, conv=%d", self.dim, self.heads, self.head_dim,
+    self.gate_form, self.gate_form == "bounded" and fmt(" lb=%g", self.gate_lower_bound) or "", self.chunk, self.conv_size)
 end
 
 return KDA

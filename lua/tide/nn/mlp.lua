@@ -3,6 +3,7 @@
 local tide = require "tide"
 local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local MLP = M.Module:extend("MLP")
@@ -25,7 +26,7 @@ function MLP:init(dim, hidden, opts)
   self:child("down_proj", lin(hidden, dim, opts.out_std or std))
 end
 
-local SITU_GATE, SITU_LINEAR = 4, 25      -- κ1, κ2 (moe.md §6)
+local SITU_GATE, SITU_LINEAR = defaults.situ.k_gate, defaults.situ.k_lin      -- κ1, κ2 (moe.md §6)
 
 -- σ takes the uncapped g (moe.md §6)
 local function situ(g, u)

@@ -45,8 +45,8 @@ CONFIGS.tiny = {
     heads = 2,                -- H
     head_dim = 64,            -- dk = dv = 64; the gate bottleneck rank is dk = 64 (nn.KDA's f_a_proj [dk, d])
     conv_size = 4,            -- short causal conv
-    gate = "bounded",         -- lower-bounded decay gate, lb below
-    lower_bound = -5,         -- lb
+    gate_form = "bounded",    -- lower-bounded decay gate, lb below
+    gate_lower_bound = -5,    -- lb
     chunk = 16,               -- C
   },                          -- full-rank sigmoid output gate: nn.KDA's g_proj [H·dv, d], always on
   mla = {                     -- gated NoPE MLA (mla.md); cache d_c + d_r = 96 values per token
@@ -94,8 +94,8 @@ CONFIGS.k3 = {
     heads = 96,               -- H
     head_dim = 128,           -- dk = dv = 128 (width 12,288); gate bottleneck rank = dk = 128
     conv_size = 4,
-    gate = "bounded",
-    lower_bound = -5,         -- lb; chunk·|lb| = 80 (kda.md §5)
+    gate_form = "bounded",
+    gate_lower_bound = -5,    -- lb; chunk·|lb| = 80 (kda.md §5)
     chunk = 16,               -- C
   },                          -- full-rank output gate (g_proj)
   mla = {                     -- cache 576 values per token

@@ -11,6 +11,8 @@ local norms = require "tide.nn.norm"
 local MLP = require "tide.nn.mlp"
 local Attention = require "tide.nn.attention"
 local KDA = require "tide.nn.kda"
+local options = require "tide.options"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local Block = M.Module:extend("Block")
@@ -37,7 +39,8 @@ function Block:init(cfg, mixer)
   if self.mixer == "kda" then
     local k = cfg.kda
     self:child("self_attn", KDA(cfg.dim, {
-      heads = k.heads, head_dim = k.head_dim, conv_size = k.conv_size, gate = k.gate, lower_bound = k.lower_bound,
+      heads = k.heads, head_dim = k.head_dim, conv_size = k.conv_size, gate_form = k.gate_form,
+      gate_lower_bound = k.gate_lower_bound,
       chunk = k.chunk, norm_eps = cfg.norm_eps, std = common.std, out_std = out_std, dtype = cfg.dtype,
       device = cfg.device }))
   else
@@ -99,51 +102,39 @@ local DEFAULTS = {
 }
 TransformerLM.DEFAULTS = DEFAULTS
 -- cfg.kda: the KDA layer's options; heads defaults to n_heads, head_dim to dim / heads
-local KDA_DEFAULTS = { heads = false, head_dim = false, conv_size = 4, gate = "bounded", lower_bound = -5, chunk = 16 }
+local KDA_DEFAULTS = { heads = false, head_dim = false, conv_size = defaults.kda.conv_size, gate_form = defaults.kda.gate_form,
+                       gate_lower_bound = defaults.kda.gate_lower_bound, chunk = defaults.kda.chunk }
 TransformerLM.KDA_DEFAULTS = KDA_DEFAULTS
 
 -- the SwiGLU width: 8/3 · d rounded up to a multiple of 32 (keeps the parameter count of a 4d GELU MLP)
 local function default_ffn(dim) return math.ceil(8 * dim / 3 / 32) * 32 end
 
--- complete a model config with defaults; unknown keys are errors naming the known ones
+-- complete a model config with defaults; unknown keys are errors naming the known ones. Errors point at the
+-- first line outside lua/tide (the recipe or test that wrote the config).
+local WHO = "model"
+local function bad(msg) options.fail(WHO, msg) end
+
 function TransformerLM.config(cfg)
-  local out = {}
-  for k, v in pairs(cfg or {}) do
-    if DEFAULTS[k] == nil then
-      local known = {}
-      for name in pairs(DEFAULTS) do known[#known + 1] = name end
-      table.sort(known)
-      error("model: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 3)
-    end
-    out[k] = v
-  end
-  for k, v in pairs(DEFAULTS) do if out[k] == nil then out[k] = v end end
-  if out.kind ~= "dense" then error("model: TransformerLM builds kind 'dense', got '" .. tostring(out.kind) .. "'", 3) end
-  for _, k in ipairs({ "vocab_size", "dim", "n_layers", "n_heads" }) do
-    local v = out[k]
-    if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
-      error("model: " .. k .. " must be a positive integer, got " .. tostring(v), 3)
-    end
-  end
+  local out = options.with_defaults(cfg or {}, DEFAULTS, DEFAULTS, nil, WHO)
+  if out.kind ~= "dense" then bad("TransformerLM builds kind 'dense', got '" .. tostring(out.kind) .. "'") end
+  for _, k in ipairs({ "vocab_size", "dim", "n_layers", "n_heads" }) do options.pos_int(out[k], k, WHO) end
   if not out.head_dim then
     if out.dim % out.n_heads ~= 0 then
-      error(string.format("model: dim %d is not divisible by n_heads %d (set head_dim)", out.dim, out.n_heads), 3)
+      bad(string.format("dim %d is not divisible by n_heads %d (set head_dim)", out.dim, out.n_heads))
     end
     out.head_dim = out.dim / out.n_heads
   end
   if not out.ffn_dim then out.ffn_dim = default_ffn(out.dim) end
   if out.norm ~= "rmsnorm" and out.norm ~= "layernorm" then
-    error("model: norm must be 'rmsnorm' or 'layernorm', got '" .. tostring(out.norm) .. "'", 3)
+    bad("norm must be 'rmsnorm' or 'layernorm', got '" .. tostring(out.norm) .. "'")
   end
   local function known_mixer(m, where)
-    if m ~= "attention" and m ~= "kda" then
-      error("model: " .. where .. " must be 'attention' or 'kda', got '" .. tostring(m) .. "'", 4)
-    end
+    if m ~= "attention" and m ~= "kda" then bad(where .. " must be 'attention' or 'kda', got '" .. tostring(m) .. "'") end
   end
   local any_kda = false
   if type(out.mixer) == "table" then
     if #out.mixer ~= out.n_layers then
-      error(string.format("model: mixer lists %d layers but n_layers is %d", #out.mixer, out.n_layers), 3)
+      bad(string.format("mixer lists %d layers but n_layers is %d", #out.mixer, out.n_layers))
     end
     local copy = {}
     for l, m in ipairs(out.mixer) do known_mixer(m, "mixer[" .. l .. "]"); copy[l] = m; any_kda = any_kda or m == "kda" end
@@ -152,25 +143,13 @@ function TransformerLM.config(cfg)
     known_mixer(out.mixer, "mixer")
     any_kda = out.mixer == "kda"
   end
-  if out.kda and type(out.kda) ~= "table" then
-    error("model: kda must be a table of KDA options, got " .. type(out.kda), 3)
-  end
+  if out.kda and type(out.kda) ~= "table" then bad("kda must be a table of KDA options, got " .. type(out.kda)) end
   if any_kda or out.kda then
-    local k = {}
-    for key, v in pairs(out.kda or {}) do
-      if KDA_DEFAULTS[key] == nil then
-        local known = {}
-        for name in pairs(KDA_DEFAULTS) do known[#known + 1] = name end
-        table.sort(known)
-        error("model: unknown key 'kda." .. tostring(key) .. "'; known keys: " .. table.concat(known, ", "), 3)
-      end
-      k[key] = v
-    end
-    for key, v in pairs(KDA_DEFAULTS) do if k[key] == nil then k[key] = v end end
+    local k = options.with_defaults(out.kda or {}, KDA_DEFAULTS, KDA_DEFAULTS, "kda", WHO)
     if not k.heads then k.heads = out.n_heads end
     if not k.head_dim then
       if out.dim % k.heads ~= 0 then
-        error(string.format("model: dim %d is not divisible by kda.heads %d (set kda.head_dim)", out.dim, k.heads), 3)
+        bad(string.format("dim %d is not divisible by kda.heads %d (set kda.head_dim)", out.dim, k.heads))
       end
       k.head_dim = out.dim / k.heads
     end

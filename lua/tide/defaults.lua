@@ -1,0 +1,16 @@
+-- tide.defaults: the defaults that several modules read (the op wrappers in tide.F, the nn layers, nn.plan's
+-- counting and the shipped configs), each written once here beside the spec section that sets it.
+local defaults = {}
+
+-- Kimi Delta Attention (spec/kda.md)
+defaults.kda = {
+  gate_form = "bounded",      -- §2: the lower-bounded decay gate ("softplus": Kimi Linear's unbounded one)
+  gate_lower_bound = -5,      -- §2: lb; chunk·|lb| <= 80 keeps the chunk path's exponents normal (§5)
+  chunk = 16,                 -- §4: tokens per chunk
+  conv_size = 4,              -- §1: the short causal convolution's taps
+}
+
+-- SiTU-GLU caps (spec/moe.md §6): φ_g(g) = k_gate·tanh(g/k_gate)·σ(g), φ_u(u) = k_lin·tanh(u/k_lin)
+defaults.situ = { k_gate = 4, k_lin = 25 }
+
+return defaults
