@@ -117,27 +117,24 @@ typedef struct tide_op_def {
     tide_backward_fn backward;    /* NULL: not differentiable (outputs never require grad) */
 } tide_op_def;
 
-/* the op registry: one enum entry per public op (test-ops iterates it; registry.c holds the table) */
-typedef enum {
-    TIDE_OP_RESHAPE, TIDE_OP_PERMUTE, TIDE_OP_SLICE, TIDE_OP_CONTIGUOUS, TIDE_OP_EXPAND, TIDE_OP_CONCAT,
-    TIDE_OP_SPLIT, TIDE_OP_INDEX_SELECT, TIDE_OP_GATHER, TIDE_OP_SCATTER_ADD, TIDE_OP_TO_DTYPE,
-    TIDE_OP_TO_DEVICE,
-    TIDE_OP_ADD, TIDE_OP_SUB, TIDE_OP_MUL, TIDE_OP_DIV,
-    TIDE_OP_ADD_SCALAR, TIDE_OP_MUL_SCALAR, TIDE_OP_POW_SCALAR, TIDE_OP_NEG, TIDE_OP_EXP, TIDE_OP_LOG,
-    TIDE_OP_SQRT, TIDE_OP_RSQRT, TIDE_OP_TANH, TIDE_OP_SIGMOID, TIDE_OP_SILU, TIDE_OP_GELU,
-    TIDE_OP_SOFTPLUS, TIDE_OP_RELU, TIDE_OP_ABS, TIDE_OP_SWIGLU,
-    TIDE_OP_SUM, TIDE_OP_MEAN, TIDE_OP_MAX, TIDE_OP_ARGMAX, TIDE_OP_LOGSUMEXP,
-    TIDE_OP_MATMUL,
-    TIDE_OP_EMBEDDING, TIDE_OP_RMSNORM, TIDE_OP_LAYERNORM, TIDE_OP_SOFTMAX, TIDE_OP_LOG_SOFTMAX,
-    TIDE_OP_CROSS_ENTROPY, TIDE_OP_ROPE, TIDE_OP_ATTENTION,
-    TIDE_OP_KDA, TIDE_OP_KDA_GATE, TIDE_OP_CAUSAL_CONV1D, TIDE_OP_L2NORM,
-    TIDE_OP_MLA_ATTENTION,
-    TIDE_OP_ATTNRES,
-    TIDE_OP_SITU_GLU, TIDE_OP_TOPK, TIDE_OP_MOE_EXPERTS,
-    TIDE_OP_COUNT
-} tide_op_id;
+/* the op registry: one enum entry per public op, from the one list in ops/op_list.h (test-ops iterates it;
+   registry.c holds the table) */
+#include "ops/op_list.h"
+#define TIDE_OP_ENUM_X(ID, name, fw, bw) TIDE_OP_##ID,
+#define TIDE_OP_ENUM_N(ID, name, fw) TIDE_OP_##ID,
+typedef enum { TIDE_OP_LIST(TIDE_OP_ENUM_X, TIDE_OP_ENUM_N) TIDE_OP_COUNT } tide_op_id;
+#undef TIDE_OP_ENUM_X
+#undef TIDE_OP_ENUM_N
 
-extern const tide_op_def tide_op_defs[TIDE_OP_COUNT];
+/* the forward and backward of every listed op (repeats of a shared pair are compatible redeclarations) */
+#define TIDE_OP_PROTO_X(ID, name, fw, bw) int tide_##fw##_forward(tide_node *, tide_tensor **, tide_tensor **); \
+                                          int tide_##bw##_backward(tide_node *, tide_tensor **, tide_tensor **);
+#define TIDE_OP_PROTO_N(ID, name, fw) int tide_##fw##_forward(tide_node *, tide_tensor **, tide_tensor **);
+TIDE_OP_LIST(TIDE_OP_PROTO_X, TIDE_OP_PROTO_N)
+#undef TIDE_OP_PROTO_X
+#undef TIDE_OP_PROTO_N
+
+extern const tide_op_def tide_op_defs[];   /* [TIDE_OP_COUNT] */
 /* the name of a node's op, for messages */
 #define TIDE_OP_NAME(node) (tide_op_defs[(node)->op].name)
 

@@ -11,9 +11,13 @@
 static int64_t g_live_tensors;
 
 /* ---- dtypes ------------------------------------------------------------------------------------- */
-static const char *const dtype_names[TIDE_DTYPE_COUNT] = {"f32", "f64", "bf16", "i32", "i64", "u8"};
-static const size_t dtype_sizes[TIDE_DTYPE_COUNT] = {4, 8, 2, 4, 8, 1};
-_Static_assert(TIDE_DTYPE_COUNT == 6, "dtype tables must list every dtype");
+/* sized by their initialisers: a dtype added to tide.h without a name and a size here fails the build */
+static const char *const dtype_names[] = {[TIDE_F32] = "f32", [TIDE_F64] = "f64", [TIDE_BF16] = "bf16",
+                                          [TIDE_I32] = "i32", [TIDE_I64] = "i64", [TIDE_U8] = "u8"};
+static const size_t dtype_sizes[] = {[TIDE_F32] = 4, [TIDE_F64] = 8, [TIDE_BF16] = 2,
+                                     [TIDE_I32] = 4, [TIDE_I64] = 8, [TIDE_U8] = 1};
+_Static_assert(sizeof dtype_names / sizeof dtype_names[0] == TIDE_DTYPE_COUNT, "a name for every dtype");
+_Static_assert(sizeof dtype_sizes / sizeof dtype_sizes[0] == TIDE_DTYPE_COUNT, "a size for every dtype");
 
 const char *tide_dtype_name(int dtype) { return dtype >= 0 && dtype < TIDE_DTYPE_COUNT ? dtype_names[dtype] : NULL; }
 size_t tide_dtype_size(int dtype) { return dtype >= 0 && dtype < TIDE_DTYPE_COUNT ? dtype_sizes[dtype] : 0; }

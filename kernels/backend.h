@@ -20,18 +20,27 @@
 extern "C" {
 #endif
 
+/* The op enums below come from X-macro lists (X(ID, name)), so a kernel's name table is generated from the same
+   list as the enum and cannot miss an entry: `#define X(ID, name) [TIDE_UN_##ID] = #name,`. */
+
 /* elementwise unary ops; p is the scalar parameter of the *_SCALAR ops */
-typedef enum {
-    TIDE_UN_NEG, TIDE_UN_EXP, TIDE_UN_LOG, TIDE_UN_SQRT, TIDE_UN_RSQRT, TIDE_UN_TANH, TIDE_UN_SIGMOID,
-    TIDE_UN_SILU, TIDE_UN_GELU, TIDE_UN_SOFTPLUS, TIDE_UN_RELU, TIDE_UN_ABS, TIDE_UN_ADD_SCALAR,
-    TIDE_UN_MUL_SCALAR, TIDE_UN_POW_SCALAR,
-    TIDE_UN_COUNT
-} tide_unary_op;
-
-typedef enum { TIDE_BIN_ADD, TIDE_BIN_SUB, TIDE_BIN_MUL, TIDE_BIN_DIV, TIDE_BIN_COUNT } tide_binary_op;
-
+#define TIDE_UNARY_OPS(X)                                                                                          \
+    X(NEG, neg) X(EXP, exp) X(LOG, log) X(SQRT, sqrt) X(RSQRT, rsqrt) X(TANH, tanh) X(SIGMOID, sigmoid)            \
+    X(SILU, silu) X(GELU, gelu) X(SOFTPLUS, softplus) X(RELU, relu) X(ABS, abs) X(ADD_SCALAR, add_scalar)          \
+    X(MUL_SCALAR, mul_scalar) X(POW_SCALAR, pow_scalar)
+#define TIDE_BINARY_OPS(X) X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div)
 /* reductions over the middle axis of a contiguous [outer, red, inner] buffer -> [outer, inner] */
-typedef enum { TIDE_RED_SUM, TIDE_RED_MAX, TIDE_RED_ARGMAX, TIDE_RED_LOGSUMEXP, TIDE_RED_COUNT } tide_reduce_op;
+#define TIDE_REDUCE_OPS(X) X(SUM, sum) X(MAX, max) X(ARGMAX, argmax) X(LOGSUMEXP, logsumexp)
+
+#define TIDE_UN_ENUM_(ID, name) TIDE_UN_##ID,
+#define TIDE_BIN_ENUM_(ID, name) TIDE_BIN_##ID,
+#define TIDE_RED_ENUM_(ID, name) TIDE_RED_##ID,
+typedef enum { TIDE_UNARY_OPS(TIDE_UN_ENUM_) TIDE_UN_COUNT } tide_unary_op;
+typedef enum { TIDE_BINARY_OPS(TIDE_BIN_ENUM_) TIDE_BIN_COUNT } tide_binary_op;
+typedef enum { TIDE_REDUCE_OPS(TIDE_RED_ENUM_) TIDE_RED_COUNT } tide_reduce_op;
+#undef TIDE_UN_ENUM_
+#undef TIDE_BIN_ENUM_
+#undef TIDE_RED_ENUM_
 
 typedef struct tide_backend {
     const char *name;

@@ -36,11 +36,11 @@ static const struct { const char *name; int size; int tide; } st_dtypes[] = {
 enum { ST_NDTYPES = (int)(sizeof st_dtypes / sizeof st_dtypes[0]) };
 
 /* tide dtype -> safetensors name */
-static const char *const st_from_tide[TIDE_DTYPE_COUNT] = {
+static const char *const st_from_tide[] = {
     [TIDE_F32] = "F32", [TIDE_F64] = "F64", [TIDE_BF16] = "BF16", [TIDE_I32] = "I32", [TIDE_I64] = "I64",
     [TIDE_U8] = "U8",
 };
-_Static_assert(TIDE_DTYPE_COUNT == 6, "map every tide dtype to a safetensors dtype");
+_Static_assert(sizeof st_from_tide / sizeof st_from_tide[0] == TIDE_DTYPE_COUNT, "map every tide dtype to a safetensors dtype");
 
 typedef struct {
     char *name;

@@ -2,7 +2,10 @@
 #include "../internal.h"
 
 /* ---- binary (add, sub, mul, div) with numpy broadcasting ---------------------------------------------- */
-static const char *const binary_names[TIDE_BIN_COUNT] = {"add", "sub", "mul", "div"};
+#define NAME_OF(ID, name) [TIDE_BIN_##ID] = #name,
+static const char *const binary_names[] = {TIDE_BINARY_OPS(NAME_OF)};
+#undef NAME_OF
+_Static_assert(sizeof binary_names / sizeof binary_names[0] == TIDE_BIN_COUNT, "one name per binary op");
 
 int tide_binary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {

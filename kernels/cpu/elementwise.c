@@ -362,10 +362,9 @@ UNARY_FORWARD(double)
 UNARY_BACKWARD(float)
 UNARY_BACKWARD(double)
 
-static const char *const unary_names[TIDE_UN_COUNT] = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "softplus", "relu", "abs",
-    "add_scalar", "mul_scalar", "pow_scalar",
-};
+#define NAME_OF(ID, name) [TIDE_UN_##ID] = #name,
+static const char *const unary_names[] = {TIDE_UNARY_OPS(NAME_OF)};
+#undef NAME_OF
 _Static_assert(sizeof unary_names / sizeof unary_names[0] == TIDE_UN_COUNT, "one name per unary op");
 
 int tide_cpu_unary(int op, int dtype, void *y, const void *x, int64_t n, double p)
@@ -453,7 +452,10 @@ static void binary_row(int op, int dtype, void *o, const void *a, int64_t as, co
 int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *sa, const void *b,
                     const int64_t *sb, int ndim, const int64_t *shape)
 {
-    static const char *const names[TIDE_BIN_COUNT] = { "add", "sub", "mul", "div" };
+#define NAME_OF(ID, name) [TIDE_BIN_##ID] = #name,
+    static const char *const names[] = {TIDE_BINARY_OPS(NAME_OF)};
+#undef NAME_OF
+    _Static_assert(sizeof names / sizeof names[0] == TIDE_BIN_COUNT, "one name per binary op");
     if (op < 0 || op >= TIDE_BIN_COUNT)
         return tide_set_error("binary: op %d out of range [0, %d)", op, TIDE_BIN_COUNT);
     if (!is_float_dtype(dtype))

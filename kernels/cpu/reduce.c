@@ -84,7 +84,9 @@ static const char *dtname(int dtype)
 REDUCE_KERNELS(float)
 REDUCE_KERNELS(double)
 
-static const char *const reduce_names[TIDE_RED_COUNT] = { "sum", "max", "argmax", "logsumexp" };
+#define NAME_OF(ID, name) [TIDE_RED_##ID] = #name,
+static const char *const reduce_names[] = {TIDE_REDUCE_OPS(NAME_OF)};
+#undef NAME_OF
 _Static_assert(sizeof reduce_names / sizeof reduce_names[0] == TIDE_RED_COUNT, "one name per reduce op");
 
 static int check_sizes(const char *what, int64_t outer, int64_t red, int64_t inner)

@@ -305,9 +305,10 @@ static double ref_unary(int op, double x, double p)
 
 static void test_unary(void)
 {
-    static const char *names[TIDE_UN_COUNT] = { "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu",
-                                                "gelu", "softplus", "relu", "abs", "add_scalar", "mul_scalar",
-                                                "pow_scalar" };
+#define NAME_OF(ID, name) [TIDE_UN_##ID] = #name,
+    static const char *const names[] = {TIDE_UNARY_OPS(NAME_OF)};
+#undef NAME_OF
+    _Static_assert(sizeof names / sizeof names[0] == TIDE_UN_COUNT, "one name per unary op");
     enum { N = 40 };
     double x[N], y[N], want[N], gy[N], gx[N], num[N], yp[N], ym[N];
     float xf[N], yf[N], gyf[N], gxf[N];

@@ -1,0 +1,78 @@
+/*
+ * op_list.h — THE list of ops. One line per op: X(ID, name, forward, backward) for a differentiable op,
+ * N(ID, name, forward) for one without a gradient. Everything else comes from it (internal.h, registry.c):
+ * the enum entry TIDE_OP_<ID>, the registry entry {"name", tide_<forward>_forward, tide_<backward>_backward}
+ * and the prototypes of those functions, which the op files see through internal.h so the compiler checks
+ * every definition against them (-Wmissing-prototypes catches a forward that is not listed here). Several
+ * ops share one forward/backward pair (the binary and unary families), told apart by their attributes.
+ */
+#ifndef TIDE_OP_LIST_H
+#define TIDE_OP_LIST_H
+
+#define TIDE_OP_LIST(X, N)                                             \
+    /* layout.c */                                                     \
+    X(RESHAPE, reshape, reshape, reshape)                              \
+    X(PERMUTE, permute, permute, permute)                              \
+    X(SLICE, slice, slice, slice)                                      \
+    X(CONTIGUOUS, contiguous, contiguous, identity)                    \
+    X(EXPAND, expand, expand, expand)                                  \
+    X(CONCAT, concat, concat, concat)                                  \
+    X(SPLIT, split, split, split)                                      \
+    X(INDEX_SELECT, index_select, index_select, index_select)          \
+    X(GATHER, gather, gather, gather)                                  \
+    X(SCATTER_ADD, scatter_add, scatter_add, scatter_add)              \
+    X(TO_DTYPE, to_dtype, to_dtype, to_dtype)                          \
+    X(TO_DEVICE, to_device, to_dtype, to_dtype)                        \
+    /* elementwise.c */                                                \
+    X(ADD, add, binary, binary)                                        \
+    X(SUB, sub, binary, binary)                                        \
+    X(MUL, mul, binary, binary)                                        \
+    X(DIV, div, binary, binary)                                        \
+    X(ADD_SCALAR, add_scalar, unary, unary)                            \
+    X(MUL_SCALAR, mul_scalar, unary, unary)                            \
+    X(POW_SCALAR, pow_scalar, unary, unary)                            \
+    X(NEG, neg, unary, unary)                                          \
+    X(EXP, exp, unary, unary)                                          \
+    X(LOG, log, unary, unary)                                          \
+    X(SQRT, sqrt, unary, unary)                                        \
+    X(RSQRT, rsqrt, unary, unary)                                      \
+    X(TANH, tanh, unary, unary)                                        \
+    X(SIGMOID, sigmoid, unary, unary)                                  \
+    X(SILU, silu, unary, unary)                                        \
+    X(GELU, gelu, unary, unary)                                        \
+    X(SOFTPLUS, softplus, unary, unary)                                \
+    X(RELU, relu, unary, unary)                                        \
+    X(ABS, abs, unary, unary)                                          \
+    X(SWIGLU, swiglu, swiglu, swiglu)                                  \
+    /* reduce.c */                                                     \
+    X(SUM, sum, sum, sum)                                              \
+    X(MEAN, mean, sum, sum)                                            \
+    X(MAX, max, dimreduce, dimreduce)                                  \
+    N(ARGMAX, argmax, dimreduce)                                       \
+    X(LOGSUMEXP, logsumexp, dimreduce, dimreduce)                      \
+    /* matmul.c */                                                     \
+    X(MATMUL, matmul, matmul, matmul)                                  \
+    /* nn.c */                                                         \
+    X(EMBEDDING, embedding, embedding, embedding)                      \
+    X(RMSNORM, rmsnorm, rmsnorm, rmsnorm)                              \
+    X(LAYERNORM, layernorm, layernorm, layernorm)                      \
+    X(SOFTMAX, softmax, softmax, softmax)                              \
+    X(LOG_SOFTMAX, log_softmax, softmax, softmax)                      \
+    X(CROSS_ENTROPY, cross_entropy, cross_entropy, cross_entropy)      \
+    X(ROPE, rope, rope, rope)                                          \
+    X(ATTENTION, attention, attention, attention)                      \
+    /* kda.c */                                                        \
+    X(KDA, kda, kda, kda)                                              \
+    X(KDA_GATE, kda_gate, kda_gate, kda_gate)                          \
+    X(CAUSAL_CONV1D, causal_conv1d, causal_conv1d, causal_conv1d)      \
+    X(L2NORM, l2norm, l2norm, l2norm)                                  \
+    /* mla.c */                                                        \
+    X(MLA_ATTENTION, mla_attention, mla_attention, mla_attention)      \
+    /* attnres.c */                                                    \
+    X(ATTNRES, attnres, attnres, attnres)                              \
+    /* moe.c */                                                        \
+    X(SITU_GLU, situ_glu, situ_glu, situ_glu)                          \
+    X(TOPK, topk, topk, topk)                                          \
+    X(MOE_EXPERTS, moe_experts, moe_experts, moe_experts)
+
+#endif
