@@ -39,7 +39,8 @@ local nn = require "tide.nn"
 local optim = require "tide.optim"
 local checkpoint = require "tide.checkpoint"
 local log = require "tide.log"
-local json = require "tide.json"
+local options = require "tide.options"
+local sources = require "tide.data.sources"
 local tokenizer = require "tide.data.tokenizer"
 local F = tide.F
 
@@ -66,33 +67,16 @@ local STAGE = {
   description = true, long_ratio = true,
 }
 local EVAL = { every = true, tasks = true }
-local MIX = { weight = true, min_len = true, max_len = true }
 local LR = { kind = true, from = true, to = true, warmup = true, start = true }
 local LR_KINDS = { constant = true, linear = true, cosine = true }
 local LR_ALIASES = { stable = "constant", decay = "cosine" }
 local HOOKS = { on_stage_start = true, on_stage_end = true, on_step = true, on_eval = true }
 
-local function bad(msg, level) error("curriculum: " .. msg, level or 3) end
-
-local function sorted_keys(t)
-  local out = {}
-  for k in pairs(t) do out[#out + 1] = tostring(k) end
-  table.sort(out)
-  return out
-end
-
-local function check_keys(t, known, where)
-  for k in pairs(t) do
-    if not known[k] then
-      bad(fmt("unknown key '%s' in %s; known keys: %s", tostring(k), where, table.concat(sorted_keys(known), ", ")), 4)
-    end
-  end
-end
-
-local function pos_int(v, what)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then bad(fmt("%s must be a positive integer, got %s", what, tostring(v)), 4) end
-  return v
-end
+-- errors are one line "curriculum: ..." at the recipe's line (level 0: no position, for problems of the run itself)
+local function bad(msg, level) options.fail("curriculum", msg, level == 0 and 0 or nil) end
+local sorted_keys = options.sorted_keys
+local function check_keys(t, known, where) options.check(t, known, where, "curriculum") end
+local function pos_int(v, what) return options.pos_int(v, what, "curriculum") end
 
 local function deep_copy(v)
   if type(v) ~= "table" then return v end
@@ -151,22 +135,7 @@ local function resolve_stages(cfg)
     if type(warmup) ~= "number" or warmup < 0 or warmup ~= math.floor(warmup) or warmup >= steps then
       bad(fmt("%s: lr.warmup must be an integer in [0, steps = %d), got %s", where, steps, tostring(warmup)))
     end
-    if type(s.mix) ~= "table" or next(s.mix) == nil then bad(where .. ": `mix` must name at least one source") end
-    local mix = {}
-    for src, w in pairs(s.mix) do
-      if not (cfg.sources or {})[src] then
-        bad(fmt("%s: mix names the source '%s', which `sources` does not define (known: %s)", where, tostring(src),
-          table.concat(sorted_keys(cfg.sources or {}), ", ")))
-      end
-      local e = type(w) == "table" and deep_copy(w) or { weight = w }
-      check_keys(e, MIX, fmt("%s: mix.%s", where, src))
-      if type(e.weight) ~= "number" or not (e.weight > 0) then
-        bad(fmt("%s: the weight of source '%s' must be a number > 0, got %s", where, src, tostring(e.weight)))
-      end
-      e.name = src
-      mix[#mix + 1] = e
-    end
-    table.sort(mix, function(a, b) return a.name < b.name end)
+    local mix = sources.mix(s.mix, cfg.sources or {}, where, "curriculum")
     local ev = s.eval or {}
     if type(ev) ~= "table" then bad(where .. ": eval must be a table {every = steps, tasks = true|false}") end
     check_keys(ev, EVAL, where .. ".eval")
@@ -196,53 +165,9 @@ function curriculum.lr_at(st, s)
   return lr.to + (lr.from - lr.to) * 0.5 * (1 + math.cos(math.pi * x))
 end
 
--- ---- sources and packers --------------------------------------------------------------------------------------
-local SYNTHETIC = { mqar = true, passkey = true, copy = true }
-
-local function build_sources(cfg, tok, seed)
-  local data = require "tide.data"
-  local out = {}
-  for name, sc in pairs(cfg.sources or {}) do
-    if type(sc) ~= "table" then bad(fmt("sources.%s must be a table", name)) end
-    local o = deep_copy(sc)
-    local kind = o.kind or "text"
-    o.kind = nil
-    o.tokenizer = tok
-    if o.seed == nil then o.seed = seed end
-    if kind == "text" then
-      out[name] = data.pack.text_source(o)
-    elseif SYNTHETIC[kind] then
-      o.task = kind
-      out[name] = data.synthetic.source(o)
-    else
-      bad(fmt("sources.%s: kind must be text, mqar, passkey or copy, got %s", name, tostring(kind)))
-    end
-  end
-  return out
-end
-
--- one packer for the whole run over every source of cfg.sources, in name order; a stage sets its mixture with
--- set_mix and its row length with set_seq_len, so every cursor and the carry-over continue
-local function mix_entries(mix)
-  local out = {}
-  for _, e in ipairs(mix) do
-    out[#out + 1] = { name = e.name, weight = e.weight, min_len = e.min_len, max_len = e.max_len }
-  end
-  return out
-end
-
-local function new_packer(names, sources, T, seed, eot)
-  local data = require "tide.data"
-  local entries = {}
-  for _, name in ipairs(names) do entries[#entries + 1] = { source = sources[name], weight = 1, name = name } end
-  return data.pack.Packer{ sources = entries, seq_len = T, seed = seed, eot = eot }
-end
-
--- ---- the run state (what a checkpoint holds besides weights and AdamW) ------------------------------------------
-local run_state = require "tide.train"           -- the Philox counter and metrics helpers tide.train uses
-local rng_get, rng_set = run_state.rng_get, run_state.rng_set
-
-local function moe_layers(model) return model.moe_layers and model:moe_layers() or {} end
+-- ---- hooks and scales -----------------------------------------------------------------------------------------
+local step = require "tide.step"
+local moe_layers = step.moe_layers
 
 -- a stage's own hook first, then the run-wide one
 local function call_hooks(st, hooks, name, ...)
@@ -252,10 +177,6 @@ local function call_hooks(st, hooks, name, ...)
   if a then a(...) end
   if b then b(...) end
 end
-
-local function is_finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
-
-local truncate_metrics = run_state.truncate_metrics
 
 -- apply --scale=NAME: cfg.scales[NAME] is a function(cfg) that edits the config in place (or returns a new one)
 local function apply_scale(cfg)
@@ -280,23 +201,14 @@ local function val_eval(ctx)
   local cfg, st = ctx.cfg, ctx.stage
   local vc = cfg.val
   if not vc then return nil end
-  local vst = { seq_len = st.seq_len, mix = {} }
-  for src, w in pairs(vc.mix) do
-    local e = type(w) == "table" and deep_copy(w) or { weight = w }
-    e.name = src
-    vst.mix[#vst.mix + 1] = e
-  end
-  table.sort(vst.mix, function(a, b) return a.name < b.name end)
+  local mix = sources.mix(vc.mix, ctx.sources, "val", "curriculum")
   local names = {}
-  for _, e in ipairs(vst.mix) do names[#names + 1] = e.name end
-  local p = new_packer(names, ctx.sources, st.seq_len, vc.seed or 7919, ctx.eot)
-  p:set_mix(mix_entries(vst.mix))
+  for _, e in ipairs(mix) do names[#names + 1] = e.name end
+  local p = sources.packer(names, ctx.sources, st.seq_len, vc.seed or 7919, ctx.eot)
+  p:set_mix(sources.mix_entries(mix))
   local model = ctx.model
-  local layers = moe_layers(model)
-  for _, m in ipairs(layers) do m:count_eval_loads(true) end
-  model:eval()
   local sum, n = 0, 0
-  tide.no_grad(function()
+  local maxvio = step.with_eval_loads(model, function()
     for _ = 1, vc.batches or 2 do
       local b = p:next_rows(st.micro_rows)
       local logits = model:forward(b.ids, nil, { cu_seqlens = b.cu_seqlens })
@@ -304,16 +216,7 @@ local function val_eval(ctx)
       n = n + b.n_targets
     end
   end)
-  model:train()
-  local out = { val_loss = n > 0 and sum / n or nil, maxvio_global = {} }
-  for _, m in ipairs(layers) do
-    local r = m:count_eval_loads(false)
-    -- keyed by the 0-based layer index, as model:moe_metrics() is
-    for l = 1, model.cfg.n_layers do
-      if r and model.model.layers:get(l).block_sparse_moe == m then out.maxvio_global[l - 1] = r.maxvio end
-    end
-  end
-  return out
+  return { val_loss = n > 0 and sum / n or nil, maxvio_global = maxvio }
 end
 
 -- task accuracy (tide.evals) for every entry of cfg.evals: {source = NAME, lengths = {...}, depths = {...},
@@ -369,7 +272,9 @@ local function preflight(cfg)
     end
   end
 end
-local function run(cfg)
+-- setup: the scale, the checks, the model (its initialisation draws from the RNG seeded here), the sources, the
+-- optimiser, the shared step and run, and the hook context
+local function setup(cfg)
   cfg = apply_scale(cfg)
   check_keys(cfg, TOP, "the curriculum config")
   local tcfg = cfg.train or {}
@@ -380,316 +285,201 @@ local function run(cfg)
   local seed = cfg.seed or tcfg.seed or 0
   local threads = cfg.threads or tcfg.threads
   if threads then tide.set_num_threads(threads) end
-  local log_every, ckpt_every = tcfg.log_every or 10, tcfg.ckpt_every or 0
-  local collect_every = tcfg.collect_every or 1
-  local policy = cfg.on_nonfinite or "skip"
-  local clip = (cfg.optim or {}).clip
-  if clip == nil then clip = 1.0 end
   local hooks = cfg.hooks or {}
   check_keys(hooks, HOOKS, "hooks")
+  if cfg.stage ~= nil and not by_name[cfg.stage] then
+    local n = {}
+    for _, s in ipairs(stages) do n[#n + 1] = s.name end
+    bad(fmt("--stage: no stage named '%s' (stages: %s)", tostring(cfg.stage), table.concat(n, ", ")), 2)
+  end
 
   preflight(cfg)
   tide.manual_seed(seed)
   local model = nn.build(cfg.model or {})
-  local V = model.cfg.vocab_size
-  local tok = tokenizer.byte_level({ vocab_size = V })
-  local eot = tok:id("<|endoftext|>")
-  local sources = build_sources(cfg, tok, seed)
+  local tok = tokenizer.byte_level({ vocab_size = model.cfg.vocab_size })
   local opt = optim.build(cfg.optim or {}, model)
-  local logger = log.open({ quiet = tcfg.quiet })
+  local C = { cfg = cfg, tcfg = tcfg, stages = stages, by_name = by_name, hooks = hooks, seed = seed, model = model,
+    tok = tok, si = 1, stage_step = 0 }
+  C.sources = sources.build(cfg.sources, tok, seed, "curriculum")
+  C.eot = tok:id("<|endoftext|>")
+  C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite })
+  C.run = step.run({ driver = "curriculum", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
+    keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model, optim = opt, stepper = C.stepper,
+    tokenizer = tok,
+    get_data = function() return { packer = C.packer:state() } end,
+    set_data = function(cursors) C.pending_packer = cursors.packer end,
+    get_position = function()
+      return { stage = C.si, stage_name = stages[C.si].name, stage_step = C.stage_step, scale = cfg.scale or "full" }
+    end,
+    set_position = function(pos, _, dir) curriculum._set_position(C, pos, dir) end })
+  -- the context the hooks see
+  C.ctx = { cfg = cfg, model = model, optim = opt, sources = C.sources, tok = tok, eot = C.eot, stages = stages,
+    logger = C.run.logger, out = out }
+  function C.ctx.log(msg) C.run.logger:line(msg) end
+  return C
+end
 
-  local ctx = { cfg = cfg, model = model, optim = opt, sources = sources, tok = tok, eot = eot, stages = stages,
-    logger = logger, out = out }
-  function ctx.log(msg) logger:line(msg) end
-
-  local si, stage_step, step, tokens, skipped = 1, 0, 0, 0, 0
-  local packer
-  local last_ckpt
-
-  local function state()
-    local moe = {}
-    for i, m in ipairs(moe_layers(model)) do moe[i] = m:balancer_state() end
-    return {
-      kind = "curriculum", name = cfg.name, stage = si, stage_name = stages[si].name, stage_step = stage_step,
-      tokens = tokens, skipped = skipped, packer = packer:state(), rng = rng_get(), moe = moe,
-      threads = tide.num_threads(), scale = cfg.scale or "full",
-      tokenizer = { kind = tok.kind, vocab_size = tok.vocab_size },
-    }
+-- enter stage i (with the packer state of a checkpoint, or continuing the packer): on_stage_start(ctx, stage) gets
+-- the recipe's own stage table, and whatever it changes there or in ctx.cfg (seq_len, steps, mix, lr, ...) is resolved
+-- again for this stage and the ones after it (a resume runs the hook again, so the resumed run sees the same changes)
+local function enter_stage(C, i, pstate, resumed)
+  local stages, ctx = C.stages, C.ctx
+  C.si = i
+  ctx.stage, ctx.stage_index, ctx.resumed = stages[i], i, resumed
+  call_hooks(stages[i], C.hooks, "on_stage_start", ctx, stages[i].spec)
+  local again = resolve_stages(C.cfg)
+  for j = i, #stages do stages[j] = again[j] end
+  local st = stages[i]
+  ctx.stage = st
+  C.packer = C.packer or sources.packer(sorted_keys(C.sources), C.sources, st.seq_len, C.seed, C.eot)
+  if pstate then C.packer:set_state(pstate) end
+  C.packer:set_seq_len(st.seq_len)
+  C.packer:set_mix(sources.mix_entries(st.mix))
+  ctx.packer = C.packer
+  tide.reset_peak()
+  local logger = C.run.logger
+  logger:line(fmt("stage %d/%d '%s': T %d, %d rows/step in %d micro-batch(es), %d steps (%s tokens), lr %s %.3g -> %.3g",
+    i, #stages, st.name, st.seq_len, st.rows, st.n_micro, st.steps, log.si(st.steps * st.tokens_per_step),
+    st.lr.kind, st.lr.from, st.lr.to))
+  local ok, est = pcall(nn.plan.activation_bytes, C.model.cfg, st.seq_len, { recompute = C.model.cfg.recompute or "layer",
+    dtype = C.model.cfg.dtype })
+  if ok and est then
+    logger:line(fmt("  activation memory estimate: %.1f KB/token, %s per micro-batch of %d x %d", est.per_token / 1024,
+      log.si(est.per_token * st.micro_rows * st.seq_len) .. "B", st.micro_rows, st.seq_len))
   end
+end
 
-  local function save()
-    if not out then return end
-    last_ckpt = checkpoint.save(out, step, { model = model, optim = opt, state = state(), keep = tcfg.keep_ckpts or 2 })
-  end
-
-  local function enter_stage(i, pstate, resumed)
-    si = i
-    ctx.stage, ctx.stage_index, ctx.resumed = stages[i], i, resumed
-    -- on_stage_start(ctx, stage) gets the recipe's own stage table: whatever it changes there or in ctx.cfg
-    -- (seq_len, steps, mix, lr, ...) is resolved again for this stage and the ones after it (a resume runs the
-    -- hook again, so the resumed run sees the same changes); ctx.model and ctx.optim can be changed directly
-    call_hooks(stages[i], hooks, "on_stage_start", ctx, stages[i].spec)
-    local again = resolve_stages(cfg)
-    for j = i, #stages do stages[j] = again[j] end
-    local st = stages[i]
-    ctx.stage = st
-    packer = packer or new_packer(sorted_keys(sources), sources, st.seq_len, seed, eot)
-    if pstate then packer:set_state(pstate) end
-    packer:set_seq_len(st.seq_len)
-    packer:set_mix(mix_entries(st.mix))
-    ctx.packer = packer
-    tide.reset_peak()
-    local plan = nn.plan
-    local line = fmt("stage %d/%d '%s': T %d, %d rows/step in %d micro-batch(es), %d steps (%s tokens), lr %s %.3g -> %.3g",
-      i, #stages, st.name, st.seq_len, st.rows, st.n_micro, st.steps, log.si(st.steps * st.tokens_per_step),
-      st.lr.kind, st.lr.from, st.lr.to)
-    logger:line(line)
-    if plan and plan.activation_bytes then
-      local ok, est = pcall(plan.activation_bytes, model.cfg, st.seq_len, { recompute = model.cfg.recompute or "layer",
-        dtype = model.cfg.dtype })
-      if ok and est then
-        logger:line(fmt("  activation memory estimate: %.1f KB/token, %s per micro-batch of %d x %d", est.per_token / 1024,
-          log.si(est.per_token * st.micro_rows * st.seq_len) .. "B", st.micro_rows, st.seq_len))
-      end
-    end
-  end
-
-  local function restore(dir, jump)
-    local st = checkpoint.load(dir, { model = model, optim = opt })
-    if st.kind ~= "curriculum" then bad(fmt("%s is not a curriculum checkpoint (no stage state)", dir)) end
-    if st.tokenizer and st.tokenizer.vocab_size ~= tok.vocab_size then
-      bad(fmt("%s was written with a %d-id tokenizer, this run has %d", dir, st.tokenizer.vocab_size, tok.vocab_size))
-    end
-    step, tokens, skipped = st.step, st.tokens or 0, st.skipped or 0
-    rng_set(st.rng)
-    for i, m in ipairs(moe_layers(model)) do if st.moe and st.moe[i] then m:set_balancer_state(st.moe[i]) end end
-    last_ckpt = dir
-    if st.threads and st.threads ~= tide.num_threads() then
-      logger:line(fmt("note: %s was written with %d threads, this run uses %d; losses may differ in the last bits",
-        dir, st.threads, tide.num_threads()))
-    end
-    if jump then
-      -- --stage NAME: the checkpoint's weights, moments and data cursors, then stage NAME from its first step
-      local i = by_name[jump]
-      stage_step = 0
-      enter_stage(i, st.packer, true)
-    else
-      local i = st.stage
-      if not stages[i] or stages[i].name ~= st.stage_name then
-        bad(fmt("%s is at stage '%s', which this recipe does not have at position %d", dir, tostring(st.stage_name), i or -1))
-      end
-      stage_step = st.stage_step
-      enter_stage(i, st.packer, true)
-    end
-    return st
-  end
-
-  if out and tide.C.tide_mkdir_p(out) ~= 0 then bad("cannot create '" .. out .. "': " .. ffi.string(tide.C.tide_last_error())) end
-  if cfg.stage ~= nil and not by_name[cfg.stage] then
-    bad(fmt("--stage: no stage named '%s' (stages: %s)", tostring(cfg.stage), table.concat((function()
-      local n = {}
-      for _, s in ipairs(stages) do n[#n + 1] = s.name end
-      return n
-    end)(), ", ")), 2)
-  end
-  if cfg.resume then
-    local target = cfg.resume
-    if target == true then
-      if not out then bad("--resume needs train.out (the run directory)") end
-      target = out
-    end
-    local dir = checkpoint.resolve(target)
-    restore(dir, cfg.stage)
-    logger:line(fmt("resumed from %s at step %d (stage '%s', stage step %d)", dir, step, stages[si].name, stage_step))
-    if out then
-      truncate_metrics(out .. "/metrics.jsonl", step)
-      logger = log.open({ path = out .. "/metrics.jsonl", quiet = tcfg.quiet })
-      ctx.logger = logger
-    end
+-- a restored checkpoint's curriculum position: its stage at its step, or (--stage NAME) stage NAME from its first step
+function curriculum._set_position(C, pos, dir)
+  local stages = C.stages
+  if not pos then bad(fmt("%s is not a curriculum checkpoint (no stage state)", dir), 0) end
+  local jump = C.cfg.stage
+  if jump and not C.in_rollback then
+    C.stage_step = 0
+    enter_stage(C, C.by_name[jump], C.pending_packer, true)
   else
-    if out then
-      os.remove(out .. "/metrics.jsonl")
-      logger = log.open({ path = out .. "/metrics.jsonl", quiet = tcfg.quiet })
-      ctx.logger = logger
+    local i = pos.stage
+    if not stages[i] or stages[i].name ~= pos.stage_name then
+      bad(fmt("%s is at stage '%s', which this recipe does not have at position %d", dir, tostring(pos.stage_name), i or -1), 0)
     end
-    if cfg.stage then logger:line(fmt("starting at stage '%s' from a fresh initialisation", cfg.stage)) end
-    enter_stage(cfg.stage and by_name[cfg.stage] or 1, nil, false)
+    C.stage_step = pos.stage_step
+    enter_stage(C, i, C.pending_packer, true)
   end
-  logger:line(fmt("model: %s", model:extra_repr()))
+  C.pending_packer = nil
+end
 
-  local result = { losses = {}, stages = {}, evals = {}, out = out, model = model, tokenizer = tok }
-  local t_start = tide.time()
-  local consecutive, rollbacks, first_bad = 0, 0, nil
-  local layers = moe_layers(model)
+-- resume (--resume [--stage NAME]) or start at stage 1 (or --stage NAME from a fresh initialisation)
+local function start(C)
+  local cfg, run = C.cfg, C.run
+  local st = run:open(cfg.resume)
+  C.ctx.logger = run.logger
+  if st then
+    run.logger:line(fmt("resumed from %s at step %d (stage '%s', stage step %d)", run.resumed_from, run.step,
+      C.stages[C.si].name, C.stage_step))
+  else
+    if cfg.stage then run.logger:line(fmt("starting at stage '%s' from a fresh initialisation", cfg.stage)) end
+    enter_stage(C, cfg.stage and C.by_name[cfg.stage] or 1, nil, false)
+  end
+  run.logger:line(fmt("model: %s", C.model:extra_repr()))
+end
+
+-- an eval: the held-out loss and MoE maxvio_global into rec, the expert-load line, the on_eval hooks
+local function do_eval(C, rec)
+  local r = val_eval(C.ctx)
+  if r then
+    rec.val_loss = r.val_loss
+    for i, v in pairs(r.maxvio_global) do rec["moe/maxvio_global/" .. i] = v end
+    local line = step.moe_line(C.model, r.maxvio_global)
+    if line then C.run.logger:line("  " .. line) end
+  end
+  call_hooks(C.ctx.stage, C.hooks, "on_eval", C.ctx, rec)
+  return r
+end
+
+-- the end of a stage: evaluate, task evals when the stage asks, hooks, the stage summary; false after the last stage
+local function end_stage(C, result)
+  local st, run = C.stages[C.si], C.run
+  local rec = { step = run.step, event = "stage_end", stage = st.name }
+  local r = do_eval(C, rec)
+  local stage_evals
+  if st.eval_tasks and C.cfg.evals then
+    stage_evals = task_evals(C.ctx, C.cfg.evals)
+    run.logger:line(require("tide.evals").table(stage_evals))
+  end
+  call_hooks(st, C.hooks, "on_stage_end", C.ctx, st)
+  local mem = tide.memory()
+  result.stages[#result.stages + 1] = { name = st.name, seq_len = st.seq_len, steps = st.steps,
+    val_loss = r and r.val_loss, maxvio_global = r and r.maxvio_global, mem_peak = mem.peak, evals = stage_evals,
+    tok_per_s = st._tok and st._tok / math.max(st._time, 1e-9) or nil }
+  run:record(rec)
+  run.logger:line(fmt("stage '%s' done at step %d%s; peak memory %sB", st.name, run.step,
+    rec.val_loss and fmt(", val loss %.4f", rec.val_loss) or "", log.si(mem.peak)))
+  if C.si == #C.stages then return false end
+  C.stage_step = 0
+  enter_stage(C, C.si + 1, nil, false)
+  run:save()    -- the switch is a step boundary: the checkpoint starts the new stage (long_context.md §6)
+  return true
+end
+
+-- one step of the current stage: its micro-batches from the packer, η from the stage segment, the shared step, the
+-- record, evals, hooks, the progress line; true when the run must stop
+local function stage_step(C, total_steps)
+  local st, run = C.stages[C.si], C.run
+  local batches = {}
+  for i = 1, st.n_micro do batches[i] = C.packer:next_rows(st.micro_rows) end
+  local rec = run:train_step(batches, curriculum.lr_at(st, C.stage_step))
+  C.stage_step = C.stage_step + 1
+  st._tok, st._time = (st._tok or 0) + st.tokens_per_step, (st._time or 0) + rec.step_time
+  rec.stage, rec.seq_len = st.name, st.seq_len
+  if not rec.skipped and st.eval_every > 0 and C.stage_step % st.eval_every == 0 and C.stage_step < st.steps then
+    do_eval(C, rec)
+  end
+  call_hooks(st, C.hooks, "on_step", C.ctx, rec)
+  run:record(rec)
+  if run.step % (C.tcfg.log_every or 10) == 0 or C.stage_step == st.steps or rec.val_loss then
+    run.logger:line(fmt("[%s] %s", st.name, log.progress_text({ step = run.step, steps = total_steps, loss = rec.loss,
+      val_loss = rec.val_loss, lr = rec.lr, tok_per_s = rec.tok_per_s,
+      note = rec.skipped and ("skipped (non-finite " .. rec.nonfinite_tensor .. ")") or nil })))
+  end
+  local ckpt_every = C.tcfg.ckpt_every or 0
+  C.in_rollback = true       -- a rollback restores the checkpoint's own stage, not --stage's
+  local stop = run:after_step(rec, ckpt_every > 0 and run.step % ckpt_every == 0 and C.stage_step < st.steps)
+  C.in_rollback = false
+  return stop
+end
+
+-- run(cfg) -> result: stages in order until the last is done (or the non-finite policy stops the run), then the
+-- final checkpoint, the task evals and the expert-load table
+local function run(cfg)
+  local C = setup(cfg)
+  start(C)
+  local result = C.run.result
+  result.stages, result.evals = {}, {}
   local total_steps = 0
-  for _, s in ipairs(stages) do total_steps = total_steps + s.steps end
-
-  local function do_eval(rec)
-    local r = val_eval(ctx)
-    if r then
-      rec.val_loss = r.val_loss
-      for i, v in pairs(r.maxvio_global) do rec["moe/maxvio_global/" .. i] = v end
-      -- the compact expert-load line of every eval: per MoE layer MaxVio of the last batch / of the val set
-      local mt, parts = model.moe_metrics and model:moe_metrics() or {}, {}
-      local ls = {}
-      for l in pairs(mt) do ls[#ls + 1] = l end
-      table.sort(ls)
-      for _, l in ipairs(ls) do
-        local g = r.maxvio_global[l]
-        parts[#parts + 1] = fmt("L%d %s/%s", l, mt[l].maxvio_batch and fmt("%.2f", mt[l].maxvio_batch) or "-",
-          g and fmt("%.2f", g) or "-")
-      end
-      if #parts > 0 then logger:line("  moe maxvio batch/val: " .. table.concat(parts, "  ")) end
-    end
-    call_hooks(ctx.stage, hooks, "on_eval", ctx, rec)
-    return r
-  end
-
+  for _, s in ipairs(C.stages) do total_steps = total_steps + s.steps end
   while true do
-    local st = stages[si]
-    if stage_step >= st.steps then
-      -- the stage is done: evaluate, hooks, checkpoint, next stage
-      local rec = { step = step, event = "stage_end", stage = st.name }
-      local r = do_eval(rec)
-      local stage_evals
-      if st.eval_tasks and cfg.evals then
-        -- the task accuracies at the end of this stage (stage.eval.tasks = true)
-        stage_evals = task_evals(ctx, cfg.evals)
-        logger:line(require("tide.evals").table(stage_evals))
-      end
-      call_hooks(st, hooks, "on_stage_end", ctx, st)
-      local mem = tide.memory()
-      result.stages[#result.stages + 1] = { name = st.name, seq_len = st.seq_len, steps = st.steps,
-        val_loss = r and r.val_loss, maxvio_global = r and r.maxvio_global, mem_peak = mem.peak, evals = stage_evals,
-        tok_per_s = st._tok and st._tok / math.max(st._time, 1e-9) or nil }
-      logger:metrics(rec)
-      logger:line(fmt("stage '%s' done at step %d%s; peak memory %sB", st.name, step,
-        rec.val_loss and fmt(", val loss %.4f", rec.val_loss) or "", log.si(mem.peak)))
-      if si == #stages then break end
-      stage_step = 0
-      enter_stage(si + 1, nil, false)
-      save()    -- the switch is a step boundary: the checkpoint starts the new stage (long_context.md §6)
-    else
-      local t0 = tide.time()
-      local lr = curriculum.lr_at(st, stage_step)
-      local batches, N = {}, 0
-      for i = 1, st.n_micro do
-        local b = packer:next_rows(st.micro_rows)
-        batches[i] = b
-        N = N + b.n_targets
-      end
-      local loss_sum, bad_what = 0, nil
-      for i, b in ipairs(batches) do
-        local logits = model:forward(b.ids, nil, { cu_seqlens = b.cu_seqlens })
-        local ce = F.cross_entropy(logits, b.targets, { reduction = "sum" })
-        local l = ce * (1 / math.max(N, 1))
-        for _, m in ipairs(layers) do
-          if m.aux_loss then l = l + m.aux_loss * (1 / st.n_micro) end     -- balance = "aux": the step's mean
-        end
-        local lv = ce:item()
-        if not is_finite(lv) then bad_what = "loss"; break end
-        loss_sum = loss_sum + lv
-        l:backward()
-        batches[i] = nil
-        logits, ce, l = nil, nil, nil
-      end
-      local loss = loss_sum / math.max(N, 1)
-      local norm
-      if not bad_what then
-        norm = (clip and clip > 0) and optim.clip_grad_norm(opt.params, clip) or optim.grad_norm(opt.params)
-        if not is_finite(norm) then bad_what = "gradient of " .. (optim.first_nonfinite(opt.params) or "?") end
-      end
-      if bad_what then
-        opt:zero_grad()
-        if model.balance_step then model:balance_step({ discard = true }) end
-        consecutive, skipped = consecutive + 1, skipped + 1
-        first_bad = first_bad or fmt("%s at step %d", bad_what, step + 1)
-        if policy == "stop" then result.stopped = fmt("stopped at step %d: non-finite %s", step + 1, bad_what) end
-      else
-        opt:step(lr)
-        opt:zero_grad()
-        if model.balance_step then model:balance_step() end
-        consecutive = 0
-      end
-      step, stage_step = step + 1, stage_step + 1
-      tokens = tokens + st.tokens_per_step
-      result.losses[step] = bad_what and (0 / 0) or loss
-      if collect_every > 0 and step % collect_every == 0 then tide.collect() end
-      local now = tide.time()
-      st._tok, st._time = (st._tok or 0) + st.tokens_per_step, (st._time or 0) + (now - t0)
-      local mem = tide.memory()
-      local rec = { step = step, time = os.time(), stage = st.name, seq_len = st.seq_len, tokens = tokens,
-        loss = loss, lr = lr, grad_norm = norm, tok_per_s = st.tokens_per_step / math.max(now - t0, 1e-9),
-        step_time = now - t0, targets = N, mem_peak = mem.peak, mem_current = mem.current }
-      if bad_what then rec.skipped = true; rec.nonfinite_tensor = bad_what end
-      for l, mt in pairs(model.moe_metrics and model:moe_metrics() or {}) do
-        for _, key in ipairs({ "maxvio_batch", "load_entropy", "dead_experts", "topk_changed", "b_std" }) do
-          if mt[key] ~= nil then rec["moe/" .. key .. "/" .. l] = mt[key] end
-        end
-      end
-      if not bad_what and st.eval_every > 0 and stage_step % st.eval_every == 0 and stage_step < st.steps then
-        do_eval(rec)
-      end
-      call_hooks(st, hooks, "on_step", ctx, rec)
-      logger:metrics(rec)
-      if step % log_every == 0 or stage_step == st.steps or rec.val_loss then
-        logger:line(fmt("[%s] %s", st.name, log.progress_text({ step = step, steps = total_steps, loss = loss,
-          val_loss = rec.val_loss, lr = lr, tok_per_s = rec.tok_per_s,
-          note = bad_what and ("skipped (non-finite " .. bad_what .. ")") or nil })))
-      end
-      if result.stopped then break end
-      if consecutive >= 5 and policy == "skip" then
-        if rollbacks >= 2 or not last_ckpt then
-          result.stopped = fmt("stopped at step %d: %d consecutive non-finite steps%s; first non-finite: %s", step,
-            consecutive, last_ckpt and " after 2 rollbacks" or " and no checkpoint to roll back to", first_bad)
-          break
-        end
-        rollbacks, consecutive = rollbacks + 1, 0
-        logger:line(fmt("rolling back to %s after 5 consecutive non-finite steps (rollback %d of 2)", last_ckpt, rollbacks))
-        logger:metrics({ step = step, event = "rollback", checkpoint = last_ckpt })
-        restore(last_ckpt)
-      elseif not bad_what and ckpt_every > 0 and step % ckpt_every == 0 and stage_step < st.steps then
-        save()
-      end
+    if C.stage_step >= C.stages[C.si].steps then
+      if not end_stage(C, result) then break end
+    elseif stage_step(C, total_steps) then
+      break
     end
   end
-  if result.stopped then
-    logger:line(result.stopped)
-    logger:metrics({ step = step, event = "stopped", report = result.stopped })
-  else
-    save()
-    if cfg.evals then
-      result.evals = task_evals(ctx, cfg.evals)
-      logger:line(require("tide.evals").table(result.evals))
-    end
+  local r = C.run:finish()
+  local logger = C.run.logger
+  if not r.stopped and C.cfg.evals then
+    r.evals = task_evals(C.ctx, C.cfg.evals)
+    logger:line(require("tide.evals").table(r.evals))
   end
-  result.steps, result.tokens, result.elapsed, result.checkpoint = step, tokens, tide.time() - t_start, last_ckpt
-  local n, sum = 0, 0
-  for s = math.max(1, step - 19), step do
-    local v = result.losses[s]
-    if v and is_finite(v) then sum, n = sum + v, n + 1 end
+  if not r.stopped then
+    local tbl, moe = step.moe_table(C.model, (r.stages[#r.stages] or {}).maxvio_global)
+    if tbl then logger:line(tbl) end
+    r.moe = moe
   end
-  result.final_loss = n > 0 and sum / n or 0 / 0
-  result.moe = model.moe_metrics and model:moe_metrics() or {}
-  if next(result.moe) and not result.stopped then
-    -- the expert load at the end: per MoE layer (0-based) MaxVio of the last step's batch and of the last
-    -- validation pass (moe.md §5), dead experts, the selection bias spread
-    local ls = {}
-    for l in pairs(result.moe) do ls[#ls + 1] = l end
-    table.sort(ls)
-    local lines = { "| MoE layer | MaxVio last batch | MaxVio val | dead experts | b std |", "|---:|---:|---:|---:|---:|" }
-    local gv = (result.stages[#result.stages] or {}).maxvio_global or {}
-    for _, l in ipairs(ls) do
-      local mt = result.moe[l]
-      lines[#lines + 1] = fmt("| %d | %s | %s | %d | %.3f |", l, mt.maxvio_batch and fmt("%.3f", mt.maxvio_batch) or "–",
-        gv[l] and fmt("%.3f", gv[l]) or "–", mt.dead_experts or 0, mt.b_std or 0)
-    end
-    logger:line(table.concat(lines, "\n"))
-  end
-  logger:line(fmt("done: %d steps, %s tokens in %s, final loss %.4f%s", step, log.si(tokens), log.duration(result.elapsed),
-    result.final_loss, last_ckpt and (", checkpoint " .. last_ckpt) or ""))
+  r.moe = r.moe or (C.model.moe_metrics and C.model:moe_metrics() or {})
+  logger:line(fmt("done: %d steps, %s tokens in %s, final loss %.4f%s", r.steps, log.si(r.tokens), log.duration(r.elapsed),
+    r.final_loss, r.checkpoint and (", checkpoint " .. r.checkpoint) or ""))
   logger:close()
-  return result
+  return r
 end
 curriculum.train = run
 

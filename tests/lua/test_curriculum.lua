@@ -102,7 +102,8 @@ T.test("transitions: each step's row length, rows and η are the stage's, as wri
   T.ok(f.r.final_loss < f.r.losses[1], string.format("the loss falls: %.4f -> %.4f", f.r.losses[1], f.r.final_loss))
   -- a checkpoint at the first step of every stage after the first (the switch), and the final one
   local st2 = checkpoint.open(f.out .. "/ckpt/" .. checkpoint.dir_name(18)).state
-  T.eq({ st2.kind, st2.stage, st2.stage_name, st2.stage_step }, { "curriculum", 3, "c", 6 })
+  T.eq({ st2.format, st2.driver, st2.curriculum.stage, st2.curriculum.stage_name, st2.curriculum.stage_step },
+    { 2, "curriculum", 3, "c", 6 })
   T.ok(#f.r.evals >= 2 and f.r.evals[1].accuracy >= 0, "the passkey eval rows")
 end)
 

@@ -1,0 +1,449 @@
+-- step.lua — the ONE training step, and the run state every driver shares.
+--
+-- tide.train and tide.Curriculum (and the RL and data-parallel drivers) differ only in where their batches and
+-- their η come from. Everything else is here, once:
+--
+--   Stepper:run(batches, lr) — one optimiser step over a list of micro-batches (spec/optim.md §5):
+--     for each micro-batch: forward -> objective -> backward (gradients accumulate); the data loss of the step is
+--     the sum of the token losses over all micro-batches divided by the step's unmasked targets, and an MoE aux
+--     term (balance = "aux" / "seq_aux") is added once per step as the mean over micro-batches; then the global
+--     gradient norm, clipping, the non-finite policy (skip: weights and optimiser untouched), AdamW at lr, the MoE
+--     balancers (moe.md §4.1, over the whole step) -> the step's record (loss, grad norm, jitter, memory, MoE
+--     metrics).
+--   Run: the bookkeeping around it — the run directory, the metrics file, one checkpoint state shape (weights,
+--     AdamW, Philox counter, data cursors, schedule position, MoE balancer windows, and the curriculum position
+--     when the driver has one; `format` versioned), resume, rollback after 5 consecutive non-finite steps (twice,
+--     then stop with a report), and the end-of-run summary.
+local ffi = require "ffi"
+local tide = require "tide"
+local optim = require "tide.optim"
+local checkpoint = require "tide.checkpoint"
+local log = require "tide.log"
+local json = require "tide.json"
+local options = require "tide.options"
+local F = tide.F
+
+local fmt = string.format
+local step = {}
+
+-- the checkpoint state format this build writes; it reads every format from 1 (before the shared step) up to it
+step.FORMAT = 2
+-- consecutive non-finite steps before a rollback, and rollbacks before the run stops (DESIGN.md §6)
+step.ROLLBACK_AFTER, step.MAX_ROLLBACKS = 5, 2
+
+local function is_finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+step.is_finite = is_finite
+
+-- ---- the Philox counter as decimal strings (exact beyond 2^53) ------------------------------------------------
+local function u64_str(x) return (tostring(ffi.new("uint64_t", x)):gsub("ULL$", "")) end
+local function str_u64(s)
+  local v = ffi.new("uint64_t", 0)
+  for d in tostring(s):gmatch("%d") do v = v * 10 + tonumber(d) end
+  return v
+end
+
+function step.rng_get()
+  local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  tide.C.tide_rng_get(s, o)
+  return { seed = u64_str(s[0]), offset = u64_str(o[0]) }
+end
+
+function step.rng_set(r) tide.C.tide_rng_set(str_u64(r.seed), str_u64(r.offset)) end
+
+-- keep only the records of steps <= n (a resumed run rewrites what follows)
+function step.truncate_metrics(path, n)
+  local f = io.open(path, "rb")
+  if not f then return end
+  local keep = {}
+  for line in f:lines() do
+    local s = tonumber(line:match('^{"step":(%d+)'))
+    if s == nil or s <= n then keep[#keep + 1] = line end
+  end
+  f:close()
+  f = assert(io.open(path, "wb"))
+  for _, line in ipairs(keep) do f:write(line, "\n") end
+  f:close()
+end
+
+-- the serialisable part of a config (functions dropped)
+local function plain(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do
+    if type(x) ~= "function" then out[k] = plain(x) end
+  end
+  return out
+end
+step.plain = plain
+
+local function moe_layers(model) return model.moe_layers and model:moe_layers() or {} end
+step.moe_layers = moe_layers
+
+-- the per-layer MoE load metrics a step record carries (moe.md §5), keys as TensorBoard tags: moe/maxvio_batch/3
+local MOE_KEYS = { "maxvio_batch", "load_entropy", "route_entropy", "dead_experts", "topk_changed", "b_std" }
+
+-- ---- the step ---------------------------------------------------------------------------------------------------
+local Stepper = {}
+Stepper.__index = Stepper
+
+local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = true, jitter_window = true,
+  objective = true }
+
+-- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
+--   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them)}
+function step.stepper(o)
+  options.check(o, STEPPER_KEYS, nil, "step.stepper")
+  local policy = o.on_nonfinite or "skip"
+  if policy ~= "skip" and policy ~= "stop" then
+    options.fail("step", fmt("on_nonfinite must be 'skip' or 'stop', got '%s'", tostring(policy)))
+  end
+  local clip = o.clip
+  if clip == nil then clip = 1.0 end
+  return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
+    jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil }, Stepper)
+end
+
+-- std / mean of the global gradient norm over the last jitter_window good steps (routing churn shows as a jumpy norm)
+function Stepper:jitter(norm)
+  local w = self.norms
+  w[#w + 1] = norm
+  if #w > self.jitter_window then table.remove(w, 1) end
+  if #w < 2 then return nil end
+  local mean, var = 0, 0
+  for _, v in ipairs(w) do mean = mean + v end
+  mean = mean / #w
+  for _, v in ipairs(w) do var = var + (v - mean) ^ 2 end
+  return mean > 0 and math.sqrt(var / (#w - 1)) / mean or nil
+end
+
+-- the default objective: Σ token losses / the step's targets, plus each MoE aux term / the micro-batch count
+local function data_objective(self, b, N, n_micro)
+  local opts = b.cu_seqlens and { cu_seqlens = b.cu_seqlens } or nil
+  local logits = self.model:forward(b.ids, nil, opts)
+  local ce = F.cross_entropy(logits, b.targets, { reduction = "sum" })
+  local l = ce * (1 / math.max(N, 1))
+  local aux
+  for _, m in ipairs(moe_layers(self.model)) do
+    if m.aux_loss then
+      local a = m.aux_loss * (1 / n_micro)
+      l = l + a
+      aux = (aux or 0) + a:item()
+    end
+  end
+  return l, ce:item(), aux
+end
+
+-- n_targets of a micro-batch: given by the packer, else every target counts
+local function targets_of(b) return b.n_targets or b.targets:numel() end
+
+-- run(batches, lr) -> the step's record. batches: a list of {ids [B, T], targets [B, T], cu_seqlens = nil | offsets,
+-- n_targets = nil | count}; each is released (set to nil in the list) after its backward.
+function Stepper:run(batches, lr, t)
+  local t0 = tide.time()
+  local model, opt = self.model, self.optim
+  local n_micro, N, tokens = #batches, 0, 0
+  for _, b in ipairs(batches) do N, tokens = N + targets_of(b), tokens + b.ids:numel() end
+  local sum, aux_sum, bad = 0, nil, nil
+  for i = 1, n_micro do
+    local b = batches[i]
+    local l, value, aux, lv
+    if self.objective then
+      l = self.objective(model, b, t)
+      value = l:item()
+      lv = value
+      if n_micro > 1 then l = l * (1 / n_micro) end
+    else
+      l, value, aux = data_objective(self, b, N, n_micro)
+      lv = l:item()
+    end
+    if not (is_finite(lv) and is_finite(value)) then bad = "loss"; break end
+    sum = sum + value
+    if aux then aux_sum = (aux_sum or 0) + aux end
+    l:backward()
+    batches[i] = nil
+  end
+  local loss = self.objective and sum / n_micro or sum / math.max(N, 1)
+  local norm
+  if not bad then
+    norm = (self.clip and self.clip > 0) and optim.clip_grad_norm(opt.params, self.clip) or optim.grad_norm(opt.params)
+    if not is_finite(norm) then bad = "gradient of " .. (optim.first_nonfinite(opt.params) or "?") end
+  end
+  -- a skipped step's loss is NaN when the loss itself was non-finite, the loss when only a gradient was
+  local rec = { loss = bad == "loss" and (0 / 0) or loss, lr = lr, grad_norm = norm, targets = N, aux_loss = aux_sum }
+  if bad then
+    opt:zero_grad()
+    if model.balance_step then model:balance_step({ discard = true }) end   -- MoE: drop the step's routing
+    self.consecutive, self.skipped = self.consecutive + 1, self.skipped + 1
+    self.first_bad = self.first_bad or fmt("%s at step %d", bad, (t or 0) + 1)
+    rec.skipped, rec.nonfinite_tensor = true, bad
+    if self.policy == "stop" then
+      rec.stop = fmt("stopped at step %d: non-finite %s (on_nonfinite = 'stop')", (t or 0) + 1, bad)
+    end
+  else
+    opt:step(lr)
+    opt:zero_grad()
+    -- MoE balancers set the selection bias from this step's routing, for the next step (moe.md §4.1)
+    if model.balance_step then model:balance_step() end
+    self.consecutive = 0
+    rec.grad_norm_jitter = self:jitter(norm)
+  end
+  for l, mt in pairs(model.moe_metrics and model:moe_metrics() or {}) do
+    for _, key in ipairs(MOE_KEYS) do
+      if mt[key] ~= nil then rec["moe/" .. key .. "/" .. l] = mt[key] end
+    end
+  end
+  local dt = tide.time() - t0
+  rec.tokens_step, rec.step_time, rec.tok_per_s = tokens, dt, tokens / math.max(dt, 1e-9)
+  return rec
+end
+
+-- true when the non-finite policy asks for a rollback to the last checkpoint
+function Stepper:rollback_due()
+  return self.policy == "skip" and self.consecutive >= step.ROLLBACK_AFTER
+end
+
+-- ---- the run ----------------------------------------------------------------------------------------------------
+local Run = {}
+Run.__index = Run
+
+local RUN_KEYS = { driver = true, name = true, cfg = true, out = true, quiet = true, keep_ckpts = true,
+  collect_every = true, model = true, optim = true, stepper = true, tokenizer = true, get_data = true,
+  set_data = true, get_position = true, set_position = true }
+
+-- run{driver = "train" | "curriculum", name, cfg (written to <out>/config.json), out, quiet, keep_ckpts = 2,
+--   collect_every = 1, model, optim, stepper, tokenizer, get_data () -> cursors, set_data (cursors, state),
+--   get_position () -> nil | curriculum position, set_position (position, state, dir)}
+function step.run(o)
+  options.check(o, RUN_KEYS, nil, "step.run")
+  local self = setmetatable({}, Run)
+  for k, v in pairs(o) do self[k] = v end
+  self.step, self.tokens, self.rollbacks = 0, 0, 0
+  self.collect_every = o.collect_every or 1
+  self.logger = log.open({ quiet = o.quiet })
+  self.result = { losses = {}, out = o.out, model = o.model, tokenizer = o.tokenizer }
+  self.t_start = tide.time()
+  if self.out and tide.C.tide_mkdir_p(self.out) ~= 0 then
+    options.fail(o.driver, "cannot create '" .. self.out .. "': " .. ffi.string(tide.C.tide_last_error()))
+  end
+  return self
+end
+
+-- the one checkpoint state shape (besides the weights and the AdamW tensors, which checkpoint.save writes)
+function Run:state()
+  local moe = {}
+  for i, m in ipairs(moe_layers(self.model)) do moe[i] = m:balancer_state() end
+  local tok = self.tokenizer
+  return {
+    format = step.FORMAT, driver = self.driver, name = self.name, tokens = self.tokens,
+    skipped = self.stepper.skipped, rng = step.rng_get(), moe = moe, threads = tide.num_threads(),
+    tokenizer = tok and { kind = tok.kind, vocab_size = tok.vocab_size } or nil,
+    data = self.get_data(), schedule = { step = self.step },
+    curriculum = self.get_position and self.get_position() or nil,
+  }
+end
+
+-- a state.json of an earlier format, in this format's shape; a newer format is an error naming both versions
+local function upgrade(st, dir)
+  local v = st.format or 1
+  if type(v) ~= "number" or v < 1 or v > step.FORMAT or v ~= math.floor(v) then
+    options.fail("checkpoint", fmt("%s has state format %s; this build reads formats 1 to %d (a newer tide wrote it?)",
+      dir, tostring(v), step.FORMAT), 0)
+  end
+  if v == 1 then
+    -- format 1: tide.train kept {data = {train = cursor}}; the curriculum kept kind = "curriculum" and its
+    -- stage, stage_name, stage_step, scale and packer at the top level
+    if st.kind == "curriculum" then
+      st.driver = "curriculum"
+      st.curriculum = { stage = st.stage, stage_name = st.stage_name, stage_step = st.stage_step, scale = st.scale }
+      st.data = { packer = st.packer }
+      st.kind, st.stage, st.stage_name, st.stage_step, st.scale, st.packer = nil, nil, nil, nil, nil, nil
+    else
+      st.driver = "train"
+    end
+    st.schedule = { step = st.step }
+    st.format = step.FORMAT
+  end
+  return st
+end
+step.upgrade = upgrade
+
+-- write a checkpoint of the current step (no-op without a run directory)
+function Run:save()
+  if not self.out then return end
+  self.last_ckpt = checkpoint.save(self.out, self.step, { model = self.model, optim = self.optim, state = self:state(),
+    keep = self.keep_ckpts or 2, metadata = { ["tide.format"] = step.FORMAT } })
+end
+
+-- restore(dir) -> state: weights, AdamW, counters, Philox counter, MoE windows, then the driver's cursors and position
+function Run:restore(dir)
+  local st = checkpoint.load(dir, { model = self.model, optim = self.optim })
+  st = upgrade(st, dir)
+  if st.driver ~= self.driver then
+    options.fail(self.driver, fmt("%s was written by %s, not %s (its data and schedule state do not carry over)", dir,
+      tostring(st.driver == "curriculum" and "a curriculum" or "tide.train"),
+      self.driver == "curriculum" and "a curriculum" or "tide.train"), 0)
+  end
+  local tok = self.tokenizer
+  if tok and st.tokenizer and st.tokenizer.vocab_size ~= tok.vocab_size then
+    options.fail(self.driver, fmt("%s was written with a %d-id tokenizer, this run has %d", dir, st.tokenizer.vocab_size,
+      tok.vocab_size), 0)
+  end
+  self.step, self.tokens = st.step, st.tokens or 0
+  self.stepper.skipped = st.skipped or 0
+  step.rng_set(st.rng)
+  for i, m in ipairs(moe_layers(self.model)) do    -- the dead-expert windows and balancer state (moe.md §5)
+    if st.moe and st.moe[i] then m:set_balancer_state(st.moe[i]) end
+  end
+  self.last_ckpt = dir
+  if st.threads and st.threads ~= tide.num_threads() then
+    -- reductions split by thread count: the run continues, but not bit-identically
+    self.logger:line(fmt("note: %s was written with %d threads, this run uses %d; losses may differ in the last bits",
+      dir, st.threads, tide.num_threads()))
+  end
+  self.set_data(st.data or {}, st)
+  if self.set_position then self.set_position(st.curriculum, st, dir) end
+  return st
+end
+
+-- open(resume) -> the restored state or nil: resume (true = this run directory, or a path) or a fresh run; then
+-- the metrics file (truncated after the resumed step, or started anew) and config.json
+function Run:open(resume)
+  local out, st = self.out, nil
+  if resume then
+    local target = resume
+    if target == true then
+      if not out then options.fail(self.driver, "resume = true needs train.out (the run directory)", 0) end
+      target = out
+    end
+    local dir = checkpoint.resolve(target)
+    st = self:restore(dir)
+    self.resumed_from = dir
+    if out then step.truncate_metrics(out .. "/metrics.jsonl", self.step) end
+  elseif out then
+    os.remove(out .. "/metrics.jsonl")
+  end
+  if out then
+    self.logger = log.open({ path = out .. "/metrics.jsonl", quiet = self.quiet })
+    if not resume and self.cfg then
+      local f = io.open(out .. "/config.json", "wb")
+      if f then f:write(json.encode(plain(self.cfg)), "\n"); f:close() end
+    end
+  end
+  return st
+end
+
+-- train_step(batches, lr) -> record: the one step, then the run's counters; the record is logged by record()
+function Run:train_step(batches, lr)
+  local rec = self.stepper:run(batches, lr, self.step)
+  self.step = self.step + 1
+  self.tokens = self.tokens + rec.tokens_step
+  rec.tokens_step = nil
+  rec.step, rec.time, rec.tokens = self.step, os.time(), self.tokens
+  self.result.losses[self.step] = rec.loss
+  if self.collect_every > 0 and self.step % self.collect_every == 0 then tide.collect() end
+  local mem = tide.memory()
+  rec.mem_current, rec.mem_peak = mem.current, mem.peak
+  return rec
+end
+
+function Run:record(rec) self.logger:metrics(rec) end
+
+-- after_step(rec, ckpt_due) -> true when the run must stop. The non-finite policy: stop on request; after 5
+-- consecutive skips roll back to the last checkpoint (at most twice); otherwise checkpoint when due (never on a
+-- skipped step: a rollback must land before the non-finite streak)
+function Run:after_step(rec, ckpt_due)
+  local s = self.stepper
+  if rec.stop then self.result.stopped = rec.stop; return true end
+  if s:rollback_due() then
+    if self.rollbacks >= step.MAX_ROLLBACKS or not self.last_ckpt then
+      self.result.stopped = fmt("stopped at step %d: %d consecutive non-finite steps%s; first non-finite tensor: %s",
+        self.step, s.consecutive, self.last_ckpt and fmt(" after %d rollbacks", step.MAX_ROLLBACKS)
+          or " and no checkpoint to roll back to", s.first_bad)
+      return true
+    end
+    self.rollbacks, s.consecutive = self.rollbacks + 1, 0
+    self.logger:line(fmt("rolling back to %s after %d consecutive non-finite steps (rollback %d of %d)", self.last_ckpt,
+      step.ROLLBACK_AFTER, self.rollbacks, step.MAX_ROLLBACKS))
+    self.logger:metrics({ step = self.step, event = "rollback", checkpoint = self.last_ckpt, rollbacks = self.rollbacks })
+    self:restore(self.last_ckpt)
+  elseif not rec.skipped and ckpt_due then
+    self:save()
+  end
+  return false
+end
+
+-- finish() -> the result table: the final checkpoint (unless stopped), the mean of the last 20 finite losses, counters
+function Run:finish()
+  local r, logger = self.result, self.logger
+  logger:done()
+  if r.stopped then
+    logger:line(r.stopped)
+    logger:metrics({ step = self.step, event = "stopped", report = r.stopped })
+  else
+    self:save()
+  end
+  local n, sum = 0, 0
+  for s = math.max(1, self.step - 19), self.step do
+    local v = r.losses[s]
+    if v and is_finite(v) then sum, n = sum + v, n + 1 end
+  end
+  r.steps, r.tokens, r.elapsed = self.step, self.tokens, tide.time() - self.t_start
+  r.final_loss, r.final_loss_n = n > 0 and sum / n or 0 / 0, n
+  r.last_loss = r.losses[self.step]
+  r.checkpoint, r.skipped, r.rollbacks = self.last_ckpt, self.stepper.skipped, self.rollbacks
+  return r
+end
+
+-- the compact expert-load line of an eval: per MoE layer MaxVio of the last batch / over the validation tokens,
+-- dead experts and the selection-bias spread
+function step.moe_line(model, maxvio_global)
+  local mt, parts, ls = model.moe_metrics and model:moe_metrics() or {}, {}, {}
+  for l in pairs(mt) do ls[#ls + 1] = l end
+  table.sort(ls)
+  for _, l in ipairs(ls) do
+    local m, g = mt[l], (maxvio_global or {})[l]
+    if m.maxvio_batch then
+      parts[#parts + 1] = fmt("L%d %.2f/%s/%d/%.3f", l, m.maxvio_batch, g and fmt("%.2f", g) or "-", m.dead_experts or 0,
+        m.b_std or 0)
+    end
+  end
+  if #parts == 0 then return nil end
+  return "moe maxvio batch/global, dead, b_std: " .. table.concat(parts, "  ")
+end
+
+-- the expert-load table at the end of a run (per MoE layer, 0-based)
+function step.moe_table(model, maxvio_global)
+  local moe = model.moe_metrics and model:moe_metrics() or {}
+  if not next(moe) then return nil end
+  local ls = {}
+  for l in pairs(moe) do ls[#ls + 1] = l end
+  table.sort(ls)
+  local lines = { "| MoE layer | MaxVio last batch | MaxVio val | dead experts | b std |", "|---:|---:|---:|---:|---:|" }
+  local gv = maxvio_global or {}
+  for _, l in ipairs(ls) do
+    local mt = moe[l]
+    lines[#lines + 1] = fmt("| %d | %s | %s | %d | %.3f |", l, mt.maxvio_batch and fmt("%.3f", mt.maxvio_batch) or "–",
+      gv[l] and fmt("%.3f", gv[l]) or "–", mt.dead_experts or 0, mt.b_std or 0)
+  end
+  return table.concat(lines, "\n"), moe
+end
+
+-- the held-out pass's MaxVio per MoE layer (0-based, as model:moe_metrics()): count_eval_loads around fn()
+function step.with_eval_loads(model, fn)
+  local layers = moe_layers(model)
+  for _, m in ipairs(layers) do m:count_eval_loads(true) end
+  model:eval()
+  local ok, a, b = pcall(tide.no_grad, fn)
+  model:train()
+  local maxvio = {}
+  for _, m in ipairs(layers) do
+    local r = m:count_eval_loads(false)
+    for l = 1, model.cfg.n_layers do
+      if r and model.model.layers:get(l).block_sparse_moe == m then maxvio[l - 1] = r.maxvio end
+    end
+  end
+  if not ok then error(a, 0) end
+  return maxvio, a, b
+end
+
+return step
