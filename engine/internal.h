@@ -143,6 +143,8 @@ extern const tide_op_def tide_op_defs[];   /* [TIDE_OP_COUNT] */
 int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out, const tide_attrs *attr);
 /* single-output convenience: returns the output or NULL */
 tide_tensor *tide_op_run1(int op, int n_in, tide_tensor **in, const tide_attrs *attr);
+/* drop a reference to a node (iterative: freeing a long chain does not recurse) */
+void tide_node_release_internal(tide_node *n);
 /* keep t for backward (stored as a detached alias so saving an output makes no cycle) */
 int tide_node_save(tide_node *n, tide_tensor *t);
 
@@ -154,6 +156,10 @@ int tide_load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, 
 /* helpers for backward functions */
 /* sum g down to the given shape (reverse of broadcasting); new reference */
 tide_tensor *tide_sum_to_shape(tide_tensor *g, int ndim, const int64_t *shape);
+
+/* ---- RNG (rng.c) ----------------------------------------------------------------------------------- */
+/* reserve n counters of the global Philox stream: returns the first offset, *seed gets the seed */
+uint64_t tide_rng_take(uint64_t n, uint64_t *seed);
 
 /* ---- errors ----------------------------------------------------------------------------------- */
 /* tide_set_error is declared in backend.h; it returns -1 */

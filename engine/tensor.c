@@ -87,8 +87,6 @@ tide_tensor *tide_tensor_alloc_struct(void)
 
 int64_t tide_live_tensors(void) { return g_live_tensors; }
 
-void tide_node_release_internal(tide_node *n);   /* autograd.c */
-
 void tide_tensor_retain(tide_tensor *t) { if (t) t->refcount++; }
 
 void tide_tensor_release(tide_tensor *t)
@@ -408,7 +406,6 @@ static int do_rand(tide_tensor *c, void *ctx)
     if (r->normal) return TIDE_DISPATCH(c->device, randn, "randn_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
     return TIDE_DISPATCH(c->device, rand, "rand_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
 }
-uint64_t tide_rng_take(uint64_t n, uint64_t *seed);   /* rng.c */
 static int rand_fill(tide_tensor *t, int normal, double a, double b)
 {
     if (inplace_target(t, normal ? "randn_" : "rand_", 1)) return -1;
