@@ -90,7 +90,7 @@ T.test("nn.AttnRes: proj [1, d] = 0 and norm [d] = 1, checkpoint names when atta
   local v = { randn({ 3, 6 }), randn({ 3, 6 }, 3) }
   T.ok(max_abs_diff(ar:forward(v), (v[1] + v[2]) * 0.5) <= 1e-15, "init mix == mean")
   T.raises(function() nn.AttnRes(0) end, "nn.AttnRes: d must be a positive integer, got 0")
-  T.raises(function() nn.AttnRes(4, { epsilon = 1 }) end, "nn.AttnRes: unknown option 'epsilon'")
+  T.raises(function() nn.AttnRes(4, { epsilon = 1 }) end, "nn.AttnRes: unknown key 'epsilon'")
 end)
 
 -- ---- a toy stack over a residual strategy ------------------------------------------------------------------
@@ -373,7 +373,7 @@ T.test("residual config: kinds, B, gamma modes; the gamma chain cannot be combin
     "gamma_chain.mode must be \"scalar\", \"channel\" or \"token\", got vector")
   T.raises(function() nn.residual_config({ residual = "highway" }) end, "residual: must be one of")
   T.raises(function() nn.residual_config({ residual = "attnres_block", attnres = { blocks = 2 } }) end,
-    "unknown option 'blocks'")
+    "residual: unknown key 'blocks' in attnres")
 
   T.raises(function() nn.Residual("attnres_block", { dim = 4, block_layers = 0 }) end,
     "nn.Residual: block_layers must be a positive integer, got 0")

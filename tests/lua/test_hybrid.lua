@@ -185,7 +185,7 @@ T.test("config errors name the problem", function()
   T.raises(function() nn.HybridLM({ vocab_size = 10, dim = 8, n_layers = 2, mla = { heads = 1, kv_rank = 4, nope_dim = 2 } }) end,
     "needs cfg.kda")
   T.raises(function() nn.HybridLM({ dim = 8, n_layers = 2, mixers = "K", kda = { heads = 2, head_dim = 4 }, bogus = 1 }) end,
-    "unknown config key 'bogus'")
+    "nn.HybridLM: unknown key 'bogus' in config")
   T.raises(function()
     nn.HybridLM({ dim = 8, n_layers = 2, mixers = "K", kda = { heads = 2, head_dim = 4 }, residual = "gamma_chain",
       attnres = { block_layers = 2 } })

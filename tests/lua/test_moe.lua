@@ -7,7 +7,7 @@ local tide = require "tide"
 local nn, F = tide.nn, tide.F
 local optim = require "tide.optim"
 local MoE = nn.MoE
-local qb = MoE.qb
+local qb = require("tide.nn.balance").qb
 local fmt = string.format
 
 local function sig(x) return 1 / (1 + math.exp(-x)) end
@@ -490,7 +490,7 @@ T.test("aux baseline: L = alpha Σ f_j P_j over the batch, in the hybrid's loss;
   T.eq(moe.gate.e_score_correction_bias:tolist(), { 0, 0, 0, 0 })
   T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, balance = "qb" }) end, "balance must be one of")
   T.raises(function() MoE(6, { n_experts = 4, top_k = 4, expert_dim = 3 }) end, "top_k = 4 must be < n_experts = 4")
-  T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, topk = 1 }) end, "unknown option 'topk'")
+  T.raises(function() MoE(6, { n_experts = 4, top_k = 2, expert_dim = 3, topk = 1 }) end, "unknown key 'topk'")
 end)
 
 T.test("seq_aux baseline: L = alpha mean over sequences of Σ f_j Pr_j (per row of [B, T, d]); alpha default 1e-4", function()

@@ -70,8 +70,8 @@ T.test("plan.configs: tiny builds as nn.HybridLM with the counted parameters; ev
   T.eq(plan.configs.tiny.dim, 128, "the shipped table is untouched")
   T.eq(plan.config("tiny").moe.top_k, 2, "nested tables too")
   T.eq(plan.config_names(), { "k3", "tiny" })
-  T.raises(function() plan.configs.tiny = {} end, "plan: plan.configs is read-only")
-  T.raises(function() return plan.configs.huge end, "plan: unknown config 'huge'")
+  T.raises(function() plan.configs.tiny = {} end, "configs: the shipped configs are read-only")
+  T.raises(function() return plan.configs.huge end, "configs: unknown config 'huge'")
 end)
 
 -- small variants covering every branch of the count: residual kinds, LatentMoE on/off, first_dense, shared experts,
@@ -257,7 +257,7 @@ end)
 
 T.test("errors name the field, prefixed plan:", function()
   T.raises(function() plan.count(small({ dim = -1 })) end, "plan: dim must be a positive integer, got -1")
-  T.raises(function() plan.count(small({ n_layer = 3 })) end, "plan: unknown config key 'n_layer'")
+  T.raises(function() plan.count(small({ n_layer = 3 })) end, "plan: unknown key 'n_layer' in config")
   T.raises(function() plan.count(small({ kda = false, mixers = "K" })) end, "plan: a KDA layer needs kda")
   T.raises(function() plan.count(small({ moe = { n_experts = 4, top_k = 4, expert_dim = 8 } })) end,
     "plan: moe.top_k = 4 must be < moe.n_experts = 4")

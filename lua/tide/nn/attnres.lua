@@ -21,40 +21,19 @@
 local tide = require "tide"
 local M = require "tide.nn.module"
 local norms = require "tide.nn.norm"
+local options = require "tide.options"
 local F = tide.F
 
 local fmt = string.format
 
--- errors point at the first caller outside this file and module.lua
-local here = debug.getinfo(1, "S").source
-local function bad(who, msg)
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info then error(who .. ": " .. msg, 0) end
-    if info.what ~= "C" and info.what ~= "tail" and info.source ~= here and not info.source:find("nn/module.lua", 1, true) then
-      error(who .. ": " .. msg, level)
-    end
-    level = level + 1
-  end
-end
+-- errors point at the first caller outside lua/tide
+local bad = options.fail
+local function pos_int(who, v, name) return options.pos_int(v, name, who) end
 
-local function pos_int(who, v, name)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then bad(who, fmt("%s must be a positive integer, got %s", name, tostring(v))) end
-  return v
-end
-
-local function check_opts(who, opts, known)
-  if opts ~= nil and type(opts) ~= "table" then bad(who, "options must be a table, got " .. type(opts)) end
-  for k in pairs(opts or {}) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      bad(who, fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(names, ", ")))
-    end
-  end
-  return opts or {}
+-- opts (nil: none) checked against known; `where` names a sub-table in the message
+local function check_opts(who, opts, known, where)
+  if opts == nil then return {} end
+  return options.check(opts, known, where, who)
 end
 
 -- ---- AttnRes: one mixing site ------------------------------------------------------------------------------
@@ -139,8 +118,8 @@ local function config(cfg)
   if (kind == "attnres_block" or kind == "attnres_full") and gc then
     bad(who, fmt("residual = \"%s\" cannot be combined with gamma_chain options (attnres.md §6)", kind))
   end
-  check_opts(who .. ": attnres", ar, { block_layers = true, eps = true })
-  check_opts(who .. ": gamma_chain", gc, { mode = true, layers = true })
+  check_opts(who, ar, { block_layers = true, eps = true }, "attnres")
+  check_opts(who, gc, { mode = true, layers = true }, "gamma_chain")
   local out = { kind = kind, eps = (ar and ar.eps) or 1e-5 }
   if kind == "attnres_block" then
     local B = ar and ar.block_layers

@@ -38,11 +38,14 @@ local KDA = require "tide.nn.kda"
 local MLA = require "tide.nn.mla"
 local attnres = require "tide.nn.attnres"
 local generate = require "tide.generate"
+local options = require "tide.options"
 local F = tide.F
 
 local fmt = string.format
 
-local function bad(msg) error("nn.HybridLM: " .. msg, 4) end
+-- errors point at the first caller outside lua/tide (the line that built the model)
+local WHO = "nn.HybridLM"
+local function bad(msg) options.fail(WHO, msg) end
 
 -- the mixer of every layer (1-based list of "kda" / "mla") from cfg.mixers:
 --   "3:1" (default): layer l (0-based) is MLA iff (l + 1) mod 4 = 0 or l = L − 1 (mla.md §7);
@@ -193,6 +196,7 @@ local KEYS = {
   activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
   gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true,
 }
+HybridLM.DEFAULTS, HybridLM.KEYS = DEFAULTS, KEYS
 local RECOMPUTE = { layer = true, selective = true, none = true }
 
 local function check_recompute(mode)
@@ -210,18 +214,7 @@ end
 -- top_k, expert_dim, latent_dim, ...; first_dense = true keeps layer 0 a dense cfg.ffn_dim FFN, moe.md §1);
 -- recompute = "layer" (default) | "selective" | "none" (activation memory, the top of this file).
 function HybridLM:init(cfg)
-  cfg = cfg or {}
-  for k in pairs(cfg) do
-    if not KEYS[k] then
-      local names = {}
-      for n in pairs(KEYS) do names[#names + 1] = n end
-      table.sort(names)
-      bad(fmt("unknown config key '%s' (known: %s)", tostring(k), table.concat(names, ", ")))
-    end
-  end
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg) do c[k] = v end
+  local c = options.with_defaults(cfg or {}, DEFAULTS, KEYS, "config", WHO)
   if c.residual == "attnres_block" and not c.attnres then c.attnres = { block_layers = 2 } end
   self.cfg = c
   self.schedule = mixer_schedule(c)

@@ -11,6 +11,7 @@ local tide = require "tide"
 local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
 local norms = require "tide.nn.norm"
+local options = require "tide.options"
 local F = tide.F
 
 local fmt = string.format
@@ -23,31 +24,18 @@ local KEYS = {
 }
 MLA.KEYS = KEYS
 
-local function bad(msg, level) error("nn.MLA: " .. msg, level or 3) end
-
-local function pos_int(v, name, zero_ok)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < (zero_ok and 0 or 1) then
-    bad(fmt("%s must be a %s integer, got %s", name, zero_ok and "non-negative" or "positive", tostring(v)), 4)
-  end
-  return v
-end
+-- errors point at the first caller outside lua/tide (the line that built or called the layer)
+local WHO = "nn.MLA"
+local function bad(msg) options.fail(WHO, msg) end
+local function pos_int(v, name) return options.pos_int(v, name, WHO) end
 
 -- MLA(dim, {heads, q_rank (nil: full-rank q), kv_rank, nope_dim, rope_dim, v_dim, gate = true,
 --   norm_eps = 1e-5, std = 0.02, out_std = std, dtype, device})
 function MLA:init(dim, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then bad("options must be a table, got " .. type(opts)) end
-  for k in pairs(opts) do
-    if not KEYS[k] then
-      local known = {}
-      for n in pairs(KEYS) do known[#known + 1] = n end
-      table.sort(known)
-      bad(fmt("unknown option '%s' (known: %s)", tostring(k), table.concat(known, ", ")))
-    end
-  end
+  opts = options.check(opts or {}, KEYS, nil, WHO)
   self.dim = pos_int(dim, "dim")
   local H = pos_int(opts.heads, "heads")
-  local dn, dr = pos_int(opts.nope_dim, "nope_dim"), pos_int(opts.rope_dim or 0, "rope_dim", true)
+  local dn, dr = pos_int(opts.nope_dim, "nope_dim"), options.nonneg_int(opts.rope_dim or 0, "rope_dim", WHO)
   local dc, dv = pos_int(opts.kv_rank, "kv_rank"), pos_int(opts.v_dim or dn, "v_dim")
   self.heads, self.nope_dim, self.rope_dim, self.kv_rank, self.v_dim = H, dn, dr, dc, dv
   self.q_rank = opts.q_rank and pos_int(opts.q_rank, "q_rank") or nil
@@ -161,10 +149,7 @@ local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true }
 --   opts.cache: {c, k_r, pos} or {}: attend over the cached prefix too, then append this call's latents
 --   opts.absorbed: force (true) or forbid (false) the absorbed path; default: absorbed for one token with a cache
 function MLA:forward(x, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not FORWARD_KEYS[k] then bad(fmt("forward: unknown option '%s' (known: absorbed, cache, cu_seqlens)", tostring(k))) end
-  end
+  opts = options.check(opts or {}, FORWARD_KEYS, "forward options", WHO)
   if not tide.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.dim then
     bad(fmt("x must be [B, T, %d], got %s", self.dim,
       tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))

@@ -1,9 +1,8 @@
--- nn/plan.lua — model planning without tensors: the two shipped nn.HybridLM configs (spec/README.md "Model configs
--- the engine ships"), exact parameter counts (README test oracle 1), the activation memory of one training step per
+-- nn/plan.lua — model planning without tensors: exact parameter counts (README test oracle 1), the activation memory of one training step per
 -- recompute mode (long_context.md §4, test oracle 6), the static bytes of weights, gradients and AdamW moments, and
 -- the start-up summary a training run prints. Nothing here allocates a tensor: k3 has 2.8 T parameters.
 --
---   plan.configs.tiny, plan.configs.k3     a fresh deep copy on every access (callers may modify it)
+--   plan.configs.tiny, plan.configs.k3     the shipped configs (nn/configs.lua): a fresh deep copy on every access
 --   plan.config(name)                      the same, by name; plan.config_names() lists them
 --   plan.count(cfg)                        {total, active, per_layer, embedding, head, norms, residual}
 --   plan.activation_bytes(cfg, T, opts)    {per_token, total, breakdown, recompute, stored, allocated, ...}
@@ -13,191 +12,39 @@
 --
 -- cfg is an nn.HybridLM config (nn/hybrid.lua); absent fields take nn.HybridLM's and the sublayers' defaults.
 local hybrid = require "tide.nn.hybrid"
+local MoE = require "tide.nn.moe"
+local configs = require "tide.nn.configs"
+local options = require "tide.options"
+local defaults = require "tide.defaults"
 
 local fmt, floor, ceil, max = string.format, math.floor, math.ceil, math.max
 
 local plan = {}
 
--- errors point at the first caller outside this file (the line that asked for the plan)
-local here = debug.getinfo(1, "S").source
-local function bad(msg)
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info then error("plan: " .. msg, 0) end
-    if info.what ~= "C" and info.what ~= "tail" and info.source ~= here then error("plan: " .. msg, level) end
-    level = level + 1
-  end
-end
+-- errors point at the first caller outside lua/tide (the line that asked for the plan)
+local WHO = "plan"
+local function bad(msg) options.fail(WHO, msg) end
 
--- ---- the shipped configs (spec/README.md) ---------------------------------------------------------------------
-local CONFIGS = {}
-
--- tiny: CPU, 2 cores, trains in minutes; every feature of the large model on
-CONFIGS.tiny = {
-  kind = "hybrid",
-  vocab_size = 320,           -- V: 256 bytes + 64 reserved specials (formats.md §4)
-  dim = 128,                  -- d
-  n_layers = 8,               -- L
-  mixers = "3:1",             -- 3 KDA : 1 MLA (mla.md §7): MLA at 0-based {3, 7}, KDA at {0, 1, 2, 4, 5, 6}
-  last_mla = true,            -- the last layer is MLA (already so for L = 8)
-  kda = {                     -- Kimi Delta Attention (kda.md)
-    heads = 2,                -- H
-    head_dim = 64,            -- dk = dv = 64; the gate bottleneck rank is dk = 64 (nn.KDA's f_a_proj [dk, d])
-    conv_size = 4,            -- short causal conv
-    gate_form = "bounded",    -- lower-bounded decay gate, lb below
-    gate_lower_bound = -5,    -- lb
-    chunk = 16,               -- C
-  },                          -- full-rank sigmoid output gate: nn.KDA's g_proj [H·dv, d], always on
-  mla = {                     -- gated NoPE MLA (mla.md); cache d_c + d_r = 96 values per token
-    heads = 2,                -- H
-    q_rank = 96,              -- d_q
-    kv_rank = 64,             -- d_c
-    nope_dim = 64,            -- d_n
-    rope_dim = 32,            -- d_r, the unrotated rope slot
-    v_dim = 64,               -- dv
-    gate = true,              -- sigmoid output gate
-  },
-  ffn_dim = 384,              -- layer 0: dense SiTU-GLU FFN of width 384
-  activation = "situ",        -- SiTU-GLU, κ1 = 4, κ2 = 25 (moe.md §6) in the dense, shared and routed FFNs
-  moe = {                     -- layers 1–7 (moe.md)
-    first_dense = true,       -- layer 0 keeps the dense ffn_dim FFN
-    n_experts = 8,            -- n
-    top_k = 2,                -- k
-    n_shared = 1,             -- n_s: one shared expert of width d_e = 128 at full d
-    expert_dim = 128,         -- d_e
-    latent_dim = 64,          -- d_lat (LatentMoE, moe.md §7)
-    routed_scaling = 1.0,     -- ρ
-    router = "sigmoid",       -- sigmoid scores on the full x (moe.md §2)
-    balance = "quantile",     -- Quantile Balancing (moe.md §4.1)
-    estimator = "exact",      -- the exact quantile estimator
-  },
-  residual = "attnres_block", -- PreNorm + Block AttnRes (attnres.md §3)
-  attnres = { block_layers = 2 },   -- B = 2 layers: ≤ 5 sources per mix
-  norm_eps = 1e-5,            -- RMSNorm eps; embedding and lm_head are untied (always, in nn.HybridLM)
-  init_std = 0.02,
-  max_seq_len = 4096,         -- tiny-long's last stage (long_context.md §2)
-  recompute = "layer",        -- layer-input checkpoints (long_context.md §4)
-  dtype = "f32",
-  device = "cpu",
-}
-
--- k3: reference scale (Kimi K3 as released); counted and planned, never instantiated here
-CONFIGS.k3 = {
-  kind = "hybrid",
-  vocab_size = 163840,        -- V
-  dim = 7168,                 -- d
-  n_layers = 93,              -- L
-  mixers = "3:1",             -- 69 KDA + 24 MLA: MLA at 1-based {4, 8, ..., 92} ∪ {93}
-  last_mla = true,            -- layers 92 and 93 (1-based) both MLA
-  kda = {
-    heads = 96,               -- H
-    head_dim = 128,           -- dk = dv = 128 (width 12,288); gate bottleneck rank = dk = 128
-    conv_size = 4,
-    gate_form = "bounded",
-    gate_lower_bound = -5,    -- lb; chunk·|lb| = 80 (kda.md §5)
-    chunk = 16,               -- C
-  },                          -- full-rank output gate (g_proj)
-  mla = {                     -- cache 576 values per token
-    heads = 96,
-    q_rank = 1536,            -- d_q
-    kv_rank = 512,            -- d_c
-    nope_dim = 128,           -- d_n
-    rope_dim = 64,            -- d_r (NoPE: never rotated)
-    v_dim = 128,              -- dv
-    gate = true,              -- sigmoid output gate
-  },
-  ffn_dim = 33792,            -- layer 0 dense SiTU-GLU width
-  activation = "situ",        -- κ1 = 4, κ2 = 25 everywhere (dense, shared, routed)
-  moe = {                     -- layers 1–92
-    first_dense = true,
-    n_experts = 896,          -- n
-    top_k = 16,               -- k
-    n_shared = 2,             -- n_s, fused as one width-6,144 MLP at full d (shared_dim = n_s·d_e)
-    expert_dim = 3072,        -- d_e
-    latent_dim = 3584,        -- d_lat = d/2
-    routed_scaling = 1.0,     -- ρ
-    router = "sigmoid",       -- router on the full x: gate.weight [896, 7168]
-    balance = "quantile",
-    estimator = "histogram",  -- moe.md §4.1: K3's estimator (dp×ep > 1)
-  },
-  residual = "attnres_block",
-  attnres = { block_layers = 12 },  -- B = 12 layers: ≤ 9 sources per mix
-  norm_eps = 1e-5,
-  init_std = 0.02,
-  max_seq_len = 1048576,      -- 1M context (curriculum 8K → 64K → 256K → 1M, long_context.md §2)
-  recompute = "layer",
-  dtype = "bf16",             -- bf16 storage and GEMM inputs, fp32 master weights (DESIGN.md §8)
-  device = "cuda",
-}
-
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
-
-function plan.config(name)
-  local c = CONFIGS[name]
-  if not c then
-    bad(fmt("unknown config '%s' (known: %s)", tostring(name), table.concat(plan.config_names(), ", ")))
-  end
-  return deep_copy(c)
-end
-
-function plan.config_names()
-  local names = {}
-  for k in pairs(CONFIGS) do names[#names + 1] = k end
-  table.sort(names)
-  return names
-end
-
--- plan.configs.tiny: each access returns a new deep copy, so a caller's edits never reach the shipped table
-plan.configs = setmetatable({}, {
-  __index = function(_, name) return plan.config(name) end,
-  __newindex = function(_, name) bad(fmt("plan.configs is read-only (tried to set '%s')", tostring(name))) end,
-})
+-- the shipped configs live in nn/configs.lua; plan.configs, plan.config and plan.config_names are kept as
+-- their names here (recipes and tests read them)
+plan.configs, plan.config, plan.config_names = configs.all, configs.get, configs.names
 
 -- ---- reading a config -------------------------------------------------------------------------------------------
--- nn.HybridLM's defaults and the sublayers' (nn/hybrid.lua, kda.lua, mla.lua, moe.lua, attnres.lua)
-local DEFAULTS = {
-  vocab_size = 320, dim = 128, n_layers = 8, mixers = "3:1", ffn_dim = 384, activation = "swiglu",
-  residual = "attnres_block", dtype = "f32", device = "cpu",
-}
-local KEYS = {       -- the keys nn.HybridLM accepts
-  vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
-  activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
-  gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true,
-}
+-- nn.HybridLM's defaults and keys (nn/hybrid.lua) and the sublayers' (tide.defaults, nn.MoE)
+local DEFAULTS, KEYS = hybrid.HybridLM.DEFAULTS, hybrid.HybridLM.KEYS
+local MOE_DEFAULTS, MOE_CHOICES = MoE.DEFAULTS, MoE.CHOICES
 
 local function pos_int(v, name, zero_ok)
-  if type(v) ~= "number" or v ~= floor(v) or v < (zero_ok and 0 or 1) or v ~= v then
-    bad(fmt("%s must be a %s integer, got %s", name, zero_ok and "non-negative" or "positive", tostring(v)))
-  end
-  return v
+  if zero_ok then return options.nonneg_int(v, name, WHO) end
+  return options.pos_int(v, name, WHO)
 end
-
-local function one_of(v, name, set)
-  if not set[v] then
-    local names = {}
-    for k in pairs(set) do names[#names + 1] = "\"" .. k .. "\"" end
-    table.sort(names)
-    bad(fmt("%s must be one of %s, got %s", name, table.concat(names, ", "), tostring(v)))
-  end
-  return v
-end
+local function one_of(v, name, set) return options.one_of(v, set, name, WHO) end
 
 -- the resolved shape of a config: every size plan needs, defaults filled in, checked
 local function resolve(cfg)
   if type(cfg) ~= "table" then bad("cfg must be an nn.HybridLM config table, got " .. type(cfg)) end
-  for k in pairs(cfg) do
-    if not KEYS[k] then bad(fmt("unknown config key '%s' (a field of nn.HybridLM's config was expected)", tostring(k))) end
-  end
+  local c = options.with_defaults(cfg, DEFAULTS, KEYS, "config", WHO)     -- the keys nn.HybridLM accepts
   if cfg.kind ~= nil and cfg.kind ~= "hybrid" then bad(fmt("kind must be \"hybrid\", got %s", tostring(cfg.kind))) end
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg) do c[k] = v end
   if c.residual == "attnres_block" and not c.attnres then c.attnres = { block_layers = 2 } end   -- as nn.HybridLM
   local r = {
     V = pos_int(c.vocab_size, "vocab_size"), d = pos_int(c.dim, "dim"), L = pos_int(c.n_layers, "n_layers"),
@@ -211,7 +58,8 @@ local function resolve(cfg)
       local k = c.kda
       if type(k) ~= "table" then bad("a KDA layer needs kda = {heads, head_dim, ...}") end
       r.kda = { H = pos_int(k.heads, "kda.heads"), dk = pos_int(k.head_dim, "kda.head_dim"),
-                conv = pos_int(k.conv_size or 4, "kda.conv_size"), chunk = pos_int(k.chunk or 16, "kda.chunk") }
+                conv = pos_int(k.conv_size or defaults.kda.conv_size, "kda.conv_size"),
+                chunk = pos_int(k.chunk or defaults.kda.chunk, "kda.chunk") }
     elseif m == "mla" and not r.mla then
       local a = c.mla
       if type(a) ~= "table" then bad("an MLA layer needs mla = {heads, kv_rank, nope_dim, ...}") end
@@ -229,15 +77,15 @@ local function resolve(cfg)
     local e = { n = pos_int(o.n_experts, "moe.n_experts"), k = pos_int(o.top_k, "moe.top_k"),
                 de = pos_int(o.expert_dim, "moe.expert_dim"),
                 lat = o.latent_dim and pos_int(o.latent_dim, "moe.latent_dim") or nil,
-                router = one_of(o.router or "sigmoid", "moe.router", { sigmoid = true, softmax = true, latent = true }),
-                balance = one_of(o.balance or "quantile", "moe.balance", { quantile = true, sign = true, aux = true, none = true }),
-                activation = one_of(o.activation or r.activation, "moe.activation", { swiglu = true, situ = true }),
+                router = one_of(o.router or MOE_DEFAULTS.router, "moe.router", MOE_CHOICES.router),
+                balance = one_of(o.balance or MOE_DEFAULTS.balance, "moe.balance", MOE_CHOICES.balance),
+                activation = one_of(o.activation or r.activation, "moe.activation", MOE_CHOICES.activation),
                 first_dense = o.first_dense ~= false }
     if e.k >= e.n then bad(fmt("moe.top_k = %d must be < moe.n_experts = %d", e.k, e.n)) end
-    e.shared = pos_int(o.shared_dim or pos_int(o.n_shared or 1, "moe.n_shared", true) * e.de, "moe.shared_dim", true)
+    e.shared = pos_int(o.shared_dim or pos_int(o.n_shared or MOE_DEFAULTS.n_shared, "moe.n_shared", true) * e.de, "moe.shared_dim", true)
     if e.router == "latent" then
-      e.rank = pos_int(o.router_rank or 32, "moe.router_rank")
-      e.similarity = one_of(o.similarity or "cosine", "moe.similarity", { cosine = true, dot = true })
+      e.rank = pos_int(o.router_rank or MOE_DEFAULTS.router_rank, "moe.router_rank")
+      e.similarity = one_of(o.similarity or MOE_DEFAULTS.similarity, "moe.similarity", MOE_CHOICES.similarity)
     end
     r.moe = e
   end

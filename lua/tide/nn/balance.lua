@@ -1,0 +1,250 @@
+-- nn/balance.lua — the MoE balancers that write the selection bias b between optimiser steps (spec/moe.md §4):
+-- Quantile Balancing (§4.1, the exact and the histogram estimators of θ, qb_rate averaging) and the sign rule
+-- (§4.2, optionally normalised), on host double arrays. nn.MoE records the step's scores and selections, computes
+-- the loads, and asks its balancer for the new b; the aux and seq_aux losses are terms of the layer's forward and
+-- leave b alone here.
+--
+--   balance.new(o)                        the balancer of one MoE layer (o: its resolved nn.MoE options)
+--   balancer:update(s, b, m, n, k, load)  -> new b (double[n]) or nil (b stays), qb_clamped (histogram estimator)
+--   balance.qb                            the Quantile Balancing pieces (margins, θ estimators, centering)
+local ffi = require "ffi"
+local tide = require "tide"
+local options = require "tide.options"
+local C = tide.C
+
+local fmt, floor = string.format, math.floor
+local F64A = ffi.typeof("double[?]")
+
+local balance = {}
+
+-- the balancer options' defaults (nn.MoE's options of the same names)
+local DEFAULTS = {
+  balance = "quantile", estimator = "exact", hist_range = { -2, 2 }, hist_bins = 2048, qb_rate = 1, sign_rate = 1e-3,
+  sign_normalized = false,
+}
+balance.DEFAULTS = DEFAULTS
+balance.KINDS = { quantile = true, sign = true, aux = true, seq_aux = true, none = true }
+balance.ESTIMATORS = { exact = true, histogram = true }
+
+-- ---- plain-array helpers (QB statistics are small: m·n doubles per step) ----------------------------------
+local function read_f64(t)
+  local n = t:numel()
+  local buf = F64A(math.max(n, 1))
+  tide.check_status(C.tide_to_f64_buffer(tide.raw(t), buf, n))
+  return buf, n
+end
+
+local function as_array(b, n)      -- a tensor, a 1-based Lua list or a double array -> double[n]
+  if tide.is_tensor(b) then return (read_f64(b)) end
+  local a = F64A(n)
+  if type(b) == "table" then for j = 1, n do a[j - 1] = b[j] end
+  elseif b ~= nil then for j = 0, n - 1 do a[j] = b[j] end end
+  return a
+end
+
+-- the kk-th smallest (0-based) of a[0..n-1]; reorders a (Hoare quickselect, median-of-three pivot)
+local function select_kth(a, n, kk)
+  local lo, hi = 0, n - 1
+  while hi > lo do
+    local x, y, z = a[lo], a[floor((lo + hi) / 2)], a[hi]
+    local pivot = math.max(math.min(x, y), math.min(math.max(x, y), z))
+    local i, j = lo, hi
+    while i <= j do
+      while a[i] < pivot do i = i + 1 end
+      while a[j] > pivot do j = j - 1 end
+      if i <= j then a[i], a[j] = a[j], a[i]; i = i + 1; j = j - 1 end
+    end
+    if kk <= j then hi = j elseif kk >= i then lo = i else return a[kk] end
+  end
+  return a[kk]
+end
+
+-- Quantile Balancing pieces (moe.md §4.1), on double arrays: s [m·n] row-major scores, b [n]
+local qb = {}
+balance.qb = qb
+
+-- margins μ_{t,j} = s_{t,j} − c_t, c_t = the (k+1)-th largest of s_t + b (over the experts allowed[t·n + j] ~= 0
+-- when a mask is given: group-limited routing)
+function qb.margins(s, b, m, n, k, allowed)
+  local mu, top = F64A(m * n), F64A(k + 1)
+  for t = 0, m - 1 do
+    local row, cnt = t * n, 0
+    for j = 0, n - 1 do
+      if not allowed or allowed[row + j] ~= 0 then
+        local v = s[row + j] + b[j]
+        local i
+        if cnt <= k then i = cnt; cnt = cnt + 1 elseif v > top[k] then i = k end
+        if i then
+          while i > 0 and top[i - 1] < v do top[i] = top[i - 1]; i = i - 1 end
+          top[i] = v
+        end
+      end
+    end
+    local c = top[k]
+    for j = 0, n - 1 do mu[row + j] = s[row + j] - c end
+  end
+  return mu
+end
+
+-- group-limited routing's candidate sets (§2): allowed[t·n + j] = 1 when expert j's group is one of token t's
+-- tg best groups of G contiguous groups, a group scoring the sum of its 2 best s + b (ties: the lower index, as
+-- F.topk); the router pushes every other expert below all scores
+function qb.allowed(s, b, m, n, G, tg)
+  local per = n / G
+  local allowed, gs, order = ffi.new("uint8_t[?]", m * n), F64A(G), {}
+  for t = 0, m - 1 do
+    local row = t * n
+    for g = 0, G - 1 do
+      local b1, b2 = -math.huge, -math.huge
+      for j = g * per, (g + 1) * per - 1 do
+        local v = s[row + j] + b[j]
+        if v > b1 then b1, b2 = v, b1 elseif v > b2 then b2 = v end
+      end
+      gs[g] = per > 1 and b1 + b2 or b1
+      order[g + 1] = g
+    end
+    table.sort(order, function(u, v) return gs[u] > gs[v] or (gs[u] == gs[v] and u < v) end)
+    for i = 1, tg do
+      local g = order[i]
+      for j = g * per, (g + 1) * per - 1 do allowed[row + j] = 1 end
+    end
+  end
+  return allowed
+end
+
+-- θ_j = the r-th largest of column j (r = ⌊q⌋ + 1), exact by selection (= sorting the column)
+function qb.theta_exact(mu, m, n, r)
+  local col, theta = F64A(m), F64A(n)
+  for j = 0, n - 1 do
+    for t = 0, m - 1 do col[t] = mu[t * n + j] end
+    theta[j] = select_kth(col, m, m - r)
+  end
+  return theta
+end
+
+-- per-column histograms (counts int [n·bins]) of margins over [lo, hi); out-of-range margins go to the edge bins
+-- and are counted in `clamped` (K3 all-reduces these counts across ranks)
+function qb.histogram(mu, m, n, lo, hi, bins)
+  local counts = ffi.new("int64_t[?]", n * bins)
+  local w, clamped = (hi - lo) / bins, 0
+  for t = 0, m - 1 do
+    for j = 0, n - 1 do
+      local i = floor((mu[t * n + j] - lo) / w)
+      if i < 0 then i = 0; clamped = clamped + 1 elseif i >= bins then i = bins - 1; clamped = clamped + 1 end
+      counts[j * bins + i] = counts[j * bins + i] + 1
+    end
+  end
+  return counts, clamped
+end
+
+-- θ_j = the right edge of the first ascending bin whose cumulative count reaches m − ⌊q⌋ = m − r + 1
+function qb.theta_histogram(counts, m, n, r, lo, hi, bins)
+  local theta, w, need = F64A(n), (hi - lo) / bins, m - r + 1
+  for j = 0, n - 1 do
+    local cum, i = 0, 0
+    while i < bins - 1 do
+      cum = cum + tonumber(counts[j * bins + i])
+      if cum >= need then break end
+      i = i + 1
+    end
+    theta[j] = lo + (i + 1) * w
+  end
+  return theta
+end
+
+-- b ← b̂ − mean(b̂), b̂ = −θ (centering: a common shift changes no TopK)
+function qb.center(theta, n)
+  local b, mean = F64A(n), 0
+  for j = 0, n - 1 do mean = mean - theta[j] end
+  mean = mean / n
+  for j = 0, n - 1 do b[j] = -theta[j] - mean end
+  return b
+end
+
+-- qb.update(s, b, k, opts) -> new b (1-based Lua list), clamped: one alternation on scores s [m, n] (tensor) with the
+-- bias b (tensor or list) used to route them; opts.estimator "exact" | "histogram", opts.range {lo, hi}, opts.bins
+function qb.update(s, b, k, opts)
+  opts = opts or {}
+  local m, n = s:size(1), s:size(2)
+  local sa = read_f64(s)
+  local nb, clamped = qb.update_arrays(sa, as_array(b, n), m, n, k, opts)
+  local out = {}
+  for j = 1, n do out[j] = nb[j - 1] end
+  return out, clamped
+end
+
+function qb.update_arrays(s, b, m, n, k, opts)
+  local r = math.min(floor(m * k / n) + 1, m)
+  -- with group-limited routing the token cutoff c_t is the (k+1)-th largest s + b over the token's allowed experts
+  -- (the set its TopK chose from); margins are still taken for every expert
+  local G = opts.n_group or 1
+  local allowed = G > 1 and qb.allowed(s, b, m, n, G, opts.topk_group or G) or nil
+  local mu = qb.margins(s, b, m, n, k, allowed)
+  local theta, clamped
+  if (opts.estimator or DEFAULTS.estimator) == "exact" then
+    theta = qb.theta_exact(mu, m, n, r)
+  else
+    local range, bins = opts.range or DEFAULTS.hist_range, opts.bins or DEFAULTS.hist_bins
+    local counts
+    counts, clamped = qb.histogram(mu, m, n, range[1], range[2], bins)
+    theta = qb.theta_histogram(counts, m, n, r, range[1], range[2], bins)
+  end
+  return qb.center(theta, n), clamped
+end
+
+balance.read_f64 = read_f64
+
+-- ---- one layer's balancer ------------------------------------------------------------------------------------
+local Balancer = {}
+Balancer.__index = Balancer
+
+-- new(o) -> the balancer of kind o.balance with o's settings (errors name nn.MoE, whose options these are)
+function balance.new(o)
+  local who = "nn.MoE"
+  local kind = options.one_of(o.balance, balance.KINDS, "balance", who)
+  if type(o.qb_rate) ~= "number" or not (o.qb_rate > 0 and o.qb_rate <= 1) then
+    options.fail(who, fmt("qb_rate must be a number in (0, 1], got %s", tostring(o.qb_rate)))
+  end
+  return setmetatable({
+    kind = kind,
+    qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate,
+      n_group = o.n_group, topk_group = o.topk_group },
+    sign_rate = o.sign_rate, sign_normalized = o.sign_normalized and true or false,
+  }, Balancer)
+end
+
+-- update(s [m·n], b [n], m, n, k, load) -> the new bias (double[n]) from one step's scores s (double arrays) routed
+-- with bias b, whose per-expert loads (1-based list) are `load`; nil when this kind leaves b alone. Second result:
+-- the margins the histogram estimator clamped into its edge bins.
+function Balancer:update(s, b, m, n, k, load)
+  local nb
+  if self.kind == "quantile" then
+    local clamped
+    nb, clamped = qb.update_arrays(s, b, m, n, k, self.qb_opts)
+    -- qb_rate β < 1: b ← b + β·(b̂ − b), an average of the per-step solutions. Both are centred, so the result is.
+    -- With few tokens per expert (q = m·k/n) the one-step θ carries sampling noise of order 1/√q that β = 1 (the
+    -- spec's rule) passes straight into the next step's routing; β averages it over about 2/β − 1 steps.
+    local beta = self.qb_opts.rate
+    if beta < 1 then for j = 0, n - 1 do nb[j] = b[j] + beta * (nb[j] - b[j]) end end
+    return nb, clamped
+  elseif self.kind == "sign" then
+    local q = m * k / n
+    nb = F64A(n)
+    local rms = 0
+    if self.sign_normalized then
+      -- Su's variant: sign(q − load) → (q − load)/RMS_j(q − load)
+      for j = 1, n do rms = rms + (q - load[j]) ^ 2 / n end
+      rms = math.sqrt(rms)
+    end
+    for j = 0, n - 1 do
+      local e = q - load[j + 1]
+      local step
+      if self.sign_normalized then step = rms > 0 and e / rms or 0 else step = e > 0 and 1 or (e < 0 and -1 or 0) end
+      nb[j] = b[j] + self.sign_rate * step
+    end
+    return nb
+  end
+  return nil
+end
+
+return balance
