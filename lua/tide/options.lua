@@ -100,6 +100,14 @@ function options.int_at_least(v, lo, what, who, level)
   return v
 end
 
+-- seed(v, what, who, level) -> v, an integer in [0, 2^32) (the key half of a Philox stream)
+function options.seed(v, what, who, level)
+  if not is_int(v) or v < 0 or v >= 2 ^ 32 then
+    options.fail(who, fmt("%s must be an integer in [0, 2^32), got %s", what, tostring(v)), up(level))
+  end
+  return v
+end
+
 -- number_in(v, lo, hi, what, who, level) -> v, a number with lo <= v <= hi (NaN never is)
 function options.number_in(v, lo, hi, what, who, level)
   if type(v) ~= "number" or not (v >= lo and v <= hi) then
@@ -117,6 +125,14 @@ function options.one_of(v, set, what, who, level)
     options.fail(who, fmt("%s must be one of %s, got %s", what, table.concat(names, ", "), got), up(level))
   end
   return v
+end
+
+-- deep_copy(v) -> a copy of v with every nested table copied (a config a caller may edit without touching the original)
+function options.deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = options.deep_copy(x) end
+  return out
 end
 
 return options

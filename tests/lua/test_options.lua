@@ -67,6 +67,14 @@ T.test("pos_int, nonneg_int, int_at_least: integers in range pass, the rest name
     "nn.KDA: conv_size must be an integer >= 2, got 1")
 end)
 
+T.test("seed: an integer in [0, 2^32)", function()
+  T.eq(options.seed(0, "seed", "pack"), 0)
+  T.eq(options.seed(2 ^ 32 - 1, "seed", "pack"), 2 ^ 32 - 1)
+  T.raises(function() options.seed(2 ^ 32, "seed", "pack") end, "pack: seed must be an integer in [0, 2^32), got 4294967296")
+  T.raises(function() options.seed(-1, "text_source seed", "pack") end, "text_source seed must be an integer in [0, 2^32)")
+  T.raises(function() options.seed(0.5, "seed", "pack") end, "got 0.5")
+end)
+
 T.test("number_in: closed interval, NaN refused", function()
   T.eq(options.number_in(0.5, 0, 1, "rate", "nn.MoE"), 0.5)
   T.eq(options.number_in(1, 0, 1, "rate", "nn.MoE"), 1)

@@ -26,7 +26,9 @@ local TASK = 0x636f7079ULL              -- "copy": the task half of the Philox k
 local STRIDE = 4294967296ULL
 
 local fmt = string.format
-local function bad(msg, level) error("copy: " .. msg, level or 3) end
+local options = require "tide.options"
+local WHO = "copy"
+local function bad(msg) options.fail(WHO, msg) end      -- at the first line outside lua/tide
 
 local Checked = {}
 
@@ -34,9 +36,8 @@ local Checked = {}
 -- byte-level tokenizer of V = 320 when absent)
 function copy.check(cfg)
   if getmetatable(cfg) == Checked then return cfg end
-  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
-  local c = task.options(cfg, copy.DEFAULTS, copy.KEYS, bad)
-  local tok = task.byte_tokenizer(c.tokenizer, "the alphabet is byte ids", bad)
+  local c = task.options(cfg, copy.DEFAULTS, copy.KEYS, WHO)
+  local tok = task.byte_tokenizer(c.tokenizer, "the alphabet is byte ids", WHO)
   c.tokenizer = tok
   c.sep_id = tok:id("<|sep|>")
   return setmetatable(c, Checked)
@@ -64,7 +65,7 @@ end
 function copy.example(cfg, i, N)
   local c = copy.check(cfg)
   if type(N) ~= "number" then bad(fmt("N must be an integer, got %s", tostring(N))) end
-  local ids, labels = task.example(c, i, N, 2 * N + 1, copy.fill, "N", bad)   -- not a tail call: error levels
+  local ids, labels = task.example(c, i, N, 2 * N + 1, copy.fill, "N", WHO)
   return ids, labels
 end
 

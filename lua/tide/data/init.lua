@@ -3,6 +3,7 @@ local tokenizer = require "tide.data.tokenizer"
 local text = require "tide.data.text"
 local mqar = require "tide.data.mqar"
 local pack = require "tide.data.pack"
+local options = require "tide.options"
 
 local data = { tokenizer = tokenizer, text = text, mqar = mqar, pack = pack, passkey = require "tide.data.passkey",
   copy = require "tide.data.copy", synthetic = require "tide.data.synthetic" }
@@ -15,16 +16,7 @@ data.KEYS = {
   task = true, num_pairs = true, power = true, filler = true, examples = true, val_examples = true, val_seed = true,
 }
 
-local function check_keys(cfg)
-  for k in pairs(cfg) do
-    if not data.KEYS[k] then
-      local known = {}
-      for name in pairs(data.KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      error("data: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 3)
-    end
-  end
-end
+local function check_keys(cfg) options.check(cfg, data.KEYS, nil, "data") end
 
 -- build(cfg, vocab_size) -> {tokenizer, dataset, train = stream, val = stream factory or nil}
 -- The validation stream walks its split in order from the start each time it is made, so every

@@ -7,6 +7,7 @@
 -- machine draws it.
 local ffi = require "ffi"
 local tide = require "tide"
+local options = require "tide.options"
 local C = tide.C
 
 local mqar = {}
@@ -20,14 +21,10 @@ local STRIDE = 4294967296ULL            -- counters per example (2^32 >= 3D + T 
 
 local fmt = string.format
 
-local function bad(msg, level) error("mqar: " .. msg, level or 3) end
-
-local function int_at_least(v, lo, name, level)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
-    bad(fmt("%s must be an integer >= %d, got %s", name, lo, tostring(v)), level)
-  end
-  return v
-end
+-- errors point at the first line outside lua/tide (tide.options)
+local WHO = "mqar"
+local function bad(msg) options.fail(WHO, msg) end
+local function int_at_least(v, lo, name) return options.int_at_least(v, lo, name, WHO) end
 
 -- checked configs carry this metatable, so batch() and stream() skip re-checking them
 local Checked = {}
@@ -35,33 +32,23 @@ local Checked = {}
 -- check(cfg) -> a full, validated copy of cfg (defaults filled); errors name the parameter and the values
 function mqar.check(cfg)
   if getmetatable(cfg) == Checked then return cfg end
-  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
-  local c = {}
-  for k, v in pairs(mqar.DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg or {}) do
-    if not mqar.KEYS[k] then
-      local known = {}
-      for name in pairs(mqar.KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      bad(fmt("unknown key '%s' (known: %s)", tostring(k), table.concat(known, ", ")), 4)
-    end
-    c[k] = v
-  end
-  local V = int_at_least(c.vocab_size, 4, "vocab_size", 5)
-  local T = int_at_least(c.seq_len, 4, "seq_len", 5)
-  local D = int_at_least(c.num_pairs, 1, "num_pairs", 5)
-  if V % 2 ~= 0 then bad(fmt("vocab_size must be even (keys from [1, V/2), values from [V/2, V)), got %d", V), 4) end
-  if T % 2 ~= 0 then bad(fmt("seq_len must be even (pairs and query slots are 2 tokens), got %d", T), 4) end
-  if 4 * D > T then bad(fmt("num_pairs D = %d needs 4D <= seq_len, got 4D = %d > %d", D, 4 * D, T), 4) end
-  if D > V / 2 - 1 then bad(fmt("num_pairs D = %d exceeds the %d distinct keys of [1, %d)", D, V / 2 - 1, V / 2), 4) end
+  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg)) end
+  local c = options.with_defaults(cfg or {}, mqar.DEFAULTS, mqar.KEYS, nil, WHO)
+  local V = int_at_least(c.vocab_size, 4, "vocab_size")
+  local T = int_at_least(c.seq_len, 4, "seq_len")
+  local D = int_at_least(c.num_pairs, 1, "num_pairs")
+  if V % 2 ~= 0 then bad(fmt("vocab_size must be even (keys from [1, V/2), values from [V/2, V)), got %d", V)) end
+  if T % 2 ~= 0 then bad(fmt("seq_len must be even (pairs and query slots are 2 tokens), got %d", T)) end
+  if 4 * D > T then bad(fmt("num_pairs D = %d needs 4D <= seq_len, got 4D = %d > %d", D, 4 * D, T)) end
+  if D > V / 2 - 1 then bad(fmt("num_pairs D = %d exceeds the %d distinct keys of [1, %d)", D, V / 2 - 1, V / 2)) end
   if type(c.power) ~= "number" or not (c.power > 0) or c.power > 1 then
-    bad(fmt("power must be in (0, 1], got %s", tostring(c.power)), 4)
+    bad(fmt("power must be in (0, 1], got %s", tostring(c.power)))
   end
   if c.filler ~= "zero" and c.filler ~= "random" then
-    bad(fmt("filler must be \"zero\" or \"random\", got %s", tostring(c.filler)), 4)
+    bad(fmt("filler must be \"zero\" or \"random\", got %s", tostring(c.filler)))
   end
-  int_at_least(c.seed, 0, "seed", 5)
-  if c.seed >= 2 ^ 32 then bad(fmt("seed must be < 2^32, got %d", c.seed), 4) end
+  int_at_least(c.seed, 0, "seed")
+  if c.seed >= 2 ^ 32 then bad(fmt("seed must be < 2^32, got %d", c.seed)) end
   c.slots = (T - 2 * D) / 2
   return setmetatable(c, Checked)
 end
@@ -151,7 +138,7 @@ end
 -- i is the 0-based example index
 function mqar.example(cfg, i)
   local c = mqar.check(cfg)
-  int_at_least(i, 0, "example index", 4)
+  int_at_least(i, 0, "example index")
   if i >= MAX_INDEX then bad(fmt("example index must be < 2^32, got %d", i)) end
   local x, y = ffi.new("int64_t[?]", c.seq_len), ffi.new("int64_t[?]", c.seq_len)
   local keys, values, gaps = mqar.fill(c, i, x, y, 0)
@@ -163,8 +150,8 @@ end
 -- batch(cfg, first, n) -> ids [n, T] i32, targets [n, T] i64: examples first .. first+n−1
 function mqar.batch(cfg, first, n)
   local c = mqar.check(cfg)
-  int_at_least(first, 0, "first", 4)
-  int_at_least(n, 1, "n", 4)
+  int_at_least(first, 0, "first")
+  int_at_least(n, 1, "n")
   if first + n > MAX_INDEX then bad(fmt("examples %d .. %d reach past index 2^32", first, first + n - 1)) end
   local T = c.seq_len
   local x, y = ffi.new("int32_t[?]", n * T), ffi.new("int64_t[?]", n * T)
@@ -205,8 +192,8 @@ Stream.__index = Stream
 
 function mqar.stream(cfg, opts)
   local c = mqar.check(cfg)
-  local B = int_at_least(opts.batch_size, 1, "batch_size", 4)
-  local N = int_at_least(opts.examples or MAX_INDEX, B, "examples", 4)
+  local B = int_at_least(opts.batch_size, 1, "batch_size")
+  local N = int_at_least(opts.examples or MAX_INDEX, B, "examples")
   if N > MAX_INDEX then bad(fmt("examples must be <= 2^32, got %d", N)) end
   return setmetatable({ cfg = c, B = B, T = c.seq_len, examples = N, cursor = 0 }, Stream)
 end

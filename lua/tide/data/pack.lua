@@ -17,6 +17,7 @@ local ffi = require "ffi"
 local tide = require "tide"
 local text = require "tide.data.text"
 local tokenizer = require "tide.data.tokenizer"
+local options = require "tide.options"
 local C = tide.C
 
 local pack = {}
@@ -31,38 +32,14 @@ local TEXT_KEY = 0x74657874ULL        -- "text"
 
 local fmt = string.format
 
-local function bad(msg, level) error("pack: " .. msg, (level or 2) + 1) end
-
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
-  return keys
-end
-
+-- errors point at the first caller outside lua/tide (the recipe line that built the source or packer)
+local WHO = "pack"
+local function bad(msg) options.fail(WHO, msg) end
 -- every key of cfg must be in known; the error names the key, the table and the known keys
-local function check_keys(cfg, known, what, level)
-  if type(cfg) ~= "table" then bad(fmt("%s must be a table, got %s", what, type(cfg)), level + 1) end
-  for k in pairs(cfg) do
-    if not known[k] then
-      bad(fmt("unknown key '%s' in %s (known: %s)", tostring(k), what, table.concat(sorted_keys(known), ", ")), level + 1)
-    end
-  end
-end
-
-local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
-
-local function check_seed(seed, what, level)
-  if not is_int(seed) or seed < 0 or seed >= 2 ^ 32 then
-    bad(fmt("%s must be an integer in [0, 2^32), got %s", what, tostring(seed)), level + 1)
-  end
-  return seed
-end
-
-local function positive_int(v, what, level)
-  if not is_int(v) or v < 1 then bad(fmt("%s must be a positive integer, got %s", what, tostring(v)), level + 1) end
-  return v
-end
+local function check_keys(cfg, known, what) options.check(cfg, known, what, WHO) end
+local is_int = options.is_int
+local function check_seed(seed, what) return options.seed(seed, what, WHO) end
+local function positive_int(v, what) return options.pos_int(v, what, WHO) end
 
 ---------------------------------------------------------------------------------------------------
 -- text source: the documents of text files or token shards (text.load), in shuffled or file order
@@ -104,14 +81,14 @@ end
 -- in neither split (its head ends the file's train part, its tail begins the val part), so both splits hold
 -- whole documents only.
 function pack.text_source(cfg)
-  check_keys(cfg, TEXT_KEYS, "text_source config", 2)
+  check_keys(cfg, TEXT_KEYS, "text_source config")
   local split = cfg.split or "train"
   if split ~= "train" and split ~= "val" then bad(fmt("split must be 'train' or 'val', got '%s'", tostring(split))) end
   local order = cfg.order or "shuffle"
   if order ~= "shuffle" and order ~= "sequential" then
     bad(fmt("order must be 'shuffle' or 'sequential', got '%s'", tostring(order)))
   end
-  local seed = check_seed(cfg.seed or 0, "text_source seed", 2)
+  local seed = check_seed(cfg.seed or 0, "text_source seed")
   local vf = cfg.val_fraction or 0
   if split == "val" and not (type(vf) == "number" and vf > 0) then
     bad(fmt("split 'val' needs val_fraction > 0, got %s", tostring(cfg.val_fraction)))
@@ -202,14 +179,14 @@ local ENTRY_KEYS = { source = true, weight = true, min_len = true, max_len = tru
 
 -- Packer{sources = {{source, weight, min_len, max_len, name}, ...}, seq_len, seed, eot}
 function pack.Packer(cfg)
-  check_keys(cfg, PACKER_KEYS, "Packer config", 2)
+  check_keys(cfg, PACKER_KEYS, "Packer config")
   local list = cfg.sources
   if type(list) ~= "table" or #list == 0 then bad("sources must be a non-empty list of {source = ..., weight = ...}") end
   for k in pairs(list) do
     if not is_int(k) or k < 1 or k > #list then bad(fmt("sources must be a list (1 .. %d), got key '%s'", #list, tostring(k))) end
   end
-  local T = positive_int(cfg.seq_len, "seq_len", 2)
-  local seed = check_seed(cfg.seed or 0, "seed", 2)
+  local T = positive_int(cfg.seq_len, "seq_len")
+  local seed = check_seed(cfg.seed or 0, "seed")
   if not is_int(cfg.eot) or cfg.eot < 0 then
     bad(fmt("eot must be the integer id of <|endoftext|> (tok:id(\"<|endoftext|>\")), got %s", tostring(cfg.eot)))
   end
@@ -220,7 +197,7 @@ function pack.Packer(cfg)
   }, Packer)
   for j, e in ipairs(list) do
     local what = fmt("sources[%d]", j)
-    check_keys(e, ENTRY_KEYS, what, 2)
+    check_keys(e, ENTRY_KEYS, what)
     local src = e.source
     if type(src) ~= "table" and type(src) ~= "userdata" then bad(fmt("%s.source must be a document source, got %s", what, type(src))) end
     if type(src.doc) ~= "function" then bad(fmt("%s.source has no doc(i, T) method", what)) end
@@ -254,21 +231,21 @@ end
 -- one of the packer's sources; sources left out get weight 0 (not drawn) but keep their cursors, so a later stage
 -- that lists them again continues where they stopped. The state (draws, cursors, carry-over) is untouched.
 function Packer:set_mix(entries)
-  if type(entries) ~= "table" or #entries == 0 then bad("set_mix: expected a non-empty list of {name, weight, ...}", 2) end
+  if type(entries) ~= "table" or #entries == 0 then bad("set_mix: expected a non-empty list of {name, weight, ...}") end
   local seen = {}
   for j, e in ipairs(entries) do
     local what = fmt("set_mix[%d]", j)
     local s = type(e) == "table" and self.by_name[e.name]
-    if not s then bad(fmt("%s: no source named '%s' in this packer", what, tostring(type(e) == "table" and e.name)), 2) end
-    if seen[e.name] then bad(fmt("%s: source '%s' is listed twice", what, e.name), 2) end
+    if not s then bad(fmt("%s: no source named '%s' in this packer", what, tostring(type(e) == "table" and e.name))) end
+    if seen[e.name] then bad(fmt("%s: source '%s' is listed twice", what, e.name)) end
     seen[e.name] = true
     if type(e.weight) ~= "number" or not (e.weight > 0) or e.weight == math.huge then
-      bad(fmt("%s ('%s'): weight must be a finite number > 0, got %s", what, e.name, tostring(e.weight)), 2)
+      bad(fmt("%s ('%s'): weight must be a finite number > 0, got %s", what, e.name, tostring(e.weight)))
     end
     local lo, hi = e.min_len or 1, e.max_len or math.huge
-    if not is_int(lo) or lo < 1 then bad(fmt("%s ('%s'): min_len must be an integer >= 1, got %s", what, e.name, tostring(lo)), 2) end
+    if not is_int(lo) or lo < 1 then bad(fmt("%s ('%s'): min_len must be an integer >= 1, got %s", what, e.name, tostring(lo))) end
     if hi ~= math.huge and (not is_int(hi) or hi < lo) then
-      bad(fmt("%s ('%s'): max_len must be an integer >= min_len (%d), got %s", what, e.name, lo, tostring(hi)), 2)
+      bad(fmt("%s ('%s'): max_len must be an integer >= min_len (%d), got %s", what, e.name, lo, tostring(hi)))
     end
   end
   local total = 0
@@ -291,9 +268,9 @@ end
 -- document i of source s at row length T, checked against the source contract
 local function fetch(self, s, i, T)
   local ids, targets, n = s.source:doc(i, T)
-  if not is_int(n) or n < 1 then bad(fmt("source '%s': doc(%d, %d) returned length %s", s.name, i, T, tostring(n)), 3) end
+  if not is_int(n) or n < 1 then bad(fmt("source '%s': doc(%d, %d) returned length %s", s.name, i, T, tostring(n))) end
   if ids[0] ~= self.eot then
-    bad(fmt("source '%s': document %d begins with id %d, not <|endoftext|> (%d)", s.name, i, ids[0], self.eot), 3)
+    bad(fmt("source '%s': document %d begins with id %d, not <|endoftext|> (%d)", s.name, i, ids[0], self.eot))
   end
   return ids, targets, n
 end
@@ -317,14 +294,14 @@ local function next_document(self)
     end
   end
   bad(fmt("source '%s': %d consecutive documents (up to index %d) fell outside min_len %d .. max_len %s at seq_len %d",
-    s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T), 3)
+    s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T))
 end
 
 -- next_rows(R) -> {ids [R, T] i32, targets [R, T] i32, cu_seqlens, max_seqlen, n_targets, segments, per_source}
 -- cu_seqlens: 0-based offsets over the R·T flattened tokens of every segment start (each row start and each
 -- document start) and R·T at the end.
 function Packer:next_rows(R)
-  positive_int(R, "next_rows: R", 2)
+  positive_int(R, "next_rows: R")
   local T, eot, IGNORE = self.seq_len, self.eot, pack.IGNORE
   local N = R * T
   local ibuf, tbuf = ffi.new("int32_t[?]", N), ffi.new("int32_t[?]", N)
@@ -366,7 +343,7 @@ end
 
 -- a stage switch (long_context.md §6): cursors, draws and the carried-over remainder stay; the next rows have T2
 function Packer:set_seq_len(T2)
-  self.seq_len = positive_int(T2, "set_seq_len: seq_len", 2)
+  self.seq_len = positive_int(T2, "set_seq_len: seq_len")
 end
 
 -- tokens packed per source name since construction (or since the state that was restored)
@@ -395,7 +372,7 @@ local function names_str(list) return "{" .. table.concat(list, ", ") .. "}" end
 -- set_state(st): the next rows equal those of the packer that wrote st; a state of other sources or another
 -- seed is an error. Weights and length filters may differ (a stage may change the mixture).
 function Packer:set_state(st)
-  if type(st) ~= "table" then bad("set_state: expected a state table, got " .. type(st), 2) end
+  if type(st) ~= "table" then bad("set_state: expected a state table, got " .. type(st)) end
   if st.seed ~= self.seed then
     bad(fmt("set_state: the state's seed %s differs from the packer's seed %d", tostring(st.seed), self.seed))
   end
@@ -423,7 +400,7 @@ function Packer:set_state(st)
     if not is_int(c.doc) or c.doc < 0 or c.doc >= st.cursors[s.name] then
       bad(fmt("set_state: carry-over document %s of source '%s' is not below its cursor %d", tostring(c.doc), s.name, st.cursors[s.name]))
     end
-    positive_int(c.seq_len, "set_state: carry-over seq_len", 2)
+    positive_int(c.seq_len, "set_state: carry-over seq_len")
     local ids, targets, n = fetch(self, s, c.doc, c.seq_len)
     if not is_int(c.offset) or c.offset < 1 or c.offset >= n then
       bad(fmt("set_state: carry-over offset %s must lie inside document %d of source '%s' (length %d)",

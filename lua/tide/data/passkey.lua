@@ -40,7 +40,9 @@ local STRIDE = 4294967296ULL            -- counters per example
 local DIGIT0 = string.byte("0")
 
 local fmt = string.format
-local function bad(msg, level) error("passkey: " .. msg, level or 3) end
+local options = require "tide.options"
+local WHO = "passkey"
+local function bad(msg) options.fail(WHO, msg) end      -- at the first line outside lua/tide
 
 local Checked = {}
 
@@ -48,15 +50,14 @@ local Checked = {}
 -- byte-level tokenizer of V = 320 when absent); errors name the option and the value
 function passkey.check(cfg)
   if getmetatable(cfg) == Checked then return cfg end
-  if cfg ~= nil and type(cfg) ~= "table" then bad("config must be a table, got " .. type(cfg), 4) end
-  local c = task.options(cfg, passkey.DEFAULTS, passkey.KEYS, bad)
+  local c = task.options(cfg, passkey.DEFAULTS, passkey.KEYS, WHO)
   if c.depth ~= "uniform" and not (type(c.depth) == "number" and c.depth >= 0 and c.depth <= 1) then
-    bad(fmt("depth must be a number in [0, 1] or \"uniform\", got %s", tostring(c.depth)), 4)
+    bad(fmt("depth must be a number in [0, 1] or \"uniform\", got %s", tostring(c.depth)))
   end
   if c.filler ~= "sentence" and c.filler ~= "random" then
-    bad(fmt("filler must be \"sentence\" or \"random\", got %s", tostring(c.filler)), 4)
+    bad(fmt("filler must be \"sentence\" or \"random\", got %s", tostring(c.filler)))
   end
-  local tok = task.byte_tokenizer(c.tokenizer, "digits and filler are byte ids", bad)
+  local tok = task.byte_tokenizer(c.tokenizer, "digits and filler are byte ids", WHO)
   c.tokenizer = tok
   c.key_id, c.q_id = tok:id("<KEY>"), tok:id("<Q>")
   return setmetatable(c, Checked)
@@ -107,7 +108,7 @@ end
 function passkey.example(cfg, i, T)
   local c = passkey.check(cfg)
   if type(T) ~= "number" then bad(fmt("length must be an integer, got %s", tostring(T))) end
-  local ids, labels, info = task.example(c, i, T, T, passkey.fill, "length", bad)   -- not a tail call: error levels
+  local ids, labels, info = task.example(c, i, T, T, passkey.fill, "length", WHO)
   return ids, labels, info
 end
 

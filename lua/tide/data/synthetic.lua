@@ -33,6 +33,7 @@ local tide = require "tide"
 local passkey = require "tide.data.passkey"
 local copy = require "tide.data.copy"
 local mqar = require "tide.data.mqar"
+local options = require "tide.options"
 local C = tide.C
 
 local synthetic = {}
@@ -58,12 +59,13 @@ local TASK_KEYS = {
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) end
 
-local function unknown_option(task, k)
-  local known = {}
-  for name in pairs(COMMON) do known[#known + 1] = name end
-  for name in pairs(TASK_KEYS[task]) do known[#known + 1] = name end
-  table.sort(known)
-  error(fmt("%s: unknown option '%s' (known: %s)", task, tostring(k), table.concat(known, ", ")), 4)
+-- the keys source(opts) accepts for each task: COMMON and the task's own
+local SOURCE_KEYS = {}
+for task, keys in pairs(TASK_KEYS) do
+  local all = {}
+  for k in pairs(COMMON) do all[k] = true end
+  for k in pairs(keys) do all[k] = true end
+  SOURCE_KEYS[task] = all
 end
 
 local aux_buf = ffi.new("double[1]")
@@ -179,12 +181,10 @@ function synthetic.source(opts)
   if split ~= "train" and split ~= "eval" then
     error(fmt("%s: split must be \"train\" or \"eval\", got %s", task, tostring(split)), 2)
   end
+  options.check(opts, SOURCE_KEYS[task], nil, task)
   local task_opts = {}
   for k, v in pairs(opts) do
-    if not COMMON[k] then
-      if not TASK_KEYS[task][k] then unknown_option(task, k) end
-      task_opts[k] = v
-    end
+    if not COMMON[k] then task_opts[k] = v end
   end
   local tok = opts.tokenizer or require("tide.data.tokenizer").byte_level({ vocab_size = 320 })
   if type(tok) ~= "table" or tok.kind ~= "byte" then

@@ -112,13 +112,6 @@ CONFIGS.k3 = {
   device = "cuda",
 }
 
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
-
 function configs.names() return options.sorted_keys(CONFIGS) end
 
 function configs.get(name)
@@ -126,7 +119,7 @@ function configs.get(name)
   if not c then
     options.fail(WHO, fmt("unknown config '%s' (known: %s)", tostring(name), table.concat(configs.names(), ", ")))
   end
-  return deep_copy(c)
+  return options.deep_copy(c)
 end
 
 -- configs.all.tiny: each access returns a new deep copy, so a caller's edits never reach the shipped table
