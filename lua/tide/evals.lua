@@ -14,6 +14,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local synthetic = require "tide.data.synthetic"
+local options = require "tide.options"
 local C = tide.C
 
 local evals = {}
@@ -22,8 +23,8 @@ evals.DEFAULTS = { depths = { 0, 0.25, 0.5, 0.75, 1 }, examples = 20, batch = 4,
 local RUN_KEYS = { task = true, lengths = true, depths = true, examples = true, batch = true, seed = true, device = true }
 
 local fmt = string.format
-local function bad(msg) error("evals: " .. msg, 3) end
-local function is_int(v) return type(v) == "number" and v == math.floor(v) end
+local function bad(msg) options.fail("evals", msg) end      -- at the first line outside lua/tide
+local is_int = options.is_int
 
 -- the device of the model's first parameter ("cpu" for a model without parameters)
 local function model_device(model)

@@ -4,6 +4,7 @@
 -- own Philox stream (seed, draw index), so samples are reproducible and leave the training RNG alone.
 local ffi = require "ffi"
 local tide = require "tide"
+local options = require "tide.options"
 local C = tide.C
 
 local generate = {}
@@ -130,11 +131,7 @@ end
 local IDS_KEYS = { max_new = true, temperature = true, top_k = true, top_p = true, stop = true, seed = true }
 
 function generate.ids(model, prompts, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not IDS_KEYS[k] then error("generate: unknown option '" .. tostring(k) .. "' (known: max_new, seed, stop, " ..
-      "temperature, top_k, top_p)", 2) end
-  end
+  opts = options.check(opts or {}, IDS_KEYS, nil, "generate")
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: prompts must be a non-empty list of ids or of lists", 2) end
   local batch = type(prompts[1]) == "table"
   local rows = batch and prompts or { prompts }

@@ -6,6 +6,7 @@
 -- The update itself is one engine call per parameter (tide_adamw_step_), in place, off the graph.
 local ffi = require "ffi"
 local tide = require "tide"
+local options = require "tide.options"
 local C = tide.C
 
 local optim = {}
@@ -50,15 +51,7 @@ optim.KEYS = ADAMW_KEYS
 
 -- AdamW(params, {lr = 3e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1, no_decay = {patterns}})
 function optim.AdamW(params, cfg)
-  cfg = cfg or {}
-  for k in pairs(cfg) do
-    if not ADAMW_KEYS[k] then
-      local known = {}
-      for name in pairs(ADAMW_KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      error("optim: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 2)
-    end
-  end
+  cfg = options.check(cfg or {}, ADAMW_KEYS, nil, "optim")
   local betas = cfg.betas or { 0.9, 0.95 }
   local self = setmetatable({
     lr = cfg.lr or 3e-3, beta1 = betas[1], beta2 = betas[2], eps = cfg.eps or 1e-8,

@@ -5,30 +5,20 @@
 --   cosine:  linear warmup then cosine from lr to min_lr ending at `decay_end` (wsd with decay_start = warmup).
 --   constant: linear warmup then lr.
 -- A schedule is a pure function of t, so a resumed run follows the same curve.
+local options = require "tide.options"
+
 local schedule = {}
 
 local KINDS = { wsd = true, cosine = true, constant = true }
 local KEYS = { kind = true, warmup = true, decay_start = true, decay_end = true, min_lr = true, decay = true }
 
-local function check_int(name, v, lo)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < lo then
-    error(string.format("schedule: %s must be an integer >= %d, got %s", name, lo, tostring(v)), 3)
-  end
-end
+local function check_int(name, v, lo) options.int_at_least(v, lo, name, "schedule") end
 
 -- new(cfg, lr, total_steps) -> function(t) -> learning rate
 -- cfg: {kind=, warmup=, decay_start=, decay_end=, min_lr=, decay=}; decay_end defaults to total_steps,
 -- decay_start (wsd) to 80% of decay_end, min_lr to lr / 10.
 function schedule.new(cfg, lr, total_steps)
-  cfg = cfg or {}
-  for k in pairs(cfg) do
-    if not KEYS[k] then
-      local known = {}
-      for name in pairs(KEYS) do known[#known + 1] = name end
-      table.sort(known)
-      error("schedule: unknown key '" .. tostring(k) .. "'; known keys: " .. table.concat(known, ", "), 2)
-    end
-  end
+  cfg = options.check(cfg or {}, KEYS, nil, "schedule")
   local kind = cfg.kind or "wsd"
   if not KINDS[kind] then
     error("schedule: kind must be one of wsd, cosine, constant; got '" .. tostring(kind) .. "'", 2)
