@@ -149,8 +149,8 @@ int tide_node_save(tide_node *n, tide_tensor *t)
         n->saved = p;
         n->cap_saved = cap;
     }
-    tide_tensor *a = tide_view_of(t, t->ndim, t->shape, t->stride, t->offset);
-    if (!a) return -1;
+    tide_tensor *a = t ? tide_view_of(t, t->ndim, t->shape, t->stride, t->offset) : NULL;
+    if (t && !a) return -1;
     n->saved[n->n_saved++] = a;
     return 0;
 }

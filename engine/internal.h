@@ -67,9 +67,34 @@ int tide_is_float(int dtype);
 int tide_is_int(int dtype);
 
 /* ---- autograd graph (autograd.c) ------------------------------------------------------------------ */
+/* a node's attributes: one named struct per op family (the op's public function fills it, forward and
+   backward read it; a node copies it whole), plus one variable-length int list */
 typedef struct tide_attrs {
-    int64_t i[8];
-    double f[4];
+    union {
+        struct { int op, save_xy; double p; } unary;            /* TIDE_UN_*; backward needs x and y; scalar p */
+        struct { int op; } binary;                               /* TIDE_BIN_* */
+        struct { int dim; int64_t start, len, step; } slice;
+        struct { int dim; } along;                               /* concat, split, index_select, gather, scatter_add */
+        struct { int dtype, device; } to;                        /* to_dtype, to_device */
+        struct { int keepdim; double scale; } sum;               /* scale 1 (sum) or 1 / count (mean); list: dims */
+        struct { int op, dim, keepdim; } dimreduce;              /* TIDE_RED_* over one dim */
+        struct { int ta, tb; } matmul;                           /* transposes */
+        struct { double eps; } norm;                             /* rmsnorm, layernorm */
+        struct { int dim, log; } softmax;
+        /* denom and loss are written by the forward for the backward: the mean's divisor and the loss value */
+        struct { int64_t ignore_index; int reduction; double denom, loss; } cross_entropy;
+        struct { int64_t pos0; double theta; } rope;
+        struct { int causal; double scale; } attention;
+        struct { int path, has_s0; int64_t chunk; double lower_bound; } kda;           /* list: boundaries */
+        struct { int form; int64_t H, D; double lower_bound; } kda_gate;
+        struct { int silu, has_cache; } causal_conv1d;                                 /* list: boundaries */
+        struct { double eps, scale; } l2norm;
+        struct { int has_kr; double scale; } mla_attention;                            /* list: boundaries */
+        struct { int n; double eps; } attnres;                                         /* n sources */
+        struct { double k_gate, k_lin; } situ_glu;
+        struct { int64_t k; } topk;
+        struct { int activation; int64_t capacity; double k_gate, k_lin; } moe_experts; /* capacity -1: dropless */
+    };
     int64_t *list;                /* variable-length int attribute (perm, sizes, shape); owned copy */
     int n_list;
 } tide_attrs;
@@ -145,7 +170,9 @@ int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out
 tide_tensor *tide_op_run1(int op, int n_in, tide_tensor **in, const tide_attrs *attr);
 /* drop a reference to a node (iterative: freeing a long chain does not recurse) */
 void tide_node_release_internal(tide_node *n);
-/* keep t for backward (stored as a detached alias so saving an output makes no cycle) */
+/* keep t for backward (stored as a detached alias so saving an output makes no cycle). Saved tensors are
+   read back by slot: each op names its slots (an enum beside its forward); t NULL keeps a slot empty, so an
+   optional tensor has a fixed slot too */
 int tide_node_save(tide_node *n, tide_tensor *t);
 
 /* document boundaries for the sequence ops (kda, causal_conv1d, mla_attention): the int tensor cu (NULL =

@@ -331,8 +331,8 @@ int tide_copy_(tide_tensor *dst, const tide_tensor *src)
     }
     if (dst->numel == 0) return 0;
     if (dst->device == src->device) {
-        return TIDE_DISPATCH(dst->device, copy, "copy_", tide_data(dst), dst->dtype, dst->stride, tide_data(src), src->dtype, src->stride,
-                        dst->ndim, dst->shape);
+        return TIDE_DISPATCH(dst->device, copy, "copy_", tide_data(dst), dst->dtype, dst->stride, tide_data(src),
+                             src->dtype, src->stride, dst->ndim, dst->shape);
     }
     /* cross-device: make src contiguous on its device, move bytes, convert on the destination */
     tide_tensor *c = tide_contiguous_nograd((tide_tensor *)src);
@@ -347,7 +347,8 @@ int tide_copy_(tide_tensor *dst, const tide_tensor *src)
         rc = TIDE_DISPATCH(c->device, memcpy_d2h, "copy_", tide_data(stage), tide_data(c), nb);
     } else {   /* device to device through the host */
         void *h = malloc(nb);
-        rc = h ? TIDE_DISPATCH(c->device, memcpy_d2h, "copy_", h, tide_data(c), nb) : tide_set_error("copy_: out of memory");
+        rc = h ? TIDE_DISPATCH(c->device, memcpy_d2h, "copy_", h, tide_data(c),
+                               nb) : tide_set_error("copy_: out of memory");
         if (!rc) rc = TIDE_DISPATCH(dst->device, memcpy_h2d, "copy_", tide_data(stage), h, nb);
         free(h);
     }
@@ -403,7 +404,8 @@ typedef struct { int normal; double a, b; uint64_t seed, offset; } rand_ctx;
 static int do_rand(tide_tensor *c, void *ctx)
 {
     rand_ctx *r = ctx;
-    if (r->normal) return TIDE_DISPATCH(c->device, randn, "randn_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
+    if (r->normal) return TIDE_DISPATCH(c->device, randn, "randn_", tide_data(c), c->dtype, c->numel, r->seed,
+                                        r->offset, r->a, r->b);
     return TIDE_DISPATCH(c->device, rand, "rand_", tide_data(c), c->dtype, c->numel, r->seed, r->offset, r->a, r->b);
 }
 static int rand_fill(tide_tensor *t, int normal, double a, double b)
@@ -432,7 +434,8 @@ tide_tensor *tide_rand(int dtype, int ndim, const int64_t *shape, int device, do
 
 static int do_scale(tide_tensor *c, void *ctx)
 {
-    return TIDE_DISPATCH(c->device, unary, "scale_", TIDE_UN_MUL_SCALAR, c->dtype, tide_data(c), tide_data(c), c->numel, *(double *)ctx);
+    return TIDE_DISPATCH(c->device, unary, "scale_", TIDE_UN_MUL_SCALAR, c->dtype, tide_data(c), tide_data(c), c->numel,
+                         *(double *)ctx);
 }
 int tide_scale_(tide_tensor *t, double s)
 {

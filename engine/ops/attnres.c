@@ -1,7 +1,7 @@
 /* attnres.c — the Attention Residuals mix (spec/attnres.md §1, §4) as one graph node: inputs are the n
    sources, then w and nu; the output is the softmax-weighted sum of the RAW sources. The node saves the
    sources as aliases (no copies), w, nu and the per-row stats [2, n, rows] (probabilities, then the RMS
-   factors r_i); the backward recomputes the scores from them. attr: i[0] n, f[0] eps. */
+   factors r_i); the backward recomputes the scores from them. attr: attnres {n, eps}. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +17,12 @@ static void release_all(tide_tensor **t, int n)
     for (int i = 0; i < n; i++) { tide_tensor_release(t[i]); t[i] = NULL; }
 }
 
+/* saved: the stats, then the inputs in their order (n sources, w, nu) */
+enum { ATTNRES_SAVED_STATS, ATTNRES_SAVED_INPUTS };
+
 int tide_attnres_forward(tide_node *nd, tide_tensor **in, tide_tensor **out)
 {
-    int n = (int)nd->attr.i[0];
+    int n = nd->attr.attnres.n;
     tide_tensor **c = calloc((size_t)n + 2, sizeof *c);
     const void **src = malloc((size_t)n * sizeof *src);
     tide_tensor *o = NULL, *stats = NULL;
@@ -37,11 +40,11 @@ int tide_attnres_forward(tide_node *nd, tide_tensor **in, tide_tensor **out)
     }
     if (!rc && rows > 0) {
         for (int i = 0; i < n; i++) src[i] = tide_data(c[i]);
-        rc = TIDE_DISPATCH(c[0]->device, attnres, "attnres", c[0]->dtype, tide_data(o), tide_data(stats), src, n, rows, d, tide_data(c[n]), tide_data(c[n + 1]),
-                         nd->attr.f[0]);
+        rc = TIDE_DISPATCH(c[0]->device, attnres, "attnres", c[0]->dtype, tide_data(o), tide_data(stats), src, n, rows,
+                           d, tide_data(c[n]), tide_data(c[n + 1]), nd->attr.attnres.eps);
     }
+    if (!rc) rc = tide_node_save(nd, stats);
     for (int i = 0; i < n + 2 && !rc; i++) rc = tide_node_save(nd, c[i]);
-    if (!rc) rc = tide_node_save(nd, stats);      /* saved last: index n + 2 */
     if (c) release_all(c, n + 2);
     free(c);
     free(src);
@@ -53,8 +56,8 @@ int tide_attnres_forward(tide_node *nd, tide_tensor **in, tide_tensor **out)
 
 int tide_attnres_backward(tide_node *nd, tide_tensor **gout, tide_tensor **gin)
 {
-    int n = (int)nd->attr.i[0];
-    tide_tensor **sv = nd->saved, *w = sv[n], *nu = sv[n + 1], *stats = sv[n + 2];
+    int n = nd->attr.attnres.n;
+    tide_tensor *stats = nd->saved[ATTNRES_SAVED_STATS], **sv = nd->saved + ATTNRES_SAVED_INPUTS, *w = sv[n], *nu = sv[n + 1];
     int64_t d = sv[0]->shape[sv[0]->ndim - 1], rows = sv[0]->numel / d;
     tide_tensor *go = tide_contiguous_nograd(gout[0]);
     tide_tensor **g = calloc((size_t)n + 2, sizeof *g);
@@ -72,8 +75,9 @@ int tide_attnres_backward(tide_node *nd, tide_tensor **gout, tide_tensor **gin)
             src[i] = tide_data(sv[i]);
             gsrc[i] = g[i] ? tide_data(g[i]) : NULL;
         }
-        rc = TIDE_DISPATCH(sv[0]->device, attnres_backward, "attnres", sv[0]->dtype, gsrc, g[n] ? tide_data(g[n]) : NULL, g[n + 1] ? tide_data(g[n + 1]) : NULL,
-                                  tide_data(go), src, tide_data(stats), n, rows, d, tide_data(w), tide_data(nu));
+        rc = TIDE_DISPATCH(sv[0]->device, attnres_backward, "attnres", sv[0]->dtype, gsrc,
+                           g[n] ? tide_data(g[n]) : NULL, g[n + 1] ? tide_data(g[n + 1]) : NULL, tide_data(go), src,
+                           tide_data(stats), n, rows, d, tide_data(w), tide_data(nu));
     }
     tide_tensor_release(go);
     free(src);
@@ -116,8 +120,8 @@ tide_tensor *tide_attnres(int n, tide_tensor **sources, tide_tensor *w, tide_ten
     in[n] = w;
     in[n + 1] = nu;
     tide_attrs at = {0};
-    at.i[0] = n;
-    at.f[0] = eps;
+    at.attnres.n = n;
+    at.attnres.eps = eps;
     tide_tensor *out = tide_op_run1(TIDE_OP_ATTNRES, n + 2, in, &at);
     free(in);
     return out;

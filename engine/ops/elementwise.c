@@ -9,7 +9,7 @@ _Static_assert(sizeof binary_names / sizeof binary_names[0] == TIDE_BIN_COUNT, "
 
 int tide_binary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int op = (int)n->attr.i[0];
+    int op = n->attr.binary.op;
     tide_tensor *a = in[0], *b = in[1];
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
     int64_t shape[TIDE_MAX_DIMS], sa[TIDE_MAX_DIMS], sb[TIDE_MAX_DIMS];
@@ -28,7 +28,8 @@ int tide_binary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     }
     tide_tensor *o = tide_empty(a->dtype, nd, shape, a->device);
     if (!o) return -1;
-    if (o->numel > 0 && TIDE_DISPATCH(a->device, binary, binary_names[op], op, a->dtype, tide_data(o), tide_data(a), sa, tide_data(b), sb, nd, shape)) {
+    if (o->numel > 0 && TIDE_DISPATCH(a->device, binary, binary_names[op], op, a->dtype, tide_data(o), tide_data(a), sa,
+                                      tide_data(b), sb, nd, shape)) {
         tide_tensor_release(o);
         return -1;
     }
@@ -47,7 +48,7 @@ static int reduce_into(tide_tensor *g, const tide_meta *m, tide_tensor **dst)
 
 int tide_binary_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int op = (int)n->attr.i[0];
+    int op = n->attr.binary.op;
     tide_tensor *g = gout[0], *t = NULL;
     int rc = 0;
     if (op == TIDE_BIN_ADD || op == TIDE_BIN_SUB) {
@@ -83,7 +84,7 @@ static tide_tensor *binary(int op_id, int bop, tide_tensor *a, tide_tensor *b)
     if (tide_check_float(a, name, "a") || tide_check_float(b, name, "b") || tide_check_same_device(a, b, name) ||
         tide_check_same_dtype(a, b, name)) return NULL;
     tide_attrs at = {0};
-    at.i[0] = bop;
+    at.binary.op = bop;
     tide_tensor *in[2] = {a, b};
     return tide_op_run1(op_id, 2, in, &at);
 }
@@ -101,8 +102,9 @@ int tide_unary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *y = tide_empty_like(x);
     int rc = y ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, unary, TIDE_OP_NAME(n), (int)n->attr.i[0], x->dtype, tide_data(y), tide_data(x), x->numel, n->attr.f[0]);
-    if (!rc && n->attr.i[1]) rc = tide_node_save(n, x) || tide_node_save(n, y);   /* i[1]: backward needs x, y */
+        rc = TIDE_DISPATCH(x->device, unary, TIDE_OP_NAME(n), n->attr.unary.op, x->dtype, tide_data(y), tide_data(x),
+                           x->numel, n->attr.unary.p);
+    if (!rc && n->attr.unary.save_xy) rc = tide_node_save(n, x) || tide_node_save(n, y);
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(y); return -1; }
     out[0] = y;
@@ -111,18 +113,18 @@ int tide_unary_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_unary_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int op = (int)n->attr.i[0];
+    int op = n->attr.unary.op;
     if (op == TIDE_UN_NEG) { gin[0] = tide_neg(gout[0]); return gin[0] ? 0 : -1; }
     if (op == TIDE_UN_ADD_SCALAR) { tide_tensor_retain(gout[0]); gin[0] = gout[0]; return 0; }
-    if (op == TIDE_UN_MUL_SCALAR) { gin[0] = tide_mul_scalar(gout[0], n->attr.f[0]); return gin[0] ? 0 : -1; }
+    if (op == TIDE_UN_MUL_SCALAR) { gin[0] = tide_mul_scalar(gout[0], n->attr.unary.p); return gin[0] ? 0 : -1; }
     tide_tensor *g = tide_contiguous_nograd(gout[0]);
     if (!g) return -1;
     tide_tensor *x = n->saved[0], *y = n->saved[1];
     tide_tensor *gx = tide_empty_like(x);
     int rc = gx ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, unary_backward, TIDE_OP_NAME(n), op, x->dtype, tide_data(gx), tide_data(g), tide_data(x),
-                                                          tide_data(y), x->numel, n->attr.f[0]);
+        rc = TIDE_DISPATCH(x->device, unary_backward, TIDE_OP_NAME(n), op, x->dtype, tide_data(gx), tide_data(g),
+                           tide_data(x), tide_data(y), x->numel, n->attr.unary.p);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
     gin[0] = gx;
@@ -134,9 +136,9 @@ static tide_tensor *unary(int op_id, int uop, tide_tensor *x, double p)
     const char *name = tide_op_name(op_id);
     if (tide_check_float(x, name, "x")) return NULL;
     tide_attrs at = {0};
-    at.i[0] = uop;
-    at.i[1] = !(uop == TIDE_UN_NEG || uop == TIDE_UN_ADD_SCALAR || uop == TIDE_UN_MUL_SCALAR);
-    at.f[0] = p;
+    at.unary.op = uop;
+    at.unary.save_xy = !(uop == TIDE_UN_NEG || uop == TIDE_UN_ADD_SCALAR || uop == TIDE_UN_MUL_SCALAR);
+    at.unary.p = p;
     tide_tensor *in[1] = {x};
     return tide_op_run1(op_id, 1, in, &at);
 }
@@ -163,7 +165,8 @@ int tide_swiglu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *g = tide_contiguous_nograd(in[0]), *u = g ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *o = u ? tide_empty_like(g) : NULL;
     int rc = o ? 0 : -1;
-    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(g->device, swiglu, "swiglu", g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel);
+    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(g->device, swiglu, "swiglu", g->dtype, tide_data(o), tide_data(g),
+                                                tide_data(u), g->numel);
     if (!rc) rc = tide_node_save(n, g) || tide_node_save(n, u);
     tide_tensor_release(g); tide_tensor_release(u);
     if (rc) { tide_tensor_release(o); return -1; }

@@ -25,13 +25,15 @@ static int contiguous_all(tide_tensor **in, int n, tide_tensor **out)
 }
 
 /* ---- kda ---------------------------------------------------------------------------------------------------- */
-/* attr: i[0] path, i[1] chunk, i[2] has s0; f[0] lower bound; list: segment boundaries */
 static int kda_state_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
+
+/* saved: the inputs in their order (s0 empty when not given), then the backend's state checkpoints (or empty) */
+enum { KDA_SAVED_Q, KDA_SAVED_K, KDA_SAVED_V, KDA_SAVED_G, KDA_SAVED_BETA, KDA_SAVED_S0, KDA_SAVED_CKPT };
 
 int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *c[6] = {0};
-    int has_s0 = (int)n->attr.i[2];
+    int has_s0 = n->attr.kda.has_s0;
     if (contiguous_all(in, 5 + has_s0, c)) return -1;
     tide_tensor *q = c[0], *v = c[2];
     int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
@@ -41,8 +43,8 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     const tide_backend *bk = tide_backend_for(q->device);
     /* the backend's chunk start-state checkpoints for the backward (backend.h: kda_ckpt_chunks) */
     tide_tensor *ck = NULL;
-    int path = (int)n->attr.i[0];
-    int64_t chunk = n->attr.i[1];
+    int path = n->attr.kda.path;
+    int64_t chunk = n->attr.kda.chunk;
     if (s && bk->kda_ckpt_chunks > 0 && path != TIDE_KDA_RECURRENT) {
         int64_t n_ck = 0;
         for (int sg = 0; sg + 1 < n->attr.n_list; sg++) {
@@ -54,11 +56,12 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     }
     int rc = s && (ck || bk->kda_ckpt_chunks == 0 || path == TIDE_KDA_RECURRENT) ? 0 : -1;
     if (!rc)
-        rc = TIDE_DISPATCH(q->device, kda, "kda", q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]), tide_data(v), tide_data(c[3]),
-                     tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL, n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv,
-                     path, chunk, n->attr.f[0], ck ? tide_data(ck) : NULL);
-    for (int i = 0; i < 5 + has_s0 && !rc; i++) rc = tide_node_save(n, c[i]);
-    if (!rc && ck) rc = tide_node_save(n, ck);      /* saved last: index 5 + has_s0 */
+        rc = TIDE_DISPATCH(q->device, kda, "kda", q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]),
+                           tide_data(v), tide_data(c[3]), tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL,
+                           n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv, path, chunk, n->attr.kda.lower_bound,
+                           ck ? tide_data(ck) : NULL);
+    for (int i = KDA_SAVED_Q; i <= KDA_SAVED_S0 && !rc; i++) rc = tide_node_save(n, c[i]);
+    if (!rc) rc = tide_node_save(n, ck);
     release_all(c, 6);
     tide_tensor_release(ck);
     if (rc) { tide_tensor_release(o); tide_tensor_release(s); return -1; }
@@ -69,8 +72,8 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int has_s0 = (int)n->attr.i[2];
-    tide_tensor **sv = n->saved, *q = sv[0], *v = sv[2];
+    int has_s0 = n->attr.kda.has_s0;
+    tide_tensor **sv = n->saved, *q = sv[KDA_SAVED_Q], *v = sv[KDA_SAVED_V], *ck = sv[KDA_SAVED_CKPT];
     int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
     tide_tensor *go = tide_contiguous_nograd(gout[0]), *gs = go ? tide_contiguous_nograd(gout[1]) : NULL;
     tide_tensor *g[6] = {0};
@@ -78,12 +81,13 @@ int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     for (int i = 0; i < 5 + has_s0 && !rc; i++)
         if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(sv[i]))) rc = -1;
     if (!rc)
-        rc = TIDE_DISPATCH(q->device, kda_backward, "kda", q->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
-                              g[2] ? tide_data(g[2]) : NULL, g[3] ? tide_data(g[3]) : NULL, g[4] ? tide_data(g[4]) : NULL,
-                              g[5] ? tide_data(g[5]) : NULL, tide_data(go), tide_data(gs), tide_data(q), tide_data(sv[1]),
-                              tide_data(v), tide_data(sv[3]), tide_data(sv[4]), has_s0 ? tide_data(sv[5]) : NULL,
-                              n->attr.list, n->attr.n_list - 1, B, T, H, dk, dv, (int)n->attr.i[0], n->attr.i[1],
-                              n->attr.f[0], n->n_saved > 5 + has_s0 ? tide_data(sv[5 + has_s0]) : NULL);
+        rc = TIDE_DISPATCH(q->device, kda_backward, "kda", q->dtype, g[0] ? tide_data(g[0]) : NULL,
+                           g[1] ? tide_data(g[1]) : NULL, g[2] ? tide_data(g[2]) : NULL, g[3] ? tide_data(g[3]) : NULL,
+                           g[4] ? tide_data(g[4]) : NULL, g[5] ? tide_data(g[5]) : NULL, tide_data(go), tide_data(gs),
+                           tide_data(q), tide_data(sv[KDA_SAVED_K]), tide_data(v), tide_data(sv[KDA_SAVED_G]),
+                           tide_data(sv[KDA_SAVED_BETA]), has_s0 ? tide_data(sv[KDA_SAVED_S0]) : NULL, n->attr.list,
+                           n->attr.n_list - 1, B, T, H, dk, dv, n->attr.kda.path, n->attr.kda.chunk,
+                           n->attr.kda.lower_bound, ck ? tide_data(ck) : NULL);
     tide_tensor_release(go);
     tide_tensor_release(gs);
     if (rc) { release_all(g, 6); return -1; }
@@ -129,10 +133,10 @@ int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tid
                               "stay normal floats (kda.md §5), got lb = %g with chunk %d", limit, tide_dtype_name(q->dtype),
                               lower_bound, chunk);
     tide_attrs at = {0};
-    at.i[0] = path;
-    at.i[1] = chunk;
-    at.i[2] = s0 != NULL;
-    at.f[0] = lower_bound;
+    at.kda.path = path;
+    at.kda.chunk = chunk;
+    at.kda.has_s0 = s0 != NULL;
+    at.kda.lower_bound = lower_bound;
     if (tide_load_boundaries(op, cu_seqlens, B, T, &at)) return -1;
     tide_tensor *in[6] = {q, k, v, g, beta, s0}, *out[2] = {0};
     int rc = tide_op_run(TIDE_OP_KDA, s0 ? 6 : 5, in, 2, out, &at);
@@ -144,17 +148,17 @@ int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tid
 }
 
 /* ---- kda_gate ------------------------------------------------------------------------------------------------ */
-/* attr: i[0] form, i[1] H, i[2] D; f[0] lower bound */
 int tide_kda_gate_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *c[3];
     if (contiguous_all(in, 3, c)) return -1;
-    int64_t H = n->attr.i[1], D = n->attr.i[2], N = c[0]->numel / (H * D);
+    int64_t H = n->attr.kda_gate.H, D = n->attr.kda_gate.D, N = c[0]->numel / (H * D);
     tide_tensor *g = tide_empty_like(c[0]);
     int rc = g ? 0 : -1;
     if (!rc && N > 0)
-        rc = TIDE_DISPATCH(c[0]->device, kda_gate, "kda_gate", c[0]->dtype, tide_data(g), tide_data(c[0]), tide_data(c[1]), tide_data(c[2]), N, H, D, n->attr.f[0],
-                          (int)n->attr.i[0]);
+        rc = TIDE_DISPATCH(c[0]->device, kda_gate, "kda_gate", c[0]->dtype, tide_data(g), tide_data(c[0]),
+                           tide_data(c[1]), tide_data(c[2]), N, H, D, n->attr.kda_gate.lower_bound,
+                           n->attr.kda_gate.form);
     for (int i = 0; i < 3 && !rc; i++) rc = tide_node_save(n, c[i]);
     release_all(c, 3);
     if (rc) { tide_tensor_release(g); return -1; }
@@ -165,7 +169,7 @@ int tide_kda_gate_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 int tide_kda_gate_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
     tide_tensor *z = n->saved[0], *A = n->saved[1], *b = n->saved[2];
-    int64_t H = n->attr.i[1], D = n->attr.i[2], N = z->numel / (H * D);
+    int64_t H = n->attr.kda_gate.H, D = n->attr.kda_gate.D, N = z->numel / (H * D);
     tide_tensor *gg = tide_contiguous_nograd(gout[0]), *g[3] = {0};
     int rc = gg ? 0 : -1;
     tide_tensor *src[3] = {z, A, b};
@@ -173,9 +177,9 @@ int tide_kda_gate_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
         if (n->in_needs_grad[i] && !(g[i] = (N > 0 ? tide_empty_like(src[i]) : tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))))
             rc = -1;
     if (!rc && N > 0)
-        rc = TIDE_DISPATCH(z->device, kda_gate_backward, "kda_gate", z->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
-                                   g[2] ? tide_data(g[2]) : NULL, tide_data(gg), tide_data(z), tide_data(A), tide_data(b), N, H, D,
-                                   n->attr.f[0], (int)n->attr.i[0]);
+        rc = TIDE_DISPATCH(z->device, kda_gate_backward, "kda_gate", z->dtype, g[0] ? tide_data(g[0]) : NULL,
+                           g[1] ? tide_data(g[1]) : NULL, g[2] ? tide_data(g[2]) : NULL, tide_data(gg), tide_data(z),
+                           tide_data(A), tide_data(b), N, H, D, n->attr.kda_gate.lower_bound, n->attr.kda_gate.form);
     tide_tensor_release(gg);
     if (rc) { release_all(g, 3); return -1; }
     for (int i = 0; i < 3; i++) gin[i] = g[i];
@@ -202,19 +206,21 @@ tide_tensor *tide_kda_gate(tide_tensor *z, tide_tensor *A_log, tide_tensor *dt_b
     TIDE_CHECK(form != TIDE_KDA_GATE_BOUNDED || (lower_bound < 0 && isfinite(lower_bound)),
                "kda_gate: the lower bound must be negative and finite, got %g", lower_bound);
     tide_attrs at = {0};
-    at.i[0] = form;
-    at.i[1] = H;
-    at.i[2] = D;
-    at.f[0] = lower_bound;
+    at.kda_gate.form = form;
+    at.kda_gate.H = H;
+    at.kda_gate.D = D;
+    at.kda_gate.lower_bound = lower_bound;
     tide_tensor *in[3] = {z, A_log, dt_bias};
     return tide_op_run1(TIDE_OP_KDA_GATE, 3, in, &at);
 }
 
 /* ---- causal_conv1d ------------------------------------------------------------------------------------------ */
-/* attr: i[0] silu, i[1] has cache; list: segment boundaries */
+/* saved: the inputs in their order (cache empty when not given) */
+enum { CONV_SAVED_X, CONV_SAVED_W, CONV_SAVED_CACHE };
+
 int tide_causal_conv1d_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int has_cache = (int)n->attr.i[1];
+    int has_cache = n->attr.causal_conv1d.has_cache;
     tide_tensor *c[3] = {0};
     if (contiguous_all(in, 2 + has_cache, c)) return -1;
     tide_tensor *x = c[0];
@@ -222,9 +228,10 @@ int tide_causal_conv1d_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     tide_tensor *y = tide_empty_like(x);
     int rc = y ? 0 : -1;
     if (!rc)
-        rc = TIDE_DISPATCH(x->device, causal_conv1d, "causal_conv1d", x->dtype, tide_data(y), tide_data(x), tide_data(c[1]), has_cache ? tide_data(c[2]) : NULL,
-                               n->attr.list, n->attr.n_list - 1, B, T, C, K, (int)n->attr.i[0]);
-    for (int i = 0; i < 2 + has_cache && !rc; i++) rc = tide_node_save(n, c[i]);
+        rc = TIDE_DISPATCH(x->device, causal_conv1d, "causal_conv1d", x->dtype, tide_data(y), tide_data(x),
+                           tide_data(c[1]), has_cache ? tide_data(c[2]) : NULL, n->attr.list, n->attr.n_list - 1, B, T,
+                           C, K, n->attr.causal_conv1d.silu);
+    for (int i = CONV_SAVED_X; i <= CONV_SAVED_CACHE && !rc; i++) rc = tide_node_save(n, c[i]);
     release_all(c, 3);
     if (rc) { tide_tensor_release(y); return -1; }
     out[0] = y;
@@ -233,18 +240,18 @@ int tide_causal_conv1d_forward(tide_node *n, tide_tensor **in, tide_tensor **out
 
 int tide_causal_conv1d_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int has_cache = (int)n->attr.i[1];
-    tide_tensor *x = n->saved[0], *w = n->saved[1], *cache = has_cache ? n->saved[2] : NULL;
+    int has_cache = n->attr.causal_conv1d.has_cache;
+    tide_tensor *x = n->saved[CONV_SAVED_X], *w = n->saved[CONV_SAVED_W], *cache = n->saved[CONV_SAVED_CACHE];
     int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], K = w->shape[1];
     tide_tensor *go = tide_contiguous_nograd(gout[0]), *g[3] = {0};
     int rc = go ? 0 : -1;
     for (int i = 0; i < 2 + has_cache && !rc; i++)
         if (n->in_needs_grad[i] && !(g[i] = tide_empty_like(n->saved[i]))) rc = -1;
     if (!rc)
-        rc = TIDE_DISPATCH(x->device, causal_conv1d_backward, "causal_conv1d", x->dtype, g[0] ? tide_data(g[0]) : NULL, g[1] ? tide_data(g[1]) : NULL,
-                                        g[2] ? tide_data(g[2]) : NULL, tide_data(go), tide_data(x), tide_data(w),
-                                        cache ? tide_data(cache) : NULL, n->attr.list, n->attr.n_list - 1, B, T, C, K,
-                                        (int)n->attr.i[0]);
+        rc = TIDE_DISPATCH(x->device, causal_conv1d_backward, "causal_conv1d", x->dtype, g[0] ? tide_data(g[0]) : NULL,
+                           g[1] ? tide_data(g[1]) : NULL, g[2] ? tide_data(g[2]) : NULL, tide_data(go), tide_data(x),
+                           tide_data(w), cache ? tide_data(cache) : NULL, n->attr.list, n->attr.n_list - 1, B, T, C, K,
+                           n->attr.causal_conv1d.silu);
     tide_tensor_release(go);
     if (rc) { release_all(g, 3); return -1; }
     for (int i = 0; i < 2 + has_cache; i++) gin[i] = g[i];
@@ -271,8 +278,8 @@ tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cac
                    "causal_conv1d: cache is %s but must be [B, K-1, C] = %s", SHAPE_STR(cache, a), tide_shape_str(3, want, b, sizeof b));
     }
     tide_attrs at = {0};
-    at.i[0] = silu ? 1 : 0;
-    at.i[1] = cache != NULL;
+    at.causal_conv1d.silu = silu ? 1 : 0;
+    at.causal_conv1d.has_cache = cache != NULL;
     if (tide_load_boundaries(op, cu_seqlens, B, T, &at)) return NULL;
     tide_tensor *in[3] = {x, w, cache};
     tide_tensor *y = tide_op_run1(TIDE_OP_CAUSAL_CONV1D, cache ? 3 : 2, in, &at);
@@ -281,8 +288,7 @@ tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cac
 }
 
 /* ---- l2norm ----------------------------------------------------------------------------------------------- */
-/* scale·x/sqrt(Σx² + eps) = (scale/√C) · rmsnorm(x; eps/C): it runs on the RMSNorm kernels without a weight.
-   attr: f[0] eps, f[1] scale */
+/* scale·x/sqrt(Σx² + eps) = (scale/√C) · rmsnorm(x; eps/C): it runs on the RMSNorm kernels without a weight. */
 int tide_l2norm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *x = tide_contiguous_nograd(in[0]);
@@ -291,8 +297,10 @@ int tide_l2norm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *y = tide_empty_like(x), *rstd = y ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0) {
-        rc = TIDE_DISPATCH(x->device, rmsnorm, "l2norm", x->dtype, tide_data(y), tide_data(rstd), tide_data(x), NULL, N, C, n->attr.f[0] / (double)C);
-        if (!rc) rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(y), tide_data(y), y->numel, n->attr.f[1] / sqrt((double)C));
+        rc = TIDE_DISPATCH(x->device, rmsnorm, "l2norm", x->dtype, tide_data(y), tide_data(rstd), tide_data(x), NULL, N,
+                           C, n->attr.l2norm.eps / (double)C);
+        if (!rc) rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(y),
+                                    tide_data(y), y->numel, n->attr.l2norm.scale / sqrt((double)C));
     }
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, rstd);
     tide_tensor_release(x);
@@ -309,8 +317,10 @@ int tide_l2norm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *g = tide_contiguous_nograd(gout[0]), *gs = g ? tide_empty_like(g) : NULL, *dx = gs ? tide_empty_like(x) : NULL;
     int rc = dx ? 0 : -1;
     if (!rc && x->numel > 0) {
-        rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(gs), tide_data(g), g->numel, n->attr.f[1] / sqrt((double)C));
-        if (!rc) rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "l2norm", x->dtype, tide_data(dx), NULL, tide_data(gs), tide_data(x), NULL, tide_data(rstd), N, C);
+        rc = TIDE_DISPATCH(x->device, unary, "l2norm", TIDE_UN_MUL_SCALAR, x->dtype, tide_data(gs), tide_data(g),
+                           g->numel, n->attr.l2norm.scale / sqrt((double)C));
+        if (!rc) rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "l2norm", x->dtype, tide_data(dx), NULL, tide_data(gs),
+                                    tide_data(x), NULL, tide_data(rstd), N, C);
     }
     tide_tensor_release(g);
     tide_tensor_release(gs);
@@ -327,8 +337,8 @@ tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale)
     TIDE_CHECK(eps >= 0 && isfinite(eps), "l2norm: eps must be >= 0 and finite, got %g", eps);
     TIDE_CHECK(isfinite(scale), "l2norm: scale must be finite, got %g", scale);
     tide_attrs at = {0};
-    at.f[0] = eps;
-    at.f[1] = scale;
+    at.l2norm.eps = eps;
+    at.l2norm.scale = scale;
     tide_tensor *in[1] = {x};
     return tide_op_run1(TIDE_OP_L2NORM, 1, in, &at);
 }

@@ -108,8 +108,8 @@ tide_tensor *tide_transpose(tide_tensor *x, int d0, int d1)
 int tide_slice_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *x = in[0];
-    int d = (int)n->attr.i[0];
-    int64_t start = n->attr.i[1], len = n->attr.i[2], step = n->attr.i[3];
+    int d = n->attr.slice.dim;
+    int64_t start = n->attr.slice.start, len = n->attr.slice.len, step = n->attr.slice.step;
     int64_t shape[TIDE_MAX_DIMS], stride[TIDE_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) { shape[i] = x->shape[i]; stride[i] = x->stride[i]; }
     shape[d] = len;
@@ -145,10 +145,10 @@ tide_tensor *tide_slice(tide_tensor *x, int dim, int64_t start, int64_t end, int
                "slice: range [%lld, %lld) is out of bounds for dim %d of size %lld", (long long)start, (long long)end, dim,
                (long long)size);
     tide_attrs at = {0};
-    at.i[0] = d;
-    at.i[1] = start;
-    at.i[2] = (end - start + step - 1) / step;
-    at.i[3] = step;
+    at.slice.dim = d;
+    at.slice.start = start;
+    at.slice.len = (end - start + step - 1) / step;
+    at.slice.step = step;
     tide_tensor *in[1] = {x};
     return tide_op_run1(TIDE_OP_SLICE, 1, in, &at);
 }
@@ -228,7 +228,7 @@ static tide_tensor *slice_nograd(tide_tensor *x, int d, int64_t start, int64_t l
 
 int tide_concat_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     int64_t shape[TIDE_MAX_DIMS];
     for (int i = 0; i < in[0]->ndim; i++) shape[i] = in[0]->shape[i];
     shape[d] = 0;
@@ -249,7 +249,7 @@ int tide_concat_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_concat_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     int64_t at = 0;
     for (int k = 0; k < n->n_in; k++) {
         int64_t len = n->in_meta[k].shape[d];
@@ -277,13 +277,13 @@ tide_tensor *tide_concat(int n, tide_tensor **xs, int dim)
                    SHAPE_STR(xs[0], b), dim);
     }
     tide_attrs at = {0};
-    at.i[0] = d;
+    at.along.dim = d;
     return tide_op_run1(TIDE_OP_CONCAT, n, xs, &at);
 }
 
 int tide_split_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     int64_t at = 0;
     for (int k = 0; k < n->n_out; k++) {
         out[k] = slice_nograd(in[0], d, at, n->attr.list[k]);
@@ -296,7 +296,7 @@ int tide_split_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 int tide_split_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
     tide_attrs at = {0};
-    at.i[0] = n->attr.i[0];
+    at.along.dim = n->attr.along.dim;
     tide_node tmp = {0};
     tmp.attr = at;
     tmp.n_in = n->n_out;
@@ -317,7 +317,7 @@ int tide_split(tide_tensor *x, int dim, int n, const int64_t *sizes, tide_tensor
     TIDE_CHECK_INT(total == x->shape[d], "split: sizes add up to %lld but dim %d has size %lld", (long long)total, dim,
                    (long long)x->shape[d]);
     tide_attrs at = {0};
-    at.i[0] = d;
+    at.along.dim = d;
     at.list = (int64_t *)sizes;
     at.n_list = n;
     tide_tensor *in[1] = {x};
@@ -349,7 +349,7 @@ static int check_indices(const tide_tensor *idx, int64_t n, const char *op)
 
 int tide_index_select_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     tide_tensor *x = tide_contiguous_nograd(in[0]), *idx = x ? tide_contiguous_nograd(in[1]) : NULL;
     if (!idx) { tide_tensor_release(x); return -1; }
     int64_t outer, inner, shape[TIDE_MAX_DIMS];
@@ -359,8 +359,8 @@ int tide_index_select_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(x->dtype, x->ndim, shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(x->device, index_select, "index_select", x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype,
-                                                        outer, x->shape[d], inner, idx->numel);
+        rc = TIDE_DISPATCH(x->device, index_select, "index_select", x->dtype, tide_data(o), tide_data(x),
+                           tide_data(idx), idx->dtype, outer, x->shape[d], inner, idx->numel);
     if (!rc) rc = tide_node_save(n, idx);
     tide_tensor_release(x); tide_tensor_release(idx);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -370,7 +370,7 @@ int tide_index_select_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_index_select_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     tide_meta *m = &n->in_meta[0];
     tide_tensor *idx = n->saved[0], *g = tide_contiguous_nograd(gout[0]);
     tide_tensor *gx = g ? tide_zeros(m->dtype, m->ndim, m->shape, m->device) : NULL;
@@ -378,8 +378,8 @@ int tide_index_select_backward(tide_node *n, tide_tensor **gout, tide_tensor **g
     if (!rc && g->numel > 0) {
         int64_t outer, inner;
         outer_inner(gx, d, &outer, &inner);
-        rc = TIDE_DISPATCH(gx->device, index_add, "index_select", gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
-                                                      outer, m->shape[d], inner, idx->numel);
+        rc = TIDE_DISPATCH(gx->device, index_add, "index_select", gx->dtype, tide_data(gx), tide_data(g),
+                           tide_data(idx), idx->dtype, outer, m->shape[d], inner, idx->numel);
     }
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
@@ -396,7 +396,7 @@ tide_tensor *tide_index_select(tide_tensor *x, int dim, tide_tensor *index)
     TIDE_CHECK(index->ndim == 1, "index_select: index must be 1-D, got %d dims", index->ndim);
     if (check_indices(index, x->shape[d], "index_select")) return NULL;
     tide_attrs at = {0};
-    at.i[0] = d;
+    at.along.dim = d;
     tide_tensor *in[2] = {x, index};
     return tide_op_run1(TIDE_OP_INDEX_SELECT, 2, in, &at);
 }
@@ -414,7 +414,7 @@ static int check_gather_shapes(const tide_tensor *x, const tide_tensor *idx, int
 
 int tide_gather_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     tide_tensor *x = tide_contiguous_nograd(in[0]), *idx = x ? tide_contiguous_nograd(in[1]) : NULL;
     if (!idx) { tide_tensor_release(x); return -1; }
     int64_t outer, inner;
@@ -422,8 +422,8 @@ int tide_gather_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(x->dtype, idx->ndim, idx->shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(x->device, gather, "gather", x->dtype, tide_data(o), tide_data(x), tide_data(idx), idx->dtype, outer,
-                                                  x->shape[d], idx->shape[d], inner);
+        rc = TIDE_DISPATCH(x->device, gather, "gather", x->dtype, tide_data(o), tide_data(x), tide_data(idx),
+                           idx->dtype, outer, x->shape[d], idx->shape[d], inner);
     if (!rc) rc = tide_node_save(n, idx);
     tide_tensor_release(x); tide_tensor_release(idx);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -433,7 +433,7 @@ int tide_gather_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_gather_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     tide_meta *m = &n->in_meta[0];
     tide_tensor *idx = n->saved[0], *g = tide_contiguous_nograd(gout[0]);
     tide_tensor *gx = g ? tide_zeros(m->dtype, m->ndim, m->shape, m->device) : NULL;
@@ -441,8 +441,8 @@ int tide_gather_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     if (!rc && g->numel > 0) {
         int64_t outer, inner;
         outer_inner(gx, d, &outer, &inner);
-        rc = TIDE_DISPATCH(gx->device, scatter_add, "gather", gx->dtype, tide_data(gx), tide_data(g), tide_data(idx), idx->dtype,
-                                                        outer, m->shape[d], idx->shape[d], inner);
+        rc = TIDE_DISPATCH(gx->device, scatter_add, "gather", gx->dtype, tide_data(gx), tide_data(g), tide_data(idx),
+                           idx->dtype, outer, m->shape[d], idx->shape[d], inner);
     }
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
@@ -458,22 +458,22 @@ tide_tensor *tide_gather(tide_tensor *x, int dim, tide_tensor *index)
     if (tide_norm_dim(dim, x->ndim, "gather", &d) || check_gather_shapes(x, index, d, "gather") ||
         check_indices(index, x->shape[d], "gather")) return NULL;
     tide_attrs at = {0};
-    at.i[0] = d;
+    at.along.dim = d;
     tide_tensor *in[2] = {x, index};
     return tide_op_run1(TIDE_OP_GATHER, 2, in, &at);
 }
 
 int tide_scatter_add_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0];
+    int d = n->attr.along.dim;
     tide_tensor *x = in[0], *idx = tide_contiguous_nograd(in[1]), *src = idx ? tide_contiguous_nograd(in[2]) : NULL;
     tide_tensor *o = src ? tide_empty(x->dtype, x->ndim, x->shape, x->device) : NULL;
     int rc = o ? tide_copy_(o, x) : -1;
     if (!rc && src->numel > 0) {
         int64_t outer, inner;
         outer_inner(x, d, &outer, &inner);
-        rc = TIDE_DISPATCH(x->device, scatter_add, "scatter_add", x->dtype, tide_data(o), tide_data(src), tide_data(idx), idx->dtype,
-                                                       outer, x->shape[d], idx->shape[d], inner);
+        rc = TIDE_DISPATCH(x->device, scatter_add, "scatter_add", x->dtype, tide_data(o), tide_data(src),
+                           tide_data(idx), idx->dtype, outer, x->shape[d], idx->shape[d], inner);
     }
     if (!rc) rc = tide_node_save(n, idx);
     tide_tensor_release(idx); tide_tensor_release(src);
@@ -486,7 +486,7 @@ int tide_scatter_add_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
 {
     if (n->in_needs_grad[0]) { tide_tensor_retain(gout[0]); gin[0] = gout[0]; }
     if (n->in_needs_grad[2]) {
-        gin[2] = tide_gather(gout[0], (int)n->attr.i[0], n->saved[0]);
+        gin[2] = tide_gather(gout[0], n->attr.along.dim, n->saved[0]);
         if (!gin[2]) return -1;
     }
     return 0;
@@ -503,7 +503,7 @@ tide_tensor *tide_scatter_add(tide_tensor *x, int dim, tide_tensor *index, tide_
     TIDE_CHECK(tide_same_shape(index, src), "scatter_add: index is %s but src is %s", SHAPE_STR(index, a), SHAPE_STR(src, b));
     if (check_indices(index, x->shape[d], "scatter_add")) return NULL;
     tide_attrs at = {0};
-    at.i[0] = d;
+    at.along.dim = d;
     tide_tensor *in[3] = {x, index, src};
     return tide_op_run1(TIDE_OP_SCATTER_ADD, 3, in, &at);
 }
@@ -511,7 +511,7 @@ tide_tensor *tide_scatter_add(tide_tensor *x, int dim, tide_tensor *index, tide_
 /* ---- dtype and device conversion -------------------------------------------------------------------------------------- */
 int tide_to_dtype_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    tide_tensor *o = tide_empty((int)n->attr.i[0], in[0]->ndim, in[0]->shape, (int)n->attr.i[1]);
+    tide_tensor *o = tide_empty(n->attr.to.dtype, in[0]->ndim, in[0]->shape, n->attr.to.device);
     if (!o) return -1;
     if (tide_copy_(o, in[0])) { tide_tensor_release(o); return -1; }
     out[0] = o;
@@ -533,8 +533,8 @@ tide_tensor *tide_to_dtype(tide_tensor *x, int dtype)
     if (tide_check_tensor(x, "to_dtype", "x")) return NULL;
     TIDE_CHECK(dtype >= 0 && dtype < TIDE_DTYPE_COUNT, "to_dtype: unknown dtype %d", dtype);
     tide_attrs at = {0};
-    at.i[0] = dtype;
-    at.i[1] = x->device;
+    at.to.dtype = dtype;
+    at.to.device = x->device;
     tide_tensor *in[1] = {x};
     return tide_op_run1(TIDE_OP_TO_DTYPE, 1, in, &at);
 }
@@ -544,8 +544,8 @@ tide_tensor *tide_to_device(tide_tensor *x, int device)
     if (tide_check_tensor(x, "to_device", "x")) return NULL;
     if (!tide_backend_for(device)) return NULL;
     tide_attrs at = {0};
-    at.i[0] = x->dtype;
-    at.i[1] = device;
+    at.to.dtype = x->dtype;
+    at.to.device = device;
     tide_tensor *in[1] = {x};
     return tide_op_run1(TIDE_OP_TO_DEVICE, 1, in, &at);
 }

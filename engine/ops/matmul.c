@@ -1,10 +1,9 @@
 /* matmul.c — (batched) matrix products with transposes, through the backend GEMM (BLAS on the CPU). */
 #include "../internal.h"
 
-/* attr.i: 0 ta, 1 tb */
 int tide_matmul_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int ta = (int)n->attr.i[0], tb = (int)n->attr.i[1];
+    int ta = n->attr.matmul.ta, tb = n->attr.matmul.tb;
     tide_tensor *a = tide_contiguous_nograd(in[0]), *b = a ? tide_contiguous_nograd(in[1]) : NULL;
     if (!b) { tide_tensor_release(a); return -1; }
     int an = a->ndim, bn = b->ndim;
@@ -21,10 +20,12 @@ int tide_matmul_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     if (!rc && c->numel > 0) {
         int64_t lda = a->shape[an - 1], ldb = b->shape[bn - 1];
         if (bn == 2 && !ta)          /* b shared: fold the batch into M, one GEMM */
-            rc = TIDE_DISPATCH(a->device, gemm, "matmul", a->dtype, 0, tb, M * batch, N, K, 1.0, tide_data(a), lda, tide_data(b), ldb, 0.0, tide_data(c), N);
+            rc = TIDE_DISPATCH(a->device, gemm, "matmul", a->dtype, 0, tb, M * batch, N, K, 1.0, tide_data(a), lda,
+                               tide_data(b), ldb, 0.0, tide_data(c), N);
         else
-            rc = TIDE_DISPATCH(a->device, gemm_batched, "matmul", a->dtype, ta, tb, M, N, K, 1.0, tide_data(a), lda, an == 2 ? 0 : M * K, tide_data(b), ldb,
-                                  bn == 2 ? 0 : K * N, 0.0, tide_data(c), N, M * N, batch);
+            rc = TIDE_DISPATCH(a->device, gemm_batched, "matmul", a->dtype, ta, tb, M, N, K, 1.0, tide_data(a), lda,
+                               an == 2 ? 0 : M * K, tide_data(b), ldb, bn == 2 ? 0 : K * N, 0.0, tide_data(c), N, M * N,
+                               batch);
     }
     if (!rc) rc = tide_node_save(n, a) || tide_node_save(n, b);
     tide_tensor_release(a); tide_tensor_release(b);
@@ -44,7 +45,7 @@ static tide_tensor *fit(tide_tensor *g, const tide_meta *m)
 
 int tide_matmul_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int ta = (int)n->attr.i[0], tb = (int)n->attr.i[1];
+    int ta = n->attr.matmul.ta, tb = n->attr.matmul.tb;
     tide_tensor *a = n->saved[0], *b = n->saved[1], *g = gout[0];
     if (n->in_needs_grad[0]) {
         gin[0] = fit(ta ? tide_matmul(b, g, tb, 1) : tide_matmul(g, b, 0, !tb), &n->in_meta[0]);
@@ -84,8 +85,8 @@ tide_tensor *tide_matmul(tide_tensor *a, tide_tensor *b, int ta, int tb)
                    tide_shape_str(an, a->shape, x, sizeof x), tide_shape_str(bn, b->shape, y, sizeof y));
     }
     tide_attrs at = {0};
-    at.i[0] = ta ? 1 : 0;
-    at.i[1] = tb ? 1 : 0;
+    at.matmul.ta = ta ? 1 : 0;
+    at.matmul.tb = tb ? 1 : 0;
     tide_tensor *in[2] = {a, b};
     return tide_op_run1(TIDE_OP_MATMUL, 2, in, &at);
 }

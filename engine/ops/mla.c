@@ -11,10 +11,12 @@
 
 static int lse_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
 
-/* attr: i[0] has k_r; f[0] scale; list: segment boundaries (n_list = 0: none) */
+/* saved slots (k_r empty when the heads share no rotary key) */
+enum { MLA_SAVED_Q, MLA_SAVED_KN, MLA_SAVED_V, MLA_SAVED_OUT, MLA_SAVED_LSE, MLA_SAVED_KR };
+
 int tide_mla_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int has_kr = (int)n->attr.i[0];
+    int has_kr = n->attr.mla_attention.has_kr;
     tide_tensor *q = tide_contiguous_nograd(in[0]), *kn = q ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *kr = kn && has_kr ? tide_contiguous_nograd(in[2]) : NULL;
     tide_tensor *v = kn && (kr || !has_kr) ? tide_contiguous_nograd(in[2 + has_kr]) : NULL;
@@ -25,11 +27,12 @@ int tide_mla_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     tide_tensor *lse = o ? tide_empty(lse_dtype(q->dtype), 3, lshape, q->device) : NULL;
     int rc = lse ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(q->device, mla_attention, "mla_attention", q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(kn), kr ? tide_data(kr) : NULL,
-                               tide_data(v), n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0,
-                               B, Tq, Tk, H, dn, dqk - dn, dv, n->attr.f[0]);
+        rc = TIDE_DISPATCH(q->device, mla_attention, "mla_attention", q->dtype, tide_data(o), tide_data(lse),
+                           tide_data(q), tide_data(kn), kr ? tide_data(kr) : NULL, tide_data(v),
+                           n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq, Tk, H,
+                           dn, dqk - dn, dv, n->attr.mla_attention.scale);
     if (!rc) rc = tide_node_save(n, q) || tide_node_save(n, kn) || tide_node_save(n, v) || tide_node_save(n, o) ||
-                  tide_node_save(n, lse) || (kr && tide_node_save(n, kr));
+                  tide_node_save(n, lse) || tide_node_save(n, kr);
     tide_tensor_release(q); tide_tensor_release(kn); tide_tensor_release(kr); tide_tensor_release(v); tide_tensor_release(lse);
     if (rc) { tide_tensor_release(o); return -1; }
     out[0] = o;
@@ -38,9 +41,9 @@ int tide_mla_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out
 
 int tide_mla_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int has_kr = (int)n->attr.i[0];
-    tide_tensor *q = n->saved[0], *kn = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
-    tide_tensor *kr = has_kr ? n->saved[5] : NULL;
+    int has_kr = n->attr.mla_attention.has_kr;
+    tide_tensor *q = n->saved[MLA_SAVED_Q], *kn = n->saved[MLA_SAVED_KN], *v = n->saved[MLA_SAVED_V];
+    tide_tensor *o = n->saved[MLA_SAVED_OUT], *lse = n->saved[MLA_SAVED_LSE], *kr = n->saved[MLA_SAVED_KR];
     int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], dqk = q->shape[3], Tk = kn->shape[1], dn = kn->shape[3];
     int64_t dv = v->shape[3];
     tide_tensor *g = tide_contiguous_nograd(gout[0]);
@@ -51,11 +54,12 @@ int tide_mla_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **
         if (n->in_needs_grad[i] && !(grads[i] = tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))) rc = -1;
     tide_tensor *gkr = has_kr ? grads[2] : NULL, *gv = grads[2 + has_kr];
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(q->device, mla_attention_backward, "mla_attention", q->dtype, grads[0] ? tide_data(grads[0]) : NULL, grads[1] ? tide_data(grads[1]) : NULL,
-                                        gkr ? tide_data(gkr) : NULL, gv ? tide_data(gv) : NULL, tide_data(g), tide_data(q),
-                                        tide_data(kn), kr ? tide_data(kr) : NULL, tide_data(v), tide_data(o), tide_data(lse),
-                                        n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq,
-                                        Tk, H, dn, dqk - dn, dv, n->attr.f[0]);
+        rc = TIDE_DISPATCH(q->device, mla_attention_backward, "mla_attention", q->dtype,
+                           grads[0] ? tide_data(grads[0]) : NULL, grads[1] ? tide_data(grads[1]) : NULL,
+                           gkr ? tide_data(gkr) : NULL, gv ? tide_data(gv) : NULL, tide_data(g), tide_data(q),
+                           tide_data(kn), kr ? tide_data(kr) : NULL, tide_data(v), tide_data(o), tide_data(lse),
+                           n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq, Tk, H,
+                           dn, dqk - dn, dv, n->attr.mla_attention.scale);
     tide_tensor_release(g);
     if (rc) { for (int i = 0; i < 4; i++) tide_tensor_release(grads[i]); return -1; }
     for (int i = 0; i < n_in; i++) gin[i] = grads[i];
@@ -90,8 +94,8 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
                (long long)Tq, (long long)Tk);
     TIDE_CHECK(isfinite(scale) && scale > 0, "mla_attention: scale must be positive and finite, got %g", scale);
     tide_attrs at = {0};
-    at.i[0] = k_r != NULL;
-    at.f[0] = scale;
+    at.mla_attention.has_kr = k_r != NULL;
+    at.mla_attention.scale = scale;
     if (cu_seqlens && tide_load_boundaries(op, cu_seqlens, B, Tq, &at)) return NULL;
     tide_tensor *in[4] = {q, k_n, k_r ? k_r : v, v};
     tide_tensor *y = tide_op_run1(TIDE_OP_MLA_ATTENTION, k_r ? 4 : 3, in, &at);

@@ -10,13 +10,14 @@
 #define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
 
 /* ---- SiTU-GLU (§6) ------------------------------------------------------------------------------------------ */
-/* attr: f[0] k_gate, f[1] k_lin */
 int tide_situ_glu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *g = tide_contiguous_nograd(in[0]), *u = g ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *o = u ? tide_empty_like(g) : NULL;
     int rc = o ? 0 : -1;
-    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(in[0]->device, situ_glu, "situ_glu", g->dtype, tide_data(o), tide_data(g), tide_data(u), g->numel, n->attr.f[0], n->attr.f[1]);
+    if (!rc && g->numel > 0) rc = TIDE_DISPATCH(in[0]->device, situ_glu, "situ_glu", g->dtype, tide_data(o),
+                                                tide_data(g), tide_data(u), g->numel, n->attr.situ_glu.k_gate,
+                                                n->attr.situ_glu.k_lin);
     if (!rc) rc = tide_node_save(n, g) || tide_node_save(n, u);
     tide_tensor_release(g); tide_tensor_release(u);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -31,8 +32,9 @@ int tide_situ_glu_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dg = d ? tide_empty_like(g) : NULL, *du = dg ? tide_empty_like(u) : NULL;
     int rc = du ? 0 : -1;
     if (!rc && g->numel > 0)
-        rc = TIDE_DISPATCH(g->device, situ_glu_backward, "situ_glu", g->dtype, tide_data(dg), tide_data(du), tide_data(d), tide_data(g), tide_data(u), g->numel,
-                                   n->attr.f[0], n->attr.f[1]);
+        rc = TIDE_DISPATCH(g->device, situ_glu_backward, "situ_glu", g->dtype, tide_data(dg), tide_data(du),
+                           tide_data(d), tide_data(g), tide_data(u), g->numel, n->attr.situ_glu.k_gate,
+                           n->attr.situ_glu.k_lin);
     tide_tensor_release(d);
     if (rc) { tide_tensor_release(dg); tide_tensor_release(du); return -1; }
     gin[0] = dg;
@@ -50,25 +52,25 @@ tide_tensor *tide_situ_glu(tide_tensor *g, tide_tensor *u, double k_gate, double
     TIDE_CHECK(isfinite(k_gate) && k_gate > 0 && isfinite(k_lin) && k_lin > 0,
                "situ_glu: k_gate = %g and k_lin = %g must be positive and finite", k_gate, k_lin);
     tide_attrs at = {0};
-    at.f[0] = k_gate;
-    at.f[1] = k_lin;
+    at.situ_glu.k_gate = k_gate;
+    at.situ_glu.k_lin = k_lin;
     tide_tensor *in[2] = {g, u};
     return tide_op_run1(TIDE_OP_SITU_GLU, 2, in, &at);
 }
 
 /* ---- top-k over the last dim (§2) ------------------------------------------------------------------------------ */
-/* attr: i[0] k */
 int tide_topk_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *x = tide_contiguous_nograd(in[0]);
     if (!x) return -1;
-    int64_t k = n->attr.i[0], C = x->shape[x->ndim - 1], rows = C ? x->numel / C : 0, shape[TIDE_MAX_DIMS];
+    int64_t k = n->attr.topk.k, C = x->shape[x->ndim - 1], rows = C ? x->numel / C : 0, shape[TIDE_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = k;
     tide_tensor *v = tide_empty(x->dtype, x->ndim, shape, x->device);
     tide_tensor *id = v ? tide_empty(TIDE_I64, x->ndim, shape, x->device) : NULL;
     int rc = id ? 0 : -1;
-    if (!rc && v->numel > 0) rc = TIDE_DISPATCH(x->device, topk, "topk", x->dtype, tide_data(v), tide_data(id), tide_data(x), rows, C, k);
+    if (!rc && v->numel > 0) rc = TIDE_DISPATCH(x->device, topk, "topk", x->dtype, tide_data(v), tide_data(id),
+                                                tide_data(x), rows, C, k);
     if (!rc) rc = tide_node_save(n, id);
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(v); tide_tensor_release(id); return -1; }
@@ -82,11 +84,12 @@ int tide_topk_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
     tide_tensor *id = n->saved[0];
     tide_meta *xm = &n->in_meta[0];
-    int64_t C = xm->shape[xm->ndim - 1], k = n->attr.i[0], rows = id->numel / (k ? k : 1);
+    int64_t C = xm->shape[xm->ndim - 1], k = n->attr.topk.k, rows = id->numel / (k ? k : 1);
     tide_tensor *g = tide_contiguous_nograd(gout[0]);
     tide_tensor *gx = g ? tide_zeros(xm->dtype, xm->ndim, xm->shape, xm->device) : NULL;
     int rc = gx ? 0 : -1;
-    if (!rc && id->numel > 0) rc = TIDE_DISPATCH(xm->device, scatter_add, "topk", xm->dtype, tide_data(gx), tide_data(g), tide_data(id), TIDE_I64, rows, C, k, 1);
+    if (!rc && id->numel > 0) rc = TIDE_DISPATCH(xm->device, scatter_add, "topk", xm->dtype, tide_data(gx),
+                                                 tide_data(g), tide_data(id), TIDE_I64, rows, C, k, 1);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gx); return -1; }
     gin[0] = gx;
@@ -105,7 +108,7 @@ int tide_topk(tide_tensor *x, int k, tide_tensor **values, tide_tensor **indices
     TIDE_CHECK_INT(k >= 1 && k <= C, "topk: k = %d must be in [1, %lld] (the last dim of x %s)", k, (long long)C,
                    SHAPE_STR(x, a));
     tide_attrs at = {0};
-    at.i[0] = k;
+    at.topk.k = k;
     tide_tensor *out[2];
     if (tide_op_run(TIDE_OP_TOPK, 1, &x, 2, out, &at)) return -1;
     *values = out[0];
@@ -114,10 +117,11 @@ int tide_topk(tide_tensor *x, int k, tide_tensor **values, tide_tensor **indices
 }
 
 /* ---- routed experts with dispatch and combine (§7, §8) --------------------------------------------------------- */
-static _Thread_local int64_t g_moe_dropped;
+/* outputs: the combined expert outputs, and the count of (token, slot) rows the capacity dropped (int64 [1] on
+   the host: the kernel counts them there) */
+enum { MOE_OUT_Y, MOE_OUT_DROPPED };
+enum { MOE_SAVED_X, MOE_SAVED_P, MOE_SAVED_W_GATE_UP, MOE_SAVED_W_DOWN, MOE_SAVED_ROUTE, MOE_SAVED_PRE, MOE_SAVED_Y };
 
-/* attr: i[0] activation, i[1] capacity (−1 = dropless); f[0] k_gate, f[1] k_lin.
-   saved: x, p, w_gate_up, w_down, route, pre, y */
 int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *c[5] = {0};
@@ -133,26 +137,31 @@ int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     int rc = y ? 0 : -1;
     int64_t dropped = 0;
     if (!rc)
-        rc = TIDE_DISPATCH(x->device, moe_experts, "moe_experts", x->dtype, tide_data(o), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(sel),
-                             sel->dtype, tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out,
-                             (int)n->attr.i[0], n->attr.f[0], n->attr.f[1], n->attr.i[1], &dropped);
-    if (!rc) g_moe_dropped = dropped;
+        rc = TIDE_DISPATCH(x->device, moe_experts, "moe_experts", x->dtype, tide_data(o), tide_data(route),
+                           tide_data(pre), tide_data(y), tide_data(x), tide_data(sel), sel->dtype, tide_data(p),
+                           tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out, n->attr.moe_experts.activation,
+                           n->attr.moe_experts.k_gate, n->attr.moe_experts.k_lin, n->attr.moe_experts.capacity,
+                           &dropped);
+    tide_tensor *dr = rc ? NULL : tide_full(TIDE_I64, 1, (int64_t[]){1}, TIDE_CPU, (double)dropped);
+    if (!dr) rc = -1;
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, p) || tide_node_save(n, wgu) || tide_node_save(n, wd) ||
                   tide_node_save(n, route) || tide_node_save(n, pre) || tide_node_save(n, y);
     for (int i = 0; i < 5; i++) tide_tensor_release(c[i]);
     tide_tensor_release(route); tide_tensor_release(pre); tide_tensor_release(y);
-    if (rc) { tide_tensor_release(o); return -1; }
-    out[0] = o;
+    if (rc) { tide_tensor_release(o); tide_tensor_release(dr); return -1; }
+    out[MOE_OUT_Y] = o;
+    out[MOE_OUT_DROPPED] = dr;
     return 0;
 }
 
 int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    tide_tensor *x = n->saved[0], *p = n->saved[1], *wgu = n->saved[2], *wd = n->saved[3];
-    tide_tensor *route = n->saved[4], *pre = n->saved[5], *y = n->saved[6];
+    tide_tensor *x = n->saved[MOE_SAVED_X], *p = n->saved[MOE_SAVED_P], *wgu = n->saved[MOE_SAVED_W_GATE_UP];
+    tide_tensor *wd = n->saved[MOE_SAVED_W_DOWN], *route = n->saved[MOE_SAVED_ROUTE], *pre = n->saved[MOE_SAVED_PRE];
+    tide_tensor *y = n->saved[MOE_SAVED_Y];
     int64_t m = x->shape[0], d_in = x->shape[1], k = p->shape[1], ne = wgu->shape[0], d_e = wgu->shape[1] / 2;
     int64_t d_out = wd->shape[1];
-    tide_tensor *g = tide_contiguous_nograd(gout[0]);
+    tide_tensor *g = tide_contiguous_nograd(gout[MOE_OUT_Y]);
     /* inputs: x, sel, p, w_gate_up, w_down (sel has no gradient) */
     tide_tensor *src[5] = {x, NULL, p, wgu, wd}, *grads[5] = {0};
     int rc = g ? 0 : -1;
@@ -160,9 +169,10 @@ int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
         if (src[i] && n->in_needs_grad[i] && !(grads[i] = tide_empty_like(src[i]))) rc = -1;
 #define GP(i) (grads[i] ? tide_data(grads[i]) : NULL)
     if (!rc)
-        rc = TIDE_DISPATCH(x->device, moe_experts_backward, "moe_experts", x->dtype, GP(0), GP(2), GP(3), GP(4), tide_data(g), tide_data(route), tide_data(pre),
-                                      tide_data(y), tide_data(x), tide_data(p), tide_data(wgu), tide_data(wd), m, k, ne, d_in,
-                                      d_e, d_out, (int)n->attr.i[0], n->attr.f[0], n->attr.f[1]);
+        rc = TIDE_DISPATCH(x->device, moe_experts_backward, "moe_experts", x->dtype, GP(0), GP(2), GP(3), GP(4),
+                           tide_data(g), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(p),
+                           tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out, n->attr.moe_experts.activation,
+                           n->attr.moe_experts.k_gate, n->attr.moe_experts.k_lin);
 #undef GP
     tide_tensor_release(g);
     if (rc) { for (int i = 0; i < 5; i++) tide_tensor_release(grads[i]); return -1; }
@@ -200,18 +210,22 @@ tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, 
     int64_t bad = 0;
     int good = 1;
     if (!sc) return NULL;
-    int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", tide_data(sc), sc->dtype, A, ne, &bad, &good) : 0;
+    int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", tide_data(sc), sc->dtype, A, ne, &bad,
+                                   &good) : 0;
     tide_tensor_release(sc);
     if (rc) return NULL;
     TIDE_CHECK(good, "moe_experts: sel holds expert id %lld, outside [0, %lld) (w_gate_up %s)", (long long)bad, (long long)ne,
                SHAPE_STR(w_gate_up, a));
     tide_attrs at = {0};
-    at.i[0] = activation;
-    at.i[1] = capacity_factor > 0 ? (int64_t)ceil(capacity_factor * (double)A / (double)ne) : -1;
-    at.f[0] = k_gate;
-    at.f[1] = k_lin;
-    g_moe_dropped = 0;
-    tide_tensor *u = tide_op_run1(TIDE_OP_MOE_EXPERTS, 5, all, &at);
-    if (u && dropped) *dropped = g_moe_dropped;
-    return u;
+    at.moe_experts.activation = activation;
+    at.moe_experts.capacity = capacity_factor > 0 ? (int64_t)ceil(capacity_factor * (double)A / (double)ne) : -1;
+    at.moe_experts.k_gate = k_gate;
+    at.moe_experts.k_lin = k_lin;
+    tide_tensor *out[2];
+    if (tide_op_run(TIDE_OP_MOE_EXPERTS, 5, all, 2, out, &at)) return NULL;
+    double nd = tide_item(out[MOE_OUT_DROPPED]);
+    tide_tensor_release(out[MOE_OUT_DROPPED]);
+    if (isnan(nd)) { tide_tensor_release(out[MOE_OUT_Y]); return NULL; }
+    if (dropped) *dropped = (int64_t)nd;
+    return out[MOE_OUT_Y];
 }

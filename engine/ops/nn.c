@@ -16,8 +16,8 @@ int tide_embedding_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(w->dtype, ids->ndim + 1, shape, w->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(w->device, index_select, "embedding", w->dtype, tide_data(o), tide_data(w), tide_data(ids), ids->dtype, 1,
-                                                        w->shape[0], w->shape[1], ids->numel);
+        rc = TIDE_DISPATCH(w->device, index_select, "embedding", w->dtype, tide_data(o), tide_data(w), tide_data(ids),
+                           ids->dtype, 1, w->shape[0], w->shape[1], ids->numel);
     if (!rc) rc = tide_node_save(n, ids);
     tide_tensor_release(w); tide_tensor_release(ids);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -32,8 +32,8 @@ int tide_embedding_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *gw = g ? tide_zeros(m->dtype, m->ndim, m->shape, m->device) : NULL;
     int rc = gw ? 0 : -1;
     if (!rc && g->numel > 0)
-        rc = TIDE_DISPATCH(gw->device, index_add, "embedding", gw->dtype, tide_data(gw), tide_data(g), tide_data(ids), ids->dtype, 1,
-                                                      m->shape[0], m->shape[1], ids->numel);
+        rc = TIDE_DISPATCH(gw->device, index_add, "embedding", gw->dtype, tide_data(gw), tide_data(g), tide_data(ids),
+                           ids->dtype, 1, m->shape[0], m->shape[1], ids->numel);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(gw); return -1; }
     gin[0] = gw;
@@ -52,7 +52,8 @@ tide_tensor *tide_embedding(tide_tensor *weight, tide_tensor *ids)
         if (!c) return NULL;
         int64_t bad = 0;
         int ok = 1;
-        int rc = TIDE_DISPATCH(c->device, check_index, "embedding", tide_data(c), c->dtype, c->numel, weight->shape[0], &bad, &ok);
+        int rc = TIDE_DISPATCH(c->device, check_index, "embedding", tide_data(c), c->dtype, c->numel, weight->shape[0],
+                               &bad, &ok);
         tide_tensor_release(c);
         if (rc) return NULL;
         TIDE_CHECK(ok, "embedding: token id %lld is out of range for a vocabulary of %lld", (long long)bad,
@@ -85,7 +86,8 @@ int tide_rmsnorm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty_like(x), *rstd = o ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, rmsnorm, "rmsnorm", x->dtype, tide_data(o), tide_data(rstd), tide_data(x), tide_data(w), N, C, n->attr.f[0]);
+        rc = TIDE_DISPATCH(x->device, rmsnorm, "rmsnorm", x->dtype, tide_data(o), tide_data(rstd), tide_data(x),
+                           tide_data(w), N, C, n->attr.norm.eps);
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, w) || tide_node_save(n, rstd);
     tide_tensor_release(x); tide_tensor_release(w); tide_tensor_release(rstd);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -101,8 +103,8 @@ int tide_rmsnorm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dx = g ? tide_empty_like(x) : NULL, *dw = dx ? tide_zeros(w->dtype, 1, &C, w->device) : NULL;
     int rc = dw ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "rmsnorm", x->dtype, tide_data(dx), tide_data(dw), tide_data(g), tide_data(x),
-                                                            tide_data(w), tide_data(rstd), N, C);
+        rc = TIDE_DISPATCH(x->device, rmsnorm_backward, "rmsnorm", x->dtype, tide_data(dx), tide_data(dw), tide_data(g),
+                           tide_data(x), tide_data(w), tide_data(rstd), N, C);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(dx); tide_tensor_release(dw); return -1; }
     gin[0] = dx;
@@ -115,7 +117,7 @@ tide_tensor *tide_rmsnorm(tide_tensor *x, tide_tensor *weight, double eps)
     if (norm_check(x, weight, NULL, "rmsnorm")) return NULL;
     TIDE_CHECK(eps >= 0 && isfinite(eps), "rmsnorm: eps must be finite and >= 0, got %g", eps);
     tide_attrs at = {0};
-    at.f[0] = eps;
+    at.norm.eps = eps;
     tide_tensor *in[2] = {x, weight};
     return tide_op_run1(TIDE_OP_RMSNORM, 2, in, &at);
 }
@@ -131,8 +133,8 @@ int tide_layernorm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *rstd = mean ? tide_empty(x->dtype, 1, &N, x->device) : NULL;
     int rc = rstd ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, layernorm, "layernorm", x->dtype, tide_data(o), tide_data(mean), tide_data(rstd), tide_data(x),
-                                                     tide_data(w), b ? tide_data(b) : NULL, N, C, n->attr.f[0]);
+        rc = TIDE_DISPATCH(x->device, layernorm, "layernorm", x->dtype, tide_data(o), tide_data(mean), tide_data(rstd),
+                           tide_data(x), tide_data(w), b ? tide_data(b) : NULL, N, C, n->attr.norm.eps);
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, w) || tide_node_save(n, mean) || tide_node_save(n, rstd);
     tide_tensor_release(x); tide_tensor_release(w); tide_tensor_release(b); tide_tensor_release(mean); tide_tensor_release(rstd);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -150,9 +152,9 @@ int tide_layernorm_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *db = (dw && has_b) ? tide_zeros(w->dtype, 1, &C, w->device) : NULL;
     int rc = (dw && (!has_b || db)) ? 0 : -1;
     if (!rc && x->numel > 0)
-        rc = TIDE_DISPATCH(x->device, layernorm_backward, "layernorm", x->dtype, tide_data(dx), tide_data(dw), db ? tide_data(db) : NULL,
-                                                              tide_data(g), tide_data(x), tide_data(w), tide_data(mean),
-                                                              tide_data(rstd), N, C);
+        rc = TIDE_DISPATCH(x->device, layernorm_backward, "layernorm", x->dtype, tide_data(dx), tide_data(dw),
+                           db ? tide_data(db) : NULL, tide_data(g), tide_data(x), tide_data(w), tide_data(mean),
+                           tide_data(rstd), N, C);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(dx); tide_tensor_release(dw); tide_tensor_release(db); return -1; }
     gin[0] = dx;
@@ -166,7 +168,7 @@ tide_tensor *tide_layernorm(tide_tensor *x, tide_tensor *weight, tide_tensor *bi
     if (norm_check(x, weight, bias, "layernorm")) return NULL;
     TIDE_CHECK(eps >= 0 && isfinite(eps), "layernorm: eps must be finite and >= 0, got %g", eps);
     tide_attrs at = {0};
-    at.f[0] = eps;
+    at.norm.eps = eps;
     tide_tensor *in[3] = {x, weight, bias};
     return tide_op_run1(TIDE_OP_LAYERNORM, bias ? 3 : 2, in, &at);
 }
@@ -199,13 +201,14 @@ static tide_tensor *move_back(tide_tensor *y, int d)
 
 int tide_softmax_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int d = (int)n->attr.i[0], lg = (int)n->attr.i[1];
+    int d = n->attr.softmax.dim, lg = n->attr.softmax.log;
     tide_tensor *x = move_last(in[0], d);
     if (!x) return -1;
     int64_t C = x->ndim ? x->shape[x->ndim - 1] : 1, N = C ? x->numel / C : 0;
     tide_tensor *y = tide_empty_like(x);
     int rc = y ? 0 : -1;
-    if (!rc && x->numel > 0) rc = TIDE_DISPATCH(x->device, softmax, "softmax", x->dtype, tide_data(y), tide_data(x), N, C, lg);
+    if (!rc && x->numel > 0) rc = TIDE_DISPATCH(x->device, softmax, "softmax", x->dtype, tide_data(y), tide_data(x), N,
+                                                C, lg);
     if (!rc) rc = tide_node_save(n, y);
     tide_tensor_release(x);
     if (!rc) { out[0] = move_back(y, d); rc = out[0] ? 0 : -1; }
@@ -215,12 +218,13 @@ int tide_softmax_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_softmax_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int d = (int)n->attr.i[0], lg = (int)n->attr.i[1];
+    int d = n->attr.softmax.dim, lg = n->attr.softmax.log;
     tide_tensor *y = n->saved[0];
     int64_t C = y->ndim ? y->shape[y->ndim - 1] : 1, N = C ? y->numel / C : 0;
     tide_tensor *g = move_last(gout[0], d), *dx = g ? tide_empty_like(y) : NULL;
     int rc = dx ? 0 : -1;
-    if (!rc && y->numel > 0) rc = TIDE_DISPATCH(y->device, softmax_backward, "softmax", y->dtype, tide_data(dx), tide_data(g), tide_data(y), N, C, lg);
+    if (!rc && y->numel > 0) rc = TIDE_DISPATCH(y->device, softmax_backward, "softmax", y->dtype, tide_data(dx),
+                                                tide_data(g), tide_data(y), N, C, lg);
     tide_tensor_release(g);
     if (!rc) { gin[0] = move_back(dx, d); rc = gin[0] ? 0 : -1; }
     tide_tensor_release(dx);
@@ -235,8 +239,8 @@ static tide_tensor *softmax_like(int op, tide_tensor *x, int dim, int lg)
     if (tide_norm_dim(dim, x->ndim, name, &d)) return NULL;
     TIDE_CHECK(x->ndim >= 1, "%s: x must have at least one dim", name);
     tide_attrs at = {0};
-    at.i[0] = d;
-    at.i[1] = lg;
+    at.softmax.dim = d;
+    at.softmax.log = lg;
     tide_tensor *in[1] = {x};
     return tide_op_run1(op, 1, in, &at);
 }
@@ -245,10 +249,12 @@ tide_tensor *tide_softmax(tide_tensor *x, int dim) { return softmax_like(TIDE_OP
 tide_tensor *tide_log_softmax(tide_tensor *x, int dim) { return softmax_like(TIDE_OP_LOG_SOFTMAX, x, dim, 1); }
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------------------ */
-/* attr: i[0] ignore index, i[1] reduction; f[0] the mean's denominator (set by forward) */
+/* saved slots (weights empty when not given) */
+enum { CE_SAVED_LOGITS, CE_SAVED_LSE, CE_SAVED_TARGETS, CE_SAVED_WEIGHTS };
+
 int tide_cross_entropy_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int red = (int)n->attr.i[1];
+    int red = n->attr.cross_entropy.reduction;
     tide_tensor *lg = tide_contiguous_nograd(in[0]), *t = lg ? tide_contiguous_nograd(in[1]) : NULL;
     tide_tensor *w = (t && n->n_in == 3) ? tide_contiguous_nograd(in[2]) : NULL;
     if (!t || (n->n_in == 3 && !w)) { tide_tensor_release(lg); tide_tensor_release(t); return -1; }
@@ -258,8 +264,9 @@ int tide_cross_entropy_forward(tide_node *n, tide_tensor **in, tide_tensor **out
     tide_tensor *o = NULL;
     int rc = lse ? 0 : -1;
     if (!rc && N > 0)
-        rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(loss), tide_data(valid), tide_data(lse), tide_data(lg),
-                                                          tide_data(t), t->dtype, w ? tide_data(w) : NULL, N, V, n->attr.i[0]);
+        rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(loss), tide_data(valid),
+                           tide_data(lse), tide_data(lg), tide_data(t), t->dtype, w ? tide_data(w) : NULL, N, V,
+                           n->attr.cross_entropy.ignore_index);
     if (!rc && red == 2) { o = loss; tide_tensor_retain(o); }
     if (!rc && red != 2) {
         o = tide_sum(loss, 0, NULL, 0);
@@ -271,11 +278,11 @@ int tide_cross_entropy_forward(tide_node *n, tide_tensor **in, tide_tensor **out
             if (isnan(denom)) rc = -1;
             else if (denom != 0) rc = tide_scale_(o, 1.0 / denom);   /* no unmasked token: the loss is 0 */
         }
-        n->attr.f[0] = denom;
+        n->attr.cross_entropy.denom = denom;
         if (!o) rc = -1;
-        else if (!rc && red == 0 && n->n_in == 3) n->attr.f[1] = tide_item(o);   /* the weights' gradient needs L */
+        else if (!rc && red == 0 && n->n_in == 3) n->attr.cross_entropy.loss = tide_item(o);   /* the weights' gradient needs L */
     }
-    if (!rc) rc = tide_node_save(n, lg) || tide_node_save(n, lse) || tide_node_save(n, t) || (w && tide_node_save(n, w));
+    if (!rc) rc = tide_node_save(n, lg) || tide_node_save(n, lse) || tide_node_save(n, t) || tide_node_save(n, w);
     tide_tensor_release(lg); tide_tensor_release(t); tide_tensor_release(w);
     tide_tensor_release(loss); tide_tensor_release(valid); tide_tensor_release(lse);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -285,33 +292,35 @@ int tide_cross_entropy_forward(tide_node *n, tide_tensor **in, tide_tensor **out
 
 int tide_cross_entropy_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int red = (int)n->attr.i[1];
-    tide_tensor *lg = n->saved[0], *lse = n->saved[1], *t = n->saved[2], *w = n->n_saved > 3 ? n->saved[3] : NULL;
+    int red = n->attr.cross_entropy.reduction;
+    tide_tensor *lg = n->saved[CE_SAVED_LOGITS], *lse = n->saved[CE_SAVED_LSE], *t = n->saved[CE_SAVED_TARGETS];
+    tide_tensor *w = n->saved[CE_SAVED_WEIGHTS];
     int64_t N = lg->shape[0], V = lg->shape[1];
     tide_tensor *dloss;
     if (red == 2) dloss = tide_contiguous_nograd(gout[0]);
     else {
         double g = tide_item(gout[0]);
         if (isnan(g) && tide_last_error()[0]) return -1;
-        double denom = n->attr.f[0];
+        double denom = n->attr.cross_entropy.denom;
         dloss = tide_full(lg->dtype, 1, &N, lg->device, red == 0 ? (denom != 0 ? g / denom : 0.0) : g);
     }
     tide_tensor *dl = dloss ? tide_empty_like(lg) : NULL;
     int rc = dl ? 0 : -1;
     if (!rc && N > 0)
-        rc = TIDE_DISPATCH(lg->device, cross_entropy_backward, "cross_entropy", lg->dtype, tide_data(dl), tide_data(dloss), tide_data(lg),
-                                                                   tide_data(lse), tide_data(t), t->dtype, w ? tide_data(w) : NULL,
-                                                                   N, V, n->attr.i[0]);
+        rc = TIDE_DISPATCH(lg->device, cross_entropy_backward, "cross_entropy", lg->dtype, tide_data(dl),
+                           tide_data(dloss), tide_data(lg), tide_data(lse), tide_data(t), t->dtype,
+                           w ? tide_data(w) : NULL, N, V, n->attr.cross_entropy.ignore_index);
     if (!rc && w && n->in_needs_grad[2]) {
         /* d/dw_n: per-token unweighted loss ce_n (0 where ignored), minus L for the mean, over its denominator */
         tide_tensor *ce = tide_empty(lg->dtype, 1, &N, lg->device), *ok = ce ? tide_empty(lg->dtype, 1, &N, lg->device) : NULL;
         tide_tensor *lse2 = ok ? tide_empty(lg->dtype, 1, &N, lg->device) : NULL, *gw = NULL;
         rc = lse2 ? 0 : -1;
         if (!rc && N > 0)
-            rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(ce), tide_data(ok), tide_data(lse2), tide_data(lg),
-                                                              tide_data(t), t->dtype, NULL, N, V, n->attr.i[0]);
+            rc = TIDE_DISPATCH(lg->device, cross_entropy, "cross_entropy", lg->dtype, tide_data(ce), tide_data(ok),
+                               tide_data(lse2), tide_data(lg), tide_data(t), t->dtype, NULL, N, V,
+                               n->attr.cross_entropy.ignore_index);
         if (!rc && red == 0) {
-            double denom = n->attr.f[0], L = n->attr.f[1], g = tide_item(gout[0]);
+            double denom = n->attr.cross_entropy.denom, L = n->attr.cross_entropy.loss, g = tide_item(gout[0]);
             tide_tensor *shifted = tide_empty_like(ce);
             rc = shifted ? tide_copy_(shifted, ce) : -1;
             if (!rc) rc = tide_axpy_(shifted, -L, ok);
@@ -347,8 +356,8 @@ tide_tensor *tide_cross_entropy(tide_tensor *logits, tide_tensor *targets, tide_
     }
     TIDE_CHECK(reduction >= 0 && reduction <= 2, "cross_entropy: reduction must be 0 (mean), 1 (sum) or 2 (none), got %d", reduction);
     tide_attrs at = {0};
-    at.i[0] = ignore_index;
-    at.i[1] = reduction;
+    at.cross_entropy.ignore_index = ignore_index;
+    at.cross_entropy.reduction = reduction;
     tide_tensor *in[3] = {logits, targets, weights};
     return tide_op_run1(TIDE_OP_CROSS_ENTROPY, weights ? 3 : 2, in, &at);
 }
@@ -359,8 +368,8 @@ static int rope_apply(tide_tensor *x, double theta, int64_t pos0, int inverse, t
     tide_tensor *c = tide_contiguous_nograd(x), *o = c ? tide_empty_like(c) : NULL;
     int rc = o ? 0 : -1;
     if (!rc && c->numel > 0)
-        rc = TIDE_DISPATCH(c->device, rope, "rope", c->dtype, tide_data(o), tide_data(c), c->shape[0], c->shape[1], c->shape[2],
-                                                c->shape[3], theta, pos0, inverse);
+        rc = TIDE_DISPATCH(c->device, rope, "rope", c->dtype, tide_data(o), tide_data(c), c->shape[0], c->shape[1],
+                           c->shape[2], c->shape[3], theta, pos0, inverse);
     tide_tensor_release(c);
     if (rc) { tide_tensor_release(o); return -1; }
     *out = o;
@@ -369,12 +378,12 @@ static int rope_apply(tide_tensor *x, double theta, int64_t pos0, int inverse, t
 
 int tide_rope_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    return rope_apply(in[0], n->attr.f[0], n->attr.i[0], 0, &out[0]);
+    return rope_apply(in[0], n->attr.rope.theta, n->attr.rope.pos0, 0, &out[0]);
 }
 
 int tide_rope_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    return rope_apply(gout[0], n->attr.f[0], n->attr.i[0], 1, &gin[0]);
+    return rope_apply(gout[0], n->attr.rope.theta, n->attr.rope.pos0, 1, &gin[0]);
 }
 
 tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0)
@@ -385,8 +394,8 @@ tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0)
     TIDE_CHECK(theta > 0 && isfinite(theta), "rope: theta must be positive, got %g", theta);
     TIDE_CHECK(pos0 >= 0, "rope: pos0 must be >= 0, got %lld", (long long)pos0);
     tide_attrs at = {0};
-    at.i[0] = pos0;
-    at.f[0] = theta;
+    at.rope.pos0 = pos0;
+    at.rope.theta = theta;
     tide_tensor *in[1] = {x};
     return tide_op_run1(TIDE_OP_ROPE, 1, in, &at);
 }
@@ -402,8 +411,9 @@ int tide_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty_like(q), *lse = o ? tide_empty(q->dtype, 3, lshape, q->device) : NULL;
     int rc = lse ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(q->device, attention, "attention", q->dtype, tide_data(o), tide_data(lse), tide_data(q), tide_data(k), tide_data(v),
-                                                     B * H, Tq, Tk, D, (int)n->attr.i[0], n->attr.f[0]);
+        rc = TIDE_DISPATCH(q->device, attention, "attention", q->dtype, tide_data(o), tide_data(lse), tide_data(q),
+                           tide_data(k), tide_data(v), B * H, Tq, Tk, D, n->attr.attention.causal,
+                           n->attr.attention.scale);
     if (!rc) rc = tide_node_save(n, q) || tide_node_save(n, k) || tide_node_save(n, v) || tide_node_save(n, o) || tide_node_save(n, lse);
     tide_tensor_release(q); tide_tensor_release(k); tide_tensor_release(v); tide_tensor_release(lse);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -419,9 +429,9 @@ int tide_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *dq = g ? tide_empty_like(q) : NULL, *dk = dq ? tide_empty_like(k) : NULL, *dv = dk ? tide_empty_like(v) : NULL;
     int rc = dv ? 0 : -1;
     if (!rc && q->numel > 0)
-        rc = TIDE_DISPATCH(q->device, attention_backward, "attention", q->dtype, tide_data(dq), tide_data(dk), tide_data(dv), tide_data(g),
-                                                              tide_data(q), tide_data(k), tide_data(v), tide_data(o), tide_data(lse),
-                                                              B * H, Tq, Tk, D, (int)n->attr.i[0], n->attr.f[0]);
+        rc = TIDE_DISPATCH(q->device, attention_backward, "attention", q->dtype, tide_data(dq), tide_data(dk),
+                           tide_data(dv), tide_data(g), tide_data(q), tide_data(k), tide_data(v), tide_data(o),
+                           tide_data(lse), B * H, Tq, Tk, D, n->attr.attention.causal, n->attr.attention.scale);
     tide_tensor_release(g);
     if (rc) { tide_tensor_release(dq); tide_tensor_release(dk); tide_tensor_release(dv); return -1; }
     gin[0] = dq; gin[1] = dk; gin[2] = dv;
@@ -443,8 +453,8 @@ tide_tensor *tide_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, int 
                (long long)q->shape[2], (long long)k->shape[2]);
     TIDE_CHECK(isfinite(scale), "attention: scale must be finite, got %g", scale);
     tide_attrs at = {0};
-    at.i[0] = causal ? 1 : 0;
-    at.f[0] = scale;
+    at.attention.causal = causal ? 1 : 0;
+    at.attention.scale = scale;
     tide_tensor *in[3] = {q, k, v};
     return tide_op_run1(TIDE_OP_ATTENTION, 3, in, &at);
 }
@@ -484,8 +494,8 @@ int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m
     }
     double bc1 = 1.0 - pow(beta1, (double)(step + 1)), bc2 = 1.0 - pow(beta2, (double)(step + 1));
     if (!rc && param->numel > 0)
-        rc = TIDE_DISPATCH(param->device, adamw, "adamw", param->dtype, tide_data(param), tide_data(g), tide_data(m), tide_data(v),
-                                                     param->numel, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        rc = TIDE_DISPATCH(param->device, adamw, "adamw", param->dtype, tide_data(param), tide_data(g), tide_data(m),
+                           tide_data(v), param->numel, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
     tide_tensor_release(g);
     return rc;
 }

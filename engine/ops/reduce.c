@@ -24,14 +24,15 @@ int tide_sum_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     if (first >= 0 && run && tide_is_contiguous(x)) {
         int64_t o3 = 1, r3 = 1, i3 = 1, shape[TIDE_MAX_DIMS];
         for (int i = 0; i < x->ndim; i++) *(i < first ? &o3 : i <= last ? &r3 : &i3) *= x->shape[i];
-        int nd = reduced_shape(x, red, (int)n->attr.i[0], shape);
+        int nd = reduced_shape(x, red, n->attr.sum.keepdim, shape);
         tide_tensor *o = tide_empty(x->dtype, nd, shape, x->device);
         int rc = o ? 0 : -1;
         if (!rc && o->numel > 0) {
             if (r3 == 0) rc = tide_fill_(o, 0.0);
-            else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(x), o3, r3, i3);
+            else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o),
+                                    tide_data(x), o3, r3, i3);
         }
-        if (!rc && n->attr.f[0] != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.f[0]);   /* mean */
+        if (!rc && n->attr.sum.scale != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.sum.scale);   /* mean */
         if (rc) { tide_tensor_release(o); return -1; }
         out[0] = o;
         return 0;
@@ -48,14 +49,15 @@ int tide_sum_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor_release(pv);
     if (!c) return -1;
     int64_t shape[TIDE_MAX_DIMS];
-    int nd = reduced_shape(x, red, (int)n->attr.i[0], shape);
+    int nd = reduced_shape(x, red, n->attr.sum.keepdim, shape);
     tide_tensor *o = tide_empty(x->dtype, nd, shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && outer > 0) {
         if (r == 0) rc = tide_fill_(o, 0.0);
-        else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(c), outer, r, 1);
+        else rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), TIDE_RED_SUM, x->dtype, tide_data(o), tide_data(c),
+                                outer, r, 1);
     }
-    if (!rc && n->attr.f[0] != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.f[0]);   /* mean */
+    if (!rc && n->attr.sum.scale != 1.0 && o->numel > 0) rc = tide_scale_(o, n->attr.sum.scale);   /* mean */
     tide_tensor_release(c);
     if (rc) { tide_tensor_release(o); return -1; }
     out[0] = o;
@@ -73,7 +75,7 @@ int tide_sum_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     tide_tensor *e = g ? tide_expand(g, m->ndim, m->shape) : NULL;
     tide_tensor *c = e ? tide_empty(m->dtype, m->ndim, m->shape, m->device) : NULL;
     int rc = c ? tide_copy_(c, e) : -1;
-    if (!rc && n->attr.f[0] != 1.0) rc = tide_scale_(c, n->attr.f[0]);
+    if (!rc && n->attr.sum.scale != 1.0) rc = tide_scale_(c, n->attr.sum.scale);
     tide_tensor_release(g); tide_tensor_release(e);
     if (rc) { tide_tensor_release(c); return -1; }
     gin[0] = c;
@@ -99,8 +101,8 @@ static tide_tensor *sum_like(int op, tide_tensor *x, int n, const int *dims, int
     int64_t count = 1;
     for (int k = 0; k < nl; k++) count *= x->shape[list[k]];
     tide_attrs at = {0};
-    at.i[0] = keepdim ? 1 : 0;
-    at.f[0] = op == TIDE_OP_MEAN ? (count > 0 ? 1.0 / (double)count : 0.0 / 0.0) : 1.0;
+    at.sum.keepdim = keepdim ? 1 : 0;
+    at.sum.scale = op == TIDE_OP_MEAN ? (count > 0 ? 1.0 / (double)count : 0.0 / 0.0) : 1.0;
     at.list = list;
     at.n_list = nl;
     tide_tensor *in[1] = {x};
@@ -121,7 +123,7 @@ static void split3(const tide_tensor *x, int d, int64_t *outer, int64_t *red, in
 
 int tide_dimreduce_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
-    int rop = (int)n->attr.i[0], d = (int)n->attr.i[1], keep = (int)n->attr.i[2];
+    int rop = n->attr.dimreduce.op, d = n->attr.dimreduce.dim, keep = n->attr.dimreduce.keepdim;
     tide_tensor *x = tide_contiguous_nograd(in[0]);
     if (!x) return -1;
     int64_t outer, red, inner, shape[TIDE_MAX_DIMS];
@@ -132,7 +134,8 @@ int tide_dimreduce_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(rop == TIDE_RED_ARGMAX ? TIDE_I64 : x->dtype, nd, shape, x->device);
     int rc = o ? 0 : -1;
     if (!rc && o->numel > 0)
-        rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), rop, x->dtype, tide_data(o), tide_data(x), outer, red, inner);
+        rc = TIDE_DISPATCH(x->device, reduce, TIDE_OP_NAME(n), rop, x->dtype, tide_data(o), tide_data(x), outer, red,
+                           inner);
     if (!rc && rop != TIDE_RED_ARGMAX) rc = tide_node_save(n, x) || tide_node_save(n, o);
     tide_tensor_release(x);
     if (rc) { tide_tensor_release(o); return -1; }
@@ -142,7 +145,7 @@ int tide_dimreduce_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 
 int tide_dimreduce_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
 {
-    int rop = (int)n->attr.i[0], d = (int)n->attr.i[1];
+    int rop = n->attr.dimreduce.op, d = n->attr.dimreduce.dim;
     tide_tensor *x = n->saved[0], *y = n->saved[1];
     int64_t outer, red, inner;
     split3(x, d, &outer, &red, &inner);
@@ -150,8 +153,8 @@ int tide_dimreduce_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
         tide_tensor *g = tide_contiguous_nograd(gout[0]), *gx = g ? tide_empty_like(x) : NULL;
         int rc = gx ? 0 : -1;
         if (!rc && x->numel > 0)
-            rc = TIDE_DISPATCH(x->device, reduce_max_backward, TIDE_OP_NAME(n), x->dtype, tide_data(gx), tide_data(g), tide_data(x),
-                                                                   tide_data(y), outer, red, inner);
+            rc = TIDE_DISPATCH(x->device, reduce_max_backward, TIDE_OP_NAME(n), x->dtype, tide_data(gx), tide_data(g),
+                               tide_data(x), tide_data(y), outer, red, inner);
         tide_tensor_release(g);
         if (rc) { tide_tensor_release(gx); return -1; }
         gin[0] = gx;
@@ -174,9 +177,9 @@ static tide_tensor *dimreduce(int op, int rop, const char *name, tide_tensor *x,
     if (tide_norm_dim(dim, x->ndim, name, &d)) return NULL;
     TIDE_CHECK(x->ndim > 0 && x->shape[d] > 0, "%s: cannot reduce an empty dim (dim %d has size 0)", name, dim);
     tide_attrs at = {0};
-    at.i[0] = rop;
-    at.i[1] = d;
-    at.i[2] = keepdim ? 1 : 0;
+    at.dimreduce.op = rop;
+    at.dimreduce.dim = d;
+    at.dimreduce.keepdim = keepdim ? 1 : 0;
     tide_tensor *in[1] = {x};
     return tide_op_run1(op, 1, in, &at);
 }
