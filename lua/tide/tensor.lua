@@ -71,7 +71,17 @@ local stats = ffi.new("tide_memory_stats")
 local pending_bytes, pending_count = 0, 0
 local base_bytes = nil
 local n_devices = nil   -- cpu + cuda devices, read once
-local dtype_size = { [0] = 4, 8, 2, 4, 8, 1 }
+-- dtypes as the header defines them (tide_dtype, tide_dtype_name, tide_dtype_size): id -> name, name -> id, id -> bytes
+local DTYPE_NAMES, DTYPES, dtype_size = {}, {}, {}
+for id = 0, C.TIDE_DTYPE_COUNT - 1 do
+  local name = ffi.string(C.tide_dtype_name(id))
+  DTYPE_NAMES[id], DTYPES[name], dtype_size[id] = name, id, tonumber(C.tide_dtype_size(id))
+end
+-- the long names, as PyTorch spells them
+for long, short in pairs { float32 = "f32", float64 = "f64", bfloat16 = "bf16", int32 = "i32", int64 = "i64", uint8 = "u8" } do
+  DTYPES[long] = DTYPES[short]
+end
+local FLOAT_DTYPES = { [C.TIDE_F32] = true, [C.TIDE_F64] = true, [C.TIDE_BF16] = true }
 
 local function engine_bytes()
   if not n_devices then
@@ -135,10 +145,6 @@ function M.collect(device)
 end
 
 -- ---- dtypes and devices ---------------------------------------------------------------------------------
-local DTYPES = { f32 = 0, f64 = 1, bf16 = 2, i32 = 3, i64 = 4, u8 = 5,
-                 float32 = 0, float64 = 1, bfloat16 = 2, int32 = 3, int64 = 4, uint8 = 5 }
-local DTYPE_NAMES = { [0] = "f32", "f64", "bf16", "i32", "i64", "u8" }
-
 function M.dtype_id(x, fname)
   if x == nil then return 0 end
   local id = type(x) == "number" and (DTYPE_NAMES[x] and x) or DTYPES[x]
@@ -151,21 +157,24 @@ end
 
 function M.dtype_name(id) return DTYPE_NAMES[id] end
 
+-- device ids as the header numbers them: TIDE_CPU, then TIDE_CUDA0 + n for cuda:n
+local CPU, CUDA0 = C.TIDE_CPU, C.TIDE_CUDA0
+
 function M.device_id(x, fname)
-  if x == nil or x == "cpu" then return 0 end
+  if x == nil or x == "cpu" then return CPU end
   if type(x) == "number" and x >= 0 and x == floor(x) then return x end
-  if x == "cuda" then return 1 end
+  if x == "cuda" then return CUDA0 end
   if type(x) == "string" then
     local n = x:match("^cuda:(%d+)$")
-    if n then return 1 + tonumber(n) end
+    if n then return CUDA0 + tonumber(n) end
   end
   raise(fmt("%s: unknown device %s (expected \"cpu\", \"cuda\" or \"cuda:N\")", fname or "device",
             type(x) == "string" and "'" .. x .. "'" or tostring(x)))
 end
 
-function M.device_name(id) return id == 0 and "cpu" or ("cuda:" .. (id - 1)) end
+function M.device_name(id) return id == CPU and "cpu" or ("cuda:" .. (id - CUDA0)) end
 
-local function is_float_dtype(d) return d == 0 or d == 1 or d == 2 end
+local function is_float_dtype(d) return FLOAT_DTYPES[d] == true end
 
 -- ---- the one place where 1-based Lua dims/positions become 0-based C ones -----------------------------
 -- dim d of an n-d tensor: 1..n or -n..-1
