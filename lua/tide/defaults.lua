@@ -2,6 +2,11 @@
 -- counting and the shipped configs), each written once here beside the spec section that sets it.
 local defaults = {}
 
+-- initialisation and norms (spec/README.md, Initialisation): weights N(0, init_std²); RMSNorm / LayerNorm eps
+-- (K3's rms_norm_eps), also the AttnRes key norm's (attnres.md §1)
+defaults.init_std = 0.02
+defaults.norm_eps = 1e-5
+
 -- Kimi Delta Attention (spec/kda.md)
 defaults.kda = {
   gate_form = "bounded",      -- §2: the lower-bounded decay gate ("softplus": Kimi Linear's unbounded one)

@@ -76,14 +76,14 @@ end
 -- F.rmsnorm(x, weight[, eps=1e-5]) over the last dim
 function F.rmsnorm(x, w, eps)
   return check(C.tide_rmsnorm(want_tensor(x, "rmsnorm", "x"), want_tensor(w, "rmsnorm", "weight"),
-                              eps == nil and 1e-5 or want_number(eps, "rmsnorm", "eps")))
+                              eps == nil and defaults.norm_eps or want_number(eps, "rmsnorm", "eps")))
 end
 
 -- F.layernorm(x, weight, bias[, eps=1e-5]) over the last dim (weight/bias may be nil where the engine allows)
 function F.layernorm(x, w, b, eps)
   return check(C.tide_layernorm(want_tensor(x, "layernorm", "x"), opt_tensor(w, "layernorm", "weight"),
                                 opt_tensor(b, "layernorm", "bias"),
-                                eps == nil and 1e-5 or want_number(eps, "layernorm", "eps")))
+                                eps == nil and defaults.norm_eps or want_number(eps, "layernorm", "eps")))
 end
 
 -- F.softmax(x[, dim=-1]), F.log_softmax(x[, dim=-1])
@@ -376,7 +376,7 @@ function F.attnres(sources, w, nu, opts)
     if w:size(1) ~= 1 then raise(fmt("%s: a 2-d w must be [1, d], got %s", op, T.shape_str(w:shape()))) end
     w = w:reshape(w:size(2))
   end
-  local eps = opts.eps == nil and 1e-5 or want_number(opts.eps, op, "eps")
+  local eps = opts.eps == nil and defaults.norm_eps or want_number(opts.eps, op, "eps")
   return check(C.tide_attnres(n, arr, raw(w), want_tensor(nu, op, "nu"), eps))
 end
 

@@ -2,6 +2,7 @@
 -- rotate-half layout) and an optional key/value cache for decoding.
 local tide = require "tide"
 local M = require "tide.nn.module"
+local defaults = require "tide.defaults"
 local Linear = require "tide.nn.linear"
 local F = tide.F
 
@@ -21,7 +22,7 @@ function Attention:init(dim, n_heads, opts)
   self.dim, self.n_heads, self.head_dim = dim, n_heads, head_dim
   self.rope_theta = opts.rope_theta or 10000
   self.scale = 1 / math.sqrt(head_dim)
-  local std = opts.std or 0.02
+  local std = opts.std or defaults.init_std
   local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
   local inner = n_heads * head_dim
   self:child("q_proj", lin(dim, inner, std))

@@ -22,6 +22,7 @@ local tide = require "tide"
 local M = require "tide.nn.module"
 local norms = require "tide.nn.norm"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local fmt = string.format
@@ -54,7 +55,7 @@ local ATTNRES_KEYS = { eps = true, dtype = true, device = true }
 -- AttnRes(d, {eps = 1e-5, dtype, device}); eps is the key-RMSNorm eps (K3: rms_norm_eps = 1e-5, §1)
 function AttnRes:init(d, opts)
   opts = check_opts("nn.AttnRes", opts, ATTNRES_KEYS)
-  self.dim, self.eps = pos_int("nn.AttnRes", d, "d"), opts.eps or 1e-5
+  self.dim, self.eps = pos_int("nn.AttnRes", d, "d"), opts.eps or defaults.norm_eps
   if type(self.eps) ~= "number" or not (self.eps >= 0) then bad("nn.AttnRes", "eps must be a number >= 0, got " .. tostring(opts.eps)) end
   self:child("proj", Row(d, opts))
   self:child("norm", norms.RMSNorm(d, { eps = self.eps, dtype = opts.dtype, device = opts.device }))
@@ -120,7 +121,7 @@ local function config(cfg)
   end
   check_opts(who, ar, { block_layers = true, eps = true }, "attnres")
   check_opts(who, gc, { mode = true, layers = true }, "gamma_chain")
-  local out = { kind = kind, eps = (ar and ar.eps) or 1e-5 }
+  local out = { kind = kind, eps = (ar and ar.eps) or defaults.norm_eps }
   if kind == "attnres_block" then
     local B = ar and ar.block_layers
     if B == nil then bad(who, "attnres_block needs attnres.block_layers (B, in layers; K3 12, tiny 2)") end
@@ -272,7 +273,7 @@ local function Residual(kind, opts)
   local who = "nn.Residual"
   opts = check_opts(who, opts, RESIDUAL_KEYS)
   if not KINDS[kind] then bad(who, fmt("kind must be one of %s, got %s", kinds_list(), tostring(kind))) end
-  local self = setmetatable({ kind = kind, sites = {}, eps = opts.eps or 1e-5, dtype = opts.dtype, device = opts.device },
+  local self = setmetatable({ kind = kind, sites = {}, eps = opts.eps or defaults.norm_eps, dtype = opts.dtype, device = opts.device },
                             CLASSES[kind])
   if kind ~= "prenorm" then self.dim = pos_int(who, opts.dim, "dim") end
   if opts.n_layers ~= nil then self.n_layers = pos_int(who, opts.n_layers, "n_layers") end

@@ -1,6 +1,7 @@
 -- nn/embedding.lua — token ids (0-based values) -> rows of a [V, d] table.
 local tide = require "tide"
 local M = require "tide.nn.module"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local Embedding = M.Module:extend("Embedding")
@@ -12,7 +13,7 @@ function Embedding:init(num_embeddings, dim, opts)
     error("nn.Embedding: sizes must be positive integers, got " .. tostring(num_embeddings) .. ", " .. tostring(dim), 3)
   end
   self.num_embeddings, self.dim = num_embeddings, dim
-  self:param("weight", M.Module.new_param({ num_embeddings, dim }, { "normal", opts.std or 0.02 }, opts), { decay = false })
+  self:param("weight", M.Module.new_param({ num_embeddings, dim }, { "normal", opts.std or defaults.init_std }, opts), { decay = false })
 end
 
 function Embedding:forward(ids)

@@ -39,6 +39,7 @@ local MLA = require "tide.nn.mla"
 local attnres = require "tide.nn.attnres"
 local generate = require "tide.generate"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local fmt = string.format
@@ -188,7 +189,7 @@ local HybridLM = M.Module:extend("HybridLM")
 
 local DEFAULTS = {
   vocab_size = 320, dim = 128, n_layers = 8, mixers = "3:1", ffn_dim = 384, activation = "swiglu",
-  norm_eps = 1e-5, init_std = 0.02, max_seq_len = 1048576, residual = "attnres_block", dtype = "f32", device = "cpu",
+  norm_eps = defaults.norm_eps, init_std = defaults.init_std, max_seq_len = 1048576, residual = "attnres_block", dtype = "f32", device = "cpu",
   recompute = "layer",
 }
 local KEYS = {

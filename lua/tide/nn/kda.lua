@@ -70,8 +70,8 @@ function KDA:init(dim, opts)
   end
   -- the softplus gate is unbounded below: only the per-pair exponent path is safe (kda.md §5)
   self.path = self.gate_form == "bounded" and "chunk" or "chunk_safe"
-  self.norm_eps = opts.norm_eps or 1e-5
-  local std = opts.std or 0.02
+  self.norm_eps = opts.norm_eps or defaults.norm_eps
+  local std = opts.std or defaults.init_std
   local po = { dtype = opts.dtype, device = opts.device }
   local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
   local inner = H * dk

@@ -1,6 +1,7 @@
 -- nn/linear.lua — y = x Wᵀ + b with W stored [out, in] (HuggingFace layout).
 local tide = require "tide"
 local M = require "tide.nn.module"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local Linear = M.Module:extend("Linear")
@@ -14,7 +15,7 @@ function Linear:init(in_features, out_features, opts)
     end
   end
   self.in_features, self.out_features = in_features, out_features
-  self:param("weight", M.Module.new_param({ out_features, in_features }, { "normal", opts.std or 0.02 }, opts))
+  self:param("weight", M.Module.new_param({ out_features, in_features }, { "normal", opts.std or defaults.init_std }, opts))
   if opts.bias then
     self:param("bias", M.Module.new_param({ out_features }, { "zeros" }, opts), { decay = false })
   end

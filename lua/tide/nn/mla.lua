@@ -12,6 +12,7 @@ local M = require "tide.nn.module"
 local Linear = require "tide.nn.linear"
 local norms = require "tide.nn.norm"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local fmt = string.format
@@ -41,9 +42,9 @@ function MLA:init(dim, opts)
   self.q_rank = opts.q_rank and pos_int(opts.q_rank, "q_rank") or nil
   self.gate = opts.gate == nil and true or opts.gate
   if type(self.gate) ~= "boolean" then bad("gate must be a boolean, got " .. type(self.gate)) end
-  self.norm_eps = opts.norm_eps or 1e-5
+  self.norm_eps = opts.norm_eps or defaults.norm_eps
   self.scale = 1 / math.sqrt(dn + dr)                      -- the rope slot counts in the scale (mla.md §2)
-  local std = opts.std or 0.02
+  local std = opts.std or defaults.init_std
   local po = { eps = self.norm_eps, dtype = opts.dtype, device = opts.device }
   local function lin(i, o, s) return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device }) end
   if self.q_rank then

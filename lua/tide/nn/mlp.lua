@@ -16,7 +16,7 @@ function MLP:init(dim, hidden, opts)
   if self.activation ~= "swiglu" and self.activation ~= "situ" then
     error("nn.MLP: activation must be \"swiglu\" or \"situ\", got " .. tostring(self.activation), 3)
   end
-  local std = opts.std or 0.02
+  local std = opts.std or defaults.init_std
   local function lin(i, o, s)
     return Linear(i, o, { std = s, dtype = opts.dtype, device = opts.device })
   end

@@ -16,6 +16,7 @@ local Linear = require "tide.nn.linear"
 local norms = require "tide.nn.norm"
 local MLP = require "tide.nn.mlp"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local balance = require "tide.nn.balance"
 local F = tide.F
 
@@ -121,7 +122,7 @@ MoE.CHOICES = CHOICES
 -- the defaults of the options above (the balancer's own: nn/balance.lua); aux_alpha depends on balance (init)
 local DEFAULTS = {
   n_shared = 1, routed_scaling = 1.0, activation = "situ", router = "sigmoid", router_rank = 32, similarity = "cosine",
-  capacity_factor = 0, dead_window = 100, std = 0.02, norm_eps = 1e-5, dtype = "f32", device = "cpu",
+  capacity_factor = 0, dead_window = 100, std = defaults.init_std, norm_eps = defaults.norm_eps, dtype = "f32", device = "cpu",
 }
 for k, v in pairs(balance.DEFAULTS) do DEFAULTS[k] = v end
 MoE.DEFAULTS = DEFAULTS

@@ -1,6 +1,7 @@
 -- nn/norm.lua — RMSNorm and LayerNorm over the last dim (gains start at 1, no weight decay).
 local tide = require "tide"
 local M = require "tide.nn.module"
+local defaults = require "tide.defaults"
 local F = tide.F
 
 local RMSNorm = M.Module:extend("RMSNorm")
@@ -8,7 +9,7 @@ local RMSNorm = M.Module:extend("RMSNorm")
 -- RMSNorm(dim, {eps = 1e-5}): x / sqrt(mean(x²) + eps) ⊙ weight
 function RMSNorm:init(dim, opts)
   opts = opts or {}
-  self.dim, self.eps = dim, opts.eps or 1e-5
+  self.dim, self.eps = dim, opts.eps or defaults.norm_eps
   self:param("weight", M.Module.new_param({ dim }, { "ones" }, opts), { decay = false })
 end
 
@@ -23,7 +24,7 @@ local LayerNorm = M.Module:extend("LayerNorm")
 -- LayerNorm(dim, {eps = 1e-5, bias = true})
 function LayerNorm:init(dim, opts)
   opts = opts or {}
-  self.dim, self.eps = dim, opts.eps or 1e-5
+  self.dim, self.eps = dim, opts.eps or defaults.norm_eps
   self:param("weight", M.Module.new_param({ dim }, { "ones" }, opts), { decay = false })
   if opts.bias ~= false then
     self:param("bias", M.Module.new_param({ dim }, { "zeros" }, opts), { decay = false })

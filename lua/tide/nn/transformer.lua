@@ -97,7 +97,8 @@ local TransformerLM = M.Module:extend("TransformerLM")
 
 local DEFAULTS = {
   kind = "dense", vocab_size = 320, dim = 128, n_layers = 4, n_heads = 4, head_dim = false, ffn_dim = false,
-  norm = "rmsnorm", norm_eps = 1e-5, rope_theta = 10000, tie_embeddings = false, init_std = 0.02,
+  norm = "rmsnorm", norm_eps = defaults.norm_eps, rope_theta = 10000, tie_embeddings = false,
+  init_std = defaults.init_std,
   max_seq_len = 1024, dtype = "f32", device = "cpu", mixer = "attention", kda = false,
 }
 TransformerLM.DEFAULTS = DEFAULTS
