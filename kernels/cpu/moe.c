@@ -6,15 +6,26 @@
  * route = [perm (m·k) | pos (m·k) | offsets (n + 1)]: perm[r] = the assignment at sorted row r, pos[a] = the
  * sorted row of assignment a (−1 when dropped by the capacity), offsets = segment starts of the kept rows.
  * Per expert segment two BLAS products (gate/up, down) with the activation between; the combine walks each
- * token's slots in order with an accumulator in the compute type (no scatter, no atomics), so results are
- * bitwise independent of the thread count. OpenBLAS is the OpenMP build and must not be called from inside an
- * OpenMP region (see attention.c): the segments run sequentially, only the row loops use OpenMP.
+ * token's slots in order with an accumulator in the compute type (no scatter, no atomics).
+ *
+ * Bitwise independent of the thread count: a threaded OpenBLAS product is not (its threads split the output
+ * and the edge micro-kernels round differently, so 1 and 2 threads differ in the last bit). Every product here
+ * is therefore cut into tiles whose bounds depend only on the sizes (TILE_ROWS rows of a segment; for the
+ * weight gradients, which reduce over the segment's rows, TILE_ROWS output rows with all the segment's rows in
+ * one call), and each tile is one BLAS call made inside an active OpenMP region, where the OpenMP build of
+ * OpenBLAS runs single-threaded (it checks omp_in_parallel()). Tiles are spread over the threads; which thread
+ * runs a tile does not change its bits. The regions carry no if() clause: an inactive one (a team of one) would
+ * let BLAS thread again when more than one thread is configured.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cpu.h"
+
+/* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
+#define TILE_ROWS 128
 
 static const char *dtname(int dtype)
 {
@@ -159,11 +170,10 @@ static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, cons
 GATHER(float)
 GATHER(double)
 
-/* h [R, de] from pre [R, 2 de] (gate | up) */
+/* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region */
 #define ACT(T)                                                                                              \
     static void act_fw_##T(T *h, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)                  \
     {                                                                                                       \
-        _Pragma("omp parallel for if(R * de > 16384) schedule(static)")                                     \
         for (int64_t r = 0; r < R; r++)                                                                     \
             for (int64_t j = 0; j < de; j++) {                                                              \
                 T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j];                                    \
@@ -172,7 +182,6 @@ GATHER(double)
     }                                                                                                       \
     static void act_bw_##T(T *dpre, const T *dh, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)  \
     {                                                                                                       \
-        _Pragma("omp parallel for if(R * de > 16384) schedule(static)")                                     \
         for (int64_t r = 0; r < R; r++)                                                                     \
             for (int64_t j = 0; j < de; j++) {                                                              \
                 T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j], d = dh[r * de + j];                \
@@ -204,6 +213,36 @@ COMBINE(double)
 
 static size_t esz(int dtype) { return dtype == TIDE_F32 ? sizeof(float) : sizeof(double); }
 
+/* a row tile: sorted rows [r0, r0 + rows) of expert e's segment */
+typedef struct { int64_t e, r0, rows; } row_tile;
+
+/* the row tiles of every segment in order, TILE_ROWS rows each (a segment's last one shorter); NULL when out of
+   memory */
+static row_tile *row_tiles(const int64_t *off, int64_t n, int64_t *count)
+{
+    int64_t c = 0;
+    for (int64_t e = 0; e < n; e++) c += (off[e + 1] - off[e] + TILE_ROWS - 1) / TILE_ROWS;
+    row_tile *t = malloc((size_t)(c > 0 ? c : 1) * sizeof *t);
+    if (!t) return NULL;
+    c = 0;
+    for (int64_t e = 0; e < n; e++)
+        for (int64_t r = off[e]; r < off[e + 1]; r += TILE_ROWS)
+            t[c++] = (row_tile){e, r, off[e + 1] - r < TILE_ROWS ? off[e + 1] - r : TILE_ROWS};
+    *count = c;
+    return t;
+}
+
+/* the tiles' BLAS calls run on worker threads, whose error messages the caller would not see: check the one
+   limit a product could fail on (the 32-bit BLAS integer, gemm.c) here, on the calling thread */
+static int check_blas_range(const char *op, int64_t R, int64_t d_in, int64_t d_e, int64_t d_out)
+{
+    if (R > INT_MAX || d_in > INT_MAX || 2 * d_e > INT_MAX || d_out > INT_MAX)
+        return tide_set_error("%s: %lld rows, d_in = %lld, 2·d_e = %lld or d_out = %lld exceed the BLAS integer "
+                              "range %d", op, (long long)R, (long long)d_in, (long long)(2 * d_e), (long long)d_out,
+                              INT_MAX);
+    return 0;
+}
+
 int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                          int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                          int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
@@ -214,30 +253,37 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     int64_t A = m * k, nd = build_route(route, sel, sel_dtype, m, k, n, capacity);
     if (nd < 0) return tide_set_error("moe_experts: out of memory (%lld experts)", (long long)n);
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
-    int64_t R = off[n];
+    int64_t R = off[n], nt = 0;
+    if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
     void *xg = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_in * es), *h = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_e * es);
-    if (!xg || !h) { free(xg); free(h); return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R); }
-    int rc = 0;
+    row_tile *tl = row_tiles(off, n, &nt);
+    if (!xg || !h || !tl) {
+        free(xg); free(h); free(tl);
+        return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R);
+    }
+    int failed = 0;
     if (dtype == TIDE_F32) gather_rows_float(xg, x, perm, R, k, d_in);
     else gather_rows_double(xg, x, perm, R, k, d_in);
-    for (int64_t e = 0; e < n && !rc; e++) {   /* §8 step 2: gate/up, activation, down on each segment */
-        int64_t r0 = off[e], cnt = off[e + 1] - off[e];
-        if (!cnt) continue;
+    /* §8 step 2 per row tile: gate/up, activation, down; each tile one single-threaded BLAS call per product */
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
         char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es, *he = (char *)h + (size_t)(r0 * d_e) * es;
-        rc = gemm(dtype, 0, 1, cnt, 2 * d_e, d_in, (const char *)xg + (size_t)(r0 * d_in) * es, d_in,
-                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e);
-        if (rc) break;
-        if (dtype == TIDE_F32) act_fw_float((float *)he, (const float *)pe, cnt, d_e, act, (float)k_gate, (float)k_lin);
-        else act_fw_double((double *)he, (const double *)pe, cnt, d_e, act, k_gate, k_lin);
-        rc = gemm(dtype, 0, 1, cnt, d_out, d_e, he, d_e, (const char *)w_down + (size_t)(e * d_out * d_e) * es, d_e,
-                  (char *)y + (size_t)(r0 * d_out) * es, d_out);
+        if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, (const char *)xg + (size_t)(r0 * d_in) * es, d_in,
+                 (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e)) { failed = 1; continue; }
+        if (dtype == TIDE_F32) act_fw_float((float *)he, (const float *)pe, rows, d_e, act, (float)k_gate, (float)k_lin);
+        else act_fw_double((double *)he, (const double *)pe, rows, d_e, act, k_gate, k_lin);
+        if (gemm(dtype, 0, 1, rows, d_out, d_e, he, d_e, (const char *)w_down + (size_t)(e * d_out * d_e) * es, d_e,
+                 (char *)y + (size_t)(r0 * d_out) * es, d_out)) failed = 1;
     }
+    int rc = failed ? tide_set_error("moe_experts: an expert product failed (%lld rows, d_in = %lld, d_e = %lld, "
+                                     "d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e, (long long)d_out) : 0;
     if (!rc) {
         if (dtype == TIDE_F32) combine_float(out, y, p, pos, m, k, d_out);
         else combine_double(out, y, p, pos, m, k, d_out);
     }
-    free(xg); free(h);
+    free(xg); free(h); free(tl);
     if (dropped) *dropped = nd;
     return rc;
 }
@@ -291,50 +337,78 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
         return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
     int64_t A = m * k;
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
-    int64_t R = off[n], R1 = R > 0 ? R : 1;
+    int64_t R = off[n], R1 = R > 0 ? R : 1, nt = 0;
+    if (check_blas_range("moe_experts_backward", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
     /* scratch: gathered x, h (recomputed from pre), dY, dh, dpre, dX */
     char *buf = malloc((size_t)R1 * (size_t)(d_in + d_e + d_out + d_e + 2 * d_e + d_in) * es);
-    if (!buf) return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
+    row_tile *tl = row_tiles(off, n, &nt);
+    if (!buf || !tl) {
+        free(buf); free(tl);
+        return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
+    }
     char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
     char *dh = dy + (size_t)(R1 * d_out) * es, *dpre = dh + (size_t)(R1 * d_e) * es, *dxg = dpre + (size_t)(R1 * 2 * d_e) * es;
-    int f32 = dtype == TIDE_F32, rc = 0;
+    int f32 = dtype == TIDE_F32, failed = 0;
     if (f32) {
         gather_rows_float((float *)xg, x, perm, R, k, d_in);
-        act_fw_float((float *)h, pre, R, d_e, act, (float)k_gate, (float)k_lin);
         dy_rows_float((float *)dy, du, p, perm, R, k, d_out);
         if (dp) dp_rows_float(dp, du, y, pos, m, k, d_out);
     } else {
         gather_rows_double((double *)xg, x, perm, R, k, d_in);
-        act_fw_double((double *)h, pre, R, d_e, act, k_gate, k_lin);
         dy_rows_double((double *)dy, du, p, perm, R, k, d_out);
         if (dp) dp_rows_double(dp, du, y, pos, m, k, d_out);
     }
-    for (int64_t e = 0; e < n && !rc; e++) {
-        int64_t r0 = off[e], cnt = off[e + 1] - off[e];
+    /* per row tile: h (recomputed), dh = dY Wd, dpre = act'(dh), dX = dpre Wgu */
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
         const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
         const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
-        char *dye = dy + (size_t)(r0 * d_out) * es, *dhe = dh + (size_t)(r0 * d_e) * es;
-        char *dpe = dpre + (size_t)(r0 * 2 * d_e) * es, *xe = xg + (size_t)(r0 * d_in) * es;
-        /* cnt = 0: the weight-gradient products have K = 0 and write zeros (gemm.c): an idle expert gets 0 */
-        if (dw_down)
-            rc = gemm(dtype, 1, 0, d_out, d_e, cnt, dye, d_out, h + (size_t)(r0 * d_e) * es, d_e,
-                      (char *)dw_down + (size_t)(e * d_out * d_e) * es, d_e);
-        if (!rc && cnt) rc = gemm(dtype, 0, 0, cnt, d_e, d_out, dye, d_out, wd, d_e, dhe, d_e);
-        if (rc) break;
-        if (f32) act_bw_float((float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, cnt, d_e, act,
+        char *he = h + (size_t)(r0 * d_e) * es, *dhe = dh + (size_t)(r0 * d_e) * es, *dpe = dpre + (size_t)(r0 * 2 * d_e) * es;
+        if (f32) act_fw_float((float *)he, (const float *)pre + r0 * 2 * d_e, rows, d_e, act, (float)k_gate, (float)k_lin);
+        else act_fw_double((double *)he, (const double *)pre + r0 * 2 * d_e, rows, d_e, act, k_gate, k_lin);
+        if (gemm(dtype, 0, 0, rows, d_e, d_out, dy + (size_t)(r0 * d_out) * es, d_out, wd, d_e, dhe, d_e)) {
+            failed = 1;
+            continue;
+        }
+        if (f32) act_bw_float((float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, rows, d_e, act,
                               (float)k_gate, (float)k_lin);
-        else act_bw_double((double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e, cnt, d_e, act, k_gate,
-                           k_lin);
-        if (dw_gate_up)
-            rc = gemm(dtype, 1, 0, 2 * d_e, d_in, cnt, dpe, 2 * d_e, xe, d_in,
-                      (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in);
-        if (!rc && dx) rc = gemm(dtype, 0, 0, cnt, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in, dxg + (size_t)(r0 * d_in) * es, d_in);
+        else act_bw_double((double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e, rows, d_e, act,
+                           k_gate, k_lin);
+        if (dx && gemm(dtype, 0, 0, rows, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in, dxg + (size_t)(r0 * d_in) * es, d_in))
+            failed = 1;
     }
+    /* weight gradients, which reduce over the segment's rows: tiles of TILE_ROWS output rows (of dWd, then of
+       dWgu) per expert, each with the whole segment as K in one call, so no partial sums are ever combined.
+       cnt = 0: the products have K = 0 and write zeros (gemm.c): an idle expert gets 0 */
+    int64_t td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0;
+    int64_t tg = dw_gate_up ? (2 * d_e + TILE_ROWS - 1) / TILE_ROWS : 0, per = td + tg;
+    if (!failed) {
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+        for (int64_t i = 0; i < n * per; i++) {
+            int64_t e = i / per, j = i % per, r0 = off[e], cnt = off[e + 1] - off[e];
+            int64_t o0 = (j < td ? j : j - td) * TILE_ROWS, M = j < td ? d_out : 2 * d_e;
+            int64_t rows = M - o0 < TILE_ROWS ? M - o0 : TILE_ROWS;
+            int bad;
+            if (j < td)   /* dWd[o0 + ·] = dY[:, o0 + ·]ᵀ h */
+                bad = gemm(dtype, 1, 0, rows, d_e, cnt, dy + (size_t)(r0 * d_out + o0) * es, d_out,
+                           h + (size_t)(r0 * d_e) * es, d_e, (char *)dw_down + (size_t)(e * d_out * d_e + o0 * d_e) * es,
+                           d_e);
+            else          /* dWgu[o0 + ·] = dpre[:, o0 + ·]ᵀ X */
+                bad = gemm(dtype, 1, 0, rows, d_in, cnt, dpre + (size_t)(r0 * 2 * d_e + o0) * es, 2 * d_e,
+                           xg + (size_t)(r0 * d_in) * es, d_in,
+                           (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in + o0 * d_in) * es, d_in);
+            if (bad) failed = 1;
+        }
+    }
+    int rc = failed ? tide_set_error("moe_experts_backward: an expert product failed (%lld rows, d_in = %lld, d_e = "
+                                     "%lld, d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e,
+                                     (long long)d_out) : 0;
     if (!rc && dx) {
         if (f32) dx_rows_float(dx, (const float *)dxg, pos, m, k, d_in);
         else dx_rows_double(dx, (const double *)dxg, pos, m, k, d_in);
     }
-    free(buf);
+    free(buf); free(tl);
     return rc;
 }

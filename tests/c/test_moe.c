@@ -6,8 +6,8 @@
  *   moe_experts (oracle 7, §8): n 8, k 2 with two experts idle and one receiving every token == a dense per-token
  *     loop (f64 <= 1e-12, f32 <= 1e-5, both relative to 1 + |u|); f64 central differences for x, p, w_gate_up,
  *     w_down (|num - ana| <= 1e-7 + 1e-6 |ana|); idle experts get exactly zero weight gradients; forward and
- *     backward bitwise equal at 1, 2 and 3 threads in f32 (f64 within 1e-12: OpenBLAS's dgemm rounds differently
- *     per thread count); the capacity factor drops exactly the assignments past
+ *     backward bitwise equal at 1, 2 and 3 threads in f32 and f64 (sizes past the OpenMP thresholds, several
+ *     tiles per expert); the capacity factor drops exactly the assignments past
  *     ceil(cf·m·k/n) in (t, slot) order and reports their count; argument errors name op and values.
  */
 #include <math.h>
@@ -307,7 +307,8 @@ static void test_gradients(void)
     free(sel);
 }
 
-/* forward + backward bytes at 1, 2 and 3 threads (sizes past the OpenMP thresholds, BLAS threaded) */
+/* forward + backward bytes at 1, 2 and 3 threads (sizes past the OpenMP thresholds; ~150 rows per expert, so
+   the kernel's 64-row tiles are several per expert and spread over the threads differently at each count) */
 static void test_determinism(void)
 {
     moe_dims D = {600, 2, 8, 48, 40, 56};
@@ -331,10 +332,10 @@ static void test_determinism(void)
             for (int o = 0; o < 5 && same; o++) {
                 double *b = host(outs[o]);
                 if (th == 1) { ref[o] = b; len[o] = outs[o]->numel; continue; }
-                /* f64: OpenBLAS's dgemm itself changes its rounding with the thread count (a plain tide_matmul
-                   shows it too), so f64 is held to 1e-12; f32, the training dtype, must match bit for bit */
-                int eq = len[o] == outs[o]->numel &&
-                         (dt ? !memcmp(b, ref[o], (size_t)len[o] * sizeof *b) : max_rel(b, ref[o], len[o]) <= 1e-12);
+                /* a threaded OpenBLAS product rounds differently per thread count (a plain tide_matmul shows it,
+                   in f32 and f64); the kernel cuts every product into tiles fixed by the sizes, one single-threaded
+                   BLAS call each, so both dtypes must match bit for bit */
+                int eq = len[o] == outs[o]->numel && !memcmp(b, ref[o], (size_t)len[o] * sizeof *b);
                 if (!eq) printf("  output %d differs at %d threads\n", o, th);
                 same &= eq;
                 free(b);
@@ -342,12 +343,71 @@ static void test_determinism(void)
             tide_tensor_release(L); tide_tensor_release(hu); tide_tensor_release(u);
             release_inputs(&I);
         }
-        CHECK(same, "moe_experts %s: forward and gradients %s at 1, 2, 3 threads", tide_dtype_name(dtype),
-              dt ? "bitwise equal" : "within 1e-12");
+        CHECK(same, "moe_experts %s: forward and gradients bitwise equal at 1, 2, 3 threads", tide_dtype_name(dtype));
         for (int o = 0; o < 5; o++) free(ref[o]);
     }
     tide_set_num_threads(saved);
     free(sel);
+}
+
+/* sizes past the kernel's 128-row tiles (moe.c): experts 0-3 get 150 rows each (two row tiles), expert 4 none;
+   dWd has 136 output rows and dWgu 144 (two output tiles each). f64 forward == the dense loop (<= 1e-12), and for
+   every input the gradient's directional derivative along a random v matches central differences of
+   L = Σ u ⊙ r: |num - ana| <= 1e-7 (1 + |ana|). Step 1e-5: truncation ε² L'''/6 ~ 1e-10 |L|, rounding
+   ~1e-16 Σ|u ⊙ r| / ε ~ 1e-11 |L|-scale; a wrong tile offset moves ⟨g, v⟩ by a share of a whole tile, O(0.1 |ana|). */
+static void test_tiles(void)
+{
+    moe_dims D = {300, 2, 5, 24, 72, 136};
+    double *sel = malloc((size_t)(D.m * D.k) * sizeof *sel);
+    for (int64_t t = 0; t < D.m; t++) { sel[2 * t] = (double)(t % 4); sel[2 * t + 1] = (double)((t + 2) % 4); }
+    moe_in I = make_inputs(&D, sel, TIDE_F64, 61);
+    tide_tensor *in[4] = {I.x, I.p, I.wgu, I.wd};
+    const char *name[4] = {"x", "p", "w_gate_up", "w_down"};
+    for (int i = 0; i < 4; i++) tide_set_requires_grad(in[i], 1);
+    tide_tensor *r = tide_randn(TIDE_F64, 2, (int64_t[]){D.m, D.dout}, 0, 0, 1);
+    double *rv = host(r);
+    tide_tensor *u = tide_moe_experts(I.x, I.sel, I.p, I.wgu, I.wd, TIDE_MOE_SITU, 4, 25, 0, NULL);
+    double *x = host(I.x), *p = host(I.p), *wgu = host(I.wgu), *wd = host(I.wd), *uv = host(u);
+    double *ref = malloc((size_t)(D.m * D.dout) * sizeof *ref);
+    moe_ref(&D, x, sel, p, wgu, wd, TIDE_MOE_SITU, 4, 25, NULL, ref);
+    double w = max_rel(uv, ref, D.m * D.dout);
+    CHECK(w <= 1e-12, "moe_experts f64 past the tiles vs dense loop: %.3g (want <= 1e-12)", w);
+    tide_tensor *pr = tide_mul(u, r), *L = tide_sum(pr, 0, NULL, 0);
+    CHECK(L && !tide_backward(L, NULL), "moe backward past the tiles: %s", tide_last_error());
+    tide_tensor_release(pr); tide_tensor_release(L); tide_tensor_release(u);
+    int prev = tide_set_grad_enabled(0);
+    for (int i = 0; i < 4; i++) {
+        tide_tensor *t = in[i], *dir = tide_randn(TIDE_F64, t->ndim, t->shape, 0, 0, 1);
+        double *v = host(t), *g = host(t->grad), *dv = host(dir), *moved = malloc((size_t)t->numel * sizeof *moved);
+        double f[2], ana = 0, eps = 1e-5;
+        for (int64_t e = 0; e < t->numel; e++) ana += g[e] * dv[e];
+        for (int s = 0; s < 2; s++) {
+            for (int64_t e = 0; e < t->numel; e++) moved[e] = v[e] + (s ? -eps : eps) * dv[e];
+            tide_write_bytes(t, moved, (size_t)t->numel * 8);
+            tide_tensor *uu = tide_moe_experts(I.x, I.sel, I.p, I.wgu, I.wd, TIDE_MOE_SITU, 4, 25, 0, NULL);
+            double *uuv = host(uu), acc = 0;
+            for (int64_t j = 0; j < uu->numel; j++) acc += uuv[j] * rv[j];
+            f[s] = acc;
+            free(uuv);
+            tide_tensor_release(uu);
+        }
+        tide_write_bytes(t, v, (size_t)t->numel * 8);
+        double num = (f[0] - f[1]) / (2 * eps), err = fabs(num - ana) / (1 + fabs(ana));
+        CHECK(err <= 1e-7, "moe past the tiles d/d%s along v: num %.12g, ana %.12g, rel %.3g (want <= 1e-7)", name[i], num,
+              ana, err);
+        if (i >= 2) {   /* expert 4 received no token */
+            int64_t per = t->numel / D.n;
+            int zero = 1;
+            for (int64_t e = 4 * per; e < 5 * per; e++) zero &= g[e] == 0.0;
+            CHECK(zero, "moe past the tiles d/d%s: idle expert 4 must get exactly 0", name[i]);
+        }
+        free(v); free(g); free(dv); free(moved);
+        tide_tensor_release(dir);
+    }
+    tide_set_grad_enabled(prev);
+    free(x); free(p); free(wgu); free(wd); free(uv); free(ref); free(rv); free(sel);
+    tide_tensor_release(r);
+    release_inputs(&I);
 }
 
 /* capacity: n 4, k 2, m 7, cf 1 -> cap = ceil(1·14/4) = 4 per expert, kept in (t, slot) order */
@@ -410,6 +470,7 @@ int main(void)
     test_dispatch_vs_dense();
     test_gradients();
     test_determinism();
+    test_tiles();
     test_capacity();
     test_errors();
     if (tide_live_tensors() != 0) { printf("  FAIL %lld tensors leaked\n", (long long)tide_live_tensors()); g_fail++; }
