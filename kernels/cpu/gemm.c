@@ -1,9 +1,11 @@
 /*
  * gemm.c — matrix products through CBLAS (row-major), float32 and float64 (kernels/backend.h).
  *
- * We link the OpenMP build of OpenBLAS, which threads each call itself; calling BLAS from inside an
- * OpenMP parallel region would nest two thread teams, so every call here is made from serial code and
- * the batched product is a plain loop of threaded products.
+ * We link the OpenMP build of OpenBLAS, which threads each call itself, so the batched product is a plain
+ * loop of threaded products. A call made inside an active OpenMP parallel region runs single-threaded
+ * (OpenBLAS checks omp_in_parallel()). A threaded product's bits depend on the thread count (its threads
+ * split the output and the edge micro-kernels round differently); moe.c relies on the single-threaded
+ * case for its thread-count-invariant tiles.
  */
 #include <limits.h>
 #include <cblas.h>
