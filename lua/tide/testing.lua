@@ -27,6 +27,12 @@ end
 
 local function fail(msg, level) error(msg, (level or 2) + 1) end
 
+local function now()
+  local ok, td = pcall(tide)
+  if ok then return td.time() end
+  return os.clock()
+end
+
 local function describe(x)
   if is_tensor(x) then return x:describe() end
   if type(x) == "string" then return string.format("%q", x) end
@@ -137,6 +143,41 @@ function T.raises(fn, text, msg)
   return err
 end
 
+-- ---- helpers the test files share -------------------------------------------------------------------------
+-- T.max_abs_diff(a, b) -> max |a_i − b_i| over two tensors (or flat lists) of equal element count; math.huge when
+-- some difference is NaN, so a "< tol" assertion fails on it
+function T.max_abs_diff(a, b)
+  local x = is_tensor(a) and a:tolist() or a
+  local y = is_tensor(b) and b:tolist() or b
+  if #x ~= #y then fail(string.format("max_abs_diff: %d elements vs %d", #x, #y)) end
+  local m = 0
+  for i = 1, #x do
+    local d = math.abs(x[i] - y[i])
+    if d ~= d then return math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
+-- T.max_abs(a) -> max |a_i| over a tensor (or flat list)
+function T.max_abs(a)
+  local m = 0
+  for _, v in ipairs(is_tensor(a) and a:tolist() or a) do m = math.max(m, math.abs(v)) end
+  return m
+end
+
+-- T.tmpdir(name, opts) -> a fresh directory path under $TMPDIR (or /tmp), unique to this run; anything at that path
+-- is removed first, opts.create = true makes the directory. T.run removes every such directory when it ends.
+local tmpdirs = {}
+function T.tmpdir(name, opts)
+  local C = tide().C
+  local dir = string.format("%s/tide-test-%d-%s", os.getenv("TMPDIR") or "/tmp", math.floor(now() * 1e6) % 1e9, name)
+  C.tide_remove_tree(dir)
+  if opts and opts.create and C.tide_mkdir_p(dir) ~= 0 then fail("tmpdir: cannot create " .. dir) end
+  tmpdirs[#tmpdirs + 1] = dir
+  return dir
+end
+
 -- ---- gradient check ----------------------------------------------------------------------------------
 -- T.gradcheck(fn, inputs, opts): fn(unpack(inputs)) -> tensor; inputs are f64 tensors requiring grad.
 -- Compares d(sum(out * R))/d(input) from backward with central differences, R a fixed pseudo-random
@@ -224,11 +265,6 @@ function T.gradcheck(fn, inputs, opts)
 end
 
 -- ---- running ----------------------------------------------------------------------------------------------
-local function now()
-  local ok, td = pcall(tide)
-  if ok then return td.time() end
-  return os.clock()
-end
 
 -- T.run(opts): runs the registered cases in order; opts.exit = false returns (passed, failed) instead
 -- of exiting. The summary line "N passed, M failed" is what `tide test` reads.
@@ -261,6 +297,8 @@ function T.run(opts)
     end
   end
   cases = {}
+  for _, d in ipairs(tmpdirs) do tide().C.tide_remove_tree(d) end
+  tmpdirs = {}
   print(string.format("%d passed, %d failed", passed, failed))
   io.stdout:flush()
   if opts.exit == false then return passed, failed end

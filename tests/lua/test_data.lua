@@ -9,13 +9,7 @@ local json = require "tide.json"
 local log = require "tide.log"
 
 local FIXTURE = "tests/fixtures/tiny_corpus.txt"
-local TMP = os.getenv("TMPDIR") or "/tmp"
-
-local function tmpdir(name)
-  local dir = string.format("%s/tide-test-data-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
-  assert(tide.C.tide_mkdir_p(dir) == 0)
-  return dir
-end
+local function tmpdir(name) return T.tmpdir("data-" .. name, { create = true }) end
 
 T.test("byte-level tokenizer: bytes round trip, specials by name (formats.md §4)", function()
   local tok = tokenizer.byte_level({ vocab_size = 320 })

@@ -7,17 +7,7 @@ local tide = require "tide"
 local nn, F = tide.nn, tide.F
 local hybrid = require "tide.nn.hybrid"
 
-local function max_abs_diff(a, b)
-  local x, y = a:tolist(), b:tolist()
-  T.eq(#x, #y, "element counts")
-  local m = 0
-  for i = 1, #x do
-    local d = math.abs(x[i] - y[i])
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
+local max_abs_diff = T.max_abs_diff
 
 -- a small hybrid in f64; weights scaled up so every path matters
 local function small(opts)

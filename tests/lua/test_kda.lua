@@ -7,23 +7,7 @@ local tide = require "tide"
 local nn, F = tide.nn, tide.F
 local optim = require "tide.optim"
 
-local function max_abs_diff(a, b)
-  local x, y = a:tolist(), b:tolist()
-  T.eq(#x, #y, "element counts")
-  local m = 0
-  for i = 1, #x do
-    local d = math.abs(x[i] - y[i])
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
-
-local function max_abs(a)
-  local m = 0
-  for _, v in ipairs(a:tolist()) do m = math.max(m, math.abs(v)) end
-  return m
-end
+local max_abs_diff, max_abs = T.max_abs_diff, T.max_abs
 
 local function randn(shape, dtype) return tide.randn(shape, { dtype = dtype or "f64" }) end
 

@@ -11,12 +11,7 @@ local function small(opts)
   return nn.TransformerLM(cfg)
 end
 
-local function max_abs_diff(a, b)
-  local x, y = a:tolist(), b:tolist()
-  local m = 0
-  for i = 1, #x do m = math.max(m, math.abs(x[i] - y[i])) end
-  return m
-end
+local max_abs_diff = T.max_abs_diff
 
 local function ids(rows, dtype)
   return tide.tensor(rows, { dtype = dtype or "i32" })
