@@ -227,6 +227,18 @@ end
 -- options are checked by name, so a misspelt key is an error rather than a silently ignored default
 local function check_keys(o, op, known) options.check(o, known, nil, op) end
 
+-- the engine id of the name v in map (name -> C enum value); another name is an error listing the names
+local function choice(v, map, op, arg)
+  local id = map[v]
+  if id == nil then
+    local names = {}
+    for _, k in ipairs(options.sorted_keys(map)) do names[#names + 1] = "\"" .. k .. "\"" end
+    local list = #names > 1 and (table.concat(names, ", ", 1, #names - 1) .. " or " .. names[#names]) or names[1]
+    raise(fmt("%s: %s must be %s, got %s", op, arg, list, type(v) == "string" and ("\"" .. v .. "\"") or tostring(v)))
+  end
+  return id
+end
+
 local function want_int(x, op, arg)
   if type(x) ~= "number" or x ~= math.floor(x) then raise(fmt("%s: %s must be an integer, got %s", op, arg, tostring(x))) end
   return x
@@ -255,12 +267,7 @@ function F.kda(q, k, v, g, beta, opts)
   local op = "kda"
   opts = want_opts(opts, op)
   check_keys(opts, op, KDA_KEYS)
-  local path = opts.path or "chunk"
-  local pid = KDA_PATHS[path]
-  if pid == nil then
-    raise(fmt("%s: path must be \"chunk\", \"chunk_safe\" or \"recurrent\", got %s", op,
-              type(path) == "string" and ("\"" .. path .. "\"") or tostring(path)))
-  end
+  local pid = choice(opts.path or "chunk", KDA_PATHS, op, "path")
   local chunk = want_int(opts.chunk or defaults.kda.chunk, op, "chunk")
   local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
              or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
@@ -283,12 +290,7 @@ function F.kda_gate(z, A_log, dt_bias, opts)
   local op = "kda_gate"
   opts = want_opts(opts, op)
   check_keys(opts, op, GATE_KEYS)
-  local form = opts.gate_form or defaults.kda.gate_form
-  local fid = GATE_FORMS[form]
-  if fid == nil then
-    raise(fmt("%s: gate_form must be \"bounded\" or \"softplus\", got %s", op,
-              type(form) == "string" and ("\"" .. form .. "\"") or tostring(form)))
-  end
+  local fid = choice(opts.gate_form or defaults.kda.gate_form, GATE_FORMS, op, "gate_form")
   local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
              or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
   return check(C.tide_kda_gate(want_tensor(z, op, "z"), want_tensor(A_log, op, "A_log"),
@@ -417,12 +419,7 @@ function F.moe_experts(x, sel, p, w_gate_up, w_down, opts)
   local op = "moe_experts"
   opts = want_opts(opts, op)
   check_keys(opts, op, MOE_KEYS)
-  local act_name = opts.activation or "situ"
-  local act = MOE_ACTS[act_name]
-  if act == nil then
-    raise(fmt("%s: activation must be \"situ\" or \"swiglu\", got %s", op,
-              type(act_name) == "string" and ("\"" .. act_name .. "\"") or tostring(act_name)))
-  end
+  local act = choice(opts.activation or "situ", MOE_ACTS, op, "activation")
   local kg = opts.k_gate == nil and defaults.situ.k_gate or want_number(opts.k_gate, op, "k_gate")
   local kl = opts.k_lin == nil and defaults.situ.k_lin or want_number(opts.k_lin, op, "k_lin")
   local cf = opts.capacity_factor == nil and 0 or want_number(opts.capacity_factor, op, "capacity_factor")

@@ -134,18 +134,27 @@ end
 ---------------------------------------------------------------------------------------------------
 -- gradients
 
--- grad_norm(list) -> global L2 norm of the gradients (double accumulation); params without a grad count 0
-function optim.grad_norm(params)
-  local total, out = 0, ffi.new("double[1]")
+-- each_grad(params, fn, who): fn(g) -> status for the gradient handle of every parameter that has one, in order;
+-- a failing status is an error naming `who`, raised at the line that called who
+local function each_grad(params, fn, who)
   for _, p in ipairs(params) do
     local g = C.tide_grad(raw(p.param or p))
     if g ~= nil then
-      local rc = C.tide_sum_squares(g, out)
+      local rc = fn(g)
       C.tide_tensor_release(g)
-      if rc ~= 0 then error("optim.grad_norm: " .. last_error(), 2) end
-      total = total + out[0]
+      if rc ~= 0 then error(who .. ": " .. last_error(), 3) end
     end
   end
+end
+
+-- grad_norm(list) -> global L2 norm of the gradients (double accumulation); params without a grad count 0
+function optim.grad_norm(params)
+  local total, out = 0, ffi.new("double[1]")
+  each_grad(params, function(g)
+    local rc = C.tide_sum_squares(g, out)
+    if rc == 0 then total = total + out[0] end
+    return rc
+  end, "optim.grad_norm")
   return math.sqrt(total)
 end
 
@@ -156,14 +165,7 @@ function optim.clip_grad_norm(params, max_norm)
   if norm ~= norm or norm == math.huge then return norm end
   local factor = max_norm / (norm + 1e-6)
   if factor < 1 then
-    for _, p in ipairs(params) do
-      local g = C.tide_grad(raw(p.param or p))
-      if g ~= nil then
-        local rc = C.tide_scale_(g, factor)
-        C.tide_tensor_release(g)
-        if rc ~= 0 then error("optim.clip_grad_norm: " .. last_error(), 2) end
-      end
-    end
+    each_grad(params, function(g) return C.tide_scale_(g, factor) end, "optim.clip_grad_norm")
   end
   return norm
 end

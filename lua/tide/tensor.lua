@@ -265,26 +265,17 @@ local function finish(t, opts)
 end
 
 -- ---- creation -------------------------------------------------------------------------------------------
-function M.empty(...)
-  local shape, o = shape_and_opts("tide.empty", ...)
-  local dt, dev, opts = opts_arg(o, "tide.empty")
-  local n, buf = shape_arg(shape, "tide.empty")
-  return finish(check(C.tide_empty(dt, n, buf, dev)), opts)
+-- tide.empty / zeros / ones(shape | d1, d2, ..., opts): the engine's tide_<kind>(dtype, ndim, shape, device)
+local function constructor(kind)
+  local name, make = "tide." .. kind, C["tide_" .. kind]
+  return function(...)
+    local shape, o = shape_and_opts(name, ...)
+    local dt, dev, opts = opts_arg(o, name)
+    local n, buf = shape_arg(shape, name)
+    return finish(check(make(dt, n, buf, dev)), opts)
+  end
 end
-
-function M.zeros(...)
-  local shape, o = shape_and_opts("tide.zeros", ...)
-  local dt, dev, opts = opts_arg(o, "tide.zeros")
-  local n, buf = shape_arg(shape, "tide.zeros")
-  return finish(check(C.tide_zeros(dt, n, buf, dev)), opts)
-end
-
-function M.ones(...)
-  local shape, o = shape_and_opts("tide.ones", ...)
-  local dt, dev, opts = opts_arg(o, "tide.ones")
-  local n, buf = shape_arg(shape, "tide.ones")
-  return finish(check(C.tide_ones(dt, n, buf, dev)), opts)
-end
+M.empty, M.zeros, M.ones = constructor("empty"), constructor("zeros"), constructor("ones")
 
 -- tide.full(shape, value, opts)
 function M.full(shape, value, o)
