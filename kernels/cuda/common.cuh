@@ -12,6 +12,7 @@
 #include <cublas_v2.h>
 #include <stdint.h>
 #include <limits.h>
+#include <type_traits>
 #include "../backend.h"
 
 /* ---- process state (backend_cuda.cu) --------------------------------------------------------- */
@@ -86,6 +87,33 @@ template <typename T> __device__ __forceinline__ TIDE_ACC(T) tide_ld(const T *p,
 template <typename T> __device__ __forceinline__ void tide_st(T *p, int64_t i, TIDE_ACC(T) v)
 {
     p[i] = tide_tr<T>::store(v);
+}
+
+/* a double as storage type D (the CPU backend's conversions: float -> integer rounds toward zero and
+   saturates, NaN -> 0; -> bf16 rounds the float32 value to nearest even) */
+template <typename D> __host__ __device__ __forceinline__ D tide_from_f64(double v)
+{
+    if constexpr (std::is_same<D, float>::value) {
+        return (float)v;
+    } else if constexpr (std::is_same<D, double>::value) {
+        return v;
+    } else if constexpr (std::is_same<D, __nv_bfloat16>::value) {
+        return __float2bfloat16((float)v);
+    } else if constexpr (std::is_same<D, int32_t>::value) {
+        if (v != v) return 0;
+        if (v >= 2147483647.0) return INT32_MAX;
+        if (v <= -2147483648.0) return INT32_MIN;
+        return (int32_t)v;
+    } else if constexpr (std::is_same<D, int64_t>::value) {
+        if (v != v) return 0;
+        if (v >= 9223372036854775807.0) return INT64_MAX;
+        if (v <= -9223372036854775808.0) return INT64_MIN;
+        return (int64_t)v;
+    } else {
+        if (v != v || v <= 0.0) return 0;
+        if (v >= 255.0) return 255;
+        return (uint8_t)v;
+    }
 }
 
 /* index buffers are i32 or i64, chosen at run time (a uniform branch) */
@@ -168,6 +196,23 @@ template <typename A, typename F> __device__ __forceinline__ A tide_block_reduce
     }
     __syncthreads();
     return sh[0];
+}
+
+/* the block's (max, log-sum-exp) of a row: lse = m + log Σ exp(x - m) */
+template <typename T> __device__ __forceinline__ TIDE_ACC(T) tide_row_lse(const T *xr, int64_t C, TIDE_ACC(T) *m_out,
+                                                                      TIDE_ACC(T) *sh)
+{
+    typedef TIDE_ACC(T) A;
+    A m = A(-INFINITY);
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = tide_max_op()(m, tide_ld(xr, j));
+    m = tide_block_reduce(m, tide_max_op(), A(-INFINITY), sh);
+    /* an all -inf row would give exp(nan); shift by 0 instead so the sum is 0 and lse = -inf */
+    A shift = (m == A(-INFINITY) || m == A(INFINITY)) ? A(0) : m;
+    A sum = A(0);
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sum += exp(tide_ld(xr, j) - shift);
+    sum = tide_block_reduce(sum, tide_sum_op(), A(0), sh);
+    *m_out = shift;
+    return shift + log(sum);
 }
 
 /* ---- entries (one per tide_backend field; backend_cuda.cu builds the table) ------------------ */

@@ -1,6 +1,6 @@
 /*
  * elementwise.cu — fill, strided copy with dtype conversion, Philox randn/rand, unary ops and their
- * gradients, broadcasting binary ops, swiglu, axpy, AdamW and rotary embedding.
+ * gradients, broadcasting binary ops, swiglu and axpy (AdamW is in optim.cu, rotary embedding in rope.cu).
  *
  * Float storage is f32, f64 or bf16; arithmetic is fp32 for f32/bf16 and fp64 for f64. The op is a
  * run-time argument (a uniform branch) rather than a template parameter, which keeps the number of
@@ -23,31 +23,6 @@ __device__ __forceinline__ double tide_to_f64(__nv_bfloat16 v) { return __bfloat
 __device__ __forceinline__ double tide_to_f64(int32_t v) { return v; }
 __device__ __forceinline__ double tide_to_f64(int64_t v) { return (double)v; }
 __device__ __forceinline__ double tide_to_f64(uint8_t v) { return v; }
-
-template <typename D> __host__ __device__ __forceinline__ D tide_from_f64(double v)
-{
-    if constexpr (std::is_same<D, float>::value) {
-        return (float)v;
-    } else if constexpr (std::is_same<D, double>::value) {
-        return v;
-    } else if constexpr (std::is_same<D, __nv_bfloat16>::value) {
-        return __float2bfloat16((float)v);
-    } else if constexpr (std::is_same<D, int32_t>::value) {
-        if (v != v) return 0;
-        if (v >= 2147483647.0) return INT32_MAX;
-        if (v <= -2147483648.0) return INT32_MIN;
-        return (int32_t)v;
-    } else if constexpr (std::is_same<D, int64_t>::value) {
-        if (v != v) return 0;
-        if (v >= 9223372036854775807.0) return INT64_MAX;
-        if (v <= -9223372036854775808.0) return INT64_MIN;
-        return (int64_t)v;
-    } else {
-        if (v != v || v <= 0.0) return 0;
-        if (v >= 255.0) return 255;
-        return (uint8_t)v;
-    }
-}
 
 /* ---- fill ----------------------------------------------------------------------------------- */
 
@@ -486,108 +461,5 @@ int tide_cuda_axpy(int dtype, void *y, double a, const void *x, int64_t n)
         axpy_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>((T *)y, (TIDE_ACC(T))a, (const T *)x, n);
         TIDE_CU_LAUNCH("axpy kernel");
     });
-    return 0;
-}
-
-/* ---- AdamW (spec/optim.md §2): decoupled decay first, then the Adam step ----------------------------
-   In double for every dtype, like the CPU backend: the update is memory bound, and small steps on fp32
-   master weights then round the same way on both backends. */
-
-struct adamw_coef {
-    double beta1, beta2, decay, lr, bc1, bc2, eps;
-};
-
-template <typename T> __global__ void adamw_kernel(T *p, const T *g, T *m, T *v, int64_t n, adamw_coef c)
-{
-    TIDE_GRID_LOOP(i, n) {
-        double gi = (double)tide_ld(g, i);
-        double mi = c.beta1 * (double)tide_ld(m, i) + (1.0 - c.beta1) * gi;
-        double vi = c.beta2 * (double)tide_ld(v, i) + (1.0 - c.beta2) * gi * gi;
-        double pi = (double)tide_ld(p, i);
-        pi -= c.decay * pi;
-        pi -= c.lr * (mi / c.bc1) / (sqrt(vi / c.bc2) + c.eps);
-        m[i] = tide_from_f64<T>(mi);
-        v[i] = tide_from_f64<T>(vi);
-        p[i] = tide_from_f64<T>(pi);
-    }
-}
-
-int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1,
-                    double beta2, double eps, double wd, double bc1, double bc2)
-{
-    if (n < 0) return tide_set_error("adamw: n = %lld must be >= 0", (long long)n);
-    if (!(bc1 > 0.0) || !(bc2 > 0.0))
-        return tide_set_error("adamw: bias corrections bc1 = %g, bc2 = %g must be > 0", bc1, bc2);
-    if (n == 0) return 0;
-    TIDE_STREAM(s);
-    adamw_coef c = {beta1, beta2, lr * wd, lr, bc1, bc2, eps};
-    TIDE_FLOAT_DISPATCH(dtype, "adamw", {
-        adamw_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>((T *)p, (const T *)g, (T *)m, (T *)v, n, c);
-        TIDE_CU_LAUNCH("adamw kernel");
-    });
-    return 0;
-}
-
-/* ---- rotary embedding on [B, T, H, D]: pairs (i, i + D/2), angle (pos0 + t) theta^(-2i/D) --------------
-   Like the CPU backend: a [T, D/2] table of cos and sin computed in double (positions reach 1M tokens,
-   where a float angle keeps no fractional digits), then every (b, h) row rotates in double. Each pair is
-   read before either half is written, so out may alias x. */
-
-__global__ void rope_table_kernel(double *cs, int64_t Tlen, int64_t half, int64_t D, double theta, int64_t pos0,
-                                  double sign)
-{
-    TIDE_GRID_LOOP(k, Tlen * half) {
-        int64_t t = k / half, i = k % half;
-        double ang = sign * (double)(pos0 + t) * pow(theta, -2.0 * (double)i / (double)D);
-        double sn, c;
-        sincos(ang, &sn, &c);
-        cs[t * 2 * half + i] = c;
-        cs[t * 2 * half + half + i] = sn;
-    }
-}
-
-template <typename T> __global__ void rope_kernel(T *out, const T *x, const double *cs, int64_t Tlen, int64_t H,
-                                                  int64_t half, int64_t npairs)
-{
-    TIDE_GRID_LOOP(k, npairs) {
-        int64_t i = k % half, row = k / half;     /* row = (b, t, h) flattened */
-        int64_t t = (row / H) % Tlen;
-        double c = cs[t * 2 * half + i], sn = cs[t * 2 * half + half + i];
-        int64_t base = row * 2 * half;
-        double x1 = (double)tide_ld(x, base + i), x2 = (double)tide_ld(x, base + i + half);
-        out[base + i] = tide_from_f64<T>(x1 * c - x2 * sn);
-        out[base + i + half] = tide_from_f64<T>(x1 * sn + x2 * c);
-    }
-}
-
-int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-                   double theta, int64_t pos0, int inverse)
-{
-    if (B < 0 || Tlen < 0 || H < 0 || D < 0)
-        return tide_set_error("rope: negative size B=%lld T=%lld H=%lld D=%lld", (long long)B, (long long)Tlen,
-                              (long long)H, (long long)D);
-    if (D % 2 != 0) return tide_set_error("rope: head dim D=%lld must be even", (long long)D);
-    if (!(theta > 0.0)) return tide_set_error("rope: theta must be positive, got %g", theta);
-    if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
-        return tide_set_error("rope: dtype %s is not supported on the cuda backend (f32, f64, bf16)",
-                              tide_cuda_dtype_str(dtype));
-    int64_t half = D / 2, npairs = B * Tlen * H * half;
-    if (npairs == 0) return 0;
-    TIDE_STREAM(s);
-    double *cs = NULL;
-    TIDE_CU(tide_cuda_alloc((void **)&cs, (size_t)(Tlen * 2 * half) * sizeof(double), s), "rope table alloc");
-    rope_table_kernel<<<tide_blocks(Tlen * half), TIDE_THREADS, 0, s>>>(cs, Tlen, half, D, theta, pos0,
-                                                                        inverse ? -1.0 : 1.0);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) {
-        switch (dtype) {
-        case TIDE_F32: rope_kernel<float><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((float *)out, (const float *)x, cs, Tlen, H, half, npairs); break;
-        case TIDE_F64: rope_kernel<double><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((double *)out, (const double *)x, cs, Tlen, H, half, npairs); break;
-        case TIDE_BF16: rope_kernel<__nv_bfloat16><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, cs, Tlen, H, half, npairs); break;
-        }
-        e = cudaGetLastError();
-    }
-    tide_cuda_release(cs, s);
-    if (e != cudaSuccess) return tide_set_error("cuda rope kernel: %s", cudaGetErrorString(e));
     return 0;
 }

@@ -1,7 +1,7 @@
 /*
  * reduce.cu — reductions over the middle axis of [outer, red, inner] (sum, max, argmax, logsumexp),
  * the gradient of max, and the whole-buffer reductions that answer to the host (sum of squares,
- * all-finite, index range check).
+ * all-finite; the index range check is in index.cu).
  *
  * Every reduction combines partial results in a fixed order, so a result depends only on the input
  * and its shape, never on scheduling: runs are reproducible bit for bit.
@@ -308,46 +308,5 @@ int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out)
     TIDE_CU(cudaMemcpyAsync(&flag, &sc->flag, sizeof(int), cudaMemcpyDeviceToHost, s), "all_finite copy");
     TIDE_CU(cudaStreamSynchronize(s), "all_finite (synchronize)");
     *out = flag ? 0 : 1;
-    return 0;
-}
-
-/* ---- index range check: the first offending position wins (atomicMin) -------------------------------- */
-
-__global__ void check_index_kernel(const void *idx, int is64, int64_t count, int64_t n, unsigned long long *first)
-{
-    TIDE_GRID_LOOP(k, count) {
-        int64_t v = tide_ld_index(idx, is64, k);
-        if (v < 0 || v >= n) atomicMin(first, (unsigned long long)k);
-    }
-}
-
-int tide_cuda_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok)
-{
-    *ok = 1;
-    if (tide_cuda_check_index_dtype(idx_dtype, "check_index")) return -1;
-    if (count <= 0) return 0;
-    TIDE_STREAM(s);
-    tide_cuda_scratch *sc;
-    if (tide_cuda_get_scratch(&sc)) return -1;
-    TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "check_index (memset)");
-    check_index_kernel<<<tide_blocks(count), TIDE_THREADS, 0, s>>>(idx, idx_dtype == TIDE_I64, count, n, &sc->first);
-    TIDE_CU_LAUNCH("check_index kernel");
-    unsigned long long first = 0;
-    TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "check_index copy");
-    TIDE_CU(cudaStreamSynchronize(s), "check_index (synchronize)");
-    if (first == ULLONG_MAX) return 0;
-    *ok = 0;
-    if (idx_dtype == TIDE_I64) {
-        TIDE_CU(cudaMemcpyAsync(bad, (const int64_t *)idx + first, sizeof(int64_t), cudaMemcpyDeviceToHost, s),
-                "check_index copy");
-    } else {
-        int32_t v = 0;
-        TIDE_CU(cudaMemcpyAsync(&v, (const int32_t *)idx + first, sizeof v, cudaMemcpyDeviceToHost, s),
-                "check_index copy");
-        TIDE_CU(cudaStreamSynchronize(s), "check_index (synchronize)");
-        *bad = v;
-        return 0;
-    }
-    TIDE_CU(cudaStreamSynchronize(s), "check_index (synchronize)");
     return 0;
 }

@@ -1,25 +1,8 @@
 /*
- * softmax.cu — (log-)softmax over the last dim of [N, C] and the fused per-token cross-entropy,
- * forward and backward. One block owns one row; arithmetic is fp32 for f32/bf16 (fp64 for f64).
+ * softmax.cu — (log-)softmax over the last dim of [N, C], forward and backward (the cross-entropy is in
+ * loss.cu). One block owns one row; arithmetic is fp32 for f32/bf16 (fp64 for f64).
  */
 #include "common.cuh"
-
-/* the block's (max, log-sum-exp) of a row: lse = m + log Σ exp(x - m) */
-template <typename T> __device__ __forceinline__ TIDE_ACC(T) row_lse(const T *xr, int64_t C, TIDE_ACC(T) *m_out,
-                                                                      TIDE_ACC(T) *sh)
-{
-    typedef TIDE_ACC(T) A;
-    A m = A(-INFINITY);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = tide_max_op()(m, tide_ld(xr, j));
-    m = tide_block_reduce(m, tide_max_op(), A(-INFINITY), sh);
-    /* an all -inf row would give exp(nan); shift by 0 instead so the sum is 0 and lse = -inf */
-    A shift = (m == A(-INFINITY) || m == A(INFINITY)) ? A(0) : m;
-    A sum = A(0);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sum += exp(tide_ld(xr, j) - shift);
-    sum = tide_block_reduce(sum, tide_sum_op(), A(0), sh);
-    *m_out = shift;
-    return shift + log(sum);
-}
 
 template <typename T> __global__ void softmax_kernel(T *y, const T *x, int64_t N, int64_t C, int logmode)
 {
@@ -28,7 +11,7 @@ template <typename T> __global__ void softmax_kernel(T *y, const T *x, int64_t N
     for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
         const T *xr = x + row * C;
         A m;
-        A lse = row_lse(xr, C, &m, sh);
+        A lse = tide_row_lse(xr, C, &m, sh);
         T *yr = y + row * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
             A v = tide_ld(xr, j) - lse;
@@ -75,111 +58,6 @@ int tide_cuda_softmax_backward(int dtype, void *dx, const void *dy, const void *
         softmax_backward_kernel<T><<<tide_row_blocks(N), tide_row_threads(C), 0, s>>>((T *)dx, (const T *)dy,
                                                                                       (const T *)y, N, C, log != 0);
         TIDE_CU_LAUNCH("softmax backward kernel");
-    });
-    return 0;
-}
-
-/* ---- cross-entropy: loss[n] = w_n (lse_n - logits[n, t_n]), valid[n] = w_n; 0 and 0 when ignored ----- */
-
-template <typename T> __global__ void cross_entropy_kernel(T *loss, T *valid, T *lse, const T *logits,
-                                                           const void *targets, int t64, const T *weights,
-                                                           int64_t N, int64_t V, int64_t ignore,
-                                                           unsigned long long *first_bad)
-{
-    typedef TIDE_ACC(T) A;
-    __shared__ A sh[32];
-    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-        const T *xr = logits + row * V;
-        A m;
-        A l = row_lse(xr, V, &m, sh);
-        if (threadIdx.x == 0) {
-            int64_t t = tide_ld_index(targets, t64, row);
-            A w = weights ? tide_ld(weights, row) : A(1);
-            A lv = A(0), vv = A(0);
-            if (t == ignore) {
-            } else if (t < 0 || t >= V) {
-                atomicMin(first_bad, (unsigned long long)row);
-            } else {
-                lv = w * (l - tide_ld(xr, t));
-                vv = w;
-            }
-            if (loss) tide_st(loss, row, lv);
-            if (valid) tide_st(valid, row, vv);
-            if (lse) tide_st(lse, row, l);
-        }
-    }
-}
-
-/* dlogits[n, j] = dloss[n] w_n (exp(logits[n, j] - lse_n) - [j == t_n]); 0 for ignored rows */
-template <typename T> __global__ void cross_entropy_backward_kernel(T *dlogits, const T *dloss, const T *logits,
-                                                                    const T *lse, const void *targets, int t64,
-                                                                    const T *weights, int64_t N, int64_t V,
-                                                                    int64_t ignore)
-{
-    typedef TIDE_ACC(T) A;
-    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-        int64_t t = tide_ld_index(targets, t64, row);
-        bool skip = t == ignore || t < 0 || t >= V;
-        A c = skip ? A(0) : tide_ld(dloss, row) * (weights ? tide_ld(weights, row) : A(1));
-        A l = tide_ld(lse, row);
-        const T *xr = logits + row * V;
-        T *dr = dlogits + row * V;
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-            A p = skip ? A(0) : exp(tide_ld(xr, j) - l);
-            tide_st(dr, j, c * (p - (j == t ? A(1) : A(0))));
-        }
-    }
-}
-
-int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets,
-                            int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore)
-{
-    if (tide_cuda_check_index_dtype(tdtype, "cross_entropy targets")) return -1;
-    if (N <= 0) return 0;
-    if (V <= 0) return tide_set_error("cross_entropy: vocabulary size must be positive, got %lld", (long long)V);
-    TIDE_STREAM(s);
-    tide_cuda_scratch *sc;
-    if (tide_cuda_get_scratch(&sc)) return -1;
-    TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "cross_entropy (memset)");
-    TIDE_FLOAT_DISPATCH(dtype, "cross_entropy", {
-        cross_entropy_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
-            (T *)loss, (T *)valid, (T *)lse, (const T *)logits, targets, tdtype == TIDE_I64, (const T *)weights, N,
-            V, ignore, &sc->first);
-        TIDE_CU_LAUNCH("cross_entropy kernel");
-    });
-    /* a target outside [0, V) is the caller's error: report it by row and value */
-    unsigned long long first = 0;
-    TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "cross_entropy copy");
-    TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-    if (first == ULLONG_MAX) return 0;
-    int64_t t = 0;
-    if (tdtype == TIDE_I64) {
-        TIDE_CU(cudaMemcpyAsync(&t, (const int64_t *)targets + first, sizeof t, cudaMemcpyDeviceToHost, s),
-                "cross_entropy copy");
-    } else {
-        int32_t t32 = 0;
-        TIDE_CU(cudaMemcpyAsync(&t32, (const int32_t *)targets + first, sizeof t32, cudaMemcpyDeviceToHost, s),
-                "cross_entropy copy");
-        TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-        t = t32;
-    }
-    TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-    return tide_set_error("cross_entropy: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
-                          (long long)t, (long long)first, (long long)V, (long long)ignore);
-}
-
-int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse,
-                                     const void *targets, int tdtype, const void *weights, int64_t N, int64_t V,
-                                     int64_t ignore)
-{
-    if (tide_cuda_check_index_dtype(tdtype, "cross_entropy backward targets")) return -1;
-    if (N <= 0 || V <= 0) return 0;
-    TIDE_STREAM(s);
-    TIDE_FLOAT_DISPATCH(dtype, "cross_entropy backward", {
-        cross_entropy_backward_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
-            (T *)dlogits, (const T *)dloss, (const T *)logits, (const T *)lse, targets, tdtype == TIDE_I64,
-            (const T *)weights, N, V, ignore);
-        TIDE_CU_LAUNCH("cross_entropy backward kernel");
     });
     return 0;
 }
