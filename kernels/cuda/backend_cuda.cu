@@ -295,8 +295,8 @@ static tide_backend make_table()
     t.cross_entropy = tide_cuda_cross_entropy;
     t.cross_entropy_backward = tide_cuda_cross_entropy_backward;
     t.rope = tide_cuda_rope;
-    t.attention = NULL; /* flash attention comes in its own file */
-    t.attention_backward = NULL;
+    t.attention = tide_cuda_attention;
+    t.attention_backward = tide_cuda_attention_backward;
     t.kda = tide_cuda_kda;
     t.kda_backward = tide_cuda_kda_backward;
     t.kda_gate = tide_cuda_kda_gate;

@@ -302,6 +302,22 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
                                      const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                      const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                      int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+/* mla.cu's flash kernels without documents or rope part, for attention.cu: q [B, Tq, H, D], k, v [B, Tk, H, D],
+   out like q (NULL: lse only), lse [B, H, Tq] (fp32 when lse_f32, else the storage type); query i sees keys
+   j <= i + off. B, H <= 65535; the backward reads an fp32 lse. */
+int tide_cuda_flash_forward(const char *what, int dtype, void *out, void *lse, int lse_f32, const void *q,
+                            const void *k, const void *v, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                            int64_t off, double scale);
+int tide_cuda_flash_backward(const char *what, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                             const void *q, const void *k, const void *v, const void *out, const float *lse, int64_t B,
+                             int64_t Tq, int64_t Tk, int64_t H, int64_t D, int64_t off, double scale);
+
+/* causal softmax attention (attention.cu) */
+int tide_cuda_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v, int64_t BH,
+                        int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
+int tide_cuda_attention_backward(int dtype, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                 const void *k, const void *v, const void *out, const void *lse, int64_t BH,
+                                 int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
 
 /* Attention Residuals (attnres.cu) */
 int tide_cuda_attnres(int dtype, void *out, void *stats, const void *const *srcs, int64_t n, int64_t rows, int64_t d,

@@ -20,6 +20,8 @@
  * accumulate), with P and dS rounded to bf16 as operands; softmax max and sum, lse and D stay fp32. f32 uses
  * fp32 FMA loops. Head dims are padded to 16 with zeros; the tile sizes are the first of a short list whose
  * shared memory fits the device (so any head dims whose 16x16 tiles fit work).
+ * The dense baseline's softmax attention (attention.cu) runs on the same kernels: one head per row, no rope
+ * part, an offset that makes it causal or not, and lse in the storage type when the engine keeps it so.
  */
 #include "common.cuh"
 #include <mma.h>
@@ -103,8 +105,9 @@ static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int 
 }
 
 template <typename T> struct mla_args {
-    T *out;                       /* forward */
-    float *lse_out;
+    T *out;                       /* forward; NULL: lse only (attention.cu's bf16 backward) */
+    float *lse_out;               /* the fp32 lse, or NULL: lse_t gets it in the storage type */
+    T *lse_t;
     T *gq, *gkn, *gkr, *gv;       /* backward; gkr_part: [groups, B·Tk·dr] when there are several head groups */
     float *gkr_part;
     const T *gout;
@@ -112,7 +115,7 @@ template <typename T> struct mla_args {
     const T *q, *kn, *kr, *v;
     const int64_t *cu;            /* device copy of the boundaries, or NULL */
     int n_seg;
-    int Tq, Tk, H, dn, dr, dv, off;   /* off = Tk − Tq */
+    int Tq, Tk, H, dn, dr, dv, off;   /* query i sees keys j <= i + off: Tk − Tq (causal), Tk (attention.cu, not causal) */
     int hpg, groups;              /* dK/dV: heads per group, groups */
     float scale;
     mla_layout L;
@@ -338,7 +341,8 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
             }
             sum = tide_warp_reduce(sum, tide_sum_op());
             float alpha = mo == -INFINITY ? 0.f : expf(mo - mn);
-            for (int c = lane; c < L.DV; c += 32) w.acc_v[r * L.ldav + c] *= alpha;
+            if (a.out)
+                for (int c = lane; c < L.DV; c += 32) w.acc_v[r * L.ldav + c] *= alpha;
             __syncwarp();
             if (lane == 0) {
                 w.m[r] = mn;
@@ -346,17 +350,26 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
             }
         }
         __syncthreads();
-        if constexpr (sizeof(T) == 2)
-            mla_mm<false, false>(w.acc_v, L.ldav, w.Pb, L.ldp, w.V, L.ldv, L.BQ, L.DV, L.BK, true);
-        else
-            mla_mm<false, false>(w.acc_v, L.ldav, (const float *)w.S, L.lds, w.V, L.ldv, L.BQ, L.DV, L.BK, true);
+        if (a.out) {
+            if constexpr (sizeof(T) == 2)
+                mla_mm<false, false>(w.acc_v, L.ldav, w.Pb, L.ldp, w.V, L.ldv, L.BQ, L.DV, L.BK, true);
+            else
+                mla_mm<false, false>(w.acc_v, L.ldav, (const float *)w.S, L.lds, w.V, L.ldv, L.BQ, L.DV, L.BK, true);
+        }
         __syncthreads();
     }
     for (int r = warp; r < rows; r += nw) {
         float l = w.l[r], inv = l > 0.f ? 1.f / l : 0.f;
-        T *o = a.out + ((t0 + r) * a.H + h) * a.dv;
-        for (int c = lane; c < a.dv; c += 32) o[c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c] * inv);
-        if (lane == 0) a.lse_out[((int64_t)b * a.H + h) * a.Tq + i0 + r] = l > 0.f ? w.m[r] + logf(l) : -INFINITY;
+        if (a.out) {
+            T *o = a.out + ((t0 + r) * a.H + h) * a.dv;
+            for (int c = lane; c < a.dv; c += 32) o[c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c] * inv);
+        }
+        if (lane == 0) {
+            int64_t at = ((int64_t)b * a.H + h) * a.Tq + i0 + r;
+            float lse = l > 0.f ? w.m[r] + logf(l) : -INFINITY;
+            if (a.lse_out) a.lse_out[at] = lse;
+            else a.lse_t[at] = tide_tr<T>::store(lse);
+        }
     }
 }
 
@@ -523,6 +536,9 @@ static int mla_pick_layout(const char *what, int kind, int tc, int64_t dn, int64
             return 0;
         }
     }
+    if (dr == 0 && dn == dv)
+        return tide_set_error("%s: head dim D %lld needs %d bytes of shared memory per block even with 16x16 tiles; the "
+                              "device allows %d (D up to 256 fits on every target)", what, (long long)dn, L.total, limit);
     return tide_set_error("%s: head dims dn %lld + dr %lld, dv %lld need %d bytes of shared memory per block even "
                           "with 16x16 tiles; the device allows %d (dn, dr, dv up to 128 fit)", what, (long long)dn,
                           (long long)dr, (long long)dv, L.total, limit);
@@ -580,7 +596,7 @@ static int mla_upload_cu(const char *what, const int64_t *cu, int64_t n_seg, int
 template <typename T>
 static void mla_fill_args(mla_args<T> &a, const void *q, const void *kn, const void *kr, const void *v,
                           int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
-                          int64_t dv, double scale)
+                          int64_t dv, int64_t off, double scale)
 {
     memset(&a, 0, sizeof a);
     a.q = (const T *)q;
@@ -593,7 +609,7 @@ static void mla_fill_args(mla_args<T> &a, const void *q, const void *kn, const v
     a.dn = (int)dn;
     a.dr = (int)dr;
     a.dv = (int)dv;
-    a.off = (int)(Tk - Tq);
+    a.off = (int)off;
     a.scale = (float)scale;
 }
 
@@ -617,19 +633,20 @@ template <typename T, int KIND> static int mla_launch(const char *what, const ml
     return 0;
 }
 
+/* lse_f32: lse is fp32, else it has the storage type T */
 template <typename T>
-static int mla_forward_typed(void *out, void *lse, const void *q, const void *kn, const void *kr, const void *v,
-                             const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn,
-                             int64_t dr, int64_t dv, double scale)
+static int mla_forward_typed(const char *what, void *out, void *lse, int lse_f32, const void *q, const void *kn,
+                             const void *kr, const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                             int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale)
 {
-    const char *what = "mla_attention";
     TIDE_STREAM(s);
     if (B * Tq == 0) return 0;
     mla_args<T> a;
-    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, scale);
+    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale);
     if (mla_pick_layout(what, MLA_FWD, sizeof(T) == 2, dn, dr, dv, 0, &a.L)) return -1;
     a.out = (T *)out;
-    a.lse_out = (float *)lse;
+    a.lse_out = lse_f32 ? (float *)lse : NULL;
+    a.lse_t = lse_f32 ? NULL : (T *)lse;
     int64_t *cu_d = NULL;
     int rc = mla_upload_cu(what, cu, n_seg, &cu_d, s);
     a.cu = cu_d;
@@ -644,10 +661,13 @@ int tide_cuda_mla_attention(int dtype, void *out, void *lse, const void *q, cons
                             const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
                             int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale)
 {
-    if (mla_check("mla_attention", dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
+    const char *what = "mla_attention";
+    if (mla_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
     if (dtype == TIDE_F32)
-        return mla_forward_typed<float>(out, lse, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, scale);
-    return mla_forward_typed<mla_bf16>(out, lse, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, scale);
+        return mla_forward_typed<float>(what, out, lse, 1, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, Tk - Tq,
+                                        scale);
+    return mla_forward_typed<mla_bf16>(what, out, lse, 1, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, Tk - Tq,
+                                       scale);
 }
 
 /* fixed, so the head grouping (hence the summation order of dk_r) depends on the shapes only; the emulator
@@ -673,19 +693,18 @@ static int64_t mla_head_groups(int64_t H, int64_t B, int64_t nkt, bool want_kr, 
 }
 
 template <typename T>
-static int mla_backward_typed(void *gq, void *gkn, void *gkr, void *gv, const void *gout, const void *q, const void *kn,
-                              const void *kr, const void *v, const void *out, const void *lse, const int64_t *cu,
-                              int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
-                              int64_t dv, double scale)
+static int mla_backward_typed(const char *what, void *gq, void *gkn, void *gkr, void *gv, const void *gout,
+                              const void *q, const void *kn, const void *kr, const void *v, const void *out,
+                              const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                              int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale)
 {
-    const char *what = "mla_attention backward";
     TIDE_STREAM(s);
     int tc = sizeof(T) == 2;
     bool want_q = gq && B * Tq > 0, want_kr = gkr && dr > 0;
     bool want_kv = (gkn || gv || want_kr) && B * Tk > 0;
     if (!want_q && !want_kv) return 0;
     mla_args<T> a;
-    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, scale);
+    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale);
     a.gout = (const T *)gout;
     a.lse = (const float *)lse;
     mla_layout Lq, Lkv;
@@ -752,8 +771,31 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
     const char *what = "mla_attention backward";
     if (mla_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
     if (dtype == TIDE_F32)
-        return mla_backward_typed<float>(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H, dn,
-                                         dr, dv, scale);
-    return mla_backward_typed<mla_bf16>(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H, dn, dr,
-                                        dv, scale);
+        return mla_backward_typed<float>(what, gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H,
+                                         dn, dr, dv, Tk - Tq, scale);
+    return mla_backward_typed<mla_bf16>(what, gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H,
+                                        dn, dr, dv, Tk - Tq, scale);
+}
+
+/* the same kernels for attention.cu (no documents, no rope part; the caller has checked the arguments) */
+int tide_cuda_flash_forward(const char *what, int dtype, void *out, void *lse, int lse_f32, const void *q,
+                            const void *k, const void *v, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                            int64_t off, double scale)
+{
+    if (dtype == TIDE_F32)
+        return mla_forward_typed<float>(what, out, lse, lse_f32, q, k, NULL, v, NULL, 0, B, Tq, Tk, H, D, 0, D, off,
+                                        scale);
+    return mla_forward_typed<mla_bf16>(what, out, lse, lse_f32, q, k, NULL, v, NULL, 0, B, Tq, Tk, H, D, 0, D, off,
+                                       scale);
+}
+
+int tide_cuda_flash_backward(const char *what, int dtype, void *dq, void *dk, void *dv, const void *dout,
+                             const void *q, const void *k, const void *v, const void *out, const float *lse, int64_t B,
+                             int64_t Tq, int64_t Tk, int64_t H, int64_t D, int64_t off, double scale)
+{
+    if (dtype == TIDE_F32)
+        return mla_backward_typed<float>(what, dq, dk, NULL, dv, dout, q, k, NULL, v, out, lse, NULL, 0, B, Tq, Tk, H,
+                                         D, 0, D, off, scale);
+    return mla_backward_typed<mla_bf16>(what, dq, dk, NULL, dv, dout, q, k, NULL, v, out, lse, NULL, 0, B, Tq, Tk, H,
+                                        D, 0, D, off, scale);
 }

@@ -1,7 +1,8 @@
-// harness.cpp — runs the real kernels/cuda/kda.cu, conv.cu and mla.cu under the host emulator (emu.h) against
-// fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints, themselves
-// checked by central differences) and against the cpu kernels. Usage:
-// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128]...
+// harness.cpp — runs the real kernels/cuda/kda.cu, conv.cu, mla.cu and attention.cu under the host emulator (emu.h)
+// against fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints,
+// themselves checked by central differences; softmax attention against the cpu kernel in f64 (attention_cases.h))
+// and against the cpu kernels. Usage:
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128|attnsmall|attn64]...
 // Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
 // MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"
@@ -15,6 +16,8 @@
 #include "conv_emu.inc"
 #define MLA_DKV_TARGET_BLOCKS 6   // small: short test sequences reach both the one- and several-head-group dk_r paths
 #include "mla_emu.inc"
+#define ATTN_ROWS_PER_LAUNCH 2   // small: a few batch rows reach the split into several launches
+#include "attention_emu.inc"
 
 // ---- helpers -------------------------------------------------------------------------------------------
 typedef std::vector<double> vd;
@@ -586,6 +589,7 @@ template <class T> static void run_conv(const char *name, bool with_cache, int s
 }
 
 #include "mla_cases.h"
+#include "attention_cases.h"
 
 int main(int argc, char **argv)
 {
@@ -669,6 +673,7 @@ int main(int argc, char **argv)
         else n_fail++;
     }
     run_mla(want);
+    run_attention(want);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

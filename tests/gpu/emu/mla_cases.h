@@ -384,7 +384,7 @@ static void run_mla_errors()
 // the tiles and shared memory each kernel takes at a few head dims, on sm_80 and sm_90 limits (for the report)
 static void mla_print_layouts()
 {
-    int dims[][3] = {{64, 32, 64}, {128, 64, 128}, {128, 128, 128}, {192, 64, 128}};
+    int dims[][3] = {{64, 32, 64}, {128, 64, 128}, {128, 128, 128}, {192, 64, 128}, {64, 0, 64}, {128, 0, 128}};
     int saved = emu::smem_limit;
     for (int limit : {163 * 1024, 227 * 1024})
         for (auto &d : dims)
