@@ -61,6 +61,8 @@ int64_t tide_shape_numel(int ndim, const int64_t *shape);
 int tide_same_shape(const tide_tensor *a, const tide_tensor *b);
 /* "[4, 64]" into buf */
 const char *tide_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* the shape of tensor t into the char array buf, for messages */
+#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
 /* contiguous copy (no graph), or a new reference to x when already contiguous */
 tide_tensor *tide_contiguous_nograd(tide_tensor *x);
 int tide_is_float(int dtype);

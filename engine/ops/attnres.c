@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include "../internal.h"
 
-#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
-
 /* the stats are kept in fp32 for bf16 sources (the mix runs in fp32, §1) */
 static int stats_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
 

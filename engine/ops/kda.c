@@ -7,8 +7,6 @@
 #include <string.h>
 #include "../internal.h"
 
-#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
-
 static void release_all(tide_tensor **t, int n)
 {
     for (int i = 0; i < n; i++) { tide_tensor_release(t[i]); t[i] = NULL; }

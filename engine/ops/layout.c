@@ -3,8 +3,6 @@
 #include <stdlib.h>
 #include "../internal.h"
 
-#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
-
 /* ---- reshape -------------------------------------------------------------------------------------------- */
 int tide_reshape_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {

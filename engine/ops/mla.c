@@ -7,8 +7,6 @@
 #include <string.h>
 #include "../internal.h"
 
-#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
-
 static int lse_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
 
 /* saved slots (k_r empty when the heads share no rotary key) */

@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include "../internal.h"
 
-#define SHAPE_STR(t, buf) tide_shape_str((t)->ndim, (t)->shape, buf, sizeof buf)
-
 /* ---- SiTU-GLU (§6) ------------------------------------------------------------------------------------------ */
 int tide_situ_glu_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {

@@ -52,14 +52,19 @@
     X(LOGSUMEXP, logsumexp, dimreduce, dimreduce)                      \
     /* matmul.c */                                                     \
     X(MATMUL, matmul, matmul, matmul)                                  \
-    /* nn.c */                                                         \
+    /* embedding.c */                                                  \
     X(EMBEDDING, embedding, embedding, embedding)                      \
+    /* norm.c */                                                       \
     X(RMSNORM, rmsnorm, rmsnorm, rmsnorm)                              \
     X(LAYERNORM, layernorm, layernorm, layernorm)                      \
+    /* softmax.c */                                                    \
     X(SOFTMAX, softmax, softmax, softmax)                              \
     X(LOG_SOFTMAX, log_softmax, softmax, softmax)                      \
+    /* loss.c */                                                       \
     X(CROSS_ENTROPY, cross_entropy, cross_entropy, cross_entropy)      \
+    /* rope.c */                                                       \
     X(ROPE, rope, rope, rope)                                          \
+    /* attention.c */                                                  \
     X(ATTENTION, attention, attention, attention)                      \
     /* kda.c */                                                        \
     X(KDA, kda, kda, kda)                                              \
