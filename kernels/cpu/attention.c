@@ -18,12 +18,6 @@
 #include <cblas.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 /* index of the last key query i may see (−1: none) */
 static inline int64_t last_key(int64_t i, int64_t Tq, int64_t Tk, int causal)
 {
@@ -56,7 +50,7 @@ DEFINE_MM(double, f64, cblas_dgemm)
    passes the saved one in slse instead and P is recomputed from it). */                                \
 static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int causal)               \
 {                                                                                                       \
-    _Pragma("omp parallel for if(Tq * Tk > 16384)")                                                     \
+    _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN)")                                                     \
     for (int64_t i = 0; i < Tq; i++) {                                                                  \
         T *sr = S + i * Tk;                                                                             \
         int64_t last = last_key(i, Tq, Tk, causal);                                                     \
@@ -103,7 +97,7 @@ static void attention_backward_##SFX(T *dq, T *dk, T *dv, const T *dout, const T
         probs_##SFX(P, NULL, lse + h * Tq, Tq, Tk, causal);                                             \
         mm_##SFX(1, 0, Tk, D, Tq, 1.0, P, Tk, doh, D, dvh, D);          /* dV = Pᵀ dO */                \
         mm_##SFX(0, 1, Tq, Tk, D, 1.0, doh, D, vh, D, dS, Tk);          /* dP = dO Vᵀ */                \
-        _Pragma("omp parallel for if(Tq * Tk > 16384)")                                                 \
+        _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN)")                                                 \
         for (int64_t i = 0; i < Tq; i++) {                                                              \
             const T *orow = oh + i * D, *grow = doh + i * D, *pr = P + i * Tk;                          \
             T *dr = dS + i * Tk;                                                                        \
@@ -126,7 +120,7 @@ static int check_args(const char *op, int dtype, int64_t BH, int64_t Tq, int64_t
         return tide_set_error("%s: negative size BH=%lld Tq=%lld Tk=%lld D=%lld", op, (long long)BH,
                               (long long)Tq, (long long)Tk, (long long)D);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, tide_cpu_dtype_str(dtype));
     if (Tq > INT32_MAX || Tk > INT32_MAX || D > INT32_MAX)
         return tide_set_error("%s: sizes Tq=%lld Tk=%lld D=%lld exceed the BLAS index range", op,
                               (long long)Tq, (long long)Tk, (long long)D);

@@ -15,17 +15,11 @@
 #include <omp.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 #define DEFINE_ATTNRES(TT, SFX)                                                                               \
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
                               const double *a, double eps, double *scratch)                                   \
 {                                                                                                             \
-    _Pragma("omp parallel for if(rows * d * n > 16384)")                                                      \
+    _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
     for (int64_t t = 0; t < rows; t++) {                                                                      \
         double *s = scratch + (int64_t)omp_get_thread_num() * n, m = -INFINITY, z = 0;                        \
         for (int64_t i = 0; i < n; i++) {                                                                     \
@@ -51,7 +45,7 @@ static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t
 static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const TT *const *v, const TT *P,   \
                               const TT *R, int64_t n, int64_t rows, int64_t d, const double *a, double *scratch) \
 {                                                                                                             \
-    _Pragma("omp parallel for if(rows * d * n > 16384)")                                                      \
+    _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
     for (int64_t t = 0; t < rows; t++) {                                                                      \
         double *dp = scratch + (int64_t)omp_get_thread_num() * 2 * n, *s = dp + n, G = 0;                     \
         const TT *go = gout + t * d;                                                                          \
@@ -79,7 +73,7 @@ static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const
 static void attnres_rowsum_##SFX(double *U, const double *coef, const TT *const *v, int64_t n, int64_t rows,   \
                                  int64_t d)                                                                   \
 {                                                                                                             \
-    _Pragma("omp parallel if(rows * d * n > 16384)")                                                          \
+    _Pragma("omp parallel if(rows * d * n > TIDE_OMP_MIN)")                                                          \
     {                                                                                                         \
         int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
         int64_t c0 = d * tid / nth, c1 = d * (tid + 1) / nth;                                                 \
@@ -104,7 +98,7 @@ static double ld(int dtype, const void *p, int64_t i)
 static int check_args(const char *what, int dtype, int64_t n, int64_t rows, int64_t d)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", what, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", what, tide_cpu_dtype_str(dtype));
     if (n < 1 || rows < 0 || d < 1)
         return tide_set_error("%s: bad sizes n %lld rows %lld d %lld (n, d >= 1)", what, (long long)n, (long long)rows,
                               (long long)d);

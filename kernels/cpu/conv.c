@@ -16,12 +16,6 @@
 #include <omp.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 /* start[p] = flattened index where token p's segment starts (cu: segment boundaries, host) */
 static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
 {
@@ -49,7 +43,7 @@ static inline double src_##SFX(const TT *x, const TT *cache, const int64_t *star
 static void conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const int64_t *start, int64_t n,    \
                        int64_t T_, int64_t C, int64_t K, int silu)                                            \
 {                                                                                                             \
-    _Pragma("omp parallel for if(n * C > 16384)")                                                             \
+    _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                             \
     for (int64_t p = 0; p < n; p++)                                                                           \
         for (int64_t c = 0; c < C; c++) {                                                                     \
             double a = 0;                                                                                     \
@@ -65,7 +59,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
     /* ga = dL/d(pre-activation) */                                                                           \
     double *ga = malloc((size_t)(n * C > 0 ? n * C : 1) * sizeof *ga);                                        \
     if (!ga) return tide_set_error("causal_conv1d backward: out of memory");                                  \
-    _Pragma("omp parallel for if(n * C > 16384)")                                                             \
+    _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                             \
     for (int64_t p = 0; p < n; p++)                                                                           \
         for (int64_t c = 0; c < C; c++) {                                                                     \
             double d = (double)gout[p * C + c];                                                               \
@@ -79,7 +73,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
         }                                                                                                     \
     /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment */                      \
     if (gx) {                                                                                                 \
-        _Pragma("omp parallel for if(n * C > 16384)")                                                         \
+        _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                         \
         for (int64_t p = 0; p < n; p++)                                                                       \
             for (int64_t c = 0; c < C; c++) {                                                                 \
                 double s = 0;                                                                                 \
@@ -104,7 +98,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
                 }                                                                                             \
     }                                                                                                         \
     if (gw) {                                                                                                 \
-        _Pragma("omp parallel if(n * C > 16384)")                                                             \
+        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN)")                                                             \
         {                                                                                                     \
             int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
             int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;                                             \
@@ -127,7 +121,7 @@ int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, c
                            int64_t n_seg, int64_t B, int64_t T_, int64_t C, int64_t K, int silu)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
     int64_t n = B * T_, *start = segment_starts(cu, n_seg, n);
     if (!start) return tide_set_error("causal_conv1d: out of memory");
     if (dtype == TIDE_F32) conv_f32(out, x, w, cache, start, n, T_, C, K, silu);
@@ -141,7 +135,7 @@ int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache,
                                     int64_t T_, int64_t C, int64_t K, int silu)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+        return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
     int64_t n = B * T_, *start = segment_starts(cu, n_seg, n);
     if (!start) return tide_set_error("causal_conv1d: out of memory");
     int rc = dtype == TIDE_F32 ? conv_backward_f32(gx, gw, gcache, gout, x, w, cache, start, B, n, T_, C, K, silu)

@@ -4,6 +4,7 @@
  */
 #ifndef TIDE_CPU_H
 #define TIDE_CPU_H
+#include <string.h>
 #include "../backend.h"
 
 void * tide_cpu_malloc(size_t nbytes);
@@ -60,6 +61,26 @@ int tide_cpu_topk(int dtype, void *values, int64_t *indices, const void *x, int6
 int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel, int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin, int64_t capacity, int64_t *dropped);
 int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du, const int64_t *route, const void *pre, const void *y, const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
 int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
+
+/* bf16 is the upper half of an IEEE float32 */
+static inline float tide_cpu_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* the dtype's name for a kernel's error message ("unknown" for an id outside the enum) */
+static inline const char *tide_cpu_dtype_str(int dtype)
+{
+    const char *s = tide_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+/* OpenMP loops run in parallel only when a call touches more than this many elements: below it the team's
+   start costs more than the loop saves. A macro, so that it expands inside _Pragma("omp ... if(...)"). */
+#define TIDE_OMP_MIN 16384
 
 /* chunks per KDA state checkpoint (kda.c: also the backward's recompute block) */
 #define TIDE_KDA_CPU_CKPT_CHUNKS 16

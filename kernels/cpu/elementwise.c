@@ -1,7 +1,7 @@
 /*
  * elementwise.c — CPU elementwise kernels: fill, strided copy with dtype conversion, Philox random
- * numbers, unary ops and their backward, broadcasting binary ops, SwiGLU, axpy, sum of squares and the
- * finiteness check (kernels/backend.h documents each entry).
+ * numbers, unary ops and their backward, broadcasting binary ops, SwiGLU and axpy (kernels/backend.h
+ * documents each entry).
  *
  * Float kernels are written once over a type T (float or double) with <tgmath.h>, so exp(x) is expf
  * for float and exp for double; constants are cast to T so float code stays in float.
@@ -23,26 +23,12 @@
     _Pragma("omp parallel for if(n > PAR_MATH) schedule(static)")                                  \
     for (int64_t i = 0; i < n; i++) { body; }
 
-static const char *dtname(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 static int is_float_dtype(int dtype)
 {
     return dtype == TIDE_F32 || dtype == TIDE_F64;
 }
 
 /* ---- bf16: the upper half of an IEEE float32 ------------------------------------------------------ */
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* round to nearest, ties to even; NaN stays a (quiet) NaN instead of rounding into infinity */
 static inline uint16_t f32_to_bf16(float f)
@@ -85,7 +71,7 @@ static inline double load_f64(const void *p, int dtype, int64_t i)
     switch (dtype) {
     case TIDE_F32: return ((const float *)p)[i];
     case TIDE_F64: return ((const double *)p)[i];
-    case TIDE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case TIDE_BF16: return tide_cpu_bf16_to_f32(((const uint16_t *)p)[i]);
     case TIDE_I32: return ((const int32_t *)p)[i];
     case TIDE_I64: return (double)((const int64_t *)p)[i];
     default: return ((const uint8_t *)p)[i];
@@ -171,7 +157,7 @@ static void copy_row(void *out, int odt, int64_t os, const void *x, int xdt, int
     /* the conversions training actually does (mixed precision, checkpoints) get a direct loop */
     if (odt == TIDE_F32 && xdt == TIDE_BF16) {
         float *o = out; const uint16_t *s = x;
-        for (int64_t i = 0; i < n; i++) o[i * os] = bf16_to_f32(s[i * xs]);
+        for (int64_t i = 0; i < n; i++) o[i * os] = tide_cpu_bf16_to_f32(s[i * xs]);
     } else if (odt == TIDE_BF16 && xdt == TIDE_F32) {
         uint16_t *o = out; const float *s = x;
         for (int64_t i = 0; i < n; i++) o[i * os] = f32_to_bf16(s[i * xs]);
@@ -251,7 +237,7 @@ int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, 
     case TIDE_BF16: { uint16_t *o = out; EW_MATH(o[i] = f32_to_bf16((float)(value))); break; }  \
     default:                                                                                    \
         return tide_set_error(what ": dtype %s not supported on cpu (expected f32, f64 or bf16)", \
-                              dtname(dtype));                                                   \
+                              tide_cpu_dtype_str(dtype));                                                   \
     }
 
 int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b)
@@ -377,7 +363,7 @@ int tide_cpu_unary(int op, int dtype, void *y, const void *x, int64_t n, double 
     case TIDE_F64: unary_double(op, y, x, n, p); return 0;
     default:
         return tide_set_error("unary %s: dtype %s not supported on cpu (expected f32 or f64)", unary_names[op],
-                              dtname(dtype));
+                              tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -404,7 +390,7 @@ int tide_cpu_unary_backward(int op, int dtype, void *gx, const void *gy, const v
     case TIDE_F64: unary_backward_double(op, gx, gy, x, y, n, p); return 0;
     default:
         return tide_set_error("unary_backward %s: dtype %s not supported on cpu (expected f32 or f64)",
-                              unary_names[op], dtname(dtype));
+                              unary_names[op], tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -460,7 +446,7 @@ int tide_cpu_binary(int op, int dtype, void *out, const void *a, const int64_t *
         return tide_set_error("binary: op %d out of range [0, %d)", op, TIDE_BIN_COUNT);
     if (!is_float_dtype(dtype))
         return tide_set_error("binary %s: dtype %s not supported on cpu (expected f32 or f64)", names[op],
-                              dtname(dtype));
+                              tide_cpu_dtype_str(dtype));
     if (ndim < 0 || ndim > 8) return tide_set_error("binary %s: ndim = %d, expected 0..8", names[op], ndim);
 
     /* drop size-1 dims and merge dims contiguous in a and b (out is always contiguous) */
@@ -543,7 +529,7 @@ int tide_cpu_swiglu(int dtype, void *out, const void *g, const void *u, int64_t 
     switch (dtype) {
     case TIDE_F32: swiglu_float(out, g, u, n); return 0;
     case TIDE_F64: swiglu_double(out, g, u, n); return 0;
-    default: return tide_set_error("swiglu: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("swiglu: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -553,11 +539,11 @@ int tide_cpu_swiglu_backward(int dtype, void *dg, void *du, const void *dout, co
     switch (dtype) {
     case TIDE_F32: swiglu_backward_float(dg, du, dout, g, u, n); return 0;
     case TIDE_F64: swiglu_backward_double(dg, du, dout, g, u, n); return 0;
-    default: return tide_set_error("swiglu_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("swiglu_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
-/* ---- axpy, sum of squares, finiteness -------------------------------------------------------------------- */
+/* ---- axpy (sum of squares and finiteness are reductions: reduce.c) -------------------------------------------------------------------- */
 
 int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n)
 {
@@ -569,74 +555,6 @@ int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n)
         return 0;
     }
     case TIDE_F64: { double *py = y; const double *px = x; EW_CHEAP(py[i] += a * px[i]); return 0; }
-    default: return tide_set_error("axpy: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("axpy: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
-}
-
-/* Partial sums over fixed blocks, added in block order: the result does not depend on the thread
-   count, so a gradient norm (and every step that uses it) is reproducible across machines. */
-#define SSQ_MAX_BLOCKS 256
-#define SSQ_MIN_BLOCK 4096
-
-int tide_cpu_sum_squares(int dtype, const void *x, int64_t n, double *out)
-{
-    if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
-        return tide_set_error("sum_squares: dtype %s not supported on cpu (expected f32, f64 or bf16)", dtname(dtype));
-    if (n < 0) return tide_set_error("sum_squares: n = %lld must be >= 0", (long long)n);
-    int64_t blk = (n + SSQ_MAX_BLOCKS - 1) / SSQ_MAX_BLOCKS;
-    if (blk < SSQ_MIN_BLOCK) blk = SSQ_MIN_BLOCK;
-    int64_t nblk = (n + blk - 1) / blk;
-    double part[SSQ_MAX_BLOCKS];
-    #pragma omp parallel for if(n > PAR_CHEAP) schedule(static)
-    for (int64_t k = 0; k < nblk; k++) {
-        int64_t i0 = k * blk, i1 = i0 + blk < n ? i0 + blk : n;
-        double acc = 0.0;
-        if (dtype == TIDE_F32) {
-            const float *p = x;
-            for (int64_t i = i0; i < i1; i++) acc += (double)p[i] * (double)p[i];
-        } else if (dtype == TIDE_F64) {
-            const double *p = x;
-            for (int64_t i = i0; i < i1; i++) acc += p[i] * p[i];
-        } else {
-            const uint16_t *p = x;
-            for (int64_t i = i0; i < i1; i++) { double v = bf16_to_f32(p[i]); acc += v * v; }
-        }
-        part[k] = acc;
-    }
-    double s = 0.0;
-    for (int64_t k = 0; k < nblk; k++) s += part[k];
-    *out = s;
-    return 0;
-}
-
-int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out)
-{
-    int ok = 1;
-    switch (dtype) {
-    case TIDE_F32: {
-        const float *p = x;
-        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
-        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
-        break;
-    }
-    case TIDE_F64: {
-        const double *p = x;
-        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
-        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
-        break;
-    }
-    case TIDE_BF16: {
-        /* exponent bits all ones = inf or NaN */
-        const uint16_t *p = x;
-        #pragma omp parallel for if(n > PAR_CHEAP) reduction(&&:ok) schedule(static)
-        for (int64_t i = 0; i < n; i++) ok = ok && (p[i] & 0x7f80u) != 0x7f80u;
-        break;
-    }
-    case TIDE_I32: case TIDE_I64: case TIDE_U8:
-        break;   /* integers are always finite */
-    default:
-        return tide_set_error("all_finite: dtype %d is not a tide dtype", dtype);
-    }
-    *out = ok;
-    return 0;
 }

@@ -11,12 +11,6 @@
 #include <cblas.h>
 #include "cpu.h"
 
-static const char *dtname(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 /* C[M, N] = beta C when the product is empty (K = 0); beta = 0 overwrites, so NaN in C does not survive */
 static void scale_c(int dtype, void *C, int64_t ldc, int64_t M, int64_t N, double beta)
 {
@@ -37,7 +31,7 @@ static int check_gemm(const char *what, int dtype, int ta, int tb, int64_t M, in
                       int64_t lda, int64_t ldb, int64_t ldc)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", what, dtname(dtype));
+        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", what, tide_cpu_dtype_str(dtype));
     if (M < 0 || N < 0 || K < 0)
         return tide_set_error("%s: sizes M = %lld, N = %lld, K = %lld must be >= 0", what, (long long)M,
                               (long long)N, (long long)K);

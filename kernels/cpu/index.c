@@ -12,12 +12,6 @@
 #define PAR_MIN 32768
 #define ADD_BLOCK 256       /* inner elements per work item in index_add */
 
-static const char *dtname(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 static inline int64_t idx_at(const void *idx, int idx_dtype, int64_t k)
 {
     return idx_dtype == TIDE_I32 ? (int64_t)((const int32_t *)idx)[k] : ((const int64_t *)idx)[k];
@@ -26,7 +20,7 @@ static inline int64_t idx_at(const void *idx, int idx_dtype, int64_t k)
 static int check_idx_dtype(const char *what, int idx_dtype)
 {
     if (idx_dtype != TIDE_I32 && idx_dtype != TIDE_I64)
-        return tide_set_error("%s: index dtype %s not supported (expected i32 or i64)", what, dtname(idx_dtype));
+        return tide_set_error("%s: index dtype %s not supported (expected i32 or i64)", what, tide_cpu_dtype_str(idx_dtype));
     return 0;
 }
 
@@ -113,7 +107,7 @@ int tide_cpu_index_add(int dtype, void *gx, const void *gy, const void *idx, int
                        int64_t outer, int64_t n_dst, int64_t inner, int64_t n_idx)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("index_add: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+        return tide_set_error("index_add: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     if (check_idx_dtype("index_add", idx_dtype) || check_sizes("index_add", outer, n_dst, inner, n_idx) ||
         check_range("index_add", idx, idx_dtype, n_idx, n_dst))
         return -1;
@@ -184,7 +178,7 @@ int tide_cpu_scatter_add(int dtype, void *out, const void *src, const void *idx,
                          int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("scatter_add: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+        return tide_set_error("scatter_add: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     if (check_idx_dtype("scatter_add", idx_dtype) || check_sizes("scatter_add", outer, n_out, n_idx, inner) ||
         check_range("scatter_add", idx, idx_dtype, outer * n_idx * inner, n_out))
         return -1;

@@ -55,12 +55,6 @@ static inline void kda_restore_denormals(unsigned int csr) { (void)csr; }
 #undef SFX
 #undef EXP
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 static double load(int dtype, const void *p, int64_t i)
 {
     return dtype == TIDE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
@@ -86,7 +80,7 @@ static int check_bound(int dtype, const void *g, int64_t n, int64_t H, int64_t d
 static int check_args(const char *op, int dtype, int path, int64_t chunk, double lb)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, tide_cpu_dtype_str(dtype));
     if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT) return tide_set_error("%s: unknown path %d", op, path);
     if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
         return tide_set_error("%s: chunk must be in [1, 1024], got %lld", op, (long long)chunk);
@@ -94,7 +88,7 @@ static int check_args(const char *op, int dtype, int path, int64_t chunk, double
     double limit = dtype == TIDE_F64 ? 700.0 : 80.0;
     if (path == TIDE_KDA_CHUNK && !isinf(lb) && !(lb < 0 && (double)chunk * -lb <= limit))
         return tide_set_error("%s: the chunk path needs lower bound lb < 0 with chunk·|lb| <= %g for %s (kda.md §5), got "
-                              "lb %g and chunk %lld", op, limit, dtype_str(dtype), lb, (long long)chunk);
+                              "lb %g and chunk %lld", op, limit, tide_cpu_dtype_str(dtype), lb, (long long)chunk);
     return 0;
 }
 
@@ -220,7 +214,7 @@ int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, cons
     if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS) return tide_set_error("kda_gate: unknown form %d", form);
     if (dtype == TIDE_F32) gate_f32(g, z, A_log, dt_bias, N, H, D, lb, form);
     else if (dtype == TIDE_F64) gate_f64(g, z, A_log, dt_bias, N, H, D, lb, form);
-    else return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+    else return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
     return 0;
 }
 
@@ -230,5 +224,5 @@ int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const vo
     if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS) return tide_set_error("kda_gate: unknown form %d", form);
     if (dtype == TIDE_F32) return gate_backward_f32(gz, gA, gb, gg, z, A_log, dt_bias, N, H, D, lb, form);
     if (dtype == TIDE_F64) return gate_backward_f64(gz, gA, gb, gg, z, A_log, dt_bias, N, H, D, lb, form);
-    return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", dtype_str(dtype));
+    return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
 }

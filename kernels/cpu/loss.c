@@ -11,12 +11,6 @@
 #include <math.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 static int64_t target_at(const void *targets, int tdtype, int64_t n)
 {
     return tdtype == TIDE_I32 ? (int64_t)((const int32_t *)targets)[n] : ((const int64_t *)targets)[n];
@@ -26,7 +20,7 @@ static int64_t target_at(const void *targets, int tdtype, int64_t n)
 static int check_targets(const char *op, const void *targets, int tdtype, int64_t N, int64_t V, int64_t ignore)
 {
     if (tdtype != TIDE_I32 && tdtype != TIDE_I64)
-        return tide_set_error("%s: targets dtype %s not supported (expected i32 or i64)", op, dtype_str(tdtype));
+        return tide_set_error("%s: targets dtype %s not supported (expected i32 or i64)", op, tide_cpu_dtype_str(tdtype));
     for (int64_t n = 0; n < N; n++) {
         int64_t t = target_at(targets, tdtype, n);
         if (t != ignore && (t < 0 || t >= V))
@@ -41,7 +35,7 @@ static int check_targets(const char *op, const void *targets, int tdtype, int64_
 static void cross_entropy_##SFX(T *loss, T *valid, T *lse, const T *logits, const void *targets,       \
                                 int tdtype, const T *weights, int64_t N, int64_t V, int64_t ignore)     \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * V > 16384)")                                                       \
+    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                       \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = logits + n * V;                                                                   \
         double mx = -INFINITY;                                                                          \
@@ -66,7 +60,7 @@ static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *lo
                                          const void *targets, int tdtype, const T *weights, int64_t N, \
                                          int64_t V, int64_t ignore)                                     \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * V > 16384)")                                                       \
+    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                       \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = logits + n * V;                                                                   \
         T *dr = dlogits + n * V;                                                                        \
@@ -91,7 +85,7 @@ int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const 
         return tide_set_error("cross_entropy: negative size N=%lld V=%lld", (long long)N, (long long)V);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("cross_entropy: dtype %s not supported on cpu (expected f32 or f64)",
-                              dtype_str(dtype));
+                              tide_cpu_dtype_str(dtype));
     int rc = check_targets("cross_entropy", targets, tdtype, N, V, ignore);
     if (rc) return rc;
     if (dtype == TIDE_F32) cross_entropy_f32(loss, valid, lse, logits, targets, tdtype, weights, N, V, ignore);
@@ -107,7 +101,7 @@ int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss,
         return tide_set_error("cross_entropy_backward: negative size N=%lld V=%lld", (long long)N, (long long)V);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("cross_entropy_backward: dtype %s not supported on cpu (expected f32 or f64)",
-                              dtype_str(dtype));
+                              tide_cpu_dtype_str(dtype));
     int rc = check_targets("cross_entropy_backward", targets, tdtype, N, V, ignore);
     if (rc) return rc;
     if (dtype == TIDE_F32)

@@ -25,12 +25,6 @@
 #undef SFX
 #undef EXP
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 /* start[p] = flattened index of the segment start of token p, or NULL when cu is NULL */
 static int segment_starts(const int64_t *cu, int64_t n_seg, int64_t n, int64_t **out)
 {
@@ -47,7 +41,7 @@ static int segment_starts(const int64_t *cu, int64_t n_seg, int64_t n, int64_t *
 static int check(const char *op, int dtype, const int64_t *cu, int64_t Tq, int64_t Tk)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, tide_cpu_dtype_str(dtype));
     if (cu && Tq != Tk) return tide_set_error("%s: document boundaries need Tq = Tk, got %lld and %lld", op, (long long)Tq, (long long)Tk);
     return 0;
 }

@@ -27,12 +27,6 @@
 /* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
 #define TILE_ROWS 128
 
-static const char *dtname(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 static inline int64_t idx_at(const void *p, int dt, int64_t i)
 {
     return dt == TIDE_I64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
@@ -68,12 +62,12 @@ SITU(double, exp, tanh)
 #define SITU_KERNELS(T)                                                                                     \
     static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, T k1, T k2)                          \
     {                                                                                                       \
-        _Pragma("omp parallel for if(n > 16384) schedule(static)")                                          \
+        _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
         for (int64_t i = 0; i < n; i++) out[i] = situ_h_##T(g[i], u[i], k1, k2);                            \
     }                                                                                                       \
     static void situ_bw_##T(T *dg, T *du, const T *d, const T *g, const T *u, int64_t n, T k1, T k2)        \
     {                                                                                                       \
-        _Pragma("omp parallel for if(n > 16384) schedule(static)")                                          \
+        _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
         for (int64_t i = 0; i < n; i++) situ_grad_##T(d[i], g[i], u[i], k1, k2, &dg[i], &du[i]);            \
     }
 SITU_KERNELS(float)
@@ -84,7 +78,7 @@ int tide_cpu_situ_glu(int dtype, void *out, const void *g, const void *u, int64_
     switch (dtype) {
     case TIDE_F32: situ_fw_float(out, g, u, n, (float)k_gate, (float)k_lin); return 0;
     case TIDE_F64: situ_fw_double(out, g, u, n, k_gate, k_lin); return 0;
-    default: return tide_set_error("situ_glu: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("situ_glu: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -94,7 +88,7 @@ int tide_cpu_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, 
     switch (dtype) {
     case TIDE_F32: situ_bw_float(dg, du, dout, g, u, n, (float)k_gate, (float)k_lin); return 0;
     case TIDE_F64: situ_bw_double(dg, du, dout, g, u, n, k_gate, k_lin); return 0;
-    default: return tide_set_error("situ_glu_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("situ_glu_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -102,7 +96,7 @@ int tide_cpu_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, 
 #define TOPK(T)                                                                                             \
     static void topk_##T(T *val, int64_t *ind, const T *x, int64_t rows, int64_t C, int64_t k)              \
     {                                                                                                       \
-        _Pragma("omp parallel for if(rows * C > 16384) schedule(static)")                                   \
+        _Pragma("omp parallel for if(rows * C > TIDE_OMP_MIN) schedule(static)")                                   \
         for (int64_t r = 0; r < rows; r++) {                                                                \
             const T *xr = x + r * C;                                                                        \
             T *v = val + r * k;                                                                             \
@@ -126,7 +120,7 @@ int tide_cpu_topk(int dtype, void *values, int64_t *indices, const void *x, int6
     switch (dtype) {
     case TIDE_F32: topk_float(values, indices, x, rows, C, k); return 0;
     case TIDE_F64: topk_double(values, indices, x, rows, C, k); return 0;
-    default: return tide_set_error("topk: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+    default: return tide_set_error("topk: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -164,7 +158,7 @@ static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, cons
 #define GATHER(T)                                                                                           \
     static void gather_rows_##T(T *xg, const T *x, const int64_t *perm, int64_t R, int64_t k, int64_t d)    \
     {                                                                                                       \
-        _Pragma("omp parallel for if(R * d > 16384) schedule(static)")                                      \
+        _Pragma("omp parallel for if(R * d > TIDE_OMP_MIN) schedule(static)")                                      \
         for (int64_t r = 0; r < R; r++) memcpy(xg + r * d, x + (perm[r] / k) * d, (size_t)d * sizeof(T));   \
     }
 GATHER(float)
@@ -197,7 +191,7 @@ ACT(double)
     static void combine_##T(T *out, const T *y, const T *p, const int64_t *pos, int64_t m, int64_t k,        \
                             int64_t d)                                                                      \
     {                                                                                                       \
-        _Pragma("omp parallel for if(m * d > 16384) schedule(static)")                                      \
+        _Pragma("omp parallel for if(m * d > TIDE_OMP_MIN) schedule(static)")                                      \
         for (int64_t t = 0; t < m; t++)                                                                     \
             for (int64_t c = 0; c < d; c++) {                                                               \
                 T acc = 0;                                                                                  \
@@ -249,7 +243,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
                          int64_t capacity, int64_t *dropped)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("moe_experts: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+        return tide_set_error("moe_experts: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     int64_t A = m * k, nd = build_route(route, sel, sel_dtype, m, k, n, capacity);
     if (nd < 0) return tide_set_error("moe_experts: out of memory (%lld experts)", (long long)n);
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
@@ -295,7 +289,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     static void dy_rows_##T(T *dy, const T *du, const T *p, const int64_t *perm, int64_t R, int64_t k,       \
                             int64_t d)                                                                      \
     {                                                                                                       \
-        _Pragma("omp parallel for if(R * d > 16384) schedule(static)")                                      \
+        _Pragma("omp parallel for if(R * d > TIDE_OMP_MIN) schedule(static)")                                      \
         for (int64_t r = 0; r < R; r++) {                                                                   \
             int64_t a = perm[r];                                                                            \
             for (int64_t c = 0; c < d; c++) dy[r * d + c] = p[a] * du[(a / k) * d + c];                     \
@@ -304,7 +298,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     static void dp_rows_##T(T *dp, const T *du, const T *y, const int64_t *pos, int64_t m, int64_t k,       \
                             int64_t d)                                                                      \
     {                                                                                                       \
-        _Pragma("omp parallel for if(m * k * d > 16384) schedule(static)")                                  \
+        _Pragma("omp parallel for if(m * k * d > TIDE_OMP_MIN) schedule(static)")                                  \
         for (int64_t a = 0; a < m * k; a++) {                                                               \
             int64_t r = pos[a];                                                                             \
             T acc = 0;                                                                                      \
@@ -314,7 +308,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     }                                                                                                       \
     static void dx_rows_##T(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)        \
     {                                                                                                       \
-        _Pragma("omp parallel for if(m * d > 16384) schedule(static)")                                      \
+        _Pragma("omp parallel for if(m * d > TIDE_OMP_MIN) schedule(static)")                                      \
         for (int64_t t = 0; t < m; t++)                                                                     \
             for (int64_t c = 0; c < d; c++) {                                                               \
                 T acc = 0;                                                                                  \
@@ -334,7 +328,7 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
                                   int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+        return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     int64_t A = m * k;
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
     int64_t R = off[n], R1 = R > 0 ? R : 1, nt = 0;

@@ -21,14 +21,8 @@
 #define THREAD_COUNT() 1
 #endif
 
-/* rows are processed in parallel when a call touches more than 16384 elements (`if` clauses below):
+/* rows are processed in parallel when a call touches more than TIDE_OMP_MIN elements (`if` clauses below):
    under that a parallel region costs more than it saves */
-
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
 
 /* column range [*c0, *c1) of thread `tid` out of `nth` */
 static void column_range(int64_t C, int tid, int nth, int64_t *c0, int64_t *c1)
@@ -43,7 +37,7 @@ static void column_range(int64_t C, int tid, int nth, int64_t *c0, int64_t *c1)
 #define DEFINE_RMSNORM(T, SFX)                                                                          \
 static void rmsnorm_##SFX(T *out, T *rstd, const T *x, const T *w, int64_t N, int64_t C, double eps)  \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > 16384)")                                                \
+    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = x + n * C;                                                                        \
         T *yr = out + n * C;                                                                            \
@@ -61,7 +55,7 @@ static void rmsnorm_backward_##SFX(T *dx, T *dw, double *dw_acc, const T *dout, 
                                    const T *w, const T *rstd, int64_t N, int64_t C)                   \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel for if(N * C > 16384)")                                            \
+        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                            \
         for (int64_t n = 0; n < N; n++) {                                                               \
             const T *xr = x + n * C, *gr = dout + n * C;                                                \
             T *dr = dx + n * C;                                                                         \
@@ -74,7 +68,7 @@ static void rmsnorm_backward_##SFX(T *dx, T *dw, double *dw_acc, const T *dout, 
         }                                                                                               \
     }                                                                                                   \
     if (dw) {                                                                                           \
-        _Pragma("omp parallel if(N * C > 16384)")                                                \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
         {                                                                                               \
             int64_t c0, c1;                                                                             \
             column_range(C, THREAD_ID(), THREAD_COUNT(), &c0, &c1);                                     \
@@ -100,7 +94,7 @@ int tide_cpu_rmsnorm(int dtype, void *out, void *rstd, const void *x, const void
     case TIDE_F32: rmsnorm_f32(out, rstd, x, w, N, C, eps); return 0;
     case TIDE_F64: rmsnorm_f64(out, rstd, x, w, N, C, eps); return 0;
     default:
-        return tide_set_error("rmsnorm: dtype %s not supported on cpu (expected f32 or f64)", dtype_str(dtype));
+        return tide_set_error("rmsnorm: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -111,7 +105,7 @@ int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, c
         return tide_set_error("rmsnorm_backward: negative size N=%lld C=%lld", (long long)N, (long long)C);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("rmsnorm_backward: dtype %s not supported on cpu (expected f32 or f64)",
-                              dtype_str(dtype));
+                              tide_cpu_dtype_str(dtype));
     double *acc = NULL;
     if (dw && C > 0) {
         acc = malloc((size_t)C * sizeof(double));
@@ -131,7 +125,7 @@ int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, c
 static void layernorm_##SFX(T *out, T *mean, T *rstd, const T *x, const T *w, const T *b, int64_t N,   \
                             int64_t C, double eps)                                                      \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > 16384)")                                                \
+    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = x + n * C;                                                                        \
         T *yr = out + n * C;                                                                            \
@@ -153,7 +147,7 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
                                      const T *w, const T *mean, const T *rstd, int64_t N, int64_t C)  \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel for if(N * C > 16384)")                                            \
+        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                            \
         for (int64_t n = 0; n < N; n++) {                                                               \
             const T *xr = x + n * C, *gr = dout + n * C;                                                \
             T *dr = dx + n * C;                                                                         \
@@ -173,7 +167,7 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
     }                                                                                                   \
     if (dw || db) {                                                                                     \
         double *aw = acc, *ab = acc + C;                                                                \
-        _Pragma("omp parallel if(N * C > 16384)")                                                \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
         {                                                                                               \
             int64_t c0, c1;                                                                             \
             column_range(C, THREAD_ID(), THREAD_COUNT(), &c0, &c1);                                     \
@@ -205,7 +199,7 @@ int tide_cpu_layernorm(int dtype, void *out, void *mean, void *rstd, const void 
     case TIDE_F32: layernorm_f32(out, mean, rstd, x, w, b, N, C, eps); return 0;
     case TIDE_F64: layernorm_f64(out, mean, rstd, x, w, b, N, C, eps); return 0;
     default:
-        return tide_set_error("layernorm: dtype %s not supported on cpu (expected f32 or f64)", dtype_str(dtype));
+        return tide_set_error("layernorm: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -216,7 +210,7 @@ int tide_cpu_layernorm_backward(int dtype, void *dx, void *dw, void *db, const v
         return tide_set_error("layernorm_backward: negative size N=%lld C=%lld", (long long)N, (long long)C);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("layernorm_backward: dtype %s not supported on cpu (expected f32 or f64)",
-                              dtype_str(dtype));
+                              tide_cpu_dtype_str(dtype));
     double *acc = NULL;
     if ((dw || db) && C > 0) {
         acc = malloc(2 * (size_t)C * sizeof(double));

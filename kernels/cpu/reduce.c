@@ -1,6 +1,7 @@
 /*
  * reduce.c — reductions over the middle axis of a contiguous [outer, red, inner] buffer -> [outer, inner]
- * (sum, max, argmax, logsumexp) and the gradient of max (kernels/backend.h).
+ * (sum, max, argmax, logsumexp) and the gradient of max; and the whole-buffer sum of squares and finiteness check
+ * (kernels/backend.h).
  *
  * Work is cut into items (o, block of up to RED_BLOCK inner positions). An item walks r in order and
  * reads RED_BLOCK neighbouring elements per r, so inner > 1 stays cache friendly, and each output is
@@ -12,12 +13,6 @@
 
 #define RED_BLOCK 64
 #define PAR_MIN 32768
-
-static const char *dtname(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
 
 /* v replaces the running max m when larger, or when v is the first NaN */
 #define BEATS(v, m) ((v) > (m) || ((v) != (v) && (m) == (m)))
@@ -103,7 +98,7 @@ int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, 
         return tide_set_error("reduce: op %d out of range [0, %d)", op, TIDE_RED_COUNT);
     const char *name = reduce_names[op];
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("reduce %s: dtype %s not supported on cpu (expected f32 or f64)", name, dtname(dtype));
+        return tide_set_error("reduce %s: dtype %s not supported on cpu (expected f32 or f64)", name, tide_cpu_dtype_str(dtype));
     if (check_sizes("reduce", outer, red, inner)) return -1;
     int64_t n_out = outer * inner;
     if (red == 0) {
@@ -132,7 +127,7 @@ int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void
                                  int64_t outer, int64_t red, int64_t inner)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("reduce_max_backward: dtype %s not supported on cpu (expected f32 or f64)", dtname(dtype));
+        return tide_set_error("reduce_max_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     if (check_sizes("reduce_max_backward", outer, red, inner)) return -1;
     if (red == 0) return 0;
     int64_t nblk = (inner + RED_BLOCK - 1) / RED_BLOCK;
@@ -143,5 +138,75 @@ int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void
         if (dtype == TIDE_F32) max_backward_item_float(gx, gy, x, o, i0, len, red, inner);
         else max_backward_item_double(gx, gy, x, o, i0, len, red, inner);
     }
+    return 0;
+}
+
+/* ---- whole-buffer reductions: sum of squares (gradient norms) and finiteness --------------------------- */
+
+/* Partial sums over fixed blocks, added in block order: the result does not depend on the thread
+   count, so a gradient norm (and every step that uses it) is reproducible across machines. */
+#define SSQ_MAX_BLOCKS 256
+#define SSQ_MIN_BLOCK 4096
+
+int tide_cpu_sum_squares(int dtype, const void *x, int64_t n, double *out)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
+        return tide_set_error("sum_squares: dtype %s not supported on cpu (expected f32, f64 or bf16)", tide_cpu_dtype_str(dtype));
+    if (n < 0) return tide_set_error("sum_squares: n = %lld must be >= 0", (long long)n);
+    int64_t blk = (n + SSQ_MAX_BLOCKS - 1) / SSQ_MAX_BLOCKS;
+    if (blk < SSQ_MIN_BLOCK) blk = SSQ_MIN_BLOCK;
+    int64_t nblk = (n + blk - 1) / blk;
+    double part[SSQ_MAX_BLOCKS];
+    #pragma omp parallel for if(n > PAR_MIN) schedule(static)
+    for (int64_t k = 0; k < nblk; k++) {
+        int64_t i0 = k * blk, i1 = i0 + blk < n ? i0 + blk : n;
+        double acc = 0.0;
+        if (dtype == TIDE_F32) {
+            const float *p = x;
+            for (int64_t i = i0; i < i1; i++) acc += (double)p[i] * (double)p[i];
+        } else if (dtype == TIDE_F64) {
+            const double *p = x;
+            for (int64_t i = i0; i < i1; i++) acc += p[i] * p[i];
+        } else {
+            const uint16_t *p = x;
+            for (int64_t i = i0; i < i1; i++) { double v = tide_cpu_bf16_to_f32(p[i]); acc += v * v; }
+        }
+        part[k] = acc;
+    }
+    double s = 0.0;
+    for (int64_t k = 0; k < nblk; k++) s += part[k];
+    *out = s;
+    return 0;
+}
+
+int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out)
+{
+    int ok = 1;
+    switch (dtype) {
+    case TIDE_F32: {
+        const float *p = x;
+        #pragma omp parallel for if(n > PAR_MIN) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
+        break;
+    }
+    case TIDE_F64: {
+        const double *p = x;
+        #pragma omp parallel for if(n > PAR_MIN) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && isfinite(p[i]);
+        break;
+    }
+    case TIDE_BF16: {
+        /* exponent bits all ones = inf or NaN */
+        const uint16_t *p = x;
+        #pragma omp parallel for if(n > PAR_MIN) reduction(&&:ok) schedule(static)
+        for (int64_t i = 0; i < n; i++) ok = ok && (p[i] & 0x7f80u) != 0x7f80u;
+        break;
+    }
+    case TIDE_I32: case TIDE_I64: case TIDE_U8:
+        break;   /* integers are always finite */
+    default:
+        return tide_set_error("all_finite: dtype %d is not a tide dtype", dtype);
+    }
+    *out = ok;
     return 0;
 }

@@ -14,18 +14,12 @@
 #include <stdlib.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 #define DEFINE_ROPE(T, SFX)                                                                             \
 static void rope_##SFX(T *out, const T *x, const double *cs, int64_t B, int64_t T_, int64_t H,         \
                        int64_t D)                                                                       \
 {                                                                                                       \
     int64_t half = D / 2, rows = B * T_ * H;                                                            \
-    _Pragma("omp parallel for if(rows * D > 16384)")                                                    \
+    _Pragma("omp parallel for if(rows * D > TIDE_OMP_MIN)")                                                    \
     for (int64_t r = 0; r < rows; r++) {                                                                \
         int64_t t = (r / H) % T_;                                                                       \
         const double *cr = cs + t * 2 * half, *sr = cr + half;                                          \
@@ -51,7 +45,7 @@ int tide_cpu_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int
     if (D % 2 != 0) return tide_set_error("rope: head dim D=%lld must be even", (long long)D);
     if (!(theta > 0.0)) return tide_set_error("rope: theta must be positive, got %g", theta);
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
-        return tide_set_error("rope: dtype %s not supported on cpu (expected f32 or f64)", dtype_str(dtype));
+        return tide_set_error("rope: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     int64_t half = D / 2;
     if (B * T * H * D == 0) return 0;
 

@@ -5,21 +5,15 @@
  * in double. The backward is written from the forward output y, so nothing else is saved:
  *   softmax:      dx = y ⊙ (dy − Σ dy ⊙ y)
  *   log_softmax:  dx = dy − exp(y) Σ dy
- * Rows run in parallel when a call touches more than 16384 elements.
+ * Rows run in parallel when a call touches more than TIDE_OMP_MIN elements (cpu.h).
  */
 #include <math.h>
 #include "cpu.h"
 
-static const char *dtype_str(int dtype)
-{
-    const char *s = tide_dtype_name(dtype);
-    return s ? s : "unknown";
-}
-
 #define DEFINE_SOFTMAX(T, SFX)                                                                          \
 static void softmax_##SFX(T *y, const T *x, int64_t N, int64_t C, int log_out)                         \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > 16384)")                                                       \
+    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                       \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = x + n * C;                                                                        \
         T *yr = y + n * C;                                                                              \
@@ -39,7 +33,7 @@ static void softmax_##SFX(T *y, const T *x, int64_t N, int64_t C, int log_out)  
                                                                                                         \
 static void softmax_backward_##SFX(T *dx, const T *dy, const T *y, int64_t N, int64_t C, int log_out)  \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > 16384)")                                                       \
+    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                       \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *gr = dy + n * C, *yr = y + n * C;                                                      \
         T *dr = dx + n * C;                                                                             \
@@ -65,7 +59,7 @@ int tide_cpu_softmax(int dtype, void *y, const void *x, int64_t N, int64_t C, in
     case TIDE_F32: softmax_f32(y, x, N, C, log); return 0;
     case TIDE_F64: softmax_f64(y, x, N, C, log); return 0;
     default:
-        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, tide_cpu_dtype_str(dtype));
     }
 }
 
@@ -77,6 +71,6 @@ int tide_cpu_softmax_backward(int dtype, void *dx, const void *dy, const void *y
     case TIDE_F32: softmax_backward_f32(dx, dy, y, N, C, log); return 0;
     case TIDE_F64: softmax_backward_f64(dx, dy, y, N, C, log); return 0;
     default:
-        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, dtype_str(dtype));
+        return tide_set_error("%s: dtype %s not supported on cpu (expected f32 or f64)", op, tide_cpu_dtype_str(dtype));
     }
 }
