@@ -18,6 +18,7 @@
 #include <string.h>
 #include "internal.h"
 #include "../../kernels/cpu/cpu.h"
+#include "testutil.h"
 
 static int g_fail, g_pass;
 #define CHECK(cond, ...) do { if (cond) g_pass++; else { g_fail++; printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -44,20 +45,6 @@ static tide_tensor *mk(int64_t rows, int64_t d, double sd, double fill)
     free(v);
     tide_set_requires_grad(t, 1);
     return t;
-}
-
-static double *host(const tide_tensor *t)
-{
-    double *b = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *b);
-    if (tide_to_f64_buffer(t, b, t->numel)) { printf("  host copy failed: %s\n", tide_last_error()); exit(2); }
-    return b;
-}
-
-static double max_abs(const double *x, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
-    return m;
 }
 
 /* the kernel's stats [2, n, rows] (p then r) of a forward through the backend table */
@@ -291,13 +278,12 @@ static void test_f32(void)
     tide_tensor *g = tide_randn(TIDE_F64, 2, o64->shape, 0, 0, 1), *g32 = tide_to_dtype(g, TIDE_F32);
     tide_backward(o64, g);
     tide_backward(o32, g32);
-    double *a = host(o64), *b = host(o32), m = max_abs(a, rows * d), worst = 0;
-    for (int64_t e = 0; e < rows * d; e++) worst = fmax(worst, fabs(a[e] - b[e]));
+    double *a = host(o64), *b = host(o32), m = max_abs(a, rows * d), worst = max_abs_diff(a, b, rows * d);
     CHECK(worst <= 1e-5 * m, "f32 vs f64 output: %.3g of max %.3g", worst, m);
     double gworst = 0;
     for (int i = 0; i < N + 2; i++) {
-        double *x = host(l64[i]->grad), *y = host(l32[i]->grad), gm = max_abs(x, l64[i]->numel), wi = 0;
-        for (int64_t e = 0; e < l64[i]->numel; e++) wi = fmax(wi, fabs(x[e] - y[e]));
+        double *x = host(l64[i]->grad), *y = host(l32[i]->grad), gm = max_abs(x, l64[i]->numel);
+        double wi = max_abs_diff(x, y, l64[i]->numel);
         gworst = fmax(gworst, wi / gm);
         free(x); free(y);
     }

@@ -9,17 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tide.h"
+#include "testutil.h"
 
 static int g_pass, g_fail;
 #define CHECK(cond, ...) do { if (cond) g_pass++; else { g_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 #define REL(t) tide_tensor_release(t)
-
-static double *host(const tide_tensor *t)
-{
-    double *b = malloc((size_t)t->numel * sizeof *b);
-    tide_to_f64_buffer(t, b, t->numel);
-    return b;
-}
 
 /* a small residual MLP stack: h <- h + W2 silu(W1 rmsnorm(h)), `layers` times; loss = mean(h²) */
 static tide_tensor *stack_loss(tide_tensor *x, tide_tensor **W1, tide_tensor **W2, tide_tensor *g, int layers, int recompute)

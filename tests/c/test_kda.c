@@ -19,6 +19,7 @@
 #include <string.h>
 #include "internal.h"
 #include "../../kernels/cpu/cpu.h"
+#include "testutil.h"
 
 static int g_fail, g_pass;
 #define CHECK(cond, ...) do { if (cond) g_pass++; else { g_fail++; printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -84,13 +85,6 @@ static int64_t make_cu(int64_t *cu, int64_t B, int64_t T, const int64_t *inner, 
         cu[n++] = (b + 1) * T;
     }
     return n - 1;
-}
-
-static double max_abs_diff(const double *a, const double *b, int64_t n)
-{
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - b[i]));
-    return m;
 }
 
 /* forward (+ backward when gout) of the f64 kernel; grads: gq, gk, gv, gg, gbeta, gs0 */

@@ -13,16 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "testutil.h"
 
 static int g_fail, g_pass;
 #define CHECK(cond, ...) do { if (cond) g_pass++; else { g_fail++; printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); } } while (0)
-
-static double *host(const tide_tensor *t)
-{
-    double *b = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *b);
-    if (tide_to_f64_buffer(t, b, t->numel)) { printf("host copy failed: %s\n", tide_last_error()); exit(2); }
-    return b;
-}
 
 static tide_tensor *randn(int dtype, int ndim, const int64_t *shape)
 {

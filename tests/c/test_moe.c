@@ -15,16 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tide.h"
+#include "testutil.h"
 
 static int g_fail, g_pass;
 #define CHECK(cond, ...) do { if (cond) g_pass++; else { g_fail++; printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); } } while (0)
-
-static double *host(const tide_tensor *t)
-{
-    double *b = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *b);
-    if (tide_to_f64_buffer(t, b, t->numel)) { printf("host copy failed: %s\n", tide_last_error()); exit(2); }
-    return b;
-}
 
 static tide_tensor *vals(int dtype, int ndim, const int64_t *shape, const double *v) { return tide_from_f64(dtype, ndim, shape, 0, v); }
 
@@ -58,8 +52,7 @@ static void test_situ(void)
     int64_t n = 64;
     tide_tensor *tg = tide_rand(TIDE_F64, 1, &n, 0, -8, 8), *tu = tide_rand(TIDE_F64, 1, &n, 0, -8, 8);
     tide_tensor *hs = tide_situ_glu(tg, tu, 1e9, 1e9), *hw = tide_swiglu(tg, tu);
-    double *a = host(hs), *b = host(hw), worst = 0;
-    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]));
+    double *a = host(hs), *b = host(hw), worst = max_abs_diff(a, b, n);
     CHECK(worst <= 1e-9, "situ k = 1e9 vs swiglu: max diff %.3g (want <= 1e-9)", worst);
     free(a); free(b);
     tide_tensor_release(hs); tide_tensor_release(hw);
@@ -221,13 +214,6 @@ static double *sel_8x2(int64_t m)
     return s;
 }
 
-static double max_rel(const double *a, const double *b, int64_t n)
-{
-    double w = 0;
-    for (int64_t i = 0; i < n; i++) w = fmax(w, fabs(a[i] - b[i]) / (1 + fabs(b[i])));
-    return w;
-}
-
 static void test_dispatch_vs_dense(void)
 {
     moe_dims D = {13, 2, 8, 6, 5, 7};
@@ -243,7 +229,7 @@ static void test_dispatch_vs_dense(void)
             double *x = host(J.x), *p = host(J.p), *wgu = host(J.wgu), *wd = host(J.wd), *uv = host(u);
             double *ref = malloc((size_t)(D.m * D.dout) * sizeof *ref);
             moe_ref(&D, x, sel, p, wgu, wd, act, 4, 25, NULL, ref);
-            double w = max_rel(uv, ref, D.m * D.dout), tol = dt ? 1e-5 : 1e-12;
+            double w = max_rel_diff(uv, ref, D.m * D.dout), tol = dt ? 1e-5 : 1e-12;
             CHECK(w <= tol && dropped == 0, "moe_experts %s %s vs dense loop: %.3g (want <= %g), dropped %lld", act ? "swiglu" : "situ",
                   dt ? "f32" : "f64", w, tol, (long long)dropped);
             free(x); free(p); free(wgu); free(wd); free(uv); free(ref);
@@ -370,7 +356,7 @@ static void test_tiles(void)
     double *x = host(I.x), *p = host(I.p), *wgu = host(I.wgu), *wd = host(I.wd), *uv = host(u);
     double *ref = malloc((size_t)(D.m * D.dout) * sizeof *ref);
     moe_ref(&D, x, sel, p, wgu, wd, TIDE_MOE_SITU, 4, 25, NULL, ref);
-    double w = max_rel(uv, ref, D.m * D.dout);
+    double w = max_rel_diff(uv, ref, D.m * D.dout);
     CHECK(w <= 1e-12, "moe_experts f64 past the tiles vs dense loop: %.3g (want <= 1e-12)", w);
     tide_tensor *pr = tide_mul(u, r), *L = tide_sum(pr, 0, NULL, 0);
     CHECK(L && !tide_backward(L, NULL), "moe backward past the tiles: %s", tide_last_error());
@@ -424,7 +410,7 @@ static void test_capacity(void)
     double *x = host(I.x), *p = host(I.p), *wgu = host(I.wgu), *wd = host(I.wd), *uv = host(u);
     double ref[21];
     moe_ref(&D, x, sel, p, wgu, wd, TIDE_MOE_SITU, 4, 25, keep, ref);
-    double w = max_rel(uv, ref, 21);
+    double w = max_rel_diff(uv, ref, 21);
     CHECK(dropped == want_drop && want_drop == 3 && w <= 1e-12, "capacity 1.0: dropped %lld (want %d), vs dense loop %.3g",
           (long long)dropped, want_drop, w);
     tide_tensor *L = tide_sum(u, 0, NULL, 0);

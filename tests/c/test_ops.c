@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "testutil.h"
 
 static int g_pass, g_fail;
 #define FAIL(...) do { printf("  FAIL "); printf(__VA_ARGS__); printf("\n"); g_fail++; } while (0)
@@ -39,13 +40,6 @@ static tide_tensor *ints(int dtype, int ndim, const int64_t *shape, int64_t hi, 
     tide_tensor *t = tide_from_f64(dtype, ndim, shape, 0, v);
     free(v); free(u);
     return t;
-}
-
-static double *host(const tide_tensor *t)
-{
-    double *b = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *b);
-    if (tide_to_f64_buffer(t, b, t->numel)) { printf("  host copy failed: %s\n", tide_last_error()); exit(2); }
-    return b;
 }
 
 /* ---- the cases --------------------------------------------------------------------------------------------------- */
