@@ -1,8 +1,9 @@
 -- packed_moe: long_context.md test oracle 1 for a hybrid MoE model — documents A, B, C packed into one row with
 -- cu_seqlens (§3) give the logits of each document run alone, and with a per-document loss the gradients of every
--- parameter of running that document alone (f64 <= 1e-12; f32 <= 1e-6 at the tiny init; relative to the largest
--- entry of each tensor). The model is tiny-like: KDA + MLA mixers (3:1), LatentMoE FFNs (routed top-k with a non-zero QB
--- selection bias, a SiTU shared expert), Block AttnRes, recompute = "layer". Routing is per token, so packing must
+-- parameter of running that document alone (f64 <= 1e-12; f32 within 3x the f32 rounding error of the separate run,
+-- measured against f64, see above the f32 tests; relative to the largest entry of each tensor). The model is
+-- tiny-like: KDA + MLA mixers (3:1), LatentMoE FFNs (routed top-k with a non-zero QB selection bias, a SiTU shared
+-- expert), Block AttnRes, recompute = "layer". Routing is per token, so packing must
 -- not change it: the recorded selections of the packed row are those of the separate runs. Negative controls (no
 -- library change): the row without cu_seqlens, and each document reset of §3 disabled alone — the KDA state, the
 -- KDA short-conv history, the MLA document mask, by dropping cu_seqlens from that one op — and a packed loss whose
@@ -73,9 +74,18 @@ local function doc_logits(packed, i) return packed:narrow(2, CU[i] + 1, DOCS[i])
 
 local function doc_loss(logits, tgt) return F.cross_entropy(logits:reshape(-1, V), tgt, { reduction = "sum" }) end
 
--- oracle 1 at one dtype: logits and per-document losses within tol, every gradient within gtol, routing records
+-- oracle 1 at one dtype: logits and per-document losses within tol, every gradient within gtol, routing records.
+-- tol, gtol = nil (f32): derived per document from the f32 rounding of the separate run, measured against the f64
+-- run of the same weights (the derivation is above the f32 tests): E_fwd, the relative error of its logits and loss,
+-- and E, the largest relative error over all parameters of its gradients; logits and loss are held to
+-- max(1e-6, 3 E_fwd), gradients to 3 E, and E itself must stay <= 1e-3.
 local function oracle(dtype, init_std, tol, gtol)
   local m = model(dtype, init_std)
+  local twin                       -- f32: the same weights in f64, the reference that measures the rounding
+  if not gtol then
+    twin = model("f64", init_std)
+    twin:load_state_dict(m:state_dict())
+  end
   local docs, tgts, row = data()
   local packed = m:forward(row, nil, { cu_seqlens = CU })
   -- the packed row routes each token as its document alone does (same bias, per-token TopK)
@@ -88,11 +98,10 @@ local function oracle(dtype, init_std, tol, gtol)
     packed_sel[l] = t
   end
   discard(m)
-  local worst = { logits = 0, loss = 0, grad = 0 }
+  local worst = { logits = 0, loss = 0, grad = 0, fwd = 0, E = 0, ratio = 0 }
   local separate_sel = {}
   for i = 1, #DOCS do
     local alone = m:forward(docs[i])
-    worst.logits = math.max(worst.logits, rel_err(doc_logits(packed, i), alone))
     for l, moe in ipairs(m:moe_layers()) do
       local r = moe._records[1]
       separate_sel[l] = separate_sel[l] or {}
@@ -111,25 +120,50 @@ local function oracle(dtype, init_std, tol, gtol)
     local gs = grads(m)
     m:zero_grad()
     discard(m)
-    worst.loss = math.max(worst.loss, math.abs(lp:item() - ls:item()) / math.abs(ls:item()))
-    local n = 0
+    local ftol, dtol, E = tol, gtol, nil
+    if twin then                   -- the separate f32 run against f64: its rounding, E_fwd and E
+      twin:zero_grad()
+      local ref = twin:forward(docs[i])
+      local lt = doc_loss(ref, tgts[i])
+      lt:backward()
+      local efwd = math.max(rel_err(alone, ref), math.abs(ls:item() - lt:item()) / math.abs(lt:item()))
+      E = 0
+      for name, h in pairs(grads(twin)) do if h then E = math.max(E, rel_err(gs[name], h)) end end
+      twin:zero_grad()
+      discard(twin)
+      T.ok(E <= 1e-3, string.format("f32 doc %d alone vs f64: gradients differ by %.3g (want <= 1e-3)", i, E))
+      ftol, dtol = math.max(1e-6, 3 * efwd), 3 * E
+      worst.fwd, worst.E = math.max(worst.fwd, efwd), math.max(worst.E, E)
+    end
+    local el, eloss = rel_err(doc_logits(packed, i), alone), math.abs(lp:item() - ls:item()) / math.abs(ls:item())
+    T.ok(el <= ftol, string.format("%s doc %d: logits differ by %.3g (tolerance %.3g)", dtype, i, el, ftol))
+    T.ok(eloss <= ftol, string.format("%s doc %d: losses differ by %.3g (tolerance %.3g)", dtype, i, eloss, ftol))
+    worst.logits, worst.loss = math.max(worst.logits, el), math.max(worst.loss, eloss)
+    local n, dmax = 0, 0
     for name, g in pairs(gs) do
       if g == false then
         T.eq(gp[name], false, name .. ": no gradient alone, none packed")
       else
         T.ok(gp[name] ~= false, name .. ": a gradient packed")
         local e = rel_err(gp[name], g)
-        T.ok(e <= gtol, string.format("%s doc %d: %s differs by %.3g (tolerance %g)", dtype, i, name, e, gtol))
-        worst.grad, n = math.max(worst.grad, e), n + 1
+        T.ok(e <= dtol, string.format("%s doc %d: %s differs by %.3g (tolerance %.3g)", dtype, i, name, e, dtol))
+        dmax, n = math.max(dmax, e), n + 1
       end
     end
+    worst.grad = math.max(worst.grad, dmax)
+    if twin then worst.ratio = math.max(worst.ratio, dmax / E) end
     T.ok(n > 100, "parameters compared: " .. n)
   end
-  T.ok(worst.logits <= tol, string.format("%s logits differ by %.3g", dtype, worst.logits))
-  T.ok(worst.loss <= tol, string.format("%s per-document losses differ by %.3g", dtype, worst.loss))
   for l = 1, #packed_sel do T.eq(packed_sel[l], separate_sel[l], "MoE layer " .. l .. " selections packed vs alone") end
-  print(string.format("    %s, init_std %g: max rel err logits %.3g, losses %.3g, gradients %.3g (tolerances %g, %g)", dtype,
-    init_std, worst.logits, worst.loss, worst.grad, tol, gtol))
+  if twin then
+    print(string.format("    %s, init_std %g: max rel err logits %.3g, losses %.3g, gradients %.3g; f32 rounding of the "
+      .. "separate run (vs f64): forward %.3g, gradients E %.3g; packed-vs-alone gradients up to %.2f E (tolerances "
+      .. "max(1e-6, 3 E_fwd), 3 E)", dtype, init_std, worst.logits, worst.loss, worst.grad, worst.fwd, worst.E,
+      worst.ratio))
+  else
+    print(string.format("    %s, init_std %g: max rel err logits %.3g, losses %.3g, gradients %.3g (tolerances %g, %g)",
+      dtype, init_std, worst.logits, worst.loss, worst.grad, tol, gtol))
+  end
   return m
 end
 
@@ -137,16 +171,33 @@ T.test("oracle 1, f64: [A | B | C] packed == each document alone (logits, per-do
   oracle("f64", 0.2, 1e-12, 1e-12)
 end)
 
-T.test("oracle 1, f32 at the tiny init (init_std 0.02): the same <= 1e-6", function()
-  oracle("f32", 0.02, 1e-6, 1e-6)
+-- f32: packed and alone are the same sums computed with different rounding, never bit for bit. The product shapes
+-- differ (a linear layer is one [21, d] product packed, [7, d], [9, d] and [5, d] ones alone), and OpenBLAS rounds a
+-- row by the micro-kernel that covers it: measured with a [21, 16] x [16, 24] product, rows 0-15 (the 16-row
+-- kernel) differ from the same rows computed as [7, .] or [9, .] products (the edge kernels) in a third of the
+-- entries by one ulp, while rows 16-20 (doc C: a 5-row edge either way) agree bitwise; the f32 MLA attention kernel
+-- also tiles its keys by the row length. Those last-bit differences run through 4 layers and the backward into the
+-- weight gradients, sums over the document's tokens whose terms cancel: the error measure is relative to each
+-- tensor's largest entry, and in the small, cancelling ones (KDA A_log and dt_bias, norm weights) the f32 error
+-- reaches ~1e-4 of it at init_std 0.2 (E up to 3e-4 ~ 5000 u, u = 6e-8) and ~5e-6 at the tiny init; the f64 run of the same
+-- model (~1e-13) shows it is rounding, not a leak. A fixed tolerance chosen above one machine's measurement fails
+-- on the next machine's kernels, so it is derived from the rounding itself: with g the exact gradient,
+-- |g_packed − g_alone| <= |g_packed − g| + |g_alone − g|; the f64 gradient of the same weights stands in for g and
+-- gives the separate run's error, whose maximum over all parameters, E, is the f32 rounding level of this backward;
+-- the packed run is the same computation, so its error is that size too, and packed-vs-alone is held to 3 E (2 E
+-- from the triangle inequality, and a factor 1.5 for the packed run's worst tensor landing above the separate run's:
+-- measured up to 1.6 E over 3 documents x 2 inits). E is measured on the separate run only, so a packed-only bug does
+-- not widen its own tolerance; a leak is far above it (negative controls: 0.1 to 1.4 in f64; each reset disabled in
+-- this f32 oracle: logits off by 0.016 to 1.3). Logits and losses get the same rule from their own rounding E_fwd
+-- (measured 3.5e-7 at the tiny init, 6.5e-6 at 0.2), with a floor of 1e-6 (~17 u: a few roundings of a final value)
+-- for a document whose separate run happens to round almost exactly. E itself is capped at 1e-3 (3x the largest
+-- measured), so a generally broken f32 path cannot widen the tolerance it is judged by.
+T.test("oracle 1, f32 at the tiny init (init_std 0.02): within 3x the f32 rounding of the separate run", function()
+  oracle("f32", 0.02)
 end)
 
--- With weights 10x the tiny init the f32 MLA attention kernel rounds a document's last bits differently in the packed
--- row than alone (its key tiles span a different number of keys; a one-layer MLA model's logits differ by ~4e-7, a
--- one-layer KDA model's not at all), and the backward amplifies that to a few 1e-6 in some gradients. The f64 run of
--- the same weights (7e-15) shows it is rounding, not a leak: logits and losses keep 1e-6, gradients get 2e-5.
-T.test("oracle 1, f32 at init_std 0.2: logits and losses <= 1e-6, gradients <= 2e-5 (rounding, see f64)", function()
-  oracle("f32", 0.2, 1e-6, 2e-5)
+T.test("oracle 1, f32 at init_std 0.2: within 3x the f32 rounding of the separate run (see f64)", function()
+  oracle("f32", 0.2)
 end)
 
 -- the largest relative logit error over documents B and C (A comes first: nothing can leak into it)
