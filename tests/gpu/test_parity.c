@@ -8,13 +8,20 @@
  * compared. bf16 cases feed the GPU op bf16 copies of inputs that were first rounded to bf16 on the
  * CPU, so both sides see identical values and the difference is the bf16 arithmetic alone.
  *
- * Exit code: 0 all passed, 1 some failed, 77 skipped (no CUDA device; CTest SKIP_RETURN_CODE).
+ * Every op of the registry (tide_op_defs, engine/internal.h) must appear in the coverage table at the end of
+ * this file, with the parity cases that exercise it or the reason it has none (as ggml's test-backend-ops
+ * requires a test per op). That check needs no GPU and runs first: a new op without a parity case fails the
+ * test on every machine.
+ *
+ * Exit code: 0 all passed, 1 some failed (or an op lacks coverage), 77 skipped (no CUDA device; CTest
+ * SKIP_RETURN_CODE).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tide.h"
+#include "internal.h"
 
 #define CPU 0
 #define GPU 1   /* cuda:0 */
@@ -178,6 +185,20 @@ static tide_tensor *f_transpose_contig(tide_tensor **in)
     tide_tensor_release(t);
     return c;
 }
+/* view ops (no kernel forward; their backward and every read of a view run the copy, fill and sum kernels) */
+static tide_tensor *f_reshape(tide_tensor **in) { int64_t s[2] = {5, 12}; return tide_reshape(in[0], 2, s); }
+static tide_tensor *f_permute(tide_tensor **in) { int p[3] = {2, 0, 1}; return tide_permute(in[0], 3, p); }
+static tide_tensor *f_slice(tide_tensor **in) { return tide_slice(in[0], 1, 1, 8, 2); }
+static tide_tensor *f_expand(tide_tensor **in) { int64_t s[3] = {3, 4, 5}; return tide_expand(in[0], 3, s); }
+static tide_tensor *f_concat(tide_tensor **in) { return tide_concat(3, in, 1); }
+static tide_tensor *f_split(tide_tensor **in)
+{
+    int64_t sizes[2] = {2, 3};
+    tide_tensor *outs[2] = {0};
+    if (tide_split(in[0], 2, 2, sizes, outs)) return NULL;
+    tide_tensor_release(outs[0]);
+    return outs[1];
+}
 static tide_tensor *f_bf16_roundtrip(tide_tensor **in)
 {
     tide_tensor *b = tide_to_dtype(in[0], TIDE_BF16);
@@ -306,6 +327,12 @@ static const op_case cases[] = {
     {"l2norm bf16", f_l2norm, 1, {NORMAL(S2(6, 64))}, 1, 5e-4, 2e-2, 5e-4, 2e-2, 1},
     /* layout and dtype conversion */
     {"contiguous(transpose 0,2)", f_transpose_contig, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
+    {"reshape [3,4,5] -> [5,12]", f_reshape, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
+    {"permute [3,4,5] (2,0,1)", f_permute, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
+    {"slice dim 1 [1:8:2]", f_slice, 1, {NORMAL(S3(3, 9, 5))}, 1, 0, 0, 0, 0, 0},
+    {"expand [3,1,5] -> [3,4,5]", f_expand, 1, {NORMAL(S3(3, 1, 5))}, 1, 0, 0, 1e-6, 1e-6, 0},
+    {"concat dim 1 of 3", f_concat, 3, {NORMAL(S3(2, 3, 4)), NORMAL(S3(2, 1, 4)), NORMAL(S3(2, 5, 4))}, 7, 0, 0, 0, 0, 0},
+    {"split dim 2 into 2 and 3, second", f_split, 1, {NORMAL(S3(3, 4, 5))}, 1, 0, 0, 0, 0, 0},
     {"f32 -> bf16 -> f32", f_bf16_roundtrip, 1, {NORMAL(S2(9, 17))}, 1, 0, 0, 0, 0, 0},
 };
 
@@ -936,6 +963,91 @@ static int test_mla(void)
     return passed;
 }
 
+/* ---- softmax attention (the dense baseline's F.attention): q [B, H, Tq, D], k, v [B, H, Tk, D] -----------------
+   N(0, 4) inputs (scores of a few units: peaked rows), scale D^-1/2; causal and not, Tq < Tk and Tq > Tk (not
+   causal), T not a multiple of any tile, GPT-2 small's head dim 64. The CPU runs f32 BLAS products with the softmax
+   in double; the GPU the flash kernels of mla.cu. |gpu - cpu| <= tol · max|cpu|: f32 1e-5 for the output, 1e-4 for
+   the gradients (fp32 sums over up to 200 keys on both sides; ~1e-6 from f64 measured in emulation); bf16 outputs
+   2^-7 (P is rounded to bf16 for P V, the output to bf16), gradients 2^-6 (dS and the incoming gradient in bf16),
+   as for mla. */
+typedef struct {
+    const char *name;
+    int64_t B, H, Tq, Tk, D;
+    int causal, bf16;
+    double tol, gtol;
+} attention_case;
+
+static const attention_case attention_cases[] = {
+    {"attention f32 causal [2,3,77,64]", 2, 3, 77, 77, 64, 1, 0, 1e-5, 1e-4},
+    {"attention f32 not causal, Tq 20 < Tk 83", 1, 2, 20, 83, 64, 0, 0, 1e-5, 1e-4},
+    {"attention f32 causal, Tq 20 < Tk 83", 1, 2, 20, 83, 64, 1, 0, 1e-5, 1e-4},
+    {"attention f32 not causal, Tq 50 > Tk 9, D 40", 2, 2, 50, 9, 40, 0, 0, 1e-5, 1e-4},
+    {"attention f32 causal T 200, D 128", 1, 2, 200, 200, 128, 1, 0, 1e-5, 1e-4},
+    {"attention bf16 causal [2,3,77,64]", 2, 3, 77, 77, 64, 1, 1, 1.0 / 128, 1.0 / 64},
+    {"attention bf16 not causal, Tq 20 < Tk 83", 1, 2, 20, 83, 64, 0, 1, 1.0 / 128, 1.0 / 64},
+    {"attention bf16 causal T 200, D 128", 1, 2, 200, 200, 128, 1, 1, 1.0 / 128, 1.0 / 64},
+};
+
+static int test_attention_case(const attention_case *ac)
+{
+    enum { Q, K, V, NIN };
+    int64_t shp[NIN][4] = {{ac->B, ac->H, ac->Tq, ac->D}, {ac->B, ac->H, ac->Tk, ac->D}, {ac->B, ac->H, ac->Tk, ac->D}};
+    int64_t most = ac->B * ac->H * (ac->Tq > ac->Tk ? ac->Tq : ac->Tk) * ac->D;
+    double *buf = malloc((size_t)most * sizeof *buf);
+    tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL,
+                *lg = NULL;
+    char detail[512] = "";
+    int ok = buf != NULL;
+    for (int i = 0; ok && i < NIN; i++) {
+        int64_t n = shp[i][0] * shp[i][1] * shp[i][2] * shp[i][3];
+        for (int64_t j = 0; j < n; j++) buf[j] = 2.0 * normal01();
+        c[i] = kda_input(4, shp[i], buf, ac->bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && ac->bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    double scale = 1.0 / sqrt((double)ac->D);
+    oc = ok ? tide_attention(c[Q], c[K], c[V], ac->causal, scale) : NULL;
+    og = oc ? tide_attention(gp[Q], gp[K], gp[V], ac->causal, scale) : NULL;
+    og32 = og ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    if (ok && !og32) snprintf(detail, sizeof detail, "%s: %s", oc ? "gpu" : "cpu", tide_last_error());
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(ac->name, "o", oc, og32, ac->tol, detail, sizeof detail);
+        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    const char *gname[NIN] = {"dq", "dk", "dv"};
+    for (int i = 0; ok && i < NIN; i++) {
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(ac->name, gname[i], gc, gg, ac->gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < NIN; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(ac->name, ok && pass, detail);
+}
+
+static int test_attention(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof attention_cases / sizeof attention_cases[0]; i++)
+        passed = test_attention_case(&attention_cases[i]) && passed;
+    return passed;
+}
+
 /* ---- Attention Residuals (attnres.md §1, §4): n sources, w, nu -> one output ----------------------------------
    The GPU forward is the online-softmax form, the CPU's the direct one (oracle 5). |gpu - cpu| <= tol · max|cpu|:
    f32 1e-5 (fp32 block sums of d terms against double sums), gradients 1e-4 (dw and dν sum rows·n terms); bf16
@@ -1016,8 +1128,33 @@ static int test_attnres_case(const attnres_case *ac)
    forward, dx, dp, dw vs the CPU; the GPU run repeated is bitwise equal (no atomics); the capacity drops the same
    count on both. m·k past 1,024 and n past 256 take the device sort over several tiles; bf16 rows whose length is
    not a multiple of 8 take the per-product GEMM fallback instead of the grouped one ---- */
-static int test_moe_case(int bf16, double tol, int64_t m, int64_t n, int64_t din, int64_t de, int64_t dout)
+typedef struct {
+    int bf16;
+    double tol;
+    int64_t m, n, din, de, dout;
+} moe_case;
+
+/* f32: cuBLAS reorders the K-sums (K <= 48, or the ~700 rows of expert 3 in the weight gradients): 1e-5 of the
+   largest value; bf16: the inputs, pre-activations, h and y are rounded to bf16 (step 2^-8) along the way: 1/64 of
+   the largest value */
+static const moe_case moe_cases[] = {
+    {0, 1e-5, 37, 8, 48, 32, 40},
+    {1, 1.0 / 64, 37, 8, 48, 32, 40},
+    {0, 1e-5, 700, 300, 16, 8, 24},
+    {1, 1.0 / 64, 41, 6, 7, 5, 9},
+};
+
+static void moe_case_name(const moe_case *mc, char *name, size_t n)
 {
+    snprintf(name, n, "moe_experts %s m %lld n %lld k 2 d %lld/%lld/%lld", mc->bf16 ? "bf16" : "f32", (long long)mc->m,
+             (long long)mc->n, (long long)mc->din, (long long)mc->de, (long long)mc->dout);
+}
+
+static int test_moe_case(const moe_case *mc)
+{
+    int bf16 = mc->bf16;
+    double tol = mc->tol;
+    int64_t m = mc->m, n = mc->n, din = mc->din, de = mc->de, dout = mc->dout;
     enum { X, SEL, P, WGU, WD, NIN };
     const int64_t k = 2;
     int64_t shp[NIN][3] = {{m, din}, {m, k}, {m, k}, {n, 2 * de, din}, {n, dout, de}};
@@ -1030,8 +1167,7 @@ static int test_moe_case(int bf16, double tol, int64_t m, int64_t n, int64_t din
                 *lc = NULL, *lg = NULL, *cap_c = NULL, *cap_g = NULL;
     static const int cyc[5] = {7, 0, 4, 1, 2};
     char detail[512] = "", name[160];
-    snprintf(name, sizeof name, "moe_experts %s m %lld n %lld k 2 d %lld/%lld/%lld", bf16 ? "bf16" : "f32", (long long)m,
-             (long long)n, (long long)din, (long long)de, (long long)dout);
+    moe_case_name(mc, name, sizeof name);
     int ok = buf != NULL;
     for (int i = 0; ok && i < NIN; i++) {
         int64_t cnt = 1;
@@ -1092,16 +1228,11 @@ static int test_moe_case(int bf16, double tol, int64_t m, int64_t n, int64_t din
     return report(name, ok && pass, detail);
 }
 
-/* f32: cuBLAS reorders the K-sums (K <= 48, or the ~700 rows of expert 3 in the weight gradients): 1e-5 of the
-   largest value; bf16: the inputs, pre-activations, h and y are rounded to bf16 (step 2^-8) along the way: 1/64 of
-   the largest value */
 static int test_moe(void)
 {
-    int a = test_moe_case(0, 1e-5, 37, 8, 48, 32, 40);
-    int b = test_moe_case(1, 1.0 / 64, 37, 8, 48, 32, 40);
-    int c = test_moe_case(0, 1e-5, 700, 300, 16, 8, 24);
-    int d = test_moe_case(1, 1.0 / 64, 41, 6, 7, 5, 9);
-    return a && b && c && d;
+    int passed = 1;
+    for (size_t i = 0; i < sizeof moe_cases / sizeof moe_cases[0]; i++) passed = test_moe_case(&moe_cases[i]) && passed;
+    return passed;
 }
 
 static int test_attnres(void)
@@ -1159,21 +1290,168 @@ static int test_bad_target(void)
     return report("cross_entropy bad target -> error", ok, detail);
 }
 
+/* ---- coverage: every op of the registry -> the cases above that exercise it, or why it has none ------------------
+   cases: case names, '|'-separated, each of which must exist in a case table; reason: instead, when the op has no
+   case of its own. An op of tide_op_defs without an entry here fails the test, with or without a GPU. */
+typedef struct {
+    const char *op;
+    const char *cases;
+    const char *reason;
+} op_coverage;
+
+static const op_coverage coverage[] = {
+    {"reshape", "reshape [3,4,5] -> [5,12]", NULL},
+    {"permute", "permute [3,4,5] (2,0,1)|contiguous(transpose 0,2)", NULL},
+    {"slice", "slice dim 1 [1:8:2]", NULL},
+    {"contiguous", "contiguous(transpose 0,2)", NULL},
+    {"expand", "expand [3,1,5] -> [3,4,5]", NULL},
+    {"concat", "concat dim 1 of 3", NULL},
+    {"split", "split dim 2 into 2 and 3, second", NULL},
+    {"index_select", "index_select dim 1", NULL},
+    {"gather", "gather dim 1", NULL},
+    {"scatter_add", "scatter_add dim 1", NULL},
+    {"to_dtype", "f32 -> bf16 -> f32|silu bf16|matmul bf16 linear", NULL},
+    {"to_device", NULL, "every case copies its inputs to cuda:0 and its results back to the cpu"},
+    {"add", "add [2,3,5]+[3,1]|add bf16", NULL},
+    {"sub", "sub [4,1]-[1,5]", NULL},
+    {"mul", "mul [2,3,5]*[5]|mul same shape", NULL},
+    {"div", "div [2,3,5]/[2,1,5]", NULL},
+    {"add_scalar", "add_scalar", NULL},
+    {"mul_scalar", "mul_scalar", NULL},
+    {"pow_scalar", "pow_scalar 1.7|pow_scalar 2", NULL},
+    {"neg", "neg", NULL},
+    {"exp", "exp", NULL},
+    {"log", "log", NULL},
+    {"sqrt", "sqrt", NULL},
+    {"rsqrt", "rsqrt", NULL},
+    {"tanh", "tanh", NULL},
+    {"sigmoid", "sigmoid", NULL},
+    {"silu", "silu|silu bf16", NULL},
+    {"gelu", "gelu", NULL},
+    {"softplus", "softplus", NULL},
+    {"relu", "relu", NULL},
+    {"abs", "abs", NULL},
+    {"swiglu", "swiglu|swiglu bf16", NULL},
+    {"sum", "sum all|sum dim 1|sum dims 0,2 keepdim|sum last [3,100000]|sum all [300000]|sum dim 1 [2,20000,7]", NULL},
+    {"mean", "mean dim 2", NULL},
+    {"max", "max dim 1|max last keepdim [5,3000]", NULL},
+    {"argmax", "argmax dim 2|argmax dim 0 keepdim", NULL},
+    {"logsumexp", "logsumexp dim 0|logsumexp last [3,50000]", NULL},
+    {"matmul", "matmul|matmul ta|matmul tb|matmul ta tb|matmul batched|matmul bf16 [64,128]x[128,96]", NULL},
+    {"embedding", "embedding i64 ids|embedding i32 ids [2,9]", NULL},
+    {"rmsnorm", "rmsnorm|rmsnorm [37,1000]|rmsnorm bf16", NULL},
+    {"layernorm", "layernorm|layernorm [37,1000]", NULL},
+    {"softmax", "softmax|softmax dim 0|softmax [3,5000]|softmax bf16", NULL},
+    {"log_softmax", "log_softmax", NULL},
+    {"cross_entropy", "cross_entropy mean, ignore|cross_entropy weights sum|cross_entropy [16,3000]|cross_entropy bf16|"
+                      "cross_entropy bad target -> error", NULL},
+    {"rope", "rope|rope pos0 1e6", NULL},
+    {"attention", "attention f32 causal [2,3,77,64]|attention f32 not causal, Tq 20 < Tk 83|"
+                  "attention f32 causal, Tq 20 < Tk 83|attention f32 not causal, Tq 50 > Tk 9, D 40|"
+                  "attention bf16 causal [2,3,77,64]|attention bf16 not causal, Tq 20 < Tk 83", NULL},
+    {"kda", "kda chunk f32 64, docs, s0|kda chunk_safe f32 softplus gate|kda recurrent f32, docs, s0|"
+            "kda chunk bf16 64 (tensor cores)|kda chunk: g < lb -> error", NULL},
+    {"kda_gate", "kda_gate bounded|kda_gate softplus [H, D] bias|kda_gate bounded bf16", NULL},
+    {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
+    {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
+    {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
+    {"attnres", "attnres f32 5 sources [2,37,96]|attnres f32 9 sources d 7168|attnres bf16 9 sources d 7168", NULL},
+    {"situ_glu", "situ_glu|situ_glu bf16", NULL},
+    {"topk", "topk 5 of 33 (values, gradient scatter)", NULL},
+    {"moe_experts", "moe_experts f32 m 37 n 8 k 2 d 48/32/40|moe_experts bf16 m 37 n 8 k 2 d 48/32/40|"
+                    "moe_experts f32 m 700 n 300 k 2 d 16/8/24", NULL},
+};
+
+/* the checks that report under their own name (see report() calls above) */
+static const char *const extra_names[] = {
+    "randn / rand (same seed)", "copy_/fill_ into strided views", "sum_squares / all_finite / axpy_",
+    "kda chunk: g < lb -> error", "adamw step x3", "cross_entropy bad target -> error",
+};
+
+#define NAMES_IN(table, field, want, len)                                                                  \
+    for (size_t i_ = 0; i_ < sizeof table / sizeof table[0]; i_++)                                        \
+        if (strlen(table[i_] field) == (len) && !strncmp(table[i_] field, (want), (len))) return 1;
+
+static int case_exists(const char *want, size_t len)
+{
+    NAMES_IN(cases, .name, want, len)
+    NAMES_IN(kda_cases, .name, want, len)
+    NAMES_IN(mla_cases, .name, want, len)
+    NAMES_IN(attention_cases, .name, want, len)
+    NAMES_IN(attnres_cases, .name, want, len)
+    NAMES_IN(extra_names, , want, len)
+    for (size_t i = 0; i < sizeof moe_cases / sizeof moe_cases[0]; i++) {
+        char name[160];
+        moe_case_name(&moe_cases[i], name, sizeof name);
+        if (strlen(name) == len && !strncmp(name, want, len)) return 1;
+    }
+    return 0;
+}
+
+/* the number of problems: registry ops without an entry, entries naming unknown cases or no registry op */
+static int check_coverage(void)
+{
+    int problems = 0, with_cases = 0, with_reason = 0;
+    for (int id = 0; id < TIDE_OP_COUNT; id++) {
+        const char *op = tide_op_defs[id].name;
+        if (!op) {
+            printf("parity coverage: FAIL registry id %d has no entry in tide_op_defs\n", id);
+            problems++;
+            continue;
+        }
+        const op_coverage *cv = NULL;
+        for (size_t i = 0; i < sizeof coverage / sizeof coverage[0]; i++)
+            if (!strcmp(coverage[i].op, op)) cv = &coverage[i];
+        if (!cv || (!cv->cases && !cv->reason)) {
+            printf("parity coverage: FAIL op '%s' (registry id %d) has no parity case and no reason in the coverage "
+                   "table of tests/gpu/test_parity.c\n", op, id);
+            problems++;
+            continue;
+        }
+        if (!cv->cases) {
+            with_reason++;
+            continue;
+        }
+        with_cases++;
+        for (const char *c = cv->cases; *c;) {
+            size_t len = strcspn(c, "|");
+            if (!case_exists(c, len)) {
+                printf("parity coverage: FAIL op '%s' lists the case '%.*s', which no case table holds\n", op, (int)len, c);
+                problems++;
+            }
+            c += len + (c[len] == '|');
+        }
+    }
+    for (size_t i = 0; i < sizeof coverage / sizeof coverage[0]; i++) {
+        int found = 0;
+        for (int id = 0; id < TIDE_OP_COUNT; id++) found = found || (tide_op_defs[id].name && !strcmp(tide_op_defs[id].name, coverage[i].op));
+        if (!found) {
+            printf("parity coverage: FAIL the coverage entry '%s' names no op of the registry\n", coverage[i].op);
+            problems++;
+        }
+    }
+    printf("parity coverage: %d registry ops, %d with parity cases, %d with a reason, %d problems\n", (int)TIDE_OP_COUNT,
+           with_cases, with_reason, problems);
+    return problems;
+}
+
 int main(void)
 {
+    /* before the GPU check: an op without a parity case fails on every machine */
+    int uncovered = check_coverage();
     if (!tide_cuda_available()) {
         printf("gpu parity: skipped (no CUDA device: %s)\n", tide_cuda_info());
-        return 77;
+        return uncovered ? 1 : 77;
     }
     printf("gpu parity: %s\n", tide_cuda_info());
     tide_manual_seed(1234);
-    int passed = 0, failed = 0;
+    int passed = uncovered ? 0 : 1, failed = uncovered ? 1 : 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (run_case(&cases[i])) passed++;
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target, test_kda,
-                                  test_kda_bound, test_attnres, test_mla, test_moe};
+                                  test_kda_bound, test_attnres, test_mla, test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;
