@@ -6,7 +6,12 @@
  * step stops calling the system allocator after its first step. `current` counts bytes handed to live
  * storages (the requested sizes' classes), `cached` what sits in free lists, `peak` the max of current.
  * A limit turns allocations past it into an error the recipe can catch (and makes OOM testable).
+ *
+ * Guard mode (a test hook, ggml's test-backend-ops idea): every block gets GUARD sentinel bytes before and
+ * after the bytes it hands out, written through the backend at each allocation and compared at each release,
+ * so a kernel that writes outside its output is counted and named instead of silently corrupting a neighbour.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
@@ -24,6 +29,12 @@ typedef struct {
 
 static device_pool g_pool[N_DEVICES];
 static int g_init;
+
+#define GUARD 64               /* bytes each side; a multiple of 64 keeps the data 64-byte aligned */
+#define GUARD_BYTE 0xA5
+static int g_guard;
+static int64_t g_guard_violations;
+static char g_guard_msg[256];
 
 static void init_classes(void)
 {
@@ -58,6 +69,59 @@ static void release_block(int device, void *p)
 
 int tide_device_valid(int device) { return device >= 0 && device < N_DEVICES; }
 
+int tide_alloc_guard_enable(void)
+{
+    for (int d = 0; d < N_DEVICES; d++)
+        if (g_pool[d].st.n_alloc > 0)
+            return tide_set_error("alloc guard: must be enabled before the first allocation (device %d has made %lld)", d,
+                                  (long long)g_pool[d].st.n_alloc);
+    g_guard = 1;
+    return 0;
+}
+
+int64_t tide_alloc_guard_violations(const char **last)
+{
+    if (last) *last = g_guard_msg;
+    return g_guard_violations;
+}
+
+static const unsigned char *guard_pattern(void)
+{
+    static unsigned char pat[GUARD];
+    if (pat[0] != GUARD_BYTE) memset(pat, GUARD_BYTE, sizeof pat);
+    return pat;
+}
+
+/* sentinels around the nbytes at base + GUARD */
+static int guard_write(int device, unsigned char *base, size_t nbytes)
+{
+    const unsigned char *pat = guard_pattern();
+    int rc = TIDE_DISPATCH(device, memcpy_h2d, "alloc guard", base, pat, GUARD);
+    if (!rc) rc = TIDE_DISPATCH(device, memcpy_h2d, "alloc guard", base + GUARD + nbytes, pat, GUARD);
+    return rc;
+}
+
+static void guard_check(int device, unsigned char *base, size_t nbytes)
+{
+    unsigned char before[GUARD], after[GUARD];
+    const unsigned char *pat = guard_pattern();
+    if (TIDE_DISPATCH(device, memcpy_d2h, "alloc guard", before, base, GUARD) ||
+        TIDE_DISPATCH(device, memcpy_d2h, "alloc guard", after, base + GUARD + nbytes, GUARD)) {
+        g_guard_violations++;
+        snprintf(g_guard_msg, sizeof g_guard_msg, "alloc guard: could not read the guards of a %zu-byte block: %s",
+                 nbytes, tide_last_error());
+        return;
+    }
+    int lo = -1, hi = -1;
+    for (int i = 0; i < GUARD; i++) if (before[i] != pat[i]) { lo = GUARD - i; break; }
+    for (int i = GUARD - 1; i >= 0; i--) if (after[i] != pat[i]) { hi = i + 1; break; }
+    if (lo < 0 && hi < 0) return;
+    g_guard_violations++;
+    char d[32];
+    snprintf(g_guard_msg, sizeof g_guard_msg, "a %zu-byte block on %s was written outside its bounds: %d byte(s) before it, "
+             "%d byte(s) past its end", nbytes, tide_device_str(device, d, sizeof d), lo < 0 ? 0 : lo, hi < 0 ? 0 : hi);
+}
+
 void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
 {
     if (!g_init) init_classes();
@@ -66,8 +130,9 @@ void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
     const tide_backend *bk = tide_backend_for(device);
     device_pool *pool = &g_pool[device];
     if (nbytes == 0) nbytes = 1;
-    int c = size_class(pool, nbytes);
-    size_t cap = c >= 0 ? pool->class_size[c] : ((nbytes + 63) & ~(size_t)63);
+    size_t need = g_guard ? nbytes + 2 * GUARD : nbytes;
+    int c = size_class(pool, need);
+    size_t cap = c >= 0 ? pool->class_size[c] : ((need + 63) & ~(size_t)63);
     if (pool->st.limit > 0 && pool->st.current + (int64_t)cap > pool->st.limit) {
         tide_set_error("out of memory on %s: allocating %zu bytes with %lld in use exceeds the limit of %lld bytes",
                        device == 0 ? "cpu" : "cuda", cap, (long long)pool->st.current,
@@ -99,6 +164,10 @@ void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
     pool->st.n_alloc++;
     if (pool->st.current > pool->st.peak) pool->st.peak = pool->st.current;
     *capacity = cap;
+    if (g_guard) {
+        if (guard_write(device, p, nbytes)) { pool->st.current -= (int64_t)cap; release_block(device, p); return NULL; }
+        p = (char *)p + GUARD;
+    }
     return p;
 }
 
@@ -106,8 +175,13 @@ void tide_free_block(int device, void *p, size_t capacity, size_t nbytes)
 {
     if (!p) return;
     device_pool *pool = &g_pool[device];
+    if (nbytes == 0) nbytes = 1;
+    if (g_guard) {
+        p = (char *)p - GUARD;
+        guard_check(device, p, nbytes);
+    }
     pool->st.current -= (int64_t)capacity;
-    int c = size_class(pool, nbytes ? nbytes : 1);
+    int c = size_class(pool, g_guard ? nbytes + 2 * GUARD : nbytes);
     free_block *fb = c >= 0 && pool->class_size[c] == capacity ? malloc(sizeof *fb) : NULL;
     if (!fb) { release_block(device, p); return; }
     fb->p = p;

@@ -26,6 +26,11 @@ void tide_storage_release(struct tide_storage *s);
 /* allocator (alloc.c): raw blocks with accounting */
 void *tide_alloc_block(int device, size_t nbytes, size_t *capacity);
 void tide_free_block(int device, void *p, size_t capacity, size_t nbytes);
+/* test hook: sentinel bytes around every block from now on, checked when the block is released (only before
+   the first allocation; -1 + error after it). violations: how many released blocks had a sentinel changed,
+   *last the message of the latest ("a 96-byte block on cpu was written outside its bounds: ...") */
+int tide_alloc_guard_enable(void);
+int64_t tide_alloc_guard_violations(const char **last);
 
 /* ---- dispatch (dispatch.c) ----------------------------------------------------------------------- */
 /* the backend table of a device; NULL + error when the device is unknown or not built */

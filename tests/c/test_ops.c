@@ -4,6 +4,9 @@
  *   2. the float32 forward agrees with the float64 forward (the fast f32 kernels are consistent);
  *   3. where a fast kernel exists (BLAS GEMM, fused norms, softmax, cross-entropy, attention) the output
  *      equals a slow reference written here with plain loops.
+ *   4. no kernel writes outside its buffers: the allocator's guard mode puts sentinel bytes before and after every
+ *      block (inputs, outputs, saved tensors, gradients) and a case fails when a block it released had one
+ *      changed; the run first shows that a kernel writing one element too many is caught.
  * Coverage is enforced: an op id without a case fails the run, so a new op cannot slip in untested.
  * Tolerances: gradient |num - ana| <= 1e-7 + 1e-6 |ana| (f64, eps 1e-6: truncation ~1e-12, rounding
  * ~1e-10); f32 vs f64 forward <= 2e-4 (1 + |y|); reference vs fast f64 <= 1e-10 (1 + |y|).
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "../../kernels/cpu/cpu.h"
 #include "testutil.h"
 
 static int g_pass, g_fail;
@@ -572,8 +576,31 @@ static int check_case(op_case *k)
     return g_fail == fails0;
 }
 
+/* a fill kernel with an off-by-one: it writes n + 1 elements */
+static int overrunning_fill(void *out, int dtype, int64_t n, double value) { return tide_cpu_fill(out, dtype, n + 1, value); }
+
+/* the guard catches an overrun, and names the block */
+static void check_guard_catches_overrun(void)
+{
+    tide_backend bad = tide_cpu_backend;
+    bad.fill = overrunning_fill;
+    int64_t before = tide_alloc_guard_violations(NULL), shape[1] = {24};
+    tide_backend_override(TIDE_CPU, &bad);
+    tide_tensor *t = tide_full(TIDE_F32, 1, shape, TIDE_CPU, 1.0);
+    tide_backend_override(TIDE_CPU, NULL);
+    tide_tensor_release(t);
+    const char *msg = NULL;
+    int64_t caught = tide_alloc_guard_violations(&msg) - before;
+    const char *want = "a 96-byte block on cpu was written outside its bounds: 0 byte(s) before it, 4 byte(s) past its end";
+    if (t && caught == 1 && !strcmp(msg, want)) { printf("ok    guard          a fill writing one f32 past its end: %s\n", msg); g_pass++; }
+    else { FAIL("guard: a fill writing one f32 past its end gave %lld violations, \"%s\" (want 1, \"%s\")", (long long)caught, msg, want); }
+}
+
 int main(void)
 {
+    /* before the first allocation: every block from here on carries guard bytes */
+    if (tide_alloc_guard_enable()) { printf("alloc guard: %s\n", tide_last_error()); return 1; }
+    check_guard_catches_overrun();
     tide_manual_seed(1234);
     if (TIDE_OP_COUNT != tide_op_count()) { printf("op count mismatch\n"); return 1; }
     build_cases();
@@ -583,10 +610,15 @@ int main(void)
         for (int i = 0; i < k->n_in; i++)
             if (!k->in[i]) { printf("case %s: input %d could not be made: %s\n", tide_op_name(k->op), i, tide_last_error()); return 1; }
         covered[k->op]++;
+        int64_t guard0 = tide_alloc_guard_violations(NULL);
         int ok = check_case(k);
+        for (int i = 0; i < k->n_in; i++) tide_tensor_release(k->in[i]);
+        const char *gmsg = NULL;
+        int64_t overruns = tide_alloc_guard_violations(&gmsg) - guard0;
+        if (overruns) { FAIL("%s (%s): %lld block(s) written outside their bounds; last: %s", tide_op_name(k->op), k->what,
+                             (long long)overruns, gmsg); ok = 0; }
         printf("%-5s %-14s %s\n", ok ? "ok" : "FAIL", tide_op_name(k->op), k->what);
         if (ok) g_pass++;
-        for (int i = 0; i < k->n_in; i++) tide_tensor_release(k->in[i]);
     }
     for (int op = 0; op < TIDE_OP_COUNT; op++) {
         if (!tide_op_defs[op].name || !tide_op_defs[op].forward) { printf("FAIL op %d has no registry entry\n", op); g_fail++; }
