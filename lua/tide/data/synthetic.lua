@@ -57,7 +57,7 @@ local TASK_KEYS = {
   mqar = { seed = true, tokenizer = true, vocab_size = true, num_pairs = true, power = true, filler = true },
 }
 
-local function is_int(v) return type(v) == "number" and v == math.floor(v) end
+local is_int = options.is_int
 
 -- the keys source(opts) accepts for each task: COMMON and the task's own
 local SOURCE_KEYS = {}

@@ -9,6 +9,7 @@
 -- the whole stream state, so a checkpoint that stores it resumes bit-for-bit.
 local ffi = require "ffi"
 local tide = require "tide"
+local options = require "tide.options"
 local C = tide.C
 
 local text = {}
@@ -169,12 +170,8 @@ Stream.__index = Stream
 -- stream(tokens, {batch_size, seq_len, seed, order = "random"|"sequential", dtype = "i32"|"i64"})
 function text.stream(tokens, opts)
   local B, T = opts.batch_size, opts.seq_len
-  if type(B) ~= "number" or B < 1 or B ~= math.floor(B) then
-    error("data: batch_size must be a positive integer, got " .. tostring(B), 2)
-  end
-  if type(T) ~= "number" or T < 1 or T ~= math.floor(T) then
-    error("data: seq_len must be a positive integer, got " .. tostring(T), 2)
-  end
+  options.pos_int(B, "batch_size", "data")
+  options.pos_int(T, "seq_len", "data")
   if tokens.n < T + 1 then
     error(string.format("data: %d tokens cannot fill one window of seq_len %d + 1", tokens.n, T), 2)
   end

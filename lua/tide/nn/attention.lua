@@ -3,6 +3,7 @@
 local tide = require "tide"
 local M = require "tide.nn.module"
 local defaults = require "tide.defaults"
+local options = require "tide.options"
 local Linear = require "tide.nn.linear"
 local F = tide.F
 
@@ -11,9 +12,7 @@ local Attention = M.Module:extend("Attention")
 -- Attention(dim, n_heads, {head_dim = dim / n_heads, rope_theta = 10000, std, out_std, dtype, device})
 function Attention:init(dim, n_heads, opts)
   opts = opts or {}
-  if type(n_heads) ~= "number" or n_heads < 1 then
-    error("nn.Attention: n_heads must be a positive integer, got " .. tostring(n_heads), 3)
-  end
+  options.pos_int(n_heads, "n_heads", "nn.Attention")
   local head_dim = opts.head_dim or dim / n_heads
   if head_dim ~= math.floor(head_dim) or head_dim % 2 ~= 0 then
     error(string.format("nn.Attention: head_dim must be an even integer, got %s (dim %d, n_heads %d)",
