@@ -5,7 +5,8 @@
  * only code that reads or writes tensor bytes. Conventions (STYLE.md): outputs first, then inputs, then
  * sizes; every pointer already includes the tensor's offset; every entry returns 0 on success or a
  * non-zero status after setting the error message (tide_set_error). An entry left NULL means "not
- * implemented on this backend" and the op layer reports that by name.
+ * implemented on this backend": engine/ reaches every entry through TIDE_DISPATCH (engine/internal.h), which
+ * reports it by name ("rope: no rope kernel on the cuda backend (device cuda:0)") instead of calling it.
  *
  * Unless stated otherwise buffers are contiguous, float kernels accept TIDE_F32 and TIDE_F64 on the CPU
  * (and TIDE_F32 / TIDE_BF16 on CUDA), index buffers accept TIDE_I32 and TIDE_I64.
