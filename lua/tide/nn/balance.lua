@@ -207,7 +207,9 @@ function balance.new(o)
   end
   return setmetatable({
     kind = kind,
-    qb_opts = { estimator = o.estimator, range = o.hist_range, bins = o.hist_bins, rate = o.qb_rate,
+    -- the range is copied: the default table is shared by every layer
+    qb_opts = { estimator = o.estimator, rate = o.qb_rate, bins = o.hist_bins,
+      range = type(o.hist_range) == "table" and { o.hist_range[1], o.hist_range[2] } or o.hist_range,
       n_group = o.n_group, topk_group = o.topk_group },
     sign_rate = o.sign_rate, sign_normalized = o.sign_normalized and true or false,
   }, Balancer)
