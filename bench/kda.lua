@@ -1,4 +1,4 @@
--- bench/kda.lua — Kimi Delta Attention on the CPU (spec/kda.md):
+-- bench/kda.lua — Kimi Delta Attention on the CPU, or on a GPU with --device=cuda (spec/kda.md):
 --   1. the kda op, forward + backward, chunk path (C = 16, lower-bounded decay) against the token
 --      recurrence measured in the same run, at T = 1K, 4K, 16K, 64K (H = 4, dk = dv = 64, f32, one
 --      sequence): tokens/s, time per token, peak bytes, and the chunk/recurrent ratio;
@@ -9,7 +9,7 @@
 -- Writes <results>/kda.json and <results>/kda.md and prints the table. It reports; it asserts nothing.
 --
 --   tide run bench/kda.lua [--sizes=1024,4096,16384,65536] [--model_tokens=1048576] [--segment=65536]
---                          [--reps=2] [--results=DIR]
+--                          [--reps=2] [--device=cpu|cuda] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local results = require "tide.results"
@@ -21,34 +21,43 @@ local TARGET = { ratio = 4, from_T = 4096 }
 
 local loadavg = results.loadavg
 
+-- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
+local function sync(device)
+  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
+end
+
 -- inputs shaped as the layer makes them: q, k L2-normalised (q scaled), g from the bounded gate
-local function inputs(T)
+local function inputs(T, device)
   tide.manual_seed(T)
-  local q = F.l2norm(tide.randn({ 1, T, H, DK }), { scale = 1 / math.sqrt(DK) })
-  local k = F.l2norm(tide.randn({ 1, T, H, DK }))
-  local v = tide.randn({ 1, T, H, DV })
-  local z = tide.randn({ 1, T, H, DK })
-  local g = F.kda_gate(z, tide.zeros({ H }), tide.zeros({ H * DK }), { gate_lower_bound = LB })
-  local beta = tide.rand({ 1, T, H })
-  local gout = tide.randn({ 1, T, H, DV })
+  local on = { device = device }
+  local q = F.l2norm(tide.randn({ 1, T, H, DK }, on), { scale = 1 / math.sqrt(DK) })
+  local k = F.l2norm(tide.randn({ 1, T, H, DK }, on))
+  local v = tide.randn({ 1, T, H, DV }, on)
+  local z = tide.randn({ 1, T, H, DK }, on)
+  local g = F.kda_gate(z, tide.zeros({ H }, on), tide.zeros({ H * DK }, on), { gate_lower_bound = LB })
+  local beta = tide.rand({ 1, T, H }, on)
+  local gout = tide.randn({ 1, T, H, DV }, on)
   for _, t in ipairs({ q, k, v, g, beta }) do t:requires_grad_(true) end
   return { q = q, k = k, v = v, g = g, beta = beta, gout = gout }
 end
 
 -- best of `reps` forward + backward times of one path; peak bytes above the inputs
-local function time_path(x, path, reps)
+local function time_path(x, path, reps, device)
   local best, fwd_best, peak = math.huge, math.huge, 0
   for _ = 1, reps do
     for _, t in ipairs({ x.q, x.k, x.v, x.g, x.beta }) do t:zero_grad() end
     collectgarbage()
-    local base = tide.memory().current
-    tide.reset_peak()
+    sync(device)
+    local base = tide.memory(device).current
+    tide.reset_peak(device)
     local t0 = tide.time()
     local o = F.kda(x.q, x.k, x.v, x.g, x.beta, { path = path, chunk = CHUNK, gate_lower_bound = LB })
+    sync(device)
     local t1 = tide.time()
     o:backward(x.gout)
+    sync(device)
     local t2 = tide.time()
-    peak = math.max(peak, tide.memory().peak - base)
+    peak = math.max(peak, tide.memory(device).peak - base)
     best, fwd_best = math.min(best, t2 - t0), math.min(fwd_best, t1 - t0)
     o = nil
   end
@@ -57,10 +66,10 @@ end
 
 local function kernel_table(cfg, record)
   for _, T in ipairs(cfg.sizes) do
-    local x = inputs(T)
+    local x = inputs(T, cfg.device)
     local row = { T = T }
     for _, path in ipairs({ "chunk", "recurrent" }) do
-      local r = time_path(x, path, cfg.reps)
+      local r = time_path(x, path, cfg.reps, cfg.device)
       r.tokens_per_s = T / r.seconds
       r.us_per_token = 1e6 * r.seconds / T
       row[path] = r
@@ -99,15 +108,16 @@ local function model_run(cfg, record)
   if N % S ~= 0 then error("kda bench: model_tokens must be a multiple of segment", 0) end
   tide.manual_seed(1)
   local model = nn.TransformerLM({
-    vocab_size = 256, dim = 128, n_layers = 2, mixer = "kda", ffn_dim = 384,
+    vocab_size = 256, dim = 128, n_layers = 2, mixer = "kda", ffn_dim = 384, device = cfg.device,
     kda = { heads = 2, head_dim = 64, chunk = CHUNK, gate_lower_bound = LB },
   })
   local body = model.model
   -- a deterministic byte sequence (a repeated pseudo-random text): what is learned does not matter here
-  local ids = tide.rand({ 1, N + 1 }, { lo = 0, hi = 256 }):to("i64")
+  local ids = tide.rand({ 1, N + 1 }, { lo = 0, hi = 256, device = cfg.device }):to("i64")
   collectgarbage()
-  tide.reset_peak()
-  local base = tide.memory().current
+  sync(cfg.device)
+  tide.reset_peak(cfg.device)
+  local base = tide.memory(cfg.device).current
   local t0 = tide.time()
   local caches = {}
   for l = 1, body.layers.n do caches[l] = {} end
@@ -127,13 +137,15 @@ local function model_run(cfg, record)
     total = total and total + loss or loss
   end
   total = total / N
+  sync(cfg.device)
   local t1 = tide.time()
   total:backward()
+  sync(cfg.device)
   local t2 = tide.time()
   record.model = {
     tokens = N, segment = S, dim = 128, layers = 2, heads = 2, head_dim = 64,
     loss = total:item(), forward_seconds = t1 - t0, backward_seconds = t2 - t1, seconds = t2 - t0,
-    tokens_per_s = N / (t2 - t0), peak_bytes = tide.memory().peak - base,
+    tokens_per_s = N / (t2 - t0), peak_bytes = tide.memory(cfg.device).peak - base,
     params = model:num_parameters(),
   }
   io.stderr:write(string.format("  model: %d tokens, forward %.1f s, backward %.1f s, peak %.2f GB, loss %.4f\n", N,
@@ -142,11 +154,11 @@ end
 
 local function markdown(record)
   local L = {}
-  L[#L + 1] = "# bench/kda — Kimi Delta Attention on the CPU"
+  L[#L + 1] = "# bench/kda — Kimi Delta Attention on " .. (record.device == "cpu" and "the CPU" or record.device)
   L[#L + 1] = ""
-  L[#L + 1] = string.format("%s, %d threads, %s. Kernel: H = %d, dk = dv = %d, f32, one sequence, chunk %d, "
-    .. "lower bound %g; best of %d forward + backward passes.", record.date, record.threads, record.blas, H, DK, CHUNK,
-    LB, record.reps)
+  L[#L + 1] = string.format("%s, %s. Kernel: H = %d, dk = dv = %d, f32, one sequence, chunk %d, "
+    .. "lower bound %g; best of %d forward + backward passes.", record.date, record.device == "cpu"
+    and string.format("%d threads, %s", record.threads, record.blas) or record.device_info, H, DK, CHUNK, LB, record.reps)
   L[#L + 1] = ""
   L[#L + 1] = "| T | chunk tok/s | recurrent tok/s | chunk / recurrent | chunk µs/token | recurrent µs/token | chunk peak MB | recurrent peak MB |"
   L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -160,10 +172,10 @@ local function markdown(record)
     L[#L + 1] = ""
     L[#L + 1] = string.format("Target: chunk >= %gx the recurrent kernel at T >= %d; measured %.2fx to %.2fx: %s.",
       t.ratio, t.from_T, t.min_measured, t.max_measured, t.met and "met" or "not met")
-    L[#L + 1] = "Per token and head the chunk form costs about as many FLOPs as the recurrence (forward "
+    if record.device == "cpu" then L[#L + 1] = "Per token and head the chunk form costs about as many FLOPs as the recurrence (forward "
       .. "12C² + 8C·dk + 6dk² ≈ 36K against 7·dk·dv ≈ 29K at C = 16, dk = dv = 64; kda.md §3, §4), and on a CPU "
       .. "the recurrent state (16 KB per head) stays in L1, so the recurrence is not memory-bound as it is on a "
-      .. "GPU: the chunk form wins only by running its work as dense register-tiled products."
+      .. "GPU: the chunk form wins only by running its work as dense register-tiled products." end
   end
   if record.chunk_us_per_token_ratio then
     L[#L + 1] = ""
@@ -186,7 +198,9 @@ local function run(cfg)
   local record = {
     benchmark = "kda", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(),
     blas = ffi.string(tide.C.tide_blas_info()), reps = cfg.reps, loadavg_start = loadavg(), kernel = {},
+    device = cfg.device, device_info = cfg.device ~= "cpu" and ffi.string(tide.C.tide_cuda_info()) or nil,
   }
+  tide.device(cfg.device, "kda bench --device")
   cfg.sizes = results.numbers(cfg.sizes)
   io.stderr:write("kda: kernel forward + backward, chunk vs recurrent\n")
   kernel_table(cfg, record)
@@ -206,6 +220,7 @@ return {
   reps = 2,                        -- forward + backward passes per size and path; the best counts
   model_tokens = 1048576,          -- the KDA-only model's sequence; 0 skips it
   segment = 65536,                 -- tokens per segment of that sequence
+  device = "cpu",                  -- "cuda" runs everything on the GPU
   results = "bench/results",       -- where kda.json / kda.md go; "" writes nothing
   run = run,
 }

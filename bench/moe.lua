@@ -1,4 +1,4 @@
--- bench/moe.lua — one MoE FFN layer on the CPU (spec/moe.md §8), forward + backward, against a dense SwiGLU MLP
+-- bench/moe.lua — one MoE FFN layer on the CPU, or a GPU with --device=cuda (spec/moe.md §8), forward + backward, against a dense SwiGLU MLP
 -- with the same ACTIVE parameters, measured in the same run (interleaved, best of `reps`):
 --   moe      nn.MoE(d, 16 experts, top-2, d_e, SwiGLU, sigmoid router, no shared expert, balance "none"), training
 --            mode (the forward also records the step's routing for the balancer, as in training);
@@ -12,7 +12,8 @@
 -- Balancing update (MoE:balance_step, exact estimator) on the same batch, which runs once per step, off the graph.
 -- Writes <results>/moe.json and moe.md and prints the table. It reports; it asserts nothing.
 --
---   tide run bench/moe.lua [--sizes=2048,8192,32768] [--dim=256] [--expert_dim=256] [--reps=3] [--results=DIR]
+--   tide run bench/moe.lua [--sizes=2048,8192,32768] [--dim=256] [--expert_dim=256] [--reps=3] [--device=cpu|cuda]
+--                          [--results=DIR]
 local tide = require "tide"
 local results = require "tide.results"
 local nn = tide.nn
@@ -29,13 +30,20 @@ local function list(s)
   return out
 end
 
+-- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
+local function sync(device)
+  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
+end
+
 -- seconds of one forward + backward of fn (returns the output), gradients cleared before
-local function time_once(fn, gout, clear)
+local function time_once(fn, gout, clear, device)
   clear()
   collectgarbage()
+  sync(device)
   local t0 = tide.time()
   local y = fn()
   y:backward(gout)
+  sync(device)
   local t = tide.time() - t0
   y = nil
   return t
@@ -47,15 +55,17 @@ local function run(cfg)
   local record = {
     benchmark = "moe", date = os.date("!%Y-%m-%d %H:%M UTC"), threads = tide.num_threads(), dim = d, expert_dim = de,
     n_experts = N_EXPERTS, top_k = TOP_K, activation = "swiglu", reps = cfg.reps, loadavg_start = loadavg(),
-    target = TARGET, rows = {},
+    target = TARGET, rows = {}, device = cfg.device,
   }
+  local dev = cfg.device
+  tide.device(dev, "moe bench --device")
   tide.manual_seed(1)
   local moe = nn.MoE(d, { n_experts = N_EXPERTS, top_k = TOP_K, expert_dim = de, n_shared = 0, activation = "swiglu",
-    balance = "none" })
-  local dense = nn.MLP(d, 2 * de, { activation = "swiglu" })
-  local gemm = nn.MLP(d, de, { activation = "swiglu" })
+    balance = "none", device = dev })
+  local dense = nn.MLP(d, 2 * de, { activation = "swiglu", device = dev })
+  local gemm = nn.MLP(d, de, { activation = "swiglu", device = dev })
   local qbl = nn.MoE(d, { n_experts = N_EXPERTS, top_k = TOP_K, expert_dim = de, n_shared = 0, activation = "swiglu",
-    balance = "quantile" })
+    balance = "quantile", device = dev })
   moe:train()
   local active = TOP_K * 3 * d * de
   record.active_expert_params = active
@@ -64,10 +74,11 @@ local function run(cfg)
 
   for _, m in ipairs(cfg.sizes) do
     tide.manual_seed(m)
-    local x = tide.randn({ m, d }):requires_grad_(true)
-    local xr = tide.randn({ m * TOP_K, d }):requires_grad_(true)
-    local gout = tide.randn({ m, d })
-    local goutr = tide.randn({ m * TOP_K, d })
+    local on = { device = dev }
+    local x = tide.randn({ m, d }, on):requires_grad_(true)
+    local xr = tide.randn({ m * TOP_K, d }, on):requires_grad_(true)
+    local gout = tide.randn({ m, d }, on)
+    local goutr = tide.randn({ m * TOP_K, d }, on)
     -- the router's selection for the op-alone timing (fixed, off the graph)
     local sel, p
     tide.no_grad(function() sel, p = moe.gate:route(moe.gate:scores(x)) end)
@@ -86,15 +97,17 @@ local function run(cfg)
       { "gemm", function() return gemm:forward(xr) end, goutr },
     }
     local best = {}
-    for _, pth in ipairs(paths) do time_once(pth[2], pth[3], clear_all); best[pth[1]] = math.huge end   -- warm up
+    for _, pth in ipairs(paths) do time_once(pth[2], pth[3], clear_all, dev); best[pth[1]] = math.huge end   -- warm up
     for _ = 1, cfg.reps do
-      for _, pth in ipairs(paths) do best[pth[1]] = math.min(best[pth[1]], time_once(pth[2], pth[3], clear_all)) end
+      for _, pth in ipairs(paths) do best[pth[1]] = math.min(best[pth[1]], time_once(pth[2], pth[3], clear_all, dev)) end
     end
     clear_all()
     -- one Quantile Balancing update on this batch (recorded by a training-mode forward, untimed)
     tide.no_grad(function() qbl:forward(x) end)
+    sync(dev)
     local t0 = tide.time()
     qbl:balance_step()
+    sync(dev)
     local t_qb = tide.time() - t0
     local row = {
       tokens = m, moe_seconds = best.moe, dense_seconds = best.dense, op_seconds = best.op, gemm_seconds = best.gemm,
@@ -120,11 +133,12 @@ local function run(cfg)
 
   local L = {
     "# bench/moe — one MoE FFN layer against a dense SwiGLU MLP with the same active parameters", "",
-    string.format("%s, %d threads, load average %.2f at start / %.2f at end (the machine runs another job). d = %d; MoE: %d "
+    string.format("%s, %s, load average %.2f at start / %.2f at end%s. d = %d; MoE: %d "
       .. "experts, top-%d, d_e = %d, SwiGLU, sigmoid router, no shared expert, training mode; dense: SwiGLU MLP with "
       .. "hidden 2·d_e = %d (the same %d active expert parameters per token). f32, forward + backward, best of %d "
-      .. "(interleaved, after one warm-up).", record.date, record.threads, record.loadavg_start or 0,
-      record.loadavg_end or 0, d, N_EXPERTS, TOP_K, de, 2 * de, active, cfg.reps), "",
+      .. "(interleaved, after one warm-up).", record.date, dev == "cpu" and string.format("%d threads", record.threads)
+      or require("ffi").string(tide.C.tide_cuda_info()), record.loadavg_start or 0,
+      record.loadavg_end or 0, dev == "cpu" and " (the machine runs another job)" or "", d, N_EXPERTS, TOP_K, de, 2 * de, active, cfg.reps), "",
     "| tokens | MoE s | MoE tok/s | dense s | dense tok/s | MoE / dense | op alone s | expert GEMMs (dense) s | dispatch share | router share | QB update s |",
     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   }
@@ -152,6 +166,7 @@ return {
   sizes = "2048,8192,32768",
   dim = 256, expert_dim = 256,
   reps = 3,
+  device = "cpu",     -- "cuda" runs the four paths on the GPU
   results = "bench/results",
   run = function(cfg)
     cfg.sizes = type(cfg.sizes) == "table" and cfg.sizes or list(cfg.sizes)

@@ -5,9 +5,11 @@
 --   * PyTorch CPU eager running the same model (bench/torch_dense.py) with OMP_WAIT_POLICY=PASSIVE,
 --     when `python` can import torch.
 -- Writes <results>/step_dense.json and <results>/step_dense.md and prints the table. It reports; it
--- asserts nothing about speed.
+-- asserts nothing about speed. With --device=cuda the tide step runs on the GPU and the two CPU baselines
+-- are not run.
 --
---   tide run bench/step_dense.lua [--only=gpt2-small] [--steps=5] [--baseline=false] [--results=DIR]
+--   tide run bench/step_dense.lua [--only=gpt2-small] [--steps=5] [--baseline=false] [--device=cpu|cuda]
+--                                 [--batch=B] [--seq=T] [--results=DIR]
 --
 -- FLOPs of a step: 6 · P · N + 6 · L · d · T · N, with N = B · T tokens and P the parameters outside the
 -- embedding table (the lm_head matrix counts: it is a GEMM); the second term is attention's QKᵀ and AV,
@@ -88,24 +90,34 @@ local function step_flops(c, n_nonembed)
   return 6 * n_nonembed * N + 6 * c.n_layers * c.dim * c.seq * N
 end
 
+-- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
+local function sync(device)
+  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
+end
+
 -- times warmup + steps training steps of the tide model; returns the tide part of the record
-local function bench_tide(c, warmup, steps)
+local function bench_tide(c, warmup, steps, device)
   tide.manual_seed(1)
   local model = tide.nn.TransformerLM({ vocab_size = c.vocab_size, dim = c.dim, n_layers = c.n_layers,
-    n_heads = c.n_heads, max_seq_len = c.seq })
+    n_heads = c.n_heads, max_seq_len = c.seq, device = device })
   local opt = tide.optim.AdamW(model, { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
   local N = c.batch * c.seq
   local ids = token_ids(N, 7919, c.vocab_size, c.batch, c.seq)
   local targets = token_ids(N, 104729, c.vocab_size, c.batch, c.seq)
+  if device ~= "cpu" then ids, targets = ids:to(device), targets:to(device) end
   local r = { step_s = {}, forward_s = {}, backward_s = {}, optimizer_s = {}, losses = {} }
   for s = 1, warmup + steps do
+    sync(device)
     local t0 = tide.time()
     local loss = model:loss(ids, targets)
+    sync(device)
     local t1 = tide.time()
     loss:backward()
+    sync(device)
     local t2 = tide.time()
     opt:step()
     opt:zero_grad()
+    sync(device)
     local t3 = tide.time()
     r.losses[s] = loss:item()
     if s > warmup then
@@ -124,7 +136,7 @@ local function bench_tide(c, warmup, steps)
   r.tok_per_s = N / r.step_s_median
   r.forward_s_median, r.backward_s_median = median(r.forward_s), median(r.backward_s)
   r.optimizer_s_median = median(r.optimizer_s)
-  r.memory_peak = tide.memory().peak
+  r.memory_peak = tide.memory(device).peak
   model, opt = nil, nil
   tide.collect()
   return r
@@ -149,9 +161,14 @@ local function markdown(rec)
   local L = {}
   L[#L + 1] = "# step_dense: one dense training step (forward, backward, AdamW, zero_grad)"
   L[#L + 1] = ""
-  L[#L + 1] = string.format("tide %s, %d threads, %s; PyTorch: %s (OMP_WAIT_POLICY=PASSIVE, same thread count). "
-    .. "Load average %s at start, %s at the end.", rec.tide_version, rec.threads, rec.blas,
-    rec.torch_version or "not run", fmt_num(rec.loadavg_start, "%.2f"), fmt_num(rec.loadavg_end, "%.2f"))
+  if rec.device == "cpu" then
+    L[#L + 1] = string.format("tide %s, %d threads, %s; PyTorch: %s (OMP_WAIT_POLICY=PASSIVE, same thread count). "
+      .. "Load average %s at start, %s at the end.", rec.tide_version, rec.threads, rec.blas,
+      rec.torch_version or "not run", fmt_num(rec.loadavg_start, "%.2f"), fmt_num(rec.loadavg_end, "%.2f"))
+  else
+    L[#L + 1] = string.format("tide %s on %s (%s); the sgemm ceiling and the PyTorch baseline are CPU measurements and "
+      .. "were not run.", rec.tide_version, rec.device, rec.device_info)
+  end
   L[#L + 1] = ""
   L[#L + 1] = "- tok/s: B x T over the median timed step (after " .. rec.warmup .. " warmup steps), for both engines."
   L[#L + 1] = "- FLOPs per step: " .. rec.flop_formula .. "."
@@ -194,10 +211,13 @@ local function run(cfg)
     benchmark = "step_dense", date = os.date("!%Y-%m-%dT%H:%M:%SZ"), tide_version = tide.version,
     threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), loadavg_start = loadavg(),
     flop_formula = FLOP_FORMULA, ceiling_reps = cfg.ceiling_reps, warmup = cfg.warmup,
-    omp_wait_policy = os.getenv("OMP_WAIT_POLICY") or "", configs = {},
+    omp_wait_policy = os.getenv("OMP_WAIT_POLICY") or "", configs = {}, device = cfg.device,
   }
+  tide.device(cfg.device, "step_dense --device")
+  local on_cpu = cfg.device == "cpu"
+  if not on_cpu then record.device_info = ffi.string(tide.C.tide_cuda_info()) end
   local have_torch = false
-  if cfg.baseline then
+  if cfg.baseline and on_cpu then
     local probe = io.popen(shell_quote(cfg.python) .. " -c 'import torch; print(torch.__version__)' 2>/dev/null")
     local v = probe and probe:read("*l")
     if probe then probe:close() end
@@ -205,19 +225,23 @@ local function run(cfg)
     else io.stderr:write("step_dense: " .. cfg.python .. " cannot import torch; the PyTorch column stays empty\n") end
   end
   local cexe = ceiling_exe(cfg)
-  local have_ceiling = file_exists(cexe)
-  if not have_ceiling then
+  local have_ceiling = on_cpu and file_exists(cexe)
+  if on_cpu and not have_ceiling then
     io.stderr:write("step_dense: no sgemm ceiling executable at " .. cexe .. " (build bench-sgemm-ceiling, or set --ceiling_exe)\n")
   end
 
-  for _, c in ipairs(CONFIGS) do
-    if cfg.only == "" or cfg.only == c.name then
+  for _, c0 in ipairs(CONFIGS) do
+    if cfg.only == "" or cfg.only == c0.name then
+      local c = {}
+      for k, v in pairs(c0) do c[k] = v end
+      if cfg.batch > 0 then c.batch = cfg.batch end
+      if cfg.seq > 0 then c.seq = cfg.seq end
       local steps = cfg.steps > 0 and cfg.steps or c.steps
       io.stderr:write(string.format("step_dense: %s (V=%d, d=%d, L=%d, H=%d, B=%d, T=%d), %d warmup + %d timed steps\n",
         c.name, c.vocab_size, c.dim, c.n_layers, c.n_heads, c.batch, c.seq, cfg.warmup, steps))
       local r = { name = c.name, vocab_size = c.vocab_size, dim = c.dim, n_layers = c.n_layers, n_heads = c.n_heads,
         seq = c.seq, batch = c.batch }
-      r.tide = bench_tide(c, cfg.warmup, steps)
+      r.tide = bench_tide(c, cfg.warmup, steps, cfg.device)
       r.flops_per_step = step_flops(c, r.tide.params - r.tide.params_embedding)
       r.tide_gflops = r.flops_per_step / r.tide.step_s_median / 1e9
       if have_ceiling then
@@ -280,10 +304,12 @@ return {
   only = "",                 -- a config name to run alone ("d256-L4", "gpt2-small"); "" runs both
   warmup = 2,                -- untimed steps first (allocator caches, BLAS buffers)
   steps = 0,                 -- timed steps; 0 takes each config's own count
+  batch = 0, seq = 0,        -- B and T of every config; 0 keeps each config's own
   baseline = true,           -- time PyTorch on the same model when `python` imports torch
   python = "/usr/bin/python3",
   ceiling_reps = 5,
   ceiling_exe = "",          -- "" = bench-sgemm-ceiling beside the tide executable
+  device = "cpu",            -- "cuda" times the step on the GPU (without the two CPU baselines)
   results = "bench/results", -- where step_dense.json / step_dense.md go; "" writes nothing
   run = run,
 }
