@@ -115,16 +115,17 @@ local function default_ffn(dim) return math.ceil(8 * dim / 3 / 32) * 32 end
 local WHO = "model"
 local function bad(msg) options.fail(WHO, msg) end
 
+-- dim / heads, which must divide exactly (`what` names the heads option, `set` the option that avoids the division)
+local function per_head(dim, heads, what, set)
+  if dim % heads ~= 0 then bad(string.format("dim %d is not divisible by %s %d (set %s)", dim, what, heads, set)) end
+  return dim / heads
+end
+
 function TransformerLM.config(cfg)
   local out = options.with_defaults(cfg or {}, DEFAULTS, DEFAULTS, nil, WHO)
   if out.kind ~= "dense" then bad("TransformerLM builds kind 'dense', got '" .. tostring(out.kind) .. "'") end
   for _, k in ipairs({ "vocab_size", "dim", "n_layers", "n_heads" }) do options.pos_int(out[k], k, WHO) end
-  if not out.head_dim then
-    if out.dim % out.n_heads ~= 0 then
-      bad(string.format("dim %d is not divisible by n_heads %d (set head_dim)", out.dim, out.n_heads))
-    end
-    out.head_dim = out.dim / out.n_heads
-  end
+  if not out.head_dim then out.head_dim = per_head(out.dim, out.n_heads, "n_heads", "head_dim") end
   if not out.ffn_dim then out.ffn_dim = default_ffn(out.dim) end
   if out.norm ~= "rmsnorm" and out.norm ~= "layernorm" then
     bad("norm must be 'rmsnorm' or 'layernorm', got '" .. tostring(out.norm) .. "'")
@@ -148,12 +149,7 @@ function TransformerLM.config(cfg)
   if any_kda or out.kda then
     local k = options.with_defaults(out.kda or {}, KDA_DEFAULTS, KDA_DEFAULTS, "kda", WHO)
     if not k.heads then k.heads = out.n_heads end
-    if not k.head_dim then
-      if out.dim % k.heads ~= 0 then
-        bad(string.format("dim %d is not divisible by kda.heads %d (set kda.head_dim)", out.dim, k.heads))
-      end
-      k.head_dim = out.dim / k.heads
-    end
+    if not k.head_dim then k.head_dim = per_head(out.dim, k.heads, "kda.heads", "kda.head_dim") end
     out.kda = k
   end
   return out
