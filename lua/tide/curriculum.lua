@@ -78,12 +78,7 @@ local sorted_keys = options.sorted_keys
 local function check_keys(t, known, where) options.check(t, known, where, "curriculum") end
 local function pos_int(v, what) return options.pos_int(v, what, "curriculum") end
 
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
+local deep_copy = options.deep_copy
 
 -- ---- stages and learning-rate segments -------------------------------------------------------------------------
 

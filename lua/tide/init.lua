@@ -190,8 +190,8 @@ end
 local lazy = {
   nn = "tide.nn", optim = "tide.optim", schedule = "tide.schedule", data = "tide.data",
   train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
-  curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", rl = "tide.rl", testing = "tide.testing", cli = "tide.cli",
-  repl = "tide.repl",
+  curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", testing = "tide.testing",
+  cli = "tide.cli", repl = "tide.repl", step = "tide.step", options = "tide.options",
 }
 tide.submodules = lazy
 setmetatable(tide, {

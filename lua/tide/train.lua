@@ -67,7 +67,7 @@ local function stream_batches(stream, micro, count_targets)
   local B = x:shape()[1]
   local n = count_targets and function(t)
     local c = 0
-    for _, row in ipairs(t:tolist()) do for _, v in ipairs(row) do if v ~= data.pack.IGNORE then c = c + 1 end end end
+    for _, v in ipairs(t:tolist()) do if v ~= data.pack.IGNORE then c = c + 1 end end     -- flat, row-major
     return c
   end
   local out, rows = {}, B / micro

@@ -86,6 +86,17 @@ T.test("train.micro_batches = 1, 2, 4 give the same losses (f64, 1e-12) and a cl
   plain.train.micro_batches = 4
   local p4 = train(plain)
   for s = 1, 3 do T.near(p4.losses[s], p1.losses[s], 1e-12 * (1 + p1.losses[s]), "text stream step " .. s) end
+  -- a synthetic task labels only some positions: the step counts each micro-batch's targets, so the split still
+  -- divides by the whole step's labels (MQAR: num_pairs of 64 positions per row)
+  local task = { model = { dim = 16, n_layers = 1, n_heads = 2, vocab_size = 64, dtype = "f64" },
+    data = { task = "mqar", seq_len = 64, num_pairs = 4, batch_size = 4, seed = 5 }, optim = OPTIM,
+    train = { steps = 3, seed = 2, quiet = true, log_every = 1000 } }
+  local q1 = train(task)
+  task.train.micro_batches = 2
+  local q2 = train(task)
+  for s = 1, 3 do T.near(q2.losses[s], q1.losses[s], 1e-12 * (1 + q1.losses[s]), "mqar step " .. s) end
+  -- per labelled target: near ln 64 = 4.16 at the start (dividing by every position would give about a 16th of it)
+  T.ok(q1.losses[1] > 3.5 and q1.losses[1] < 5, "first MQAR loss " .. q1.losses[1])
   T.raises(function() train(train_cfg({ train = { micro_batches = 3 } })) end,
     "tide.train: train.micro_batches 3 does not divide the batch of 8 rows")
 end)

@@ -8,12 +8,7 @@ local fmt = string.format
 local SYNTHETIC = { mqar = true, passkey = true, copy = true }
 sources.KINDS = "text, mqar, passkey or copy"
 
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
+local deep_copy = options.deep_copy
 
 -- build(spec, tokenizer, seed, who) -> {name = source}: each entry {kind = "text" | "mqar" | "passkey" | "copy", ...}
 -- with the kind's own options; a source without a seed takes the run's
