@@ -191,7 +191,7 @@ local lazy = {
   nn = "tide.nn", optim = "tide.optim", schedule = "tide.schedule", data = "tide.data",
   train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
   curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", testing = "tide.testing",
-  cli = "tide.cli", repl = "tide.repl", step = "tide.step", options = "tide.options",
+  cli = "tide.cli", repl = "tide.repl", step = "tide.step", options = "tide.options", defaults = "tide.defaults",
 }
 tide.submodules = lazy
 setmetatable(tide, {

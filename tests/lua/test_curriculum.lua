@@ -11,15 +11,7 @@ local curriculum = require "tide.curriculum"
 local cli = require "tide.cli"
 
 local RECIPE = "tests/fixtures/curriculum_small.lua"
-local TMP = os.getenv("TMPDIR") or "/tmp"
-local dirs = {}
-
-local function tmpdir(name)
-  local dir = string.format("%s/tide-test-curr-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
-  tide.C.tide_remove_tree(dir)
-  dirs[#dirs + 1] = dir
-  return dir
-end
+local tmpdir = T.tmpdir     -- removed when T.run ends
 
 local function load(overrides)
   local o = {}
@@ -263,5 +255,4 @@ T.test("config errors name the problem", function()
 end)
 
 local _, failed = T.run({ exit = false })
-for _, d in ipairs(dirs) do tide.C.tide_remove_tree(d) end
 os.exit(failed == 0 and 0 or 1)

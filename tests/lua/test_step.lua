@@ -10,15 +10,7 @@ local curriculum = require "tide.curriculum"
 local step = require "tide.step"
 
 local FIXTURE = "tests/fixtures/tiny_corpus.txt"
-local TMP = os.getenv("TMPDIR") or "/tmp"
-local dirs = {}
-
-local function tmpdir(name)
-  local dir = string.format("%s/tide-test-step-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
-  tide.C.tide_remove_tree(dir)
-  dirs[#dirs + 1] = dir
-  return dir
-end
+local tmpdir = T.tmpdir     -- removed when T.run ends
 
 -- a 2-layer hybrid (KDA then MLA) with MoE FFNs (Quantile Balancing) and Block AttnRes
 local function model(dtype)
@@ -140,5 +132,4 @@ T.test("checkpoint state: one shape with a format version; format 1 loads, a new
 end)
 
 local _, failed = T.run({ exit = false })
-for _, d in ipairs(dirs) do tide.C.tide_remove_tree(d) end
 os.exit(failed > 0 and 1 or 0)

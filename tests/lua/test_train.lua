@@ -8,15 +8,7 @@ local checkpoint = require "tide.checkpoint"
 local train = require "tide.train"
 
 local FIXTURE = "tests/fixtures/tiny_corpus.txt"
-local TMP = os.getenv("TMPDIR") or "/tmp"
-local dirs = {}
-
-local function tmpdir(name)
-  local dir = string.format("%s/tide-test-train-%d-%s", TMP, math.floor(tide.time() * 1e6) % 1e9, name)
-  tide.C.tide_remove_tree(dir)
-  dirs[#dirs + 1] = dir
-  return dir
-end
+local tmpdir = T.tmpdir     -- removed when T.run ends
 
 local function exists(path) return tide.C.tide_path_exists(path) == 1 end
 
@@ -283,5 +275,4 @@ T.test("the dense recipe: its loss falls, and --resume continues with bit-identi
 end)
 
 local _, failed = T.run({ exit = false })
-for _, d in ipairs(dirs) do tide.C.tide_remove_tree(d) end
 os.exit(failed > 0 and 1 or 0)
