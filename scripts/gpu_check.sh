@@ -61,6 +61,9 @@ emu_env="BUILD=$root/$build_dir OUT=$root/$build_dir/emu CUDA_HOME=$cuda_home"
 recipe_cmd="$tide run recipes/quickstart.lua --model.device=cuda --stages.1.steps=2 --stages.1.lr.warmup=1 \
 --stages.1.eval.every=0 --stages.2.steps=1 --stages.3.steps=1 --stages.4.steps=1 --evals.1.examples=8 \
 --expect.final_loss_below=100 --expect.eval_accuracy_above=-1 --train.out=$build_dir/runs/quickstart --train.ckpt_every=0"
+dense_cmd="$tide run recipes/dense.lua --model.device=cuda --train.steps=20 --train.eval_every=10 --train.eval_batches=2 \
+--train.ckpt_every=0 --train.log_every=5 --train.out=$build_dir/runs/dense --schedule.warmup=5 --schedule.decay_start=15 \
+--schedule.decay_end=20 --sample.max_new_tokens=32 --expect.final_loss_below=100"
 stages=(
     "parity|180|$build_dir/gpu-test-parity"
     "step_dense|150|$(bench step_dense "--only=gpt2-small --baseline=false $dense_opts")"
@@ -69,7 +72,7 @@ stages=(
 )
 [ $mode = full ] && stages+=("moe|120|$(bench moe "--sizes=8192,32768 --reps=3")")
 stages+=("quickstart_step|150|$(bench quickstart_step "$qs_opts")")
-[ $mode = full ] && stages+=("quickstart_recipe|180|$recipe_cmd")
+[ $mode = full ] && stages+=("quickstart_recipe|180|$recipe_cmd" "dense_recipe|120|$dense_cmd")
 emu_cmds=(
     "emu_kda_mla_attention|env $emu_env sh tests/gpu/emu/run.sh $emu_groups"
     "emu_attnres|env $emu_env sh tests/gpu/emu/run_attnres.sh"
@@ -241,9 +244,11 @@ if [ $built = 1 ]; then
     done
     for s in "${stages[@]}"; do
         name=${s%%|*}; r=${s#*|}; tmo=${r%%|*}; cmd=${r#*|}
-        if [ "$name" = quickstart_recipe ] && ! "$tide" run recipes/quickstart.lua --model.device=cuda --dry-run >/dev/null 2>&1; then
-            echo "== $name: skipped (recipes/quickstart.lua takes no model.device override)"
-            record "$name" skip 0 - "" "recipes/quickstart.lua takes no model.device override"
+        # a recipe whose model table has no device field cannot be moved to the GPU from the command line
+        rf=""; case $name in quickstart_recipe) rf=recipes/quickstart.lua ;; dense_recipe) rf=recipes/dense.lua ;; esac
+        if [ -n "$rf" ] && ! awk '/^  model = \{/,/^  \},?$/' "$rf" | grep -q 'device = '; then
+            echo "== $name: skipped ($rf has no model.device field to override)"
+            record "$name" skip 0 - "" "$rf has no model.device field to override"
             continue
         fi
         stage "$name" "$tmo" $cmd
