@@ -6,9 +6,10 @@
  *   moe_experts (oracle 7, §8): n 8, k 2 with two experts idle and one receiving every token == a dense per-token
  *     loop (f64 <= 1e-12, f32 <= 1e-5, both relative to 1 + |u|); f64 central differences for x, p, w_gate_up,
  *     w_down (|num - ana| <= 1e-7 + 1e-6 |ana|); idle experts get exactly zero weight gradients; forward and
- *     backward bitwise equal at 1, 2 and 3 threads in f32 and f64 (sizes past the OpenMP thresholds, several
- *     tiles per expert); the capacity factor drops exactly the assignments past
- *     ceil(cf·m·k/n) in (t, slot) order and reports their count; argument errors name op and values.
+ *     backward bitwise equal at 1, 2 and 3 threads in f32 and f64 (sizes past the OpenMP thresholds, two
+ *     tiles per expert); sizes past the kernel's 128-row tiles == the dense loop (f64 <= 1e-12) and directional
+ *     central differences; the capacity factor drops exactly the assignments past ceil(cf·m·k/n) in (t, slot)
+ *     order and reports their count; argument errors name op and values.
  */
 #include <math.h>
 #include <stdio.h>
@@ -294,7 +295,7 @@ static void test_gradients(void)
 }
 
 /* forward + backward bytes at 1, 2 and 3 threads (sizes past the OpenMP thresholds; ~150 rows per expert, so
-   the kernel's 64-row tiles are several per expert and spread over the threads differently at each count) */
+   the kernel's 128-row tiles are two per expert, spread over the threads differently at each count) */
 static void test_determinism(void)
 {
     moe_dims D = {600, 2, 8, 48, 40, 56};
