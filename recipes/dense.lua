@@ -15,6 +15,7 @@ return {
   model = {
     kind = "dense", vocab_size = 320, dim = 128, n_layers = 4, n_heads = 4,
     norm = "rmsnorm", rope_theta = 10000, tie_embeddings = false,
+    device = "cpu",      -- --model.device=cuda trains it on a GPU (scripts/gpu_check.sh does)
   },
   data = {
     path = "/usr/share/games/fortunes", exclude = { "%.dat$", "%.u8$" }, doc_separator = "%",

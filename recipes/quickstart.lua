@@ -32,6 +32,7 @@ return tide.Curriculum{
     -- layer 0 dense, layers 1-3 MoE: 8 routed experts, top-2, one shared expert, latent width 32 (moe.md §7)
     moe = { n_experts = 8, top_k = 2, expert_dim = 64, n_shared = 1, latent_dim = 32, balance = "quantile" },
     residual = "attnres_block", attnres = { block_layers = 2 },
+    device = "cpu",      -- --model.device=cuda trains it on a GPU (scripts/gpu_check.sh does)
   },
   optim = { lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1, clip = 1.0 },
   tokens_per_step = 4096,

@@ -206,8 +206,8 @@ local function val_eval(ctx)
   local maxvio = step.with_eval_loads(model, function()
     for _ = 1, vc.batches or 2 do
       local b = p:next_rows(st.micro_rows)
-      local logits = model:forward(b.ids, nil, { cu_seqlens = b.cu_seqlens })
-      sum = sum + F.cross_entropy(logits, b.targets, { reduction = "sum" }):item()
+      local logits = model:forward(step.to_model(model, b.ids), nil, { cu_seqlens = b.cu_seqlens })
+      sum = sum + F.cross_entropy(logits, step.to_model(model, b.targets), { reduction = "sum" }):item()
       n = n + b.n_targets
     end
   end)

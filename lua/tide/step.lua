@@ -116,11 +116,18 @@ function Stepper:jitter(norm)
   return mean > 0 and math.sqrt(var / (#w - 1)) / mean or nil
 end
 
+-- a batch tensor on the model's device (batches are built on the CPU; a model on cuda gets copies)
+function step.to_model(model, t)
+  local dev = model.cfg and model.cfg.device
+  if t == nil or dev == nil or dev == "cpu" or t:device() == dev then return t end
+  return t:to(dev)
+end
+
 -- the default objective: Σ token losses / the step's targets, plus each MoE aux term / the micro-batch count
 local function data_objective(self, b, N, n_micro)
   local opts = b.cu_seqlens and { cu_seqlens = b.cu_seqlens } or nil
-  local logits = self.model:forward(b.ids, nil, opts)
-  local ce = F.cross_entropy(logits, b.targets, { reduction = "sum" })
+  local logits = self.model:forward(step.to_model(self.model, b.ids), nil, opts)
+  local ce = F.cross_entropy(logits, step.to_model(self.model, b.targets), { reduction = "sum" })
   local l = ce * (1 / math.max(N, 1))
   local aux
   for _, m in ipairs(moe_layers(self.model)) do

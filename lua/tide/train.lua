@@ -123,7 +123,7 @@ local function evaluate(model, d, batches)
     local s = d.val()
     for _ = 1, batches do
       local x, y = s:next()
-      total = total + model:loss(x, y):item()
+      total = total + model:loss(step.to_model(model, x), step.to_model(model, y)):item()
     end
   end)
   return total / batches, maxvio
