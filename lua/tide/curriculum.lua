@@ -236,36 +236,10 @@ curriculum.task_evals = task_evals
 
 -- ---- run ------------------------------------------------------------------------------------------------------
 
--- bytes of memory available to this process on the CPU (MemAvailable), nil where /proc is absent
-local function cpu_available()
-  local f = io.open("/proc/meminfo")
-  if not f then return nil end
-  local text = f:read("*a")
-  f:close()
-  local kb = tonumber(text:match("MemAvailable:%s*(%d+)"))
-  return kb and kb * 1024 or nil
-end
-
--- before anything is allocated: a model on a device this build cannot use, or one whose weights and optimiser
--- state alone exceed the memory there, is refused with the plan's numbers instead of failing mid-allocation
+-- before anything is allocated: a model on a device this build cannot use, or too large for the memory there
 local function preflight(cfg)
-  local mc = deep_copy(cfg.model or {})
-  local device = tostring(mc.device or "cpu")
-  if device:match("^cuda") and not tide.cuda_available() then
-    bad(fmt("the model runs on %s, but this build or machine has no CUDA device; `--dry-run` prints the plan%s", device,
-      next(cfg.scales or {}) and (", --scale=" .. table.concat(sorted_keys(cfg.scales), "|") .. " runs a smaller one")
-        or ""), 0)
-  end
-  local plan = nn.plan
-  if device == "cpu" and plan and (mc.kind == nil or mc.kind == "hybrid") then
-    mc.kind = nil
-    local ok, st = pcall(plan.static_bytes, mc, { dtype = mc.dtype or "f32" })
-    local avail = cpu_available()
-    if ok and avail and st.total > avail then
-      bad(fmt("the model's weights, gradients and AdamW state need %s, more than the %s of memory available; "
-        .. "`--dry-run` prints the plan", plan.human_bytes(st.total), plan.human_bytes(avail)), 0)
-    end
-  end
+  local hint = next(cfg.scales or {}) and ("; --scale=" .. table.concat(sorted_keys(cfg.scales), "|") .. " runs a smaller one")
+  step.preflight(cfg.model, "curriculum", "; `--dry-run` prints the plan" .. (hint or ""))
 end
 -- setup: the scale, the checks, the model (its initialisation draws from the RNG seeded here), the sources, the
 -- optimiser, the shared step and run, and the hook context

@@ -82,6 +82,38 @@ step.moe_layers = moe_layers
 -- the per-layer MoE load metrics a step record carries (moe.md §5), keys as TensorBoard tags: moe/maxvio_batch/3
 local MOE_KEYS = { "maxvio_batch", "load_entropy", "route_entropy", "dead_experts", "topk_changed", "b_std" }
 
+-- ---- before a run -----------------------------------------------------------------------------------------------
+
+-- bytes of memory available to this process on the CPU (MemAvailable), nil where /proc is absent
+local function cpu_available()
+  local f = io.open("/proc/meminfo")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  local kb = tonumber(text:match("MemAvailable:%s*(%d+)"))
+  return kb and kb * 1024 or nil
+end
+
+-- preflight(model_cfg, who, hint): before anything is allocated, a model on a device this build or machine cannot
+-- use, or one whose weights and optimiser state alone exceed the memory there, is refused in one line (+ hint)
+function step.preflight(mc, who, hint)
+  mc = options.deep_copy(mc or {})
+  local device = tostring(mc.device or "cpu")
+  if device:match("^cuda") and not tide.cuda_available() then
+    options.fail(who, fmt("the model runs on %s, but this build or machine has no CUDA device%s", device, hint or ""), 0)
+  end
+  local plan = require("tide.nn").plan
+  if device == "cpu" and plan and (mc.kind == nil or mc.kind == "hybrid") then
+    mc.kind = nil
+    local ok, st = pcall(plan.static_bytes, mc, { dtype = mc.dtype or "f32" })
+    local avail = cpu_available()
+    if ok and avail and st.total > avail then
+      options.fail(who, fmt("the model's weights, gradients and AdamW state need %s, more than the %s of memory "
+        .. "available%s", plan.human_bytes(st.total), plan.human_bytes(avail), hint or ""), 0)
+    end
+  end
+end
+
 -- ---- the step ---------------------------------------------------------------------------------------------------
 local Stepper = {}
 Stepper.__index = Stepper

@@ -135,6 +135,7 @@ local function setup(cfg)
   local seed = cfg.seed or tcfg.seed or 0
   local threads = cfg.threads or tcfg.threads
   if threads then tide.set_num_threads(threads) end
+  step.preflight(cfg.model, WHO)
   tide.manual_seed(seed)
   local model = nn.build(cfg.model or {})
   local V = model.cfg.vocab_size
