@@ -21,10 +21,7 @@ local TARGET = { ratio = 4, from_T = 4096 }
 
 local loadavg = results.loadavg
 
--- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
-local function sync(device)
-  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
-end
+local sync = results.sync
 
 -- inputs shaped as the layer makes them: q, k L2-normalised (q scaled), g from the bounded gate
 local function inputs(T, device)

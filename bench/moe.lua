@@ -30,10 +30,7 @@ local function list(s)
   return out
 end
 
--- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
-local function sync(device)
-  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
-end
+local sync = results.sync
 
 -- seconds of one forward + backward of fn (returns the output), gradients cleared before
 local function time_once(fn, gout, clear, device)

@@ -14,18 +14,9 @@ local results = require "tide.results"
 
 local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "bench"
 
--- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
-local function sync(device)
-  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
-end
+local sync = results.sync
 
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = results.median
 
 local function copy(t)
   if type(t) ~= "table" then return t end

@@ -77,23 +77,14 @@ local function mean(xs)
   return s / #xs
 end
 
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = results.median
 
 local function step_flops(c, n_nonembed)
   local N = c.batch * c.seq
   return 6 * n_nonembed * N + 6 * c.n_layers * c.dim * c.seq * N
 end
 
--- waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
-local function sync(device)
-  if device ~= "cpu" then tide.zeros({ 1 }, { device = device }):item() end
-end
+local sync = results.sync
 
 -- times warmup + steps training steps of the tide model; returns the tide part of the record
 local function bench_tide(c, warmup, steps, device)

@@ -38,4 +38,18 @@ function results.loadavg()
   return line and tonumber(line:match("^(%S+)"))
 end
 
+-- sync(device): waits for the work queued on a GPU (a one-element read back is ordered after it); nothing on the cpu
+function results.sync(device)
+  if device ~= "cpu" then require("tide").zeros({ 1 }, { device = device }):item() end
+end
+
+-- median(xs) of a list of numbers (the list is not changed)
+function results.median(xs)
+  local s = {}
+  for i, x in ipairs(xs) do s[i] = x end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
 return results
