@@ -12,8 +12,9 @@ typedef T F(vec) __attribute__((vector_size(64)));
 #define TMM_VL ((int)(64 / sizeof(T)))
 #define TMM_NV (16 / TMM_VL)
 
-static inline F(vec) F(vload)(const T *p) { F(vec) v; memcpy(&v, p, sizeof v); return v; }
-static inline void F(vstore)(T *p, F(vec) v) { memcpy(p, &v, sizeof v); }
+/* through pointers: a 64-byte vector passed or returned by value has an ABI note (-Wpsabi) without AVX-512 */
+static inline void F(vload)(F(vec) *v, const T *p) { memcpy(v, p, sizeof *v); }
+static inline void F(vstore)(T *p, const F(vec) *v) { memcpy(p, v, sizeof *v); }
 /* short row copies inline (a libc call per 64-float row cost more than the copy) */
 static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
 {
@@ -27,7 +28,7 @@ static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
             for (int v = 0; v < TMM_NV; v++) t[rr][v] = (F(vec)){0};                                      \
         for (int64_t kk = 0; kk < k; kk++) {                                                              \
             F(vec) b[TMM_NV];                                                                             \
-            for (int v = 0; v < TMM_NV; v++) b[v] = F(vload)(B + kk * ldb + j0 + v * TMM_VL);            \
+            for (int v = 0; v < TMM_NV; v++) F(vload)(&b[v], B + kk * ldb + j0 + v * TMM_VL);           \
             for (int rr = 0; rr < MR; rr++) {                                                             \
                 T a = A[(r0 + rr) * sar + kk * sak];                                                      \
                 for (int v = 0; v < TMM_NV; v++) t[rr][v] += a * b[v];                                    \
@@ -36,7 +37,9 @@ static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
         for (int rr = 0; rr < MR; rr++)                                                                   \
             for (int v = 0; v < TMM_NV; v++) {                                                            \
                 T *c = Cm + (r0 + rr) * ldc + j0 + v * TMM_VL;                                            \
-                F(vstore)(c, acc ? F(vload)(c) + alpha * t[rr][v] : alpha * t[rr][v]);                    \
+                F(vec) cv;                                                                                \
+                if (acc) { F(vload)(&cv, c); cv = cv + alpha * t[rr][v]; } else cv = alpha * t[rr][v];   \
+                F(vstore)(c, &cv);                                                                        \
             }                                                                                             \
     }
 
