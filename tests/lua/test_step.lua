@@ -89,6 +89,13 @@ T.test("train.micro_batches = 1, 2, 4 give the same losses (f64, 1e-12) and a cl
   for s = 1, 3 do T.near(q2.losses[s], q1.losses[s], 1e-12 * (1 + q1.losses[s]), "mqar step " .. s) end
   -- per labelled target: near ln 64 = 4.16 at the start (dividing by every position would give about a 16th of it)
   T.ok(q1.losses[1] > 3.5 and q1.losses[1] < 5, "first MQAR loss " .. q1.losses[1])
+  -- the shared preflight refuses a model on a device this machine lacks before anything is allocated
+  if not tide.cuda_available() then
+    local m = model()
+    m.device = "cuda"
+    T.raises(function() train(train_cfg({ model = m })) end,
+      "tide.train: the model runs on cuda, but this build or machine has no CUDA device")
+  end
   T.raises(function() train(train_cfg({ train = { micro_batches = 3 } })) end,
     "tide.train: train.micro_batches 3 does not divide the batch of 8 rows")
 end)
