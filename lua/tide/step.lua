@@ -193,7 +193,7 @@ function Stepper:run(batches, lr, t)
       if n_micro > 1 then l = l * (1 / n_micro) end
     else
       l, value, aux = data_objective(self, b, N, n_micro)
-      lv = l:item()
+      lv = aux or 0          -- the backpropagated loss is value / N + aux: finite when both parts are (one read less)
     end
     if not (is_finite(lv) and is_finite(value)) then bad = "loss"; break end
     sum = sum + value
