@@ -1,5 +1,6 @@
 -- moe: nn.MoE (spec/moe.md oracles 1-5, 7, 8; oracle 6 SiTU is in test_moe_ops) — the router, Quantile Balancing on
--- a fixed skewed batch and on a stream (with the sign baseline), centering and no leakage, the histogram estimator,
+-- a fixed skewed batch and on a stream (with the sign baseline), centering and no leakage, the exact (interpolated)
+-- and histogram (K3 App. D, two simulated ranks) estimators, f32 == f64 routing, the estimator rule,
 -- the §5 metrics, LatentMoE, dispatch == a dense per-token loop, the latent router, a float64 gradient check of the
 -- whole layer, and a hybrid LM with MoE FFNs training with QB.
 local T = require "tide.testing"
@@ -226,7 +227,7 @@ T.test("QB centering and no leakage (oracle 4)", function()
   local sa = ffi.new("double[?]", m * n)
   for i = 1, m * n do sa[i - 1] = s[i] end
   local mu = qb.margins(sa, ffi.new("double[?]", n), m, n, k)
-  local theta = qb.theta_exact(mu, m, n, math.floor(m * k / n) + 1)
+  local theta = qb.theta_exact(mu, m, n, k)
   local bhat, sum = {}, 0
   for j = 1, n do bhat[j] = -theta[j - 1] end
   local bc = qb.update(st, zeros_list(n), k)
@@ -255,34 +256,187 @@ T.test("QB centering and no leakage (oracle 4)", function()
     "after the step, b depends on batch 2")
 end)
 
-T.test("QB histogram estimator (oracle 5): within one bin of exact; 2 ranks' counts == the whole batch", function()
+-- the scores of a batch as a double array [m·n]
+local function f64_array(s)
+  local ffi = require "ffi"
+  local m, n = s:size(1), s:size(2)
+  local a = ffi.new("double[?]", m * n)
+  tide.check_status(tide.C.tide_to_f64_buffer(tide.raw(s), a, m * n))
+  return a
+end
+
+-- the smallest gap, over tokens, between the k-th and the (k+1)-th largest s + b (in double arithmetic)
+local function min_topk_gap(sa, b, m, n, k)
+  local worst = math.huge
+  local row = {}
+  for t = 0, m - 1 do
+    for j = 0, n - 1 do row[j + 1] = sa[t * n + j] + b[j] end
+    table.sort(row, function(u, v) return u > v end)
+    worst = math.min(worst, row[k] - row[k + 1])
+  end
+  return worst
+end
+
+T.test("QB exact estimator (oracle 5): the interpolated (1 − k/n) column quantile (f64 1e-12); no top-k ties", function()
   local ffi = require "ffi"
   tide.manual_seed(14)
-  local s = skewed_batch("f64")
   local m, n, k = M_QB, N_QB, K_QB
-  local sa = ffi.new("double[?]", m * n)
-  tide.check_status(tide.C.tide_to_f64_buffer(tide.raw(s), sa, m * n))
-  local mu = qb.margins(sa, ffi.new("double[?]", n), m, n, k)
-  local r = math.floor(m * k / n) + 1
-  local exact = qb.theta_exact(mu, m, n, r)
-  local counts, clamped = qb.histogram(mu, m, n, -2, 2, 2048)
-  T.eq(clamped, 0)
-  local est = qb.theta_histogram(counts, m, n, r, -2, 2, 2048)
-  local w = 4 / 2048
+  local sa = f64_array(skewed_batch("f64"))
+  local zero = ffi.new("double[?]", n)
+  local mu = qb.margins(sa, zero, m, n, k)
+  local theta = qb.theta_exact(mu, m, n, k)
+  -- the reference: each column sorted ascending, numpy's linear interpolation at pos = (1 − k/n)(m − 1)
+  local pos = (1 - k / n) * (m - 1)
+  local lo = math.floor(pos)
+  local worst, strict = 0, 0
   for j = 0, n - 1 do
-    local dlt = est[j] - exact[j]
-    T.ok(dlt >= -1e-12 and dlt <= w * (1 + 1e-9), "column " .. j .. ": histogram − exact = " .. dlt)
+    local col = {}
+    for t = 0, m - 1 do col[t + 1] = mu[t * n + j] end
+    table.sort(col)
+    local ref = col[lo + 1] + (pos - lo) * (col[lo + 2] - col[lo + 1])
+    worst = math.max(worst, math.abs(theta[j] - ref))
+    -- between the (q+1)-th and the q-th largest (q = 256 here), strictly inside when they differ
+    -- between the (q+1)-th and the q-th largest (q = 256 here), strictly inside when they differ (equal ones: the
+    -- tokens whose cutoff expert is j all have μ = 0 there)
+    local q = m * k / n
+    local a, c = col[m - q], col[m - q + 1]
+    if theta[j] >= a and theta[j] <= c and (a == c or (theta[j] > a and theta[j] < c)) then strict = strict + 1 end
   end
-  -- data-parallel: the sum of two halves' counts == the counts of the concatenated batch, exactly
-  local half = m / 2
-  local c1 = qb.histogram(mu, half, n, -2, 2, 2048)
-  local c2 = qb.histogram(mu + half * n, half, n, -2, 2, 2048)
-  local diff = 0
-  for i = 0, n * 2048 - 1 do if c1[i] + c2[i] ~= counts[i] then diff = diff + 1 end end
-  T.eq(diff, 0, "bins that differ")
-  local _, narrow = qb.histogram(mu, m, n, -0.1, 0.1, 64)
-  T.ok(narrow > 0, "out-of-range margins are clamped and counted")
-  -- through the module: histogram-estimated b within two bins of the exact one (each θ within one, then centering)
+  T.ok(worst <= 1e-12, "exact θ vs the sorted-column quantile: " .. worst)
+  T.eq(strict, n, "columns whose θ lies between the (q+1)-th and q-th largest margins (strictly when they differ)")
+  -- odd sizes: m = 7, n = 3, k = 1 (pos = 4, an integer: no interpolation) and m = 10 (pos = 6, frac 0)
+  for _, mm in ipairs({ 7, 10, 11 }) do
+    local sm = f64_array(tide.randn({ mm, 3 }, { dtype = "f64" }):sigmoid())
+    local mm_mu = qb.margins(sm, ffi.new("double[?]", 3), mm, 3, 1)
+    local th = qb.theta_exact(mm_mu, mm, 3, 1)
+    local p = (1 - 1 / 3) * (mm - 1)
+    local l = math.floor(p)
+    for j = 0, 2 do
+      local col = {}
+      for t = 0, mm - 1 do col[t + 1] = mm_mu[t * 3 + j] end
+      table.sort(col)
+      local ref = col[l + 1] + (l + 1 < mm and (p - l) * (col[l + 2] - col[l + 1]) or 0)
+      T.near(th[j], ref, 1e-12, fmt("m = %d column %d", mm, j))
+    end
+  end
+  -- after one alternation the interpolated estimator leaves a positive gap between every token's k-th and (k+1)-th
+  -- biased score; the bare order statistic drives it to 0 (the threshold token lands on its own cutoff)
+  local b_exact = qb.update_arrays(sa, zero, m, n, k, { estimator = "exact" })
+  local b_bare = qb.update_arrays(sa, zero, m, n, k, { estimator = "order_statistic" })
+  local g_exact, g_bare = min_topk_gap(sa, b_exact, m, n, k), min_topk_gap(sa, b_bare, m, n, k)
+  T.ok(g_bare <= 1e-15, "the bare order statistic leaves a token on its cutoff: gap " .. g_bare)
+  T.ok(g_exact > 1e-9, "the interpolated quantile leaves a positive gap: " .. g_exact)
+end)
+
+T.test("QB f32 and f64 runs on the same batch route identically for 20 alternations (interpolated quantile)", function()
+  tide.manual_seed(15)
+  local s64 = skewed_batch("f64")
+  local s32 = s64:to("f32")
+  local s = { f32 = s32, f64 = s32:to("f64") }     -- the same scores, held in each dtype
+  local layers = {}
+  for dt in pairs(s) do
+    layers[dt] = MoE(4, { n_experts = N_QB, top_k = K_QB, expert_dim = 1, n_shared = 0, dtype = dt })
+  end
+  for it = 1, 20 do
+    local sels = {}
+    for dt, moe in pairs(layers) do
+      local sel = moe.gate:route(s[dt])
+      sels[dt] = sel:tolist()
+      moe:record(s[dt], sel)
+      moe:balance_step()
+    end
+    local diff = 0
+    for i = 1, #sels.f64 do if sels.f32[i] ~= sels.f64[i] then diff = diff + 1 end end
+    T.eq(diff, 0, "alternation " .. it .. ": selections that differ between f32 and f64")
+  end
+end)
+
+-- two ranks sharing one routing batch, simulated in one process: each runs qb.update_arrays in a coroutine whose
+-- group.sum_i64 yields its counts; when both have yielded, the sums are written back to both (an all-reduce)
+local function two_ranks(parts, b, n, k, opts)
+  local ffi = require "ffi"
+  local function group()
+    return { size = #parts, sum_i64 = function(a, len) coroutine.yield(a, len) end }
+  end
+  local cos, pending, out = {}, {}, {}
+  for r, p in ipairs(parts) do
+    local o = { group = group() }
+    for key, v in pairs(opts) do o[key] = v end
+    cos[r] = coroutine.create(function() return qb.update_arrays(p.s, b, p.m, n, k, o) end)
+  end
+  while true do
+    local done = 0
+    for r, co in ipairs(cos) do
+      if coroutine.status(co) == "dead" then done = done + 1
+      else
+        local ok, a, len = coroutine.resume(co)
+        assert(ok, a)
+        if coroutine.status(co) == "dead" then out[r] = { a, len } else pending[r] = { a, len } end
+      end
+    end
+    if done == #cos then break end
+    if next(pending) then
+      local len = pending[1][2]
+      local sum = ffi.new("int64_t[?]", len)
+      for _, p in pairs(pending) do for i = 0, len - 1 do sum[i] = sum[i] + p[1][i] end end
+      for _, p in pairs(pending) do ffi.copy(p[1], sum, len * 8) end
+      pending = {}
+    end
+  end
+  return out
+end
+
+T.test("QB histogram estimator (oracle 5, K3 App. D): within one bin of exact; 2 ranks == the whole batch", function()
+  local ffi = require "ffi"
+  tide.manual_seed(14)
+  local m, n, k = M_QB, N_QB, K_QB
+  local s = skewed_batch("f64")
+  local sa = f64_array(s)
+  -- from b = 0 and from a spread b (the range follows b: [min b − 1, max b + 1])
+  local b0 = ffi.new("double[?]", n)
+  local b1 = qb.update_arrays(sa, b0, m, n, k, { estimator = "exact" })
+  for _, b in ipairs({ b0, b1 }) do
+    local mu = qb.margins(sa, b, m, n, k)
+    local exact = qb.theta_exact(mu, m, n, k)
+    local lo, hi = qb.histogram_range(b, n)
+    local bmin, bmax = math.huge, -math.huge
+    for j = 0, n - 1 do bmin = math.min(bmin, b[j]); bmax = math.max(bmax, b[j]) end
+    T.near(lo, bmin - 1, 0); T.near(hi, bmax + 1, 0)
+    local counts, clamped = qb.histogram(mu, m, n, lo, hi, 1000)
+    T.eq(clamped, 0, "sigmoid scores keep every required bias inside [min b − 1, max b + 1]")
+    -- counts are of the required bias r = c_t − s = −μ: a direct recount of one column
+    local direct, w = 0, (hi - lo) / 1000
+    for t = 0, m - 1 do if math.floor((-mu[t * n + 5] - lo) / w) == 17 then direct = direct + 1 end end
+    T.eq(tonumber(counts[5 * 1000 + 17]), direct, "column 5, bin 17")
+    local est = qb.theta_histogram(counts, m, n, k, lo, hi, 1000)
+    local worst = 0
+    for j = 0, n - 1 do worst = math.max(worst, math.abs(est[j] - exact[j]) / w) end
+    T.ok(worst <= 1, "histogram b̂ − exact b̂ within one bin width: " .. worst .. " widths")
+    -- the 2-rank all-reduced counts == the counts of the concatenated batch (exact integer equality)
+    local half = m / 2
+    local c1 = qb.histogram(mu, half, n, lo, hi, 1000)
+    local c2 = qb.histogram(mu + half * n, half, n, lo, hi, 1000)
+    local diff = 0
+    for i = 0, n * 1000 - 1 do if c1[i] + c2[i] ~= counts[i] then diff = diff + 1 end end
+    T.eq(diff, 0, "bins where rank 0 + rank 1 differs from the whole batch")
+    -- end to end: two simulated ranks, each with half the tokens, all-reducing through group.sum_i64, set the
+    -- same b as one rank with the whole batch (bit for bit: the same integer counts and token count)
+    local whole = qb.update_arrays(sa, b, m, n, k, { estimator = "histogram" })
+    local out = two_ranks({ { s = sa, m = half }, { s = sa + half * n, m = half } }, b, n, k, { estimator = "auto" })
+    for r = 1, 2 do
+      local nb, cl = out[r][1], out[r][2]
+      local d = 0
+      for j = 0, n - 1 do if nb[j] ~= whole[j] then d = d + 1 end end
+      T.eq(d, 0, "rank " .. r .. ": experts whose b differs from the one-rank histogram")
+      T.eq(cl, 0)
+    end
+  end
+  -- out-of-range required biases (softmax-free scores outside [0, 1]) go to the edge bins and are counted
+  local wide = f64_array(tide.randn({ 64, 8 }, { dtype = "f64" }) * 4)
+  local z8 = ffi.new("double[?]", 8)
+  local _, clamped = qb.update_arrays(wide, z8, 64, 8, 2, { estimator = "histogram" })
+  T.ok(clamped > 0, "clamped required biases are counted: " .. clamped)
+  -- through the module: histogram-estimated b within two bins of the exact one (each b̂ within one, then centering)
   local function bias(estimator)
     local moe = MoE(4, { n_experts = n, top_k = k, expert_dim = 1, n_shared = 0, estimator = estimator, dtype = "f64" })
     moe:record(s, (moe.gate:route(s)))
@@ -292,7 +446,35 @@ T.test("QB histogram estimator (oracle 5): within one bin of exact; 2 ranks' cou
   local be = bias("exact")
   local bh, mt = bias("histogram")
   T.eq(mt.qb_clamped, 0)
-  T.near(bh, be, 2 * w + 1e-12)
+  T.near(bh, be, 2 * 2 / 1000 + 1e-12)
+  T.raises(function() MoE(4, { n_experts = 4, top_k = 1, expert_dim = 1, hist_bins = 0 }) end, "hist_bins")
+  T.raises(function() MoE(4, { n_experts = 4, top_k = 1, expert_dim = 1, estimator = "median" }) end, "estimator")
+end)
+
+T.test("QB estimator rule: auto is exact on one rank, histogram when the routing batch spans ranks", function()
+  local balance = require "tide.nn.balance"
+  T.eq(balance.estimator_for("auto", 1), "exact")
+  T.eq(balance.estimator_for(nil, 1), "exact")
+  T.eq(balance.estimator_for("auto", 2), "histogram")
+  T.eq(balance.estimator_for("auto", 8), "histogram")
+  T.eq(balance.estimator_for("exact", 4), "exact", "an explicit choice is kept")
+  T.eq(MoE.DEFAULTS.estimator, "auto")
+  local moe = MoE(4, { n_experts = 8, top_k = 2, expert_dim = 1, n_shared = 0 })
+  T.eq(moe.balancer:estimator(1), "exact")
+  T.eq(moe.balancer:estimator(2), "histogram")
+  -- through balance_step: a 2-rank group selects the histogram (it reports qb_clamped; exact does not)
+  local s = tide.randn({ 32, 8 }):sigmoid()
+  moe:record(s, (moe.gate:route(s)))
+  T.eq(moe:balance_step().qb_clamped, nil, "one rank: exact")
+  local seen
+  local g = { size = 2, sum_i64 = function(a, len) seen = len; for i = 0, len - 1 do a[i] = 2 * a[i] end end }
+  moe:record(s, (moe.gate:route(s)))
+  T.eq(moe:balance_step({ group = g }).qb_clamped, 0, "two ranks: the histogram, its counts all-reduced")
+  T.eq(seen, 8 * 1000 + 2, "one all-reduce: n·bins counts, the token count and the clamped count")
+  -- an exact estimator across ranks needs the margins gathered; without a gather it is refused in one line
+  local ex = MoE(4, { n_experts = 8, top_k = 2, expert_dim = 1, n_shared = 0, estimator = "exact" })
+  ex:record(s, (ex.gate:route(s)))
+  T.raises(function() ex:balance_step({ group = g }) end, "needs the margins of all 2 ranks")
 end)
 
 T.test("qb_rate β: b ← b + β(b̂ − b) exactly, still centred; β = 1 is the spec's rule; bad β named", function()

@@ -51,7 +51,7 @@ CONFIGS.tiny = {
     routed_scaling = 1.0,     -- ρ
     router = "sigmoid",       -- sigmoid scores on the full x (moe.md §2)
     balance = "quantile",     -- Quantile Balancing (moe.md §4.1)
-    estimator = "exact",      -- the exact quantile estimator
+    estimator = "auto",       -- exact on one rank, histogram when the routing batch spans ranks (moe.md §4.1)
   },
   residual = "attnres_block", -- PreNorm + Block AttnRes (attnres.md §3)
   attnres = { block_layers = 2 },   -- B = 2 layers: ≤ 5 sources per mix

@@ -43,7 +43,11 @@ function Router:init(dim, o)
   else
     self:param("weight", M.Module.new_param({ o.n_experts, dim }, { "normal", o.std }, po))
   end
-  self:buffer("e_score_correction_bias", tide.zeros({ o.n_experts }, po))
+  -- the selection bias b is float64 for every model dtype, and so is the selection sum s + b (route): the balancer
+  -- computes b in double, and QB leaves top-k gaps of 1e-8 and below (its threshold token sits a fraction of one
+  -- order-statistic spacing from its cutoff), which rounding b or s + b to float32 (~6e-8) would flip — f32 and f64
+  -- models would route the same scores differently. DeepSeek-V3 likewise keeps this bias above the weights' precision.
+  self:buffer("e_score_correction_bias", tide.zeros({ o.n_experts }, { dtype = "f64", device = o.device }))
 end
 
 -- scores(x [m, d]) -> s [m, n] in (0, 1) (softmax: rows sum to 1), fp32 for bf16 inputs
@@ -66,12 +70,14 @@ function Router:scores(x)
   return logits:sigmoid()
 end
 
--- route(s) -> sel [m, k] i64 (TopK of s + b, selection only), p [m, k] = ρ s_sel / (Σ s_sel + 1e-20) from the
--- unbiased s (differentiable through the gathered s)
+-- route(s) -> sel [m, k] i64 (TopK of s + b in float64, selection only), p [m, k] = ρ s_sel / (Σ s_sel + 1e-20)
+-- from the unbiased s in its own dtype (differentiable through the gathered s)
 function Router:route(s)
   local b = self.e_score_correction_bias
-  if b:dtype() ~= s:dtype() then b = b:to(s:dtype()) end
-  local sb = s:detach() + b
+  if b:dtype() ~= "f64" then b = b:to("f64") end         -- a bias loaded into another dtype by hand
+  local sb = s:detach()
+  if sb:dtype() ~= "f64" then sb = sb:to("f64") end
+  sb = sb + b
   if self.n_group > 1 then
     -- group-limited routing (§2, DeepSeek-V3): experts in n_group contiguous groups; a group scores the sum of its
     -- 2 best s + b; each token picks from its topk_group best groups only (the others pushed below every score)
@@ -111,7 +117,7 @@ local KEYS = {
   n_experts = true, top_k = true, expert_dim = true, n_shared = true, shared_dim = true, latent_dim = true,
   routed_scaling = true, activation = true, router = true, router_rank = true, similarity = true, balance = true,
   qb_rate = true, n_group = true, topk_group = true,
-  sign_rate = true, sign_normalized = true, aux_alpha = true, estimator = true, hist_range = true, hist_bins = true, capacity_factor = true,
+  sign_rate = true, sign_normalized = true, aux_alpha = true, estimator = true, hist_bins = true, capacity_factor = true,
   dead_window = true, std = true, out_std = true, norm_eps = true, dtype = true, device = true,
 }
 local CHOICES = {
@@ -135,7 +141,10 @@ local function pos_int(o, key) return options.pos_int(o[key], key, WHO) end
 -- MoE(dim, {n_experts, top_k, expert_dim, n_shared = 1, shared_dim = n_shared·expert_dim, latent_dim (nil: experts
 -- on x, no norm), routed_scaling = 1 (ρ), activation = "situ" | "swiglu", router = "sigmoid" | "softmax" | "latent"
 -- (router_rank = 32, similarity = "cosine" | "dot"), balance = "quantile" | "sign" | "aux" | "seq_aux" | "none"
--- (sign_rate = 1e-3, sign_normalized = false, n_group = 1 and topk_group for group-limited routing, aux_alpha = 1e-3 for aux and 1e-4 for seq_aux, estimator = "exact" | "histogram", hist_range = {-2, 2}, hist_bins = 2048, qb_rate = 1),
+-- (sign_rate = 1e-3, sign_normalized = false, n_group = 1 and topk_group for group-limited routing, aux_alpha = 1e-3
+-- for aux and 1e-4 for seq_aux, estimator = "auto" (exact on one rank, histogram when the routing batch spans ranks)
+-- | "exact" | "histogram" | "order_statistic" (the bare (⌊q⌋+1)-th margin, for studies only), hist_bins = 1000,
+-- qb_rate = 1),
 -- capacity_factor = 0,
 -- dead_window = 100, std = 0.02, out_std = std, norm_eps = 1e-5, dtype, device})
 function MoE:init(dim, opts)
@@ -334,7 +343,8 @@ end
 
 -- balance_step(opts): after the optimiser step — computes the step's metrics and writes the new selection bias
 -- from the step's recorded routing (used from the next forward only: no leakage, §4.1). opts.discard = true
--- drops the records (a skipped step). Returns the metrics.
+-- drops the records (a skipped step); opts.group = the ranks sharing the routing batch (balance.lua,
+-- qb.update_arrays: {size, sum_i64, gather_f64}). Returns the metrics (this rank's share of the batch).
 function MoE:balance_step(opts)
   if opts and opts.discard then self._records = {}; return nil end
   if #self._records == 0 then return self._metrics end
@@ -344,7 +354,7 @@ function MoE:balance_step(opts)
   local n, k = self.n, self.k
   local bias = self.gate.e_score_correction_bias
   local b = read_f64(bias)
-  local nb, clamped = self.balancer:update(s, b, m, n, k, mt.load)
+  local nb, clamped = self.balancer:update(s, b, m, n, k, mt.load, opts and opts.group)
   mt.qb_clamped = clamped
   if nb then
     local list = {}
