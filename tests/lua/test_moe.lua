@@ -477,6 +477,33 @@ T.test("QB estimator rule: auto is exact on one rank, histogram when the routing
   T.raises(function() ex:balance_step({ group = g }) end, "needs the margins of all 2 ranks")
 end)
 
+T.test("QB: eval-mode forwards record nothing — the bias, the histogram and the step's statistics stay as they were", function()
+  tide.manual_seed(16)
+  for _, est in ipairs({ "exact", "histogram" }) do
+    local moe = MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, n_shared = 0, estimator = est, dtype = "f64" })
+    local x = tide.randn({ 40, 6 }, { dtype = "f64" })
+    moe(x)
+    local mt1 = moe:balance_step()
+    local b1 = moe.gate.e_score_correction_bias:tolist()
+    moe:eval()
+    for _ = 1, 3 do moe(tide.randn({ 40, 6 }, { dtype = "f64" }) * 3) end
+    T.eq(#moe._records, 0, est .. ": eval forwards are not recorded")
+    T.eq(moe:balance_step(), mt1, est .. ": a balance step after eval forwards changes nothing")
+    T.eq(moe.gate.e_score_correction_bias:tolist(), b1, est .. ": b unchanged")
+    moe:train()
+    moe(x)
+    moe:balance_step()
+    local b2 = moe.gate.e_score_correction_bias:tolist()
+    -- the same training batch again from b1 gives the same b as a layer that never saw the eval batches
+    local ref = MoE(6, { n_experts = 8, top_k = 2, expert_dim = 2, n_shared = 0, estimator = est, dtype = "f64" })
+    ref:load_state_dict(moe:state_dict())
+    tide.no_grad(function() ref.gate.e_score_correction_bias:copy_(tide.tensor(b1, { dtype = "f64" })) end)
+    ref(x)
+    ref:balance_step()
+    T.eq(ref.gate.e_score_correction_bias:tolist(), b2, est .. ": the next update sees only training batches")
+  end
+end)
+
 T.test("qb_rate β: b ← b + β(b̂ − b) exactly, still centred; β = 1 is the spec's rule; bad β named", function()
   local function make(rate)
     return MoE(4, { n_experts = N_QB, top_k = K_QB, expert_dim = 1, n_shared = 0, qb_rate = rate })
