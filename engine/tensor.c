@@ -294,6 +294,20 @@ int tide_write_bytes(tide_tensor *t, const void *bytes, size_t nbytes)
     return TIDE_DISPATCH(t->device, memcpy_h2d, "write_bytes", tide_data(t), bytes, nbytes);
 }
 
+/* ---- floats handed to a front end ------------------------------------------------------------------
+ * Every double the engine writes for a front end is canonical: a NaN becomes the one quiet NaN (+NaN, the
+ * bits 0x7FF8000000000000). LuaJIT keeps its values in the NaN space of a double, and some GC64 builds pass an
+ * FFI double with an unusual payload (0xFFEC0001 words, all ones) to Lua unchanged, where it reads as nil, a
+ * string or a pointer: a NaN weight then crashed the interpreter instead of tripping the non-finite guard. */
+static double canon_f64(double v) { return isnan(v) ? (double)NAN : v; }
+
+void tide_canon_f64_buffer(double *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) p[i] = canon_f64(p[i]);
+}
+double tide_canon_f64(const double *p, int64_t i) { return canon_f64(p[i]); }
+double tide_canon_f32(const float *p, int64_t i) { return canon_f64((double)p[i]); }
+
 int tide_to_f64_buffer(const tide_tensor *t, double *out, int64_t n)
 {
     if (!t) return tide_set_error("to_table: tensor is NULL");
@@ -302,7 +316,10 @@ int tide_to_f64_buffer(const tide_tensor *t, double *out, int64_t n)
     tide_tensor *c = tide_empty(TIDE_F64, t->ndim, t->shape, TIDE_CPU);
     if (!c) return -1;
     int rc = tide_copy_(c, t);
-    if (!rc) memcpy(out, c->storage->data, (size_t)n * 8);   /* CPU f64 staging buffer we own */
+    if (!rc) {
+        memcpy(out, c->storage->data, (size_t)n * 8);   /* CPU f64 staging buffer we own */
+        tide_canon_f64_buffer(out, n);
+    }
     tide_tensor_release(c);
     return rc;
 }
@@ -479,6 +496,7 @@ int tide_sum_squares(const tide_tensor *t, double *out)
     if (!c) return -1;
     int rc = TIDE_DISPATCH(c->device, sum_squares, "sum_squares", c->dtype, tide_data(c), c->numel, out);
     tide_tensor_release(c);
+    *out = canon_f64(*out);
     return rc;
 }
 

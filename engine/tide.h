@@ -80,11 +80,18 @@ tide_tensor *tide_from_f64(int dtype, int ndim, const int64_t *shape, int device
 /* raw little-endian bytes in the tensor's own dtype; nbytes must equal numel * dtype size */
 tide_tensor *tide_from_bytes(int dtype, int ndim, const int64_t *shape, int device, const void *bytes, size_t nbytes);
 
-/* explicit copies out of / into tensor memory (the only way front ends touch tensor bytes) */
+/* explicit copies out of / into tensor memory (the only way front ends touch tensor bytes). Every double the
+   engine hands out (to_f64_buffer, item, sum_squares) is canonical: any NaN is +NaN 0x7FF8000000000000, as
+   LuaJIT needs. read_bytes copies bytes as stored, NaN payloads included: read its float values through
+   tide_canon_f64 / tide_canon_f32, never with a plain buf[i]. */
 int tide_to_f64_buffer(const tide_tensor *t, double *out, int64_t n);      /* n must equal numel */
 int tide_read_bytes(const tide_tensor *t, void *out, size_t nbytes);       /* row-major, tensor dtype */
 int tide_write_bytes(tide_tensor *t, const void *bytes, size_t nbytes);    /* into a contiguous tensor */
 double tide_item(const tide_tensor *t);                                    /* numel must be 1; NaN + error otherwise */
+/* p[i] as a canonical double (a NaN of any payload becomes +NaN); the buffer form rewrites p[0..n) in place */
+double tide_canon_f64(const double *p, int64_t i);
+double tide_canon_f32(const float *p, int64_t i);
+void tide_canon_f64_buffer(double *p, int64_t n);
 
 /* in-place, never recorded on the graph (optimiser and initialisation work) */
 int tide_fill_(tide_tensor *t, double value);
@@ -93,7 +100,7 @@ int tide_randn_(tide_tensor *t, double mean, double std);
 int tide_rand_(tide_tensor *t, double lo, double hi);
 int tide_scale_(tide_tensor *t, double s);                  /* t *= s */
 int tide_axpy_(tide_tensor *y, double a, const tide_tensor *x);   /* y += a x, same shape */
-/* sum of squares of all elements, accumulated in double; NaN/inf propagate */
+/* sum of squares of all elements, accumulated in double; NaN/inf propagate (a NaN as the canonical +NaN) */
 int tide_sum_squares(const tide_tensor *t, double *out);
 int tide_all_finite(const tide_tensor *t);                  /* 1, 0, or -1 on error */
 
@@ -309,7 +316,13 @@ int tide_remove_tree(const char *path);
 /* names in a directory (no "." / ".."), sorted bytewise, each followed by a NUL byte; *n = total bytes.
    Returns a buffer to free with tide_free (an empty directory gives a 1-byte buffer and *n = 0). */
 char *tide_list_dir(const char *path, size_t *n);
-/* the whole file, NUL-terminated (not counted in *n); max_bytes = 0 means no limit. Free with tide_free. */
+/* opens path for reading when it is a regular file (or a link to one); a directory, FIFO, device or socket is
+   refused without blocking, in one line: "<what> '<path>' is a FIFO (named pipe), not a regular file". Returns
+   the descriptor (the caller closes it) with the size in *size (may be NULL), or -1 + error. Every reader of
+   the engine opens its files through it. */
+int tide_open_regular(const char *path, const char *what, int64_t *size);
+/* the whole file, NUL-terminated (not counted in *n); max_bytes = 0 means no limit. Regular files only
+   (tide_open_regular). Free with tide_free. */
 char *tide_read_file(const char *path, size_t *n, size_t max_bytes);
 void tide_free(void *p);
 /* a text file as a u8 tensor [n] on the CPU (byte-level tokenizer input); an empty file is an error */

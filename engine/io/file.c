@@ -1,6 +1,7 @@
 /*
  * file.c — small file-system helpers: atomic writes (temp file, fsync, rename, fsync of the directory),
  * directories, whole-file reads, and text files as byte tensors (DESIGN.md §6, formats.md §6).
+ * Every reader of the engine opens its file through tide_open_regular: regular files only, never blocking.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -321,30 +322,56 @@ char *tide_list_dir(const char *path, size_t *n)
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+static int not_regular(const char *path, const char *what, mode_t m)
+{
+    const char *kind = file_kind(m);
+    if (!strcmp(kind, "not a regular file")) return tide_set_error("%s '%s' is not a regular file", what, path);
+    return tide_set_error("%s '%s' is %s, not a regular file", what, path, kind);
+}
+
+/* stat before open: open() of a FIFO blocks until a writer appears, and a device may act on being opened.
+   O_NONBLOCK covers a FIFO swapped in between the two calls; it means nothing for a regular file. */
+int tide_open_regular(const char *path, const char *what, int64_t *size)
+{
+    if (!what) what = "file";
+    if (check_path(path, what)) return -1;
+    struct stat st;
+    if (stat(path, &st) != 0) return tide_set_error("cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return not_regular(path, what, st.st_mode);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return tide_set_error("cannot open '%s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int rc = S_ISREG(st.st_mode) ? tide_set_error("cannot stat '%s': %s", path, strerror(errno))
+                                     : not_regular(path, what, st.st_mode);
+        close(fd);
+        return rc;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (size) *size = (int64_t)st.st_size;
+    return fd;
+}
+
 char *tide_read_file(const char *path, size_t *n, size_t max_bytes)
 {
     if (check_path(path, "read_file")) return NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        tide_set_error("cannot open '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        tide_set_error("cannot stat '%s': %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        tide_set_error("cannot read '%s': it is a directory", path);
-        close(fd);
-        return NULL;
-    }
-    /* regular files have a size; pipes and the like are read until EOF */
-    size_t cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : 65536;
-    if (max_bytes && S_ISREG(st.st_mode) && (size_t)st.st_size > max_bytes) {
-        tide_set_error("file '%s' is %lld bytes, over the limit of %zu bytes", path, (long long)st.st_size,
-                       max_bytes);
+    int64_t size = 0;
+    int fd = tide_open_regular(path, "file", &size);
+    if (fd < 0) return NULL;
+    /* the size a regular file reports; files of /proc report 0 and are read until EOF */
+    size_t cap = (size_t)size + 1;
+    if (max_bytes && (size_t)size > max_bytes) {
+        tide_set_error("file '%s' is %lld bytes, over the limit of %zu bytes", path, (long long)size, max_bytes);
         close(fd);
         return NULL;
     }

@@ -423,21 +423,10 @@ tide_safetensors *tide_safetensors_open(const char *path)
     }
     tide_safetensors *h = st_new(path);
     if (!h) return NULL;
-    h->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (h->fd < 0) {
-        tide_set_error("cannot open '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(h->fd, &st) != 0) {
-        tide_set_error("cannot stat '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        tide_set_error("safetensors '%s': not a regular file", path);
-        goto fail;
-    }
-    uint64_t total = (uint64_t)st.st_size, hn = 0;
+    int64_t size = 0;
+    h->fd = tide_open_regular(path, "safetensors file", &size);
+    if (h->fd < 0) goto fail;
+    uint64_t total = (uint64_t)size, hn = 0;
     unsigned char first8[8] = { 0 };
     if (total >= 8 && pread_all(h->fd, first8, 8, 0) != 0) {
         tide_set_error("cannot read '%s': %s", path, strerror(errno));

@@ -119,17 +119,10 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 
 static int open_regular(const char *path, const char *what, int *fd, uint64_t *size)
 {
-    if (!path || !path[0]) return tide_set_error("%s: the path is %s", what, path ? "empty" : "NULL");
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (*fd < 0) return tide_set_error("cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int rc = tide_set_error("%s '%s': not a regular file", what, path);
-        close(*fd);
-        *fd = -1;
-        return rc;
-    }
-    *size = (uint64_t)st.st_size;
+    int64_t n = 0;
+    *fd = tide_open_regular(path, what, &n);
+    if (*fd < 0) return -1;
+    *size = (uint64_t)n;
     return 0;
 }
 
