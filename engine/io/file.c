@@ -322,20 +322,11 @@ char *tide_list_dir(const char *path, size_t *n)
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */
-static const char *file_kind(mode_t m)
-{
-    if (S_ISDIR(m)) return "a directory";
-    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-    if (S_ISCHR(m)) return "a character device";
-    if (S_ISBLK(m)) return "a block device";
-    if (S_ISSOCK(m)) return "a socket";
-    return "not a regular file";
-}
-
 static int not_regular(const char *path, const char *what, mode_t m)
 {
-    const char *kind = file_kind(m);
-    if (!strcmp(kind, "not a regular file")) return tide_set_error("%s '%s' is not a regular file", what, path);
+    const char *kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
+                     : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+                     : S_ISSOCK(m) ? "a socket" : "something else";
     return tide_set_error("%s '%s' is %s, not a regular file", what, path, kind);
 }
 

@@ -4,6 +4,13 @@
 -- Files are written into step_XXXXXXXX.tmp/ (each fsynced by the engine), the directory is fsynced and
 -- renamed, then `latest` is replaced atomically: a run killed at any instant leaves the last good
 -- checkpoint readable.
+--
+-- Loading converts dtypes by one rule: a float tensor of the model (weight or buffer) loads only from a float
+-- tensor of the file, F32, F64 or BF16 (F16 is not read), converted to the model's dtype: f32 -> f64 and
+-- bf16 -> f32/f64 are exact, f64 -> f32 and f32 -> bf16 round to nearest even (f64 -> bf16 through f32). Integer
+-- and bool tensors are refused for float weights, float tensors for integer buffers, in one line naming the
+-- tensor, its stored dtype and the expected one. (The MoE selection bias is F64 in checkpoints of every model
+-- dtype, F32 in older ones: both load.) Optimiser state is float, under the same rule.
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -99,10 +106,11 @@ end
 
 -- latest(run_dir) -> the directory `latest` names, or nil when the run has no checkpoint
 function checkpoint.latest(run_dir)
-  local f = io.open(run_dir .. "/ckpt/latest", "rb")
-  if not f then return nil end
-  local name = (f:read("*a") or ""):match("^%s*(.-)%s*$")
-  f:close()
+  local path = run_dir .. "/ckpt/latest"
+  if C.tide_path_exists(path) ~= 1 then return nil end
+  local text, err = tide.read_file(path, 4096)
+  if not text then error("checkpoint: " .. err, 2) end
+  local name = text:match("^%s*(.-)%s*$")
   if not name:match("^step_%d+$") then
     error("checkpoint: " .. run_dir .. "/ckpt/latest holds '" .. name .. "', expected step_XXXXXXXX", 2)
   end
@@ -128,10 +136,10 @@ end
 
 -- open(dir) -> reader with :tensors(file) -> {name = tensor}, :get(file, name), .state (state.json)
 function checkpoint.open(dir)
-  local f = io.open(dir .. "/state.json", "rb")
-  if not f then error("checkpoint: " .. dir .. "/state.json is missing", 2) end
-  local text = f:read("*a")
-  f:close()
+  local path = dir .. "/state.json"
+  if C.tide_path_exists(path) ~= 1 then error("checkpoint: " .. path .. " is missing", 2) end
+  local text, err = tide.read_file(path, tide.STATE_FILE_LIMIT)
+  if not text then error("checkpoint: " .. err, 2) end
   local ok, state = pcall(json.decode, text)
   if not ok then error("checkpoint: " .. dir .. "/state.json: " .. tostring(state), 2) end
   return setmetatable({ dir = dir, state = state, files = {} }, Reader)
@@ -165,6 +173,41 @@ function Reader:tensors(file, device)
   return out
 end
 
+-- the dtype rule of the header comment: every tensor of `file` that the model has (want: name -> tide dtype name)
+-- must be stored in a dtype of the same kind; checked on the header, before any bytes are read
+local FLOAT_STORED = { F32 = true, F64 = true, BF16 = true }
+local INT_STORED = { I32 = true, I64 = true, U8 = true }
+local FLOAT_DTYPES = { f32 = true, f64 = true, bf16 = true }
+local function refuse(where, name, stored, float, whose)
+  error(string.format("checkpoint: %s: tensor '%s' is stored as %s, expected %s: %s", where, name, stored,
+    float and "a float tensor (F32, F64 or BF16)" or "an integer tensor (I32, I64 or U8)", whose), 3)
+end
+
+function Reader:check_dtypes(file, want)
+  local h = self:file(file)
+  for i = 0, C.tide_safetensors_count(h) - 1 do
+    local name = ffi.string(C.tide_safetensors_name(h, i))
+    local dtype = want[name]
+    if dtype then
+      local stored = ffi.string(C.tide_safetensors_dtype(h, i))
+      local ok = FLOAT_DTYPES[dtype] and FLOAT_STORED[stored] or (not FLOAT_DTYPES[dtype] and INT_STORED[stored])
+      if not ok then
+        refuse(self.dir .. "/" .. file, name, stored, FLOAT_DTYPES[dtype], "the model's tensor is " .. dtype)
+      end
+    end
+  end
+end
+
+-- get(file, name) for a tensor that must be float (optimiser state)
+function Reader:get_float(file, name, device)
+  local h = self:file(file)
+  local i = C.tide_safetensors_find(h, name)
+  if i < 0 then return nil end
+  local stored = ffi.string(C.tide_safetensors_dtype(h, i))
+  if not FLOAT_STORED[stored] then refuse(self.dir .. "/" .. file, name, stored, true, "optimiser state is float") end
+  return self:get(file, name, device)
+end
+
 function Reader:metadata(file)
   return json.decode(ffi.string(C.tide_safetensors_metadata(self:file(file))))
 end
@@ -179,10 +222,15 @@ end
 -- load(dir, {model =, optim =}) -> state table; weights and optimiser state are copied in place
 function checkpoint.load(dir, parts)
   local r = checkpoint.open(dir)
-  if parts.model then parts.model:load_state_dict(r:tensors("model.safetensors")) end
+  if parts.model then
+    local want = {}
+    for name, t in pairs(parts.model:state_dict()) do want[name] = t:dtype() end
+    r:check_dtypes("model.safetensors", want)
+    parts.model:load_state_dict(r:tensors("model.safetensors"))
+  end
   if parts.optim then
     if not r.state.optim then error("checkpoint: " .. dir .. "/state.json has no optimiser state", 2) end
-    parts.optim:load_state(r.state.optim, function(name) return r:get("optim.safetensors", name) end)
+    parts.optim:load_state(r.state.optim, function(name) return r:get_float("optim.safetensors", name) end)
   end
   r:close()
   return r.state

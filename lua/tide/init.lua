@@ -58,6 +58,22 @@ end
 tide.C = C
 tide.version = ffi.string(C.tide_version())
 
+-- ---- reading files ------------------------------------------------------------------------------------
+-- tide.read_file(path, max_bytes) -> the whole file as a string, or nil and one line naming the file and what is
+-- wrong: it is missing, it is not a regular file (a FIFO, a device, a directory: refused without blocking), or it
+-- is longer than max_bytes (nil or 0: no limit). Every Lua reader of files goes through it; the engine's check
+-- (tide_open_regular) is the one its own readers use.
+tide.STATE_FILE_LIMIT = 64 * 2 ^ 20   -- JSON state and config files, `latest`: more is not a state file
+function tide.read_file(path, max_bytes)
+  if type(path) ~= "string" then return nil, "read_file: the path must be a string, got a " .. type(path) end
+  local n = ffi.new("size_t[1]")
+  local p = C.tide_read_file(path, n, max_bytes or 0)
+  if p == nil then return nil, ffi.string(C.tide_last_error()) end
+  local s = ffi.string(p, n[0])
+  C.tide_free(p)
+  return s
+end
+
 -- the package table is visible to tide.tensor / tide.functional while they load
 package.loaded["tide"] = tide
 

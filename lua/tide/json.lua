@@ -276,4 +276,15 @@ function json.decode(s)
   return v
 end
 
+-- read(path, max_bytes) -> the decoded file; errors name the file. A regular file of at most max_bytes
+-- (tide.STATE_FILE_LIMIT, 64 MiB, by default): a FIFO, a device or an endless file is refused, not read.
+function json.read(path, max_bytes)
+  local tide = require "tide"
+  local text, err = tide.read_file(path, max_bytes or tide.STATE_FILE_LIMIT)
+  if not text then error("json: " .. err, 2) end
+  local ok, v = pcall(json.decode, text)
+  if not ok then error(path .. ": " .. tostring(v), 2) end
+  return v
+end
+
 return json

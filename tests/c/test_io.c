@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "tide.h"
 
 #ifndef TIDE_IO_FUZZ_ITERS
@@ -788,6 +790,63 @@ static void test_shards(void)
     free(tok);
 }
 
+/* ---- readers open regular files only ------------------------------------------------------------------ */
+/* a FIFO, /dev/zero and a directory where each reader expects a file: one line naming the file and what it is,
+   at once (alarm: a reader blocking in open() on the FIFO kills the test instead of hanging it) */
+static void test_not_regular(void)
+{
+    char fifo[512], dir[512], want[700];
+    snprintf(fifo, sizeof fifo, "%s", tmp("fifo"));
+    snprintf(dir, sizeof dir, "%s", tmp("dir.safetensors"));
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    CHECK(tide_mkdir_p(dir) == 0, "mkdir");
+    alarm(10);
+    size_t n = 0;
+    int64_t size = -1;
+    CHECK(tide_open_regular(fifo, "shard", &size) == -1, "open_regular refuses a FIFO");
+    snprintf(want, sizeof want, "shard '%s' is a FIFO (named pipe), not a regular file", fifo);
+    CHECK_ERROR(want, "open_regular of a FIFO");
+    CHECK(tide_read_file(fifo, &n, 0) == NULL, "read_file refuses a FIFO");
+    snprintf(want, sizeof want, "file '%s' is a FIFO (named pipe), not a regular file", fifo);
+    CHECK_ERROR(want, "read_file of a FIFO");
+    CHECK(tide_text_read_bytes(fifo) == NULL, "text_read_bytes refuses a FIFO");
+    CHECK_ERROR("is a FIFO (named pipe)", "text_read_bytes of a FIFO");
+    CHECK(tide_safetensors_open(fifo) == NULL, "safetensors_open refuses a FIFO");
+    snprintf(want, sizeof want, "safetensors file '%s' is a FIFO (named pipe), not a regular file", fifo);
+    CHECK_ERROR(want, "safetensors_open of a FIFO");
+    CHECK(tide_shard_count(fifo) == -1 && tide_shard_read(fifo, 0) == NULL, "shards refuse a FIFO");
+    CHECK_ERROR("is a FIFO (named pipe)", "shard_read of a FIFO");
+    CHECK(tide_raw_tokens_read(fifo, 2, 0) == NULL, "raw tokens refuse a FIFO");
+    CHECK_ERROR("is a FIFO (named pipe)", "raw_tokens_read of a FIFO");
+    alarm(0);
+
+    if (tide_path_exists("/dev/zero")) {
+        CHECK(tide_read_file("/dev/zero", &n, 0) == NULL, "read_file refuses /dev/zero");
+        CHECK_ERROR("file '/dev/zero' is a character device, not a regular file", "read_file of /dev/zero");
+        CHECK(tide_text_read_bytes("/dev/zero") == NULL, "text_read_bytes refuses /dev/zero");
+        CHECK(tide_shard_read("/dev/zero", 0) == NULL, "shard_read refuses /dev/zero");
+        CHECK_ERROR("shard '/dev/zero' is a character device", "shard_read of /dev/zero");
+        CHECK(tide_safetensors_open("/dev/zero") == NULL, "safetensors_open refuses /dev/zero");
+        CHECK_ERROR("is a character device", "safetensors_open of /dev/zero");
+    }
+    CHECK(tide_safetensors_open(dir) == NULL, "safetensors_open refuses a directory");
+    snprintf(want, sizeof want, "safetensors file '%s' is a directory, not a regular file", dir);
+    CHECK_ERROR(want, "safetensors_open of a directory");
+    CHECK(tide_shard_read(dir, 0) == NULL, "shard_read refuses a directory");
+    CHECK_ERROR("is a directory, not a regular file", "shard_read of a directory");
+    /* a regular file still opens, with its size */
+    write_raw(tmp("plain"), "12345", 5);
+    int fd = tide_open_regular(tmp("plain"), "file", &size);
+    CHECK(fd >= 0 && size == 5, "open_regular of a regular file: fd %d size %lld", fd, (long long)size);
+    if (fd >= 0) {
+        char b[8];
+        CHECK(read(fd, b, 8) == 5 && !memcmp(b, "12345", 5), "reads the file");
+        close(fd);
+    }
+    CHECK(tide_open_regular(tmp("missing"), "file", &size) == -1, "missing file");
+    CHECK_ERROR("No such file or directory", "open_regular of a missing file");
+}
+
 int main(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/tide-io-XXXXXX");
@@ -798,6 +857,7 @@ int main(void)
     test_roundtrip();
     test_reject();
     test_shards();
+    test_not_regular();
     test_fuzz();
     int64_t live = tide_live_tensors();
     CHECK(live == 0, "live tensors at the end: %lld", (long long)live);

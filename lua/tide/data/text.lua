@@ -84,11 +84,14 @@ local function split_documents(s, sep)
   end
 end
 
+-- a text file must fit one Lua string (LuaJIT's limit); a FIFO or a device is refused by tide.read_file
+local TEXT_LIMIT = 0x7fffff00
 local function read_text(f)
-  local fh, err = io.open(f, "rb")
-  if not fh then error("data: cannot open '" .. f .. "': " .. tostring(err), 4) end
-  local s = fh:read("*a")
-  fh:close()
+  local s, err = tide.read_file(f, TEXT_LIMIT)
+  if not s then
+    if err:find("over the limit", 1, true) then err = err .. " (larger text: write it as token shards)" end
+    error("data: " .. err, 4)
+  end
   return s
 end
 
