@@ -282,6 +282,36 @@ T.test("an F64 (and a BF16) checkpoint loads into an f32 model: f64 -> f32 round
   end
 end)
 
+T.test("the MoE selection bias: F64 in a checkpoint, and an older F32 one still loads (float -> float)", function()
+  local cfg = {
+    kind = "hybrid", vocab_size = 320, dim = 16, n_layers = 1, mixers = "0:1", ffn_dim = 32,
+    mla = { heads = 2, q_rank = 16, kv_rank = 8, nope_dim = 8, rope_dim = 4, v_dim = 8 },
+    moe = { n_experts = 4, top_k = 2, expert_dim = 16, n_shared = 1, first_dense = false },
+  }
+  local nn = require "tide.nn"
+  local a = nn.build(cfg)
+  local bias_name
+  for name, t in pairs(a:state_dict()) do
+    if name:find("e_score_correction_bias", 1, true) then
+      bias_name = name
+      t:copy_({ 0.25, -0.5, 0.125, 1 / 3 })
+    end
+  end
+  T.ok(bias_name, "the model has a selection bias")
+  local out = tmpdir("moe-bias")
+  local dir = checkpoint.save(out, 1, { model = a })
+  local r = checkpoint.open(dir)
+  local h = r:file("model.safetensors")
+  T.eq(ffi.string(C.tide_safetensors_dtype(h, C.tide_safetensors_find(h, bias_name))), "F64")
+  r:close()
+  rewrite_checkpoint(dir, function(name, t) return name == bias_name and t:to("f32") or t end)
+  local b = nn.build(cfg)
+  checkpoint.load(dir, { model = b })
+  local want = tide.tensor({ 0.25, -0.5, 0.125, 1 / 3 }, { dtype = "f64" }):to("f32"):to("f64"):tolist()
+  T.eq(b:state_dict()[bias_name]:tolist(), want, "the F32 bias, widened exactly")
+  T.eq(b:state_dict()[bias_name]:dtype(), "f64")
+end)
+
 -- ---- files that are not regular files ---------------------------------------------------------------------
 -- run `code` in a fresh `tide` process under timeout: a reader that blocks fails the test instead of hanging it.
 -- Returns the probe's output line and the seconds the code took.
