@@ -58,6 +58,15 @@ static int fsync_dir_of(const char *path)
     return rc;
 }
 
+/* "<what> '<path>' is a FIFO (named pipe), not a regular file" */
+static int not_regular(const char *path, const char *what, mode_t m)
+{
+    const char *kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
+                     : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+                     : S_ISSOCK(m) ? "a socket" : "something else";
+    return tide_set_error("%s '%s' is %s, not a regular file", what, path, kind);
+}
+
 /* ---- atomic files ------------------------------------------------------------------------------ */
 struct tide_atomic_file {
     int fd;
@@ -81,13 +90,19 @@ tide_atomic_file *tide_atomic_open(const char *path)
     }
     memcpy(f->tmp, path, n);
     memcpy(f->tmp + n, ".tmp", 5);
-    /* O_TRUNC: a .tmp left behind by a crashed writer is simply overwritten */
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* O_TRUNC: a .tmp left behind by a crashed writer is simply overwritten. Anything else of that name (a FIFO
+       would block the open until a reader came) is refused; O_NONBLOCK covers one made meanwhile. */
+    struct stat st;
+    int bad = lstat(f->tmp, &st) == 0 && !S_ISREG(st.st_mode);
+    if (bad) not_regular(f->tmp, "temporary file", st.st_mode);
+    f->fd = bad ? -1 : open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
     if (f->fd < 0) {
-        tide_set_error("cannot create '%s': %s", f->tmp, strerror(errno));
+        if (!bad) tide_set_error("cannot create '%s': %s", f->tmp, strerror(errno));
         free(f->path); free(f->tmp); free(f);
         return NULL;
     }
+    int fl = fcntl(f->fd, F_GETFL);
+    if (fl >= 0) fcntl(f->fd, F_SETFL, fl & ~O_NONBLOCK);
     return f;
 }
 
@@ -322,14 +337,6 @@ char *tide_list_dir(const char *path, size_t *n)
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */
-static int not_regular(const char *path, const char *what, mode_t m)
-{
-    const char *kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
-                     : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
-                     : S_ISSOCK(m) ? "a socket" : "something else";
-    return tide_set_error("%s '%s' is %s, not a regular file", what, path, kind);
-}
-
 /* stat before open: open() of a FIFO blocks until a writer appears, and a device may act on being opened.
    O_NONBLOCK covers a FIFO swapped in between the two calls; it means nothing for a regular file. */
 int tide_open_regular(const char *path, const char *what, int64_t *size)

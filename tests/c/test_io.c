@@ -818,6 +818,14 @@ static void test_not_regular(void)
     CHECK_ERROR("is a FIFO (named pipe)", "shard_read of a FIFO");
     CHECK(tide_raw_tokens_read(fifo, 2, 0) == NULL, "raw tokens refuse a FIFO");
     CHECK_ERROR("is a FIFO (named pipe)", "raw_tokens_read of a FIFO");
+    /* a FIFO where an atomic write puts its temporary file */
+    char out[512], out_tmp[520];
+    snprintf(out, sizeof out, "%s", tmp("written"));
+    snprintf(out_tmp, sizeof out_tmp, "%s.tmp", out);
+    CHECK(mkfifo(out_tmp, 0600) == 0, "mkfifo");
+    CHECK(tide_file_write_atomic(out, "x", 1) != 0, "an atomic write refuses a FIFO as its temporary file");
+    snprintf(want, sizeof want, "temporary file '%s' is a FIFO (named pipe), not a regular file", out_tmp);
+    CHECK_ERROR(want, "atomic write over a FIFO");
     alarm(0);
 
     if (tide_path_exists("/dev/zero")) {
