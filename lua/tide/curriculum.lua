@@ -226,6 +226,7 @@ local function task_evals(ctx, list)
     o.task = o.kind
     o.kind, o.length, o.seed = nil, nil, nil
     for k, v in pairs(e) do if k ~= "source" then o[k] = v end end
+    sources.filler_text(o, e.source, ctx.cfg.sources, ctx.sources, "curriculum")   -- the same text as in training
     o.tokenizer = ctx.tok
     o.seed = e.seed or 1000003
     for _, r in ipairs(evals.run(ctx.model, o)) do r.source = e.source; rows[#rows + 1] = r end

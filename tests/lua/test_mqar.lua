@@ -96,6 +96,66 @@ local function one_hot(pred, n, L, V)
   return tide.check(C.tide_from_bytes(C.tide_dtype_from_name("f32"), 3, shape, 0, buf, n * L * V * 4))
 end
 
+T.test("text filler: the non-query slots of the query region take one span of filler_text, never an id < V", function()
+  -- a stand-in text source: token k of its stream is k mod 300, so a span is a run of consecutive ids
+  local calls = {}
+  local fake = { name = "fake", span = function(self, u, n, keep)
+    calls[#calls + 1] = u
+    local out, k, pos = ffi.new("int32_t[?]", n), 0, math.floor(u * 300)
+    while k < n do
+      local id = pos % 300
+      if keep(id) then out[k] = id; k = k + 1 end
+      pos = pos + 1
+    end
+    return out
+  end }
+  local V, Tn, D = 64, 128, 8
+  local ct = { vocab_size = V, seq_len = Tn, num_pairs = D, seed = 3, filler = "text", filler_text = fake }
+  local cz = { vocab_size = V, seq_len = Tn, num_pairs = D, seed = 3 }
+  for i = 0, 19 do
+    local x, y = mqar.example(ct, i)
+    local xz, yz = mqar.example(cz, i)
+    T.eq(y, yz, "labels are the zero filler's")
+    local prev
+    for t = 1, Tn do
+      if t > 2 * D and yz[t] == IGN then
+        T.ok(x[t] >= V, string.format("example %d: filler id %d at %d is outside the task's [0, %d)", i, x[t], t, V))
+        if prev then T.eq(x[t], prev == 299 and V or prev + 1, "one contiguous span, the task ids left out") end
+        prev = x[t]
+      else
+        T.eq(x[t], xz[t], "keys, values and queries as with zero filler")
+      end
+    end
+  end
+  T.eq(#calls, 20, "one span per example")
+  local again = mqar.example(ct, 7)
+  T.eq(again, (mqar.example(ct, 7)), "deterministic")
+  T.ok(calls[#calls] == calls[8], "example 7's span starts where it did the first time")
+end)
+
+T.test("id_base and filler_range: task ids at id_base + v, random filler uniform in the range, labels unchanged", function()
+  local c0 = { vocab_size = 64, seq_len = 128, num_pairs = 8, seed = 4 }
+  local cr = { vocab_size = 64, seq_len = 128, num_pairs = 8, seed = 4, id_base = 100, filler = "random",
+    filler_range = { 10, 42 } }
+  local seen = {}
+  for i = 0, 49 do
+    local x0, y0 = mqar.example(c0, i)
+    local x, y = mqar.example(cr, i)
+    for t = 1, 128 do
+      T.eq(y[t], y0[t] == IGN and IGN or y0[t] + 100, "labels shifted by id_base")
+      if t > 16 and y0[t] == IGN then
+        T.ok(x[t] >= 10 and x[t] < 42, "filler id in [10, 42): " .. x[t])
+        seen[x[t]] = true
+      else
+        T.eq(x[t], x0[t] + 100, "task ids shifted by id_base")
+      end
+    end
+  end
+  local nd = 0
+  for _ in pairs(seen) do nd = nd + 1 end
+  T.eq(nd, 32, "every id of the range is drawn")
+end)
+
 T.test("oracle 4: an exact solver scores 100%, random value tokens score 2/V within 3σ", function()
   local V, L, D, chunk, n_chunks = 1024, 64, 16, 64, 16
   local cfg = mqar.check({ vocab_size = V, seq_len = L, num_pairs = D, seed = 11 })
@@ -195,7 +255,17 @@ T.test("bad parameters are errors that name the parameter and the values", funct
     "num_pairs D = 8 exceeds the 7 distinct keys of [1, 8)")
   T.raises(function() mqar.example(cfg({ num_pairs = 0 }), 0) end, "num_pairs must be an integer >= 1, got 0")
   T.raises(function() mqar.example(cfg({ power = 0 }), 0) end, "power must be in (0, 1], got 0")
-  T.raises(function() mqar.example(cfg({ filler = "noise" }), 0) end, "filler must be \"zero\" or \"random\", got noise")
+  T.raises(function() mqar.example(cfg({ filler = "noise" }), 0) end,
+    'mqar: filler must be one of "random", "text", "zero", got "noise"')
+  T.raises(function() mqar.example(cfg({ filler = "text" }), 0) end, 'mqar: filler = "text" needs filler_text, a text')
+  T.raises(function() mqar.example(cfg({ filler = "text", filler_text = {} }), 0) end, 'filler = "text" needs filler_text')
+  T.raises(function() mqar.example(cfg({ filler = "random", filler_text = {} }), 0) end,
+    'mqar: filler_text is used only with filler = "text", got filler = "random"')
+  T.raises(function() mqar.example(cfg({ filler = "random", filler_range = { 1000, 1100 } }), 0) end,
+    "mqar: filler_range [1000, 1100) overlaps the task's ids [0, 1024)")
+  T.ok(pcall(mqar.example, cfg({ filler = "random", filler_range = { 0, 10 }, id_base = 10 }), 0),
+    "a range just below the task's ids is fine")
+  T.raises(function() mqar.example(cfg({ id_base = -1 }), 0) end, "id_base must be a non-negative integer, got -1")
   T.raises(function() mqar.example(cfg({ seed = -1 }), 0) end, "seed must be an integer >= 0")
   T.raises(function() mqar.example(cfg({ pairs = 4 }), 0) end, "unknown key 'pairs'")
   T.raises(function() mqar.example(cfg({}), -1) end, "example index must be an integer >= 0, got -1")

@@ -395,6 +395,42 @@ T.test("(g) text source over the fortune files: separators, per-epoch shuffles, 
   T.eq(b1.per_source, { ["text:train"] = 8 * 256 })
 end)
 
+T.test("(g2) text spans (the synthetic generators' text filler): contiguous, wrapping, filtered, deterministic", function()
+  local seq = pack.text_source(with(FORTUNES, { order = "sequential" }))
+  local shuffled = pack.text_source(with(FORTUNES, { seed = 9 }))
+  -- the stream: the documents in stored order, <|endoftext|> left out
+  local parts = {}
+  for i = 0, seq:count() - 1 do
+    local s = doc_string(seq, i)
+    parts[#parts + 1] = s
+  end
+  local stream = table.concat(parts)
+  local N = 0
+  for j = 1, seq.n_docs do N = N + seq.doc_len[j] end
+  local function str(a, n)
+    local c = {}
+    for k = 0, n - 1 do c[#c + 1] = string.char(a[k]) end
+    return table.concat(c)
+  end
+  local all = function() return true end
+  T.eq(str(seq:span(0, 100, all), 100), stream:sub(1, 100), "u = 0 starts at the first document")
+  local a = seq:span(0.37, 500, all)
+  T.eq(str(a, 500), str(shuffled:span(0.37, 500, all), 500), "the span ignores the shuffle (stored order)")
+  T.ok(stream:find(str(a, 500), 1, true), "a span is a substring of the stream")
+  T.eq(str(a, 500), str(seq:span(0.37, 500, all), 500), "deterministic in u")
+  local wrap = str(seq:span((N - 3) / N, 200, all), 200)
+  T.eq(wrap:sub(1, 3), stream:sub(-3), "a span from the last 3 tokens ...")
+  T.eq(wrap:sub(4), stream:sub(1, 197), "... wraps to the start")
+  local no_e = seq:span(0.5, 1000, function(id) return id ~= string.byte("e") end)
+  for k = 0, 999 do
+    if no_e[k] == string.byte("e") or no_e[k] == EOT then T.ok(false, "span id " .. no_e[k] .. " at " .. k) end
+  end
+  T.ok(stream:gsub("e", ""):find(str(no_e, 1000), 1, true), "a filtered span is the stream less those ids")
+  T.raises(function() seq:span(0.5, 10, function() return false end) end,
+    "pack: text:train: no token of the text is usable as filler")
+  T.raises(function() seq:span(1, 10, all) end, "span start u must be in [0, 1), got 1")
+end)
+
 T.test("(h) errors name the problem", function()
   local a = fake_source("a", 1, 2, 10)
   local ok_entry = { source = a, weight = 1 }

@@ -193,6 +193,146 @@ T.test("MQAR adapter: the mqar generator's example + 128, ids in [128, 128 + V_t
   end
 end)
 
+-- text filler (filler = "text"): the test corpus with digits and bytes 128-199 sprinkled after its letters (so the
+-- generators have ids to leave out) as the text source, and the bytes it holds once the documents are read in
+-- stored order without <|endoftext|>, for checking that a filler is one contiguous span of it
+local pack = require "tide.data.pack"
+local text_src
+do
+  local f = assert(io.open("tests/fixtures/tiny_corpus.txt", "rb"))
+  local raw = f:read("*a")
+  f:close()
+  local extra, k = {}, 0
+  for b = 48, 57 do extra[#extra + 1] = string.char(b) end
+  for b = 128, 199 do extra[#extra + 1] = string.char(b) end
+  local mixed = raw:gsub("%l", function(c)
+    k = k + 1
+    return k % 3 == 0 and c .. extra[k / 3 % #extra + 1] or c
+  end)
+  local path = T.tmpdir("synthetic-text", { create = true }) .. "/corpus.txt"
+  f = assert(io.open(path, "wb"))
+  f:write(mixed)
+  f:close()
+  text_src = pack.text_source({ path = path, doc_separator = "%", val_fraction = 0.1, tokenizer = tok })
+end
+local function corpus_without(drop)
+  local parts = {}
+  for j = 1, text_src.n_docs do
+    local buf = text_src.pieces[text_src.doc_piece[j]].buf + text_src.doc_start[j]
+    for t = 0, text_src.doc_len[j] - 1 do
+      local id = buf[t]
+      if id ~= EOT and not drop(id) then parts[#parts + 1] = string.char(id) end
+    end
+  end
+  local s = table.concat(parts)
+  return s .. s                                            -- a span may wrap around the end
+end
+
+T.test("MQAR text filler: a span of the text around the queries, no task id in it; all else as zero filler", function()
+  local V, D = 32, 4
+  local in_task = function(id) return id >= 128 and id < 128 + V end
+  local corpus = corpus_without(in_task)
+  local o = { task = "mqar", seed = 9, vocab_size = V, num_pairs = D, tokenizer = tok }
+  local zero = synthetic.source(o)
+  o.filler, o.filler_text = "text", text_src
+  local a, b = synthetic.source(o), synthetic.source(o)
+  T.ok(a:describe():find("filler text (text:train)", 1, true), a:describe())
+  local distinct, starts = {}, {}
+  for i = 0, 39 do
+    local L = 256 + (i % 2)                                -- n − 1 odd: one pad slot from the text as well
+    local ids, tg, n = a:doc(i, L)
+    local zids, ztg = zero:doc(i, L)
+    local ids2, tg2 = b:doc(i, L)
+    T.ok(same(ids, ids2, n) and same(tg, tg2, n), "same (seed, i, T) → identical arrays")
+    T.ok(same(tg, ztg, n), "labels are those of the zero filler")
+    local filler = {}
+    for t = 1, n - 1 do
+      if zids[t] == 128 and tg[t] == IGN then              -- a zero-filler slot: text here
+        T.ok(not in_task(ids[t]) and ids[t] ~= EOT and ids[t] < 256, fmt("filler id %d at %d is a text byte", ids[t], t))
+        filler[#filler + 1] = string.char(ids[t])
+        distinct[ids[t]] = true
+      elseif ids[t] ~= zids[t] then
+        T.ok(false, fmt("doc %d position %d: %d, the zero-filler document has %d", i, t, ids[t], zids[t]))
+      end
+    end
+    T.eq(#filler, n - 1 - 3 * D, "the query region less its D queries (and the pad slot)")
+    local f = table.concat(filler)
+    if (n - 1) % 2 == 0 then T.ok(corpus:find(f, 1, true), "doc " .. i .. ": the filler is one span of the text") end
+    starts[f:sub(1, 16)] = true
+  end
+  local nd, ns = 0, 0
+  for _ in pairs(distinct) do nd = nd + 1 end
+  for _ in pairs(starts) do ns = ns + 1 end
+  T.ok(nd >= 40, "the filler is text, not one repeated token: " .. nd .. " distinct ids")
+  T.ok(ns >= 38, "documents start their spans at different places: " .. ns .. " of 40")
+  -- the eval split and another seed draw other spans
+  o.split = "eval"
+  local ev = synthetic.source(o)
+  T.ok(not same(ev:doc(0, 256), a:doc(0, 256), 256), "eval document 0 differs from training document 0")
+end)
+
+T.test("MQAR random filler over a filler_range: ids from it only, never a key, value or 0; all else as zero", function()
+  local V, D = 32, 4
+  local o = { task = "mqar", seed = 9, vocab_size = V, num_pairs = D, tokenizer = tok }
+  local zero = synthetic.source(o)
+  o.filler, o.filler_range = "random", { 160, 256 }
+  local a, b = synthetic.source(o), synthetic.source(o)
+  T.ok(a:describe():find("filler random in [160, 256)", 1, true), a:describe())
+  local count, slots = {}, 0
+  for i = 0, 39 do
+    local L = 512 + (i % 2)
+    local ids, tg, n = a:doc(i, L)
+    local zids, ztg = zero:doc(i, L)
+    T.ok(same(ids, b:doc(i, L), n), "same (seed, i, T) → identical arrays")
+    T.ok(same(tg, ztg, n), "labels are those of the zero filler")
+    for t = 1, n - 1 do
+      if zids[t] == 128 and tg[t] == IGN then
+        T.ok(ids[t] >= 160 and ids[t] < 256, fmt("filler id %d at %d in [160, 256)", ids[t], t))
+        count[ids[t]] = (count[ids[t]] or 0) + 1
+        slots = slots + 1
+      elseif ids[t] ~= zids[t] then
+        T.ok(false, fmt("doc %d position %d: %d, the zero-filler document has %d", i, t, ids[t], zids[t]))
+      end
+    end
+  end
+  -- uniform over 96 ids: every id drawn, none more than 3σ above its share
+  local nd, top = 0, 0
+  for _, c in pairs(count) do nd = nd + 1; top = math.max(top, c) end
+  local p = 1 / 96
+  T.eq(nd, 96, "every id of the range is drawn")
+  T.ok(top <= slots * p + 4 * math.sqrt(slots * p * (1 - p)), fmt("no id dominates: %d of %d slots", top, slots))
+end)
+
+T.test("passkey text filler: text bytes without digits or specials; needle, query and labels as the sentence's", function()
+  local drop = function(id) return id >= 48 and id <= 57 end
+  local corpus = corpus_without(drop)
+  local ref = synthetic.source({ task = "passkey", seed = 5, tokenizer = tok })
+  local a = synthetic.source({ task = "passkey", seed = 5, tokenizer = tok, filler = "text", filler_text = text_src })
+  local b = synthetic.source({ task = "passkey", seed = 5, tokenizer = tok, filler = "text", filler_text = text_src })
+  local distinct = {}
+  for i = 0, 39 do
+    local ids, tg, n = a:doc(i, 300)
+    local rids, rtg = ref:doc(i, 300)
+    T.ok(same(ids, b:doc(i, 300), n), "same (seed, i, T) → identical arrays")
+    T.ok(same(tg, rtg, n), "labels are the sentence filler's")
+    local filler = {}
+    for t = 1, n - 1 do
+      if in_alphabet[rids[t]] then                         -- a sentence-filler slot: text here
+        T.ok(ids[t] < 256 and not drop(ids[t]) and ids[t] ~= EOT, fmt("filler id %d at %d", ids[t], t))
+        filler[#filler + 1] = string.char(ids[t])
+        distinct[ids[t]] = true
+      elseif ids[t] ~= rids[t] then
+        T.ok(false, fmt("doc %d position %d: %d, the sentence document has %d", i, t, ids[t], rids[t]))
+      end
+    end
+    T.eq(#filler, 299 - 12, "filler length")
+    T.ok(corpus:find(table.concat(filler), 1, true), "doc " .. i .. ": the filler is one span of the text")
+  end
+  local nd = 0
+  for _ in pairs(distinct) do nd = nd + 1 end
+  T.ok(nd >= 40, "the filler is text, not one repeated token: " .. nd .. " distinct ids")
+end)
+
 T.test("document sources: <|endoftext|> first, n by length mode, label counts, determinism by (seed, i, T)", function()
   local cases = {
     { task = "passkey", labels = function(n) return 5 end },
@@ -274,7 +414,33 @@ T.test("errors name the option and the value", function()
   T.raises(function() src({ task = "mqar", length = 64, num_pairs = 16 }) end, "mqar: length 64 is too short for num_pairs = 16")
   T.raises(function() src({ task = "mqar", vocab_size = 200 }) end, "mqar: vocab_size (V_task) must be an even integer in [4, 128]")
   T.raises(function() src({ task = "mqar", num_pairs = 70 }) end, "num_pairs D = 70 exceeds")
-  T.raises(function() src({ task = "mqar", filler = "sentence" }) end, "mqar: filler must be")
+  T.raises(function() src({ task = "mqar", filler = "sentence" }) end,
+    'mqar: filler must be one of "random", "text", "zero", got "sentence"')
+  T.raises(function() src({ task = "passkey", filler = "noise" }) end,
+    'passkey: filler must be one of "random", "sentence", "text", got "noise"')
+  T.raises(function() src({ task = "mqar", filler = "text" }) end, 'mqar: filler = "text" needs filler_text')
+  T.raises(function() src({ task = "passkey", filler = "text" }) end, 'passkey: filler = "text" needs filler_text')
+  T.raises(function() src({ task = "mqar", filler_text = text_src }) end, 'filler_text is used only with filler = "text"')
+  T.raises(function() src({ task = "mqar", vocab_size = 32, num_pairs = 4, filler = "random", filler_range = { 150, 200 } }) end,
+    "mqar: filler_range [150, 200) overlaps the task's ids [128, 160) (keys, values and 0)")
+  T.raises(function() src({ task = "mqar", vocab_size = 32, num_pairs = 4, filler_range = { 160, 256 } }) end,
+    'mqar: filler_range is used only with filler = "random", got filler = "zero"')
+  T.raises(function() src({ task = "mqar", vocab_size = 32, num_pairs = 4, filler = "random", filler_range = { 200 } }) end,
+    "mqar: filler_range must be {lo, hi}, integers with 0 <= lo < hi, got {200, nil}")
+  T.raises(function() src({ task = "mqar", vocab_size = 32, num_pairs = 4, filler = "random", filler_range = { 200, 300 } }) end,
+    "mqar: filler_range must lie in the bytes [0, 256)")
+  local sources = require "tide.data.sources"
+  local spec = { text = { kind = "text", path = "tests/fixtures/tiny_corpus.txt", doc_separator = "%" },
+    copy = { kind = "copy" }, recall = { kind = "mqar", vocab_size = 16, num_pairs = 4, filler = "text" } }
+  T.raises(function() sources.build(spec, tok, 0, "curriculum") end,
+    'curriculum: sources.recall: filler = "text" needs filler_source = the name of a text source (text sources: text), got nil')
+  spec.recall.filler_source = "copy"
+  T.raises(function() sources.build(spec, tok, 0, "curriculum") end, "(text sources: text), got copy")
+  spec.recall.filler = "zero"
+  T.raises(function() sources.build(spec, tok, 0, "curriculum") end,
+    'sources.recall: filler_source is used only with filler = "text", got filler = zero')
+  spec.recall.filler, spec.recall.filler_source = "text", "text"
+  T.ok(sources.build(spec, tok, 0, "curriculum").recall.cfg.filler_text.name == "text:train", "filler_source resolved")
   T.raises(function() src({ task = "stack" }) end, "synthetic.source: task must be one of passkey, copy, mqar, got stack")
   T.raises(function() src({ task = "copy", length = "long" }) end, "copy: length must be \"stage\"")
   T.raises(function() src({ task = "copy", split = "test" }) end, "copy: split must be")

@@ -2,9 +2,21 @@
 -- D key–value pairs as context, then every key queried once at a power-law-distributed gap; the label at a
 -- query is its key's value (the token after the query), every other label is ignored (F.cross_entropy's -100).
 --
--- Example i is a pure function of (V, T, D, power, filler, seed, i): its uniforms come from the Philox stream
--- keyed by (task "mqar", seed) at counters [i·2^32, i·2^32 + 3D + T), so it is the same whatever batch, stream or
--- machine draws it.
+-- Ids: every task id and label v is written as id_base + v (default 0; data/synthetic.lua puts the task at bytes
+-- 128 + v). Filler (the query-region positions that are not queries), evals.md §1 and two tide additions that keep
+-- the answers well defined while the filler is not one repeated token:
+--   "zero"    id_base + 0 everywhere (evals.md);
+--   "random"  uniform over the task's ids id_base + [0, V) (evals.md: it may collide with keys), or, with
+--             filler_range = {lo, hi}, uniform over the ids [lo, hi), which must not overlap the task's
+--             [id_base, id_base + V): no key, value or 0 is ever filler;
+--   "text"    a contiguous span of a text document source (filler_text, any object with pack.lua's span(u, n,
+--             keep)), read in order around the queries, leaving out every id of [id_base, id_base + V): the
+--             documents look like text to the layers that see them.
+--
+-- Example i is a pure function of (V, T, D, power, filler, filler_range, id_base, seed, i) (and of filler_text's
+-- content): its uniforms come from the Philox stream keyed by (task "mqar", seed) at counters [i·2^32, i·2^32 +
+-- 3D + T), so it is the same whatever batch, stream or machine draws it. u[3D + t] is the random filler at
+-- position t; u[3D] is the start of the text span.
 local ffi = require "ffi"
 local tide = require "tide"
 local options = require "tide.options"
@@ -13,8 +25,11 @@ local C = tide.C
 local mqar = {}
 
 mqar.IGNORE = -100                      -- F.cross_entropy's default ignore_index
-mqar.DEFAULTS = { vocab_size = 1024, seq_len = 256, num_pairs = 16, power = 0.01, filler = "zero", seed = 0 }
-mqar.KEYS = { vocab_size = true, seq_len = true, num_pairs = true, power = true, filler = true, seed = true }
+mqar.DEFAULTS = { vocab_size = 1024, seq_len = 256, num_pairs = 16, power = 0.01, filler = "zero", seed = 0,
+  id_base = 0 }
+mqar.KEYS = { vocab_size = true, seq_len = true, num_pairs = true, power = true, filler = true, seed = true,
+  filler_text = true, filler_range = true, id_base = true }
+mqar.FILLERS = { zero = true, random = true, text = true }
 
 local TASK = 0x6d717172ULL              -- "mqar": the task half of the Philox key
 local STRIDE = 4294967296ULL            -- counters per example (2^32 >= 3D + T for any T that fits in memory)
@@ -44,8 +59,29 @@ function mqar.check(cfg)
   if type(c.power) ~= "number" or not (c.power > 0) or c.power > 1 then
     bad(fmt("power must be in (0, 1], got %s", tostring(c.power)))
   end
-  if c.filler ~= "zero" and c.filler ~= "random" then
-    bad(fmt("filler must be \"zero\" or \"random\", got %s", tostring(c.filler)))
+  local base = options.nonneg_int(c.id_base, "id_base", WHO)
+  options.one_of(c.filler, mqar.FILLERS, "filler", WHO)
+  local fr = c.filler_range
+  if fr ~= nil then
+    if c.filler ~= "random" then bad(fmt("filler_range is used only with filler = \"random\", got filler = %q", c.filler)) end
+    if type(fr) ~= "table" or not (options.is_int(fr[1]) and options.is_int(fr[2]) and fr[1] >= 0 and fr[1] < fr[2]) then
+      bad(fmt("filler_range must be {lo, hi}, integers with 0 <= lo < hi, got %s", type(fr) == "table" and
+        fmt("{%s, %s}", tostring(fr[1]), tostring(fr[2])) or tostring(fr)))
+    end
+    if fr[1] < base + V and fr[2] > base then
+      bad(fmt("filler_range [%d, %d) overlaps the task's ids [%d, %d) (keys, values and 0): filler must never be "
+        .. "an answer", fr[1], fr[2], base, base + V))
+    end
+    c.filler_range = { fr[1], fr[2] }
+  end
+  if c.filler == "text" then
+    local ft = c.filler_text
+    if (type(ft) ~= "table" and type(ft) ~= "userdata") or type(ft.span) ~= "function" then
+      bad(fmt("filler = \"text\" needs filler_text, a text document source to draw from (in a curriculum: "
+        .. "filler_source = the name of a text source), got %s", tostring(ft)))
+    end
+  elseif c.filler_text ~= nil then
+    bad(fmt("filler_text is used only with filler = \"text\", got filler = %q", c.filler))
   end
   int_at_least(c.seed, 0, "seed")
   if c.seed >= 2 ^ 32 then bad(fmt("seed must be < 2^32, got %d", c.seed)) end
@@ -90,12 +126,24 @@ local function uniforms(n)
   return ubuf
 end
 
+-- the text filler's rule: any id outside the task's range [base, base + V)
+local function text_keep(base, V) return function(id) return id < base or id >= base + V end end
+mqar.text_keep = text_keep
+
+-- filler_id(c, u) -> the random filler id for the uniform u: id_base + ⌊V·u⌋, or lo + ⌊(hi − lo)·u⌋ in filler_range
+function mqar.filler_id(c, u)
+  local fr = c.filler_range
+  if fr then return fr[1] + math.floor(u * (fr[2] - fr[1])) end
+  return c.id_base + math.floor(u * c.vocab_size)
+end
+
 -- fill(c, i, x, y, off): example i of the checked config c into x[off .. off+T) (ids) and y[off .. off+T)
 -- (labels); x, y are ffi integer arrays. Returns keys, values, gaps (0-based Lua arrays of D) for tests.
 function mqar.fill(c, i, x, y, off)
+  local base = c.id_base
   local V, T, D, S = c.vocab_size, c.seq_len, c.num_pairs, c.slots
-  local random_filler = c.filler == "random"
-  local n_u = 3 * D + (random_filler and T or 0)
+  local random_filler, text_filler = c.filler == "random", c.filler == "text"
+  local n_u = 3 * D + (random_filler and T or text_filler and 1 or 0)
   local u = uniforms(n_u)
   C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, n_u)
   local keys, values, gaps = {}, {}, {}
@@ -120,16 +168,26 @@ function mqar.fill(c, i, x, y, off)
   end
   for t = 0, T - 1 do y[off + t] = mqar.IGNORE end
   for j = 0, D - 1 do
-    x[off + 2 * j] = keys[j]
-    x[off + 2 * j + 1] = values[j]
+    x[off + 2 * j] = base + keys[j]
+    x[off + 2 * j + 1] = base + values[j]
   end
-  for t = 2 * D, T - 1 do
-    x[off + t] = random_filler and math.floor(u[3 * D + t] * V) or 0
+  if text_filler then
+    -- the T − 3D non-query positions of the query region, in order, take one span of text
+    local query = {}
+    for j = 0, D - 1 do query[2 * D + 2 * gaps[j]] = true end
+    local span, k = c.filler_text:span(u[3 * D], T - 3 * D, text_keep(base, V)), 0
+    for t = 2 * D, T - 1 do
+      if not query[t] then x[off + t] = span[k]; k = k + 1 end
+    end
+  else
+    for t = 2 * D, T - 1 do
+      x[off + t] = random_filler and mqar.filler_id(c, u[3 * D + t]) or base
+    end
   end
   for j = 0, D - 1 do
     local p = 2 * D + 2 * gaps[j]
-    x[off + p] = keys[j]
-    y[off + p] = values[j]
+    x[off + p] = base + keys[j]
+    y[off + p] = base + values[j]
   end
   return keys, values, gaps
 end

@@ -168,6 +168,44 @@ function TextSource:doc(i, T)
   return ids, targets, n
 end
 
+-- span(u, n, keep) -> int32_t[n] (0-based): the filler text of the synthetic generators (filler = "text",
+-- data/synthetic.lua). The split's documents in stored order form one stream of N tokens; the span reads it from
+-- token ⌊u·N⌋ on, wrapping at the end, and keeps the ids for which keep(id) is true (<|endoftext|> never), so the
+-- generators leave out the ids they score. A pure function of (the source's files and split, u, n, keep).
+function TextSource:span(u, n, keep)
+  local cum = self.doc_cum
+  if not cum then
+    cum = { [1] = 0 }
+    for j = 1, self.n_docs do cum[j + 1] = cum[j] + self.doc_len[j] end
+    self.doc_cum = cum
+  end
+  local N = cum[self.n_docs + 1]
+  if type(u) ~= "number" or not (u >= 0 and u < 1) then bad(fmt("%s: span start u must be in [0, 1), got %s", self.name, tostring(u))) end
+  local pos = math.floor(u * N)
+  local lo, hi = 1, self.n_docs                    -- the document j with cum[j] <= pos < cum[j + 1]
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    if cum[mid] <= pos then lo = mid else hi = mid - 1 end
+  end
+  local out = ffi.new("int32_t[?]", math.max(n, 1))
+  local j, off, got, scanned, eot = lo, pos - cum[lo], 0, 0, self.eot
+  while got < n do
+    local buf, len = self.pieces[self.doc_piece[j]].buf + self.doc_start[j], self.doc_len[j]
+    for t = off, len - 1 do
+      local id = buf[t]
+      if id ~= eot and keep(id) then
+        out[got] = id
+        got = got + 1
+        if got == n then break end
+      end
+    end
+    scanned = scanned + len - off
+    if got == 0 and scanned >= N then bad(fmt("%s: no token of the text is usable as filler (all are excluded)", self.name)) end
+    j, off = j % self.n_docs + 1, 0
+  end
+  return out
+end
+
 ---------------------------------------------------------------------------------------------------
 -- the packer
 

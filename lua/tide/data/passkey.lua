@@ -9,11 +9,16 @@
 -- (bytes 48–57) and from the markers <KEY>, <Q> (specials, resolved by name). filler = "sentence" (default, like
 -- the original passkey test) repeats the fixed 24-byte SENTENCE from filler index 0, so filler[p:] resumes the
 -- sentence where filler[0:p] left it; filler = "random" draws every filler token uniformly from the alphabet.
+-- filler = "text" (a tide addition to evals.md §2's two kinds) takes the filler from filler_text, a text document
+-- source (pack.text_source; in a curriculum's sources, filler_source = its name): one contiguous span of its bytes
+-- without the digits and without any special id, so the haystack is real text — disjoint from the digits and the
+-- markers like the alphabet, but not one repeated pattern (a mixture with text routes its MoE tokens as text does).
 -- depth = a number in [0, 1] fixes δ (the eval grid); depth = "uniform" draws δ uniform in [0, 1) per example.
 --
--- Example i is a pure function of (seed, i, T, depth, filler): its uniforms come from the Philox stream keyed by
--- (task "pkey", seed) at counters [i·2^32, i·2^32 + 6 + filler draws): u[0..4] the digits, u[5] the depth,
--- u[6 + k] filler token k (random filler only). The digits of example i are therefore the same at every T and δ.
+-- Example i is a pure function of (seed, i, T, depth, filler) (and of filler_text's content): its uniforms come
+-- from the Philox stream keyed by (task "pkey", seed) at counters [i·2^32, i·2^32 + 6 + filler draws): u[0..4]
+-- the digits, u[5] the depth, u[6 + k] filler token k (random filler), u[6] the text span's start (text filler).
+-- The digits of example i are therefore the same at every T and δ.
 local ffi = require "ffi"
 local tide = require "tide"
 local C = tide.C
@@ -28,7 +33,8 @@ passkey.MIN_LENGTH = 13                 -- shortest example: the 12 needle/query
 passkey.SENTENCE = "The grass is green here."   -- 24 bytes, all in the alphabet
 passkey.ALPHABET_TEXT = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz .,!?;:-'()\""
 passkey.DEFAULTS = { seed = 0, depth = "uniform", filler = "sentence" }
-passkey.KEYS = { seed = true, depth = true, filler = true, tokenizer = true }
+passkey.KEYS = { seed = true, depth = true, filler = true, tokenizer = true, filler_text = true }
+passkey.FILLERS = { sentence = true, random = true, text = true }
 
 -- ALPHABET[0..63]: the filler byte ids
 passkey.ALPHABET = {}
@@ -54,14 +60,24 @@ function passkey.check(cfg)
   if c.depth ~= "uniform" and not (type(c.depth) == "number" and c.depth >= 0 and c.depth <= 1) then
     bad(fmt("depth must be a number in [0, 1] or \"uniform\", got %s", tostring(c.depth)))
   end
-  if c.filler ~= "sentence" and c.filler ~= "random" then
-    bad(fmt("filler must be \"sentence\" or \"random\", got %s", tostring(c.filler)))
+  options.one_of(c.filler, passkey.FILLERS, "filler", WHO)
+  if c.filler == "text" then
+    local ft = c.filler_text
+    if (type(ft) ~= "table" and type(ft) ~= "userdata") or type(ft.span) ~= "function" then
+      bad(fmt("filler = \"text\" needs filler_text, a text document source to draw from (in a curriculum: "
+        .. "filler_source = the name of a text source), got %s", tostring(ft)))
+    end
+  elseif c.filler_text ~= nil then
+    bad(fmt("filler_text is used only with filler = \"text\", got filler = %q", c.filler))
   end
   local tok = task.byte_tokenizer(c.tokenizer, "digits and filler are byte ids", WHO)
   c.tokenizer = tok
   c.key_id, c.q_id = tok:id("<KEY>"), tok:id("<Q>")
   return setmetatable(c, Checked)
 end
+
+-- the text filler's rule: bytes only (no special id, so no marker) and no digit
+function passkey.text_keep(id) return id < 256 and (id < DIGIT0 or id > DIGIT0 + 9) end
 
 -- needle_position(δ, T) -> p = round(δ·(T − 12)), halves rounded up
 function passkey.needle_position(depth, T)
@@ -77,8 +93,8 @@ function passkey.fill(c, i, T, x, y, off)
       T, passkey.MIN_LENGTH))
   end
   local F = T - passkey.OVERHEAD                           -- filler tokens
-  local random_filler = c.filler == "random"
-  local n_u = 6 + (random_filler and F or 0)
+  local random_filler, text_filler = c.filler == "random", c.filler == "text"
+  local n_u = 6 + (random_filler and F or text_filler and 1 or 0)
   local u = task.uniforms(n_u)
   C.tide_philox_uniform(TASK * STRIDE + c.seed, ffi.cast("uint64_t", i) * STRIDE, u, n_u)
   local digits = {}
@@ -86,9 +102,13 @@ function passkey.fill(c, i, T, x, y, off)
   local depth = c.depth == "uniform" and u[5] or c.depth
   local p = passkey.needle_position(depth, T)
   local A, S = passkey.ALPHABET, passkey.SENTENCE
+  local span = text_filler and c.filler_text:span(u[6], F, passkey.text_keep)
   -- filler index k sits at x position k (k < p) or k + 6 (k >= p)
   for k = 0, F - 1 do
-    local tok = random_filler and A[math.floor(u[6 + k] * 64)] or S:byte(k % 24 + 1)
+    local tok
+    if span then tok = span[k]
+    elseif random_filler then tok = A[math.floor(u[6 + k] * 64)]
+    else tok = S:byte(k % 24 + 1) end
     x[off + (k < p and k or k + 6)] = tok
   end
   for t = 0, T - 1 do y[off + t] = passkey.IGNORE end

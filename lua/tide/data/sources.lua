@@ -10,25 +10,61 @@ sources.KINDS = "text, mqar, passkey or copy"
 
 local deep_copy = options.deep_copy
 
+-- filler_text(o, name, spec, built, who): a synthetic source's `filler_source = NAME` (with filler = "text") becomes
+-- filler_text = the built text source NAME, the text its filler is drawn from (data/synthetic.lua); o is edited
+local function text_names(spec)
+  local names = {}
+  for n, sc in pairs(spec or {}) do
+    if type(sc) == "table" and (sc.kind or "text") == "text" then names[#names + 1] = tostring(n) end
+  end
+  table.sort(names)
+  return #names > 0 and table.concat(names, ", ") or "none"
+end
+
+function sources.filler_text(o, name, spec, built, who)
+  local fs = o.filler_source
+  o.filler_source = nil
+  if o.filler == "text" then
+    local sc = type(fs) == "string" and (spec or {})[fs]
+    if not (type(sc) == "table" and (sc.kind or "text") == "text" and built[fs]) then
+      options.fail(who, fmt("sources.%s: filler = \"text\" needs filler_source = the name of a text source "
+        .. "(text sources: %s), got %s", tostring(name), text_names(spec), tostring(fs)))
+    end
+    o.filler_text = built[fs]
+  elseif fs ~= nil then
+    options.fail(who, fmt("sources.%s: filler_source is used only with filler = \"text\", got filler = %s",
+      tostring(name), tostring(o.filler)))
+  end
+  return o
+end
+
 -- build(spec, tokenizer, seed, who) -> {name = source}: each entry {kind = "text" | "mqar" | "passkey" | "copy", ...}
--- with the kind's own options; a source without a seed takes the run's
+-- with the kind's own options; a source without a seed takes the run's. Text sources are built first, so a
+-- synthetic source can draw its filler from one (filler = "text", filler_source = NAME).
 function sources.build(spec, tok, seed, who)
   local data = require "tide.data"
-  local out = {}
-  for name, sc in pairs(spec or {}) do
-    if type(sc) ~= "table" then options.fail(who, fmt("sources.%s must be a table", tostring(name))) end
-    local o = deep_copy(sc)
-    local kind = o.kind or "text"
-    o.kind = nil
-    o.tokenizer = tok
-    if o.seed == nil then o.seed = seed end
-    if kind == "text" then
-      out[name] = data.pack.text_source(o)
-    elseif SYNTHETIC[kind] then
-      o.task = kind
-      out[name] = data.synthetic.source(o)
-    else
-      options.fail(who, fmt("sources.%s: kind must be %s, got %s", tostring(name), sources.KINDS, tostring(kind)))
+  local out, names = {}, {}
+  for name in pairs(spec or {}) do names[#names + 1] = name end
+  table.sort(names, function(a, b) return tostring(a) < tostring(b) end)
+  for _, pass in ipairs({ "text", "synthetic" }) do
+    for _, name in ipairs(names) do
+      local sc = spec[name]
+      if type(sc) ~= "table" then options.fail(who, fmt("sources.%s must be a table", tostring(name))) end
+      local kind = sc.kind or "text"
+      if (kind == "text") == (pass == "text") then
+        local o = deep_copy(sc)
+        o.kind = nil
+        o.tokenizer = tok
+        if o.seed == nil then o.seed = seed end
+        if kind == "text" then
+          out[name] = data.pack.text_source(o)
+        elseif SYNTHETIC[kind] then
+          o.task = kind
+          out[name] = data.synthetic.source(sources.filler_text(o, name, spec, out, who))
+        else
+          options.fail(who, fmt("sources.%s: kind must be %s, got %s", tostring(name), sources.KINDS, tostring(kind)))
+        end
+      end
     end
   end
   return out

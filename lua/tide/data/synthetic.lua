@@ -16,14 +16,22 @@
 --
 -- Tasks and their options:
 --   passkey  (evals.md §2, data/passkey.lua)  depth = "uniform" (training) | δ ∈ [0, 1] (eval grid);
---            filler = "sentence" | "random".  n ≥ 14 (12 needle/query tokens + ≥ 1 filler).  5 labels.
+--            filler = "sentence" | "random" | "text".  n ≥ 14 (12 needle/query tokens + ≥ 1 filler).  5 labels.
 --   copy     (evals.md §3, data/copy.lua)     N = (n − 2)/2 inputs, so n must be even and ≥ 4.  N labels.
 --   mqar     (evals.md §1, data/mqar.lua)     vocab_size = V_task (even, ≤ 128; default 128), num_pairs = D
---            (default 16), power (0.01), filler = "zero" | "random". The mqar generator's example at
+--            (default 16), power (0.01), filler = "zero" | "random" | "text", filler_range = {lo, hi} (random
+--            filler from the bytes [lo, hi) instead of the task's own ids; they must not overlap the task's
+--            128 .. 127 + V_task, e.g. {160, 256} for V_task = 32). The mqar generator's example at
 --            seq_len = n − 1 rounded down to even, every id and label v mapped to byte 128 + v (so it never
 --            collides with ASCII text); when n − 1 is odd one more query-region filler token follows it
---            (128 for zero filler, 128 + ⌊V·u⌋ for random, u at counter 4·index + 1 of the "synt" stream),
---            never labelled. n ≥ 4D + 1.  D labels.
+--            (128 for zero filler, a random filler id from u, the first kept token of the text from ⌊u·N⌋ for
+--            text; u at counter 4·index + 1 of the "synt" stream), never labelled. n ≥ 4D + 1.  D labels.
+-- Fillers that are not one repeated token, and never an answer (tide additions to evals.md's filler kinds):
+-- mqar's random filler over a filler_range outside the task's ids, and filler = "text" with filler_text = a text
+-- document source (pack.text_source; in a curriculum's sources, filler_source = its name): a contiguous span of
+-- that text without the ids the task scores (passkey: the digits; mqar: its ids 128 .. 127 + V_task) and without
+-- <|endoftext|>, so a recall document reads like text with the task in it. MoE routers can split either filler
+-- over experts, which they cannot do with a document that is mostly one token (zero filler).
 --
 -- Determinism: doc(i, T) is a pure function of (task, seed, split, i, T, options). split = "eval" reads the
 -- generators' example index 2^31 + i, training documents the index i < 2^31, so evaluation examples are disjoint
@@ -52,12 +60,20 @@ local STRIDE = 4294967296ULL
 local fmt = string.format
 local COMMON = { task = true, length = true, split = true }
 local TASK_KEYS = {
-  passkey = { seed = true, tokenizer = true, depth = true, filler = true },
+  passkey = { seed = true, tokenizer = true, depth = true, filler = true, filler_text = true },
   copy = { seed = true, tokenizer = true },
-  mqar = { seed = true, tokenizer = true, vocab_size = true, num_pairs = true, power = true, filler = true },
+  mqar = { seed = true, tokenizer = true, vocab_size = true, num_pairs = true, power = true, filler = true,
+    filler_text = true, filler_range = true },
 }
 
 local is_int = options.is_int
+
+-- the filler kind for describe(): text names the source it draws from
+function synthetic.filler_name(c)
+  if c.filler == "random" and c.filler_range then return fmt("random in [%d, %d)", c.filler_range[1], c.filler_range[2]) end
+  if c.filler ~= "text" then return c.filler end
+  return fmt("text (%s)", tostring(c.filler_text and c.filler_text.name or "?"))
+end
 
 -- the keys source(opts) accepts for each task: COMMON and the task's own
 local SOURCE_KEYS = {}
@@ -91,7 +107,8 @@ Task.passkey = {
   labels = function(self, n) return passkey.DIGITS end,
   describe = function(self)
     local c = self.cfg
-    return fmt("depth %s, filler %s", type(c.depth) == "number" and fmt("%g", c.depth) or c.depth, c.filler)
+    return fmt("depth %s, filler %s", type(c.depth) == "number" and fmt("%g", c.depth) or c.depth,
+      synthetic.filler_name(c))
   end,
 }
 
@@ -121,19 +138,20 @@ Task.mqar = {
     if not mc then
       local c = self.cfg
       mc = mqar.check({ vocab_size = c.vocab_size, seq_len = S, num_pairs = c.num_pairs, power = c.power,
-        filler = c.filler, seed = c.seed })
+        filler = c.filler, seed = c.seed, filler_text = c.filler_text, filler_range = c.filler_range,
+        id_base = synthetic.MQAR_BASE })
       self.mqar_cfgs[S] = mc
     end
     mqar.fill(mc, index, x, y, 1)
-    local base = synthetic.MQAR_BASE
-    for t = 1, S do
-      x[t] = x[t] + base
-      if y[t] ~= synthetic.IGNORE then y[t] = y[t] + base end
-    end
     if S < L then                                         -- one more unlabelled query-region filler slot
-      local pad = 0
-      if mc.filler == "random" then pad = math.floor(aux_uniform(mc.seed, index, 1) * mc.vocab_size) end
-      x[L] = base + pad
+      local u = aux_uniform(mc.seed, index, 1)
+      if mc.filler == "text" then
+        x[L] = mc.filler_text:span(u, 1, mqar.text_keep(mc.id_base, mc.vocab_size))[0]
+      elseif mc.filler == "random" then
+        x[L] = mqar.filler_id(mc, u)
+      else
+        x[L] = mc.id_base
+      end
       y[L] = synthetic.IGNORE
     end
   end,
@@ -141,7 +159,7 @@ Task.mqar = {
   describe = function(self)
     local c = self.cfg
     return fmt("vocab_size %d (ids 128..%d), num_pairs %d, power %g, filler %s", c.vocab_size,
-      127 + c.vocab_size, c.num_pairs, c.power, c.filler)
+      127 + c.vocab_size, c.num_pairs, c.power, synthetic.filler_name(c))
   end,
 }
 
@@ -159,8 +177,13 @@ local function check_mqar(t)
     error(fmt("mqar: num_pairs must be an integer >= 1, got %s", tostring(c.num_pairs)), 4)
   end
   -- the generator's own checks (distinct keys, power, filler, seed) at the shortest valid seq_len
+  local fr = c.filler_range
+  if fr ~= nil and type(fr) == "table" and options.is_int(fr[2]) and fr[2] > 256 then
+    error(fmt("mqar: filler_range must lie in the bytes [0, 256) (ids from 256 on are special tokens), got {%s, %d}",
+      tostring(fr[1]), fr[2]), 4)
+  end
   mqar.check({ vocab_size = V, seq_len = 4 * c.num_pairs, num_pairs = c.num_pairs, power = c.power,
-    filler = c.filler, seed = c.seed })
+    filler = c.filler, seed = c.seed, filler_text = c.filler_text, filler_range = fr, id_base = synthetic.MQAR_BASE })
   return c
 end
 
