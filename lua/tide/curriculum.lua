@@ -20,6 +20,7 @@
 --     evals = {{source = "recall", lengths = {256, 1024}, examples = 32}},   -- task accuracy at the end
 --     hooks = {on_stage_start =, on_stage_end =, on_step =, on_eval =},     -- run-wide; stage hooks run first
 --     train = {out = "runs/quickstart", seed = 1, ckpt_every = 50, log_every = 10},
+--     expect = {final_loss_below = 2.2, eval_accuracy_above = 0.8, val_maxvio_below = 0.5},  -- else exit 1
 --   }
 --
 -- One optimiser step of a stage with length T: rows = tokens_per_step / T packed rows of T tokens, split into
@@ -59,7 +60,7 @@ local TOP = {
 }
 local TRAIN = {
   out = true, seed = true, ckpt_every = true, keep_ckpts = true, log_every = true, quiet = true, threads = true,
-  collect_every = true,
+  collect_every = true, jitter_window = true,
 }
 local STAGE = {
   name = true, seq_len = true, tokens_per_step = true, micro_tokens = true, steps = true, tokens = true, lr = true,
@@ -71,6 +72,9 @@ local LR = { kind = true, from = true, to = true, warmup = true, start = true }
 local LR_KINDS = { constant = true, linear = true, cosine = true }
 local LR_ALIASES = { stable = "constant", decay = "cosine" }
 local HOOKS = { on_stage_start = true, on_stage_end = true, on_step = true, on_eval = true }
+-- what `tide run` checks at the end (exit 1 on a miss): the mean training loss of the last 20 steps, every task
+-- eval row's accuracy, and every MoE layer's validation MaxVio at the end of every stage
+local EXPECT = { final_loss_below = { 0, math.huge }, eval_accuracy_above = { 0, 1 }, val_maxvio_below = { 0, math.huge } }
 
 -- errors are one line "curriculum: ..." at the recipe's line (level 0: no position, for problems of the run itself)
 local function bad(msg, level) options.fail("curriculum", msg, level == 0 and 0 or nil) end
@@ -164,6 +168,14 @@ end
 local step = require "tide.step"
 local moe_layers = step.moe_layers
 
+-- the layer indices of a {[layer] = value} table, in order
+local function moe_layer_ids(t)
+  local ls = {}
+  for l in pairs(t or {}) do ls[#ls + 1] = l end
+  table.sort(ls)
+  return ls
+end
+
 -- a stage's own hook first, then the run-wide one
 local function call_hooks(st, hooks, name, ...)
   local a, b = st.spec[name], hooks[name]
@@ -237,6 +249,49 @@ curriculum.task_evals = task_evals
 
 -- ---- run ------------------------------------------------------------------------------------------------------
 
+-- the expect table: known keys, each bound a number in its range; val_maxvio_below needs the held-out set (`val`)
+local function check_expect(cfg)
+  local ex = cfg.expect
+  if ex == nil then return end
+  check_keys(ex, EXPECT, "expect")
+  for _, k in ipairs(sorted_keys(ex)) do options.number_in(ex[k], EXPECT[k][1], EXPECT[k][2], "expect." .. k, "curriculum") end
+  if ex.val_maxvio_below ~= nil and not cfg.val then
+    bad("expect.val_maxvio_below needs `val`, the held-out set the MaxVio is measured on")
+  end
+end
+curriculum.check_expect = check_expect
+
+-- check_result(cfg, r) -> the lines of every expectation r misses (empty when all hold)
+function curriculum.check_result(cfg, r)
+  local ex, miss = cfg.expect or {}, {}
+  if ex.final_loss_below and not (r.final_loss < ex.final_loss_below) then
+    miss[#miss + 1] = fmt("final loss %.4f is NOT below the expected %.4f", r.final_loss, ex.final_loss_below)
+  end
+  if ex.eval_accuracy_above then
+    for _, row in ipairs(r.evals or {}) do
+      if not (row.accuracy > ex.eval_accuracy_above) then
+        miss[#miss + 1] = fmt("%s at length %d: accuracy %.3f is NOT above the expected %.3f", row.task, row.length,
+          row.accuracy, ex.eval_accuracy_above)
+      end
+    end
+  end
+  if ex.val_maxvio_below then
+    for _, st in ipairs(r.stages or {}) do
+      local mv = st.maxvio_global or {}
+      if next(mv) == nil then
+        miss[#miss + 1] = fmt("stage '%s': no validation MaxVio was measured (no MoE layer routed the val tokens)", st.name)
+      end
+      for _, l in ipairs(moe_layer_ids(mv)) do
+        if not (mv[l] < ex.val_maxvio_below) then
+          miss[#miss + 1] = fmt("stage '%s', MoE layer %d: validation MaxVio %.3f is NOT below the expected %.3f",
+            st.name, l, mv[l], ex.val_maxvio_below)
+        end
+      end
+    end
+  end
+  return miss
+end
+
 -- before anything is allocated: a model on a device this build cannot use, or too large for the memory there
 local function preflight(cfg)
   local hint = next(cfg.scales or {}) and ("; --scale=" .. table.concat(sorted_keys(cfg.scales), "|") .. " runs a smaller one")
@@ -249,6 +304,7 @@ local function setup(cfg)
   check_keys(cfg, TOP, "the curriculum config")
   local tcfg = cfg.train or {}
   check_keys(tcfg, TRAIN, "train")
+  check_expect(cfg)
   local stages, by_name = resolve_stages(cfg)
   local out = cfg.out or tcfg.out
   if out == "" then out = nil end
@@ -272,7 +328,8 @@ local function setup(cfg)
     tok = tok, si = 1, stage_step = 0 }
   C.sources = sources.build(cfg.sources, tok, seed, "curriculum")
   C.eot = tok:id("<|endoftext|>")
-  C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite })
+  C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
+    jitter_window = tcfg.jitter_window })
   C.run = step.run({ driver = "curriculum", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model, optim = opt, stepper = C.stepper,
     tokenizer = tok,
@@ -418,6 +475,21 @@ local function stage_step(C, total_steps)
   return stop
 end
 
+-- the validation MaxVio of every MoE layer at the end of every stage (nil without MoE layers or `val`)
+function curriculum.maxvio_table(stages)
+  local ls = moe_layer_ids((stages[#stages] or {}).maxvio_global)
+  if #ls == 0 then return nil end
+  local head, rule = { "| stage |" }, { "|---|" }
+  for _, l in ipairs(ls) do head[#head + 1] = fmt(" val MaxVio L%d |", l); rule[#rule + 1] = "---:|" end
+  local lines = { table.concat(head), table.concat(rule) }
+  for _, st in ipairs(stages) do
+    local row, mv = { fmt("| %s |", st.name) }, st.maxvio_global or {}
+    for _, l in ipairs(ls) do row[#row + 1] = mv[l] and fmt(" %.3f |", mv[l]) or " – |" end
+    lines[#lines + 1] = table.concat(row)
+  end
+  return table.concat(lines, "\n")
+end
+
 -- run(cfg) -> result: stages in order until the last is done (or the non-finite policy stops the run), then the
 -- final checkpoint, the task evals and the expert-load table
 local function run(cfg)
@@ -443,6 +515,8 @@ local function run(cfg)
   if not r.stopped then
     local tbl, moe = step.moe_table(C.model, (r.stages[#r.stages] or {}).maxvio_global)
     if tbl then logger:line(tbl) end
+    local per_stage = curriculum.maxvio_table(r.stages)
+    if per_stage then logger:line(per_stage) end
     r.moe = moe
   end
   r.moe = r.moe or (C.model.moe_metrics and C.model:moe_metrics() or {})
@@ -463,6 +537,7 @@ curriculum.human = human
 function curriculum.plan(cfg)
   cfg = apply_scale(cfg)
   check_keys(cfg, TOP, "the curriculum config")
+  check_expect(cfg)
   local stages = resolve_stages(cfg)
   local plan = nn.plan
   local L = {}
@@ -542,21 +617,9 @@ function curriculum.new(spec)
   spec.run = function(cfg)
     local r = run(cfg)
     if r.stopped then return 1 end
-    local ex, code = cfg.expect or {}, 0
-    if ex.final_loss_below and not (r.final_loss < ex.final_loss_below) then
-      io.stderr:write(fmt("final loss %.4f is NOT below the expected %.4f\n", r.final_loss, ex.final_loss_below))
-      code = 1
-    end
-    if ex.eval_accuracy_above then
-      for _, row in ipairs(r.evals or {}) do
-        if not (row.accuracy > ex.eval_accuracy_above) then
-          io.stderr:write(fmt("%s at length %d: accuracy %.3f is NOT above the expected %.3f\n", row.task, row.length,
-            row.accuracy, ex.eval_accuracy_above))
-          code = 1
-        end
-      end
-    end
-    return code
+    local miss = curriculum.check_result(cfg, r)
+    for _, line in ipairs(miss) do io.stderr:write(line, "\n") end
+    return #miss > 0 and 1 or 0
   end
   spec.plan = function(cfg) return curriculum.plan(cfg) end
   return spec

@@ -99,6 +99,67 @@ T.test("transitions: each step's row length, rows and η are the stage's, as wri
   T.ok(#f.r.evals >= 2 and f.r.evals[1].accuracy >= 0, "the passkey eval rows")
 end)
 
+T.test("records: every step carries moe/route_entropy/<layer> and grad_norm_jitter, as tide.train's do", function()
+  local f = full_run()
+  local layers = {}
+  for l in pairs(f.r.model:moe_metrics()) do layers[#layers + 1] = l end
+  table.sort(layers)
+  T.eq(layers, { 0, 1 }, "the fixture's MoE layers")
+  for s = 1, f.r.steps do
+    local rec = f.recs[s]
+    for _, l in ipairs(layers) do
+      local h = rec["moe/route_entropy/" .. l]
+      T.ok(type(h) == "number" and h >= 0 and h <= 1, string.format("step %d: moe/route_entropy/%d = %s in [0, 1]", s, l,
+        tostring(h)))
+    end
+    local j = rec.grad_norm_jitter
+    if s == 1 then
+      T.eq(j, nil, "no jitter from one gradient norm")
+    else
+      T.ok(type(j) == "number" and j >= 0 and j < 10, string.format("step %d: grad_norm_jitter = %s", s, tostring(j)))
+    end
+  end
+  -- the validation MaxVio of every MoE layer at the end of every stage, printed as a table at the end; an expert
+  -- takes each token at most once, so MaxVio <= n/k − 1 = 1 here
+  T.eq(#f.r.stages, 3)
+  for _, st in ipairs(f.r.stages) do
+    for _, l in ipairs(layers) do
+      local v = st.maxvio_global[l]
+      T.ok(type(v) == "number" and v >= 0 and v <= 1 + 1e-12, string.format("stage %s layer %d: val MaxVio %s", st.name,
+        l, tostring(v)))
+    end
+  end
+  local tbl = curriculum.maxvio_table(f.r.stages)
+  T.ok(tbl:find("| stage | val MaxVio L0 | val MaxVio L1 |", 1, true) and tbl:find("\n| c |", 1, true), tbl)
+end)
+
+T.test("expect: bounds checked by name and range; every miss is one line naming the stage, layer or length", function()
+  local function cfg(ex) local c = load({ ["train.out"] = "" }); c.expect = ex; return c end
+  T.raises(function() curriculum.check_expect(cfg({ val_maxvio_below = -1 })) end,
+    "curriculum: expect.val_maxvio_below must be a number in [0, inf], got -1")
+  T.raises(function() curriculum.check_expect(cfg({ eval_accuracy_above = 80 })) end,
+    "curriculum: expect.eval_accuracy_above must be a number in [0, 1], got 80")
+  T.raises(function() curriculum.check_expect(cfg({ final_loss_below = "low" })) end,
+    "expect.final_loss_below must be a number")
+  T.raises(function() curriculum.check_expect(cfg({ maxvio_below = 0.5 })) end,
+    "unknown key 'maxvio_below' in expect; known keys: eval_accuracy_above, final_loss_below, val_maxvio_below")
+  local c = cfg({ val_maxvio_below = 0.5 })
+  c.val = nil
+  T.raises(function() curriculum.check_expect(c) end, "expect.val_maxvio_below needs `val`")
+  T.raises(function() curriculum.plan(cfg({ val_maxvio_below = "x" })) end, "expect.val_maxvio_below must be a number")
+  local r = { final_loss = 1.9, evals = { { task = "mqar", length = 32, accuracy = 0.99 }, { task = "mqar", length = 4096,
+    accuracy = 0.75 } }, stages = { { name = "a", maxvio_global = { [1] = 0.2, [2] = 0.3 } },
+    { name = "b", maxvio_global = { [1] = 0.61, [2] = 0.1 } }, { name = "c", maxvio_global = {} } } }
+  T.eq(curriculum.check_result(cfg({ final_loss_below = 2, eval_accuracy_above = 0.5, val_maxvio_below = 0.7 }),
+    { final_loss = 1.9, evals = r.evals, stages = { r.stages[1], r.stages[2] } }), {}, "all met")
+  T.eq(curriculum.check_result(cfg({ final_loss_below = 1.5, eval_accuracy_above = 0.8, val_maxvio_below = 0.5 }), r), {
+    "final loss 1.9000 is NOT below the expected 1.5000",
+    "mqar at length 4096: accuracy 0.750 is NOT above the expected 0.800",
+    "stage 'b', MoE layer 1: validation MaxVio 0.610 is NOT below the expected 0.500",
+    "stage 'c': no validation MaxVio was measured (no MoE layer routed the val tokens)",
+  })
+end)
+
 T.test("resume: from a mid-stage checkpoint and across a stage switch, bit-identical losses (oracle 5)", function()
   local f = full_run()
   for _, from in ipairs({ 4, 6, 8 }) do    -- mid stage a; at the a -> b switch; mid stage b
