@@ -38,7 +38,12 @@ environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREA
 M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true }
 
 local UsageError = { __tostring = function(e) return e.msg end }
-local function usage_error(msg) error(setmetatable({ msg = msg }, UsageError), 0) end
+-- one line whatever the user typed: control characters echoed from an argument are shown escaped
+local CONTROL_ESCAPES = { ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\0"] = "\\0" }
+local function usage_error(msg)
+  msg = tostring(msg):gsub("%c", function(c) return CONTROL_ESCAPES[c] or string.format("\\%03d", c:byte()) end)
+  error(setmetatable({ msg = msg }, UsageError), 0)
+end
 M.usage_error = usage_error
 
 -- ---- helpers ---------------------------------------------------------------------------------------------

@@ -151,6 +151,8 @@ local function decode_error(s, pos, what)
   for i = 1, math.min(pos - 1, #s) do
     if s:byte(i) == 10 then line, col = line + 1, 1 else col = col + 1 end
   end
+  -- one line: control characters quoted from the input (a raw newline after a backslash) are shown escaped
+  what = what:gsub("%c", function(c) return string.format("\\%03d", c:byte()) end)
   error(string.format("json.decode: %s at line %d column %d (byte %d)", what, line, col, pos), 0)
 end
 

@@ -165,6 +165,7 @@ static void test_backward(const shape *s, const char *what)
         free(x); free(g);
     }
     tide_set_grad_enabled(prev);
+    free(hr);
     tide_tensor_release(cu);
     for (int i = 0; i < 4; i++) tide_tensor_release(in[i]);
 }
