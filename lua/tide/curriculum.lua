@@ -16,7 +16,8 @@
 --        eval = {every = 50, tasks = true}, on_stage_start = function(ctx, stage) stage.steps = 120 end},
 --       ...
 --     },
---     val = {mix = {text_val = 1}, batches = 2},       -- the held-out loss (and MoE maxvio_global) at evals
+--     val = {mix = {text_val = 1}, batches = 2},       -- the held-out loss (and MoE maxvio_global) at evals; mix =
+--                                                      -- "stage": each stage's mix over held-out twins of its sources
 --     evals = {{source = "recall", lengths = {256, 1024}, examples = 32}},   -- task accuracy at the end
 --     hooks = {on_stage_start =, on_stage_end =, on_step =, on_eval =},     -- run-wide; stage hooks run first
 --     train = {out = "runs/quickstart", seed = 1, ckpt_every = 50, log_every = 10},
@@ -203,15 +204,26 @@ curriculum.apply_scale = apply_scale
 
 -- ---- evaluation -----------------------------------------------------------------------------------------------
 
--- held-out loss over cfg.val (a fixed packed set at the stage's T) and the MoE maxvio_global over the same tokens
+-- held-out loss over cfg.val (a fixed packed set at the stage's T) and the MoE maxvio_global over the same tokens.
+-- val.mix names sources and weights, or is "stage": the stage's own mix over the sources' held-out twins
+-- (sources.held_out: text val splits, synthetic eval splits), so the balance is measured on held-out data that is
+-- distributed as the stage's training batches are (a router may give each kind of document its own experts).
+local VAL = { mix = true, batches = true, seed = true }
 local function val_eval(ctx)
   local cfg, st = ctx.cfg, ctx.stage
   local vc = cfg.val
   if not vc then return nil end
-  local mix = sources.mix(vc.mix, ctx.sources, "val", "curriculum")
+  local built, mix = ctx.sources, nil
+  if vc.mix == "stage" then
+    ctx.val_sources = ctx.val_sources or sources.build(sources.held_out(cfg.sources, "curriculum"), ctx.tok,
+      ctx.seed, "curriculum")
+    built, mix = ctx.val_sources, st.mix
+  else
+    mix = sources.mix(vc.mix, ctx.sources, "val", "curriculum")
+  end
   local names = {}
   for _, e in ipairs(mix) do names[#names + 1] = e.name end
-  local p = sources.packer(names, ctx.sources, st.seq_len, vc.seed or 7919, ctx.eot)
+  local p = sources.packer(names, built, st.seq_len, vc.seed or 7919, ctx.eot)
   p:set_mix(sources.mix_entries(mix))
   local model = ctx.model
   local sum, n = 0, 0
@@ -305,6 +317,7 @@ local function setup(cfg)
   local tcfg = cfg.train or {}
   check_keys(tcfg, TRAIN, "train")
   check_expect(cfg)
+  if cfg.val ~= nil then check_keys(cfg.val, VAL, "val") end
   local stages, by_name = resolve_stages(cfg)
   local out = cfg.out or tcfg.out
   if out == "" then out = nil end
@@ -340,8 +353,8 @@ local function setup(cfg)
     end,
     set_position = function(pos, _, dir) curriculum._set_position(C, pos, dir) end })
   -- the context the hooks see
-  C.ctx = { cfg = cfg, model = model, optim = opt, sources = C.sources, tok = tok, eot = C.eot, stages = stages,
-    logger = C.run.logger, out = out }
+  C.ctx = { cfg = cfg, seed = seed, model = model, optim = opt, sources = C.sources, tok = tok, eot = C.eot,
+    stages = stages, logger = C.run.logger, out = out }
   function C.ctx.log(msg) C.run.logger:line(msg) end
   return C
 end

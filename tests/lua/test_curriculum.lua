@@ -133,6 +133,29 @@ T.test("records: every step carries moe/route_entropy/<layer> and grad_norm_jitt
   T.ok(tbl:find("| stage | val MaxVio L0 | val MaxVio L1 |", 1, true) and tbl:find("\n| c |", 1, true), tbl)
 end)
 
+T.test("val.mix = \"stage\": the stage's own mix over held-out twins of its sources, at every stage end", function()
+  local sources = require "tide.data.sources"
+  local cfg = load({ ["train.out"] = "" })
+  local twins = sources.held_out(cfg.sources, "curriculum")
+  T.eq({ twins.text.split, twins.text.order, twins.recall.split, twins.passkey.split, twins.passkey.filler_source },
+    { "val", "sequential", "eval", "eval", "text" }, "text val splits, synthetic eval splits, the filler text's twin")
+  T.eq(cfg.sources.text.split, nil, "the recipe's own sources are untouched")
+  cfg.val = { mix = "stage", batches = 1 }
+  for _, st in ipairs(cfg.stages) do st.steps = 3 end
+  local r = curriculum.train(cfg)
+  T.eq(#r.stages, 3)
+  for _, st in ipairs(r.stages) do
+    T.ok(type(st.val_loss) == "number" and st.val_loss > 0 and st.val_loss < 10, st.name .. ": val loss " .. tostring(st.val_loss))
+    T.ok(type(st.maxvio_global[0]) == "number" and type(st.maxvio_global[1]) == "number", st.name .. ": val MaxVio per layer")
+  end
+  local bad = load({ ["train.out"] = "" })
+  bad.sources.text.val_fraction = nil
+  T.raises(function() sources.held_out(bad.sources, "curriculum") end,
+    'curriculum: sources.text has no held-out split for val.mix = "stage" (val_fraction = nil; give it val_fraction > 0)')
+  bad.val = { mix = "stage", batchez = 1 }
+  T.raises(function() curriculum.train(bad) end, "unknown key 'batchez' in val; known keys: batches, mix, seed")
+end)
+
 T.test("expect: bounds checked by name and range; every miss is one line naming the stage, layer or length", function()
   local function cfg(ex) local c = load({ ["train.out"] = "" }); c.expect = ex; return c end
   T.raises(function() curriculum.check_expect(cfg({ val_maxvio_below = -1 })) end,

@@ -70,6 +70,28 @@ function sources.build(spec, tok, seed, who)
   return out
 end
 
+-- held_out(spec) -> the sources' held-out twins, under the same names: a text source's val split (same files and
+-- val_fraction, file order), a synthetic source's eval split (generator examples disjoint from the training ones);
+-- a text source without a val split (val_fraction = 0) has no twin and is an error naming it
+function sources.held_out(spec, who)
+  local out = {}
+  for name, sc in pairs(spec or {}) do
+    if type(sc) ~= "table" then options.fail(who, fmt("sources.%s must be a table", tostring(name))) end
+    local o = deep_copy(sc)
+    if (o.kind or "text") == "text" then
+      if not (type(o.val_fraction) == "number" and o.val_fraction > 0) then
+        options.fail(who, fmt("sources.%s has no held-out split for val.mix = \"stage\" (val_fraction = %s; give it "
+          .. "val_fraction > 0)", tostring(name), tostring(o.val_fraction)))
+      end
+      o.split, o.order = "val", "sequential"
+    else
+      o.split = "eval"
+    end
+    out[name] = o
+  end
+  return out
+end
+
 -- a mixture list {name, weight, min_len, max_len} in name order from {name = weight | {weight =, min_len =, max_len =}}
 local MIX = { weight = true, min_len = true, max_len = true }
 function sources.mix(spec, defined, where, who)
