@@ -3,7 +3,12 @@
 --   <run>/ckpt/latest          the current directory name
 -- Files are written into step_XXXXXXXX.tmp/ (each fsynced by the engine), the directory is fsynced and
 -- renamed, then `latest` is replaced atomically: a run killed at any instant leaves the last good
--- checkpoint readable.
+-- checkpoint readable. A step saved again (after resuming from an older checkpoint) swaps directories: the old
+-- copy is renamed to step_XXXXXXXX.old, the new one into place, then the old copy is removed; `latest` only ever
+-- names a directory that was complete. A save that fails (a full disk, a file-size limit) removes its .tmp.
+-- recover() (at the start of every run with a directory) repairs what a kill inside that window left: a step
+-- directory that is missing while a complete .tmp or .old copy of it exists is put back (a copy is complete when it
+-- holds state.json, written last), and every other .tmp / .old is removed, each in one reported line.
 --
 -- Loading converts dtypes by one rule: a float tensor of the model (weight or buffer) loads only from a float
 -- tensor of the file, F32, F64 or BF16 (F16 is not read), converted to the model's dtype: f32 -> f64 and
@@ -16,9 +21,17 @@ local tide = require "tide"
 local json = require "tide.json"
 local C = tide.C
 
+local fmt = string.format
 local checkpoint = {}
 
 local function last_error() return ffi.string(C.tide_last_error()) end
+
+-- TIDE_TEST_CKPT_KILL=<point> sends this process SIGKILL at that point of a save ("tmp": model.safetensors written,
+-- "swap": the old copy renamed away, the new one not yet in place): the fault tests' window into a real kill
+pcall(ffi.cdef, "int getpid(void); int kill(int pid, int sig);")
+function checkpoint.kill_point(point)
+  if os.getenv("TIDE_TEST_CKPT_KILL") == point then ffi.C.kill(ffi.C.getpid(), 9) end
+end
 
 local function check(rc, what)
   if rc ~= 0 then error("checkpoint: " .. what .. ": " .. last_error(), 3) end
@@ -62,15 +75,8 @@ end
 
 -- save(run_dir, step, {model =, optim =, state = {...}, metadata = {...}, keep = n}) -> directory path
 -- keep: how many step directories to leave (older ones are removed after `latest` moves); nil keeps all
-function checkpoint.save(run_dir, step, parts)
-  local ckdir = run_dir .. "/ckpt"
-  check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
-  local name = checkpoint.dir_name(step)
-  local final = ckdir .. "/" .. name
-  local tmp = final .. ".tmp"
-  check(C.tide_remove_tree(tmp), "clearing " .. tmp)
+local function write_tmp(tmp, step, parts)
   check(C.tide_mkdir_p(tmp), "creating " .. tmp)
-
   local meta = { format = "pt", ["tide.step"] = step, ["tide.version"] = ffi.string(C.tide_version()) }
   for k, v in pairs(parts.metadata or {}) do meta[k] = v end
   local names = parts.model:state_names()
@@ -78,6 +84,7 @@ function checkpoint.save(run_dir, step, parts)
   local tensors = {}
   for i, n in ipairs(names) do tensors[i] = sd[n] end
   save_tensors(tmp .. "/model.safetensors", names, tensors, meta)
+  checkpoint.kill_point("tmp")
   if parts.optim then
     local onames, otensors = parts.optim:state_tensors()
     save_tensors(tmp .. "/optim.safetensors", onames, otensors, { format = "pt", ["tide.step"] = step })
@@ -86,15 +93,36 @@ function checkpoint.save(run_dir, step, parts)
   for k, v in pairs(parts.state or {}) do state[k] = v end
   state.step = step
   if parts.optim then state.optim = parts.optim:state() end
+  -- state.json last: a directory holding it is complete (recover relies on that)
   check(C.tide_file_write_text_atomic(tmp .. "/state.json", json.encode(state, { first = { "step" } }) .. "\n"),
     "writing state.json")
   check(C.tide_fsync_dir(tmp), "syncing " .. tmp)
-  if C.tide_path_exists(final) == 1 then
-    -- the same step saved again (after a rollback): the new copy replaces the old one
-    check(C.tide_remove_tree(final), "removing " .. final)
+end
+
+function checkpoint.save(run_dir, step, parts)
+  local ckdir = run_dir .. "/ckpt"
+  check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
+  local name = checkpoint.dir_name(step)
+  local final = ckdir .. "/" .. name
+  local tmp, old = final .. ".tmp", final .. ".old"
+  check(C.tide_remove_tree(tmp), "clearing " .. tmp)
+  local ok, err = pcall(write_tmp, tmp, step, parts)
+  if not ok then
+    C.tide_remove_tree(tmp)    -- a half-written copy is of no use; the previous checkpoints are untouched
+    error(err, 2)
   end
-  check(C.tide_rename_atomic(tmp, final), "renaming " .. tmp)
-  check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
+  if C.tide_path_exists(final) == 1 then
+    -- the same step saved again: swap, so that a kill at any instant leaves a complete copy under a known name
+    check(C.tide_remove_tree(old), "clearing " .. old)
+    check(C.tide_rename_atomic(final, old), "renaming " .. final)
+    checkpoint.kill_point("swap")
+    check(C.tide_rename_atomic(tmp, final), "renaming " .. tmp)
+    check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
+    check(C.tide_remove_tree(old), "removing " .. old)
+  else
+    check(C.tide_rename_atomic(tmp, final), "renaming " .. tmp)
+    check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
+  end
   if parts.keep then
     local all = checkpoint.list(run_dir)
     for i = 1, #all - parts.keep do
@@ -102,6 +130,48 @@ function checkpoint.save(run_dir, step, parts)
     end
   end
   return final
+end
+
+-- every name in <run>/ckpt (nil when there is no such directory)
+local function ckpt_names(ckdir)
+  if C.tide_is_dir(ckdir) ~= 1 then return nil end
+  local n = ffi.new("size_t[1]")
+  local raw = C.tide_list_dir(ckdir, n)
+  if raw == nil then error("checkpoint: cannot list " .. ckdir .. ": " .. last_error(), 3) end
+  local names = ffi.string(raw, n[0])
+  C.tide_free(raw)
+  local out = {}
+  for name in names:gmatch("([^%z]+)%z") do out[#out + 1] = name end
+  table.sort(out)
+  return out
+end
+
+-- recover(run_dir) -> a list of lines saying what was repaired: a step directory missing while a complete .tmp
+-- (the newer copy) or .old copy of it exists is put back; every other .tmp / .old left by an interrupted save is
+-- removed
+function checkpoint.recover(run_dir)
+  local ckdir = run_dir .. "/ckpt"
+  local names, notes = ckpt_names(ckdir), {}
+  if not names then return notes end
+  local present = {}
+  for _, n in ipairs(names) do present[n] = true end
+  for _, n in ipairs(names) do
+    local base, kind = n:match("^(step_%d+)%.(%a+)$")
+    if base and (kind == "tmp" or kind == "old") then
+      local path, final = ckdir .. "/" .. n, ckdir .. "/" .. base
+      if not present[base] and C.tide_path_exists(path .. "/state.json") == 1
+          and (kind == "tmp" or not present[base .. ".tmp"] or C.tide_path_exists(final .. ".tmp/state.json") ~= 1) then
+        check(C.tide_rename_atomic(path, final), "restoring " .. final)
+        present[base] = true
+        notes[#notes + 1] = fmt("checkpoint: restored %s from %s (a save was interrupted)", final, path)
+      else
+        check(C.tide_remove_tree(path), "removing " .. path)
+        notes[#notes + 1] = fmt("checkpoint: removed %s, left by an interrupted save", path)
+      end
+      present[n] = nil
+    end
+  end
+  return notes
 end
 
 -- latest(run_dir) -> the directory `latest` names, or nil when the run has no checkpoint
@@ -114,7 +184,17 @@ function checkpoint.latest(run_dir)
   if not name:match("^step_%d+$") then
     error("checkpoint: " .. run_dir .. "/ckpt/latest holds '" .. name .. "', expected step_XXXXXXXX", 2)
   end
-  return run_dir .. "/ckpt/" .. name
+  local dir = run_dir .. "/ckpt/" .. name
+  if C.tide_is_dir(dir) ~= 1 then
+    checkpoint.recover(run_dir)
+    if C.tide_is_dir(dir) ~= 1 then
+      local all = checkpoint.list(run_dir)
+      error(fmt("checkpoint: %s/ckpt/latest names %s, which is missing, and no complete copy of it is left; %s", run_dir,
+        name, #all > 0 and ("resume from one of the others (--resume=" .. run_dir .. "/ckpt/" .. all[#all] .. "): "
+          .. table.concat(all, ", ")) or "there is no checkpoint to resume from (start the run afresh)"), 2)
+    end
+  end
+  return dir
 end
 
 -- resolve a resume target: a step directory, or a run directory (its latest checkpoint)

@@ -6,6 +6,7 @@ local json = require "tide.json"
 local log = {}
 
 pcall(ffi.cdef, "int isatty(int fd);")
+pcall(ffi.cdef, "int close(int fd);")
 
 -- is_tty(fd): true when fd (default 1, stdout) is a terminal; TIDE_NO_TTY=1 forces plain lines
 function log.is_tty(fd)
@@ -42,6 +43,14 @@ function log.open(opts)
   local self = setmetatable({ out = opts.out or io.stdout, quiet = opts.quiet, live = false }, Logger)
   if opts.tty == nil then self.tty = log.is_tty(1) else self.tty = opts.tty end
   if opts.path then
+    -- appending to a FIFO would block and to a device or directory makes no sense: refuse anything but a regular
+    -- file in one line (the engine's check, which never blocks)
+    local C = require("tide").C
+    if C.tide_path_exists(opts.path) == 1 then
+      local fd = C.tide_open_regular(opts.path, "metrics file", nil)
+      if fd < 0 then error("log: " .. ffi.string(C.tide_last_error()), 2) end
+      ffi.C.close(fd)
+    end
     local f, err = io.open(opts.path, "ab")
     if not f then error("log: cannot open metrics file '" .. opts.path .. "': " .. tostring(err), 2) end
     self.file = f

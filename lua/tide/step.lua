@@ -50,19 +50,27 @@ end
 
 function step.rng_set(r) tide.C.tide_rng_set(str_u64(r.seed), str_u64(r.offset)) end
 
--- keep only the records of steps <= n (a resumed run rewrites what follows)
+-- keep only the records of steps <= n (a resumed run rewrites what follows). The kept lines go to a new file that is
+-- renamed over the old one (tide_atomic_*): a kill during the rewrite leaves the old history whole.
+-- TIDE_TEST_CKPT_KILL=metrics kills the process halfway through (the fault tests' window).
 function step.truncate_metrics(path, n)
-  local f = io.open(path, "rb")
-  if not f then return end
+  if tide.C.tide_path_exists(path) ~= 1 then return end
+  local text, err = tide.read_file(path)
+  if not text then options.fail("metrics", err, 0) end
   local keep = {}
-  for line in f:lines() do
+  for line in text:gmatch("[^\n]+") do
     local s = tonumber(line:match('^{"step":(%d+)'))
-    if s == nil or s <= n then keep[#keep + 1] = line end
+    if s == nil or s <= n then keep[#keep + 1] = line .. "\n" end
   end
-  f:close()
-  f = assert(io.open(path, "wb"))
-  for _, line in ipairs(keep) do f:write(line, "\n") end
-  f:close()
+  local C = tide.C
+  local f = C.tide_atomic_open(path)
+  local function fail() options.fail("metrics", "cannot rewrite " .. path .. ": " .. ffi.string(C.tide_last_error()), 0) end
+  if f == nil then fail() end
+  for i, line in ipairs(keep) do
+    if C.tide_atomic_write(f, line, #line) ~= 0 then C.tide_atomic_abort(f); fail() end
+    if i == math.floor(#keep / 2) then checkpoint.kill_point("metrics") end
+  end
+  if C.tide_atomic_commit(f) ~= 0 then fail() end
 end
 
 -- the serialisable part of a config (functions dropped)
@@ -221,6 +229,17 @@ function Stepper:run(batches, lr, t)
   else
     opt:step(lr)
     opt:zero_grad()
+    local poisoned = step.first_nonfinite_param(opt.params)
+    if poisoned then
+      -- the update itself made a weight non-finite (an infinite or huge lr): the weights are lost, so the step
+      -- counts as non-finite and the policy must roll back or stop at once; nothing is saved from them
+      self.poisoned = fmt("weight %s after the update at step %d (lr %s)", poisoned, (t or 0) + 1, tostring(lr))
+      self.skipped = self.skipped + 1
+      self.first_bad = self.first_bad or self.poisoned
+      rec.skipped, rec.nonfinite_tensor = true, "weight " .. poisoned
+      rec.stop = self.policy == "stop" and fmt("stopped at step %d: non-finite %s (on_nonfinite = 'stop')", (t or 0) + 1,
+        self.poisoned) or nil
+    end
     -- MoE balancers set the selection bias from this step's routing, for the next step (moe.md §4.1)
     if model.balance_step then model:balance_step() end
     self.consecutive = 0
@@ -236,9 +255,17 @@ function Stepper:run(batches, lr, t)
   return rec
 end
 
--- true when the non-finite policy asks for a rollback to the last checkpoint
+-- true when the non-finite policy asks for a rollback to the last checkpoint (at once when the weights are lost)
 function Stepper:rollback_due()
-  return self.policy == "skip" and self.consecutive >= step.ROLLBACK_AFTER
+  return self.policy == "skip" and (self.consecutive >= step.ROLLBACK_AFTER or self.poisoned ~= nil)
+end
+
+-- name of the first parameter (in order) holding a NaN or an infinity, or nil (one finite-check pass per weight)
+function step.first_nonfinite_param(params)
+  for _, p in ipairs(params) do
+    if p.param:all_finite() ~= true then return p.name end
+  end
+  return nil
 end
 
 -- ---- the run ----------------------------------------------------------------------------------------------------
@@ -348,6 +375,9 @@ end
 -- the metrics file (truncated after the resumed step, or started anew) and config.json
 function Run:open(resume)
   local out, st = self.out, nil
+  if out then
+    for _, note in ipairs(checkpoint.recover(out)) do self.logger:line(note) end
+  end
   if resume then
     local target = resume
     if target == true then
@@ -364,8 +394,9 @@ function Run:open(resume)
   if out then
     self.logger = log.open({ path = out .. "/metrics.jsonl", quiet = self.quiet })
     if not resume and self.cfg then
-      local f = io.open(out .. "/config.json", "wb")
-      if f then f:write(json.encode(plain(self.cfg)), "\n"); f:close() end
+      if tide.C.tide_file_write_text_atomic(out .. "/config.json", json.encode(plain(self.cfg)) .. "\n") ~= 0 then
+        options.fail(self.driver, "cannot write config.json: " .. ffi.string(tide.C.tide_last_error()), 0)
+      end
     end
   end
   return st
@@ -395,16 +426,20 @@ function Run:after_step(rec, ckpt_due)
   if rec.stop then self.result.stopped = rec.stop; return true end
   if s:rollback_due() then
     if self.rollbacks >= step.MAX_ROLLBACKS or not self.last_ckpt then
-      self.result.stopped = fmt("stopped at step %d: %d consecutive non-finite steps%s; first non-finite tensor: %s",
-        self.step, s.consecutive, self.last_ckpt and fmt(" after %d rollbacks", step.MAX_ROLLBACKS)
+      local why = s.poisoned and fmt("non-finite %s", s.poisoned)
+        or fmt("%d consecutive non-finite steps", s.consecutive)
+      self.result.stopped = fmt("stopped at step %d: %s%s; first non-finite tensor: %s",
+        self.step, why, self.last_ckpt and fmt(" after %d rollbacks", step.MAX_ROLLBACKS)
           or " and no checkpoint to roll back to", s.first_bad)
       return true
     end
     self.rollbacks, s.consecutive = self.rollbacks + 1, 0
-    self.logger:line(fmt("rolling back to %s after %d consecutive non-finite steps (rollback %d of %d)", self.last_ckpt,
-      step.ROLLBACK_AFTER, self.rollbacks, step.MAX_ROLLBACKS))
+    self.logger:line(fmt("rolling back to %s after %s (rollback %d of %d)", self.last_ckpt,
+      s.poisoned and ("non-finite " .. s.poisoned) or fmt("%d consecutive non-finite steps", step.ROLLBACK_AFTER),
+      self.rollbacks, step.MAX_ROLLBACKS))
     self.logger:metrics({ step = self.step, event = "rollback", checkpoint = self.last_ckpt, rollbacks = self.rollbacks })
     self:restore(self.last_ckpt)
+    s.poisoned = nil
   elseif not rec.skipped and ckpt_due then
     self:save()
   end
@@ -415,6 +450,9 @@ end
 function Run:finish()
   local r, logger = self.result, self.logger
   logger:done()
+  if not r.stopped and self.stepper.poisoned then
+    r.stopped = fmt("stopped at step %d: non-finite %s; the weights were not saved", self.step, self.stepper.poisoned)
+  end
   if r.stopped then
     logger:line(r.stopped)
     logger:metrics({ step = self.step, event = "stopped", report = r.stopped })
