@@ -330,6 +330,9 @@ static void ensure_passive_openmp(char **argv)
 int main(int argc, char **argv)
 {
     ensure_passive_openmp(argv);
+    /* past a file-size limit (ulimit -f) write() then fails with EFBIG, reported like a full disk, instead of
+       SIGXFSZ killing the process with no message in the middle of a save */
+    signal(SIGXFSZ, SIG_IGN);
     lua_State *L = luaL_newstate();
     if (!L) {
         fprintf(stderr, "tide: cannot create the Lua state (out of memory)\n");

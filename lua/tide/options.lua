@@ -116,6 +116,33 @@ function options.number_in(v, lo, hi, what, who, level)
   return v
 end
 
+-- finite_number(v, what, who, level, lo) -> v, a finite number (>= lo when given; NaN and ±inf never are)
+function options.finite_number(v, what, who, level, lo)
+  if type(v) ~= "number" or not (v > -math.huge and v < math.huge) or (lo and not (v >= lo)) then
+    options.fail(who, fmt("%s must be a finite number%s, got %s", what, lo and fmt(" >= %s", tostring(lo)) or "",
+      tostring(v)), up(level))
+  end
+  return v
+end
+
+-- positive_number(v, what, who, level) -> v, a finite number > 0
+function options.positive_number(v, what, who, level)
+  if type(v) ~= "number" or not (v > 0 and v < math.huge) then
+    options.fail(who, fmt("%s must be a finite number > 0, got %s", what, tostring(v)), up(level))
+  end
+  return v
+end
+
+-- fields(t, spec, where, who, level) -> t; spec: key -> checker (one of the functions above taking (v, what, who,
+-- level)); each present key is checked under the name "<where>.<key>". One place for the numeric fields of a driver.
+function options.fields(t, spec, where, who, level)
+  if type(t) ~= "table" then return t end
+  for _, k in ipairs(options.sorted_keys(spec)) do
+    if t[k] ~= nil then spec[k](t[k], where and (where .. "." .. k) or k, who, up(level)) end
+  end
+  return t
+end
+
 -- one_of(v, set, what, who, level) -> v, a key of the set `set` (strings are quoted in the message)
 function options.one_of(v, set, what, who, level)
   if v == nil or not set[v] then

@@ -387,6 +387,7 @@ function Run:open(resume)
     local dir = checkpoint.resolve(target)
     st = self:restore(dir)
     self.resumed_from = dir
+    self.start_step = self.step
     if out then step.truncate_metrics(out .. "/metrics.jsonl", self.step) end
   elseif out then
     os.remove(out .. "/metrics.jsonl")
@@ -453,12 +454,14 @@ function Run:finish()
   if not r.stopped and self.stepper.poisoned then
     r.stopped = fmt("stopped at step %d: non-finite %s; the weights were not saved", self.step, self.stepper.poisoned)
   end
+  local ran = self.step - (self.start_step or 0)
   if r.stopped then
     logger:line(r.stopped)
     logger:metrics({ step = self.step, event = "stopped", report = r.stopped })
-  else
-    self:save()
+  elseif ran > 0 or not (self.out and self.last_ckpt and self.last_ckpt:sub(1, #self.out + 6) == self.out .. "/ckpt/") then
+    self:save()     -- (a resumed run that trained nothing keeps the checkpoint of its own directory it started from)
   end
+  r.steps_run = ran
   local n, sum = 0, 0
   for s = math.max(1, self.step - 19), self.step do
     local v = r.losses[s]

@@ -44,6 +44,37 @@ local TOP = {
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
 local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true }
 
+-- the numeric fields, each checked by name (integers are integers, counts positive, rates finite)
+local function nonneg_num(v, what, who, level) return options.finite_number(v, what, who, level, 0) end
+local function clip_value(v, what, who, level)
+  if v ~= false then options.finite_number(v, what, who, level, 0) end
+end
+local function betas(v, what, who, level)
+  if type(v) ~= "table" or #v ~= 2 then options.fail(who, fmt("%s must be a pair {beta1, beta2}, got %s", what, tostring(v)), level) end
+  for i = 1, 2 do
+    if type(v[i]) ~= "number" or not (v[i] >= 0 and v[i] < 1) then
+      options.fail(who, fmt("%s[%d] must be a number in [0, 1), got %s", what, i, tostring(v[i])), level)
+    end
+  end
+end
+local function top_p(v, what, who, level)
+  if type(v) ~= "number" or not (v > 0 and v <= 1) then
+    options.fail(who, fmt("%s must be a number in (0, 1], got %s", what, tostring(v)), level)
+  end
+end
+local NUMERIC = {
+  train = { steps = options.pos_int, eval_every = options.nonneg_int, eval_batches = options.pos_int,
+    ckpt_every = options.nonneg_int, keep_ckpts = options.pos_int, log_every = options.pos_int, seed = options.seed,
+    threads = options.pos_int, collect_every = options.nonneg_int, jitter_window = options.pos_int,
+    micro_batches = options.pos_int },
+  optim = { lr = options.positive_number, eps = options.positive_number, weight_decay = nonneg_num, clip = clip_value,
+    betas = betas },
+  sample = { max_new_tokens = options.nonneg_int, temperature = nonneg_num, top_k = options.nonneg_int, top_p = top_p,
+    seed = options.seed },
+  expect = { final_loss_below = options.finite_number },
+}
+local TOP_NUMERIC = { seed = options.seed, threads = options.pos_int }
+
 -- unknown keys are errors that name the key and list the known ones
 local function validate(cfg)
   if type(cfg) ~= "table" then options.fail(WHO, "expected a config table, got a " .. type(cfg)) end
@@ -53,6 +84,8 @@ local function validate(cfg)
     if t ~= nil and type(t) ~= "table" then options.fail(WHO, fmt("cfg.%s must be a table, got a %s", section, type(t))) end
     if t and keys then options.check(t, keys, "cfg." .. section, WHO) end
   end
+  for section, spec in pairs(NUMERIC) do options.fields(cfg[section], spec, section, WHO) end
+  options.fields(cfg, TOP_NUMERIC, nil, WHO)
   if not cfg.data then options.fail(WHO, "the config needs a `data` table (path, seq_len, batch_size)") end
   options.check(cfg.data, cfg.data.sources and PACKED or data.KEYS, "cfg.data", WHO)
   local policy = cfg.on_nonfinite or "skip"
@@ -206,6 +239,12 @@ end
 
 -- the summary line, the expected bound and the samples
 local function report(cfg, r, d, logger)
+  if r.steps_run == 0 and not r.stopped then
+    -- resuming a finished run: nothing to train and no new losses to judge a bound by
+    logger:line(fmt("done: the run is already at step %d of %d, nothing to train%s", r.steps, r.steps,
+      r.checkpoint and (", checkpoint " .. r.checkpoint) or ""))
+    return
+  end
   logger:line(fmt("done: %d steps in %s, final loss %.4f (mean of the last %d)%s, %s tok/s%s",
     r.steps, log.duration(r.elapsed), r.final_loss, r.final_loss_n,
     r.val_loss and fmt(", val loss %.4f", r.val_loss) or "", log.si(r.tok_per_s),

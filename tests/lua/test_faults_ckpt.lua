@@ -26,14 +26,15 @@ local function cfg(out, train_fields, extra)
   return assert(loadstring("return " .. cfg_text(out, train_fields, extra)))()
 end
 
--- runs the config in a fresh `tide` process with TIDE_TEST_CKPT_KILL=point; returns the exit status and output
-local function run_killed(point, text)
+-- runs the config in a fresh `tide` process with TIDE_TEST_CKPT_KILL=point (and a shell prefix, e.g. a ulimit);
+-- returns the exit status and output
+local function run_killed(point, text, prefix)
   local dir = tmpdir("recipe", { create = true })
   local recipe = dir .. "/recipe.lua"
   local f = assert(io.open(recipe, "wb"))
   f:write("return { run = function() return require('tide.train').run(", text, ") end }\n")
   f:close()
-  local p = io.popen("TIDE_TEST_CKPT_KILL=" .. point .. " timeout 60 '" .. cli.exe_path() .. "' run '" .. recipe
+  local p = io.popen((prefix or "") .. "TIDE_TEST_CKPT_KILL=" .. point .. " timeout 60 '" .. cli.exe_path() .. "' run '" .. recipe
     .. "' 2>&1; echo \"__exit=$?\"")
   local out = p:read("*a")
   p:close()
@@ -139,6 +140,24 @@ T.test("metrics.jsonl and config.json: a FIFO or a directory is refused (or repl
   T.ok(os.execute("mkfifo '" .. fresh .. "/config.json'") == 0)
   train(cfg(fresh, "steps = 1"))
   T.ok(read(fresh .. "/config.json"):find('"steps":1', 1, true), "config.json is a regular file with the config")
+end)
+
+T.test("a file-size limit (ulimit -f, SIGXFSZ) is a clear error like a full disk: no .tmp left, the last checkpoint kept", function()
+  local out = tmpdir("fsize")
+  train(cfg(out, "steps = 2, ckpt_every = 2"))
+  local step2 = out .. "/ckpt/" .. checkpoint.dir_name(2)
+  local size = tonumber(C.tide_file_size(step2 .. "/model.safetensors"))
+  T.ok(size > 8192, "model.safetensors has " .. tostring(size) .. " bytes")
+  -- a limit below the weights' file (ulimit -f counts KiB blocks) but above the metrics and config
+  local rc, text = run_killed("none", cfg_text(out, "steps = 4, ckpt_every = 2", ", resume = true"),
+    string.format("ulimit -f %d; ", math.floor(size / 1024 / 2)))
+  T.eq(rc, 1, "an error, not a signal:\n" .. text)
+  T.ok(text:find("File too large", 1, true) and text:find("model.safetensors", 1, true), text)
+  local step4 = out .. "/ckpt/" .. checkpoint.dir_name(4)
+  T.ok(not exists(step4 .. ".tmp") and not exists(step4), "no half-written step_4.tmp")
+  T.eq(checkpoint.latest(out), step2)
+  local r = train(cfg(out, "steps = 4, ckpt_every = 2", ", resume = true"))
+  T.eq(r.steps, 4, "the run resumes from step 2")
 end)
 
 -- every weight of every checkpoint under out is finite

@@ -26,8 +26,8 @@ local OPTIM = { lr = 3e-3, weight_decay = 0.1, clip = 1.0 }
 
 local function train_cfg(over)
   local cfg = {
-    model = model(), optim = OPTIM, schedule = { kind = "constant" },
-    data = { sources = SOURCES, seq_len = 32, batch_size = 8 },
+    model = model(), optim = { lr = OPTIM.lr, weight_decay = OPTIM.weight_decay, clip = OPTIM.clip },
+    schedule = { kind = "constant" }, data = { sources = SOURCES, seq_len = 32, batch_size = 8 },
     train = { steps = 8, seed = 5, quiet = true, log_every = 1000, micro_batches = 2 },
   }
   for k, v in pairs(over or {}) do
@@ -136,6 +136,47 @@ T.test("checkpoint state: one shape with a format version; format 1 loads, a new
     curriculum.train(curriculum.new({ model = model(), optim = OPTIM, tokens_per_step = 256, sources = SOURCES,
       stages = { { seq_len = 32, steps = 6, mix = { text = 1 } } }, train = { quiet = true }, resume = ck }))
   end, "was written by tide.train, not a curriculum")
+end)
+
+T.test("numeric config fields: integers are integers, counts positive, rates finite, each refused by name", function()
+  local inf, nan = math.huge, 0 / 0
+  local cases = {
+    { { train = { steps = -5 } }, "train.steps must be a positive integer, got -5" },
+    { { train = { steps = 0 } }, "train.steps must be a positive integer, got 0" },
+    { { train = { steps = nan } }, "train.steps must be a positive integer, got nan" },
+    { { train = { steps = inf } }, "train.steps must be a positive integer, got inf" },
+    { { train = { steps = 2.5 } }, "train.steps must be a positive integer, got 2.5" },
+    { { train = { ckpt_every = 1.5 } }, "train.ckpt_every must be a non-negative integer, got 1.5" },
+    { { train = { log_every = -1 } }, "train.log_every must be a positive integer, got -1" },
+    { { train = { threads = 0 } }, "train.threads must be a positive integer, got 0" },
+    { { threads = 0 }, "threads must be a positive integer, got 0" },
+    { { train = { seed = -1 } }, "train.seed must be an integer in [0, 2^32), got -1" },
+    { { optim = { lr = inf } }, "optim.lr must be a finite number > 0, got inf" },
+    { { optim = { lr = nan } }, "optim.lr must be a finite number > 0, got nan" },
+    { { optim = { eps = inf } }, "optim.eps must be a finite number > 0, got inf" },
+    { { optim = { clip = inf } }, "optim.clip must be a finite number >= 0, got inf" },
+    { { optim = { weight_decay = -inf } }, "optim.weight_decay must be a finite number >= 0, got -inf" },
+    { { optim = { betas = { 0.9, 1 } } }, "optim.betas[2] must be a number in [0, 1), got 1" },
+    { { sample = { top_k = -inf } }, "sample.top_k must be a non-negative integer, got -inf" },
+    { { sample = { top_p = 0 } }, "sample.top_p must be a number in (0, 1], got 0" },
+    { { expect = { final_loss_below = nan } }, "expect.final_loss_below must be a finite number, got nan" },
+  }
+  for _, case in ipairs(cases) do
+    T.raises(function() train(train_cfg(case[1])) end, "tide.train: " .. case[2])
+  end
+end)
+
+T.test("resuming a finished run: one line, exit 0, the checkpoint left as it was", function()
+  local out = tmpdir("finished")
+  local cfg = train_cfg({ train = { steps = 3, out = out }, expect = { final_loss_below = 100 } })
+  T.eq(train.run(cfg), 0)
+  local latest = checkpoint.latest(out)
+  cfg.resume = true
+  local r = train(cfg)
+  T.eq({ r.steps, r.steps_run, r.expect_met }, { 3, 0, nil })
+  T.eq(train.run(cfg), 0, "exit 0")
+  T.eq(checkpoint.latest(out), latest)
+  T.eq(checkpoint.list(out), { checkpoint.dir_name(3) })
 end)
 
 local _, failed = T.run({ exit = false })
