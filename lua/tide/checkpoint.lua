@@ -299,9 +299,14 @@ function Reader:close()
   end
 end
 
--- load(dir, {model =, optim =}) -> state table; weights and optimiser state are copied in place
+-- load(dir, {model =, optim =, check = nil | function(state, path)}) -> state table; check sees state.json first
+-- (it raises on a bad one), then weights and optimiser state are copied in place
 function checkpoint.load(dir, parts)
   local r = checkpoint.open(dir)
+  if parts.check then
+    local ok, err = pcall(parts.check, r.state, dir .. "/state.json")
+    if not ok then r:close(); error(err, 0) end
+  end
   if parts.model then
     local want = {}
     for name, t in pairs(parts.model:state_dict()) do want[name] = t:dtype() end

@@ -333,6 +333,105 @@ local function upgrade(st, dir)
 end
 step.upgrade = upgrade
 
+-- ---- the schema of state.json (this format, after upgrade) -----------------------------------------------------
+-- Each field: its check and what it must be. Checked on load, before anything is restored, so a hostile or damaged
+-- state.json ends in one line naming the file and the field, never in a runtime error deep in a driver.
+local is_int = options.is_int
+local function show(v)
+  if v == nil then return "nothing (the field is missing)" end
+  if type(v) == "string" then return fmt("%q", v) end
+  if type(v) == "number" then return (fmt("%.17g", v)) end
+  return "a " .. type(v)
+end
+local function int_in(lo, hi, what)
+  return { what = what, ok = function(v) return is_int(v) and v >= lo and v <= hi end }
+end
+local NONNEG = int_in(0, 2 ^ 53, "a non-negative integer")
+local POS = int_in(1, 2 ^ 53, "a positive integer")
+local STRING = { what = "a string", ok = function(v) return type(v) == "string" end }
+local TABLE = { what = "a table", ok = function(v) return type(v) == "table" end }
+local U64 = { what = "an unsigned 64-bit integer (decimal digits)", ok = function(v)
+  return (type(v) == "string" and #v <= 20 and v:match("^%d+$") ~= nil and (#v < 20 or v <= "18446744073709551615"))
+    or (is_int(v) and v >= 0 and v <= 2 ^ 53) end }
+local DRIVER = { what = "\"train\" or \"curriculum\"", ok = function(v) return v == "train" or v == "curriculum" end }
+local function opt(spec) return { what = spec.what, ok = spec.ok, fields = spec.fields, optional = true } end
+local function tbl(fields, optional) return { what = "a table", ok = TABLE.ok, fields = fields, optional = optional } end
+local function list_of(spec, optional)
+  return { what = "a list", ok = TABLE.ok, each = spec, optional = optional }
+end
+
+local STATE_SCHEMA = {
+  format = int_in(1, step.FORMAT, "an integer from 1 to " .. step.FORMAT), step = NONNEG, driver = DRIVER,
+  name = opt(STRING), tokens = opt(NONNEG), skipped = opt(NONNEG), threads = opt(POS),
+  rng = tbl({ seed = U64, offset = U64 }),
+  moe = list_of(TABLE, true),
+  tokenizer = tbl({ kind = opt(STRING), vocab_size = POS }, true),
+  data = tbl({}),
+  schedule = tbl({ step = NONNEG }),
+  optim = tbl({ kind = STRING, t = NONNEG }),
+  curriculum = tbl({ stage = opt(POS), stage_step = opt(NONNEG), stage_name = opt(STRING) }, true),
+}
+
+local function check_fields(t, schema, prefix, path)
+  for _, k in ipairs(options.sorted_keys(schema)) do
+    local spec, v, name = schema[k], t[k], prefix .. k
+    if v == nil and spec.optional then
+      -- absent and optional
+    elseif not spec.ok(v) then
+      options.fail("checkpoint", fmt("%s: field '%s' must be %s, got %s", path, name, spec.what, show(v)), 0)
+    else
+      if spec.fields then check_fields(v, spec.fields, name .. ".", path) end
+      if spec.each then
+        for i, x in ipairs(v) do
+          if not spec.each.ok(x) then
+            options.fail("checkpoint", fmt("%s: field '%s[%d]' must be %s, got %s", path, name, i, spec.each.what, show(x)), 0)
+          end
+        end
+      end
+    end
+  end
+end
+
+-- a data cursor of the driver's state (text and task streams: batches drawn, one per step of tide.train; packers:
+-- documents per source)
+local function check_cursors(st, path)
+  local function bad(name, what, v)
+    options.fail("checkpoint", fmt("%s: field '%s' must be %s, got %s", path, name, what, show(v)), 0)
+  end
+  local train = st.data.train
+  if st.driver == "train" and train ~= nil then
+    if type(train) ~= "table" then bad("data.train", "a table", train) end
+    if train.cursor ~= nil and not (is_int(train.cursor) and train.cursor >= 0 and train.cursor <= st.step) then
+      bad("data.train.cursor", fmt("an integer from 0 to the step (%d)", st.step), train.cursor)
+    end
+  end
+  for _, key in ipairs({ "train", "packer" }) do
+    local p = st.data[key]
+    if type(p) == "table" and p.cursors ~= nil then
+      if type(p.cursors) ~= "table" then bad("data." .. key .. ".cursors", "a table", p.cursors) end
+      for _, src in ipairs(options.sorted_keys(p.cursors)) do
+        local v = p.cursors[src]
+        if not NONNEG.ok(v) then bad(fmt("data.%s.cursors.%s", key, src), NONNEG.what, v) end
+      end
+      if p.draws ~= nil and not NONNEG.ok(p.draws) then bad("data." .. key .. ".draws", NONNEG.what, p.draws) end
+    end
+  end
+end
+
+-- check_state(st, path): st (upgraded to this format) against the schema; path names the file in the errors
+function step.check_state(st, path)
+  if type(st) ~= "table" then
+    options.fail("checkpoint", fmt("%s: expected a JSON object, got %s", path, show(st)), 0)
+  end
+  check_fields(st, STATE_SCHEMA, "", path)
+  if st.schedule.step ~= st.step then
+    options.fail("checkpoint", fmt("%s: field 'schedule.step' must equal field 'step' (%d), got %s", path, st.step,
+      show(st.schedule.step)), 0)
+  end
+  check_cursors(st, path)
+  return st
+end
+
 -- write a checkpoint of the current step (no-op without a run directory)
 function Run:save()
   if not self.out then return end
@@ -342,8 +441,11 @@ end
 
 -- restore(dir) -> state: weights, AdamW, counters, Philox counter, MoE windows, then the driver's cursors and position
 function Run:restore(dir)
-  local st = checkpoint.load(dir, { model = self.model, optim = self.optim })
-  st = upgrade(st, dir)
+  local st = checkpoint.load(dir, { model = self.model, optim = self.optim,
+    check = function(state, path)
+      if type(state) ~= "table" then step.check_state(state, path) end
+      step.check_state(upgrade(state, dir), path)
+    end })
   if st.driver ~= self.driver then
     options.fail(self.driver, fmt("%s was written by %s, not %s (its data and schedule state do not carry over)", dir,
       tostring(st.driver == "curriculum" and "a curriculum" or "tide.train"),

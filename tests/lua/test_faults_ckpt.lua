@@ -160,6 +160,61 @@ T.test("a file-size limit (ulimit -f, SIGXFSZ) is a clear error like a full disk
   T.eq(r.steps, 4, "the run resumes from step 2")
 end)
 
+T.test("a hostile state.json: each mutation is refused in one line naming the file and the field", function()
+  local json = require "tide.json"
+  local out = tmpdir("schema")
+  train(cfg(out, "steps = 3, ckpt_every = 3"))
+  local dir = out .. "/ckpt/" .. checkpoint.dir_name(3)
+  local path = dir .. "/state.json"
+  local original = read(path)
+  local cases = {
+    { "data.train.cursor", function(s) s.data.train.cursor = -3 end, "an integer from 0 to the step (3)", "-3" },
+    { "data.train.cursor", function(s) s.data.train.cursor = 1e15 end, "an integer from 0 to the step (3)", "1000000000000000" },
+    { "data.train.cursor", function(s) s.data.train.cursor = "7" end, "an integer from 0 to the step (3)", '"7"' },
+    { "data.train", function(s) s.data.train = "x" end, "a table", '"x"' },
+    { "data", function(s) s.data = 3 end, "a table", "3" },
+    { "step", function(s) s.step = 2.5 end, "a non-negative integer", "2.5" },
+    { "step", function(s) s.step = nil end, "a non-negative integer", "nothing (the field is missing)" },
+    { "schedule.step", function(s) s.schedule.step = 2.5 end, "a non-negative integer", "2.5" },
+    { "schedule.step", function(s) s.schedule.step = 2 end, nil, "2" },
+    { "schedule", function(s) s.schedule = nil end, "a table", "nothing (the field is missing)" },
+    { "rng", function(s) s.rng = "abc" end, "a table", '"abc"' },
+    { "rng.seed", function(s) s.rng.seed = -1 end, "an unsigned 64-bit integer (decimal digits)", "-1" },
+    { "rng.offset", function(s) s.rng.offset = "99999999999999999999" end, "an unsigned 64-bit integer (decimal digits)", '"99999999999999999999"' },
+    { "rng.offset", function(s) s.rng.offset = nil end, "an unsigned 64-bit integer (decimal digits)", "nothing (the field is missing)" },
+    { "optim", function(s) s.optim = nil end, "a table", "nothing (the field is missing)" },
+    { "optim.t", function(s) s.optim.t = "3" end, "a non-negative integer", '"3"' },
+    { "optim.kind", function(s) s.optim.kind = 5 end, "a string", "5" },
+    { "tokens", function(s) s.tokens = -1 end, "a non-negative integer", "-1" },
+    { "skipped", function(s) s.skipped = 1.5 end, "a non-negative integer", "1.5" },
+    { "threads", function(s) s.threads = 0 end, "a positive integer", "0" },
+    { "moe", function(s) s.moe = 5 end, "a list", "5" },
+    { "moe[1]", function(s) s.moe = { 5 } end, "a table", "5" },
+    { "tokenizer.vocab_size", function(s) s.tokenizer = { vocab_size = "320" } end, "a positive integer", '"320"' },
+    { "driver", function(s) s.driver = 7 end, '"train" or "curriculum"', "7" },
+    { "curriculum.stage", function(s) s.curriculum = { stage = 0 } end, "a positive integer", "0" },
+  }
+  for _, case in ipairs(cases) do
+    local field, mutate, what, got = case[1], case[2], case[3], case[4]
+    local st = json.decode(original)
+    mutate(st)
+    T.eq(C.tide_file_write_text_atomic(path, json.encode(st)), 0)
+    local ok, err = pcall(train, cfg(out, "steps = 4", string.format(", resume = %q", dir)))
+    err = tostring(err)
+    local want = what and string.format("checkpoint: %s: field '%s' must be %s, got %s", path, field, what, got)
+      or string.format("checkpoint: %s: field '%s' must equal field 'step' (3), got %s", path, field, got)
+    T.ok(not ok and err:find(want, 1, true), field .. ": expected\n  " .. want .. "\ngot\n  " .. err)
+    T.ok(not err:find("\n", 1, true), field .. ": one line")
+  end
+  -- not an object at all
+  T.eq(C.tide_file_write_text_atomic(path, "3"), 0)
+  T.raises(function() train(cfg(out, "steps = 4", string.format(", resume = %q", dir))) end,
+    "checkpoint: " .. path .. ": expected a JSON object, got 3")
+  -- the original still resumes
+  T.eq(C.tide_file_write_text_atomic(path, original), 0)
+  T.eq(train(cfg(out, "steps = 4", string.format(", resume = %q", dir))).steps, 4)
+end)
+
 -- every weight of every checkpoint under out is finite
 local function checkpoints_finite(out)
   for _, name in ipairs(checkpoint.list(out)) do

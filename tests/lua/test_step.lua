@@ -131,7 +131,7 @@ T.test("checkpoint state: one shape with a format version; format 1 loads, a new
     "has state format 99; this build reads formats 1 to " .. step.FORMAT)
 
   -- a curriculum refuses a tide.train checkpoint (and names both)
-  rewrite(function(s) s.format = step.FORMAT end)
+  rewrite(function(s) s.format, s.driver, s.schedule = step.FORMAT, "train", { step = s.step } end)
   T.raises(function()
     curriculum.train(curriculum.new({ model = model(), optim = OPTIM, tokens_per_step = 256, sources = SOURCES,
       stages = { { seq_len = 32, steps = 6, mix = { text = 1 } } }, train = { quiet = true }, resume = ck }))
