@@ -64,8 +64,10 @@ local FIRST = { "step", "time", "stage", "tokens", "loss", "val_loss", "lr", "gr
 -- metrics(record): append one JSONL line (non-finite values -> null + "nonfinite")
 function Logger:metrics(rec)
   if not self.file then return end
-  self.file:write(json.record(rec, FIRST), "\n")
-  self.file:flush()
+  -- a full disk or a file-size limit is an error naming the file, never a silently shortened history
+  local ok, err = self.file:write(json.record(rec, FIRST), "\n")
+  if ok then ok, err = self.file:flush() end
+  if not ok then error("log: cannot append to '" .. tostring(self.path) .. "': " .. tostring(err), 2) end
 end
 
 -- the progress text for one step

@@ -122,6 +122,32 @@ function step.preflight(mc, who, hint)
   end
 end
 
+-- check_numbers(cfg, who): the numeric fields every driver shares, each refused by name in one line (integers are
+-- integers, counts positive, rates finite): cfg.train's counters, cfg.optim, the top-level seed and threads
+local function nonneg_num(v, what, who, level) return options.finite_number(v, what, who, level, 0) end
+local function clip_value(v, what, who, level)
+  if v ~= false then options.finite_number(v, what, who, level, 0) end
+end
+local function betas(v, what, who, level)
+  if type(v) ~= "table" or #v ~= 2 then options.fail(who, fmt("%s must be a pair {beta1, beta2}, got %s", what, tostring(v)), level) end
+  for i = 1, 2 do
+    if type(v[i]) ~= "number" or not (v[i] >= 0 and v[i] < 1) then
+      options.fail(who, fmt("%s[%d] must be a number in [0, 1), got %s", what, i, tostring(v[i])), level)
+    end
+  end
+end
+step.NUMERIC = {
+  train = { ckpt_every = options.nonneg_int, keep_ckpts = options.pos_int, log_every = options.pos_int,
+    seed = options.seed, threads = options.pos_int, collect_every = options.nonneg_int, jitter_window = options.pos_int },
+  optim = { lr = options.positive_number, eps = options.positive_number, weight_decay = nonneg_num, clip = clip_value,
+    betas = betas },
+}
+local TOP_NUMERIC = { seed = options.seed, threads = options.pos_int }
+function step.check_numbers(cfg, who)
+  for _, section in ipairs({ "train", "optim" }) do options.fields(cfg[section], step.NUMERIC[section], section, who) end
+  options.fields(cfg, TOP_NUMERIC, nil, who)
+end
+
 -- ---- the step ---------------------------------------------------------------------------------------------------
 local Stepper = {}
 Stepper.__index = Stepper

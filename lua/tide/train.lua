@@ -44,19 +44,8 @@ local TOP = {
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
 local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true }
 
--- the numeric fields, each checked by name (integers are integers, counts positive, rates finite)
+-- the numeric fields of tide.train's own sections (train, optim and the top-level seed/threads: step.check_numbers)
 local function nonneg_num(v, what, who, level) return options.finite_number(v, what, who, level, 0) end
-local function clip_value(v, what, who, level)
-  if v ~= false then options.finite_number(v, what, who, level, 0) end
-end
-local function betas(v, what, who, level)
-  if type(v) ~= "table" or #v ~= 2 then options.fail(who, fmt("%s must be a pair {beta1, beta2}, got %s", what, tostring(v)), level) end
-  for i = 1, 2 do
-    if type(v[i]) ~= "number" or not (v[i] >= 0 and v[i] < 1) then
-      options.fail(who, fmt("%s[%d] must be a number in [0, 1), got %s", what, i, tostring(v[i])), level)
-    end
-  end
-end
 local function top_p(v, what, who, level)
   if type(v) ~= "number" or not (v > 0 and v <= 1) then
     options.fail(who, fmt("%s must be a number in (0, 1], got %s", what, tostring(v)), level)
@@ -64,16 +53,11 @@ local function top_p(v, what, who, level)
 end
 local NUMERIC = {
   train = { steps = options.pos_int, eval_every = options.nonneg_int, eval_batches = options.pos_int,
-    ckpt_every = options.nonneg_int, keep_ckpts = options.pos_int, log_every = options.pos_int, seed = options.seed,
-    threads = options.pos_int, collect_every = options.nonneg_int, jitter_window = options.pos_int,
     micro_batches = options.pos_int },
-  optim = { lr = options.positive_number, eps = options.positive_number, weight_decay = nonneg_num, clip = clip_value,
-    betas = betas },
   sample = { max_new_tokens = options.nonneg_int, temperature = nonneg_num, top_k = options.nonneg_int, top_p = top_p,
     seed = options.seed },
   expect = { final_loss_below = options.finite_number },
 }
-local TOP_NUMERIC = { seed = options.seed, threads = options.pos_int }
 
 -- unknown keys are errors that name the key and list the known ones
 local function validate(cfg)
@@ -84,8 +68,8 @@ local function validate(cfg)
     if t ~= nil and type(t) ~= "table" then options.fail(WHO, fmt("cfg.%s must be a table, got a %s", section, type(t))) end
     if t and keys then options.check(t, keys, "cfg." .. section, WHO) end
   end
+  step.check_numbers(cfg, WHO)
   for section, spec in pairs(NUMERIC) do options.fields(cfg[section], spec, section, WHO) end
-  options.fields(cfg, TOP_NUMERIC, nil, WHO)
   if not cfg.data then options.fail(WHO, "the config needs a `data` table (path, seq_len, batch_size)") end
   options.check(cfg.data, cfg.data.sources and PACKED or data.KEYS, "cfg.data", WHO)
   local policy = cfg.on_nonfinite or "skip"

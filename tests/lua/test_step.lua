@@ -164,6 +164,12 @@ T.test("numeric config fields: integers are integers, counts positive, rates fin
   for _, case in ipairs(cases) do
     T.raises(function() train(train_cfg(case[1])) end, "tide.train: " .. case[2])
   end
+  -- the shared part every driver calls with its own name
+  T.raises(function() step.check_numbers({ train = { ckpt_every = 1.5 } }, "curriculum") end,
+    "curriculum: train.ckpt_every must be a non-negative integer, got 1.5")
+  T.raises(function() step.check_numbers({ optim = { lr = math.huge } }, "curriculum") end,
+    "curriculum: optim.lr must be a finite number > 0, got inf")
+  step.check_numbers({ train = { log_every = 5 }, optim = { lr = 1e-3, clip = false } }, "curriculum")
 end)
 
 T.test("resuming a finished run: one line, exit 0, the checkpoint left as it was", function()
