@@ -249,14 +249,16 @@ static void find_lua_dir(char *out, size_t n)
     snprintf(out, n, "%s/lua", TIDE_SOURCE_DIR);
 }
 
-/* message handler: string errors get a traceback; error objects with __tostring (the CLI's usage
-   errors) are shown as they are */
+/* message handler: an error is one line (its message, which names the file:line or the option at fault); the
+   Lua traceback is added only when TIDE_TRACEBACK=1 (or any value but 0) or `--debug` asked for it. Error objects
+   with __tostring (the CLI's usage errors) are shown as they are */
+static int g_traceback;
+
 static int on_error(lua_State *L)
 {
     if (lua_type(L, 1) == LUA_TSTRING) {
         const char *msg = lua_tostring(L, 1);
-        const char *tb = getenv("TIDE_TRACEBACK");
-        if (tb && strcmp(tb, "0") == 0) return 1;
+        if (!g_traceback) return 1;
         lua_getglobal(L, "debug");
         lua_getfield(L, -1, "traceback");
         lua_pushstring(L, msg);
@@ -291,6 +293,8 @@ static int run(lua_State *L, int argc, char **argv)
 
     lua_pushcfunction(L, on_error);
     int handler = lua_gettop(L);
+    const char *tb = getenv("TIDE_TRACEBACK");
+    g_traceback = tb && *tb && strcmp(tb, "0") != 0;
     lua_getglobal(L, "require");
     lua_pushstring(L, "tide.cli");
     if (lua_pcall(L, 1, 1, handler) != 0) {
@@ -302,9 +306,11 @@ static int run(lua_State *L, int argc, char **argv)
     lua_createtable(L, argc > 1 ? argc - 1 : 0, 1);
     lua_pushstring(L, argv[0]);
     lua_rawseti(L, -2, 0);
+    int na = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--debug") == 0) { g_traceback = 1; continue; }   /* the host's flag, not the CLI's */
         lua_pushstring(L, argv[i]);
-        lua_rawseti(L, -2, i);
+        lua_rawseti(L, -2, ++na);
     }
     if (lua_pcall(L, 1, 1, handler) != 0) {
         fprintf(stderr, "tide: %s\n", lua_tostring(L, -1));

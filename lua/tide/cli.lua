@@ -7,7 +7,8 @@
 --   tide help                                                   this text
 --
 -- main returns the process exit code. Usage mistakes raise a UsageError (shown without a traceback);
--- everything else raised by a recipe keeps its file:line and gets a traceback from the host.
+-- everything else raised by a recipe keeps its file:line; the host adds a traceback only when asked (TIDE_TRACEBACK=1,
+-- --debug).
 local ffi = require "ffi"
 
 local M = {}
@@ -32,7 +33,7 @@ usage: tide <command> [arguments]
   help                          this text
 
 environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREADS,
-             TIDE_TEST_FILTER (test case names), TIDE_TRACEBACK=0 (errors without traceback)]]
+             TIDE_TEST_FILTER (test case names), TIDE_TRACEBACK=1 or --debug (errors with a Lua traceback)]]
 
 -- top-level keys a flag may set even when the recipe does not define them
 M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true }

@@ -129,7 +129,7 @@ local function resolve_stages(cfg)
     local from = lr.from or prev_to or optim_lr
     local to = lr.to or from
     for _, v in ipairs({ { "from", from }, { "to", to } }) do
-      if type(v[2]) ~= "number" or v[2] < 0 then bad(fmt("%s: lr.%s must be a number >= 0, got %s", where, v[1], tostring(v[2]))) end
+      options.finite_number(v[2], where .. ": lr." .. v[1], "curriculum", nil, 0)
     end
     local warmup = lr.warmup or 0
     if type(warmup) ~= "number" or warmup < 0 or warmup ~= math.floor(warmup) or warmup >= steps then
@@ -316,6 +316,7 @@ local function setup(cfg)
   check_keys(cfg, TOP, "the curriculum config")
   local tcfg = cfg.train or {}
   check_keys(tcfg, TRAIN, "train")
+  step.check_numbers(cfg, "curriculum")
   check_expect(cfg)
   if cfg.val ~= nil then check_keys(cfg.val, VAL, "val") end
   local stages, by_name = resolve_stages(cfg)
@@ -521,6 +522,13 @@ local function run(cfg)
   end
   local r = C.run:finish()
   local logger = C.run.logger
+  if r.steps_run == 0 and not r.stopped then
+    -- a resumed run that had already finished: nothing trained, nothing to check
+    logger:line(fmt("done: the run is already at step %d of %d, nothing to train", r.steps, total_steps))
+    logger:close()
+    r.already_done = true
+    return r
+  end
   if not r.stopped and C.cfg.evals then
     r.evals = task_evals(C.ctx, C.cfg.evals)
     logger:line(require("tide.evals").table(r.evals))
@@ -630,6 +638,7 @@ function curriculum.new(spec)
   spec.run = function(cfg)
     local r = run(cfg)
     if r.stopped then return 1 end
+    if r.already_done then return 0 end
     local miss = curriculum.check_result(cfg, r)
     for _, line in ipairs(miss) do io.stderr:write(line, "\n") end
     return #miss > 0 and 1 or 0
