@@ -137,8 +137,9 @@ T.test("val.mix = \"stage\": the stage's own mix over held-out twins of its sour
   local sources = require "tide.data.sources"
   local cfg = load({ ["train.out"] = "" })
   local twins = sources.held_out(cfg.sources, "curriculum")
-  T.eq({ twins.text.split, twins.text.order, twins.recall.split, twins.passkey.split, twins.passkey.filler_source },
-    { "val", "sequential", "eval", "eval", "text" }, "text val splits, synthetic eval splits, the filler text's twin")
+  T.eq({ twins.text.split, twins.recall.split, twins.passkey.split, twins.passkey.filler_source },
+    { "val", "eval", "eval", "text" }, "text val splits, synthetic eval splits, the filler text's twin")
+  T.eq(twins.text.order, nil, "the text twin keeps the source's order (shuffled by its seed)")
   T.eq(cfg.sources.text.split, nil, "the recipe's own sources are untouched")
   cfg.val = { mix = "stage", batches = 1 }
   for _, st in ipairs(cfg.stages) do st.steps = 3 end

@@ -70,9 +70,10 @@ function sources.build(spec, tok, seed, who)
   return out
 end
 
--- held_out(spec) -> the sources' held-out twins, under the same names: a text source's val split (same files and
--- val_fraction, file order), a synthetic source's eval split (generator examples disjoint from the training ones);
--- a text source without a val split (val_fraction = 0) has no twin and is an error naming it
+-- held_out(spec) -> the sources' held-out twins, under the same names: a text source's val split (same files,
+-- val_fraction and order: shuffled by its seed unless it says otherwise, so a few batches sample every file rather
+-- than the first ones), a synthetic source's eval split (generator examples disjoint from the training ones); a
+-- text source without a val split (val_fraction = 0) has no twin and is an error naming it
 function sources.held_out(spec, who)
   local out = {}
   for name, sc in pairs(spec or {}) do
@@ -83,7 +84,7 @@ function sources.held_out(spec, who)
         options.fail(who, fmt("sources.%s has no held-out split for val.mix = \"stage\" (val_fraction = %s; give it "
           .. "val_fraction > 0)", tostring(name), tostring(o.val_fraction)))
       end
-      o.split, o.order = "val", "sequential"
+      o.split = "val"
     else
       o.split = "eval"
     end
