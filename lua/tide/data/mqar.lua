@@ -20,6 +20,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local options = require "tide.options"
+local task = require "tide.data.task"
 local C = tide.C
 
 local mqar = {}
@@ -74,15 +75,7 @@ function mqar.check(cfg)
     end
     c.filler_range = { fr[1], fr[2] }
   end
-  if c.filler == "text" then
-    local ft = c.filler_text
-    if (type(ft) ~= "table" and type(ft) ~= "userdata") or type(ft.span) ~= "function" then
-      bad(fmt("filler = \"text\" needs filler_text, a text document source to draw from (in a curriculum: "
-        .. "filler_source = the name of a text source), got %s", tostring(ft)))
-    end
-  elseif c.filler_text ~= nil then
-    bad(fmt("filler_text is used only with filler = \"text\", got filler = %q", c.filler))
-  end
+  task.check_filler_text(c, WHO)
   int_at_least(c.seed, 0, "seed")
   if c.seed >= 2 ^ 32 then bad(fmt("seed must be < 2^32, got %d", c.seed)) end
   c.slots = (T - 2 * D) / 2

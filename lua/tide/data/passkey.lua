@@ -61,15 +61,7 @@ function passkey.check(cfg)
     bad(fmt("depth must be a number in [0, 1] or \"uniform\", got %s", tostring(c.depth)))
   end
   options.one_of(c.filler, passkey.FILLERS, "filler", WHO)
-  if c.filler == "text" then
-    local ft = c.filler_text
-    if (type(ft) ~= "table" and type(ft) ~= "userdata") or type(ft.span) ~= "function" then
-      bad(fmt("filler = \"text\" needs filler_text, a text document source to draw from (in a curriculum: "
-        .. "filler_source = the name of a text source), got %s", tostring(ft)))
-    end
-  elseif c.filler_text ~= nil then
-    bad(fmt("filler_text is used only with filler = \"text\", got filler = %q", c.filler))
-  end
+  task.check_filler_text(c, WHO)
   local tok = task.byte_tokenizer(c.tokenizer, "digits and filler are byte ids", WHO)
   c.tokenizer = tok
   c.key_id, c.q_id = tok:id("<KEY>"), tok:id("<Q>")

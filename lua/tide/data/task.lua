@@ -30,6 +30,20 @@ function task.byte_tokenizer(tok, why, who)
   return tok
 end
 
+-- check_filler_text(c, who): filler = "text" needs c.filler_text, a text document source (with :span); any other
+-- filler takes none
+function task.check_filler_text(c, who)
+  if c.filler == "text" then
+    local ft = c.filler_text
+    if (type(ft) ~= "table" and type(ft) ~= "userdata") or type(ft.span) ~= "function" then
+      options.fail(who, fmt("filler = \"text\" needs filler_text, a text document source to draw from (in a "
+        .. "curriculum: filler_source = the name of a text source), got %s", tostring(ft)))
+    end
+  elseif c.filler_text ~= nil then
+    options.fail(who, fmt("filler_text is used only with filler = \"text\", got filler = %q", c.filler))
+  end
+end
+
 -- uniforms(n) -> a double[>= n] buffer, reused across calls (fill it and read it before the next call)
 local ubuf, ubuf_n = nil, 0
 function task.uniforms(n)
