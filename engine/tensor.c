@@ -511,3 +511,55 @@ int tide_all_finite(const tide_tensor *t)
     tide_tensor_release(c);
     return rc ? -1 : ok;
 }
+
+/* the tensors of one device (in list order) in one backend call; non-contiguous ones through a copy */
+static int first_nonfinite_on(int device, tide_tensor *const *ts, int n, int *first)
+{
+    int *dtypes = malloc((size_t)n * sizeof *dtypes), *where = malloc((size_t)n * sizeof *where);
+    const void **ptrs = malloc((size_t)n * sizeof *ptrs);
+    int64_t *lens = malloc((size_t)n * sizeof *lens);
+    tide_tensor **held = calloc((size_t)n, sizeof *held);
+    int rc = -1, m = 0, found = n;
+    if (!dtypes || !where || !ptrs || !lens || !held) {
+        tide_set_error("first_nonfinite: out of memory for %d tensors", n);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const tide_tensor *t = ts[i];
+        if (!t || t->device != device || !tide_is_float(t->dtype) || t->numel == 0) continue;
+        if (!(held[m] = tide_contiguous_nograd((tide_tensor *)t))) goto done;
+        dtypes[m] = t->dtype, ptrs[m] = tide_data(held[m]), lens[m] = t->numel, where[m++] = i;
+    }
+    int k = m;
+    if (m && TIDE_DISPATCH(device, first_nonfinite, "first_nonfinite", m, dtypes, ptrs, lens, &k)) goto done;
+    if (k < m) found = where[k];
+    rc = 0;
+done:
+    for (int i = 0; held && i < m; i++) tide_tensor_release(held[i]);
+    free(dtypes), free(where), free(ptrs), free(lens), free(held);
+    *first = found;
+    return rc;
+}
+
+int tide_first_nonfinite(tide_tensor *const *ts, int n, int *first)
+{
+    if (!first) return tide_set_error("first_nonfinite: first is NULL");
+    *first = n;
+    if (n < 0 || (n > 0 && !ts)) return tide_set_error("first_nonfinite: %d tensors at %p", n, (const void *)ts);
+    /* one call per distinct device (a process sees a handful); the smallest index wins */
+    int devs[16], nd = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) continue;
+        int d = 0;
+        while (d < nd && devs[d] != ts[i]->device) d++;
+        if (d < nd) continue;
+        if (nd == 16) return tide_set_error("first_nonfinite: tensors on more than 16 devices");
+        devs[nd++] = ts[i]->device;
+    }
+    for (int d = 0; d < nd; d++) {
+        int f = n;
+        if (first_nonfinite_on(devs[d], ts, n, &f)) return -1;
+        if (f < *first) *first = f;
+    }
+    return 0;
+}

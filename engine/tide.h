@@ -103,6 +103,9 @@ int tide_axpy_(tide_tensor *y, double a, const tide_tensor *x);   /* y += a x, s
 /* sum of squares of all elements, accumulated in double; NaN/inf propagate (a NaN as the canonical +NaN) */
 int tide_sum_squares(const tide_tensor *t, double *out);
 int tide_all_finite(const tide_tensor *t);                  /* 1, 0, or -1 on error */
+/* *first = the smallest i whose tensor ts[i] holds a NaN or an infinity, n when all are finite (NULL entries
+   are skipped): one fused pass per device over all the tensors; 0, or -1 on error */
+int tide_first_nonfinite(tide_tensor *const *ts, int n, int *first);
 
 /* ---- autograd ---------------------------------------------------------------------------------- */
 int tide_set_requires_grad(tide_tensor *t, int flag);      /* leaves only */

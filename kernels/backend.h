@@ -81,6 +81,9 @@ typedef struct tide_backend {
     int (*sum_squares)(int dtype, const void *x, int64_t n, double *out);
     /* *out = 1 when every element is finite */
     int (*all_finite)(int dtype, const void *x, int64_t n, int *out);
+    /* *first = the smallest i in [0, n) whose buffer (dtypes[i], ptrs[i], lens[i] elements) holds a NaN or
+       an infinity, n when none: one pass over many buffers (the post-update weight check, the gradients) */
+    int (*first_nonfinite)(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first);
 
     /* reductions; ARGMAX writes int64; out has outer*inner elements */
     int (*reduce)(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);

@@ -21,6 +21,7 @@ const tide_backend tide_cpu_backend = {
     .axpy = tide_cpu_axpy,
     .sum_squares = tide_cpu_sum_squares,
     .all_finite = tide_cpu_all_finite,
+    .first_nonfinite = tide_cpu_first_nonfinite,
     .reduce = tide_cpu_reduce,
     .reduce_max_backward = tide_cpu_reduce_max_backward,
     .gemm = tide_cpu_gemm,

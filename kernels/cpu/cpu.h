@@ -25,6 +25,7 @@ int tide_cpu_swiglu_backward(int dtype, void *dg, void *du, const void *dout, co
 int tide_cpu_axpy(int dtype, void *y, double a, const void *x, int64_t n);
 int tide_cpu_sum_squares(int dtype, const void *x, int64_t n, double *out);
 int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out);
+int tide_cpu_first_nonfinite(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first);
 int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
 int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y, int64_t outer, int64_t red, int64_t inner);
 int tide_cpu_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);

@@ -8,6 +8,7 @@
  * produced by one thread in a fixed order: results do not depend on the thread count.
  * Sums accumulate in double. Max treats NaN as the largest value, so a NaN in a row propagates.
  */
+#include <stdlib.h>
 #include <tgmath.h>
 #include "cpu.h"
 
@@ -208,5 +209,73 @@ int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out)
         return tide_set_error("all_finite: dtype %d is not a tide dtype", dtype);
     }
     *out = ok;
+    return 0;
+}
+
+/* ---- first non-finite buffer of many ------------------------------------------------------------
+   The buffers are cut into chunks of FN_CHUNK elements and the chunks of all of them are shared by the
+   threads at once (a model's many small weights cost one parallel region, not one each). The test is on
+   the bits: an all-ones exponent is an infinity or a NaN, whatever the payload. */
+#define FN_CHUNK 65536
+
+static int chunk_nonfinite(int dtype, const void *x, int64_t off, int64_t len)
+{
+    int bad = 0;
+    switch (dtype) {
+    case TIDE_F32: {
+        const uint32_t *p = (const uint32_t *)x + off;
+        for (int64_t i = 0; i < len; i++) bad |= (p[i] & 0x7f800000u) == 0x7f800000u;
+        break;
+    }
+    case TIDE_F64: {
+        const uint64_t *p = (const uint64_t *)x + off;
+        for (int64_t i = 0; i < len; i++) bad |= (p[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        break;
+    }
+    case TIDE_BF16: {
+        const uint16_t *p = (const uint16_t *)x + off;
+        for (int64_t i = 0; i < len; i++) bad |= (p[i] & 0x7f80u) == 0x7f80u;
+        break;
+    }
+    default:
+        break;   /* integers are always finite */
+    }
+    return bad;
+}
+
+int tide_cpu_first_nonfinite(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first)
+{
+    if (n < 0) return tide_set_error("first_nonfinite: n = %d must be >= 0", n);
+    int64_t nchunks = 0;
+    for (int i = 0; i < n; i++) {
+        if (lens[i] < 0) return tide_set_error("first_nonfinite: buffer %d has %lld elements", i, (long long)lens[i]);
+        if (dtypes[i] != TIDE_F32 && dtypes[i] != TIDE_F64 && dtypes[i] != TIDE_BF16 && dtypes[i] != TIDE_I32 &&
+            dtypes[i] != TIDE_I64 && dtypes[i] != TIDE_U8)
+            return tide_set_error("first_nonfinite: buffer %d: dtype %d is not a tide dtype", i, dtypes[i]);
+        if (lens[i] > 0 && !ptrs[i]) return tide_set_error("first_nonfinite: buffer %d is NULL", i);
+        nchunks += (lens[i] + FN_CHUNK - 1) / FN_CHUNK;
+    }
+    /* chunk c of the whole list: buffer idx[c], elements [off[c], off[c] + FN_CHUNK) */
+    int *idx = malloc((size_t)(nchunks ? nchunks : 1) * sizeof *idx);
+    int64_t *off = malloc((size_t)(nchunks ? nchunks : 1) * sizeof *off);
+    if (!idx || !off) {
+        free(idx);
+        free(off);
+        return tide_set_error("first_nonfinite: out of memory for %lld chunks", (long long)nchunks);
+    }
+    int64_t c = 0;
+    for (int i = 0; i < n; i++)
+        for (int64_t o = 0; o < lens[i]; o += FN_CHUNK) idx[c] = i, off[c++] = o;
+    int best = n;
+    #pragma omp parallel for if(nchunks > 1) schedule(dynamic, 4) reduction(min : best)
+    for (int64_t k = 0; k < nchunks; k++) {
+        int i = idx[k];
+        if (i >= best) continue;   /* an earlier buffer already failed in this thread */
+        int64_t len = lens[i] - off[k] < FN_CHUNK ? lens[i] - off[k] : FN_CHUNK;
+        if (chunk_nonfinite(dtypes[i], ptrs[i], off[k], len)) best = i;
+    }
+    free(idx);
+    free(off);
+    *first = best;
     return 0;
 }

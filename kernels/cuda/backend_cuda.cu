@@ -277,6 +277,7 @@ static tide_backend make_table()
     t.axpy = tide_cuda_axpy;
     t.sum_squares = tide_cuda_sum_squares;
     t.all_finite = tide_cuda_all_finite;
+    t.first_nonfinite = tide_cuda_first_nonfinite;
     t.reduce = tide_cuda_reduce;
     t.reduce_max_backward = tide_cuda_reduce_max_backward;
     t.gemm = tide_cuda_gemm;

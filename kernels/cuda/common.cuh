@@ -237,6 +237,7 @@ int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, in
 
 int tide_cuda_sum_squares(int dtype, const void *x, int64_t n, double *out);
 int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out);
+int tide_cuda_first_nonfinite(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first);
 int tide_cuda_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
 int tide_cuda_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y,
                                   int64_t outer, int64_t red, int64_t inner);

@@ -310,3 +310,90 @@ int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out)
     *out = flag ? 0 : 1;
     return 0;
 }
+
+/* ---- first non-finite buffer of many: one launch over a table of chunks ------------------------------
+   The host cuts every buffer into chunks of FN_CHUNK elements; block b takes chunks b, b + gridDim.x, ...
+   and the smallest failing buffer index is kept with atomicMin. The test is on the bits (all-ones exponent),
+   so every NaN payload counts. */
+#define FN_CHUNK 65536
+
+struct fn_chunk {
+    const void *p;
+    long long off, len;
+    int idx, dtype;
+};
+
+__global__ void first_nonfinite_kernel(const fn_chunk *chunks, long long nchunks, unsigned long long *first)
+{
+    for (long long c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        fn_chunk ch = chunks[c];
+        if ((unsigned long long)ch.idx >= *first) continue;   /* an earlier buffer already failed */
+        int bad = 0;
+        for (long long i = ch.off + threadIdx.x; i < ch.off + ch.len; i += blockDim.x) {
+            if (ch.dtype == TIDE_F32) {
+                unsigned int u = ((const unsigned int *)ch.p)[i];
+                bad |= (u & 0x7f800000u) == 0x7f800000u;
+            } else if (ch.dtype == TIDE_F64) {
+                unsigned long long u = ((const unsigned long long *)ch.p)[i];
+                bad |= (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+            } else if (ch.dtype == TIDE_BF16) {
+                unsigned short u = ((const unsigned short *)ch.p)[i];
+                bad |= (u & 0x7f80u) == 0x7f80u;
+            }
+        }
+        if (__syncthreads_or(bad) && threadIdx.x == 0) atomicMin(first, (unsigned long long)ch.idx);
+    }
+}
+
+int tide_cuda_first_nonfinite(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first)
+{
+    *first = n;
+    if (n < 0) return tide_set_error("first_nonfinite: n = %d must be >= 0", n);
+    long long nchunks = 0;
+    for (int i = 0; i < n; i++) {
+        if (lens[i] < 0) return tide_set_error("first_nonfinite: buffer %d has %lld elements", i, (long long)lens[i]);
+        if (dtypes[i] == TIDE_F32 || dtypes[i] == TIDE_F64 || dtypes[i] == TIDE_BF16)
+            nchunks += (lens[i] + FN_CHUNK - 1) / FN_CHUNK;
+    }
+    if (nchunks == 0) return 0;
+    TIDE_STREAM(s);
+    fn_chunk *host = (fn_chunk *)malloc((size_t)nchunks * sizeof *host);
+    if (!host) return tide_set_error("first_nonfinite: out of memory for %lld chunks", nchunks);
+    long long c = 0;
+    for (int i = 0; i < n; i++) {
+        if (dtypes[i] != TIDE_F32 && dtypes[i] != TIDE_F64 && dtypes[i] != TIDE_BF16) continue;
+        for (long long o = 0; o < lens[i]; o += FN_CHUNK) {
+            long long len = lens[i] - o < FN_CHUNK ? lens[i] - o : FN_CHUNK;
+            host[c++] = fn_chunk{ptrs[i], o, len, i, dtypes[i]};
+        }
+    }
+    tide_cuda_scratch *sc;
+    fn_chunk *dev = NULL;
+    unsigned long long found = ULLONG_MAX;
+    int rc = -1;
+    cudaError_t e = cudaSuccess;
+    if (tide_cuda_get_scratch(&sc)) goto done;
+    if ((e = tide_cuda_alloc((void **)&dev, (size_t)nchunks * sizeof *dev, s)) != cudaSuccess) {
+        tide_set_error("first_nonfinite: cuda malloc of %lld chunk entries: %s", nchunks, cudaGetErrorString(e));
+        goto done;
+    }
+    e = cudaMemcpyAsync(dev, host, (size_t)nchunks * sizeof *dev, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&sc->first, &found, sizeof found, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) {
+        long long blocks = nchunks < 4LL * tide_cuda_sm_count() ? nchunks : 4LL * tide_cuda_sm_count();
+        first_nonfinite_kernel<<<(unsigned)blocks, TIDE_THREADS, 0, s>>>(dev, nchunks, &sc->first);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&found, &sc->first, sizeof found, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) {
+        tide_set_error("first_nonfinite: %s", cudaGetErrorString(e));
+        goto done;
+    }
+    if (found != ULLONG_MAX) *first = (int)found;
+    rc = 0;
+done:
+    tide_cuda_release(dev, s);
+    free(host);
+    return rc;
+}

@@ -170,17 +170,30 @@ function optim.clip_grad_norm(params, max_norm)
   return norm
 end
 
+-- name of the first parameter (in order) for which handle_of(p) (a tide_tensor pointer, nil to skip) holds a NaN
+-- or an infinity, or nil: all of them in one fused engine pass per device
+function optim.first_nonfinite_of(params, handle_of)
+  local n = #params
+  local arr = ffi.new("tide_tensor *[?]", math.max(n, 1))
+  for i, p in ipairs(params) do arr[i - 1] = handle_of(p) end
+  local first = ffi.new("int[1]")
+  if C.tide_first_nonfinite(arr, n, first) ~= 0 then
+    error("optim: finite check: " .. ffi.string(C.tide_last_error()), 2)
+  end
+  return first[0] < n and params[first[0] + 1].name or nil
+end
+
 -- name of the first parameter (in order) whose gradient holds a NaN or an infinity, or nil
 function optim.first_nonfinite(params)
-  for _, p in ipairs(params) do
+  local grads = {}
+  local ok, res = pcall(optim.first_nonfinite_of, params, function(p)
     local g = C.tide_grad(raw(p.param))
-    if g ~= nil then
-      local ok = C.tide_all_finite(g)
-      C.tide_tensor_release(g)
-      if ok ~= 1 then return p.name end
-    end
-  end
-  return nil
+    if g ~= nil then grads[#grads + 1] = g end
+    return g
+  end)
+  for _, g in ipairs(grads) do C.tide_tensor_release(g) end
+  if not ok then error(res, 2) end
+  return res
 end
 
 -- build(cfg, model): the optimiser a recipe's `optim` table names (kind "adamw", the default)

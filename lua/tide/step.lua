@@ -286,12 +286,10 @@ function Stepper:rollback_due()
   return self.policy == "skip" and (self.consecutive >= step.ROLLBACK_AFTER or self.poisoned ~= nil)
 end
 
--- name of the first parameter (in order) holding a NaN or an infinity, or nil (one finite-check pass per weight)
+-- name of the first parameter (in order) holding a NaN or an infinity, or nil: one fused engine pass over all
+-- the weights (tide_first_nonfinite), not one call per tensor
 function step.first_nonfinite_param(params)
-  for _, p in ipairs(params) do
-    if p.param:all_finite() ~= true then return p.name end
-  end
-  return nil
+  return optim.first_nonfinite_of(params, function(p) return tide.raw(p.param) end)
 end
 
 -- ---- the run ----------------------------------------------------------------------------------------------------

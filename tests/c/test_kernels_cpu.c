@@ -910,6 +910,62 @@ static void test_threads(int initial)
     printf("threads %d, %s\n", initial, info);
 }
 
+/* ---- first_nonfinite over many buffers, against a per-buffer reference ----------------------------------
+   Sizes straddle the chunk size (65,536); each round plants one non-finite value (a NaN with an odd payload,
+   an infinity, a bf16 NaN) at a random place of a random buffer, sometimes two, and checks the smallest failing
+   index on 1 and 2 threads. */
+static void test_first_nonfinite(void)
+{
+    enum { NB = 7 };
+    const int dt[NB] = { TIDE_F32, TIDE_F64, TIDE_BF16, TIDE_F32, TIDE_I32, TIDE_F32, TIDE_F64 };
+    const int64_t len[NB] = { 3, 65536, 70001, 200000, 5, 0, 131073 };
+    const size_t width[NB] = { 4, 8, 2, 4, 4, 4, 8 };
+    void *buf[NB];
+    const void *ptr[NB];
+    for (int i = 0; i < NB; i++) {
+        buf[i] = calloc((size_t)(len[i] ? len[i] : 1), width[i]);
+        ptr[i] = buf[i];
+    }
+    int threads0 = tide_cpu_get_threads(), first = -1;
+    CHECK(tide_cpu_first_nonfinite(NB, dt, ptr, len, &first) == 0 && first == NB, "first_nonfinite all finite = %d", first);
+    CHECK(tide_cpu_first_nonfinite(0, dt, ptr, len, &first) == 0 && first == 0, "first_nonfinite of none = %d", first);
+    for (int round = 0; round < 60; round++) {
+        int planted[2], np = 1 + (round % 3 == 0);
+        for (int k = 0; k < np; k++) {
+            int i;
+            do i = (int)(urand(0, NB)); while (i >= NB || dt[i] == TIDE_I32 || len[i] == 0);
+            int64_t at = (int64_t)urand(0, (double)len[i]);
+            if (at >= len[i]) at = len[i] - 1;
+            if (round % 4 == 3) at = (at / 65536) * 65536 + (at % 2 ? 65535 : 0);   /* chunk edges */
+            if (at >= len[i]) at = len[i] - 1;
+            if (dt[i] == TIDE_F32) ((uint32_t *)buf[i])[at] = round % 2 ? 0xFFEC0001u : 0x7F800000u;
+            else if (dt[i] == TIDE_F64) ((uint64_t *)buf[i])[at] = round % 2 ? 0xFFF0000000000001ull : 0x7FF0000000000000ull;
+            else ((uint16_t *)buf[i])[at] = round % 2 ? 0xFFC1u : 0xFF80u;
+            planted[k] = i;
+        }
+        int want = NB;
+        for (int i = 0; i < NB; i++) {
+            int fin = 1;
+            tide_cpu_all_finite(dt[i], buf[i], len[i], &fin);
+            if (!fin && i < want) want = i;
+        }
+        CHECK(want == (np == 2 && planted[1] < planted[0] ? planted[1] : planted[0]), "reference sees buffer %d", want);
+        for (int th = 1; th <= 2; th++) {
+            tide_cpu_set_threads(th);
+            first = -1;
+            CHECK(tide_cpu_first_nonfinite(NB, dt, ptr, len, &first) == 0, "first_nonfinite: %s", tide_last_error());
+            CHECK(first == want, "first_nonfinite round %d, %d thread(s) = %d, reference %d", round, th, first, want);
+        }
+        for (int i = 0; i < NB; i++) memset(buf[i], 0, (size_t)len[i] * width[i]);
+    }
+    tide_cpu_set_threads(threads0);
+    const int bad_dt[1] = { 99 };
+    CHECK(tide_cpu_first_nonfinite(1, bad_dt, ptr, len, &first) != 0, "first_nonfinite rejects an unknown dtype");
+    const int64_t neg[1] = { -1 };
+    CHECK(tide_cpu_first_nonfinite(1, dt, ptr, neg, &first) != 0, "first_nonfinite rejects a negative length");
+    for (int i = 0; i < NB; i++) free(buf[i]);
+}
+
 int main(void)
 {
     int threads = tide_cpu_get_threads();   /* before any test changes it */
@@ -924,6 +980,7 @@ int main(void)
     test_gemm();
     test_index();
     test_adamw();
+    test_first_nonfinite();
     tide_cpu_set_threads(threads);
     test_threads(threads);
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -630,6 +630,45 @@ static int test_guard(void)
     return report("copy_/fill_ into strided views", ok && wrong == 0, detail);
 }
 
+/* the fused finite check over many GPU tensors (f32, f64, bf16; one of 3 chunks; a strided view) equals the CPU
+   pass over the same tensors, for a NaN or an infinity planted in each in turn and a later one planted too */
+static int test_first_nonfinite_gpu(void)
+{
+    enum { NT = 5 };
+    const int dts[NT] = {TIDE_F32, TIDE_F64, TIDE_BF16, TIDE_F32, TIDE_F32};
+    const int64_t lens[NT] = {3, 140000, 70001, 1, 4096};
+    char detail[256] = "";
+    int ok = 1, rounds = 0;
+    for (int bad = -1; bad < NT && ok; bad++) {
+        tide_tensor *c[NT] = {0}, *g[NT] = {0};
+        for (int i = 0; i < NT && ok; i++) {
+            int64_t sh[1] = {lens[i]};
+            c[i] = tide_zeros(dts[i], 1, sh, CPU);
+            ok = c[i] != NULL;
+            if (ok && (i == bad || (bad >= 0 && i == NT - 1))) {
+                double v = (i + rounds) % 2 ? NAN : -INFINITY;
+                tide_tensor *at = tide_slice(c[i], 0, lens[i] - 1, lens[i], 1);
+                ok = at && tide_fill_(at, v) == 0;
+                tide_tensor_release(at);
+            }
+            g[i] = ok ? tide_to_device(c[i], GPU) : NULL;
+            ok = ok && g[i];
+        }
+        int fc = -1, fg = -1;
+        ok = ok && tide_first_nonfinite(c, NT, &fc) == 0 && tide_first_nonfinite(g, NT, &fg) == 0;
+        int want = bad < 0 ? NT : bad;
+        if (ok && (fc != want || fg != want)) {
+            snprintf(detail, sizeof detail, "planted in %d: cpu says %d, gpu says %d", bad, fc, fg);
+            ok = 0;
+        }
+        for (int i = 0; i < NT; i++) tide_tensor_release(c[i]), tide_tensor_release(g[i]);
+        rounds++;
+    }
+    if (!ok && !detail[0]) snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    if (ok) snprintf(detail, sizeof detail, "%d rounds agree", rounds);
+    return report("first_nonfinite (fused)", ok, detail);
+}
+
 /* sum of squares, finiteness, axpy_ and scale_ (the optimiser's helpers) */
 static int test_vector_helpers(void)
 {
@@ -1365,7 +1404,7 @@ static const op_coverage coverage[] = {
 /* the checks that report under their own name (see report() calls above) */
 static const char *const extra_names[] = {
     "randn / rand (same seed)", "copy_/fill_ into strided views", "sum_squares / all_finite / axpy_",
-    "kda chunk: g < lb -> error", "adamw step x3", "cross_entropy bad target -> error",
+    "first_nonfinite (fused)", "kda chunk: g < lb -> error", "adamw step x3", "cross_entropy bad target -> error",
 };
 
 #define NAMES_IN(table, field, want, len)                                                                  \
@@ -1450,8 +1489,8 @@ int main(void)
         if (run_case(&cases[i])) passed++;
         else failed++;
     }
-    int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_adamw, test_bad_target, test_kda,
-                                  test_kda_bound, test_attnres, test_mla, test_attention, test_moe};
+    int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
+                                  test_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;

@@ -90,6 +90,45 @@ T.test("every NaN payload class and ±inf read back as numbers through item, tol
   end
 end)
 
+T.test("the fused finite check (tide_first_nonfinite): the first bad weight of many, views, skipped gradients", function()
+  -- 9 weights of mixed dtypes and sizes (one spans several 65,536-element chunks, one is a strided view);
+  -- each round plants one class in one of them; the fused pass must name what a per-tensor check names
+  local function weights()
+    local ps = {}
+    local shapes = { { 3 }, { 300, 500 }, { 7 }, { 70000 }, { 1 }, { 40, 40 }, { 2, 3 }, { 131073 }, { 5 } }
+    local dts = { "f32", "f64", "bf16", "f32", "f64", "f32", "bf16", "f64", "f32" }
+    for i, sh in ipairs(shapes) do ps[i] = { name = "p" .. i, param = tide.zeros(sh, { dtype = dts[i] }) } end
+    ps[6].param = tide.zeros({ 40, 80 }):narrow(2, 11, 40)   -- a strided view: read through a copy
+    return ps
+  end
+  local ps = weights()
+  T.eq(step.first_nonfinite_param(ps), nil, "all zeros: finite")
+  local rounds = 0
+  for w = 1, #ps, 2 do
+    for _, c in ipairs(CLASSES) do
+      ps = weights()
+      local n = ps[w].param:numel()
+      local at = (w * 7919 + #c.name) % n
+      if w == 6 then
+        ps[w].param:copy_(plant(tide.zeros({ 40, 40 }), c, function(i) return i == at end))
+      else
+        plant(ps[w].param, c, function(i) return i == at end)
+      end
+      if w < #ps then plant(ps[#ps].param, c) end          -- a later bad weight never wins
+      T.eq(step.first_nonfinite_param(ps), ps[w].name, c.name .. " in " .. ps[w].name)
+      T.eq(ps[w].param:all_finite(), false, "per-tensor reference agrees for " .. ps[w].name)
+      rounds = rounds + 1
+    end
+  end
+  T.ok(rounds >= 10, "rounds run: " .. rounds)
+  -- gradients: parameters without one are skipped; the first bad gradient is named
+  ps = weights()
+  ps[4].param:set_grad(tide.zeros({ 70000 }))
+  ps[8].param:set_grad(plant(tide.zeros({ 131073 }, { dtype = "f64" }), CLASSES[1], function(i) return i == 131072 end))
+  T.eq(optim.first_nonfinite(ps), "p8", "the one bad gradient, at the last element of the last chunk")
+  T.eq(optim.first_nonfinite({}), nil, "no parameters")
+end)
+
 T.test("raw buffers: tide_canon_f64 / tide_canon_f32 and to_f64_buffer give canonical doubles", function()
   for _, c in ipairs(CLASSES) do
     local b64 = ffi.new("uint64_t[1]", c.f64)
