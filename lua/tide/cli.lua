@@ -35,6 +35,16 @@ usage: tide <command> [arguments]
 environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREADS,
              TIDE_TEST_FILTER (test case names), TIDE_TRACEBACK=1 or --debug (errors with a Lua traceback)]]
 
+-- the usage text with the registered commands' lines
+function M.usage()
+  local lines = {}
+  for _, name in ipairs(M.command_names()) do
+    lines[#lines + 1] = string.format("  %-29s %s", name, M.COMMANDS[name].summary)
+  end
+  if #lines == 0 then return M.USAGE end
+  return (M.USAGE:gsub("\n\nenvironment:", "\n" .. table.concat(lines, "\n") .. "\n  (tide CMD --help for one command's options)\n\nenvironment:", 1))
+end
+
 -- top-level keys a flag may set even when the recipe does not define them
 M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true }
 
@@ -209,6 +219,93 @@ function M.dump(v, indent, seen)
   end
   seen[v] = nil
   return "{\n" .. table.concat(lines, "\n") .. "\n" .. indent .. "}"
+end
+
+-- ---- commands --------------------------------------------------------------------------------------------
+-- The commands beyond run/repl/test/info: each is a module returning { USAGE = text, main = function(args) ->
+-- exit code }; `tide CMD --help` prints its USAGE. `summary` is the line `tide help` shows.
+M.COMMANDS = {}
+function M.register(name, module, summary)
+  M.COMMANDS[name] = { module = module, summary = summary }
+end
+-- the commands whose module is installed (a command is listed and dispatched only then)
+function M.command_names()
+  local names = {}
+  for k, c in pairs(M.COMMANDS) do
+    if package.searchpath(c.module, package.path) then names[#names + 1] = k end
+  end
+  table.sort(names)
+  return names
+end
+
+M.register("tokenizer", "tide.cmd.tokenizer", "train / encode / decode a byte-level BPE tokenizer.json")
+M.register("data", "tide.cmd.data", "prepare: tokenize text, JSONL or directories into token shards")
+M.register("sample", "tide.cmd.sample", "CKPT --prompt TEXT: generate text from a checkpoint")
+M.register("eval", "tide.cmd.eval", "CKPT [--task ...]: evaluate a checkpoint (tables + results JSON)")
+M.register("export", "tide.cmd.export", "CKPT DIR: write a HuggingFace model directory")
+M.register("import", "tide.cmd.import", "DIR OUT: read a HuggingFace Llama directory into a tide checkpoint")
+M.register("plot", "tide.cmd.plot", "RUN [-o report.html]: one self-contained HTML page of a run's metrics")
+
+-- parse_flags(args, spec, who) -> positional (array), flags (table): the one parser of the commands' options.
+-- spec[name] = { kind = "number" | "integer" | "string" | "boolean" | "list", default = v, min = x, max = x }
+-- (name with underscores; --max-new and --max_new are the same flag). Unknown flags, missing or ill-typed values
+-- are usage errors naming the flag and, for unknown ones, the known flags. short = { o = "out" } maps -o VALUE.
+function M.parse_flags(args, spec, who, short)
+  local pos, flags = {}, {}
+  for k, s in pairs(spec) do flags[k] = s.default end
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local letter = a:match("^%-(%a)$")
+    if letter and short and short[letter] then a = "--" .. short[letter] end
+    if a:sub(1, 2) == "--" and #a > 2 then
+      local key, text = a:sub(3):match("^([^=]+)=(.*)$")
+      key = (key or a:sub(3)):gsub("-", "_")
+      local s = spec[key]
+      if not s then
+        local known = {}
+        for k in pairs(spec) do known[#known + 1] = "--" .. k end
+        table.sort(known)
+        usage_error(string.format("%s: unknown option '--%s' (known: %s)", who, key,
+          #known > 0 and table.concat(known, ", ") or "none"))
+      end
+      if s.kind == "boolean" then
+        if text == nil or text == "true" then flags[key] = true
+        elseif text == "false" then flags[key] = false
+        else usage_error(string.format("%s: --%s is true or false, got '%s'", who, key, text)) end
+      else
+        if text == nil then
+          i = i + 1
+          text = args[i]
+          if text == nil then usage_error(string.format("%s: --%s needs a value", who, key)) end
+        end
+        if s.kind == "number" or s.kind == "integer" then
+          local v = tonumber(text)
+          if v == nil or v ~= v or v == math.huge or v == -math.huge then
+            usage_error(string.format("%s: --%s must be a finite number, got '%s'", who, key, text))
+          end
+          if s.kind == "integer" and v ~= math.floor(v) then
+            usage_error(string.format("%s: --%s must be an integer, got '%s'", who, key, text))
+          end
+          if (s.min and v < s.min) or (s.max and v > s.max) then
+            usage_error(string.format("%s: --%s must be in [%s, %s], got %s", who, key,
+              tostring(s.min or "-inf"), tostring(s.max or "inf"), text))
+          end
+          flags[key] = v
+        elseif s.kind == "list" then
+          local l = {}
+          for piece in text:gmatch("[^,]+") do l[#l + 1] = tonumber(piece) or piece end
+          flags[key] = l
+        else
+          flags[key] = text
+        end
+      end
+    else
+      pos[#pos + 1] = a
+    end
+    i = i + 1
+  end
+  return pos, flags
 end
 
 -- ---- run -------------------------------------------------------------------------------------------------
@@ -400,7 +497,7 @@ function M.main(argv)
   local threads = os.getenv("TIDE_THREADS")
   if threads and tonumber(threads) and cmd ~= "help" then require("tide").set_num_threads(tonumber(threads)) end
   if cmd == nil or cmd == "help" or cmd == "--help" or cmd == "-h" then
-    print(M.USAGE)
+    print(M.usage())
     return 0
   elseif cmd == "run" then
     return M.run(rest)
@@ -415,11 +512,20 @@ function M.main(argv)
   elseif cmd == "version" or cmd == "--version" then
     print(require("tide").version)
     return 0
+  elseif M.COMMANDS[cmd] and package.searchpath(M.COMMANDS[cmd].module, package.path) then
+    local mod = require(M.COMMANDS[cmd].module)
+    if rest[1] == "--help" or rest[1] == "-h" or rest[1] == "help" then
+      print(mod.USAGE)
+      return 0
+    end
+    return mod.main(rest) or 0
   end
   if cmd:match("%.lua$") then
     usage_error(string.format("unknown command '%s' (to run a recipe: tide run %s)", cmd, cmd))
   end
-  usage_error(string.format("unknown command '%s' (commands: run, repl, test, info, help)", cmd))
+  local names = { "run", "repl", "test", "info", "help" }
+  for _, c in ipairs(M.command_names()) do names[#names + 1] = c end
+  usage_error(string.format("unknown command '%s' (commands: %s)", cmd, table.concat(names, ", ")))
 end
 
 M.shell_quote = shell_quote   -- shared with scripts that spawn commands (bench/)

@@ -241,6 +241,31 @@ T.test("REPL evaluates expressions, continues incomplete chunks and reports erro
   contains(out, "tide.zeros(shape, opts)")
 end)
 
+T.test("parse_flags: typed command options, --a-b = --a_b, -o, one-line errors naming the flag", function()
+  local spec = { max_new = { kind = "integer", default = 64, min = 1 }, temperature = { kind = "number", default = 1 },
+    prompt = { kind = "string" }, greedy = { kind = "boolean", default = false }, lengths = { kind = "list" },
+    out = { kind = "string", default = "report.html" } }
+  local pos, f = cli.parse_flags({ "ck", "--max-new=5", "--prompt", "hi there", "--greedy", "--lengths=128,256",
+    "-o", "r.html", "extra" }, spec, "tide sample", { o = "out" })
+  T.eq(pos, { "ck", "extra" })
+  T.eq(f.max_new, 5); T.eq(f.prompt, "hi there"); T.eq(f.greedy, true); T.eq(f.lengths, { 128, 256 })
+  T.eq(f.temperature, 1, "default kept"); T.eq(f.out, "r.html")
+  local function err(args)
+    local ok, e = pcall(cli.parse_flags, args, spec, "tide sample")
+    T.ok(not ok, "refused: " .. table.concat(args, " "))
+    return tostring(e)
+  end
+  T.ok(err({ "--max_new=2.5" }):find("--max_new must be an integer", 1, true))
+  T.ok(err({ "--max_new=0" }):find("must be in [1, inf]", 1, true))
+  T.ok(err({ "--temperature=nan" }):find("finite number", 1, true))
+  T.ok(err({ "--temperature=inf" }):find("finite number", 1, true))
+  T.ok(err({ "--prompt" }):find("--prompt needs a value", 1, true))
+  T.ok(err({ "--greedy=maybe" }):find("true or false", 1, true))
+  local e = err({ "--top-q=3" })
+  T.ok(e:find("unknown option '--top_q'", 1, true) and e:find("--temperature", 1, true), e)
+  T.ok(not e:find("\n"), "one line")
+end)
+
 local _, failed = T.run { exit = false }
 os.execute("rm -rf '" .. tmpdir .. "'")
 os.exit(failed > 0 and 1 or 0)
