@@ -85,6 +85,7 @@ local function write_tmp(tmp, step, parts)
   for i, n in ipairs(names) do tensors[i] = sd[n] end
   save_tensors(tmp .. "/model.safetensors", names, tensors, meta)
   checkpoint.kill_point("tmp")
+  if parts.files then parts.files(tmp) end       -- the run's extra files (the tokenizer), before state.json
   if parts.optim then
     local onames, otensors = parts.optim:state_tensors()
     save_tensors(tmp .. "/optim.safetensors", onames, otensors, { format = "pt", ["tide.step"] = step })
@@ -319,6 +320,76 @@ function checkpoint.load(dir, parts)
   end
   r:close()
   return r.state
+end
+
+-- ---- a model from a checkpoint alone ------------------------------------------------------------------------
+-- describe(model, tokenizer, cfg) -> the metadata entries that rebuild a run's model: tide.model (its kind and
+-- resolved config as JSON), tide.tokenizer (the tokenizer's description) and tide.config (the run's resolved config)
+function checkpoint.describe(model, tok, cfg, plain)
+  local meta = {}
+  if model and model.cfg then
+    local mc = plain(model.cfg)
+    meta["tide.model"] = json.encode({ kind = mc.kind or "dense", config = mc })
+  end
+  if tok then
+    meta["tide.tokenizer"] = json.encode(tok.describe and tok:describe() or { kind = tok.kind, vocab_size = tok.vocab_size })
+  end
+  if cfg then meta["tide.config"] = json.encode(plain(cfg)) end
+  return meta
+end
+
+local function meta_json(meta, key, path)
+  local text = meta[key]
+  if text == nil then return nil end
+  local ok, v = pcall(json.decode, text)
+  if not ok or type(v) ~= "table" then error(fmt("checkpoint: %s: metadata '%s' is not a JSON object", path, key), 0) end
+  return v
+end
+
+-- load_model(path[, {device =, dtype =}]) -> model, info: path is a run directory (its latest checkpoint) or a
+-- step directory. info = {dir, step, kind, model_config, config (the run's, or nil), tokenizer}. The model is built
+-- from the tide.model metadata and its weights are loaded; the tokenizer is <dir>/tokenizer.json when the run had
+-- one (tokenizer.load), else the byte-level vocabulary the metadata names.
+function checkpoint.load_model(path, opts)
+  opts = opts or {}
+  if C.tide_is_dir(path) ~= 1 then error(fmt("checkpoint: '%s' is not a directory (a run or a checkpoint)", path), 0) end
+  local dir = checkpoint.resolve(path)
+  local r = checkpoint.open(dir)
+  local file = dir .. "/model.safetensors"
+  local ok, meta = pcall(r.metadata, r, "model.safetensors")
+  if not ok then r:close(); error(meta, 0) end
+  local desc = meta_json(meta, "tide.model", file)
+  if not desc or type(desc.config) ~= "table" then
+    r:close()
+    error(fmt("checkpoint: %s has no tide.model metadata, so the model cannot be rebuilt from it alone (an "
+      .. "older tide wrote it); load it from its recipe instead", file), 0)
+  end
+  local mc = desc.config
+  if opts.device then mc.device = opts.device end
+  if opts.dtype then mc.dtype = opts.dtype end
+  local nn = require "tide.nn"
+  local built, model = pcall(nn.build, mc)
+  if not built then r:close(); error(fmt("checkpoint: %s: tide.model: %s", file, tostring(model)), 0) end
+  local want = {}
+  for name, t in pairs(model:state_dict()) do want[name] = t:dtype() end
+  local loaded, err = pcall(function()
+    r:check_dtypes("model.safetensors", want)
+    model:load_state_dict(r:tensors("model.safetensors"))
+  end)
+  r:close()
+  if not loaded then error(err, 0) end
+  local tokenizer = require "tide.data.tokenizer"
+  local td = meta_json(meta, "tide.tokenizer", file) or { kind = "byte", vocab_size = mc.vocab_size }
+  local tok
+  if C.tide_path_exists(dir .. "/tokenizer.json") == 1 and tokenizer.load then
+    tok = tokenizer.load(dir .. "/tokenizer.json")
+  elseif td.kind == "byte" then
+    tok = tokenizer.byte_level({ vocab_size = td.vocab_size or mc.vocab_size })
+  else
+    error(fmt("checkpoint: %s: the run's tokenizer (%s) is not in %s/tokenizer.json", file, tostring(td.kind), dir), 0)
+  end
+  return model, { dir = dir, step = r.state.step, kind = desc.kind, model_config = mc,
+    config = meta_json(meta, "tide.config", file), tokenizer = tok }
 end
 
 return checkpoint

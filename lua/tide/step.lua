@@ -459,8 +459,14 @@ end
 -- write a checkpoint of the current step (no-op without a run directory)
 function Run:save()
   if not self.out then return end
+  if not self.meta then
+    self.meta = checkpoint.describe(self.model, self.tokenizer, self.cfg, plain)
+    self.meta["tide.format"] = step.FORMAT
+  end
+  local tok = self.tokenizer
   self.last_ckpt = checkpoint.save(self.out, self.step, { model = self.model, optim = self.optim, state = self:state(),
-    keep = self.keep_ckpts or 2, metadata = { ["tide.format"] = step.FORMAT } })
+    keep = self.keep_ckpts or 2, metadata = self.meta,
+    files = tok and tok.save and function(dir) tok:save(dir .. "/tokenizer.json") end or nil })
 end
 
 -- restore(dir) -> state: weights, AdamW, counters, Philox counter, MoE windows, then the driver's cursors and position

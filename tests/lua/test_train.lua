@@ -42,6 +42,17 @@ T.test("unknown config keys are errors that name the key and list the known ones
   T.raises(function() train(fixture_cfg({ on_nonfinite = "ignore" })) end, "on_nonfinite must be 'skip' or 'stop'")
 end)
 
+T.test("a dense run's checkpoint rebuilds its model alone (tide.model metadata), the same logits", function()
+  local dir = tmpdir("rebuild")
+  local r = train(fixture_cfg({ schedule = { kind = "cosine", warmup = 1 }, train = { steps = 4, out = dir } }))
+  local model, info = checkpoint.load_model(dir)
+  T.eq(info.kind, "dense"); T.eq(info.step, 4); T.eq(info.model_config.dim, 32)
+  T.eq(info.config.model.dim, 32, "the run config")
+  local x = tide.tensor({ 1, 2, 3, 4, 5, 6, 7, 8 }, { dtype = "i32" }):reshape({ 1, 8 })
+  r.model:eval()
+  T.eq((r.model:forward(x) - model:forward(x)):abs():max():item(), 0)
+end)
+
 T.test("the loss falls below 2.0 nats/token on the fixture within 200 steps", function()
   local r = train(fixture_cfg({
     model = { dim = 64, n_layers = 2, n_heads = 4 },
