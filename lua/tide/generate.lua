@@ -60,8 +60,48 @@ function generate.sample(logits, opts, u)
   return order[k] - 1
 end
 
+-- text_stream(tok) -> push(id) -> text, finish() -> text: incremental decoding for printing tokens as they come.
+-- push returns the new text that ends on a whole UTF-8 character; bytes of a character still incomplete (a
+-- byte-level token holds one byte of a multi-byte character) wait for the next push, and finish returns what is
+-- left. Only the tokens not yet fully printed are decoded again, so each push costs O(1) tokens. Relies on
+-- decode(a .. b) = decode(a) .. decode(b), true of byte-level vocabularies and byte-level BPE.
+local function utf8_complete(s)
+  -- the length of the prefix of s that does not end inside a multi-byte character
+  local n = #s
+  for back = 1, math.min(3, n) do
+    local c = s:byte(n - back + 1)
+    if c < 0x80 then return n end                            -- ASCII: complete
+    if c >= 0xC0 then                                        -- a lead byte: how many bytes does it need?
+      local need = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
+      if c >= 0xF8 then return n end                         -- not UTF-8: nothing to wait for
+      return back < need and n - back or n
+    end
+  end
+  return n                                                   -- only continuation bytes: print them as they are
+end
+
+function generate.text_stream(tok)
+  local pending, printed = {}, 0                             -- ids not fully printed; bytes of them printed
+  local function push(id)
+    pending[#pending + 1] = id
+    local text = tok:decode(pending)
+    local upto = utf8_complete(text)
+    local out = text:sub(printed + 1, upto)
+    if upto == #text then pending, printed = {}, 0 else printed = upto end
+    return out
+  end
+  local function finish()
+    if #pending == 0 then return "" end
+    local text = tok:decode(pending):sub(printed + 1)
+    pending, printed = {}, 0
+    return text
+  end
+  return push, finish
+end
+
 -- generate(model, tok, {prompt = "text" | {ids}, max_new_tokens = 100, temperature = 1, top_k, top_p,
---   seed = 0, stop = "<|endoftext|>" | false, window = model.cfg.max_seq_len})
+--   seed = 0, stop = "<|endoftext|>" | false, window = model.cfg.max_seq_len, on_token = function(id) end})
+-- on_token sees every new id as soon as it is drawn (the stop id is not passed), for streaming output.
 -- window bounds a growing (attention) cache; a model whose caches do not grow (model:cache_grows() is
 -- false: KDA only) keeps its whole context unless a window is given, at a per-token cost independent of it.
 -- -> text of the new tokens, the full id list
@@ -104,6 +144,7 @@ function generate.generate(model, tok, opts)
       local id = generate.sample(logits, opts, u[0])
       ids[#ids + 1] = id
       if stop_id and id == stop_id then break end
+      if opts.on_token then opts.on_token(id) end
       if step == n_new then break end
       if cache[1].pos >= window then
         prefill()
