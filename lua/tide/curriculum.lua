@@ -446,6 +446,7 @@ local function end_stage(C, result)
   if st.eval_tasks and C.cfg.evals then
     stage_evals = task_evals(C.ctx, C.cfg.evals)
     run.logger:line(require("tide.evals").table(stage_evals))
+    require("tide.results").log_evals(run.logger, stage_evals, run.step, C.cfg.name, st.name)
   end
   call_hooks(st, C.hooks, "on_stage_end", C.ctx, st)
   local mem = tide.memory()
@@ -466,6 +467,7 @@ end
 -- record, evals, hooks, the progress line; true when the run must stop
 local function stage_step(C, total_steps)
   local st, run = C.stages[C.si], C.run
+  C.eta_from = C.eta_from or { time = tide.time(), tokens = run.tokens }   -- the ETA's rate: this process's steps
   local batches = {}
   for i = 1, st.n_micro do batches[i] = C.packer:next_rows(st.micro_rows) end
   local rec = run:train_step(batches, curriculum.lr_at(st, C.stage_step))
@@ -476,11 +478,20 @@ local function stage_step(C, total_steps)
     do_eval(C, rec)
   end
   call_hooks(st, C.hooks, "on_step", C.ctx, rec)
+  require("tide.nn.moe").record_loads(rec, C.model)
   run:record(rec)
-  if run.step % (C.tcfg.log_every or 10) == 0 or C.stage_step == st.steps or rec.val_loss then
-    run.logger:line(fmt("[%s] %s", st.name, log.progress_text({ step = run.step, steps = total_steps, loss = rec.loss,
-      val_loss = rec.val_loss, lr = rec.lr, tok_per_s = rec.tok_per_s,
-      note = rec.skipped and ("skipped (non-finite " .. rec.nonfinite_tensor .. ")") or nil })))
+  -- a plain line every log_every steps, at a stage end and at an eval; on a terminal a live line between them
+  local logger = run.logger
+  local plain = run.step % (C.tcfg.log_every or 10) == 0 or C.stage_step == st.steps or rec.val_loss ~= nil
+  if plain or logger.tty then
+    local now, left = tide.time(), 0
+    for _, s in ipairs(C.stages) do left = left + s.steps * s.tokens_per_step end
+    left = left - run.tokens      -- ETA: the tokens still to train at this process's rate so far
+    local p = { stage = st.name, step = run.step, steps = total_steps, loss = rec.loss, val_loss = rec.val_loss,
+      lr = rec.lr, tok_per_s = rec.tok_per_s, elapsed = now - run.t_start,
+      eta = math.max(left, 0) * (now - C.eta_from.time) / math.max(run.tokens - C.eta_from.tokens, 1),
+      note = rec.skipped and ("skipped (non-finite " .. rec.nonfinite_tensor .. ")") or nil }
+    if plain then logger:line(log.progress_text(p)) else logger:progress(p) end
   end
   local ckpt_every = C.tcfg.ckpt_every or 0
   C.in_rollback = true       -- a rollback restores the checkpoint's own stage, not --stage's
@@ -541,6 +552,8 @@ local function run(cfg)
     r.moe = moe
   end
   r.moe = r.moe or (C.model.moe_metrics and C.model:moe_metrics() or {})
+  -- the eval and expert-load tables as JSONL event records, the run's summary in <out>/results.json
+  require("tide.results").finish_run(C.run, r, C.cfg, curriculum.check_result(C.cfg, r))
   logger:line(fmt("done: %d steps, %s tokens in %s, final loss %.4f%s", r.steps, log.si(r.tokens), log.duration(r.elapsed),
     r.final_loss, r.checkpoint and (", checkpoint " .. r.checkpoint) or ""))
   logger:close()

@@ -3,7 +3,7 @@
 --
 --   local rows = evals.run(model, { task = "passkey", lengths = {256, 1024}, depths = {0, 0.25, 0.5, 0.75, 1},
 --                                   examples = 20, batch = 4, seed = 1234, tokenizer = tok, ...task options })
---   rows[k] = { task, length, depth (passkey only), accuracy, exact, examples, labelled }
+--   rows[k] = { task, length, depth (passkey only), accuracy, exact, examples, labelled, seed }
 --   evals.table(rows) -> a markdown table
 --
 -- The example scored at length L is exactly the training document src:doc(i, L) of data/synthetic.lua (it starts
@@ -141,7 +141,7 @@ function evals.run(model, opts)
       for k, d in ipairs(depths) do
         local hits, labelled, exact = score(model, sources[k], L, examples, B, device)
         rows[#rows + 1] = { task = task, length = L, depth = d or nil, accuracy = hits / labelled,
-          exact = exact / examples, examples = examples, labelled = labelled }
+          exact = exact / examples, examples = examples, labelled = labelled, seed = src_opts.seed }
       end
     end
   end)

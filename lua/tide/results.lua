@@ -1,5 +1,6 @@
--- results.lua — benchmark and study results on disk: one JSON record and one Markdown table per run,
--- written atomically under a results directory (bench/results by default).
+-- results.lua — results on disk: for benchmarks and studies one JSON record and one Markdown table per run,
+-- written atomically under a results directory (bench/results by default); for a training run its final evals and
+-- expert-load table as event records in metrics.jsonl and a summary in <run>/results.json.
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -20,6 +21,127 @@ function results.write(dir, name, record, md, first)
     end
   end
   io.stderr:write(name .. ": wrote " .. dir .. "/" .. name .. ".json and " .. name .. ".md\n")
+end
+
+-- ---- a training run's results: event records in its metrics.jsonl and <run>/results.json --------------------
+
+-- eval_record(row, step, config, stage) -> one row of a task eval (tide.evals) in the JSONL's eval result shape
+-- (formats.md §5): task, T (the context length), acc, n (examples), seed, step; besides: source, depth (passkey),
+-- exact (share of examples with every label right), labelled (scored positions), config (the recipe's name), stage
+function results.eval_record(row, step, config, stage)
+  return { step = step, event = "eval", task = row.task, source = row.source, config = config, stage = stage,
+    T = row.length, depth = row.depth, acc = row.accuracy, exact = row.exact, n = row.examples,
+    labelled = row.labelled, seed = row.seed }
+end
+
+-- the TensorBoard tag of an eval record's accuracy: eval/<source>/acc/<T>[/depth_<d>] (exact: .../exact/...)
+function results.eval_tag(rec, what)
+  return string.format("eval/%s/%s/%d%s", rec.source or rec.task, what or "acc", rec.T,
+    rec.depth and string.format("/depth_%g", rec.depth) or "")
+end
+
+-- log_evals(logger, rows, step, config, stage) -> the records: one {"event": "eval"} JSONL record per row, its
+-- accuracy and exact match as TensorBoard scalars at the step
+function results.log_evals(logger, rows, step, config, stage)
+  local recs = {}
+  for i, row in ipairs(rows or {}) do
+    local rec = results.eval_record(row, step, config, stage)
+    logger:metrics(rec, { [results.eval_tag(rec)] = rec.acc, [results.eval_tag(rec, "exact")] = rec.exact })
+    recs[i] = rec
+  end
+  return recs
+end
+
+-- moe_rows(moe, maxvio_global) -> the expert-load table of a run's end, one row per MoE layer (0-based, in order):
+-- {layer, maxvio_batch (last step), maxvio_val (held-out tokens), dead_experts, b_std, b_min, b_max, load (per
+-- expert, the last step's tokens)}
+function results.moe_rows(moe, maxvio_global)
+  local ls = {}
+  for l in pairs(moe or {}) do ls[#ls + 1] = l end
+  table.sort(ls)
+  local rows = {}
+  for i, l in ipairs(ls) do
+    local mt = moe[l]
+    rows[i] = { layer = l, maxvio_batch = mt.maxvio_batch, maxvio_val = (maxvio_global or {})[l],
+      dead_experts = mt.dead_experts, b_std = mt.b_std, b_min = mt.b_min, b_max = mt.b_max,
+      load = type(mt.load) == "table" and json.array({ unpack(mt.load) }) or nil }
+  end
+  return rows
+end
+
+-- a {[layer] = v} table with JSON object keys ("0", "1", ...)
+local function by_layer(t)
+  if t == nil then return nil end
+  local out = {}
+  for l, v in pairs(t) do out[tostring(l)] = v end
+  return out
+end
+
+-- the stage_end records of a metrics file (a resumed run's result holds only the stages it finished itself)
+local function stage_ends(path)
+  local out = {}
+  local f = path and io.open(path, "rb")
+  if not f then return out end
+  for line in f:lines() do
+    if line:find('"event":"stage_end"', 1, true) then
+      local ok, r = pcall(json.decode, line)
+      if ok and type(r) == "table" and r.stage then out[#out + 1] = r end
+    end
+  end
+  f:close()
+  return out
+end
+
+-- finish_run(run, r, cfg, missed): the end of a curriculum run (tide.step Run, its result, its config, the lines
+-- of the expect bounds it misses) — the final task evals and the expert-load table as event records in the JSONL
+-- ({"event": "eval"} per row, {"event": "moe"} per MoE layer) and the whole summary in <out>/results.json, written
+-- atomically: name, step, tokens, elapsed_s, final_loss (mean of the last final_loss_n), stopped, checkpoint,
+-- stages (name, seq_len, steps, step, val_loss, maxvio_val by layer, mem_peak, tok_per_s, evals), evals, moe,
+-- expect, expect_missed. Returns the summary.
+function results.finish_run(run, r, cfg, missed)
+  local logger, step = run.logger, r.steps
+  local evals = results.log_evals(logger, r.evals, step, cfg.name)
+  local last = r.stages and r.stages[#r.stages] or {}
+  local moe = results.moe_rows(r.moe, last.maxvio_global)
+  for _, row in ipairs(moe) do
+    local rec = { step = step, event = "moe" }
+    for k, v in pairs(row) do rec[k] = v end
+    logger:metrics(rec, {})           -- its numbers are the step records' tags already
+  end
+  local stages, seen = {}, {}
+  local done_here = {}
+  for _, st in ipairs(r.stages or {}) do done_here[st.name] = st end
+  for _, e in ipairs(stage_ends(run.out and run.out .. "/metrics.jsonl")) do
+    if not seen[e.stage] then
+      seen[e.stage] = true
+      local st = done_here[e.stage] or {}
+      local mv = {}
+      for k, v in pairs(e) do
+        local l = k:match("^moe/maxvio_global/(%d+)$")
+        if l then mv[l] = v end
+      end
+      local stage_evals = {}
+      for i, row in ipairs(st.evals or {}) do stage_evals[i] = results.eval_record(row, e.step, cfg.name, e.stage) end
+      stages[#stages + 1] = { name = e.stage, step = e.step, seq_len = st.seq_len, steps = st.steps,
+        val_loss = e.val_loss, maxvio_val = next(mv) and mv or nil, mem_peak = st.mem_peak, tok_per_s = st.tok_per_s,
+        evals = #stage_evals > 0 and stage_evals or nil }
+    end
+  end
+  local summary = {
+    name = cfg.name, step = step, tokens = r.tokens, elapsed_s = r.elapsed, final_loss = r.final_loss,
+    final_loss_n = r.final_loss_n, stopped = r.stopped, checkpoint = r.checkpoint, skipped = r.skipped,
+    rollbacks = r.rollbacks, stages = json.array(stages), evals = json.array(evals), moe = json.array(moe),
+    expect = cfg.expect, expect_missed = json.array(missed or {}),
+  }
+  if run.out then
+    local path = run.out .. "/results.json"
+    local text = json.encode(summary, { first = { "name", "step", "tokens", "elapsed_s", "final_loss" } }) .. "\n"
+    if tide.C.tide_file_write_text_atomic(path, text) ~= 0 then
+      error("results: cannot write '" .. path .. "': " .. ffi.string(tide.C.tide_last_error()), 0)
+    end
+    logger:line("results: " .. path)
+  end
+  return summary
 end
 
 -- numbers(s) -> the integers in s ("8192,32768" or a number) as a list: the size lists of benchmark options

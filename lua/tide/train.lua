@@ -199,10 +199,11 @@ local function loop(cfg, model, d, run, micro)
       local line = step.moe_line(model, maxvio)
       if line then logger:line(line) end
     end
+    require("tide.nn.moe").record_loads(rec, model)
     run:record(rec)
     local now = tide.time()
     local p = { step = run.step, steps = steps, loss = rec.loss, lr = rec.lr, val_loss = rec.val_loss,
-      eta = (now - t_start) / done_here * (steps - run.step) }
+      elapsed = now - run.t_start, eta = (now - t_start) / done_here * (steps - run.step) }
     local plain_line = run.step % log_every == 0 or run.step == steps or rec.val_loss ~= nil
     if plain_line or logger.tty then
       p.tok_per_s = (tokens_per_step * (done_here - tokens_log)) / math.max(now - t_log, 1e-9)

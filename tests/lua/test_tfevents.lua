@@ -1,7 +1,8 @@
 -- tfevents: TensorBoard event files (formats.md §7, test oracle 5) — CRC32C and its masking, the two example records
 -- byte for byte and parsed back, the writer beside metrics.jsonl (log.open), restarts (a resumed run's new file
 -- starts a session at the step after the kept records), and the real tensorboard package's EventAccumulator reading
--- every scalar of a short curriculum run, a resume included (needs build/pyenv: scripts/test_deps.sh).
+-- every scalar of a short curriculum run (its final eval rows included), a resume too (needs build/pyenv:
+-- scripts/test_deps.sh).
 local T = require "tide.testing"
 local tide = require "tide"
 local ffi = require "ffi"
@@ -201,7 +202,17 @@ local function jsonl_scalars(path)
   local want = {}
   for line in io.lines(path) do
     local r = json.decode(line)
-    if type(r.step) == "number" then
+    if r.event == "eval" then
+      -- a task eval row: its accuracy and exact match under eval/<source>/{acc,exact}/<T>[/depth_<d>]
+      local results = require "tide.results"
+      for _, what in ipairs({ { "acc", r.acc }, { "exact", r.exact } }) do
+        local tag = results.eval_tag(r, what[1])
+        want[tag] = want[tag] or {}
+        want[tag][#want[tag] + 1] = { r.step, what[2] }
+      end
+    elseif r.event == "moe" then
+      -- the expert-load table of the run's end: JSONL only (its numbers are the step records' tags)
+    elseif type(r.step) == "number" then
       local nonfinite = {}
       for _, k in ipairs(r.nonfinite or {}) do nonfinite[k] = true end
       for k, v in pairs(r) do
@@ -249,6 +260,9 @@ T.test("tensorboard's EventAccumulator reads every scalar of a curriculum run, a
   curriculum.train(load({ ["train.out"] = out }))
   local tags, points = compare(out)
   T.ok(tags >= 20 and points >= 18 * 20, fmt("%d tags, %d points", tags, points))
+  local got = tensorboard_scalars(out)
+  T.eq(#got["eval/passkey/acc/128/depth_0.5"], 1, "the final eval rows are scalars too")
+  T.eq(got["eval/passkey/acc/128/depth_0.5"][1][1], 18)
   T.eq(#event_files(out), 1)
   -- resume at step 14: metrics.jsonl keeps steps <= 14, the new event file's session start drops the old 15-18
   local cfg = load({ ["train.out"] = out })

@@ -382,6 +382,19 @@ function MoE:metrics()
   return mt
 end
 
+-- record_loads(rec, model): the step's per-expert loads of every MoE layer of model into its metrics record, as
+-- rec["moe/load/<layer>"] = {tokens routed to expert 1, ..., expert n} (layer 0-based; top-k: they sum to k x the
+-- step's tokens): the expert-load heatmap of `tide plot`. A list, so JSONL only (TensorBoard takes the scalars).
+function MoE.record_loads(rec, model)
+  for l, mt in pairs(model.moe_metrics and model:moe_metrics() or {}) do
+    if type(mt.load) == "table" then
+      local load = {}
+      for j, v in ipairs(mt.load) do load[j] = v end
+      rec["moe/load/" .. l] = load
+    end
+  end
+end
+
 -- count_eval_loads(true) starts counting tokens per expert in eval-mode forwards; count_eval_loads(false) stops
 -- and returns {load = {...}, tokens = m, maxvio = (max_j load_j − q)/q} over everything routed in between (the
 -- §5 maxvio_global when the forwards were a fixed validation set)
