@@ -446,7 +446,7 @@ local function end_stage(C, result)
   if st.eval_tasks and C.cfg.evals then
     stage_evals = task_evals(C.ctx, C.cfg.evals)
     run.logger:line(require("tide.evals").table(stage_evals))
-    require("tide.results").log_evals(run.logger, stage_evals, run.step, C.cfg.name, st.name)
+    require("tide.results").log_evals(run.logger, stage_evals, run.step, C.cfg, st.name)
   end
   call_hooks(st, C.hooks, "on_stage_end", C.ctx, st)
   local mem = tide.memory()

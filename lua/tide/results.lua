@@ -25,12 +25,16 @@ end
 
 -- ---- a training run's results: event records in its metrics.jsonl and <run>/results.json --------------------
 
--- eval_record(row, step, config, stage) -> one row of a task eval (tide.evals) in the JSONL's eval result shape
--- (formats.md §5): task, T (the context length), acc, n (examples), seed, step; besides: source, depth (passkey),
--- exact (share of examples with every label right), labelled (scored positions), config (the recipe's name), stage
-function results.eval_record(row, step, config, stage)
-  return { step = step, event = "eval", task = row.task, source = row.source, config = config, stage = stage,
-    T = row.length, depth = row.depth, acc = row.accuracy, exact = row.exact, n = row.examples,
+-- eval_record(row, step, cfg, stage) -> one row of a task eval (tide.evals) in the JSONL's eval result shape
+-- (formats.md §5, as tide eval writes it): task, config (the recipe's name), T (the context length), D (mqar: the
+-- key-value pairs), acc, n (examples), seed, step; besides: source, depth (passkey), exact (share of examples with
+-- every label right), labelled (scored positions), stage (a stage end's evals)
+function results.eval_record(row, step, cfg, stage)
+  local src = ((cfg or {}).sources or {})[row.source or ""] or {}
+  local D
+  if row.task == "mqar" then D = src.num_pairs or require("tide.data.synthetic").MQAR_DEFAULTS.num_pairs end
+  return { step = step, event = "eval", task = row.task, source = row.source, config = (cfg or {}).name,
+    stage = stage, T = row.length, D = D, depth = row.depth, acc = row.accuracy, exact = row.exact, n = row.examples,
     labelled = row.labelled, seed = row.seed }
 end
 
@@ -40,12 +44,12 @@ function results.eval_tag(rec, what)
     rec.depth and string.format("/depth_%g", rec.depth) or "")
 end
 
--- log_evals(logger, rows, step, config, stage) -> the records: one {"event": "eval"} JSONL record per row, its
+-- log_evals(logger, rows, step, cfg, stage) -> the records: one {"event": "eval"} JSONL record per row, its
 -- accuracy and exact match as TensorBoard scalars at the step
-function results.log_evals(logger, rows, step, config, stage)
+function results.log_evals(logger, rows, step, cfg, stage)
   local recs = {}
   for i, row in ipairs(rows or {}) do
-    local rec = results.eval_record(row, step, config, stage)
+    local rec = results.eval_record(row, step, cfg, stage)
     logger:metrics(rec, { [results.eval_tag(rec)] = rec.acc, [results.eval_tag(rec, "exact")] = rec.exact })
     recs[i] = rec
   end
@@ -100,7 +104,7 @@ end
 -- expect, expect_missed. Returns the summary.
 function results.finish_run(run, r, cfg, missed)
   local logger, step = run.logger, r.steps
-  local evals = results.log_evals(logger, r.evals, step, cfg.name)
+  local evals = results.log_evals(logger, r.evals, step, cfg)
   local last = r.stages and r.stages[#r.stages] or {}
   local moe = results.moe_rows(r.moe, last.maxvio_global)
   for _, row in ipairs(moe) do
@@ -121,7 +125,7 @@ function results.finish_run(run, r, cfg, missed)
         if l then mv[l] = v end
       end
       local stage_evals = {}
-      for i, row in ipairs(st.evals or {}) do stage_evals[i] = results.eval_record(row, e.step, cfg.name, e.stage) end
+      for i, row in ipairs(st.evals or {}) do stage_evals[i] = results.eval_record(row, e.step, cfg, e.stage) end
       stages[#stages + 1] = { name = e.stage, step = e.step, seq_len = st.seq_len, steps = st.steps,
         val_loss = e.val_loss, maxvio_val = next(mv) and mv or nil, mem_peak = st.mem_peak, tok_per_s = st.tok_per_s,
         evals = #stage_evals > 0 and stage_evals or nil }

@@ -101,6 +101,12 @@ T.test("records carry per-expert loads; the final evals and expert loads are eve
       "curriculum_small", 1000003 })
     T.eq(e.acc, r.evals[i].accuracy)
   end
+  -- an mqar row names its key-value pairs as D (the source's num_pairs, as tide eval writes it)
+  local mq = require("tide.results").eval_record({ task = "mqar", source = "recall", length = 64, accuracy = 0.5,
+    exact = 0.25, examples = 8, labelled = 32, seed = 7 }, 18, cfg)
+  T.eq({ mq.event, mq.task, mq.config, mq.T, mq.D, mq.acc, mq.n, mq.seed }, { "eval", "mqar", "curriculum_small", 64, 4, 0.5,
+    8, 7 })
+  T.eq(require("tide.results").eval_tag(mq), "eval/recall/acc/64")
   T.eq(#moe, 2)
   for i, m in ipairs(moe) do
     local mt = r.moe[i - 1]
