@@ -125,9 +125,11 @@ function checkpoint.save(run_dir, step, parts)
     check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
   end
   if parts.keep then
-    local all = checkpoint.list(run_dir)
-    for i = 1, #all - parts.keep do
-      if all[i] ~= name then check(C.tide_remove_tree(ckdir .. "/" .. all[i]), "removing old " .. all[i]) end
+    -- the newest `keep` up to this step stay; checkpoints past it (a run resumed from an earlier step) are not pruned
+    local upto = {}
+    for _, n in ipairs(checkpoint.list(run_dir)) do if n <= name then upto[#upto + 1] = n end end
+    for i = 1, #upto - parts.keep do
+      check(C.tide_remove_tree(ckdir .. "/" .. upto[i]), "removing old " .. upto[i])
     end
   end
   return final

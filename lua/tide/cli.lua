@@ -18,9 +18,15 @@ usage: tide <command> [arguments]
 
   run RECIPE [--key=value ...]  load RECIPE (a Lua file returning a config table), apply the overrides,
                                 then call cfg.run(cfg) if the recipe defines it, else tide.train(cfg)
-      --a.b=value               set field b of table a; the key must exist in the recipe; the value is
-                                read as a number, true/false, or else a string ("quotes" keep a string)
+      --a.b=value               set field b of table a: a key of the recipe or of the config schema
+                                (--train.quiet=true, --model.norm_eps=1e-6); array elements by position or
+                                by name (--stages.s128.steps=20; that stage's warmup scales with its steps);
+                                the value is read as a number, true/false, or else a string ("quotes" keep it)
+      --help                    list the recipe's keys with their values (tide run alone lists the recipes)
       --resume[=DIR]            cfg.resume = true (continue from the last checkpoint) or a checkpoint/run dir
+      --overwrite               start afresh in an output directory that holds another run (its files are
+                                removed first); without it such a run is refused
+      --check                   fail (exit 1) when the recipe's `expect` bounds are missed (else a warning)
       --dry-run                 load and patch the recipe, print its plan (a curriculum) or the resulting
                                 config, run nothing
       --stage=NAME              (curricula) start at stage NAME, from the --resume checkpoint if given
@@ -46,7 +52,8 @@ function M.usage()
 end
 
 -- top-level keys a flag may set even when the recipe does not define them
-M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true }
+M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true,
+  overwrite = true, check = true }
 
 local UsageError = { __tostring = function(e) return e.msg end }
 -- one line whatever the user typed: control characters echoed from an argument are shown escaped
@@ -133,16 +140,69 @@ local function unknown_key(path, node, where, key)
     at, #keys > 0 and table.concat(keys, ", ") or "none"))
 end
 
+-- node's key for the text s: the key itself, its number (array index), or the index of the element named s
+-- (--stages.s128.steps: stages are addressed by their name as well as by their position)
 local function existing_key(node, s)
   if node[s] ~= nil then return s end
   local n = tonumber(s)
   if n and node[n] ~= nil then return n end
+  for i, v in ipairs(node) do
+    if type(v) == "table" and v.name == s then return i end
+  end
   return nil
 end
 
--- cfg[path] = value for "a.b.c"; the key must exist (or be a top-level flag); the new value must have
--- the old value's type (a string field takes the text as it is)
-function M.patch(cfg, path, text)
+local function unknown_key_with(path, node, where, key, allowed)
+  local merged = {}
+  for k, v in pairs(node) do merged[k] = v end
+  for k in pairs(allowed or {}) do if merged[k] == nil then merged[k] = true end end
+  unknown_key(path, merged, where, key)
+end
+
+-- the key path with array elements named by position (stages.s128.lr.warmup -> stages.1.lr.warmup)
+function M.canonical_key(cfg, path)
+  local parts, node = {}, cfg
+  for p in path:gmatch("[^.]+") do
+    local k = type(node) == "table" and existing_key(node, p) or nil
+    parts[#parts + 1] = k and tostring(k) or p
+    node = k and node[k] or nil
+  end
+  return table.concat(parts, ".")
+end
+
+-- warmups that a shortened (or lengthened) run scales with its steps, unless the command line sets them too:
+-- a curriculum stage's lr.warmup, tide.train's schedule.warmup / decay_start / decay_end
+local function scale_with_steps(cfg, node, parts, old, new, explicit, notes)
+  if type(old) ~= "number" or old <= 0 or type(new) ~= "number" or new == old then return end
+  local prefix = table.concat(parts, ".", 1, #parts - 1)
+  local targets = {}
+  if type(node.lr) == "table" then
+    targets[#targets + 1] = { t = node.lr, k = "warmup", path = prefix .. ".lr.warmup", below = new }
+  elseif #parts == 2 and parts[1] == "train" and type(cfg.schedule) == "table" then
+    for _, k in ipairs({ "warmup", "decay_start", "decay_end" }) do
+      targets[#targets + 1] = { t = cfg.schedule, k = k, path = "schedule." .. k, below = k == "warmup" and new or new + 1 }
+    end
+  end
+  for _, x in ipairs(targets) do
+    local v = x.t[x.k]
+    if type(v) == "number" and not explicit[M.canonical_key(cfg, x.path)] then
+      local scaled = math.floor(v * new / old + 0.5)
+      if scaled >= x.below then scaled = math.max(x.below - 1, 0) end
+      if scaled ~= v then
+        x.t[x.k] = scaled
+        notes[#notes + 1] = string.format("note: %s %d -> %d (scaled with %s %d -> %d; set --%s to choose)", x.path, v,
+          scaled, table.concat(parts, "."), old, new, x.path)
+      end
+    end
+  end
+end
+
+-- cfg[path] = value for "a.b.c"; the key must exist in the recipe or in the config schema (tide.schema), or be a
+-- top-level flag; the new value must have the old value's type (a string field takes the text as it is).
+-- opts = {explicit = set of the paths the command line sets, notes = array the scaling notes go to}
+function M.patch(cfg, path, text, opts)
+  opts = opts or {}
+  local schema = require "tide.schema"
   local value = text == nil and true or M.parse_value(text)
   local parts = {}
   for p in path:gmatch("[^.]+") do parts[#parts + 1] = p end
@@ -152,7 +212,15 @@ function M.patch(cfg, path, text)
   local node, where = cfg, ""
   for i = 1, #parts - 1 do
     local k = existing_key(node, parts[i])
-    if k == nil then unknown_key(path, node, where, parts[i]) end
+    if k == nil then
+      local allowed = schema.keys(cfg, { unpack(parts, 1, i - 1) })
+      if allowed and allowed[parts[i]] and schema.TABLES[parts[i]] ~= nil then
+        node[parts[i]] = {}
+        k = parts[i]
+      else
+        unknown_key_with(path, node, where, parts[i], allowed)
+      end
+    end
     where = where == "" and parts[i] or (where .. "." .. parts[i])
     if type(node[k]) ~= "table" then
       usage_error(string.format("recipe key '%s' is a %s, not a table, so '%s' cannot be set", where, type(node[k]), path))
@@ -166,7 +234,12 @@ function M.patch(cfg, path, text)
       cfg[last] = value
       return
     end
-    unknown_key(path, node, where, last)
+    local allowed = schema.keys(cfg, { unpack(parts, 1, #parts - 1) })
+    if allowed and allowed[last] then
+      node[last] = value     -- a schema key the recipe leaves at its default; the driver checks the value
+      return
+    end
+    unknown_key_with(path, node, where, last, allowed)
   end
   local old = node[k]
   local t = type(old)
@@ -186,6 +259,7 @@ function M.patch(cfg, path, text)
     usage_error(string.format("recipe key '%s' is a %s and cannot be set from the command line", path, t))
   end
   node[k] = value
+  if last == "steps" then scale_with_steps(cfg, node, parts, old, value, opts.explicit or {}, opts.notes or {}) end
 end
 
 -- a readable Lua rendering of a config table (sorted keys), for --dry-run
@@ -341,15 +415,94 @@ function M.load_recipe(path, overrides)
   if type(cfg) ~= "table" then
     usage_error(string.format("recipe '%s' must return a config table, got %s", path, type(cfg)))
   end
-  for _, o in ipairs(overrides or {}) do M.patch(cfg, o.key, o.text) end
-  return cfg
+  -- the paths the command line names (by position: --stages.s128.lr.warmup names stages.<i>.lr.warmup)
+  local explicit, notes = {}, {}
+  for _, o in ipairs(overrides or {}) do explicit[M.canonical_key(cfg, o.key)] = true end
+  for _, o in ipairs(overrides or {}) do M.patch(cfg, o.key, o.text, { explicit = explicit, notes = notes }) end
+  return cfg, notes
+end
+
+-- the shipped recipes (recipes/*.lua) with the first sentence of each one's header comment
+function M.recipe_list()
+  local dir = root .. "/recipes"
+  local p = io.popen("ls -1 " .. shell_quote(dir) .. " 2>/dev/null")
+  local rows = {}
+  for name in (p and p:lines() or function() end) do
+    if name:match("%.lua$") then
+      local f = io.open(dir .. "/" .. name, "r")
+      local text = {}
+      for line in (f and f:lines() or function() end) do
+        local c = line:match("^%-%-%s?(.*)$")
+        if not c or c == "" then break end
+        text[#text + 1] = c
+      end
+      if f then f:close() end
+      local about = table.concat(text, " "):gsub("^[%w_]+%.lua%s+—%s+", "")
+      about = about:match("^(.-%.)%s") or about
+      if #about > 96 then about = about:sub(1, 96):gsub("%s+%S*$", "") .. " …" end
+      rows[#rows + 1] = { name = "recipes/" .. name, about = about }
+    end
+  end
+  if p then p:close() end
+  return rows
+end
+
+-- tide run R --help: every key the recipe sets, with its value, as the --key=value that would set it
+function M.recipe_help(path, cfg)
+  local lines = { "tide run " .. path .. " [--key=value ...]; the recipe's keys and their values:" }
+  local function walk(v, prefix, seen)
+    if type(v) ~= "table" or seen[v] then
+      if type(v) ~= "function" and type(v) ~= "table" then
+        lines[#lines + 1] = string.format("  --%s=%s", prefix, type(v) == "string" and v or tostring(v))
+      end
+      return
+    end
+    seen[v] = true
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      if type(a) == type(b) then return a < b end
+      return type(a) == "number"
+    end)
+    for _, k in ipairs(keys) do
+      local name = (type(v[k]) == "table" and v[k].name and type(k) == "number") and v[k].name or tostring(k)
+      walk(v[k], prefix == "" and name or (prefix .. "." .. name), seen)
+    end
+  end
+  walk(cfg, "", {})
+  lines[#lines + 1] = "  (any other key of the config schema may be set too, e.g. --train.quiet=true; flags: --resume[=DIR]"
+  lines[#lines + 1] = "   --overwrite --check --dry-run --out=DIR --seed=N --threads=N; curricula: --stage=NAME --scale=NAME)"
+  return table.concat(lines, "\n")
 end
 
 function M.run(args)
   local path, overrides = M.parse_run_args(args)
-  if not path then usage_error("tide run: which recipe? usage: tide run RECIPE [--key=value ...]") end
-  local cfg = M.load_recipe(path, overrides)
+  if not path then
+    local rows = M.recipe_list()
+    local out = { "usage: tide run RECIPE [--key=value ...]   (tide run RECIPE --help lists a recipe's keys)", "",
+      "shipped recipes:" }
+    for _, r in ipairs(rows) do out[#out + 1] = string.format("  %-28s %s", r.name, r.about) end
+    print(table.concat(out, "\n"))
+    return 0
+  end
+  local help = false
+  for i = #overrides, 1, -1 do
+    if overrides[i].key == "help" or overrides[i].key == "h" then help = true; table.remove(overrides, i) end
+  end
+  local cfg, notes = M.load_recipe(path, overrides)
+  if help then
+    print(M.recipe_help(path, cfg))
+    return 0
+  end
+  for _, n in ipairs(notes or {}) do print(n) end
   local tide = require "tide"
+  local options = require "tide.options"
+  local function flag(name, check)
+    local ok, err = pcall(check, cfg[name], "--" .. name, nil, 0)
+    if not ok then usage_error(tostring(err)) end
+  end
+  if cfg.threads ~= nil then flag("threads", options.pos_int) end
+  if cfg.seed ~= nil then flag("seed", options.seed) end
   if cfg.threads then tide.set_num_threads(cfg.threads) end
   if cfg.seed then tide.manual_seed(cfg.seed) end
   if cfg.dry_run and type(cfg.plan) == "function" then

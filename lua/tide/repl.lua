@@ -101,7 +101,8 @@ function M.help(x)
     print([[
 tide repl: Lua with the tide library loaded as `tide` (and `F` = tide.F).
   expressions print their value; `=expr` too; `_` holds the last value
-  help(tide.zeros), help(F), help(t) for a tensor, help("t:sum"), help("tide.nn.Linear")
+  help(tide.zeros), help(F), help(t) for a tensor, help("t:sum"), help(tide.nn.HybridLM) (constructor keys)
+  Ctrl-C stops a running command and keeps your variables (Lua runs interpreted here; jit.on() compiles)
   tide.info()  tide.memory()  tide.manual_seed(1)
   Ctrl-D leaves]])
     return
@@ -128,6 +129,10 @@ tide repl: Lua with the tide library loaded as `tide` (and `F` = tide.F).
   end
   if type(x) == "table" and x.__doc ~= nil then
     print(x.__doc)
+    return
+  end
+  if M.is_class(x) then
+    print(M.class_help(x))
     return
   end
   for name, text in pairs(M.docs) do
@@ -158,6 +163,65 @@ tide repl: Lua with the tide library loaded as `tide` (and `F` = tide.F).
     return
   end
   print("no documentation for this " .. type(x))
+end
+
+-- ---- classes ------------------------------------------------------------------------------------------
+-- a Module class (nn.HybridLM), not an instance of one: classes carry their own __name and init
+function M.is_class(x)
+  return type(x) == "table" and type(rawget(x, "__name")) == "string" and type(rawget(x, "init")) == "function"
+end
+
+-- the comment block right above `function Class:init` in its source file: the constructor's signature and
+-- description, as the code documents it
+local function init_comment(cls)
+  local info = debug.getinfo(cls.init, "S")
+  local path = info and info.source and info.source:match("^@(.*)$")
+  if not path then return {} end
+  local lines, f = {}, io.open(path, "r")
+  if not f then return {} end
+  for line in f:lines() do lines[#lines + 1] = line end
+  f:close()
+  local out = {}
+  for i = info.linedefined - 1, 1, -1 do
+    local c = lines[i] and lines[i]:match("^%s*%-%-%s?(.*)$")
+    if not c then break end
+    table.insert(out, 1, c)
+  end
+  return out
+end
+
+-- help(Class): the constructor from its comment, then every key it accepts with its default
+function M.class_help(cls)
+  local out = {}
+  local doc = init_comment(cls)
+  if #doc == 0 then out[1] = cls.__name .. "(...)" end
+  for i = 1, math.min(#doc, 6) do out[#out + 1] = doc[i] end
+  if #doc > 6 then out[#out + 1] = "..." end
+  local keys, defaults = {}, rawget(cls, "DEFAULTS") or {}
+  local seen = {}
+  for _, set in ipairs({ rawget(cls, "KEYS") or {}, defaults }) do
+    for k in pairs(set) do
+      if type(k) == "string" and not seen[k] then seen[k] = true; keys[#keys + 1] = k end
+    end
+  end
+  table.sort(keys)
+  if #keys > 0 then
+    out[#out + 1] = "keys (default):"
+    local row = {}
+    for _, k in ipairs(keys) do
+      local d = defaults[k]
+      row[#row + 1] = d == nil and k or (k .. " = " .. (type(d) == "table" and "{...}" or
+        (type(d) == "string" and string.format("%q", d) or tostring(d))))
+    end
+    -- a few per line
+    local line = " "
+    for _, item in ipairs(row) do
+      if #line + #item + 2 > 110 then out[#out + 1] = line; line = " " end
+      line = line .. " " .. item .. ","
+    end
+    out[#out + 1] = line:gsub(",$", "")
+  end
+  return table.concat(out, "\n")
 end
 
 -- ---- printing -----------------------------------------------------------------------------------------
@@ -207,8 +271,33 @@ function M.completion_words(env)
       end
     end
   end
+  -- the methods of module instances (m:forward) and of classes' instances' methods listed on the class
+  local function add_methods(prefix, v)
+    local mt = getmetatable(v)
+    local cls, depth = mt and rawget(mt, "__index"), 0
+    while type(cls) == "table" and depth < 8 do
+      for m, f in pairs(cls) do
+        if type(m) == "string" and type(f) == "function" and not m:match("^_") then add(prefix .. ":" .. m) end
+      end
+      local m2 = getmetatable(cls)
+      cls, depth = m2 and rawget(m2, "__index"), depth + 1
+    end
+  end
+  for k, v in pairs(env) do
+    if type(k) == "string" and type(v) == "table" and not M.is_class(v) and getmetatable(v) then add_methods(k, v) end
+  end
   add_fields("", env, 0)
-  if ok then add_fields("tide.", tide, 1) end
+  if ok then
+    add_fields("tide.", tide, 1)
+    -- submodules load on first use; completing `tide.nn.` loads them (once) so their names are there at once
+    for name in pairs(tide.submodules or {}) do
+      add("tide." .. name)
+      if name ~= "repl" and name ~= "cli" then
+        local lok, m = pcall(function() return tide[name] end)
+        if lok and type(m) == "table" then add_fields("tide." .. name .. ".", m, 1) end
+      end
+    end
+  end
   for _, kw in ipairs { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
                         "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" } do
     add(kw)
@@ -309,7 +398,15 @@ function M.start()
   env.tide = tide
   env.F = tide.F
   env.help = M.help
-  print(string.format("tide %s  (%s) -- help() for help, Ctrl-D to leave", tide.version, jit.version))
+  -- JIT-compiled loops never reach a debug hook, so Ctrl-C could not stop them: the REPL runs Lua interpreted (the
+  -- engine's kernels are C either way); TIDE_REPL_JIT=1 or jit.on() compiles again, and a compiled loop then runs
+  -- on through Ctrl-C (a second one ends the REPL)
+  if os.getenv("TIDE_REPL_JIT") ~= "1" then
+    jit.off()
+    jit.flush()
+  end
+  print(string.format("tide %s  (%s) -- help() for help, Ctrl-C stops a command, Ctrl-D to leave", tide.version,
+    jit.version))
   if host then ffi.C.tide_host_catch_interrupts(1) end
   local buffer = nil
   while true do

@@ -11,6 +11,7 @@ local schedule = {}
 
 local KINDS = { wsd = true, cosine = true, constant = true }
 local KEYS = { kind = true, warmup = true, decay_start = true, decay_end = true, min_lr = true, decay = true }
+schedule.KEYS = KEYS
 
 local function check_int(name, v, lo) options.int_at_least(v, lo, name, "schedule") end
 

@@ -84,6 +84,8 @@ local function plain(v)
 end
 step.plain = plain
 
+local function C_is_dir(path) return tide.C.tide_is_dir(path) end
+
 local function moe_layers(model) return model.moe_layers and model:moe_layers() or {} end
 step.moe_layers = moe_layers
 
@@ -503,9 +505,79 @@ function Run:restore(dir)
   return st
 end
 
--- open(resume) -> the restored state or nil: resume (true = this run directory, or a path) or a fresh run; then
--- the metrics file (truncated after the resumed step, or started anew) and config.json
-function Run:open(resume)
+-- the files and directories a run writes into its directory (a TensorBoard events.out.tfevents.* file too): a fresh
+-- run finds none of them, or the directory belongs to another run
+step.RUN_FILES = { "metrics.jsonl", "config.json", "ckpt", "results.json", "report.html" }
+
+if not pcall(function() return ffi.C.close end) then pcall(ffi.cdef, "int close(int fd);") end
+local function is_regular(path)
+  if tide.C.tide_path_exists(path) ~= 1 then return false end
+  local fd = tide.C.tide_open_regular(path, "file", nil)
+  if fd < 0 then return false end
+  ffi.C.close(fd)
+  return true
+end
+
+-- run_files(out) -> the names of another run's files found in out (sorted; empty when there are none)
+function step.run_files(out)
+  local found = {}
+  for _, name in ipairs(step.RUN_FILES) do
+    local path = out .. "/" .. name
+    -- a run's own files are regular (ckpt a directory); anything else in their place is not a run's (a FIFO
+    -- config.json is replaced by the atomic write, a FIFO metrics.jsonl refused when it is opened)
+    if name == "ckpt" and tide.C.tide_is_dir(path) == 1 or name ~= "ckpt" and is_regular(path) then
+      found[#found + 1] = name
+    end
+  end
+  local n = ffi.new("size_t[1]")
+  local raw = tide.C.tide_list_dir(out, n)
+  if raw ~= nil then
+    local names = ffi.string(raw, n[0])
+    tide.C.tide_free(raw)
+    for name in names:gmatch("([^%z]+)%z") do
+      if name:match("^events%.out%.tfevents%.") then found[#found + 1] = name end
+    end
+  end
+  table.sort(found)
+  return found
+end
+
+-- a fresh run into a directory that holds another run: refused, or (overwrite) that run's files are removed first
+local function claim(self, out, overwrite, why)
+  local found = step.run_files(out)
+  if #found == 0 then return end
+  if not overwrite then
+    local ck = checkpoint.list(out) or {}
+    local shown = {}
+    for i, name in ipairs(found) do
+      shown[i] = name == "ckpt" and fmt("ckpt/ with %d checkpoint%s", #ck, #ck == 1 and "" or "s") or name
+    end
+    options.fail(self.driver, fmt("'%s' holds another run (%s)%s; continue it with --resume, replace it with --overwrite, "
+      .. "or choose another --out", out, table.concat(shown, ", "), why or ""), 0)
+  end
+  for _, name in ipairs(found) do
+    if tide.C.tide_remove_tree(out .. "/" .. name) ~= 0 then
+      options.fail(self.driver, fmt("--overwrite: cannot remove %s/%s: %s", out, name, ffi.string(tide.C.tide_last_error())), 0)
+    end
+  end
+  self.logger:line(fmt("overwrite: removed the previous run in %s (%s)", out, table.concat(found, ", ")))
+end
+
+-- true when path (a checkpoint directory) lies inside the run directory out (both exist)
+if not pcall(function() return ffi.C.realpath end) then pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);") end
+local function inside(path, out)
+  local function real(p)
+    local buf = ffi.new("char[4097]")
+    return ffi.C.realpath(p, buf) ~= nil and ffi.string(buf) or p
+  end
+  local rp, ro = real(path), real(out)
+  return rp:sub(1, #ro + 1) == ro .. "/"
+end
+
+-- open(resume, overwrite) -> the restored state or nil: resume (true = this run directory, or a path) or a fresh run;
+-- then the metrics file (truncated after the resumed step, or started anew) and config.json. A fresh run never
+-- writes into another run's directory unless overwrite says so; nothing of another run is pruned.
+function Run:open(resume, overwrite)
   local out, st = self.out, nil
   if out then
     for _, note in ipairs(checkpoint.recover(out)) do self.logger:line(note) end
@@ -516,13 +588,33 @@ function Run:open(resume)
       if not out then options.fail(self.driver, "resume = true needs train.out (the run directory)", 0) end
       target = out
     end
-    local dir = checkpoint.resolve(target)
+    if C_is_dir(target) ~= 1 then
+      options.fail(self.driver, fmt("--resume: '%s' does not exist (a run directory or a checkpoint directory)", target), 0)
+    end
+    local ok, dir = pcall(checkpoint.resolve, target)
+    if not ok then
+      options.fail(self.driver, fmt("--resume: %s", tostring(dir):gsub("^checkpoint: ", "")) .. (target == out
+        and "; start the run without --resume" or ""), 0)
+    end
+    if out and not inside(dir, out) then
+      claim(self, out, overwrite, fmt(", and --resume=%s is not one of its checkpoints", tostring(resume)))
+    end
     st = self:restore(dir)
     self.resumed_from = dir
     self.start_step = self.step
-    if out then step.truncate_metrics(out .. "/metrics.jsonl", self.step) end
+    if out then
+      local later = {}
+      for _, name in ipairs(checkpoint.list(out) or {}) do
+        if tonumber(name:match("^step_(%d+)$") or -1) > self.step then later[#later + 1] = name end
+      end
+      if #later > 0 then
+        self.logger:line(fmt("note: resuming at step %d of a run that went further (%s): those checkpoints are kept "
+          .. "and replaced as this run reaches their steps", self.step, table.concat(later, ", ")))
+      end
+      step.truncate_metrics(out .. "/metrics.jsonl", self.step)
+    end
   elseif out then
-    os.remove(out .. "/metrics.jsonl")
+    claim(self, out, overwrite)
   end
   if out then
     self.logger = log.open({ path = out .. "/metrics.jsonl", quiet = self.quiet })

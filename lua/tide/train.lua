@@ -39,7 +39,7 @@ local TOP = {
   name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true,
   sample = true, on_nonfinite = true, resume = true, run = true, loss = true, expect = true,
   -- set by the command line (--out, --seed, --threads, --dry-run); they override train.out/seed/threads
-  out = true, seed = true, threads = true, dry_run = true,
+  out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true,
 }
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
 local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true }
@@ -237,8 +237,9 @@ local function report(cfg, r, d, logger)
   local expect = cfg.expect and cfg.expect.final_loss_below
   if expect and not r.stopped then
     r.expect_met = r.final_loss < expect
-    logger:line(fmt("final loss %.4f %s the expected bound %.4f", r.final_loss,
-      r.expect_met and "is below" or "is NOT below", expect))
+    logger:line(fmt("final loss %.4f %s the expected bound %.4f%s", r.final_loss,
+      r.expect_met and "is below" or "is NOT below", expect,
+      (r.expect_met or cfg.check) and "" or " (a warning; --check makes a missed bound fail the run)"))
   end
   if cfg.sample and not r.stopped then
     local sc = cfg.sample
@@ -259,7 +260,7 @@ end
 local function train(cfg)
   validate(cfg)
   local model, d, run, micro = setup(cfg)
-  local st = run:open(cfg.resume)
+  local st = run:open(cfg.resume, cfg.overwrite)
   if st then run.logger:line(fmt("resumed from %s at step %d", run.resumed_from, run.step)) end
   run.logger:line(fmt("model: %s", model:extra_repr()))
   run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or ""))
@@ -269,12 +270,14 @@ local function train(cfg)
   return r
 end
 
--- the `tide run` entry: exit code 0, or 1 when the run stopped early (non-finite policy) or missed its bound
+-- the `tide run` entry: exit code 0, or 1 when the run stopped early (non-finite policy) or, with --check (the test
+-- suite's runs), missed its bound
 local function run_cfg(cfg)
   local r = train(cfg)
-  return (r.stopped or r.expect_met == false) and 1 or 0
+  return (r.stopped or (cfg.check and r.expect_met == false)) and 1 or 0
 end
 
 -- rng_get/rng_set and truncate_metrics stay reachable here for older callers; they live in tide.step
+-- KEYS: the config schema's key sets (tide.schema: what the command line may set beyond what a recipe spells out)
 return setmetatable({ run = run_cfg, train = train, rng_get = step.rng_get, rng_set = step.rng_set,
-  truncate_metrics = step.truncate_metrics }, { __call = function(_, c) return train(c) end })
+  truncate_metrics = step.truncate_metrics, KEYS = { top = TOP, sections = SECTIONS, packed = PACKED } }, { __call = function(_, c) return train(c) end })

@@ -132,7 +132,8 @@ T.test("an unknown recipe key is an error naming the key and the known ones", fu
   T.eq(code, 1, out)
   contains(out, "unknown recipe key 'model.dimm'")
   contains(out, "did you mean 'model.dim'?")
-  contains(out, "known keys at model: dim, n_layers, name")
+  contains(out, "known keys at model: device, dim, dtype")   -- the recipe's keys and the model schema's
+  contains(out, "n_layers, name, norm")
   local out2, code2 = tide_cmd("run " .. path .. " --optimizer.lr=1")
   T.eq(code2, 1, out2)
   contains(out2, "unknown recipe key 'optimizer.lr'")
@@ -154,9 +155,9 @@ T.test("a missing recipe file is a clear error", function()
   local out, code = tide_cmd("run " .. tmpdir .. "/no_such_recipe.lua")
   T.eq(code, 1, out)
   contains(out, "cannot open recipe '" .. tmpdir .. "/no_such_recipe.lua': No such file or directory")
-  local out2, code2 = tide_cmd("run")
-  T.eq(code2, 1, out2)
-  contains(out2, "which recipe?")
+  local out2, code2 = tide_cmd("run")         -- no recipe: the usage and the shipped recipes
+  T.eq(code2, 0, out2)
+  contains(out2, "usage: tide run RECIPE")
 end)
 
 T.test("a recipe that returns no table is an error", function()
@@ -264,6 +265,109 @@ T.test("parse_flags: typed command options, --a-b = --a_b, -o, one-line errors n
   local e = err({ "--top-q=3" })
   T.ok(e:find("unknown option '--top_q'", 1, true) and e:find("--temperature", 1, true), e)
   T.ok(not e:find("\n"), "one line")
+end)
+
+T.test("override UX: stages by name, warmups scaled with steps, schema keys, --help, recipe list, one-line errors", function()
+  -- a stage addressed by name; its warmup follows a shortened steps unless set too
+  local cfg, notes = cli.load_recipe("recipes/quickstart.lua", { { key = "stages.s128.steps", text = "20" } })
+  T.eq(cfg.stages[1].steps, 20)
+  T.eq(cfg.stages[1].lr.warmup, 3, "20 x 20/150 rounds to 3")
+  T.ok(notes[1] and notes[1]:find("stages.s128.lr.warmup 20 -> 3", 1, true), tostring(notes[1]))
+  cfg, notes = cli.load_recipe("recipes/quickstart.lua", { { key = "stages.1.steps", text = "20" },
+    { key = "stages.s128.lr.warmup", text = "7" } })
+  T.eq({ cfg.stages[1].steps, cfg.stages[1].lr.warmup, #notes }, { 20, 7, 0 }, "an explicit warmup wins, by either name")
+  -- tide.train: the schedule's warmup and decay window follow train.steps
+  cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.steps", text = "60" } })
+  T.eq({ cfg.schedule.warmup, cfg.schedule.decay_start, cfg.schedule.decay_end }, { 3, 48, 60 })
+  -- keys of the schema the recipe does not spell out
+  cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.quiet", text = "true" }, { key = "model.norm_eps", text = "1e-6" } })
+  T.eq({ cfg.train.quiet, cfg.model.norm_eps }, { true, 1e-6 })
+  cfg = cli.load_recipe("recipes/quickstart.lua", { { key = "model.moe.qb_rate", text = "0.5" } })
+  T.eq(cfg.model.moe.qb_rate, 0.5)
+  local ok, e = pcall(cli.load_recipe, "recipes/dense.lua", { { key = "train.quite", text = "true" } })
+  T.ok(not ok and tostring(e):find("did you mean 'train.quiet'", 1, true), tostring(e))
+  ok, e = pcall(cli.load_recipe, "recipes/quickstart.lua", { { key = "stages.s999.steps", text = "2" } })
+  T.ok(not ok and tostring(e):find("unknown recipe key 'stages.s999.steps'", 1, true), tostring(e))
+  -- the command line itself
+  local out, code = tide_cmd("run recipes/dense.lua --help")
+  T.eq(code, 0, out)
+  contains(out, "--train.steps=600")
+  contains(out, "--optim.lr=")
+  out, code = tide_cmd("run")
+  T.eq(code, 0, out)
+  contains(out, "recipes/quickstart.lua")
+  contains(out, "recipes/dense.lua")
+  out, code = tide_cmd("run recipes/dense.lua --seed=abc")
+  T.eq(code, 1)
+  T.eq(out, "tide: --seed must be an integer in [0, 2^32), got abc\n")
+  out, code = tide_cmd("run recipes/dense.lua --threads=0")
+  T.eq(code, 1)
+  T.eq(out, "tide: --threads must be a positive integer, got 0\n")
+  out, code = tide_cmd("run recipes/dense.lua --resume --out=" .. tmpdir .. "/never")
+  T.eq(code, 1)
+  T.ok(out:match("^tide: train: %-%-resume: no checkpoint under '[^\n]*never'.*start the run without %-%-resume\n$"), out)
+end)
+
+T.test("REPL on a terminal: Ctrl-C stops a running Lua loop, the variables stay; completion; help(Class)", function()
+  -- a pseudo-terminal (the interrupt handler is installed only on one), driven by the system Python's pty module
+  local driver = write("pty_repl.py", [=[
+import os, pty, sys, time, select, signal
+exe = sys.argv[1]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(exe, [exe, "repl"])
+out, mark = b"", 0
+def read_until(token, timeout):
+    # waits for token in what arrived since the last match (so each prompt is a new one)
+    global out, mark
+    end = time.time() + timeout
+    while time.time() < end:
+        i = out.find(token, mark)
+        if i >= 0:
+            mark = i + len(token)
+            return True
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            out += chunk
+    return False
+ok = read_until(b"> ", 20)
+os.write(fd, b"keep = 41; n = 0; while true do n = n + 1 end\n")
+time.sleep(1.0)
+os.write(fd, b"\x03")
+stopped = read_until(b"interrupted", 10) and read_until(b"> ", 5)
+os.write(fd, b"=keep + 1, n > 1000\n")
+alive = read_until(b"42\ttrue", 10) and read_until(b"> ", 5)
+os.write(fd, b"help(tide.nn.MoE)\n")
+helped = read_until(b'estimator = "auto"', 10) and read_until(b"> ", 5)
+os.write(fd, b"\x04")
+code = None
+for _ in range(100):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        code = os.WEXITSTATUS(status)
+        break
+    read_until(b"never", 0.1)
+    time.sleep(0.1)
+if code is None:
+    os.kill(pid, signal.SIGKILL)
+print("prompt", ok, "stopped", stopped, "alive", alive, "help", helped, "exit", code)
+]=])
+  local p = io.popen("timeout 90 /usr/bin/python3 '" .. driver .. "' '" .. exe .. "' 2>&1")
+  local out = p:read("*a")
+  p:close()
+  T.eq(out, "prompt True stopped True alive True help True exit 0\n", "the REPL session")
+  -- completion: lazily loaded submodules and the methods of module instances
+  local repl = require "tide.repl"
+  local words = "\n" .. repl.completion_words({ m = require("tide").nn.Linear(2, 3) }) .. "\n"
+  for _, w in ipairs({ "tide.nn.HybridLM", "tide.data.tokenizer", "tide.optim.AdamW", "m:forward", "m:parameters" }) do
+    T.ok(words:find("\n" .. w .. "\n", 1, true), "completes " .. w)
+  end
 end)
 
 local _, failed = T.run { exit = false }

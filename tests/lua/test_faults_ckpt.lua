@@ -235,6 +235,7 @@ T.test("an update that makes the weights non-finite (lr 1e300 in f32) stops the 
     local r = train(c)
     T.ok(r.stopped and r.stopped:find("stopped at step 1: non-finite weight ", 1, true), policy .. ": " .. tostring(r.stopped))
     T.eq(#checkpoint.list(out), 0, policy .. ": nothing saved")
+    c.overwrite = true   -- the same run again, into its own directory
     T.eq(train.run(c), 1, policy .. ": the run exits 1")
   end
   -- with a good checkpoint the skip policy rolls back twice, then stops; the checkpoints stay finite

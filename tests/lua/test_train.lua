@@ -33,7 +33,7 @@ end
 
 T.test("unknown config keys are errors that name the key and list the known ones", function()
   T.raises(function() train(fixture_cfg({ optimizer = { lr = 1 } })) end,
-    "unknown key 'optimizer' in the config; known keys: data, description, dry_run, expect, loss, model, name")
+    "unknown key 'optimizer' in the config; known keys: check, data, description, dry_run, expect, loss, model, name")
   T.raises(function() train(fixture_cfg({ train = { step = 5 } })) end,
     "unknown key 'step' in cfg.train; known keys: ckpt_every, collect_every, eval_batches")
   T.raises(function() train(fixture_cfg({ data = { seq_length = 5 } })) end, "unknown key 'seq_length' in cfg.data")
@@ -108,7 +108,9 @@ T.test("resume from a checkpoint continues with bit-identical losses; checkpoint
   local steps = {}
   for line in io.lines(c_dir .. "/metrics.jsonl") do steps[#steps + 1] = json.decode(line).step end
   T.eq(steps, { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 })
-  T.raises(function() train(fixture_cfg({ resume = tmpdir("none") })) end, "no checkpoint under")
+  T.raises(function() train(fixture_cfg({ resume = tmpdir("none") })) end, "--resume: '")
+  T.raises(function() train(fixture_cfg({ resume = tmpdir("none") })) end, "' does not exist")
+  T.raises(function() train(fixture_cfg({ resume = tmpdir("empty", { create = true }) })) end, "no checkpoint under")
 end)
 
 T.test("a truncated or corrupt checkpoint fails with an error naming the file; the run dir is untouched", function()
@@ -235,6 +237,7 @@ T.test("5 consecutive skips roll back to the last checkpoint; after 2 rollbacks 
   -- 11 steps, then twice (step 6 again + 5 skips) = 23 loss evaluations
   T.eq(calls, 23)
   T.eq(r.steps, 11)
+  cfg.overwrite = true   -- the same run again, into its own directory
   T.eq(train.run(cfg), 1, "tide run exits with 1")
   local stop = tmpdir("nan3")
   local r2 = train(fixture_cfg({ on_nonfinite = "stop", train = { steps = 10, out = stop },

@@ -124,7 +124,7 @@ local CHOICES = {
   activation = { situ = true, swiglu = true }, router = { sigmoid = true, softmax = true, latent = true },
   similarity = { cosine = true, dot = true }, balance = balance.KINDS, estimator = balance.ESTIMATORS,
 }
-MoE.CHOICES = CHOICES
+MoE.CHOICES, MoE.KEYS = CHOICES, KEYS
 -- the defaults of the options above (the balancer's own: nn/balance.lua); aux_alpha depends on balance (init)
 local DEFAULTS = {
   n_shared = 1, routed_scaling = 1.0, activation = "situ", router = "sigmoid", router_rank = 32, similarity = "cosine",
