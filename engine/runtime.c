@@ -8,7 +8,31 @@
 #define TIDE_VERSION "0.0.0"
 #endif
 
+#ifndef TIDE_BUILD_TYPE
+#define TIDE_BUILD_TYPE "unknown"
+#endif
+#ifndef TIDE_COMMIT
+#define TIDE_COMMIT "unknown"
+#endif
+
 const char *tide_version(void) { return TIDE_VERSION; }
+
+/* "Release, gcc 12.2.0, commit 1a2b3c4" — the commit is the source tree's when the build was configured */
+const char *tide_build_info(void)
+{
+#if defined(__clang__)
+#define TIDE_CC "clang " __clang_version__
+#elif defined(__GNUC__)
+#define TIDE_CC "gcc " __VERSION__
+#else
+#define TIDE_CC "unknown compiler"
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+    return TIDE_BUILD_TYPE " + ASan, " TIDE_CC ", commit " TIDE_COMMIT;
+#else
+    return TIDE_BUILD_TYPE ", " TIDE_CC ", commit " TIDE_COMMIT;
+#endif
+}
 int tide_num_threads(void) { return tide_cpu_get_threads(); }
 void tide_set_num_threads(int n) { tide_cpu_set_threads(n); }
 const char *tide_blas_info(void) { return tide_cpu_blas_info(); }

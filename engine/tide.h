@@ -147,6 +147,7 @@ int64_t tide_live_tensors(void);
 
 /* ---- runtime ---------------------------------------------------------------------------------- */
 const char *tide_version(void);
+const char *tide_build_info(void);                          /* "Release, gcc 12.2.0, commit 1a2b3c4d5e6f" */
 int tide_num_threads(void);
 void tide_set_num_threads(int n);
 const char *tide_blas_info(void);                           /* e.g. "OpenBLAS 0.3.21 Haswell openmp" */
@@ -369,6 +370,58 @@ tide_tensor *tide_shard_read(const char *path, int64_t vocab_size);
 tide_tensor *tide_raw_tokens_read(const char *path, int width, int64_t vocab_size);
 
 /* ---- distributed (engine/dist/comm.c): MPI for CPU tensors when built with MPI ------------------------ */
+/* ---- byte-level BPE tokenizers (engine/io/bpe*.c; formats.md §4) ---------------------------------- */
+/* A HuggingFace tokenizer.json (model BPE, pre_tokenizer ByteLevel or Sequence [Split(GPT-2 or Llama-3 regex),
+   ByteLevel], decoder ByteLevel, no normalizer), read as hostile input: every problem is a one-line error naming
+   the file and the field. Encoding gives the ids the tokenizers library gives (added tokens are split out of
+   the text; its post_processor, truncation and padding are not applied). One tokenizer serves one thread at a
+   time; tide_bpe_encode_docs runs on all threads itself. */
+typedef struct tide_bpe tide_bpe;
+tide_bpe *tide_bpe_load(const char *path);
+tide_bpe *tide_bpe_load_memory(const char *json, size_t n, const char *label);   /* label names it in errors */
+void tide_bpe_free(tide_bpe *b);                                                   /* NULL is fine */
+int64_t tide_bpe_vocab_size(const tide_bpe *b);            /* the largest id + 1 */
+const char *tide_bpe_sha256(const tide_bpe *b);            /* hex SHA-256 of the file's bytes */
+const char *tide_bpe_pretokenizer(const tide_bpe *b);      /* "gpt2", "llama3" or "none" */
+const char *tide_bpe_json(const tide_bpe *b, size_t *n);   /* the file's bytes (what save writes) */
+/* the id of a token string: an added token first, then model.vocab; -1 when there is none (no error set) */
+int32_t tide_bpe_token_id(const tide_bpe *b, const char *token, size_t n);
+const char *tide_bpe_token(const tide_bpe *b, int32_t id, size_t *n);   /* NULL + error for an unused id */
+int tide_bpe_added_count(const tide_bpe *b);
+int32_t tide_bpe_added(const tide_bpe *b, int i, int *special);         /* id of added token i (file order) */
+/* the ids of text[0, n): their count (only the first cap are written to out), -1 + error */
+int64_t tide_bpe_encode(tide_bpe *b, const char *text, size_t n, int32_t *out, int64_t cap);
+/* the ids of documents text[offsets[d], offsets[d + 1]) for d < n_docs, each preceded by sep_id when sep_id >= 0,
+   concatenated in one array (free with tide_free) of *n_out ids; doc_starts (n_docs + 1 entries, may be NULL)
+   receives where each document's ids begin. Documents (and long ones in chunks) are encoded on all threads. */
+int32_t *tide_bpe_encode_docs(tide_bpe *b, const char *text, const int64_t *offsets, int64_t n_docs, int32_t sep_id,
+                              int64_t *doc_starts, int64_t *n_out);
+/* the bytes of ids (the ByteLevel decoder; specials skipped when skip_special): their count (only the first cap
+   are written), -1 + error for an id outside the vocabulary */
+int64_t tide_bpe_decode(const tide_bpe *b, const int32_t *ids, int64_t n, int skip_special, char *out, int64_t cap);
+/* hex SHA-256 of bytes into out (65 bytes with the NUL) */
+int tide_sha256_hex(const void *bytes, size_t n, char *out);
+
+/* byte-level BPE training (GPT-2 pre-tokenizer): count the pre-tokens of documents (all threads), then merge the
+   most frequent adjacent pair (ties: the smaller ids) until the vocabulary has vocab_size ids or no pair occurs
+   min_frequency times. Ids: 0-255 the bytes, then the special tokens (added tokens too), then the merges. */
+typedef struct tide_bpe_trainer tide_bpe_trainer;
+tide_bpe_trainer *tide_bpe_trainer_new(const char *const *specials, int n_specials);
+int tide_bpe_trainer_add_docs(tide_bpe_trainer *t, const char *text, const int64_t *offsets, int64_t n_docs);
+int64_t tide_bpe_trainer_words(const tide_bpe_trainer *t);       /* distinct pre-tokens counted so far */
+int64_t tide_bpe_trainer_vocab_size(const tide_bpe_trainer *t);  /* ids so far */
+/* up to max_merges more merges toward vocab_size: the number made (0: done), -1 + error */
+int64_t tide_bpe_trainer_merge(tide_bpe_trainer *t, int64_t vocab_size, int64_t min_frequency, int64_t max_merges);
+/* the trained tokenizer as tokenizer.json text (free with tide_free) */
+char *tide_bpe_trainer_json(const tide_bpe_trainer *t, size_t *n);
+void tide_bpe_trainer_free(tide_bpe_trainer *t);
+
+/* the `field` string of every JSONL document in buf[0, n) (formats.md §5: one object per line, blank lines
+   skipped, 64 MiB per line, depth 64; errors "<label>:<line>: ..."): the texts concatenated (free with tide_free),
+   *offsets (n_docs + 1 entries, free with tide_free) where each begins. Lines are parsed on all threads. */
+char *tide_jsonl_texts(const char *buf, size_t n, const char *field, const char *label, int64_t **offsets,
+                       int64_t *n_docs);
+
 /* Initialises MPI when the build has it and the process was started by mpirun (or MPI is otherwise
    requested); a single process without MPI is rank 0 of 1. Safe to call more than once. */
 int tide_dist_init(void);

@@ -626,16 +626,41 @@ function M.test_file(args)
 end
 
 -- ---- info ------------------------------------------------------------------------------------------------
+-- "24.0 GiB RAM (21.3 GiB available); engine 0 B in use (peak 0 B)[; cuda:0 ...]"
+function M.memory_line(tide)
+  local total, avail
+  local f = io.open("/proc/meminfo", "r")
+  if f then
+    for line in f:lines() do
+      local k, v = line:match("^(%w+):%s+(%d+) kB")
+      if k == "MemTotal" then total = tonumber(v) * 1024 elseif k == "MemAvailable" then avail = tonumber(v) * 1024 end
+    end
+    f:close()
+  end
+  local function gib(b) return string.format("%.1f GiB", b / 2 ^ 30) end
+  local function bytes(b)
+    if b >= 2 ^ 30 then return gib(b) end
+    if b >= 2 ^ 20 then return string.format("%.1f MiB", b / 2 ^ 20) end
+    return string.format("%d B", b)
+  end
+  local m = tide.memory()
+  local parts = {}
+  if total then parts[#parts + 1] = gib(total) .. " RAM" .. (avail and (" (" .. gib(avail) .. " available)") or "") end
+  parts[#parts + 1] = string.format("engine %s in use (peak %s)", bytes(m.current), bytes(m.peak))
+  return table.concat(parts, "; ")
+end
 function M.info()
   local tide = require "tide"
   local i = tide.info()
   print("tide " .. i.version)
+  print("  build     " .. i.build)
   print(string.format("  threads   %d", i.threads))
   print("  blas      " .. i.blas)
   print(string.format("  cuda      %s (%d device%s) %s", i.cuda and "available" or "not available",
                       i.cuda_devices, i.cuda_devices == 1 and "" or "s", i.cuda_info))
   print("  mpi       " .. (i.mpi and "available" or "not available"))
   print("  luajit    " .. i.luajit .. (i.gc64 and " (GC64)" or " (no GC64)"))
+  print("  memory    " .. M.memory_line(tide))
   print(string.format("  ops       %d", #i.ops))
   print("  lua dir   " .. tide.lua_dir)
   return 0

@@ -188,6 +188,7 @@ function tide.info()
   for i = 0, C.tide_op_count() - 1 do ops[#ops + 1] = ffi.string(C.tide_op_name(i)) end
   return {
     version = tide.version,
+    build = ffi.string(C.tide_build_info()),
     threads = C.tide_num_threads(),
     blas = ffi.string(C.tide_blas_info()),
     cuda = C.tide_cuda_available() ~= 0,

@@ -40,6 +40,8 @@ T.test("tide info prints the build summary", function()
   contains(out, "blas")
   contains(out, "cuda")
   contains(out, "GC64")
+  T.ok(out:match("build     %a+[^\n]*, commit %x+"), "build type and commit:\n" .. out)
+  T.ok(out:match("memory    [%d.]+ GiB RAM %([%d.]+ GiB available%); engine %d+ B in use"), "memory:\n" .. out)
 end)
 
 T.test("require 'tide' works from a plain luajit with the library path set", function()
