@@ -56,6 +56,8 @@ local TOP = {
   -- set by the command line (--resume, --stage=NAME, --scale=NAME, --dry-run, --out, --seed, --threads)
   resume = true, stage = true, scale = true, scale_applied = true, dry_run = true, out = true, seed = true,
   threads = true, overwrite = true, check = true,
+  -- the tokenizer: "byte" (the default: byte level with the model's vocab_size) or the path of a tokenizer.json
+  tokenizer = true,
   -- set by Curriculum()
   kind = true, run = true, plan = true,
 }
@@ -336,7 +338,7 @@ local function setup(cfg)
   preflight(cfg)
   tide.manual_seed(seed)
   local model = nn.build(cfg.model or {})
-  local tok = tokenizer.byte_level({ vocab_size = model.cfg.vocab_size })
+  local tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", "curriculum")
   local opt = optim.build(cfg.optim or {}, model)
   local C = { cfg = cfg, tcfg = tcfg, stages = stages, by_name = by_name, hooks = hooks, seed = seed, model = model,
     tok = tok, si = 1, stage_step = 0 }

@@ -42,7 +42,7 @@ local TOP = {
   out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true,
 }
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
-local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true }
+local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true, tokenizer = true }
 
 -- the numeric fields of tide.train's own sections (train, optim and the top-level seed/threads: step.check_numbers)
 local function nonneg_num(v, what, who, level) return options.finite_number(v, what, who, level, 0) end
@@ -104,7 +104,7 @@ local function build_data(cfg, V, seed)
   if dcfg.sources then
     local B = options.pos_int(dcfg.batch_size, "data.batch_size", WHO)
     local T = options.pos_int(dcfg.seq_len, "data.seq_len", WHO)
-    local tok = tokenizer.byte_level({ vocab_size = V })
+    local tok = tokenizer.for_model(dcfg.tokenizer, V, "data.tokenizer", WHO)   -- "byte" or a tokenizer.json
     local built = sources.build(dcfg.sources, tok, dcfg.seed, WHO)
     local names = options.sorted_keys(built)
     local packer = sources.packer(names, built, T, dcfg.seed, tok:id("<|endoftext|>"))

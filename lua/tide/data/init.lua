@@ -10,8 +10,10 @@ local data = { tokenizer = tokenizer, text = text, mqar = mqar, pack = pack, pas
 
 -- the keys a recipe's `data` table may hold
 data.KEYS = {
-  path = true, paths = true, exclude = true, format = true, doc_separator = true, val_fraction = true,
+  path = true, paths = true, exclude = true, format = true, doc_separator = true, field = true, val_fraction = true,
   seq_len = true, batch_size = true, seed = true, order = true, vocab_size = true,
+  -- "byte" (the default) or the path of a HuggingFace tokenizer.json (byte-level BPE)
+  tokenizer = true,
   -- synthetic tasks (data/mqar.lua): task = "mqar" with num_pairs, power, filler, examples, val_examples, val_seed
   task = true, num_pairs = true, power = true, filler = true, examples = true, val_examples = true, val_seed = true,
 }
@@ -25,7 +27,7 @@ function data.build(cfg, vocab_size)
   check_keys(cfg)
   if cfg.task == "mqar" then return mqar.build(cfg, vocab_size) end
   if cfg.task ~= nil then error("data: unknown task '" .. tostring(cfg.task) .. "' (known: mqar)", 2) end
-  local tok = tokenizer.byte_level({ vocab_size = cfg.vocab_size or vocab_size or 320 })
+  local tok = tokenizer.for_model(cfg.tokenizer, cfg.vocab_size or vocab_size or 320, "data.tokenizer", "data")
   local ds = text.load(cfg, tok)
   local opts = { batch_size = cfg.batch_size, seq_len = cfg.seq_len, seed = cfg.seed or 0, order = cfg.order or "random" }
   local out = { tokenizer = tok, dataset = ds, train = text.stream(ds.train, opts) }

@@ -48,7 +48,7 @@ local TextSource = {}
 TextSource.__index = TextSource
 
 local TEXT_KEYS = {
-  path = true, paths = true, exclude = true, format = true, doc_separator = true, val_fraction = true,
+  path = true, paths = true, exclude = true, format = true, doc_separator = true, field = true, val_fraction = true,
   split = true, order = true, seed = true, tokenizer = true, name = true,
 }
 
@@ -75,7 +75,7 @@ local function add_documents(self, piece, eot, cut_at_end)
   if start and not cut_at_end then add(start, last - start) end
 end
 
--- text_source{path | paths, exclude, format, doc_separator, val_fraction, split = "train" | "val",
+-- text_source{path | paths, exclude, format, doc_separator, field, val_fraction, split = "train" | "val",
 --             order = "shuffle" | "sequential", seed, tokenizer, name} -> a document source
 -- The last val_fraction of each file is its validation split (text.load). A document the split point cuts is
 -- in neither split (its head ends the file's train part, its tail begins the val part), so both splits hold
@@ -100,14 +100,15 @@ function pack.text_source(cfg)
 
   local load_cfg = {
     path = cfg.path, paths = cfg.paths, exclude = cfg.exclude, format = cfg.format,
-    doc_separator = cfg.doc_separator, val_fraction = vf,
+    doc_separator = cfg.doc_separator, field = cfg.field, val_fraction = vf,
   }
   -- text.load concatenates the files' splits, so a val part's partial first document would run on from the
   -- previous file's last document: each file is read on its own to keep file boundaries
   local files = text.files(load_cfg)
   local parts = {}
   for k, f in ipairs(files) do
-    parts[k] = text.load({ path = f, format = cfg.format, doc_separator = cfg.doc_separator, val_fraction = vf }, tok)
+    parts[k] = text.load({ path = f, format = cfg.format, doc_separator = cfg.doc_separator, field = cfg.field,
+      val_fraction = vf }, tok)
   end
   local ds = { files = files }
   local self = setmetatable({

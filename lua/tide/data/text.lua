@@ -1,9 +1,12 @@
--- data/text.lua — text files or token shards -> a deterministic stream of [B, T] batches with targets.
+-- data/text.lua — text files, JSONL documents or token shards -> a deterministic stream of [B, T] batches with
+-- targets.
 --
--- Loading: every file becomes token ids (byte-level for text, as stored for llm.c shards). A text file
--- may be split into documents by separator lines (e.g. "%" in fortune files); each document is
--- preceded by <|endoftext|> (the llm.c convention). The last `val_fraction` of each file's tokens form
--- the validation split, so both splits sample every file.
+-- Loading: every file becomes token ids (through the run's tokenizer for text and JSONL, as stored for llm.c
+-- shards). A text file may be split into documents by separator lines (e.g. "%" in fortune files); a JSONL file
+-- (format "jsonl", or a .jsonl name) holds one document per line, the string in its `field` ("text" by default;
+-- formats.md §5); each document is preceded by <|endoftext|> (the llm.c convention). A directory stands for its
+-- files in sorted order. The last `val_fraction` of each file's tokens form the validation split, so both splits
+-- sample every file.
 -- Streams: batch k (0-based) is a pure function of (seed, k): random mode draws its B window starts
 -- from the Philox stream at offset k*B, sequential mode walks non-overlapping windows. The cursor k is
 -- the whole stream state, so a checkpoint that stores it resumes bit-for-bit.
@@ -95,10 +98,51 @@ local function read_text(f)
   return s
 end
 
--- the tokens of one file as a Lua list of {buf, n}-pieces and a total count
+-- the format of file f under cfg.format ("auto" by default: .bin is a shard, .jsonl JSONL, anything else text)
+local FORMATS = { auto = true, text = true, jsonl = true, shard = true }
+function text.format_of(f, format)
+  format = format or "auto"
+  if not FORMATS[format] then
+    error("data: format must be 'auto', 'text', 'jsonl' or 'shard', got '" .. tostring(format) .. "'", 3)
+  end
+  if format ~= "auto" then return format end
+  if f:match("%.bin$") then return "shard" end
+  if f:match("%.jsonl$") then return "jsonl" end
+  return "text"
+end
+
+-- documents(f, cfg) -> {text = string or char pointer, offsets = int64[n + 1], n = n_docs, bytes}: the documents of
+-- a text or JSONL file; document d is text[offsets[d], offsets[d + 1]). cfg: format, doc_separator (text),
+-- field (JSONL, default "text").
+function text.documents(f, cfg)
+  local format = text.format_of(f, cfg.format)
+  if format == "shard" then error("data: '" .. f .. "' is a token shard, not text", 2) end
+  local s = read_text(f)
+  if format == "jsonl" then
+    local field = cfg.field or "text"
+    if type(field) ~= "string" or field == "" then error("data: field must be a non-empty string, got " .. tostring(field), 2) end
+    local offs, n = ffi.new("int64_t *[1]"), ffi.new("int64_t[1]")
+    local p = C.tide_jsonl_texts(s, #s, field, f, offs, n)
+    if p == nil then error("data: " .. last_error(), 0) end
+    local nd = tonumber(n[0])
+    local o = ffi.gc(offs[0], C.tide_free)
+    return { text = ffi.gc(p, C.tide_free), offsets = o, n = nd, bytes = tonumber(o[nd]) }
+  end
+  local docs = split_documents(s, cfg.doc_separator)
+  local offsets = ffi.new("int64_t[?]", #docs + 1)
+  local at = 0
+  for i, d in ipairs(docs) do
+    offsets[i - 1] = at
+    at = at + #d
+  end
+  offsets[#docs] = at
+  local joined = #docs == 1 and docs[1] or table.concat(docs)
+  return { text = joined, offsets = offsets, n = #docs, bytes = at }
+end
+
+-- the tokens of one file as {buf, n}
 local function file_tokens(f, cfg, tok)
-  local format = cfg.format or "auto"
-  if format == "auto" then format = f:match("%.bin$") and "shard" or "text" end
+  local format = text.format_of(f, cfg.format)
   if format == "shard" then
     local p = C.tide_shard_read(f, tok.vocab_size)
     if p == nil then error("data: " .. last_error(), 4) end   -- the engine names file, index and rule
@@ -107,22 +151,9 @@ local function file_tokens(f, cfg, tok)
     local out = new_tokens(n)
     if C.tide_read_bytes(raw(t), out.buf, n * 4) ~= 0 then error("data: shard '" .. f .. "': " .. last_error(), 4) end
     return out
-  elseif format ~= "text" then
-    error("data: format must be 'auto', 'text' or 'shard', got '" .. tostring(format) .. "'", 4)
   end
-  local s = read_text(f)
-  local docs = split_documents(s, cfg.doc_separator)
-  local total = 0
-  for _, d in ipairs(docs) do total = total + #d + 1 end
-  local out = new_tokens(total)
-  local eot = tok:id("<|endoftext|>")
-  local pos = 0
-  for _, d in ipairs(docs) do
-    out.buf[pos] = eot
-    pos = tok:encode_into(d, out.buf, pos + 1)
-  end
-  assert(pos == total)
-  return out
+  local docs = text.documents(f, cfg)
+  return tok:encode_docs(docs.text, docs.offsets, docs.n, tok:id("<|endoftext|>"))
 end
 
 local function concat_tokens(pieces)
@@ -137,7 +168,7 @@ local function concat_tokens(pieces)
   return out
 end
 
--- load{path|paths, exclude, format, doc_separator, val_fraction} with a tokenizer ->
+-- load{path|paths, exclude, format, doc_separator, field, val_fraction} with a tokenizer ->
 -- {train = tokens, val = tokens|nil, files = {...}}
 function text.load(cfg, tok)
   local files = resolve_paths(cfg)
