@@ -28,6 +28,7 @@ local function load_tiny(cfg)
   c.train.quiet = cfg.quiet
   c.train.ckpt_every = 0
   c.train.out = cfg.out ~= "" and cfg.out or nil
+  c.overwrite = cfg.overwrite
   for _, e in ipairs(c.evals) do
     if e.source == "recall" then e.examples = cfg.recall_examples end
   end

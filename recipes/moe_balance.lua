@@ -149,6 +149,7 @@ local function run_config(cfg, balance, init)
     train = { steps = cfg.steps, log_every = math.max(1, math.floor(cfg.steps / 5)), eval_every = 0,
       eval_batches = cfg.heldout_batches, seed = cfg.seed, quiet = cfg.quiet,
       out = cfg.out ~= "" and (cfg.out .. "/" .. balance .. "-" .. init) or nil, ckpt_every = 0 },
+    overwrite = cfg.overwrite,   -- --overwrite reaches every cell's run directory
   }
 end
 

@@ -59,6 +59,7 @@ local function cell_config(cfg, kind, T, D)
     schedule = { kind = "cosine", warmup = math.max(1, math.floor(steps * cfg.warmup_fraction)), min_lr = cfg.lr / 10 },
     train = { steps = steps, log_every = math.max(1, math.floor(steps / 10)), eval_every = 0, eval_batches = 1,
       seed = cfg.seed, out = cfg.out ~= "" and (cfg.out .. "/" .. kind .. "-" .. T) or nil, quiet = cfg.quiet },
+    overwrite = cfg.overwrite,   -- --overwrite reaches every cell's run directory
   }, D, B, examples
 end
 
