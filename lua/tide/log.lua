@@ -92,10 +92,10 @@ function log.open(opts)
     self.path = opts.path
     if opts.tensorboard ~= false and os.getenv("TIDE_TENSORBOARD") ~= "0" then
       local dir = opts.path:match("^(.*)/[^/]*$") or "."
-      local ok, w = pcall(tfevents.open, dir, { start_step = last_step(opts.path) + 1 })
+      local last = last_step(opts.path)
+      local ok, w = pcall(tfevents.open, dir, { start_step = last + 1 })
       if not ok then f:close(); error("log: " .. tostring(w):gsub("^tfevents: ", ""), 2) end
-      self.events = w
-      self.events_path = w.path
+      self.events, self.events_path, self.events_step = w, w.path, last
     end
   end
   return self
@@ -114,7 +114,9 @@ local function scalars_of(rec)
 end
 
 -- metrics(record, scalars): append one JSONL line (non-finite values -> null + "nonfinite"), then one TensorBoard
--- event per scalar at the record's step: `scalars` ({tag = value}) when given, else every number of the record
+-- event per scalar at the record's step: `scalars` ({tag = value}) when given, else every number of the record.
+-- A step record (no "event") at or before the last one (the run rolled back to a checkpoint) first starts a new
+-- TensorBoard session there, so the abandoned points are dropped as a reader of the JSONL keeps the last record.
 function Logger:metrics(rec, scalars)
   if not self.file then return end
   -- a full disk or a file-size limit is an error naming the file, never a silently shortened history
@@ -129,7 +131,14 @@ function Logger:metrics(rec, scalars)
       list = scalars_of(rec)
     end
     table.sort(list, function(a, b) return a[1] < b[1] end)
-    local wok, werr = pcall(self.events.scalars, self.events, rec.step, tfevents.now(), list)
+    local now = tfevents.now()
+    local wok, werr = pcall(function()
+      if rec.event == nil then
+        if rec.step <= self.events_step then self.events:session_start(rec.step, now) end
+        self.events_step = rec.step
+      end
+      self.events:scalars(rec.step, now, list)
+    end)
     if not wok then error("log: " .. tostring(werr):gsub("^tfevents: ", ""), 2) end
   end
 end

@@ -12,7 +12,8 @@
 -- writes null and lists the key in "nonfinite"), magnitudes beyond float32 become ±Inf.
 -- Restarts: every file starts with file_version, then SessionLog{START} at `start_step`; TensorBoard's reader drops
 -- the points of earlier files at steps >= start_step, so a resumed run (a new file) replaces what the crashed run
--- had logged after its checkpoint, as the truncated metrics.jsonl does.
+-- had logged after its checkpoint, as the truncated metrics.jsonl does. Writer:session_start does the same within a
+-- file (the logger calls it when a run goes back to an earlier step: a rollback).
 local ffi = require "ffi"
 local bit = require "bit"
 
@@ -287,6 +288,14 @@ function tfevents.open(dir, o)
   write_all(self, tfevents.record(tfevents.event({ wall_time = t, file_version = "brain.Event:2" }))
     .. tfevents.record(tfevents.event({ wall_time = t, step = o.start_step or 1, session_start = true })))
   return self
+end
+
+-- session_start(step, wall_time): a SessionLog START at step: TensorBoard drops the points logged before it at steps
+-- >= step (a run that went back, as after a rollback to a checkpoint)
+function Writer:session_start(step, wall_time)
+  if not self.fd then error(fmt("tfevents: '%s' is closed", self.path), 2) end
+  write_all(self, tfevents.record(tfevents.event({ wall_time = wall_time or tfevents.now(), step = step,
+    session_start = true })))
 end
 
 -- scalars(step, wall_time, {{tag, value}, ...}): one Event per scalar, all handed to the kernel in one write

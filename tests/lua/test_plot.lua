@@ -256,6 +256,11 @@ T.test("errors are one line: no directory, no metrics, a malformed line, a FIFO,
   T.raises(function() quiet_main({ dir }) end, "plot: " .. dir .. "/metrics.jsonl:3: ")
   local ok, err = pcall(quiet_main, { dir })
   T.ok(not ok and not tostring(err):find("\n"), "one line: " .. tostring(err))
+  -- a last line still being written (no LF yet) is left out; with its LF it is an error
+  write(dir .. "/metrics.jsonl", '{"step":1,"loss":2}\n{"step":2,"lo')
+  T.eq(#cmd.read_records(dir .. "/metrics.jsonl"), 1)
+  write(dir .. "/metrics.jsonl", '{"step":1,"loss":2}\n{"step":2,"lo\n')
+  T.raises(function() quiet_main({ dir }) end, "metrics.jsonl:2: ")
   write(dir .. "/metrics.jsonl", '{"step":1,"loss":2}\n[1,2]\n')
   T.raises(function() quiet_main({ dir }) end, "metrics.jsonl:2: a record must be a JSON object")
   write(dir .. "/metrics.jsonl", '{"event":"stopped"}\n')

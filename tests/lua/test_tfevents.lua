@@ -248,6 +248,23 @@ local function compare(dir)
   return tags, points
 end
 
+T.test("a run that goes back (a rollback) starts a session there: TensorBoard keeps the later points", function()
+  local dir = tmpdir("rollback", { create = true })
+  local lg = log.open({ path = dir .. "/metrics.jsonl", quiet = true })
+  for s = 1, 5 do lg:metrics({ step = s, loss = s }) end
+  lg:metrics({ step = 5, event = "rollback", checkpoint = "ckpt/step_00000002", rollbacks = 1 })
+  for s = 3, 6 do lg:metrics({ step = s, loss = 10 + s }) end
+  lg:close()
+  local starts = {}
+  for _, e in ipairs(tf.read(lg.events_path)) do
+    if e.session_status then starts[#starts + 1] = e.step end
+  end
+  T.eq(starts, { 1, 3 })
+  local got = tensorboard_scalars(dir)
+  T.eq(got.loss, { { 1, 1 }, { 2, 2 }, { 3, 13 }, { 4, 14 }, { 5, 15 }, { 6, 16 } })
+  T.eq(#(got.rollbacks or {}), 0, "purged with the abandoned steps (it was logged at step 5)")
+end)
+
 local function load(overrides)
   local o = {}
   for k, v in pairs(overrides) do o[#o + 1] = { key = k, text = v } end

@@ -23,33 +23,31 @@ local LINE_LIMIT = 64 * 2 ^ 20          -- formats.md §5: at most 64 MiB per JS
 
 local function fail(msg) error("plot: " .. msg, 0) end
 
--- read_records(path) -> the decoded records (blank lines skipped); a malformed line fails as path:line: why
+-- read_records(path) -> the decoded records (blank lines skipped); a malformed line fails as path:line: why. A last
+-- line without its LF that does not parse is a record being written (a run in progress) and is left out.
 function M.read_records(path)
   local tide = require "tide"
   local json = require "tide.json"
-  local C = tide.C
-  local fd = C.tide_open_regular(path, "metrics file", nil)     -- a FIFO or a directory is refused, never read
-  if fd < 0 then fail(ffi.string(C.tide_last_error())) end
-  pcall(ffi.cdef, "int close(int fd);")
-  ffi.C.close(fd)
-  local f, err = io.open(path, "rb")
-  if not f then fail(fmt("cannot open '%s': %s", path, tostring(err))) end
-  local out, n = {}, 0
-  for line in f:lines() do
+  local text, err = tide.read_file(path)          -- regular files only: a FIFO or a directory is refused, never read
+  if not text then fail(err) end
+  local out, n, pos = {}, 0, 1
+  while pos <= #text do
+    local nl = text:find("\n", pos, true)
+    local line = text:sub(pos, (nl or #text + 1) - 1)
+    pos = (nl or #text) + 1
     n = n + 1
-    if #line > LINE_LIMIT then f:close(); fail(fmt("%s:%d: a line of %d bytes (at most 64 MiB)", path, n, #line)) end
+    if #line > LINE_LIMIT then fail(fmt("%s:%d: a line of %d bytes (at most 64 MiB)", path, n, #line)) end
     if line:find("[^ \t\r]") then
       local ok, r = pcall(json.decode, line)
       if not ok then
-        f:close()
+        if not nl then break end
         local why = tostring(r):gsub("^json%.decode: ", ""):gsub(" at line 1 column (%d+) %(byte %d+%)$", " at column %1")
         fail(fmt("%s:%d: %s", path, n, why))
       end
-      if type(r) ~= "table" or r[1] ~= nil then f:close(); fail(fmt("%s:%d: a record must be a JSON object", path, n)) end
+      if type(r) ~= "table" or r[1] ~= nil then fail(fmt("%s:%d: a record must be a JSON object", path, n)) end
       out[#out + 1] = r
     end
   end
-  f:close()
   return out
 end
 
