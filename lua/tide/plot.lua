@@ -9,14 +9,15 @@
 -- records: the decoded JSONL lines in file order. Step records (no "event") are drawn, the last one of each step
 -- winning (a rollback repeats steps); "stage_end" records give the validation points and table of each stage,
 -- "eval" and "moe" records the final tables. Non-finite values (null + "nonfinite") are gaps. Long runs are drawn
--- from at most MAX_POINTS averaged points per series and MAX_COLUMNS heatmap columns.
+-- from at most MAX_POINTS averaged points per series and MAX_COLUMNS heatmap columns, fewer when the heatmaps of
+-- all layers would exceed MAX_CELLS cells (24 layers of 64 experts: a page of 9 MB).
 local json = require "tide.json"
 local log = require "tide.log"
 
 local fmt = string.format
 local plot = {}
 
-plot.MAX_POINTS, plot.MAX_COLUMNS = 1500, 300
+plot.MAX_POINTS, plot.MAX_COLUMNS, plot.MAX_CELLS = 1500, 300, 60000
 local PALETTE = { "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
   "#17becf" }
 plot.PALETTE = PALETTE
@@ -210,7 +211,11 @@ function plot.line_chart(o)
   end
   add(fmt('<rect class="plotarea" x="%d" y="%d" width="%d" height="%d"/>', ML, MT, W - ML - MR, ph))
   local legend_x = W - MR
-  for k = #o.series, 1, -1 do
+  if #o.series > 10 then            -- many layers: one line of text instead of a legend wider than the chart
+    add(fmt('<text class="legend" x="%d" y="14" text-anchor="end">%d series (%s … %s), colours cycle</text>', W - MR,
+      #o.series, esc(o.series[1].name), esc(o.series[#o.series].name)))
+  end
+  for k = #o.series > 10 and 0 or #o.series, 1, -1 do
     local s = o.series[k]
     local label = esc(s.name)
     legend_x = legend_x - (#s.name * 6.5 + 22)
@@ -256,8 +261,9 @@ local function ratio_color(r)
 end
 plot.ratio_color = ratio_color
 
--- heatmap{title, steps, key, stages, x0, x1} -> <svg>: one row per expert, one column per step (or per bin of steps
--- when there are more than MAX_COLUMNS), colour = the expert's tokens / the mean over experts, averaged over the bin
+-- heatmap{title, steps, key, stages, x0, x1, columns} -> <svg>: one row per expert, one column per step (or per bin
+-- of steps when there are more than `columns`, MAX_COLUMNS by default), colour = the expert's tokens / the mean over
+-- experts, averaged over the bin
 function plot.heatmap(o)
   local rows = {}
   for _, r in ipairs(o.steps) do
@@ -271,7 +277,7 @@ function plot.heatmap(o)
   local H = axis_y + 54
   local X, parts = frame(o, H, axis_y)
   local function add(s) parts[#parts + 1] = s end
-  local cols = math.min(#rows, plot.MAX_COLUMNS)
+  local cols = math.min(#rows, o.columns or plot.MAX_COLUMNS)
   local per = #rows / math.max(cols, 1)
   local cells = {}
   for c = 0, cols - 1 do
@@ -440,9 +446,17 @@ function plot.report(records, info)
     add("<h2>Expert loads</h2>")
     add('<p class="meta">Tokens routed to each expert in each step over the mean of the layer\'s experts (1 = '
       .. "balanced; blue below, red above).</p>")
+    local experts = 0
+    for _, r in ipairs(steps) do
+      for _, l in ipairs(c.layers.load) do
+        local load = r["moe/load/" .. l]
+        if type(load) == "table" then experts = math.max(experts, #load) end
+      end
+    end
+    local columns = math.max(20, math.min(plot.MAX_COLUMNS, math.floor(plot.MAX_CELLS / (experts * #c.layers.load))))
     for _, l in ipairs(c.layers.load) do
       local svg, n = plot.heatmap({ title = fmt("layer %d: load per expert", l), steps = steps,
-        key = "moe/load/" .. l, stages = c.stages, x0 = x0, x1 = x1 })
+        key = "moe/load/" .. l, stages = c.stages, x0 = x0, x1 = x1, columns = columns })
       add_chart(svg)
       cells = cells + n
     end

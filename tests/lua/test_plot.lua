@@ -235,6 +235,22 @@ T.test("-o, a long run thinned, a dense run without MoE or stages", function()
   T.eq(count(loss_path, "[ML]"), plot.MAX_POINTS)
   T.eq(count(html, '<line class="stage"'), 5)     -- loss, lr, tok/s, MaxVio, the heatmap (no grad norm, memory, val)
   T.eq(count(html, '<line class="stage over"'), 1)
+  -- a large model: 24 MoE layers of 64 experts stay within MAX_CELLS; 24 MaxVio lines get a one-line legend
+  local big = {}
+  for s = 1, 400 do
+    local r = { step = s, loss = 1, lr = 1e-3, tok_per_s = 1 }
+    for l = 0, 23 do
+      local load = {}
+      for j = 1, 64 do load[j] = 1 + (s + j + l) % 7 end
+      r["moe/load/" .. l], r["moe/maxvio_batch/" .. l] = load, 0.1
+    end
+    big[s] = r
+  end
+  local bh, bi = plot.report(big, {})
+  local cols = math.floor(plot.MAX_CELLS / (24 * 64))
+  T.eq(bi.heatmap_cells, 24 * 64 * cols)
+  T.ok(bi.heatmap_cells <= plot.MAX_CELLS and #bh < 12e6, fmt("%d cells, %d bytes", bi.heatmap_cells, #bh))
+  T.eq(count(bh, "24 series %(L0 batch … L23 batch%), colours cycle"), 1)
   -- a dense run: no MoE charts, no stages; a non-finite loss is a gap (two path pieces)
   local dense = { { step = 1, loss = 2, lr = 1e-3, grad_norm = 1, tok_per_s = 100, mem_peak = 10, mem_current = 5 },
     { step = 2, loss = json.null, nonfinite = { "loss" }, lr = 1e-3, grad_norm = 1, tok_per_s = 100 },
