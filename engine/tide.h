@@ -393,9 +393,11 @@ int32_t tide_bpe_added(const tide_bpe *b, int i, int *special);         /* id of
 int64_t tide_bpe_encode(tide_bpe *b, const char *text, size_t n, int32_t *out, int64_t cap);
 /* the ids of documents text[offsets[d], offsets[d + 1]) for d < n_docs, each preceded by sep_id when sep_id >= 0,
    concatenated in one array (free with tide_free) of *n_out ids; doc_starts (n_docs + 1 entries, may be NULL)
-   receives where each document's ids begin. Documents (and long ones in chunks) are encoded on all threads. */
+   receives where each document's ids begin. split_special 1 splits the special added tokens out of the text as
+   tide_bpe_encode does; 0 reads their names as text (training documents: a literal "<|endoftext|>" never becomes
+   a document boundary). Documents (and long ones in chunks) are encoded on all threads. */
 int32_t *tide_bpe_encode_docs(tide_bpe *b, const char *text, const int64_t *offsets, int64_t n_docs, int32_t sep_id,
-                              int64_t *doc_starts, int64_t *n_out);
+                              int split_special, int64_t *doc_starts, int64_t *n_out);
 /* the bytes of ids (the ByteLevel decoder; specials skipped when skip_special): their count (only the first cap
    are written), -1 + error for an id outside the vocabulary */
 int64_t tide_bpe_decode(const tide_bpe *b, const int32_t *ids, int64_t n, int skip_special, char *out, int64_t cap);

@@ -156,6 +156,9 @@ struct tide_bpe {
     int n_added;
     bpe_added *added;
     bpe_added_set pass1, pass2;    /* normalized = false, normalized = true */
+    bpe_added_set text1, text2;    /* the same without the special tokens (their names read as text) */
+    bpe_added *plain;              /* the added tokens that are not special */
+    int n_plain;
     int n_caches;
     bpe_cache **caches;
 };
@@ -193,6 +196,9 @@ void tide_bpe_free(tide_bpe *b)
     free(b->added);
     bpe_added_set_free(&b->pass1);
     bpe_added_set_free(&b->pass2);
+    bpe_added_set_free(&b->text1);
+    bpe_added_set_free(&b->text2);
+    free(b->plain);
     for (int i = 0; i < b->n_caches; i++) cache_free(b->caches[i]);
     free(b->caches);
     free(b);
@@ -681,8 +687,14 @@ tide_bpe *tide_bpe_load_memory(const char *json, size_t n, const char *label)
     /* the arena is final: added-token contents become pointers */
     for (int k = 0; k < b->n_added; k++)
         b->added[k].content = (const uint8_t *)b->strs.v + (uintptr_t)b->added[k].content;
+    b->plain = malloc((size_t)(b->n_added ? b->n_added : 1) * sizeof *b->plain);
+    if (!b->plain) return load_fail(&L, "out of memory");
+    for (int k = 0; k < b->n_added; k++)
+        if (!b->added[k].special) b->plain[b->n_plain++] = b->added[k];
     if (bpe_added_set_build(&b->pass1, b->added, b->n_added, 0) ||
-        bpe_added_set_build(&b->pass2, b->added, b->n_added, 1))
+        bpe_added_set_build(&b->pass2, b->added, b->n_added, 1) ||
+        bpe_added_set_build(&b->text1, b->plain, b->n_plain, 0) ||
+        bpe_added_set_build(&b->text2, b->plain, b->n_plain, 1))
         return load_fail(&L, "%s", tide_last_error());
     cJSON_Delete(L.root);
     free(L.model_ids);
@@ -944,12 +956,14 @@ static int pre_tokenize(const tide_bpe *b, bpe_cache *c, const uint8_t *s, size_
     return 0;
 }
 
-static int encode_text(const tide_bpe *b, bpe_cache *c, const uint8_t *s, size_t n, bpe_ivec *out)
+/* ordinary: special added tokens are not split out (their names are text, as for the byte-level tokenizer) */
+static int encode_text(const tide_bpe *b, bpe_cache *c, const uint8_t *s, size_t n, int ordinary, bpe_ivec *out)
 {
     if (n == 0) return 0;
-    if (b->n_added == 0) return pre_tokenize(b, c, s, n, out);
+    const bpe_added_set *p1 = ordinary ? &b->text1 : &b->pass1, *p2 = ordinary ? &b->text2 : &b->pass2;
+    if (p1->n + p2->n == 0) return pre_tokenize(b, c, s, n, out);
     c->segs1.n = 0;
-    if (bpe_added_split(&b->pass1, s, 0, n, &c->segs1)) return -1;
+    if (bpe_added_split(p1, s, 0, n, &c->segs1)) return -1;
     for (size_t i = 0; i < c->segs1.n; i++) {
         bpe_seg g = c->segs1.v[i];
         if (g.id >= 0) {
@@ -957,7 +971,7 @@ static int encode_text(const tide_bpe *b, bpe_cache *c, const uint8_t *s, size_t
             continue;
         }
         c->segs2.n = 0;
-        if (bpe_added_split(&b->pass2, s, g.a, g.b, &c->segs2)) return -1;
+        if (bpe_added_split(p2, s, g.a, g.b, &c->segs2)) return -1;
         for (size_t j = 0; j < c->segs2.n; j++) {
             bpe_seg h = c->segs2.v[j];
             if (h.id >= 0) { if (bpe_ivec_push(out, h.id)) return -1; }
@@ -993,7 +1007,7 @@ int64_t tide_bpe_encode(tide_bpe *b, const char *text, size_t n, int32_t *out, i
     bpe_cache *c = cache_of(b, 0);
     if (!c) return tide_set_error("tokenizer encode: out of memory");
     bpe_ivec v = { 0 };
-    if (encode_text(b, c, (const uint8_t *)text, n, &v)) { free(v.v); return -1; }
+    if (encode_text(b, c, (const uint8_t *)text, n, 0, &v)) { free(v.v); return -1; }
     if (out && cap > 0) memcpy(out, v.v, (size_t)((int64_t)v.n < cap ? (int64_t)v.n : cap) * sizeof *out);
     free(v.v);
     return (int64_t)v.n;
@@ -1002,8 +1016,9 @@ int64_t tide_bpe_encode(tide_bpe *b, const char *text, size_t n, int32_t *out, i
 typedef struct { size_t doc, a, e; int first; } work_item;
 
 int32_t *tide_bpe_encode_docs(tide_bpe *b, const char *text, const int64_t *offsets, int64_t n_docs, int32_t sep_id,
-                              int64_t *doc_starts, int64_t *n_out)
+                              int split_special, int64_t *doc_starts, int64_t *n_out)
 {
+    int ordinary = !split_special;
     if (n_out) *n_out = 0;
     if (!b || !offsets || n_docs < 0 || !n_out) { tide_set_error("tokenizer encode_docs: bad arguments"); return NULL; }
     if (!text && n_docs > 0 && offsets[n_docs] > offsets[0]) { tide_set_error("tokenizer encode_docs: the text is NULL"); return NULL; }
@@ -1062,7 +1077,7 @@ int32_t *tide_bpe_encode_docs(tide_bpe *b, const char *text, const int64_t *offs
                 size_t at = o->n;
                 int rc = 0;
                 if (items[i].first && sep_id >= 0) rc = bpe_ivec_push(o, sep_id);
-                if (!rc) rc = encode_text(b, c, (const uint8_t *)text + items[i].a, items[i].e - items[i].a, o);
+                if (!rc) rc = encode_text(b, c, (const uint8_t *)text + items[i].a, items[i].e - items[i].a, ordinary, o);
                 if (rc) {
                     #pragma omp critical(tide_bpe_err)
                     if (!err[0]) snprintf(err, sizeof err, "%s", tide_last_error());

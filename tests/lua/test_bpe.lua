@@ -202,6 +202,11 @@ T.test("specials by name: found in the vocabulary or a clear error when asked fo
   local offs = ffi.new("int64_t[3]", 0, 5, #text)
   local docs = tok:encode_docs(text, offs, 2, 0)
   local w1, w2 = tok:encode(text:sub(1, 5)), tok:encode(text:sub(6))
+  -- documents read a special's name as text (training data); split_special reads it as encode does
+  local lit = "a<|endoftext|>b"
+  local o1 = ffi.new("int64_t[2]", 0, #lit)
+  T.ok(tok:encode_docs(lit, o1, 1, -1).n > 3, "a literal special name in a document stays text")
+  T.eq(tok:encode_docs(lit, o1, 1, -1, false, true).n, 3)
   T.eq(docs.n, 2 + #w1 + #w2)
   T.eq(docs.buf[0], 0)
   T.eq(docs.buf[1 + #w1], 0)
@@ -351,7 +356,7 @@ local function compare(tok, job, hf, what)
   end
   local offs = ffi.new("int64_t[?]", #pieces + 1)
   for i, p in ipairs(pieces) do offs[i] = offs[i - 1] + #p end
-  local got = tok:encode_docs(table.concat(pieces), offs, #pieces, -1, true)
+  local got = tok:encode_docs(table.concat(pieces), offs, #pieces, -1, true, true)
   T.eq(#pieces, hf.n_docs, what .. ": documents")
   local at = 0
   for d = 0, #pieces - 1 do

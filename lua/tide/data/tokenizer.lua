@@ -75,20 +75,24 @@ function ByteTokenizer:encode_into(text, buf, pos)
   return pos + n
 end
 
--- encode_docs(text, offsets, n_docs, sep) -> {buf = int32 ids, n = count}: documents text[offsets[d], offsets[d + 1])
--- (text a Lua string or a pointer, offsets an int64 array of n_docs + 1), each preceded by the id sep when sep >= 0
-function ByteTokenizer:encode_docs(text, offsets, n_docs, sep)
+-- encode_docs(text, offsets, n_docs, sep, with_starts) -> {buf = int32 ids, n = count, starts}: documents
+-- text[offsets[d], offsets[d + 1]) (text a Lua string or a pointer, offsets an int64 array of n_docs + 1), each
+-- preceded by the id sep when sep >= 0; with_starts: starts (int64[n_docs + 1]) says where each document begins
+function ByteTokenizer:encode_docs(text, offsets, n_docs, sep, with_starts)
   local src = ffi.cast("const uint8_t *", text)
   local total = tonumber(offsets[n_docs] - offsets[0]) + (sep and sep >= 0 and n_docs or 0)
   local out = ffi.new("int32_t[?]", math.max(total, 1))
+  local starts = with_starts and ffi.new("int64_t[?]", n_docs + 1) or nil
   local pos = 0
   for d = 0, n_docs - 1 do
+    if starts then starts[d] = pos end
     if sep and sep >= 0 then out[pos] = sep; pos = pos + 1 end
     local a, b = tonumber(offsets[d]), tonumber(offsets[d + 1])
     for i = a, b - 1 do out[pos + i - a] = src[i] end
     pos = pos + b - a
   end
-  return { buf = out, n = total }
+  if starts then starts[n_docs] = pos end
+  return { buf = out, n = total, starts = starts }
 end
 
 -- describe() -> what rebuilds this tokenizer (checkpoint metadata): {kind = "byte", vocab_size}
@@ -193,13 +197,15 @@ function BpeTokenizer:encode_into(text, buf, pos, cap)
   return pos + n
 end
 
--- with_starts: the result's `starts` (int64[n_docs + 1]) says where each document's ids begin
-function BpeTokenizer:encode_docs(text, offsets, n_docs, sep, with_starts)
+-- with_starts: the result's `starts` (int64[n_docs + 1]) says where each document's ids begin. Documents are text:
+-- a special token's name in them stays text (as for the byte level, and as training data needs: a literal
+-- "<|endoftext|>" must not cut a document) unless split_special, which splits them out as encode does.
+function BpeTokenizer:encode_docs(text, offsets, n_docs, sep, with_starts, split_special)
   local C = engine()
   local count = ffi.new("int64_t[1]")
   local starts = with_starts and ffi.new("int64_t[?]", n_docs + 1) or nil
-  local p = C.tide_bpe_encode_docs(self.handle, ffi.cast("const char *", text), offsets, n_docs, sep or -1, starts,
-    count)
+  local p = C.tide_bpe_encode_docs(self.handle, ffi.cast("const char *", text), offsets, n_docs, sep or -1,
+    split_special and 1 or 0, starts, count)
   if p == nil then error(last_error(C), 2) end
   return { buf = ffi.gc(p, C.tide_free), n = tonumber(count[0]), starts = starts }
 end
