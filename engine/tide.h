@@ -369,7 +369,6 @@ tide_tensor *tide_shard_read(const char *path, int64_t vocab_size);
 /* a headerless file of little-endian uint16 (width 2) or uint32 (width 4) tokens (nanoGPT .bin) */
 tide_tensor *tide_raw_tokens_read(const char *path, int width, int64_t vocab_size);
 
-/* ---- distributed (engine/dist/comm.c): MPI for CPU tensors when built with MPI ------------------------ */
 /* ---- byte-level BPE tokenizers (engine/io/bpe*.c; formats.md §4) ---------------------------------- */
 /* A HuggingFace tokenizer.json (model BPE, pre_tokenizer ByteLevel or Sequence [Split(GPT-2 or Llama-3 regex),
    ByteLevel], decoder ByteLevel, no normalizer), read as hostile input: every problem is a one-line error naming
@@ -424,6 +423,7 @@ void tide_bpe_trainer_free(tide_bpe_trainer *t);
 char *tide_jsonl_texts(const char *buf, size_t n, const char *field, const char *label, int64_t **offsets,
                        int64_t *n_docs);
 
+/* ---- distributed (engine/dist/comm.c): MPI for CPU tensors when built with MPI ------------------------ */
 /* Initialises MPI when the build has it and the process was started by mpirun (or MPI is otherwise
    requested); a single process without MPI is rank 0 of 1. Safe to call more than once. */
 int tide_dist_init(void);
