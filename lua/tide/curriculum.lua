@@ -63,7 +63,7 @@ local TOP = {
 }
 local TRAIN = {
   out = true, seed = true, ckpt_every = true, keep_ckpts = true, log_every = true, quiet = true, threads = true,
-  collect_every = true, jitter_window = true,
+  collect_every = true, jitter_window = true, tensorboard = true,
 }
 local STAGE = {
   name = true, seq_len = true, tokens_per_step = true, micro_tokens = true, steps = true, tokens = true, lr = true,
@@ -347,7 +347,8 @@ local function setup(cfg)
   C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
     jitter_window = tcfg.jitter_window })
   C.run = step.run({ driver = "curriculum", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
-    keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model, optim = opt, stepper = C.stepper,
+    tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
+    optim = opt, stepper = C.stepper,
     tokenizer = tok,
     get_data = function() return { packer = C.packer:state() } end,
     set_data = function(cursors) C.pending_packer = cursors.packer end,
@@ -480,7 +481,6 @@ local function stage_step(C, total_steps)
     do_eval(C, rec)
   end
   call_hooks(st, C.hooks, "on_step", C.ctx, rec)
-  require("tide.nn.moe").record_loads(rec, C.model)
   run:record(rec)
   -- a plain line every log_every steps, at a stage end and at an eval; on a terminal a live line between them
   local logger = run.logger

@@ -277,6 +277,13 @@ function Stepper:run(batches, lr, t)
     for _, key in ipairs(MOE_KEYS) do
       if mt[key] ~= nil then rec["moe/" .. key .. "/" .. l] = mt[key] end
     end
+    -- the step's tokens per expert (they sum to k x tokens): the expert-load heatmap of `tide plot`; a list, so
+    -- JSONL only (TensorBoard takes the scalars)
+    if type(mt.load) == "table" then
+      local load = {}
+      for j, v in ipairs(mt.load) do load[j] = v end
+      rec["moe/load/" .. l] = load
+    end
   end
   local dt = tide.time() - t0
   rec.tokens_step, rec.step_time, rec.tok_per_s = tokens, dt, tokens / math.max(dt, 1e-9)
@@ -300,9 +307,10 @@ Run.__index = Run
 
 local RUN_KEYS = { driver = true, name = true, cfg = true, out = true, quiet = true, keep_ckpts = true,
   collect_every = true, model = true, optim = true, stepper = true, tokenizer = true, get_data = true,
-  set_data = true, get_position = true, set_position = true }
+  set_data = true, get_position = true, set_position = true, tensorboard = true }
 
--- run{driver = "train" | "curriculum", name, cfg (written to <out>/config.json), out, quiet, keep_ckpts = 2,
+-- run{driver = "train" | "curriculum", name, cfg (written to <out>/config.json), out, quiet, tensorboard = true (the
+--   events file beside metrics.jsonl), keep_ckpts = 2,
 --   collect_every = 1, model, optim, stepper, tokenizer, get_data () -> cursors, set_data (cursors, state),
 --   get_position () -> nil | curriculum position, set_position (position, state, dir)}
 function step.run(o)
@@ -617,7 +625,7 @@ function Run:open(resume, overwrite)
     claim(self, out, overwrite)
   end
   if out then
-    self.logger = log.open({ path = out .. "/metrics.jsonl", quiet = self.quiet })
+    self.logger = log.open({ path = out .. "/metrics.jsonl", quiet = self.quiet, tensorboard = self.tensorboard })
     if not resume and self.cfg then
       if tide.C.tide_file_write_text_atomic(out .. "/config.json", json.encode(plain(self.cfg)) .. "\n") ~= 0 then
         options.fail(self.driver, "cannot write config.json: " .. ffi.string(tide.C.tide_last_error()), 0)

@@ -24,7 +24,7 @@ local WHO = "tide.train"
 local TRAIN_KEYS = {
   steps = true, eval_every = true, eval_batches = true, ckpt_every = true, keep_ckpts = true, out = true,
   log_every = true, seed = true, threads = true, collect_every = true, quiet = true, jitter_window = true,
-  micro_batches = true,
+  micro_batches = true, tensorboard = true,
 }
 local SECTIONS = {
   model = false,   -- checked by the model builder
@@ -172,7 +172,8 @@ local function setup(cfg)
     objective = loss_fn and function(m, b, t) return loss_fn(m, b.ids, b.targets, t) end })
   local out = cfg.out or tcfg.out
   local run = step.run({ driver = "train", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
-    keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model, optim = opt, stepper = stepper,
+    tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
+    optim = opt, stepper = stepper,
     tokenizer = d.tokenizer,
     get_data = function() return { train = d.train.state() } end,
     set_data = function(cursors) d.train.set_state(cursors.train) end })
@@ -199,7 +200,6 @@ local function loop(cfg, model, d, run, micro)
       local line = step.moe_line(model, maxvio)
       if line then logger:line(line) end
     end
-    require("tide.nn.moe").record_loads(rec, model)
     run:record(rec)
     local now = tide.time()
     local p = { step = run.step, steps = steps, loss = rec.loss, lr = rec.lr, val_loss = rec.val_loss,

@@ -102,4 +102,19 @@ T.test("resuming from an earlier checkpoint: the later ones stay until this run 
   T.eq(read(d .. "/ckpt/step_00000008/model.safetensors"), later, "the later checkpoint is untouched")
 end)
 
+T.test("train.tensorboard = false: no events file beside metrics.jsonl (on by default)", function()
+  local on, off = T.tmpdir("tb-on"), T.tmpdir("tb-off")
+  train(cfg(on, { train = { steps = 2, ckpt_every = 0 } }))
+  train(cfg(off, { train = { steps = 2, ckpt_every = 0, tensorboard = false } }))
+  local function events(d)
+    local n = 0
+    local p = io.popen("ls -1 '" .. d .. "'")
+    for name in p:lines() do if name:match("^events%.out%.tfevents%.") then n = n + 1 end end
+    p:close()
+    return n
+  end
+  T.eq({ events(on), events(off) }, { 1, 0 })
+  T.ok(read(off .. "/metrics.jsonl"):find('"step":2', 1, true), "metrics still written")
+end)
+
 T.run()
