@@ -188,6 +188,11 @@ T.test("export -> import round trip: bit-identical weights, same logits, the mod
     local x = tide.tensor({ { 256, 72, 101, 108, 108, 111, 32, 119 } }, { dtype = "i32" })
     m1:eval(); m2:eval()
     T.eq((m1:forward(x) - m2:forward(x)):abs():max():item(), 0, "logits")
+    -- tide sample reads the imported directory and writes what it writes for the original
+    local sample = require "tide.cmd.sample"
+    local quiet = { write = function() end, flush = function() end }
+    local flags = { prompt = "The ", max_new = 16, seed = 3, stop = "none" }
+    T.eq(select(2, sample.sample(back, flags, quiet)), select(2, sample.sample(run, flags, quiet)), "sampled ids")
   end
 end)
 

@@ -80,6 +80,11 @@ function M.main(args)
   local pos, flags = cli.parse_flags(args, SPEC, "tide export")
   if #pos ~= 2 then cli.usage_error("tide export: expected CKPT DIR, got " .. #pos .. " argument(s) (tide export --help)") end
   local info, config = M.export(pos[1], pos[2], flags)
+  if config.head_dim and config.head_dim * config.num_attention_heads ~= config.hidden_size then
+    io.stderr:write(string.format("export: note: head_dim %d x %d heads ~= hidden_size %d; transformers versions that "
+      .. "ignore config.head_dim (4.40 among them) cannot load this model\n", config.head_dim,
+      config.num_attention_heads, config.hidden_size))
+  end
   print(string.format("export: %s (step %d, %s, %s) -> %s", info.dir, info.step or 0, info.kind,
     config.architectures[1], pos[2]))
   return 0
