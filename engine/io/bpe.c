@@ -768,7 +768,7 @@ static bpe_cache *cache_new(void)
 {
     bpe_cache *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->cap = 4096;
+    c->cap = 256;
     c->slots = calloc(c->cap, sizeof *c->slots);
     if (!c->slots) { free(c); return NULL; }
     return c;
@@ -1008,7 +1008,7 @@ int64_t tide_bpe_encode(tide_bpe *b, const char *text, size_t n, int32_t *out, i
     if (!c) return tide_set_error("tokenizer encode: out of memory");
     bpe_ivec v = { 0 };
     if (encode_text(b, c, (const uint8_t *)text, n, 0, &v)) { free(v.v); return -1; }
-    if (out && cap > 0) memcpy(out, v.v, (size_t)((int64_t)v.n < cap ? (int64_t)v.n : cap) * sizeof *out);
+    if (out && cap > 0 && v.n) memcpy(out, v.v, (size_t)((int64_t)v.n < cap ? (int64_t)v.n : cap) * sizeof *out);
     free(v.v);
     return (int64_t)v.n;
 }
@@ -1099,7 +1099,7 @@ int32_t *tide_bpe_encode_docs(tide_bpe *b, const char *text, const int64_t *offs
             size_t pos = 0;
             for (size_t i = 0; i < n_items; i++) {
                 if (doc_starts && items[i].first) doc_starts[items[i].doc] = (int64_t)pos;
-                memcpy(res + pos, outs[item_thread[i]].v + item_at[i], item_n[i] * sizeof *res);
+                if (item_n[i]) memcpy(res + pos, outs[item_thread[i]].v + item_at[i], item_n[i] * sizeof *res);
                 pos += item_n[i];
             }
             if (doc_starts) {

@@ -125,7 +125,7 @@ static int64_t pair_find(const tide_bpe_trainer *t, uint64_t key)
 
 static int pair_grow_map(tide_bpe_trainer *t)
 {
-    size_t nc = t->pmap_cap ? t->pmap_cap * 2 : 1 << 16;
+    size_t nc = t->pmap_cap ? t->pmap_cap * 2 : 1 << 10;
     void *m = malloc(nc * sizeof *t->pmap);
     if (!m) return tide_set_error("tokenizer train: out of memory for %lld pairs", (long long)t->n_pairs);
     __typeof__(t->pmap) nm = m;
@@ -149,7 +149,7 @@ static int64_t pair_get(tide_bpe_trainer *t, uint64_t key)
     if (idx >= 0) return idx;
     if ((size_t)(t->n_pairs + 1) * 2 > t->pmap_cap && pair_grow_map(t)) return -1;
     if (t->n_pairs == t->pairs_cap) {
-        int64_t nc = t->pairs_cap ? t->pairs_cap * 2 : 1 << 15;
+        int64_t nc = t->pairs_cap ? t->pairs_cap * 2 : 1 << 9;
         uint64_t *k = realloc(t->pkey, (size_t)nc * sizeof *k);
         if (k) t->pkey = k;
         int64_t *c = realloc(t->pcount, (size_t)nc * sizeof *c);
@@ -192,7 +192,7 @@ static inline int hbefore(hentry a, hentry b) { return a.count > b.count || (a.c
 static int heap_push(tide_bpe_trainer *t, int64_t count, uint64_t key)
 {
     if (t->heap_n == t->heap_cap) {
-        int64_t nc = t->heap_cap ? t->heap_cap * 2 : 1 << 15;
+        int64_t nc = t->heap_cap ? t->heap_cap * 2 : 1 << 9;
         hentry *h = realloc(t->heap, (size_t)nc * sizeof *h);
         if (!h) return tide_set_error("tokenizer train: out of memory");
         t->heap = h;
