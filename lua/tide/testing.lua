@@ -268,6 +268,95 @@ end
 
 -- T.run(opts): runs the registered cases in order; opts.exit = false returns (passed, failed) instead
 -- of exiting. The summary line "N passed, M failed" is what `tide test` reads.
+-- ---- pictures (tide plot's page, checked as a browser draws it) ---------------------------------------------
+local ffi = require "ffi"
+pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *dest_len, const uint8_t *src, unsigned long src_len);")
+
+-- png(path) -> width, height, rgb(x, y) for an 8-bit RGB or RGBA non-interlaced PNG (what Chromium writes)
+function T.png(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  T.eq(s:sub(1, 8), "\137PNG\r\n\26\n", "PNG signature")
+  local function u32(i) return ((s:byte(i) * 256 + s:byte(i + 1)) * 256 + s:byte(i + 2)) * 256 + s:byte(i + 3) end
+  local pos, idat, w, h, depth, ctype, interlace = 9, {}, nil, nil, nil, nil, nil
+  while pos <= #s do
+    local n, typ = u32(pos), s:sub(pos + 4, pos + 7)
+    local body = s:sub(pos + 8, pos + 7 + n)
+    if typ == "IHDR" then
+      w, h, depth, ctype, interlace = u32(pos + 8), u32(pos + 12), body:byte(9), body:byte(10), body:byte(13)
+    elseif typ == "IDAT" then idat[#idat + 1] = body
+    elseif typ == "IEND" then break end
+    pos = pos + 12 + n
+  end
+  T.ok(depth == 8 and (ctype == 2 or ctype == 6) and interlace == 0, string.format("PNG depth %s colour type %s", depth, ctype))
+  local bpp = ctype == 2 and 3 or 4
+  local stride = w * bpp
+  local z = table.concat(idat)
+  local raw = ffi.new("uint8_t[?]", h * (stride + 1))
+  local len = ffi.new("unsigned long[1]", h * (stride + 1))
+  local zlib = ffi.load("libz.so.1")
+  T.eq(zlib.uncompress(raw, len, z, #z), 0, "zlib uncompress")
+  -- undo the row filters in place (PNG spec §9): none, sub, up, average, paeth
+  local px = ffi.new("uint8_t[?]", h * stride)
+  for y = 0, h - 1 do
+    local f, src, dst = raw[y * (stride + 1)], raw + y * (stride + 1) + 1, px + y * stride
+    local up = y > 0 and px + (y - 1) * stride or nil
+    for i = 0, stride - 1 do
+      local a = i >= bpp and dst[i - bpp] or 0
+      local b = up and up[i] or 0
+      local c = (up and i >= bpp) and up[i - bpp] or 0
+      local v = src[i]
+      if f == 1 then v = v + a
+      elseif f == 2 then v = v + b
+      elseif f == 3 then v = v + math.floor((a + b) / 2)
+      elseif f == 4 then
+        local p = a + b - c
+        local pa, pb, pc = math.abs(p - a), math.abs(p - b), math.abs(p - c)
+        v = v + ((pa <= pb and pa <= pc) and a or (pb <= pc and b or c))
+      end
+      dst[i] = v % 256
+    end
+  end
+  return w, h, function(x, y)
+    local o = y * stride + x * bpp
+    return px[o], px[o + 1], px[o + 2]
+  end
+end
+
+
+-- screenshot(html_path, width, height) -> the path of a PNG of the page drawn by headless Chromium, or nil (with a
+-- line saying why) when this machine cannot install Chromium; Chromium missing where apt has it is an error
+function T.screenshot(html, width, height)
+  local exe
+  for _, name in ipairs({ "chromium", "chromium-browser" }) do
+    if os.execute("command -v " .. name .. " >/dev/null 2>&1") == 0 then exe = name break end
+  end
+  if not exe then
+    local p = io.popen("apt-cache policy chromium 2>/dev/null")
+    local policy = p:read("*a")
+    p:close()
+    if policy:match("Candidate: [^%(]") and not policy:match("Candidate: %(none%)") then
+      error("chromium is not installed: run scripts/test_deps.sh (it installs the Debian chromium package)", 0)
+    end
+    print("  skipped: chromium cannot be installed on this machine (no apt candidate), so the page is not rendered")
+    return nil
+  end
+  local dir = T.tmpdir("shot", { create = true })
+  local shot = dir .. "/page.png"
+  local q = function(v) return "'" .. tostring(v):gsub("'", "'\\''") .. "'" end
+  local cmdline = string.format("timeout 120 %s --headless --no-sandbox --disable-gpu --hide-scrollbars "
+    .. "--user-data-dir=%s --window-size=%d,%d --screenshot=%s file://%s 2>&1", exe, q(dir .. "/profile"), width,
+    height, q(shot), html)
+  local p = io.popen(cmdline)
+  local log_text = p:read("*a")
+  p:close()
+  local f = io.open(shot, "rb")
+  T.ok(f ~= nil, "chromium wrote no screenshot: " .. log_text)
+  if f then f:close() end
+  return shot
+end
+
 function T.run(opts)
   opts = opts or {}
   local filter = os.getenv("TIDE_TEST_FILTER")

@@ -109,90 +109,12 @@ T.test("heatmap cells: the colour and the text of each expert's load over the la
 end)
 
 -- ---- the screenshot -------------------------------------------------------------------------------------------
-pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *dest_len, const uint8_t *src, unsigned long src_len);")
-
--- png(path) -> width, height, rgb(x, y) for an 8-bit RGB or RGBA non-interlaced PNG (what Chromium writes)
-local function png(path)
-  local s = read(path)
-  T.eq(s:sub(1, 8), "\137PNG\r\n\26\n", "PNG signature")
-  local function u32(i) return ((s:byte(i) * 256 + s:byte(i + 1)) * 256 + s:byte(i + 2)) * 256 + s:byte(i + 3) end
-  local pos, idat, w, h, depth, ctype, interlace = 9, {}, nil, nil, nil, nil, nil
-  while pos <= #s do
-    local n, typ = u32(pos), s:sub(pos + 4, pos + 7)
-    local body = s:sub(pos + 8, pos + 7 + n)
-    if typ == "IHDR" then
-      w, h, depth, ctype, interlace = u32(pos + 8), u32(pos + 12), body:byte(9), body:byte(10), body:byte(13)
-    elseif typ == "IDAT" then idat[#idat + 1] = body
-    elseif typ == "IEND" then break end
-    pos = pos + 12 + n
-  end
-  T.ok(depth == 8 and (ctype == 2 or ctype == 6) and interlace == 0, fmt("PNG depth %s colour type %s", depth, ctype))
-  local bpp = ctype == 2 and 3 or 4
-  local stride = w * bpp
-  local z = table.concat(idat)
-  local raw = ffi.new("uint8_t[?]", h * (stride + 1))
-  local len = ffi.new("unsigned long[1]", h * (stride + 1))
-  local zlib = ffi.load("libz.so.1")
-  T.eq(zlib.uncompress(raw, len, z, #z), 0, "zlib uncompress")
-  -- undo the row filters in place (PNG spec §9): none, sub, up, average, paeth
-  local px = ffi.new("uint8_t[?]", h * stride)
-  for y = 0, h - 1 do
-    local f, src, dst = raw[y * (stride + 1)], raw + y * (stride + 1) + 1, px + y * stride
-    local up = y > 0 and px + (y - 1) * stride or nil
-    for i = 0, stride - 1 do
-      local a = i >= bpp and dst[i - bpp] or 0
-      local b = up and up[i] or 0
-      local c = (up and i >= bpp) and up[i - bpp] or 0
-      local v = src[i]
-      if f == 1 then v = v + a
-      elseif f == 2 then v = v + b
-      elseif f == 3 then v = v + math.floor((a + b) / 2)
-      elseif f == 4 then
-        local p = a + b - c
-        local pa, pb, pc = math.abs(p - a), math.abs(p - b), math.abs(p - c)
-        v = v + ((pa <= pb and pa <= pc) and a or (pb <= pc and b or c))
-      end
-      dst[i] = v % 256
-    end
-  end
-  return w, h, function(x, y)
-    local o = y * stride + x * bpp
-    return px[o], px[o + 1], px[o + 2]
-  end
-end
-
-local function chromium()
-  for _, name in ipairs({ "chromium", "chromium-browser" }) do
-    if os.execute("command -v " .. name .. " >/dev/null 2>&1") == 0 then return name end
-  end
-  return nil
-end
-
 T.test("headless Chromium draws the page: many colours, the lines and the heatmap's reds and blues", function()
-  local exe = chromium()
-  if not exe then
-    -- the package is in the test dependencies: missing is a failure unless this machine cannot install it
-    local p = io.popen("apt-cache policy chromium 2>/dev/null")
-    local policy = p:read("*a")
-    p:close()
-    if policy:match("Candidate: [^%(]") and not policy:match("Candidate: %(none%)") then
-      error("chromium is not installed: run scripts/test_deps.sh (it installs the Debian chromium package)", 0)
-    end
-    print("  skipped: chromium cannot be installed on this machine (no apt candidate), so the page is not rendered")
-    return
-  end
   local out = the_run()
   quiet_main({ out })
-  local dir = tmpdir("shot", { create = true })
-  local shot = dir .. "/report.png"
-  local cmdline = fmt("timeout 120 %s --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=%s "
-    .. "--window-size=1000,2400 --screenshot=%s file://%s/report.html 2>&1", exe, cli.shell_quote(dir .. "/profile"),
-    cli.shell_quote(shot), out)
-  local p = io.popen(cmdline)
-  local log_text = p:read("*a")
-  p:close()
-  T.eq(tide.C.tide_path_exists(shot), 1, "chromium wrote no screenshot: " .. log_text)
-  local w, h, rgb = png(shot)
+  local shot = T.screenshot(out .. "/report.html", 1000, 2400)
+  if not shot then return end
+  local w, h, rgb = T.png(shot)
   T.eq({ w, h }, { 1000, 2400 })
   local colours, distinct, drawn, reds, blues, line_blue = {}, 0, 0, 0, 0, 0
   for y = 0, h - 1, 2 do
