@@ -270,8 +270,15 @@ T.test("training on JSONL documents, a directory and prepared shards with a BPE 
   local out, code = tide_cmd(fmt("data prepare --tokenizer %s %s --doc-separator %% -o %s --quiet", q(bpe), q(dir .. "/corpus"),
     q(dir .. "/shards")))
   T.eq(code, 0, out)
-  local r = train(cfg({ path = dir .. "/shards", exclude = { "%.json$" }, tokenizer = dir .. "/shards/tokenizer.json" }))
+  local c2 = cfg({ path = dir .. "/shards", exclude = { "%.json$" }, tokenizer = dir .. "/shards/tokenizer.json" })
+  c2.train.out = dir .. "/run"
+  local r = train(c2)
   T.eq(#r.losses, 3)
+  -- the checkpoint carries the tokenizer: load_model gives the same BPE back (checkpoint.lua, tokenizer.json)
+  local _, info = require("tide.checkpoint").load_model(dir .. "/run")
+  T.eq(info.tokenizer.kind, "bpe")
+  T.eq(info.tokenizer.sha256, tokenizer.load(bpe).sha256)
+  T.eq(info.tokenizer:encode("hello there"), tokenizer.load(bpe):encode("hello there"))
   T.raises(function() train(cfg({ path = dir .. "/corpus/d.jsonl", tokenizer = 7 })) end,
     "data.tokenizer must be \"byte\" or the path of a tokenizer.json, got 7")
   local c = cfg({ path = dir .. "/corpus/d.jsonl", tokenizer = bpe })
