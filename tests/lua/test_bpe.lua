@@ -231,6 +231,43 @@ T.test("tokenizer.load: \"byte\", spec tables, paths; bad specs are one-line err
     "data.tokenizer must be \"byte\" or the path of a tokenizer.json, got true")
 end)
 
+T.test("a long document is encoded in chunks on all threads with the ids of one encode", function()
+  local C2 = C
+  for _, path in ipairs({ FIX .. "/hf_bpe.json", "llama3" }) do
+    local tok
+    if path == "llama3" then
+      local t = json.decode(read(FIX .. "/hf_bpe.json"))
+      t.pre_tokenizer = { type = "Sequence", pretokenizers = {
+        { type = "Split", pattern = { Regex = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?"
+          .. "[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" }, behavior = "Isolated", invert = false },
+        { type = "ByteLevel", add_prefix_space = false, use_regex = false } } }
+      local dir = T.tmpdir("bpe-chunks", { create = true })
+      write(dir .. "/l3.json", json.encode(t))
+      tok = tokenizer.load(dir .. "/l3.json")
+      T.eq(tok.pretokenizer, "llama3")
+    else
+      tok = tokenizer.load(path)
+    end
+    -- over 2 MiB: cut after lone newlines between printable bytes, encoded on all threads
+    local parts = { read(FORTUNES .. "/linux"), "<|endoftext|>\n<|pad|>x\n", read(FIX .. "/multilingual.txt") }
+    local text = string.rep(table.concat(parts), 80)
+    T.ok(#text > 4 * 2 ^ 20, #text .. " bytes")
+    local one = C2.tide_bpe_encode(tok.handle, text, #text, nil, 0)
+    for _, split in ipairs({ false, true }) do
+      local got = tok:encode_docs(text, ffi.new("int64_t[2]", 0, #text), 1, -1, false, split)
+      if split then
+        local want = ffi.new("int32_t[?]", one)
+        T.eq(C2.tide_bpe_encode(tok.handle, text, #text, want, one), one)
+        T.eq(got.n, tonumber(one))
+        for i = 0, got.n - 1 do
+          if got.buf[i] ~= want[i] then T.ok(false, fmt("id %d: %d vs %d", i, got.buf[i], want[i])) end
+        end
+      end
+      T.ok(tok:decode_buf(got.buf, got.n) == text, "decodes back")
+    end
+  end
+end)
+
 -- ---- hostile files ---------------------------------------------------------------------------------------------
 T.test("hostile tokenizer.json files: truncated, wrong types, bad ids, unsupported parts, huge: one-line errors", function()
   local good = read(FIX .. "/hf_bpe.json")
