@@ -423,6 +423,15 @@ void tide_bpe_trainer_free(tide_bpe_trainer *t);
 char *tide_jsonl_texts(const char *buf, size_t n, const char *field, const char *label, int64_t **offsets,
                        int64_t *n_docs);
 
+/* ---- images (engine/io/image.c, vision.md §2): PNG and JPEG -> a u8 tensor [H, W, 3] on the CPU ------------- */
+/* Hostile input: regular files only, at most 64 MiB; the header's size is checked before any pixel memory is
+   allocated: each side <= max_side (0 = the default and hard cap, 16,384) and W x H <= 64 Mi pixels. Always
+   8-bit RGB (alpha dropped, grey and palette expanded, 16-bit channels reduced to their high byte). Errors are
+   one line naming the file (or label) and the reason. */
+tide_tensor *tide_image_read(const char *path, int64_t max_side);
+/* the same from bytes in memory (a JSONL/base64 image); label names the source in error messages */
+tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *label, int64_t max_side);
+
 /* ---- distributed (engine/dist/comm.c): MPI for CPU tensors when built with MPI ------------------------ */
 /* Initialises MPI when the build has it and the process was started by mpirun (or MPI is otherwise
    requested); a single process without MPI is rank 0 of 1. Safe to call more than once. */

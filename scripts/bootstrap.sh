@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # clang-14 + libclang-rt-14-dev (libFuzzer, the sanitizer runtimes): the fuzz lane (scripts/lane_fuzz.sh)
 pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev libopenblas-openmp-dev libcjson-dev
-      libreadline-dev fortunes libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev)
+      libreadline-dev fortunes libopenmpi-dev openmpi-bin clang-14 libclang-rt-14-dev libstb-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-pkgs=(python3-venv python3-torch chromium)
+pkgs=(python3-venv python3-torch chromium python3-sklearn python3-pil)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
