@@ -16,7 +16,8 @@ scale=${TIDE_FUZZ_SCALE:-1}
 # executions per harness: sized so each takes 10-15 s on an idle core, 20-60 s on a busy one (exec/s measured on
 # 2 cores at load 5: safetensors 10K, json 14K, text 6K, checkpoint 2.2K, shards 1.4K, bpe 0.3K; about 3x that
 # when idle)
-declare -A runs=([safetensors]=300000 [json]=300000 [text]=120000 [checkpoint]=50000 [shards]=30000 [bpe]=6000)
+declare -A runs=([safetensors]=300000 [json]=300000 [text]=120000 [checkpoint]=50000 [shards]=30000 [bpe]=6000
+  [image]=40000)   # image: 2.5-3.2K exec/s, about 15 s on a busy core
 lua_iters=$((100000 * scale))
 t0=$(date +%s)
 

