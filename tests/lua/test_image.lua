@@ -2,7 +2,8 @@
 -- of Debian's python3-sklearn (china.jpg, flower.jpg) decode within a measured bound of Pillow's libjpeg pixels;
 -- PNGs written here (RGB, RGBA, grey, palette, 16-bit RGB and grey) decode exactly as Pillow's convert("RGB")
 -- (16-bit grey: Pillow's "I;16" values' high byte, which is what 8-bit output keeps); truncated, corrupt, huge,
--- FIFO, directory and empty inputs fail in one line naming the file. Needs /usr/bin/python3 with python3-pil and
+-- FIFO, directory and empty inputs fail in one line naming the file; image.patchify matches a numpy loop. Needs
+-- /usr/bin/python3 with python3-pil and
 -- python3-sklearn (scripts/test_deps.sh).
 local T = require "tide.testing"
 local tide = require "tide"
@@ -67,6 +68,24 @@ if sys.argv[1] == "gen":
     Image.fromarray(big, "RGB").save(d + "/big.png")
     Image.fromarray(big, "RGB").save(d + "/big.jpg", quality=85)
     print("ok")
+elif sys.argv[1] == "patch":
+    src, H, W, p, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+    mean = np.array([0.48145466, 0.4578275, 0.40821073])
+    std = np.array([0.26862954, 0.26130258, 0.27577711])
+    a = np.frombuffer(open(src, "rb").read(), np.uint8).reshape(H, W, 3)
+    m = 2 * p
+    Hp, Wp = -(-H // m) * m, -(-W // m) * m
+    x = np.zeros((Hp, Wp, 3))
+    x[:H, :W] = a
+    x = (x / 255 - mean) / std
+    h, w = Hp // p, Wp // p
+    ref = np.empty((h * w, 3 * p * p))
+    for r in range(h):
+        for c in range(w):
+            for ch in range(3):
+                ref[r * w + c, ch * p * p:(ch + 1) * p * p] = x[r * p:(r + 1) * p, c * p:(c + 1) * p, ch].reshape(-1)
+    ref.astype(np.float32).tofile(out)
+    print(h, w)
 else:
     img = Image.open(sys.argv[2])
     if img.mode in ("I;16", "I;16B", "I"):
@@ -280,6 +299,52 @@ T.test("hostile files: truncated, corrupt, FIFO, directory, empty, missing, too 
     T.ok(err:find(c[1], 1, true), "the error names the file: " .. err)
     T.ok(not err:find("\n"), "one line: " .. err)
   end
+end)
+
+local CLIP_MEAN = { 0.48145466, 0.4578275, 0.40821073 }
+local CLIP_STD = { 0.26862954, 0.26130258, 0.27577711 }
+
+T.test("patchify: pad to 2p with 0, normalise, (c, ky, kx) patches == numpy (f32 1e-6); shapes of oracle 5", function()
+  local gdir = generated()
+  for _, c in ipairs({ { SK_IMAGES .. "/china.jpg", 14, 32, 46 }, { gdir .. "/rgb.png", 2, 4, 4 },
+                       { gdir .. "/big.png", 3, 14, 20 } }) do
+    local img = image.read(c[1])
+    local patches, h, w = image.patchify(img, c[2], CLIP_MEAN, CLIP_STD)
+    T.eq({ h, w }, { c[3], c[4] }, c[1])
+    T.eq(patches:shape(), { h * w, 3 * c[2] * c[2] }, c[1])
+    local buf, n = bytes_of(img)
+    local raw = python().dir .. "/img.rgb"
+    write(raw, ffi.string(buf, n))
+    local out = python().dir .. "/patches.f32"
+    local s = img:shape()
+    T.eq(run_py(fmt("patch %s %d %d %d %s", cli.shell_quote(raw), s[1], s[2], c[2], cli.shell_quote(out)))
+           :match("(%d+ %d+)"), h .. " " .. w)
+    local ref = slurp(out)
+    local k = patches:numel()
+    T.eq(#ref, 4 * k, c[1])
+    local got = ffi.new("float[?]", k)
+    tide.check_status(tide.C.tide_read_bytes(tide.raw(patches), got, 4 * k))
+    local want = ffi.cast("const float *", ref)
+    local maxd = 0
+    for i = 0, k - 1 do maxd = math.max(maxd, math.abs(got[i] - want[i])) end
+    print(fmt("    %s at p = %d: %d x %d patches, max |Δ| = %.2g vs numpy", c[1]:match("[^/]+$"), c[2], h, w, maxd))
+    T.ok(maxd <= 1e-6, fmt("%s: max |Δ| = %.3g vs numpy, expected <= 1e-6", c[1], maxd))
+  end
+  -- oracle 5: tiny-vlm 32 x 32 at p = 4 -> 8 x 8 patches (16 tokens); at p = 14 -> padded to 56 x 56, 4 x 4 patches
+  -- (4 tokens); the padding is pixel 0, so a patch wholly in it is -mean/std
+  local img = tide.zeros({ 32, 32, 3 }, { dtype = "u8" })
+  local p4, h4, w4 = image.patchify(img, 4, { 0.5, 0.5, 0.5 }, { 0.5, 0.5, 0.5 })
+  T.eq({ h4, w4, h4 * w4 / 4 }, { 8, 8, 16 })
+  T.eq(p4:shape(), { 64, 48 })
+  local p14, h14, w14 = image.patchify(img, 14, CLIP_MEAN, CLIP_STD)
+  T.eq({ h14, w14, h14 * w14 / 4 }, { 4, 4, 4 })
+  local last = p14:narrow(1, 16, 1):reshape(3, 196)
+  for ch = 1, 3 do
+    T.near(last:narrow(1, ch, 1), tide.full({ 1, 196 }, -CLIP_MEAN[ch] / CLIP_STD[ch]), 1e-6, "pad channel " .. ch)
+  end
+  T.raises(function() image.patchify(img:to("f32"), 14, CLIP_MEAN, CLIP_STD) end, "expected a u8 image [H, W, 3]")
+  T.raises(function() image.patchify(img, 14, CLIP_MEAN, { 1, 0, 1 }) end, "std[2] = 0, expected a number > 0")
+  T.raises(function() image.patchify(img, 0, CLIP_MEAN, CLIP_STD) end, "the patch size must be a positive integer")
 end)
 
 T.run()
