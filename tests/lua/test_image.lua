@@ -3,8 +3,7 @@
 -- PNGs written here (RGB, RGBA, grey, palette, 16-bit RGB and grey) decode exactly as Pillow's convert("RGB")
 -- (16-bit grey: Pillow's "I;16" values' high byte, which is what 8-bit output keeps); truncated, corrupt, huge,
 -- FIFO, directory and empty inputs fail in one line naming the file; image.patchify matches a numpy loop. Needs
--- /usr/bin/python3 with python3-pil and
--- python3-sklearn (scripts/test_deps.sh).
+-- /usr/bin/python3 with python3-pil and python3-sklearn (scripts/test_deps.sh).
 local T = require "tide.testing"
 local tide = require "tide"
 local ffi = require "ffi"
