@@ -17,7 +17,7 @@ scale=${TIDE_FUZZ_SCALE:-1}
 # 2 cores at load 5: safetensors 10K, json 14K, text 6K, checkpoint 2.2K, shards 1.4K, bpe 0.3K; about 3x that
 # when idle)
 declare -A runs=([safetensors]=300000 [json]=300000 [text]=120000 [checkpoint]=50000 [shards]=30000 [bpe]=6000
-  [image]=40000)   # image: 2.5-3.2K exec/s, about 15 s on a busy core
+  [image]=100000)   # image: 2.5-4.3K exec/s, 25-40 s on a busy core (the vision issue asks for 10^5)
 lua_iters=$((100000 * scale))
 t0=$(date +%s)
 
