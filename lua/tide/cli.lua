@@ -320,6 +320,25 @@ M.register("export", "tide.cmd.export", "CKPT DIR: write a HuggingFace model dir
 M.register("import", "tide.cmd.import", "DIR OUT: read a HuggingFace Llama directory into a tide checkpoint")
 M.register("plot", "tide.cmd.plot", "RUN [-o report.html]: one self-contained HTML page of a run's metrics")
 
+-- subcommand(args, handlers, who): runs handlers[args[1]] on the remaining arguments (tide data prepare ...,
+-- tide tokenizer train ...); names = the handlers' names in the order the usage error lists them; usage (the
+-- command's USAGE) is printed for `CMD SUB --help`
+function M.subcommand(args, handlers, names, who, usage)
+  local sub = args[1]
+  local rest = {}
+  for i = 2, #args do rest[#rest + 1] = args[i] end
+  if sub and handlers[sub] then
+    if usage and (rest[1] == "--help" or rest[1] == "-h") then
+      print(usage)
+      return 0
+    end
+    return handlers[sub](rest)
+  end
+  local list = #names == 1 and names[1] or (table.concat(names, ", ", 1, #names - 1) .. " or " .. names[#names])
+  usage_error(string.format("%s: expected %s, got %s (%s --help)", who, list, sub and ("'" .. sub .. "'") or "nothing",
+    who))
+end
+
 -- parse_flags(args, spec, who) -> positional (array), flags (table): the one parser of the commands' options.
 -- spec[name] = { kind = "number" | "integer" | "string" | "boolean" | "list", default = v, min = x, max = x }
 -- (name with underscores; --max-new and --max_new are the same flag). Unknown flags, missing or ill-typed values

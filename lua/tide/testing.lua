@@ -268,15 +268,22 @@ end
 
 -- T.run(opts): runs the registered cases in order; opts.exit = false returns (passed, failed) instead
 -- of exiting. The summary line "N passed, M failed" is what `tide test` reads.
+-- read(path) -> the file's bytes, or nil when it cannot be opened
+function T.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
 -- ---- pictures (tide plot's page, checked as a browser draws it) ---------------------------------------------
 local ffi = require "ffi"
 pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *dest_len, const uint8_t *src, unsigned long src_len);")
 
 -- png(path) -> width, height, rgb(x, y) for an 8-bit RGB or RGBA non-interlaced PNG (what Chromium writes)
 function T.png(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
+  local s = assert(T.read(path), "cannot read " .. path)
   T.eq(s:sub(1, 8), "\137PNG\r\n\26\n", "PNG signature")
   local function u32(i) return ((s:byte(i) * 256 + s:byte(i + 1)) * 256 + s:byte(i + 2)) * 256 + s:byte(i + 3) end
   local pos, idat, w, h, depth, ctype, interlace = 9, {}, nil, nil, nil, nil, nil

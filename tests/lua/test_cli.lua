@@ -299,6 +299,9 @@ T.test("override UX: stages by name, warmups scaled with steps, schema keys, --h
   T.eq(code, 0, out)
   contains(out, "recipes/quickstart.lua")
   contains(out, "recipes/dense.lua")
+  out, code = tide_cmd("data prepare --help")   -- a subcommand's --help: its command's usage
+  T.eq(code, 0, out)
+  contains(out, "usage: tide data prepare")
   out, code = tide_cmd("run recipes/dense.lua --seed=abc")
   T.eq(code, 1)
   T.eq(out, "tide: --seed must be an integer in [0, 2^32), got abc\n")

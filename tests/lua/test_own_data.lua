@@ -19,13 +19,7 @@ local function sh(args)
   return (out:gsub("__exit=%d+%s*$", "")), code
 end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = T.read
 
 -- the corpus: fortunes of two files as JSONL documents (one per fortune, `text` field)
 local function corpus()

@@ -23,13 +23,7 @@ local function cfg(out, over)
   return c
 end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = T.read
 
 -- every file of a run directory (checkpoint files included) -> its bytes
 local function snapshot(dir)

@@ -187,11 +187,7 @@ local function prepare(args)
 end
 
 function M.main(args)
-  local sub = args[1]
-  local rest = {}
-  for i = 2, #args do rest[#rest + 1] = args[i] end
-  if sub == "prepare" then return prepare(rest) end
-  cli.usage_error(fmt("tide data: expected prepare, got %s (tide data --help)", sub and ("'" .. sub .. "'") or "nothing"))
+  return cli.subcommand(args, { prepare = prepare }, { "prepare" }, "tide data", M.USAGE)
 end
 
 return M

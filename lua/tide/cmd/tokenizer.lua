@@ -193,14 +193,8 @@ local function decode(args)
 end
 
 function M.main(args)
-  local sub = args[1]
-  local rest = {}
-  for i = 2, #args do rest[#rest + 1] = args[i] end
-  if sub == "train" then return train(rest) end
-  if sub == "encode" then return encode(rest) end
-  if sub == "decode" then return decode(rest) end
-  cli.usage_error(fmt("tide tokenizer: expected train, encode or decode, got %s (tide tokenizer --help)",
-    sub and ("'" .. sub .. "'") or "nothing"))
+  return cli.subcommand(args, { train = train, encode = encode, decode = decode }, { "train", "encode", "decode" },
+    "tide tokenizer", M.USAGE)
 end
 
 return M
