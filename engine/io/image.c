@@ -22,6 +22,13 @@
 #define STBI_NO_HDR
 #define STBI_FAILURE_USERMSG
 #define STBI_ASSERT(x) ((void)0)          /* its asserts fire on corrupt input; nothing aborts on user input */
+/* every allocation of the decoder goes through a per-thread cap (image_alloc_cap below): a PNG chunk length or a
+   zlib stream may claim gigabytes that a file of a few hundred bytes cannot hold */
+static void *image_malloc(size_t n);
+static void *image_realloc(void *p, size_t n);
+#define STBI_MALLOC(n) image_malloc(n)
+#define STBI_REALLOC(p, n) image_realloc(p, n)
+#define STBI_FREE(p) free(p)
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -47,6 +54,25 @@
 #define TIDE_IMAGE_MAX_BYTES ((int64_t)64 << 20)     /* 64 MiB per file */
 #define TIDE_IMAGE_MAX_SIDE ((int64_t)16384)         /* per side */
 #define TIDE_IMAGE_MAX_PIXELS ((int64_t)64 << 20)    /* 64 Mi pixels (e.g. 8192 x 8192) */
+
+/* The most one decoder allocation may take, for the image being decoded on this thread. A valid file never
+   needs more than twice its compressed bytes (the IDAT buffer grows by doubling) or a few dozen bytes per
+   (MCU-padded) pixel: 16-bit RGBA is 8, the zlib output may double once for an interlaced PNG, a progressive
+   JPEG keeps 2 bytes of coefficients per pixel and component. A request above the cap (a chunk length or a zlib
+   stream that expands past anything the declared size can use) is refused and reported as such. */
+static _Thread_local size_t image_alloc_cap, image_refused;
+
+static void *image_malloc(size_t n)
+{
+    if (n > image_alloc_cap) { image_refused = n; return NULL; }
+    return malloc(n);
+}
+
+static void *image_realloc(void *p, size_t n)
+{
+    if (n > image_alloc_cap) { image_refused = n; return NULL; }
+    return realloc(p, n);
+}
 
 /* stb_image 2.27 builds a Huffman table from 16 counts without checking that they sum to at most 256 (the JPEG
    limit), writing past its 257-entry arrays; later releases refuse such a DHT segment. Every DHT stb could parse
@@ -124,6 +150,8 @@ tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *l
                bad - 1);
     /* the header alone, through the one format's reader (stbi_info would report the last format it tried):
        nothing the size of the image is allocated before the caps are checked */
+    image_alloc_cap = 2 * n + ((size_t)1 << 20);
+    image_refused = 0;
     stbi__context ctx;
     stbi__start_mem(&ctx, buf, len);
     if (!(is_png ? stbi__png_info(&ctx, &w, &h, &comp) : stbi__jpeg_info(&ctx, &w, &h, &comp))) {
@@ -138,7 +166,15 @@ tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *l
                "image '%s' is %d x %d = %lld pixels, over the limit of %lld", label, w, h, (long long)w * h,
                (long long)TIDE_IMAGE_MAX_PIXELS);
     int dw = 0, dh = 0, dc = 0;
+    image_alloc_cap = 2 * n + 32 * (size_t)(w + 16) * (size_t)(h + 16) + ((size_t)1 << 20);
+    image_refused = 0;
     stbi_uc *px = stbi_load_from_memory(buf, len, &dw, &dh, &dc, 3);
+    if (!px && image_refused) {
+        tide_set_error("image '%s' (%d x %d): corrupt %s: decoding it asks for %zu bytes, more than a valid "
+                       "%zu-byte file of this size needs (at most %zu)", label, w, h, is_png ? "PNG" : "JPEG",
+                       image_refused, n, image_alloc_cap);
+        return NULL;
+    }
     if (!px) {
         tide_set_error("image '%s' (%d x %d): cannot decode: %s", label, w, h, stbi_failure_reason());
         return NULL;

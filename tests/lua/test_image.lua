@@ -66,6 +66,10 @@ if sys.argv[1] == "gen":
     big[:, :, 1] = np.arange(40)[:, None] * 6
     Image.fromarray(big, "RGB").save(d + "/big.png")
     Image.fromarray(big, "RGB").save(d + "/big.jpg", quality=85)
+    # a zlib bomb: an 8 x 8 grey PNG (72 bytes of scanlines) whose IDAT inflates to 64 MiB of zeros
+    with open(d + "/bomb.png", "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(bytes(64 << 20), 9)) + chunk(b"IEND", b""))
     print("ok")
 elif sys.argv[1] == "patch":
     src, H, W, p, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
@@ -280,6 +284,12 @@ T.test("hostile files: truncated, corrupt, FIFO, directory, empty, missing, too 
   -- would write past its 257-entry tables
   case("dht_overflow.jpg", jpg:sub(1, dht + 4) .. string.rep("\255", 16) .. jpg:sub(dht + 21),
        fmt("corrupt JPEG: the Huffman table at byte %d declares more than 256 codes", dht + 3))
+  -- an IDAT chunk whose length field claims 2 GiB in a file of a few hundred bytes (found by the fuzz lane: the
+  -- decoder grew its buffer to the claimed length before reading), and a zlib bomb: both refused by the cap
+  case("idat_length.png", slurp("tests/fuzz/corpus/image/idat_length_2gib.png"),
+       "(5 x 3): corrupt PNG: decoding it asks for 2147483648 bytes, more than a valid 199-byte file of this size")
+  os.rename(gdir .. "/bomb.png", dir .. "/bomb.png")
+  case("bomb.png", nil, "(8 x 8): corrupt PNG: decoding it asks for")
   case("empty.png", "", "is empty (0 bytes)")
   local fifo = dir .. "/pipe.png"
   T.eq(os.execute("mkfifo " .. cli.shell_quote(fifo)), 0, "mkfifo")
