@@ -65,7 +65,11 @@ static _Thread_local size_t image_alloc_cap, image_refused;
 static void *image_malloc(size_t n)
 {
     if (n > image_alloc_cap) { image_refused = n; return NULL; }
-    return malloc(n);
+    /* zeroed: stb_image 2.27 mallocs its JPEG decoder state, and a progressive scan that names a Huffman table
+       no DHT segment defined decodes through uninitialised tables, indexing past them (the fuzz lane's finding;
+       2.28 checks the symbol id). A zeroed table decodes every code as an end-of-band: an in-bounds, wrong image
+       of a corrupt file, as libjpeg gives with a warning. */
+    return calloc(1, n);
 }
 
 static void *image_realloc(void *p, size_t n)
