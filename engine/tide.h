@@ -328,6 +328,9 @@ int tide_open_regular(const char *path, const char *what, int64_t *size);
 /* the whole file, NUL-terminated (not counted in *n); max_bytes = 0 means no limit. Regular files only
    (tide_open_regular). Free with tide_free. */
 char *tide_read_file(const char *path, size_t *n, size_t max_bytes);
+/* the decompressed bytes of a single-member .gz file (engine/io/gunzip.c), NUL-terminated (not counted in *n);
+   header, CRC-32 and size trailer checked; at most max_bytes out (0 = 256 MiB, at most 1 GiB). Free with tide_free. */
+char *tide_gunzip_file(const char *path, size_t max_bytes, size_t *n);
 void tide_free(void *p);
 /* a text file as a u8 tensor [n] on the CPU (byte-level tokenizer input); an empty file is an error */
 tide_tensor *tide_text_read_bytes(const char *path);

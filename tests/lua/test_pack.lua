@@ -441,7 +441,7 @@ T.test("(h) errors name the problem", function()
   T.raises(function() pack.Packer { sources = { ok_entry, { source = fake_source("b", 2, 2, 3), weight = -1 } }, seq_len = 8, eot = EOT } end,
     "pack: sources[2] ('b'): weight must be a finite number > 0, got -1")
   T.raises(function() pack.Packer { sources = { ok_entry }, seq_len = 8, eot = EOT, batch = 4 } end,
-    "pack: unknown key 'batch' in Packer config; known keys: eot, seed, seq_len, sources")
+    "pack: unknown key 'batch' in Packer config; known keys: eot, media_pad, pad, seed, seq_len, sources")
   T.raises(function() pack.Packer { sources = { { source = a, weight = 1, wieght = 2 } }, seq_len = 8, eot = EOT } end,
     "pack: unknown key 'wieght' in sources[1]")
   T.raises(function() pack.text_source(with(FORTUNES, { shuffle = true })) end, "pack: unknown key 'shuffle' in text_source config")

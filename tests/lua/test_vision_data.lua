@@ -151,4 +151,324 @@ T.test("image.prepare: oracle 5 shapes (32x32 p4 -> 16, 896 p14 -> 1024, 32 p14 
   T.raises(function() image.prepare(img, { patch = 4, colour = 1 }) end, "unknown key 'colour' in vision")
 end)
 
+local pack = require "tide.data.pack"
+local mm = require "tide.data.multimodal"
+local tokenizer = require "tide.data.tokenizer"
+local TOK = tokenizer.byte_level()
+local SP = mm.specials(TOK)
+
+local function list_of(arr, n) local t = {} for k = 0, n - 1 do t[k + 1] = arr[k] end return t end
+
+T.test("document: <|media_start|>image<|media_content|> pad x n <|media_end|>; loss masks of vision.md §8", function()
+  T.eq({ SP.eot, SP.pad, SP.media_start, SP.media_content, SP.media_pad, SP.media_end }, { 256, 257, 268, 269, 270, 271 })
+  local img = tide.zeros({ 32, 32, 3 }, { dtype = "u8" })
+  local ids, targets, n, images = mm.document(TOK, { "see ", img, " red" }, nil)
+  -- eot, "see " (4), media_start, "image" (5), media_content, 16 pads, media_end, " red" (4)
+  T.eq(n, 1 + 4 + 1 + 5 + 1 + 16 + 1 + 4)
+  T.eq(#images, 1)
+  T.eq({ images[1].pos, images[1].n, images[1].h, images[1].w }, { 12, 16, 8, 8 })
+  T.eq(images[1].patches:shape(), { 64, 48 })
+  local want = { 256, 115, 101, 101, 32, 268, 105, 109, 97, 103, 101, 269 }
+  for _ = 1, 16 do want[#want + 1] = 270 end
+  for _, id in ipairs({ 271, 32, 114, 101, 100 }) do want[#want + 1] = id end
+  T.eq(list_of(ids, n), want)
+  -- masked: targets that are wrapper tokens (positions 4..10: media_start, "image", media_content), placeholders
+  -- (11..26), media_end (27); position 27 (media_end) predicts " " and is a target; the last one is the packer's
+  local masked = {}
+  for t = 0, n - 1 do if targets[t] == -100 then masked[#masked + 1] = t end end
+  local expect = {}
+  for t = 4, 27 do expect[#expect + 1] = t end
+  expect[#expect + 1] = n - 1
+  T.eq(masked, expect)
+  for t = 0, 3 do T.eq(targets[t], ids[t + 1]) end
+  T.eq(targets[28], ids[29])
+  -- loss_on_wrappers = true: only the placeholder targets (positions 11..26) are masked
+  local v = image.vision_config({ loss_on_wrappers = true })
+  local _, t2, n2 = mm.document(TOK, { "see ", img, " red" }, v)
+  local m2 = {}
+  for t = 0, n2 - 1 do if t2[t] == -100 then m2[#m2 + 1] = t end end
+  local e2 = {}
+  for t = 11, 26 do e2[#e2 + 1] = t end
+  e2[#e2 + 1] = n2 - 1
+  T.eq(m2, e2)
+end)
+
+T.test("squares: deterministic in (seed, i); one solid square of the caption's colour in its quadrant", function()
+  local a = mm.squares_source({ seed = 3 })
+  local b = mm.squares_source({ seed = 3 })
+  local c = mm.squares_source({ seed = 4 })
+  local ev = mm.squares_source({ seed = 3, split = "eval" })
+  local seen, differ, differ_eval = {}, 0, 0
+  for i = 0, 199 do
+    local img, cap, info = a:sample(i)
+    local img2, cap2 = b:sample(i)
+    T.eq(cap2, cap)
+    local p1, n = bytes_of(img)
+    local p2 = bytes_of(img2)
+    T.eq(ffi.string(p2, n), ffi.string(p1, n), "sample " .. i)
+    if ffi.string(bytes_of(c:sample(i)), n) ~= ffi.string(p1, n) then differ = differ + 1 end
+    if ffi.string(bytes_of(ev:sample(i)), n) ~= ffi.string(p1, n) then differ_eval = differ_eval + 1 end
+    T.eq(cap, info.colour .. " " .. info.quadrant)
+    seen[cap] = true
+    -- every pixel is the colour inside the square and the background outside
+    local col
+    for _, e in ipairs(mm.COLOURS) do if e[1] == info.colour then col = e end end
+    local inside = 0
+    for y = 0, 31 do
+      for x = 0, 31 do
+        local k = (y * 32 + x) * 3
+        local is_sq = x >= info.x0 and x < info.x0 + info.side and y >= info.y0 and y < info.y0 + info.side
+        if is_sq then
+          inside = inside + 1
+          if p1[k] ~= col[2] or p1[k + 1] ~= col[3] or p1[k + 2] ~= col[4] then T.ok(false, "square pixel " .. i) end
+        elseif p1[k] ~= info.background or p1[k + 2] ~= info.background then T.ok(false, "background pixel " .. i) end
+      end
+    end
+    T.eq(inside, info.side * info.side)
+    local qx = info.quadrant:find("right") and 1 or 0
+    local qy = info.quadrant:find("bottom") and 1 or 0
+    T.ok(math.floor(info.x0 / 16) == qx and math.floor((info.x0 + info.side - 1) / 16) == qx, "x in the quadrant")
+    T.ok(math.floor(info.y0 / 16) == qy and math.floor((info.y0 + info.side - 1) / 16) == qy, "y in the quadrant")
+  end
+  local classes = 0
+  for _ in pairs(seen) do classes = classes + 1 end
+  T.eq(classes, 32, "all 8 colours x 4 quadrants within 200 samples")
+  T.ok(differ >= 195 and differ_eval >= 195, fmt("other seed / eval split differ: %d, %d of 200", differ, differ_eval))
+  local ids, _, n, images = a:doc(7, 64)
+  T.eq(n, 1 + 7 + 16 + 1 + #select(2, a:sample(7)))
+  T.eq(images[1].n, 16)
+  T.raises(function() mm.squares_source({ colour = 1 }) end, "unknown key 'colour' in squares source config")
+  T.raises(function() mm.squares_source({ split = "test" }) end, "split must be 'train' or 'eval'")
+end)
+
+-- a text-only fake source (ids [eot, tag·1000 + i, ...]) to mix with the image documents
+local function text_source(name, tag)
+  local src = { name = name }
+  function src:doc(i, T_)
+    local n = 5 + (i * 7 + tag) % 23
+    local ids, targets = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+    ids[0] = SP.eot
+    for t = 1, n - 1 do ids[t] = (i * 13 + t * 3 + tag) % 250 end
+    for t = 0, n - 2 do targets[t] = ids[t + 1] end
+    targets[n - 1] = -100
+    return ids, targets, n
+  end
+  return src
+end
+
+local function new_packer(T_)
+  return pack.Packer{ sources = { { source = mm.squares_source({ seed = 1 }), weight = 2, name = "squares" },
+                                  { source = text_source("text", 1), weight = 1 } },
+                      seq_len = T_, seed = 9, eot = SP.eot }
+end
+
+-- checks one batch: placeholders = the spans, in order; no span crosses a row; images in span order
+local function check_batch(b, R, T_, src_by_name)
+  local flat = b.ids:tolist()          -- flattened row-major
+  local spans = b.image_spans or {}
+  local pads, k = 0, 0
+  for q = 1, #flat do if flat[q] == SP.media_pad then pads = pads + 1 end end
+  local sum_n, covered = 0, {}
+  for j, sp in ipairs(spans) do
+    sum_n = sum_n + sp.n
+    T.eq(math.floor(sp.pos / T_), sp.row, "span row")
+    T.ok(sp.pos % T_ + sp.n <= T_, "span inside its row")
+    for q = sp.pos, sp.pos + sp.n - 1 do
+      T.eq(flat[q + 1], SP.media_pad, "placeholder at " .. q)
+      covered[q] = true
+    end
+    T.eq(b.images.grids[j], { sp.h, sp.w })
+    T.eq(b.images.cu_seqlens[j + 1] - b.images.cu_seqlens[j], sp.h * sp.w)
+    -- the patches are the document's image
+    local _, _, _, imgs = src_by_name[sp.source]:doc(sp.doc, T_)
+    local want = floats_of(imgs[1].patches)
+    local got = floats_of(b.images.patches:narrow(1, b.images.cu_seqlens[j] + 1, sp.h * sp.w):contiguous())
+    local L = sp.h * sp.w * 48
+    T.eq(ffi.string(got, 4 * L), ffi.string(want, 4 * L), "patches of image " .. j)
+    k = k + 1
+  end
+  T.eq(pads, sum_n, "placeholders in ids = Σ n")
+  if #spans > 0 then T.eq(b.images.patches:shape()[1], b.images.cu_seqlens[#spans + 1]) end
+  -- placeholder targets and the targets of positions before wrappers are -100
+  local tg = b.targets:tolist()
+  for r = 0, R - 1 do
+    for c = 1, T_ - 1 do
+      if flat[r * T_ + c + 1] == SP.media_pad then T.eq(tg[r * T_ + c], -100, "target before a placeholder") end
+    end
+  end
+  return #spans
+end
+
+T.test("packer: image spans never cut; placeholders = Σ n at image_spans; patches in order; <|pad|> closes rows", function()
+  local T_, R = 50, 4
+  local p = new_packer(T_)
+  local by = { squares = p.sources[1].source, text = p.sources[2].source }
+  local images, pads_rows = 0, 0
+  for _ = 1, 8 do
+    local b = p:next_rows(R)
+    images = images + check_batch(b, R, T_, by)
+    local flat = b.ids:tolist()
+    local function at(r, c) return flat[(r - 1) * T_ + c] end
+    for r = 1, R do if at(r, T_) == SP.pad then pads_rows = pads_rows + 1 end end
+    -- cu_seqlens holds the pad runs as segments: every pad run begins a segment
+    local starts = {}
+    for _, c in ipairs(b.cu_seqlens) do starts[c] = true end
+    for r = 1, R do
+      for c = 1, T_ do
+        if at(r, c) == SP.pad and (c == 1 or at(r, c - 1) ~= SP.pad) then T.ok(starts[(r - 1) * T_ + c - 1], "pad run segment") end
+      end
+    end
+  end
+  T.ok(images >= 20, "images packed: " .. images)
+  T.ok(pads_rows >= 3, "rows closed by <|pad|> before an image span: " .. pads_rows)
+  print(fmt("    8 batches of 4 x 50: %d images, %d rows closed by <|pad|>", images, pads_rows))
+  -- a text-only packer's batch has no image fields
+  local q = pack.Packer{ sources = { { source = text_source("text", 1), weight = 1 } }, seq_len = 50, seed = 9, eot = SP.eot }
+  local b = q:next_rows(2)
+  T.eq({ b.images, b.image_spans }, { nil, nil })
+  -- an image longer than the row is an error
+  local r = new_packer(12)
+  T.raises(function() for _ = 1, 5 do r:next_rows(2) end end, "has an image of 16 tokens (grid 8 x 8), more than seq_len 12")
+end)
+
+local function same_batch(a, b, what)
+  T.eq(a.ids:tolist(), b.ids:tolist(), what .. " ids")
+  T.eq(a.targets:tolist(), b.targets:tolist(), what .. " targets")
+  T.eq(a.cu_seqlens, b.cu_seqlens, what .. " cu_seqlens")
+  T.eq(a.image_spans, b.image_spans, what .. " image_spans")
+  T.eq(a.images and a.images.grids, b.images and b.images.grids, what .. " grids")
+  if a.images then
+    local n = a.images.patches:numel()
+    T.eq(ffi.string(floats_of(a.images.patches), 4 * n), ffi.string(floats_of(b.images.patches), 4 * n), what .. " patches")
+  end
+end
+
+T.test("packer with images: resume mid-document gives identical batches, across a stage switch too", function()
+  local plan = { { 3, 50 }, { 2, 50 }, { 3, 64 }, { 2, 40 }, { 3, 64 } }
+  local ref = new_packer(50)
+  local batches = {}
+  for k, st in ipairs(plan) do ref:set_seq_len(st[2]); batches[k] = ref:next_rows(st[1]) end
+  local mid = 0
+  for cut = 1, #plan - 1 do
+    local p = new_packer(50)
+    for k = 1, cut do p:set_seq_len(plan[k][2]); p:next_rows(plan[k][1]) end
+    local st = p:state()
+    if st.carry then mid = mid + 1 end
+    local q = new_packer(50)
+    q:set_state(require("tide.json").decode(require("tide.json").encode(st)))
+    for k = cut + 1, #plan do
+      q:set_seq_len(plan[k][2])
+      same_batch(q:next_rows(plan[k][1]), batches[k], fmt("resumed after %d, batch %d", cut, k))
+    end
+  end
+  T.ok(mid >= 2, "states with a document carried over: " .. mid)
+end)
+
+local function gzip_dc(path)
+  local f = io.popen("gzip -dc " .. cli.shell_quote(path))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+T.test("gunzip: digits.csv.gz == gzip -dc; FNAME header; corrupt, truncated, capped files fail in one line", function()
+  local ref = gzip_dc(mm.DIGITS_PATH)
+  T.eq(#ref > 100000, true)
+  local got = mm.gunzip(mm.DIGITS_PATH)
+  T.eq(#got, #ref)
+  T.ok(got == ref, "the digits file decompresses to gzip -dc's bytes")
+  local dir = T.tmpdir("vision-gz", { create = true })
+  -- a member with FNAME (gzip keeps the name) of a small file, and an empty one
+  write(dir .. "/hello.txt", "hello, gzip\n")
+  T.eq(os.execute("gzip -kf " .. cli.shell_quote(dir .. "/hello.txt")), 0)
+  T.eq(mm.gunzip(dir .. "/hello.txt.gz"), "hello, gzip\n")
+  write(dir .. "/empty.txt", "")
+  T.eq(os.execute("gzip -kf " .. cli.shell_quote(dir .. "/empty.txt")), 0)
+  T.eq(mm.gunzip(dir .. "/empty.txt.gz"), "")
+  local gz = slurp(mm.DIGITS_PATH)
+  local n = #gz
+  local function flip(s, at) return s:sub(1, at - 1) .. string.char(bit.bxor(s:byte(at), 0x55)) .. s:sub(at + 1) end
+  local cases = {
+    { "trunc.gz", gz:sub(1, n - 100), "gunzip '" },
+    { "trunc_tail.gz", gz:sub(1, n - 4), "" },
+    { "short.gz", gz:sub(1, 12), "truncated gzip file (12 bytes; header and trailer need 18)" },
+    { "sig.gz", "PK" .. gz:sub(3), "not a gzip file (no 1f 8b signature at byte 0)" },
+    { "method.gz", gz:sub(1, 2) .. "\7" .. gz:sub(4), "unsupported gzip compression method 7 (only 8, deflate)" },
+    { "crc.gz", flip(gz, n - 6), "corrupt gzip file: CRC-32 mismatch" },
+    { "size.gz", flip(gz, n - 2), "the trailer declares" },
+    { "data.gz", flip(gz, math.floor(n / 2)), "" },
+    { "empty.gz", "", "truncated gzip file (0 bytes" },
+  }
+  for _, c in ipairs(cases) do
+    local path = dir .. "/" .. c[1]
+    write(path, c[2])
+    local err = T.raises(function() mm.gunzip(path) end, c[3], c[1])
+    T.ok(err:find("gunzip '" .. path .. "'", 1, true), "names the file: " .. err)
+    T.ok(not err:find("\n"), "one line: " .. err)
+    print("    " .. c[1] .. ": " .. err:gsub("^.-': ", ""))
+  end
+  -- the cap on the output
+  T.raises(function() mm.gunzip(mm.DIGITS_PATH, 1000) end,
+           fmt("decompressed size over the limit: the trailer declares %d bytes, the limit is 1000", #ref))
+  T.raises(function() mm.gunzip(dir .. "/missing.gz") end, "No such file or directory")
+end)
+
+T.test("digits: the CSV rows (gzip -dc), x4 nearest to 32x32 RGB, captions, split by index, determinism", function()
+  local ref = gzip_dc(mm.DIGITS_PATH)
+  local rows = {}
+  for l in ref:gmatch("[^\n]+") do
+    local v = {}
+    for x in l:gmatch("[^,]+") do v[#v + 1] = tonumber(x) end
+    rows[#rows + 1] = v
+  end
+  T.eq(#rows, 1797)
+  local tr = mm.digits_source({ split = "train", order = "sequential" })
+  local va = mm.digits_source({ split = "val" })
+  T.eq({ tr:count(), va:count() }, { 1797 - 179, 179 })
+  for _, k in ipairs({ 0, 1, 2, 1000, 1796 }) do
+    local img, label = tr:digit(k)
+    T.eq(img:shape(), { 32, 32, 3 })
+    T.eq(label, rows[k + 1][65], "label of digit " .. k)
+    local b = bytes_of(img)
+    for y = 0, 31 do
+      for x = 0, 31 do
+        local v = rows[k + 1][math.floor(y / 4) * 8 + math.floor(x / 4) + 1]
+        local g = math.floor(v * 255 / 16 + 0.5)
+        local o = (y * 32 + x) * 3
+        if b[o] ~= g or b[o + 1] ~= g or b[o + 2] ~= g then T.eq({ b[o], b[o + 1], b[o + 2] }, { g, g, g }, fmt("digit %d (%d, %d)", k, y, x)) end
+      end
+    end
+  end
+  T.eq(rows[1][65], 0)                                -- digit 0 is a 0
+  T.eq(tr:index(5), 5)
+  local ids, targets, n, images = tr:doc(0, 64)
+  local cap = "a handwritten 0"
+  T.eq(n, 1 + 7 + 16 + 1 + #cap)
+  local tail = {}
+  for t = n - #cap, n - 1 do tail[#tail + 1] = string.char(ids[t]) end
+  T.eq(table.concat(tail), cap)
+  T.eq(images[1].n, 16)
+  -- the val split holds the last 179 file indices; shuffled orders are permutations, deterministic in the seed
+  local seen = {}
+  for i = 0, 178 do
+    local k = va:index(i)
+    T.ok(k >= 1797 - 179 and k < 1797 and not seen[k], "val index " .. k)
+    seen[k] = true
+  end
+  local a, b2 = mm.digits_source({ seed = 5 }), mm.digits_source({ seed = 5 })
+  local same, moved = true, 0
+  for i = 0, 99 do
+    if a:index(i) ~= b2:index(i) then same = false end
+    if a:index(i) ~= i then moved = moved + 1 end
+  end
+  T.ok(same and moved > 90, "the shuffle is a pure function of the seed")
+  T.raises(function() mm.digits_source({ split = "test" }) end, "split must be 'train' or 'val'")
+  T.raises(function() mm.digits_source({ val_fraction = 1 }) end, "val_fraction must be in [0, 1)")
+  local dir = T.tmpdir("vision-digits", { create = true })
+  write(dir .. "/bad.csv", "1,2,3\n")
+  T.eq(os.execute("gzip -kf " .. cli.shell_quote(dir .. "/bad.csv")), 0)
+  T.raises(function() mm.digits_source({ path = dir .. "/bad.csv.gz" }) end,
+           dir .. "/bad.csv.gz:1: expected 65 comma-separated numbers (64 pixels, the label), got 3 fields")
+end)
+
 T.run()

@@ -13,6 +13,16 @@
 -- segment is <|endoftext|> when the segment ends its document (it predicts the next document's separator) and
 -- -100 at a cut. Draw counter, cursors and the carried-over remainder are the whole state, so state() /
 -- set_state() resume bit-for-bit and set_seq_len() switches stage without losing a document.
+--
+-- Images (vision.md §7, §8): doc(i, T) may return a fourth value, a list of images in document order, each
+-- {patches = f32 [L, 3p²], h, w (patch grid, L = h·w), pos (0-based position of its first <|media_pad|>), n = h·w/4}
+-- whose placeholder span ids[pos, pos + n) is all <|media_pad|> (the document's targets already mask what §8
+-- masks: data/multimodal.lua builds such documents). The packer never cuts a placeholder span: when a row's end
+-- falls inside one, the row ends before the span (its last label -100, as at any cut) and the rest of the row is
+-- filled with <|pad|> ids (targets -100, a segment of its own in cu_seqlens); the document continues on the next
+-- row at the span's first pad. A span longer than the row is an error. The carry-over is still (source, doc,
+-- offset, seq_len): indices only. A batch holding an image carries `images` and `image_spans` (next_rows); a batch
+-- without one is exactly the text-only batch.
 local ffi = require "ffi"
 local tide = require "tide"
 local text = require "tide.data.text"
@@ -213,10 +223,12 @@ end
 local Packer = {}
 Packer.__index = Packer
 
-local PACKER_KEYS = { sources = true, seq_len = true, seed = true, eot = true }
+local PACKER_KEYS = { sources = true, seq_len = true, seed = true, eot = true, pad = true, media_pad = true }
 local ENTRY_KEYS = { source = true, weight = true, min_len = true, max_len = true, name = true }
 
--- Packer{sources = {{source, weight, min_len, max_len, name}, ...}, seq_len, seed, eot}
+-- Packer{sources = {{source, weight, min_len, max_len, name}, ...}, seq_len, seed, eot, pad, media_pad}
+-- pad, media_pad: the ids of <|pad|> and <|media_pad|> (tok:id by name) for sources with images; a source's own
+-- src.pad_id / src.media_pad_id take precedence (the image sources of data/multimodal.lua carry them)
 function pack.Packer(cfg)
   check_keys(cfg, PACKER_KEYS, "Packer config")
   local list = cfg.sources
@@ -229,8 +241,11 @@ function pack.Packer(cfg)
   if not is_int(cfg.eot) or cfg.eot < 0 then
     bad(fmt("eot must be the integer id of <|endoftext|> (tok:id(\"<|endoftext|>\")), got %s", tostring(cfg.eot)))
   end
+  for _, k in ipairs({ "pad", "media_pad" }) do
+    if cfg[k] ~= nil and (not is_int(cfg[k]) or cfg[k] < 0) then bad(fmt("%s must be an integer token id, got %s", k, tostring(cfg[k]))) end
+  end
   local self = setmetatable({
-    seq_len = T, seed = seed, eot = cfg.eot, key = PACK_KEY * STRIDE + seed,
+    seq_len = T, seed = seed, eot = cfg.eot, key = PACK_KEY * STRIDE + seed, pad = cfg.pad, media_pad = cfg.media_pad,
     sources = {}, by_name = {}, total_weight = 0, draws = 0, carry = nil,
     u = ffi.new("double[1]"), shape = ffi.new("int64_t[2]"), i32 = C.tide_dtype_from_name("i32"),
   }, Packer)
@@ -305,13 +320,53 @@ function Packer:set_mix(entries)
 end
 
 -- document i of source s at row length T, checked against the source contract
+-- the images a document returned, checked: grids, spans in order inside the document, all <|media_pad|>
+local function check_images(self, s, i, ids, n, images)
+  if images == nil or #images == 0 then return nil end
+  local src = s.source
+  local mp = src.media_pad_id or self.media_pad
+  local last = 0
+  for k, im in ipairs(images) do
+    local what = fmt("source '%s': document %d image %d", s.name, i, k)
+    if type(im) ~= "table" then bad(what .. " must be a table {patches, h, w, pos, n}") end
+    if not (is_int(im.h) and is_int(im.w) and im.h >= 2 and im.w >= 2 and im.h % 2 == 0 and im.w % 2 == 0) then
+      bad(fmt("%s: the grid h x w must be even integers >= 2, got %s x %s", what, tostring(im.h), tostring(im.w)))
+    end
+    if im.n ~= im.h * im.w / 4 then bad(fmt("%s: n = %s, expected h·w/4 = %d", what, tostring(im.n), im.h * im.w / 4)) end
+    if not is_int(im.pos) or im.pos < last or im.pos + im.n > n then
+      bad(fmt("%s: the span at pos %s of %d tokens must lie in the document (length %d) after the previous image (ending at %d)",
+        what, tostring(im.pos), im.n, n, last))
+    end
+    local ps = tide.is_tensor(im.patches) and im.patches:shape()
+    if not ps or #ps ~= 2 or ps[1] ~= im.h * im.w or im.patches:dtype() ~= "f32" then
+      bad(fmt("%s: patches must be an f32 tensor [h·w = %d, 3p²], got %s", what, im.h * im.w,
+        ps and (im.patches:dtype() .. " [" .. table.concat(ps, ", ") .. "]") or type(im.patches)))
+    end
+    if mp then
+      for t = im.pos, im.pos + im.n - 1 do
+        if ids[t] ~= mp then bad(fmt("%s: position %d of its span holds id %d, not <|media_pad|> (%d)", what, t, ids[t], mp)) end
+      end
+    end
+    last = im.pos + im.n
+  end
+  if mp then
+    local count, want = 0, 0
+    for t = 0, n - 1 do if ids[t] == mp then count = count + 1 end end
+    for _, im in ipairs(images) do want = want + im.n end
+    if count ~= want then
+      bad(fmt("source '%s': document %d holds %d <|media_pad|> ids but its images need %d", s.name, i, count, want))
+    end
+  end
+  return images
+end
+
 local function fetch(self, s, i, T)
-  local ids, targets, n = s.source:doc(i, T)
+  local ids, targets, n, images = s.source:doc(i, T)
   if not is_int(n) or n < 1 then bad(fmt("source '%s': doc(%d, %d) returned length %s", s.name, i, T, tostring(n))) end
   if ids[0] ~= self.eot then
     bad(fmt("source '%s': document %d begins with id %d, not <|endoftext|> (%d)", s.name, i, ids[0], self.eot))
   end
-  return ids, targets, n
+  return ids, targets, n, check_images(self, s, i, ids, n, images)
 end
 
 -- the next document of the mixture: one draw picks the source, its cursor walks past filtered documents
@@ -327,24 +382,56 @@ local function next_document(self)
   for _ = 1, pack.MAX_REJECTIONS do
     local i = s.cursor
     s.cursor = i + 1
-    local ids, targets, n = fetch(self, s, i, T)
+    local ids, targets, n, images = fetch(self, s, i, T)
     if n >= s.min_len and n <= s.max_len then
-      return { s = s, doc = i, ids = ids, targets = targets, n = n, offset = 0, seq_len = T }
+      return { s = s, doc = i, ids = ids, targets = targets, n = n, offset = 0, seq_len = T, images = images }
     end
   end
   bad(fmt("source '%s': %d consecutive documents (up to index %d) fell outside min_len %d .. max_len %s at seq_len %d",
     s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T))
 end
 
--- next_rows(R) -> {ids [R, T] i32, targets [R, T] i32, cu_seqlens, max_seqlen, n_targets, segments, per_source}
--- cu_seqlens: 0-based offsets over the R·T flattened tokens of every segment start (each row start and each
--- document start) and R·T at the end.
+-- the batch's images, concatenated in flattened-row order (vision.md §3): {patches [Σ L, 3p²], grids, cu_seqlens}
+local function batch_images(placed)
+  local width = placed[1].im.patches:shape()[2]
+  local total = 0
+  for _, e in ipairs(placed) do
+    local ps = e.im.patches:shape()
+    if ps[2] ~= width then
+      bad(fmt("source '%s': document %d has patches of width %d, but the batch's first image has %d (one patch size per batch)",
+        e.source, e.doc, ps[2], width))
+    end
+    total = total + ps[1]
+  end
+  local buf = ffi.new("float[?]", total * width)
+  local grids, cu, at = {}, { 0 }, 0
+  for k, e in ipairs(placed) do
+    local L = e.im.h * e.im.w
+    local pt = e.im.patches:contiguous()
+    tide.check_status(C.tide_read_bytes(tide.raw(pt), buf + at * width, L * width * 4))
+    at = at + L
+    grids[k], cu[k + 1] = { e.im.h, e.im.w }, at
+  end
+  local shape = ffi.new("int64_t[2]", total, width)
+  return { patches = tide.check(C.tide_from_bytes(C.tide_dtype_from_name("f32"), 2, shape, 0, buf, total * width * 4)),
+           grids = grids, cu_seqlens = cu }
+end
+
+-- next_rows(R) -> {ids [R, T] i32, targets [R, T] i32, cu_seqlens, max_seqlen, n_targets, segments, per_source
+--                  [, images, image_spans]}
+-- cu_seqlens: 0-based offsets over the R·T flattened tokens of every segment start (each row start, each
+-- document start, each <|pad|> run that closes a row before an image span) and R·T at the end.
+-- Only when the batch holds an image: images = {patches = f32 [Σ L, 3p²] (images in flattened-row order),
+-- grids = {{h, w}, ...}, cu_seqlens = {0, L1, L1 + L2, ...}} and image_spans = {{row, pos, n, h, w, doc, source},
+-- ...} in the same order (row 0-based, pos the 0-based flattened position of the first placeholder, doc the
+-- source's document index, source its name): the <|media_pad|> ids of `ids` (row-major) are exactly these spans.
 function Packer:next_rows(R)
   positive_int(R, "next_rows: R")
   local T, eot, IGNORE = self.seq_len, self.eot, pack.IGNORE
   local N = R * T
   local ibuf, tbuf = ffi.new("int32_t[?]", N), ffi.new("int32_t[?]", N)
   local cu, per_source, max_seqlen = { 0 }, {}, 0
+  local placed, spans = {}, {}
   local cur = self.carry
   for r = 0, R - 1 do
     local p = 0
@@ -352,18 +439,52 @@ function Packer:next_rows(R)
       if not cur then cur = next_document(self) end
       local base, off = r * T + p, cur.offset
       local take = math.min(cur.n - off, T - p)
-      ffi.copy(ibuf + base, cur.ids + off, take * 4)
-      ffi.copy(tbuf + base, cur.targets + off, take * 4)
-      cur.offset = off + take
-      local ends = cur.offset == cur.n
-      tbuf[base + take - 1] = ends and eot or IGNORE   -- only a document's end predicts across a boundary
-      if base > 0 then cu[#cu + 1] = base end
-      if take > max_seqlen then max_seqlen = take end
-      local s = cur.s
-      s.tokens = s.tokens + take
-      per_source[s.name] = (per_source[s.name] or 0) + take
-      p = p + take
-      if ends then cur = nil end
+      local close = false            -- the row ends before an image span: <|pad|> fills the rest
+      if cur.images and take < cur.n - off then
+        local c = off + take
+        for _, im in ipairs(cur.images) do
+          if im.pos < c and c < im.pos + im.n then
+            if im.n > T then
+              bad(fmt("source '%s': document %d has an image of %d tokens (grid %d x %d), more than seq_len %d: "
+                .. "an image span is never cut", cur.s.name, cur.doc, im.n, im.h, im.w, T))
+            end
+            take, close = im.pos - off, true
+            break
+          end
+        end
+      end
+      if take > 0 then
+        ffi.copy(ibuf + base, cur.ids + off, take * 4)
+        ffi.copy(tbuf + base, cur.targets + off, take * 4)
+        cur.offset = off + take
+        local ends = cur.offset == cur.n
+        tbuf[base + take - 1] = ends and eot or IGNORE   -- only a document's end predicts across a boundary
+        if base > 0 then cu[#cu + 1] = base end
+        if take > max_seqlen then max_seqlen = take end
+        local s = cur.s
+        s.tokens = s.tokens + take
+        per_source[s.name] = (per_source[s.name] or 0) + take
+        p = p + take
+        if cur.images then
+          for _, im in ipairs(cur.images) do
+            if im.pos >= off and im.pos < off + take then
+              placed[#placed + 1] = { im = im, doc = cur.doc, source = s.name }
+              spans[#spans + 1] = { row = r, pos = base + im.pos - off, n = im.n, h = im.h, w = im.w, doc = cur.doc,
+                                    source = s.name }
+            end
+          end
+        end
+        if ends then cur = nil end
+      end
+      if close then
+        local pad = cur.s.source.pad_id or self.pad
+        if not pad then bad(fmt("source '%s': closing a row before an image span needs the <|pad|> id (Packer pad = tok:id(\"<|pad|>\"))", cur.s.name)) end
+        local b = r * T + p
+        for k = b, r * T + T - 1 do ibuf[k], tbuf[k] = pad, IGNORE end
+        if b > r * T then cu[#cu + 1] = b end
+        if T - p > max_seqlen then max_seqlen = T - p end
+        p = T
+      end
     end
   end
   cu[#cu + 1] = N
@@ -373,11 +494,13 @@ function Packer:next_rows(R)
     if tbuf[k] ~= IGNORE then n_targets = n_targets + 1 end
   end
   self.shape[0], self.shape[1] = R, T
-  return {
+  local out = {
     ids = tide.check(C.tide_from_bytes(self.i32, 2, self.shape, 0, ibuf, N * 4)),
     targets = tide.check(C.tide_from_bytes(self.i32, 2, self.shape, 0, tbuf, N * 4)),
     cu_seqlens = cu, max_seqlen = max_seqlen, n_targets = n_targets, segments = #cu - 1, per_source = per_source,
   }
+  if #placed > 0 then out.images, out.image_spans = batch_images(placed), spans end
+  return out
 end
 
 -- a stage switch (long_context.md §6): cursors, draws and the carried-over remainder stay; the next rows have T2
@@ -440,12 +563,12 @@ function Packer:set_state(st)
       bad(fmt("set_state: carry-over document %s of source '%s' is not below its cursor %d", tostring(c.doc), s.name, st.cursors[s.name]))
     end
     positive_int(c.seq_len, "set_state: carry-over seq_len")
-    local ids, targets, n = fetch(self, s, c.doc, c.seq_len)
+    local ids, targets, n, images = fetch(self, s, c.doc, c.seq_len)
     if not is_int(c.offset) or c.offset < 1 or c.offset >= n then
       bad(fmt("set_state: carry-over offset %s must lie inside document %d of source '%s' (length %d)",
         tostring(c.offset), c.doc, s.name, n))
     end
-    carry = { s = s, doc = c.doc, ids = ids, targets = targets, n = n, offset = c.offset, seq_len = c.seq_len }
+    carry = { s = s, doc = c.doc, ids = ids, targets = targets, n = n, offset = c.offset, seq_len = c.seq_len, images = images }
   end
   self.draws = st.draws
   for _, s in ipairs(self.sources) do

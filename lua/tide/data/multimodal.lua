@@ -1,0 +1,297 @@
+-- data/multimodal.lua — image-text documents for the packer (spec/vision.md §7, §8; formats.md §5) and the image
+-- sources of the vision recipes: kind = "squares" (synthetic, oracle 9), "digits" (sklearn's 8x8 digits) and
+-- "image_text" (JSONL documents with images).
+--
+-- A document is <|endoftext|>, then its parts in order: text (tok:encode) and images, each image as
+-- <|media_start|>image<|media_content|> <|media_pad|> x n <|media_end|> with n = h·w/4 (image.prepare). Targets are
+-- ids shifted left by one, -100 where the target is a placeholder and, unless vision.loss_on_wrappers, where it is
+-- a wrapper token (<|media_start|>, the word "image", <|media_content|>, <|media_end|>). Special ids are resolved by
+-- name from the tokenizer. doc(i, T) returns ids, targets, n and the images {patches, h, w, pos, n} (pack.lua).
+local ffi = require "ffi"
+local tide = require "tide"
+local image = require "tide.data.image"
+local options = require "tide.options"
+local tokenizer = require "tide.data.tokenizer"
+local C = tide.C
+
+local mm = {}
+local fmt = string.format
+local IGNORE = -100
+local STRIDE = 4294967296ULL
+local SQUARES_KEY = 0x73717561ULL      -- "squa"
+local SQUARES_EVAL_KEY = 0x73716576ULL -- "sqev": the eval split's stream, disjoint from training
+local DIGITS_KEY = 0x64696769ULL       -- "digi"
+
+local function bad(who, msg) options.fail(who, msg) end
+
+-- the special ids a document needs, by name
+function mm.specials(tok)
+  return { eot = tok:id("<|endoftext|>"), pad = tok:id("<|pad|>"), media_start = tok:id("<|media_start|>"),
+           media_content = tok:id("<|media_content|>"), media_pad = tok:id("<|media_pad|>"),
+           media_end = tok:id("<|media_end|>") }
+end
+
+-- document(tok, parts, vision) -> ids, targets, n, images. parts: a list of strings (text) and images, an image
+-- being a u8 tensor [H, W, 3] (prepared here with vision) or {patches, h, w} already prepared.
+function mm.document(tok, parts, vision, sp)
+  sp = sp or mm.specials(tok)
+  vision = vision or image.vision_config(nil)
+  local list, kind = { sp.eot }, { false }     -- kind[k]: nil text, "pad", "wrap"
+  local images = {}
+  local function push(id, k) list[#list + 1] = id; kind[#list] = k end
+  for _, part in ipairs(parts) do
+    if type(part) == "string" then
+      for _, id in ipairs(tok:encode(part)) do push(id, false) end
+    else
+      local patches, h, w, n
+      if tide.is_tensor(part) then
+        patches, h, w, n = image.prepare(part, vision)
+      else
+        patches, h, w, n = part.patches, part.h, part.w, part.h * part.w / 4
+      end
+      push(sp.media_start, "wrap")
+      for _, id in ipairs(tok:encode("image")) do push(id, "wrap") end
+      push(sp.media_content, "wrap")
+      images[#images + 1] = { patches = patches, h = h, w = w, pos = #list, n = n }
+      for _ = 1, n do push(sp.media_pad, "pad") end
+      push(sp.media_end, "wrap")
+    end
+  end
+  local n = #list
+  local ids, targets = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
+  local wraps = vision.loss_on_wrappers
+  for t = 0, n - 1 do ids[t] = list[t + 1] end
+  for t = 0, n - 2 do
+    local k = kind[t + 2]
+    targets[t] = (k == "pad" or (k == "wrap" and not wraps)) and IGNORE or list[t + 2]
+  end
+  targets[n - 1] = IGNORE
+  return ids, targets, n, images
+end
+
+-- the vision options of a source: its own `vision` table over image.VISION_DEFAULTS (sources.build hands a
+-- model's vision config to sources that do not give their own)
+local function vision_of(cfg, who)
+  return image.vision_config(cfg.vision, who)
+end
+
+local function tokenizer_of(cfg, who)
+  local tok = cfg.tokenizer or tokenizer.byte_level()
+  if type(tok) ~= "table" or type(tok.id) ~= "function" then bad(who, "tokenizer must be a tokenizer object (with :id(name))") end
+  return tok
+end
+
+local function u8_image(buf, H, W)
+  local shape = ffi.new("int64_t[3]", H, W, 3)
+  return tide.check(C.tide_from_bytes(C.tide_dtype_from_name("u8"), 3, shape, 0, buf, H * W * 3))
+end
+
+local function check_index(self, i)
+  if not options.is_int(i) or i < 0 then bad(self.name, fmt("document index must be an integer >= 0, got %s", tostring(i))) end
+end
+
+---------------------------------------------------------------------------------------------------
+-- squares: one solid square on a dark background, caption "<colour> <quadrant>" (vision.md oracle 9)
+
+mm.COLOURS = {
+  { "red", 230, 25, 25 }, { "green", 30, 200, 30 }, { "blue", 40, 60, 230 }, { "yellow", 240, 230, 30 },
+  { "cyan", 30, 220, 230 }, { "magenta", 220, 40, 220 }, { "white", 250, 250, 250 }, { "orange", 250, 140, 20 },
+}
+mm.QUADRANTS = { "top-left", "top-right", "bottom-left", "bottom-right" }
+
+local Squares = {}
+Squares.__index = Squares
+local SQUARES_KEYS = { split = true, seed = true, name = true, vision = true, size = true, tokenizer = true }
+
+-- squares{split = "train" | "eval" ("val"), seed, size = 32, vision, tokenizer, name}: image i (any i >= 0) is a
+-- pure function of (seed, split, i): 5 Philox uniforms at [8i, 8i + 5) pick the class (colour = class mod 8,
+-- quadrant = ⌊class/8⌋ of 32), the background grey (0..47), the side (size/4 .. size/2 - 2) and the position
+-- inside the quadrant. The eval split draws another stream.
+function mm.squares_source(cfg)
+  local who = "squares"
+  options.check(cfg, SQUARES_KEYS, "squares source config", who)
+  local split = cfg.split or "train"
+  if split ~= "train" and split ~= "eval" and split ~= "val" then
+    bad(who, fmt("split must be 'train' or 'eval', got '%s'", tostring(split)))
+  end
+  local seed = options.seed(cfg.seed or 0, "squares seed", who)
+  local size = cfg.size or 32
+  if not options.is_int(size) or size < 8 or size % 4 ~= 0 or size > 1024 then
+    bad(who, fmt("size must be a multiple of 4 in [8, 1024], got %s", tostring(size)))
+  end
+  local tok = tokenizer_of(cfg, who)
+  local sp = mm.specials(tok)
+  local key = (split == "train" and SQUARES_KEY or SQUARES_EVAL_KEY) * STRIDE + seed
+  return setmetatable({ name = cfg.name or ("squares:" .. split), split = split, seed = seed, size = size,
+    key = key, vision = vision_of(cfg, who), tokenizer = tok, sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad,
+    u = ffi.new("double[5]") }, Squares)
+end
+
+-- sample(i) -> img u8 [size, size, 3], caption, {colour, quadrant, x0, y0, side, background}
+function Squares:sample(i)
+  check_index(self, i)
+  C.tide_philox_uniform(self.key, 8 * i, self.u, 5)
+  local u, S = self.u, self.size
+  local class = math.min(31, math.floor(u[0] * 32))
+  local colour, quadrant = class % 8 + 1, math.floor(class / 8) + 1
+  local bg = math.min(47, math.floor(u[1] * 48))
+  local half = S / 2
+  local lo, hi = S / 4, half - 2
+  local side = lo + math.min(hi - lo, math.floor(u[2] * (hi - lo + 1)))
+  local qx, qy = (quadrant - 1) % 2, math.floor((quadrant - 1) / 2)
+  local x0 = qx * half + math.min(half - side, math.floor(u[3] * (half - side + 1)))
+  local y0 = qy * half + math.min(half - side, math.floor(u[4] * (half - side + 1)))
+  local buf = ffi.new("uint8_t[?]", S * S * 3)
+  ffi.fill(buf, S * S * 3, bg)
+  local c = mm.COLOURS[colour]
+  for y = y0, y0 + side - 1 do
+    for x = x0, x0 + side - 1 do
+      local k = (y * S + x) * 3
+      buf[k], buf[k + 1], buf[k + 2] = c[2], c[3], c[4]
+    end
+  end
+  local caption = c[1] .. " " .. mm.QUADRANTS[quadrant]
+  return u8_image(buf, S, S), caption,
+         { colour = c[1], quadrant = mm.QUADRANTS[quadrant], x0 = x0, y0 = y0, side = side, background = bg }
+end
+
+-- doc(i, T): <|endoftext|> [image] caption (T is not used)
+function Squares:doc(i, T)
+  local img, caption = self:sample(i)
+  return mm.document(self.tokenizer, { img, caption }, self.vision, self.sp)
+end
+
+---------------------------------------------------------------------------------------------------
+-- digits: the 1,797 8x8 handwritten digits of sklearn (Debian python3-sklearn), read with the engine's gunzip
+
+mm.DIGITS_PATH = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
+local DIGITS_MAX_BYTES = 16 * 1024 * 1024
+local digits_cache = {}
+
+-- gunzip(path, max_bytes) -> the decompressed file as a Lua string (engine/io/gunzip.c; one-line errors)
+function mm.gunzip(path, max_bytes)
+  local n = ffi.new("size_t[1]")
+  local p = C.tide_gunzip_file(path, max_bytes or 0, n)
+  if p == nil then error(ffi.string(C.tide_last_error()), 0) end
+  local s = ffi.string(p, n[0])
+  C.tide_free(p)
+  return s
+end
+
+-- load_digits(path) -> {pixels = uint8_t[n·64] (values 0..16), labels = {0-based index -> digit}, n}: every line is
+-- 64 pixel values 0..16 and the label 0..9, comma-separated; an error names path:line
+function mm.load_digits(path, who)
+  path = path or mm.DIGITS_PATH
+  if digits_cache[path] then return digits_cache[path] end
+  local ok, text = pcall(mm.gunzip, path, DIGITS_MAX_BYTES)
+  if not ok then bad(who or "digits", text) end
+  local rows, labels = {}, {}
+  local line = 0
+  for l in text:gmatch("([^\n]*)\n?") do
+    line = line + 1
+    if l ~= "" then
+      local vals = {}
+      for v in l:gmatch("[^,]+") do vals[#vals + 1] = tonumber(v) end
+      local count = select(2, l:gsub(",", "")) + 1
+      if count ~= 65 or #vals ~= 65 then
+        bad(who or "digits", fmt("%s:%d: expected 65 comma-separated numbers (64 pixels, the label), got %d fields", path, line, count))
+      end
+      for k = 1, 64 do
+        local v = vals[k]
+        if v ~= math.floor(v) or v < 0 or v > 16 then
+          bad(who or "digits", fmt("%s:%d: pixel %d is %s, expected an integer 0..16", path, line, k, tostring(v)))
+        end
+      end
+      local lab = vals[65]
+      if lab ~= math.floor(lab) or lab < 0 or lab > 9 then
+        bad(who or "digits", fmt("%s:%d: the label is %s, expected an integer 0..9", path, line, tostring(lab)))
+      end
+      rows[#rows + 1] = vals
+      labels[#rows - 1] = lab
+    end
+  end
+  if #rows == 0 then bad(who or "digits", fmt("%s holds no digits", path)) end
+  local pixels = ffi.new("uint8_t[?]", #rows * 64)
+  for j, vals in ipairs(rows) do for k = 1, 64 do pixels[(j - 1) * 64 + k - 1] = vals[k] end end
+  local d = { pixels = pixels, labels = labels, n = #rows, path = path }
+  digits_cache[path] = d
+  return d
+end
+
+local Digits = {}
+Digits.__index = Digits
+local DIGITS_KEYS = { path = true, split = true, val_fraction = true, order = true, seed = true, name = true,
+                      vision = true, tokenizer = true }
+
+-- digits{path = mm.DIGITS_PATH, split = "train" | "val" ("eval"), val_fraction = 0.1, order = "shuffle" |
+-- "sequential", seed, vision, tokenizer, name}: the last ⌊n·val_fraction⌋ digits (by file index) are the val split,
+-- the rest train. Document i is the split's digit perm_e[i mod m] (a Philox permutation per epoch e = ⌊i/m⌋, or
+-- file order): the 8x8 image scaled to 32x32 (nearest, x4; grey v·255/16 rounded, on all 3 channels), then the
+-- caption "a handwritten D".
+function mm.digits_source(cfg)
+  local who = "digits"
+  options.check(cfg, DIGITS_KEYS, "digits source config", who)
+  local split = cfg.split or "train"
+  if split == "eval" then split = "val" end
+  if split ~= "train" and split ~= "val" then bad(who, fmt("split must be 'train' or 'val', got '%s'", tostring(cfg.split))) end
+  local vf = cfg.val_fraction or 0.1
+  if type(vf) ~= "number" or not (vf >= 0 and vf < 1) then bad(who, fmt("val_fraction must be in [0, 1), got %s", tostring(vf))) end
+  local order = cfg.order or "shuffle"
+  if order ~= "shuffle" and order ~= "sequential" then bad(who, fmt("order must be 'shuffle' or 'sequential', got '%s'", tostring(order))) end
+  local seed = options.seed(cfg.seed or 0, "digits seed", who)
+  local d = mm.load_digits(cfg.path, who)
+  local n_val = math.floor(d.n * vf)
+  local first, count = 0, d.n - n_val
+  if split == "val" then first, count = d.n - n_val, n_val end
+  if count == 0 then bad(who, fmt("split '%s' of %s is empty (%d digits, val_fraction %s)", split, d.path, d.n, tostring(vf))) end
+  local tok = tokenizer_of(cfg, who)
+  local sp = mm.specials(tok)
+  return setmetatable({ name = cfg.name or ("digits:" .. split), split = split, order = order, seed = seed, data = d,
+    first = first, n_docs = count, key = DIGITS_KEY * STRIDE + seed, vision = vision_of(cfg, who), tokenizer = tok,
+    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad }, Digits)
+end
+
+function Digits:count() return self.n_docs end
+
+-- the file index (0-based) of document i
+function Digits:index(i)
+  check_index(self, i)
+  local m = self.n_docs
+  if self.order == "sequential" then return self.first + i % m end
+  local e = math.floor(i / m)
+  if self.perm_epoch ~= e then
+    local perm = self.perm or ffi.new("int32_t[?]", m)
+    local u = ffi.new("double[?]", m)
+    C.tide_philox_uniform(self.key, e * m, u, m)
+    for j = 0, m - 1 do perm[j] = j end
+    for j = m - 1, 1, -1 do
+      local r = math.min(j, math.floor(u[j] * (j + 1)))
+      perm[j], perm[r] = perm[r], perm[j]
+    end
+    self.perm, self.perm_epoch = perm, e
+  end
+  return self.first + self.perm[i % m]
+end
+
+-- digit(k) -> img u8 [32, 32, 3], label of file index k (0-based)
+function Digits:digit(k)
+  local d = self.data
+  if not options.is_int(k) or k < 0 or k >= d.n then bad(self.name, fmt("digit index must be in [0, %d), got %s", d.n, tostring(k))) end
+  local buf = ffi.new("uint8_t[?]", 32 * 32 * 3)
+  local src = d.pixels + k * 64
+  for y = 0, 31 do
+    for x = 0, 31 do
+      local g = math.floor(src[math.floor(y / 4) * 8 + math.floor(x / 4)] * 255 / 16 + 0.5)
+      local o = (y * 32 + x) * 3
+      buf[o], buf[o + 1], buf[o + 2] = g, g, g
+    end
+  end
+  return u8_image(buf, 32, 32), d.labels[k]
+end
+
+function Digits:doc(i, T)
+  local img, label = self:digit(self:index(i))
+  return mm.document(self.tokenizer, { img, "a handwritten " .. label }, self.vision, self.sp)
+end
+
+return mm
