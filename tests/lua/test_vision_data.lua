@@ -41,7 +41,13 @@ local SCRIPT = [[
 import sys
 import numpy as np
 from PIL import Image
-if sys.argv[1] == "resize":
+if sys.argv[1] == "pngs":
+    d = sys.argv[2]
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 256, size=(12, 20, 3), dtype=np.uint8), "RGB").save(d + "/img/wide.png")
+    Image.fromarray(rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8), "RGB").save(d + "/small.png")
+    print("ok")
+elif sys.argv[1] == "resize":
     src, H, W, H2, W2, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
     a = np.frombuffer(open(src, "rb").read(), np.uint8).reshape(H, W, 3)
     b = np.asarray(Image.fromarray(a, "RGB").resize((W2, H2), Image.BICUBIC), dtype=np.uint8)
@@ -469,6 +475,154 @@ T.test("digits: the CSV rows (gzip -dc), x4 nearest to 32x32 RGB, captions, spli
   T.eq(os.execute("gzip -kf " .. cli.shell_quote(dir .. "/bad.csv")), 0)
   T.raises(function() mm.digits_source({ path = dir .. "/bad.csv.gz" }) end,
            dir .. "/bad.csv.gz:1: expected 65 comma-separated numbers (64 pixels, the label), got 3 fields")
+end)
+
+local json = require "tide.json"
+local sources = require "tide.data.sources"
+
+local function b64encode(bytes)
+  local a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  local out = {}
+  for k = 1, #bytes, 3 do
+    local b1, b2, b3 = bytes:byte(k, k + 2)
+    local v = b1 * 65536 + (b2 or 0) * 256 + (b3 or 0)
+    local c = {}
+    for j = 3, 0, -1 do c[#c + 1] = a:sub(math.floor(v / 64 ^ j) % 64 + 1, math.floor(v / 64 ^ j) % 64 + 1) end
+    if not b2 then c[3], c[4] = "=", "=" elseif not b3 then c[4] = "=" end
+    out[#out + 1] = table.concat(c)
+  end
+  return table.concat(out)
+end
+
+local function jsonl_dir()
+  if state.jsonl then return state.jsonl end
+  local dir = T.tmpdir("vision-jsonl", { create = true })
+  tide.C.tide_mkdir_p(dir .. "/img")
+  T.eq(run_py("pngs " .. cli.shell_quote(dir)):match("ok"), "ok")
+  state.jsonl = dir
+  return dir
+end
+
+local function decode_ids(ids, a, b)
+  local t = {}
+  for k = a, b - 1 do t[#t + 1] = ids[k] end
+  return TOK:decode(t)
+end
+
+T.test("base64: round trips, padding, bad characters", function()
+  local s = "\0\1\2hello, world\255"
+  for cut = 0, 4 do
+    local x = s:sub(1, #s - cut)
+    T.eq(mm.b64decode(b64encode(x)), x)
+  end
+  T.eq(mm.b64decode("aGVs\nbG8="), "hello")
+  T.eq(select(2, mm.b64decode("aGV*bG8=")), 'invalid base64 character "*" at offset 3')
+  T.eq(select(2, mm.b64decode("aGVsbG8=x")), "data after '=' padding at offset 8")
+  T.eq(select(2, mm.b64decode("aGVsb")), "truncated base64 (a final group of one character)")
+end)
+
+T.test("image_text JSONL: paths (relative to the file) and b64, one pad per image, chat with loss on assistant turns", function()
+  local dir = jsonl_dir()
+  local small = slurp(dir .. "/small.png")
+  local lines = {
+    json.encode({ text = "a picture <|media_pad|> of noise", images = { { path = "img/wide.png" } } }),
+    "",
+    json.encode({ text = "two: <|media_start|>image<|media_content|><|media_pad|><|media_end|> and <|media_pad|>.",
+                  images = { { b64 = b64encode(small) }, { path = dir .. "/small.png" } } }),
+    json.encode({ messages = { { role = "system", content = "be brief" },
+                               { role = "user", content = "<|media_pad|> what is it?" },
+                               { role = "assistant", content = "noise" } },
+                  images = { { path = "small.png" } } }),
+  }
+  write(dir .. "/docs.jsonl", table.concat(lines, "\n") .. "\n")
+  local src = mm.image_text_source({ path = dir .. "/docs.jsonl", order = "sequential", vision = { patch = 4 } })
+  T.eq(src:count(), 3)
+  -- document 0: wide.png 12 x 20 -> padded 16 x 24 -> 4 x 6 patches -> 6 tokens
+  local ids, targets, n, images = src:doc(0, 128)
+  T.eq(#images, 1)
+  T.eq({ images[1].h, images[1].w, images[1].n }, { 4, 6, 6 })
+  T.eq(decode_ids(ids, 1, n), "a picture <|media_start|>image<|media_content|>" .. string.rep("<|media_pad|>", 6)
+       .. "<|media_end|> of noise")
+  local want = image.prepare(image.read(dir .. "/img/wide.png"), { patch = 4 })
+  T.eq(ffi.string(floats_of(images[1].patches), 4 * 6 * 4 * 48), ffi.string(floats_of(want), 4 * 6 * 4 * 48))
+  -- document 1: the literal wrapper counts as one image; the b64 image equals the file
+  local ids1, _, n1, im1 = src:doc(1, 128)
+  T.eq(#im1, 2)
+  T.eq(decode_ids(ids1, 1, n1), "two: <|media_start|>image<|media_content|><|media_pad|><|media_end|> and "
+       .. "<|media_start|>image<|media_content|><|media_pad|><|media_end|>.")
+  T.eq(ffi.string(floats_of(im1[1].patches), 4 * 4 * 48), ffi.string(floats_of(im1[2].patches), 4 * 4 * 48))
+  -- document 2 (chat): targets only on the assistant's content and its <|im_end|>
+  local ids2, t2, n2, im2 = src:doc(2, 128)
+  T.eq(decode_ids(ids2, 1, n2), "<|im_system|>system<|im_middle|>be brief<|im_end|><|im_user|>user<|im_middle|>"
+       .. "<|media_start|>image<|media_content|><|media_pad|><|media_end|> what is it?<|im_end|>"
+       .. "<|im_assistant|>assistant<|im_middle|>noise<|im_end|>")
+  T.eq(#im2, 1)
+  local tgt = {}
+  for t = 0, n2 - 1 do if t2[t] ~= -100 then tgt[#tgt + 1] = t2[t] end end
+  T.eq(TOK:decode(tgt), "noise<|im_end|>")
+  T.eq(ids2[im2[1].pos], SP.media_pad)
+  -- the val split: the last ⌊3 · 0.34⌋ = 1 document
+  local va = mm.image_text_source({ path = dir .. "/docs.jsonl", split = "val", val_fraction = 0.34 })
+  T.eq(va:count(), 1)
+  T.eq(#select(4, va:doc(0, 128)), 1)
+end)
+
+T.test("image_text errors are one line naming file:line: JSON, counts, missing files, base64, undecodable images", function()
+  local dir = jsonl_dir()
+  local function bad_file(name, line, expect, at_doc)
+    local path = dir .. "/" .. name
+    write(path, json.encode({ text = "ok" }) .. "\n" .. line .. "\n")
+    local err = T.raises(function()
+      local src = mm.image_text_source({ path = path, order = "sequential" })
+      if at_doc then src:doc(1, 64) end
+    end, expect, name)
+    T.ok(err:find(path .. ":2: ", 1, true), "names file:line: " .. err)
+    T.ok(not err:find("\n"), "one line: " .. err)
+  end
+  bad_file("json.jsonl", '{"text": "x", ', "")
+  bad_file("count.jsonl", json.encode({ text = "one <|media_pad|>", images = { { path = "small.png" }, { path = "small.png" } } }),
+           'the text holds 1 <|media_pad|> but "images" lists 2 images')
+  bad_file("count0.jsonl", json.encode({ text = "none <|media_pad|> <|media_pad|>" }),
+           'the text holds 2 <|media_pad|> but "images" lists 0 images')
+  bad_file("missing.jsonl", json.encode({ text = "<|media_pad|>", images = { { path = "nope.png" } } }),
+           "images[0]: no such image file '" .. dir .. "/nope.png'")
+  bad_file("b64.jsonl", json.encode({ text = "<|media_pad|>", images = { { b64 = "iVBOR!w0" } } }),
+           'images[0]: bad base64: invalid base64 character "!" at offset 5')
+  bad_file("both.jsonl", json.encode({ text = "<|media_pad|>", images = { { b64 = "aaaa", path = "small.png" } } }),
+           'images[0] must hold exactly one of "path" (a string) or "b64" (a string)')
+  bad_file("role.jsonl", json.encode({ messages = { { role = "bot", content = "hi" } } }),
+           "messages[0].role must be system, user, assistant or tool, got bot")
+  bad_file("notimage.jsonl", json.encode({ text = "<|media_pad|>", images = { { b64 = b64encode("not an image at all") } } }),
+           "images[0]: image '" .. dir .. "/notimage.jsonl:2 images[0]': not a PNG or JPEG", true)
+  write(dir .. "/trunc.png", slurp(dir .. "/small.png"):sub(1, 40))
+  bad_file("trunc.jsonl", json.encode({ text = "<|media_pad|>", images = { { path = "trunc.png" } } }), "cannot decode", true)
+end)
+
+T.test("sources.build: squares, digits and image_text kinds; vision from the source or the model; a packed batch", function()
+  local dir = jsonl_dir()
+  write(dir .. "/one.jsonl", json.encode({ text = "x <|media_pad|> y", images = { { path = "small.png" } } }) .. "\n")
+  local model_vision = { patch = 4, dim = 64, layers = 2, mean = { 0.5, 0.5, 0.5 }, std = { 0.5, 0.5, 0.5 } }
+  local built = sources.build({
+    squares = { kind = "squares" },
+    digits = { kind = "digits", split = "train" },
+    docs = { kind = "image_text", path = dir .. "/one.jsonl" },
+    big = { kind = "squares", size = 64, vision = { patch = 8 } },
+  }, TOK, 7, "test", model_vision)
+  T.eq(built.squares.vision.patch, 4)
+  T.eq(built.big.vision.patch, 8)
+  T.eq({ built.squares.seed, built.squares.name, built.digits.name }, { 7, "squares", "digits" })
+  T.eq(select(4, built.big:doc(0, 64))[1].n, 16)          -- 64 x 64 at p = 8: 8 x 8 patches, 16 tokens
+  T.raises(function() sources.build({ s = { kind = "squares", colour = 3 } }, TOK, 1, "test") end,
+           "unknown key 'colour' in squares source config")
+  T.raises(function() sources.build({ s = { kind = "pictures" } }, TOK, 1, "test") end,
+           "kind must be text, mqar, passkey, copy, squares, digits or image_text, got pictures")
+  local held = sources.held_out({ squares = { kind = "squares" }, digits = { kind = "digits" },
+                                  docs = { kind = "image_text", path = "x", val_fraction = 0.5 } })
+  T.eq({ held.squares.split, held.digits.split, held.docs.split }, { "eval", "eval", "val" })
+  local p = sources.packer({ "digits", "docs", "squares" }, built, 64, 3, SP.eot)
+  local b = p:next_rows(4)
+  local by = { squares = built.squares, digits = built.digits, docs = built.docs }
+  T.ok(check_batch(b, 4, 64, by) >= 4, "images in the batch")
 end)
 
 T.run()

@@ -7,6 +7,9 @@
 -- ids shifted left by one, -100 where the target is a placeholder and, unless vision.loss_on_wrappers, where it is
 -- a wrapper token (<|media_start|>, the word "image", <|media_content|>, <|media_end|>). Special ids are resolved by
 -- name from the tokenizer. doc(i, T) returns ids, targets, n and the images {patches, h, w, pos, n} (pack.lua).
+-- Chat documents (formats.md §4, §5) render each message as <|im_ROLE|>ROLE<|im_middle|>content<|im_end|> (the
+-- tool role as <|im_system|>tool<|im_middle|>, as Kimi's template does); only assistant contents and their
+-- <|im_end|> are targets.
 local ffi = require "ffi"
 local tide = require "tide"
 local image = require "tide.data.image"
@@ -31,17 +34,24 @@ function mm.specials(tok)
            media_end = tok:id("<|media_end|>") }
 end
 
--- document(tok, parts, vision) -> ids, targets, n, images. parts: a list of strings (text) and images, an image
--- being a u8 tensor [H, W, 3] (prepared here with vision) or {patches, h, w} already prepared.
+-- document(tok, parts, vision, sp) -> ids, targets, n, images. parts: a list of text strings, images (a u8 tensor
+-- [H, W, 3], prepared here with vision, or {patches, h, w} already prepared) and tables {text = s, loss = bool} or
+-- {special = name, loss = bool} (SFT: loss only on assistant turns). A plain string or image is a target
+-- (loss = true); placeholders never are, wrapper tokens only with vision.loss_on_wrappers.
 function mm.document(tok, parts, vision, sp)
   sp = sp or mm.specials(tok)
   vision = vision or image.vision_config(nil)
-  local list, kind = { sp.eot }, { false }     -- kind[k]: nil text, "pad", "wrap"
+  local list, loss = { sp.eot }, { false }
   local images = {}
-  local function push(id, k) list[#list + 1] = id; kind[#list] = k end
+  local function push(id, l) list[#list + 1] = id; loss[#list] = l end
+  local wraps = vision.loss_on_wrappers
   for _, part in ipairs(parts) do
     if type(part) == "string" then
-      for _, id in ipairs(tok:encode(part)) do push(id, false) end
+      for _, id in ipairs(tok:encode(part)) do push(id, true) end
+    elseif type(part) == "table" and part.text ~= nil then
+      for _, id in ipairs(tok:encode(part.text)) do push(id, part.loss ~= false) end
+    elseif type(part) == "table" and part.special ~= nil then
+      push(tok:id(part.special), part.loss ~= false)
     else
       local patches, h, w, n
       if tide.is_tensor(part) then
@@ -49,22 +59,19 @@ function mm.document(tok, parts, vision, sp)
       else
         patches, h, w, n = part.patches, part.h, part.w, part.h * part.w / 4
       end
-      push(sp.media_start, "wrap")
-      for _, id in ipairs(tok:encode("image")) do push(id, "wrap") end
-      push(sp.media_content, "wrap")
+      local wl = wraps and (type(part) ~= "table" or part.loss ~= false)
+      push(sp.media_start, wl)
+      for _, id in ipairs(tok:encode("image")) do push(id, wl) end
+      push(sp.media_content, wl)
       images[#images + 1] = { patches = patches, h = h, w = w, pos = #list, n = n }
-      for _ = 1, n do push(sp.media_pad, "pad") end
-      push(sp.media_end, "wrap")
+      for _ = 1, n do push(sp.media_pad, false) end
+      push(sp.media_end, wl)
     end
   end
   local n = #list
   local ids, targets = ffi.new("int32_t[?]", n), ffi.new("int32_t[?]", n)
-  local wraps = vision.loss_on_wrappers
   for t = 0, n - 1 do ids[t] = list[t + 1] end
-  for t = 0, n - 2 do
-    local k = kind[t + 2]
-    targets[t] = (k == "pad" or (k == "wrap" and not wraps)) and IGNORE or list[t + 2]
-  end
+  for t = 0, n - 2 do targets[t] = loss[t + 2] and list[t + 2] or IGNORE end
   targets[n - 1] = IGNORE
   return ids, targets, n, images
 end
@@ -292,6 +299,227 @@ end
 function Digits:doc(i, T)
   local img, label = self:digit(self:index(i))
   return mm.document(self.tokenizer, { img, "a handwritten " .. label }, self.vision, self.sp)
+end
+
+---------------------------------------------------------------------------------------------------
+-- image_text: JSONL documents with images (formats.md §5)
+--   {"text": "... <|media_pad|> ...", "images": [{"path": "a.png"} | {"b64": "..."}]}
+--   {"messages": [{"role": "user", "content": "<|media_pad|> what is this?"}, {"role": "assistant", ...}], "images": [...]}
+-- one literal <|media_pad|> per image, in order (a literal <|media_start|>image<|media_content|><|media_pad|>
+-- <|media_end|> counts as one too); relative paths are resolved against the JSONL file's directory.
+
+local B64 = {}
+do
+  local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+  for k = 1, 64 do B64[alphabet:byte(k)] = k - 1 end
+end
+
+-- b64decode(s) -> bytes, or nil and the reason: the standard alphabet, '=' padding, whitespace ignored
+function mm.b64decode(s)
+  local out, acc, bits, pad = {}, 0, 0, 0
+  local buf = ffi.new("uint8_t[?]", math.floor(#s * 3 / 4) + 3)
+  local n = 0
+  for k = 1, #s do
+    local c = s:byte(k)
+    local v = B64[c]
+    if v then
+      if pad > 0 then return nil, fmt("data after '=' padding at offset %d", k - 1) end
+      acc = acc * 64 + v
+      bits = bits + 6
+      if bits >= 8 then
+        bits = bits - 8
+        local byte = math.floor(acc / 2 ^ bits)
+        buf[n] = byte
+        n = n + 1
+        acc = acc - byte * 2 ^ bits
+      end
+    elseif c == 61 then
+      pad = pad + 1
+      if pad > 2 then return nil, fmt("too much '=' padding at offset %d", k - 1) end
+    elseif c == 32 or c == 10 or c == 13 or c == 9 then
+    else
+      return nil, fmt("invalid base64 character %q at offset %d", string.char(c), k - 1)
+    end
+  end
+  if bits >= 6 then return nil, "truncated base64 (a final group of one character)" end
+  return ffi.string(buf, n), nil
+end
+
+local PAD_LITERAL = "<|media_pad|>"
+local WRAPPED_LITERAL = "<|media_start|>image<|media_content|><|media_pad|><|media_end|>"
+
+-- text pieces around the image markers: {"a", IMAGE, "b", ...} as {pieces = {...}, count = images}
+local function split_markers(text)
+  local pieces, count, pos = {}, 0, 1
+  while true do
+    local a, b = text:find(WRAPPED_LITERAL, pos, true)
+    local c, d = text:find(PAD_LITERAL, pos, true)
+    if c and (not a or c < a) then a, b = c, d end
+    if not a then break end
+    pieces[#pieces + 1] = text:sub(pos, a - 1)
+    count = count + 1
+    pieces[#pieces + 1] = count          -- the image's 1-based number
+    pos = b + 1
+  end
+  pieces[#pieces + 1] = text:sub(pos)
+  return pieces, count
+end
+
+local function count_markers(text) return select(2, split_markers(text)) end
+
+local ImageText = {}
+ImageText.__index = ImageText
+local IMAGE_TEXT_KEYS = { path = true, paths = true, split = true, val_fraction = true, order = true, seed = true,
+                          name = true, vision = true, tokenizer = true, max_side = true }
+local ROLES = { system = "<|im_system|>", user = "<|im_user|>", assistant = "<|im_assistant|>", tool = "<|im_system|>" }
+local IMAGE_TEXT_KEY = 0x696d7478ULL   -- "imtx"
+
+-- one JSONL line -> a document record {where, text | messages, images = {{path} | {b64}}}; errors name file:line
+local function parse_line(json, file, dir, lineno, line, who)
+  local where = fmt("%s:%d", file, lineno)
+  local ok, obj = pcall(json.decode, line)
+  if not ok then bad(who, fmt("%s: %s", where, tostring(obj):gsub("^json%.decode: ", ""))) end
+  if type(obj) ~= "table" or obj[1] ~= nil then bad(who, where .. ": expected a JSON object") end
+  local markers
+  if obj.text ~= nil then
+    if type(obj.text) ~= "string" then bad(who, where .. ": \"text\" must be a string") end
+    markers = count_markers(obj.text)
+  elseif obj.messages ~= nil then
+    if type(obj.messages) ~= "table" or #obj.messages == 0 then bad(who, where .. ": \"messages\" must be a non-empty array") end
+    markers = 0
+    for k, m in ipairs(obj.messages) do
+      if type(m) ~= "table" or not ROLES[m.role] then
+        bad(who, fmt("%s: messages[%d].role must be system, user, assistant or tool, got %s", where, k - 1,
+          tostring(type(m) == "table" and m.role)))
+      end
+      if type(m.content) ~= "string" then bad(who, fmt("%s: messages[%d].content must be a string", where, k - 1)) end
+      markers = markers + count_markers(m.content)
+    end
+  else
+    bad(who, where .. ": a document needs \"text\" or \"messages\"")
+  end
+  local images = obj.images
+  if images == nil then images = {} end
+  if type(images) ~= "table" then bad(who, where .. ": \"images\" must be an array") end
+  if #images ~= markers then
+    bad(who, fmt("%s: the text holds %d <|media_pad|> but \"images\" lists %d image%s", where, markers, #images,
+      #images == 1 and "" or "s"))
+  end
+  local refs = {}
+  for k, im in ipairs(images) do
+    local what = fmt("%s: images[%d]", where, k - 1)
+    if type(im) ~= "table" then bad(who, what .. " must be an object {\"path\": ...} or {\"b64\": ...}") end
+    if type(im.path) == "string" and im.b64 == nil then
+      local p = im.path:sub(1, 1) == "/" and im.path or (dir .. im.path)
+      if C.tide_path_exists(p) ~= 1 then bad(who, fmt("%s: no such image file '%s'", what, p)) end
+      refs[k] = { path = p }
+    elseif type(im.b64) == "string" and im.path == nil then
+      local bytes, why = mm.b64decode(im.b64)
+      if not bytes then bad(who, fmt("%s: bad base64: %s", what, why)) end
+      refs[k] = { b64 = im.b64 }
+    else
+      bad(who, what .. " must hold exactly one of \"path\" (a string) or \"b64\" (a string)")
+    end
+  end
+  return { where = where, text = obj.text, messages = obj.messages, images = refs }
+end
+
+-- image_text{path | paths, split = "train" | "val" ("eval"), val_fraction = 0, order = "shuffle" | "sequential",
+-- seed, vision, tokenizer, max_side, name}: every line of the JSONL files is parsed and checked when the source is
+-- made (JSON, the marker count, image files present, base64 well-formed); images are decoded in doc(i, T). The last
+-- ⌊n·val_fraction⌋ documents of each file are its val split.
+function mm.image_text_source(cfg)
+  local who = "image_text"
+  options.check(cfg, IMAGE_TEXT_KEYS, "image_text source config", who)
+  local json = require "tide.json"
+  local files = {}
+  if cfg.path ~= nil then files[#files + 1] = cfg.path end
+  if cfg.paths ~= nil then
+    if type(cfg.paths) ~= "table" then bad(who, "paths must be a list of JSONL files") end
+    for _, f in ipairs(cfg.paths) do files[#files + 1] = f end
+  end
+  if #files == 0 then bad(who, "path (or paths) must name a JSONL file") end
+  local split = cfg.split or "train"
+  if split == "eval" then split = "val" end
+  if split ~= "train" and split ~= "val" then bad(who, fmt("split must be 'train' or 'val', got '%s'", tostring(cfg.split))) end
+  local vf = cfg.val_fraction or 0
+  if type(vf) ~= "number" or not (vf >= 0 and vf < 1) then bad(who, fmt("val_fraction must be in [0, 1), got %s", tostring(vf))) end
+  if split == "val" and vf == 0 then bad(who, "split 'val' needs val_fraction > 0") end
+  local order = cfg.order or "shuffle"
+  if order ~= "shuffle" and order ~= "sequential" then bad(who, fmt("order must be 'shuffle' or 'sequential', got '%s'", tostring(order))) end
+  local seed = options.seed(cfg.seed or 0, "image_text seed", who)
+  if cfg.max_side ~= nil then options.pos_int(cfg.max_side, "max_side", who) end
+  local docs = {}
+  for _, file in ipairs(files) do
+    if type(file) ~= "string" then bad(who, "a JSONL path must be a string, got " .. type(file)) end
+    local f, err = io.open(file, "rb")
+    if not f then bad(who, fmt("cannot open '%s': %s", file, tostring(err))) end
+    local dir = file:match("^(.*/)[^/]*$") or ""
+    local mine, lineno = {}, 0
+    for line in f:lines() do
+      lineno = lineno + 1
+      if #line > 64 * 1024 * 1024 then f:close(); bad(who, fmt("%s:%d: the line is over 64 MiB", file, lineno)) end
+      if line:find("%S") then mine[#mine + 1] = parse_line(json, file, dir, lineno, line, who) end
+    end
+    f:close()
+    local n_val = math.floor(#mine * vf)
+    local lo, hi = 1, #mine - n_val
+    if split == "val" then lo, hi = #mine - n_val + 1, #mine end
+    for k = lo, hi do docs[#docs + 1] = mine[k] end
+  end
+  if #docs == 0 then bad(who, fmt("no documents in split '%s' of %s", split, table.concat(files, ", "))) end
+  local tok = tokenizer_of(cfg, who)
+  local sp = mm.specials(tok)
+  return setmetatable({ name = cfg.name or ("image_text:" .. split), split = split, order = order, docs = docs,
+    n_docs = #docs, first = 0, key = IMAGE_TEXT_KEY * STRIDE + seed, vision = vision_of(cfg, who), tokenizer = tok,
+    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad, max_side = cfg.max_side }, ImageText)
+end
+
+ImageText.count = Digits.count
+ImageText.index = Digits.index
+
+-- the u8 image of reference ref (document where, image k); a decoding error names file:line
+function ImageText:load_image(ref, where, k)
+  local ok, img = pcall(function()
+    if ref.path then return image.read(ref.path, self.max_side) end
+    return image.decode(assert(mm.b64decode(ref.b64)), fmt("%s images[%d]", where, k - 1), self.max_side)
+  end)
+  if not ok then bad(self.name, fmt("%s: images[%d]: %s", where, k - 1, tostring(img):gsub("^.-image%.[a-z]+: ", ""))) end
+  return img
+end
+
+-- the parts of a text (pieces around markers) with its images, loss flag l
+local function text_parts(self, rec, text, parts, loss, next_image)
+  local pieces = split_markers(text)
+  for _, piece in ipairs(pieces) do
+    if type(piece) == "string" then
+      if piece ~= "" then parts[#parts + 1] = { text = piece, loss = loss } end
+    else
+      local k = next_image()
+      local img = self:load_image(rec.images[k], rec.where, k)
+      local patches, h, w = image.prepare(img, self.vision)
+      parts[#parts + 1] = { patches = patches, h = h, w = w, loss = loss }
+    end
+  end
+end
+
+function ImageText:doc(i, T)
+  local rec = self.docs[self:index(i) + 1]
+  local parts, used = {}, 0
+  local function next_image() used = used + 1; return used end
+  if rec.text then
+    text_parts(self, rec, rec.text, parts, true, next_image)
+  else
+    for _, m in ipairs(rec.messages) do
+      local is_assistant = m.role == "assistant"
+      parts[#parts + 1] = { special = ROLES[m.role], loss = false }
+      parts[#parts + 1] = { text = m.role, loss = false }
+      parts[#parts + 1] = { special = "<|im_middle|>", loss = false }
+      text_parts(self, rec, m.content, parts, is_assistant, next_image)
+      parts[#parts + 1] = { special = "<|im_end|>", loss = is_assistant }
+    end
+  end
+  return mm.document(self.tokenizer, parts, self.vision, self.sp)
 end
 
 return mm

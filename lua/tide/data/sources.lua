@@ -6,9 +6,21 @@ local sources = {}
 local fmt = string.format
 
 local SYNTHETIC = { mqar = true, passkey = true, copy = true }
-sources.KINDS = "text, mqar, passkey or copy"
+-- the image-text kinds (data/multimodal.lua): their images are prepared with the source's own `vision` table
+-- (patch, mean, std, token_limit, loss_on_wrappers), or else the `vision` handed to build (a recipe passes its
+-- model's vision config), over image.VISION_DEFAULTS (tiny-vlm)
+local IMAGE = { squares = "squares_source", digits = "digits_source", image_text = "image_text_source" }
+sources.KINDS = "text, mqar, passkey, copy, squares, digits or image_text"
 
 local deep_copy = options.deep_copy
+
+-- the preprocessing keys of a model's vision config (the rest, widths and depths, is the encoder's)
+local function preprocessing(v)
+  if v == nil then return nil end
+  local out = {}
+  for k in pairs(require("tide.data.image").VISION_DEFAULTS) do out[k] = deep_copy(v[k]) end
+  return out
+end
 
 -- filler_text(o, name, spec, built, who): a synthetic source's `filler_source = NAME` (with filler = "text") becomes
 -- filler_text = the built text source NAME, the text its filler is drawn from (data/synthetic.lua); o is edited
@@ -38,10 +50,11 @@ function sources.filler_text(o, name, spec, built, who)
   return o
 end
 
--- build(spec, tokenizer, seed, who) -> {name = source}: each entry {kind = "text" | "mqar" | "passkey" | "copy", ...}
--- with the kind's own options; a source without a seed takes the run's. Text sources are built first, so a
+-- build(spec, tokenizer, seed, who, vision) -> {name = source}: each entry {kind = "text" | "mqar" | "passkey" |
+-- "copy" | "squares" | "digits" | "image_text", ...} with the kind's own options; a source without a seed takes the
+-- run's, an image source without `vision` takes `vision` (the model's). Text sources are built first, so a
 -- synthetic source can draw its filler from one (filler = "text", filler_source = NAME).
-function sources.build(spec, tok, seed, who)
+function sources.build(spec, tok, seed, who, vision)
   local data = require "tide.data"
   local out, names = {}, {}
   for name in pairs(spec or {}) do names[#names + 1] = name end
@@ -61,6 +74,10 @@ function sources.build(spec, tok, seed, who)
         elseif SYNTHETIC[kind] then
           o.task = kind
           out[name] = data.synthetic.source(sources.filler_text(o, name, spec, out, who))
+        elseif IMAGE[kind] then
+          if o.vision == nil then o.vision = preprocessing(vision) end
+          if o.name == nil then o.name = tostring(name) end
+          out[name] = require("tide.data.multimodal")[IMAGE[kind]](o)
         else
           options.fail(who, fmt("sources.%s: kind must be %s, got %s", tostring(name), sources.KINDS, tostring(kind)))
         end
@@ -79,7 +96,7 @@ function sources.held_out(spec, who)
   for name, sc in pairs(spec or {}) do
     if type(sc) ~= "table" then options.fail(who, fmt("sources.%s must be a table", tostring(name))) end
     local o = deep_copy(sc)
-    if (o.kind or "text") == "text" then
+    if (o.kind or "text") == "text" or o.kind == "image_text" then
       if not (type(o.val_fraction) == "number" and o.val_fraction > 0) then
         options.fail(who, fmt("sources.%s has no held-out split for val.mix = \"stage\" (val_fraction = %s; give it "
           .. "val_fraction > 0)", tostring(name), tostring(o.val_fraction)))
