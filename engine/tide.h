@@ -190,6 +190,8 @@ tide_tensor *tide_tanh(tide_tensor *x);
 tide_tensor *tide_sigmoid(tide_tensor *x);
 tide_tensor *tide_silu(tide_tensor *x);
 tide_tensor *tide_gelu(tide_tensor *x);                     /* tanh approximation (GPT-2) */
+/* the exact GELU 0.5 x (1 + erf(x / sqrt 2)) (vision.md §6: the projector's; the ViT MLP uses tide_gelu) */
+tide_tensor *tide_gelu_erf(tide_tensor *x);
 tide_tensor *tide_softplus(tide_tensor *x);
 tide_tensor *tide_relu(tide_tensor *x);
 tide_tensor *tide_abs(tide_tensor *x);
@@ -219,6 +221,18 @@ tide_tensor *tide_cross_entropy(tide_tensor *logits, tide_tensor *targets, tide_
                                 int64_t ignore_index, int reduction);
 /* rotary embedding on x [B, T, H, D] (D even, pairs (i, i + D/2)), positions pos0 + t */
 tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0);
+/* 2D RoPE of the ViT encoder (vision.md §4, MoonViT's adjacent-pair layout) on x [T, H, head_dim] (head_dim % 4 == 0)
+   with pos an i32/i64 tensor [T, 2] of (row, col) per token (any device; values in [0, 512), the spec's table limit):
+   complex slot j in [0, head_dim/2) rotates (x[2j], x[2j+1]) by φ = p · theta^(−4⌊j/2⌋/head_dim), p = col for even
+   j, row for odd j. Returns the rotated [T, H, head_dim]; the backward rotates by −φ (pos gets no gradient). */
+tide_tensor *tide_rope2d(tide_tensor *x, tide_tensor *pos, double theta);
+/* the learnable absolute position table resampled to each image's patch grid (vision.md §4): table [G, G, d]
+   (any [Gh, Gw, d]), grids an int tensor [n, 2] of (h, w) per image (any device; 1 <= h, w <= 65536). Returns
+   [Σ h_i·w_i, d]: image i's table resampled to [h_i, w_i, d] in raster order, images concatenated. PyTorch's
+   interpolate(table.permute(2, 0, 1)[None], size = (h, w), mode = "bicubic", align_corners = False): a = −0.75,
+   source index (dst + 0.5)·G/h − 0.5, taps clamped at the borders; (h, w) = (Gh, Gw) copies the table bitwise.
+   The gradient of the table applies the transposed weights in a fixed order (deterministic). */
+tide_tensor *tide_pos_interp(tide_tensor *table, tide_tensor *grids);
 /* q [B, H, Tq, D], k/v [B, H, Tk, D]; causal aligns the last query with the last key */
 tide_tensor *tide_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, int causal, double scale);
 

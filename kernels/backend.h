@@ -28,7 +28,7 @@ extern "C" {
 #define TIDE_UNARY_OPS(X)                                                                                          \
     X(NEG, neg) X(EXP, exp) X(LOG, log) X(SQRT, sqrt) X(RSQRT, rsqrt) X(TANH, tanh) X(SIGMOID, sigmoid)            \
     X(SILU, silu) X(GELU, gelu) X(SOFTPLUS, softplus) X(RELU, relu) X(ABS, abs) X(ADD_SCALAR, add_scalar)          \
-    X(MUL_SCALAR, mul_scalar) X(POW_SCALAR, pow_scalar)
+    X(MUL_SCALAR, mul_scalar) X(POW_SCALAR, pow_scalar) X(GELU_ERF, gelu_erf)
 #define TIDE_BINARY_OPS(X) X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div)
 /* reductions over the middle axis of a contiguous [outer, red, inner] buffer -> [outer, inner] */
 #define TIDE_REDUCE_OPS(X) X(SUM, sum) X(MAX, max) X(ARGMAX, argmax) X(LOGSUMEXP, logsumexp)
@@ -145,6 +145,21 @@ typedef struct tide_backend {
        inverse = 1 rotates by the negative angle (the backward) */
     int (*rope)(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D,
                 double theta, int64_t pos0, int inverse);
+    /* 2D RoPE (spec/vision.md §4) on x [T, H, hd], hd % 4 == 0, with pos [T, 2] = (row, col) per token (pos_dtype
+       i32/i64, values in [0, 512): checked by the caller): complex slot j in [0, hd/2) rotates the adjacent pair
+       (x[2j], x[2j+1]) by φ = p · theta^(−4⌊j/2⌋/hd), p = col for even j, row for odd j; inverse = 1 rotates by −φ
+       (the backward). out may alias x. */
+    int (*rope2d)(int dtype, void *out, const void *x, const void *pos, int pos_dtype, int64_t T, int64_t H,
+                  int64_t hd, double theta, int inverse);
+    /* the position table resampled bicubically to each image's grid (spec/vision.md §4; PyTorch's
+       interpolate(mode="bicubic", align_corners=False), a = −0.75, clamped border taps): table [Gh, Gw, d],
+       grids HOST int64 [n, 2] of (h, w) -> out [Σ h·w, d], image i's [h_i, w_i, d] in raster order after image
+       i − 1's; an image with (h, w) = (Gh, Gw) is a copy. backward OVERWRITES dtable [Gh, Gw, d] with the
+       transposed weights applied to dout, in a fixed order (no atomics). */
+    int (*pos_interp)(int dtype, void *out, const void *table, const int64_t *grids, int64_t n, int64_t Gh,
+                      int64_t Gw, int64_t d);
+    int (*pos_interp_backward)(int dtype, void *dtable, const void *dout, const int64_t *grids, int64_t n,
+                               int64_t Gh, int64_t Gw, int64_t d);
 
     /* softmax attention per (batch*head) on q [BH, Tq, D], k, v [BH, Tk, D]; lse [BH, Tq] saved.
        causal: query i sees keys j <= i + (Tk - Tq) */

@@ -155,6 +155,7 @@ tide_tensor *tide_tanh(tide_tensor *x) { return unary(TIDE_OP_TANH, TIDE_UN_TANH
 tide_tensor *tide_sigmoid(tide_tensor *x) { return unary(TIDE_OP_SIGMOID, TIDE_UN_SIGMOID, x, 0); }
 tide_tensor *tide_silu(tide_tensor *x) { return unary(TIDE_OP_SILU, TIDE_UN_SILU, x, 0); }
 tide_tensor *tide_gelu(tide_tensor *x) { return unary(TIDE_OP_GELU, TIDE_UN_GELU, x, 0); }
+tide_tensor *tide_gelu_erf(tide_tensor *x) { return unary(TIDE_OP_GELU_ERF, TIDE_UN_GELU_ERF, x, 0); }
 tide_tensor *tide_softplus(tide_tensor *x) { return unary(TIDE_OP_SOFTPLUS, TIDE_UN_SOFTPLUS, x, 0); }
 tide_tensor *tide_relu(tide_tensor *x) { return unary(TIDE_OP_RELU, TIDE_UN_RELU, x, 0); }
 tide_tensor *tide_abs(tide_tensor *x) { return unary(TIDE_OP_ABS, TIDE_UN_ABS, x, 0); }

@@ -40,6 +40,7 @@
     X(SIGMOID, sigmoid, unary, unary)                                  \
     X(SILU, silu, unary, unary)                                        \
     X(GELU, gelu, unary, unary)                                        \
+    X(GELU_ERF, gelu_erf, unary, unary)                                \
     X(SOFTPLUS, softplus, unary, unary)                                \
     X(RELU, relu, unary, unary)                                        \
     X(ABS, abs, unary, unary)                                          \
@@ -64,6 +65,9 @@
     X(CROSS_ENTROPY, cross_entropy, cross_entropy, cross_entropy)      \
     /* rope.c */                                                       \
     X(ROPE, rope, rope, rope)                                          \
+    /* vision.c */                                                     \
+    X(ROPE2D, rope2d, rope2d, rope2d)                                  \
+    X(POS_INTERP, pos_interp, pos_interp, pos_interp)                  \
     /* attention.c */                                                  \
     X(ATTENTION, attention, attention, attention)                      \
     /* kda.c */                                                        \

@@ -44,6 +44,9 @@ int tide_cpu_softmax_backward(int dtype, void *dx, const void *dy, const void *y
 int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
 int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
 int tide_cpu_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta, int64_t pos0, int inverse);
+int tide_cpu_rope2d(int dtype, void *out, const void *x, const void *pos, int pos_dtype, int64_t T, int64_t H, int64_t hd, double theta, int inverse);
+int tide_cpu_pos_interp(int dtype, void *out, const void *table, const int64_t *grids, int64_t n, int64_t Gh, int64_t Gw, int64_t d);
+int tide_cpu_pos_interp_backward(int dtype, void *dtable, const void *dout, const int64_t *grids, int64_t n, int64_t Gh, int64_t Gw, int64_t d);
 int tide_cpu_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
 int tide_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *out, const void *lse, int64_t BH, int64_t Tq, int64_t Tk, int64_t D, int causal, double scale);
 int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g, const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt);

@@ -280,6 +280,16 @@ int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offse
         T du = (T)0.7978845608028654 * ((T)1 + (T)0.134145 * x * x);                               \
         return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * du;                             \
     }                                                                                              \
+    /* the exact GELU 0.5 x (1 + erf(x / sqrt 2)); its derivative Φ(x) + x φ(x) */                 \
+    static inline T gelu_erf_##T(T x)                                                              \
+    {                                                                                              \
+        return (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440));                           \
+    }                                                                                              \
+    static inline T gelu_erf_grad_##T(T x)                                                         \
+    {                                                                                              \
+        T cdf = (T)0.5 * ((T)1 + erf(x * (T)0.70710678118654752440));                              \
+        return cdf + x * (T)0.39894228040143267794 * exp((T)-0.5 * x * x);                         \
+    }                                                                                              \
     /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */                                             \
     static inline T silu_grad_##T(T x)                                                             \
     {                                                                                              \
@@ -305,6 +315,7 @@ SCALAR_FUNCS(double)
         case TIDE_UN_SIGMOID: EW_MATH(y[i] = sigmoid_##T(x[i])); break;                            \
         case TIDE_UN_SILU: EW_MATH(y[i] = x[i] * sigmoid_##T(x[i])); break;                        \
         case TIDE_UN_GELU: EW_MATH(y[i] = gelu_##T(x[i])); break;                                  \
+        case TIDE_UN_GELU_ERF: EW_MATH(y[i] = gelu_erf_##T(x[i])); break;                          \
         case TIDE_UN_SOFTPLUS: EW_MATH(y[i] = softplus_##T(x[i])); break;                          \
         case TIDE_UN_RELU: EW_CHEAP(y[i] = x[i] > (T)0 ? x[i] : (T)0); break;                      \
         case TIDE_UN_ABS: EW_CHEAP(y[i] = fabs(x[i])); break;                                      \
@@ -331,6 +342,7 @@ SCALAR_FUNCS(double)
             EW_CHEAP(gx[i] = gy[i] * y[i] * ((T)1 - y[i])); break;                                 \
         case TIDE_UN_SILU: EW_MATH(gx[i] = gy[i] * silu_grad_##T(x[i])); break;                    \
         case TIDE_UN_GELU: EW_MATH(gx[i] = gy[i] * gelu_grad_##T(x[i])); break;                    \
+        case TIDE_UN_GELU_ERF: EW_MATH(gx[i] = gy[i] * gelu_erf_grad_##T(x[i])); break;            \
         case TIDE_UN_SOFTPLUS: EW_MATH(gx[i] = gy[i] * sigmoid_##T(x[i])); break;                  \
         case TIDE_UN_RELU: EW_CHEAP(gx[i] = x[i] > (T)0 ? gy[i] : (T)0); break;                    \
         case TIDE_UN_ABS:                                                                          \

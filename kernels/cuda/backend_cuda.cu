@@ -296,6 +296,9 @@ static tide_backend make_table()
     t.cross_entropy = tide_cuda_cross_entropy;
     t.cross_entropy_backward = tide_cuda_cross_entropy_backward;
     t.rope = tide_cuda_rope;
+    t.rope2d = tide_cuda_rope2d;
+    t.pos_interp = tide_cuda_pos_interp;
+    t.pos_interp_backward = tide_cuda_pos_interp_backward;
     t.attention = tide_cuda_attention;
     t.attention_backward = tide_cuda_attention_backward;
     t.kda = tide_cuda_kda;

@@ -234,6 +234,13 @@ int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t
                     double beta2, double eps, double wd, double bc1, double bc2);
 int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D,
                    double theta, int64_t pos0, int inverse);
+/* the ViT position kernels (vision.cu) */
+int tide_cuda_rope2d(int dtype, void *out, const void *x, const void *pos, int pos_dtype, int64_t T, int64_t H,
+                     int64_t hd, double theta, int inverse);
+int tide_cuda_pos_interp(int dtype, void *out, const void *table, const int64_t *grids, int64_t n, int64_t Gh,
+                         int64_t Gw, int64_t d);
+int tide_cuda_pos_interp_backward(int dtype, void *dtable, const void *dout, const int64_t *grids, int64_t n,
+                                  int64_t Gh, int64_t Gw, int64_t d);
 
 int tide_cuda_sum_squares(int dtype, const void *x, int64_t n, double *out);
 int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out);

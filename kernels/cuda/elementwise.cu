@@ -212,6 +212,9 @@ template <typename A> __device__ __forceinline__ A tide_sigmoid(A x)
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 #define TIDE_GELU_C 0.7978845608028654
 #define TIDE_GELU_K 0.044715
+/* the exact (erf) GELU: 0.5 x (1 + erf(x / sqrt 2)) */
+#define TIDE_SQRT1_2 0.70710678118654752440
+#define TIDE_INV_SQRT_2PI 0.39894228040143267794
 
 template <typename A> __device__ __forceinline__ A unary_f(int op, A x, A p)
 {
@@ -225,6 +228,7 @@ template <typename A> __device__ __forceinline__ A unary_f(int op, A x, A p)
     case TIDE_UN_SIGMOID: return tide_sigmoid(x);
     case TIDE_UN_SILU: return x * tide_sigmoid(x);
     case TIDE_UN_GELU: return A(0.5) * x * (A(1) + tanh(A(TIDE_GELU_C) * (x + A(TIDE_GELU_K) * x * x * x)));
+    case TIDE_UN_GELU_ERF: return A(0.5) * x * (A(1) + erf(x * A(TIDE_SQRT1_2)));
     case TIDE_UN_SOFTPLUS: return (x > A(0) ? x : A(0)) + log1p(exp(-fabs(x)));   /* log(1 + e^x), stable */
     case TIDE_UN_RELU: return x > A(0) ? x : A(0);
     case TIDE_UN_ABS: return fabs(x);
@@ -255,6 +259,10 @@ template <typename A> __device__ __forceinline__ A unary_grad(int op, A gy, A x,
         A t = tanh(u);
         A du = A(TIDE_GELU_C) * (A(1) + A(3 * TIDE_GELU_K) * x * x);
         return gy * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * du);
+    }
+    case TIDE_UN_GELU_ERF: {   /* Φ(x) + x φ(x) */
+        A cdf = A(0.5) * (A(1) + erf(x * A(TIDE_SQRT1_2)));
+        return gy * (cdf + x * A(TIDE_INV_SQRT_2PI) * exp(A(-0.5) * x * x));
     }
     case TIDE_UN_SOFTPLUS: return gy * tide_sigmoid(x);
     case TIDE_UN_RELU: return x > A(0) ? gy : A(0);

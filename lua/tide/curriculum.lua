@@ -68,7 +68,7 @@ local TRAIN = {
 local STAGE = {
   name = true, seq_len = true, tokens_per_step = true, micro_tokens = true, steps = true, tokens = true, lr = true,
   mix = true, eval = true, on_stage_start = true, on_stage_end = true, on_step = true, on_eval = true,
-  description = true, long_ratio = true,
+  description = true, long_ratio = true, freeze = true,
 }
 local EVAL = { every = true, tasks = true }
 local LR = { kind = true, from = true, to = true, warmup = true, start = true }
@@ -138,13 +138,15 @@ local function resolve_stages(cfg)
       bad(fmt("%s: lr.warmup must be an integer in [0, steps = %d), got %s", where, steps, tostring(warmup)))
     end
     local mix = sources.mix(s.mix, cfg.sources or {}, where, "curriculum")
+    local freeze = s.freeze or {}
+    if type(freeze) ~= "table" then bad(fmt("%s: freeze must be a list of \"vit\", \"projector\", \"lm\"", where)) end
     local ev = s.eval or {}
     if type(ev) ~= "table" then bad(where .. ": eval must be a table {every = steps, tasks = true|false}") end
     check_keys(ev, EVAL, where .. ".eval")
     out[i] = {
       index = i, name = name, seq_len = T, tokens_per_step = tps, rows = rows, micro_rows = micro_rows,
       n_micro = math.floor(rows / micro_rows), steps = steps, mix = mix, eval_every = ev.every or 0,
-      eval_tasks = ev.tasks == true,
+      eval_tasks = ev.tasks == true, freeze = freeze,
       lr = { kind = kind, from = from, to = to, warmup = warmup, start = lr.start or (i == 1 and 0 or from) },
       spec = s,
     }
@@ -232,7 +234,7 @@ local function val_eval(ctx)
   local maxvio = step.with_eval_loads(model, function()
     for _ = 1, vc.batches or 2 do
       local b = p:next_rows(st.micro_rows)
-      local logits = model:forward(step.to_model(model, b.ids), nil, { cu_seqlens = b.cu_seqlens })
+      local logits = model:forward(step.to_model(model, b.ids), nil, step.forward_opts(b))
       sum = sum + F.cross_entropy(logits, step.to_model(model, b.targets), { reduction = "sum" }):item()
       n = n + b.n_targets
     end
@@ -380,6 +382,13 @@ local function enter_stage(C, i, pstate, resumed)
   C.packer:set_seq_len(st.seq_len)
   C.packer:set_mix(sources.mix_entries(st.mix))
   ctx.packer = C.packer
+  -- the stage's frozen parameter groups (vision.md §10: alignment trains only the ViT and projector)
+  if C.model.set_frozen then
+    local ok, err = pcall(C.model.set_frozen, C.model, st.freeze)
+    if not ok then bad(fmt("stage '%s': %s", st.name, tostring(err):gsub("^[^:]*: ", "", 1)), 0) end
+  elseif #st.freeze > 0 then
+    bad(fmt("stage '%s': freeze needs a model with parameter groups (nn.HybridLM)", st.name), 0)
+  end
   tide.reset_peak()
   local logger = C.run.logger
   logger:line(fmt("stage %d/%d '%s': T %d, %d rows/step in %d micro-batch(es), %d steps (%s tokens), lr %s %.3g -> %.3g",

@@ -218,7 +218,9 @@ function F.scatter_add(x, dim, index, src)
 end
 
 -- elementwise and reductions, for symmetry with the methods
-for _, name in ipairs { "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "softplus", "relu", "abs" } do
+-- gelu is the tanh form (GPT-2, the ViT MLP); gelu_erf the exact 0.5 x (1 + erf(x/√2)) (vision.md §6: the projector)
+for _, name in ipairs { "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "gelu_erf", "softplus", "relu",
+                        "abs" } do
   local f = C["tide_" .. name]
   F[name] = function(x) return check(f(want_tensor(x, name, "x"))) end
 end
@@ -329,6 +331,64 @@ function F.l2norm(x, opts)
   check_keys(opts, op, L2_KEYS)
   return check(C.tide_l2norm(want_tensor(x, op, "x"), opts.eps == nil and 1e-6 or want_number(opts.eps, op, "eps"),
                              opts.scale == nil and 1 or want_number(opts.scale, op, "scale")))
+end
+
+-- ---- ViT positions (spec/vision.md §4) ------------------------------------------------------------------------
+-- a Lua list of image grids {{h1, w1}, {h2, w2}, ...} checked: positive integers
+local function grid_list(grids, op)
+  if type(grids) ~= "table" then raise(fmt("%s: grids must be a list of {h, w} or an int tensor, got %s", op, tname(grids))) end
+  for i, g in ipairs(grids) do
+    if type(g) ~= "table" or #g ~= 2 then raise(fmt("%s: grids[%d] must be {h, w}, got %s", op, i, tname(g))) end
+    for k = 1, 2 do
+      local v = g[k]
+      if type(v) ~= "number" or v ~= math.floor(v) or v < 1 then
+        raise(fmt("%s: grids[%d] must be {h, w} with positive integers, got {%s, %s}", op, i, tostring(g[1]), tostring(g[2])))
+      end
+    end
+  end
+  return grids
+end
+
+-- F.grid_positions({{h1, w1}, {h2, w2}, ...}) -> i32 [Σ h·w, 2]: (row, col) of every patch, raster order per image,
+-- images one after the other (the positions of F.rope2d for a packed batch)
+function F.grid_positions(grids)
+  local op = "grid_positions"
+  grid_list(grids, op)
+  local flat = {}
+  for _, g in ipairs(grids) do
+    for r = 0, g[1] - 1 do
+      for c = 0, g[2] - 1 do flat[#flat + 1] = r; flat[#flat + 1] = c end
+    end
+  end
+  return T.from_table(flat, { dtype = "i32", shape = { #flat / 2, 2 } })
+end
+
+local ROPE2D_KEYS = { theta = true }
+
+-- F.rope2d(x [T, H, head_dim], pos [T, 2], {theta = 10000}): 2D RoPE, MoonViT's adjacent-pair layout (vision.md §4):
+--   slot j rotates (x[2j], x[2j+1]) by p·theta^(−4⌊j/2⌋/head_dim), p = col (even j) or row (odd j); pos an int tensor of
+--   (row, col) in [0, 512) per token (F.grid_positions), on any device; head_dim % 4 == 0
+function F.rope2d(x, pos, opts)
+  local op = "rope2d"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, ROPE2D_KEYS)
+  local theta = opts.theta == nil and 10000 or want_number(opts.theta, op, "theta")
+  return check(C.tide_rope2d(want_tensor(x, op, "x"), want_tensor(pos, op, "pos"), theta))
+end
+
+-- F.pos_interp(table [G, G, d], grids) -> [Σ h·w, d]: the position table resampled bicubically to every image's grid
+--   (PyTorch's interpolate(mode = "bicubic", align_corners = false)), raster order, images concatenated; the table
+--   itself where (h, w) = (G, G). grids: a Lua list {{h, w}, ...} or an int tensor [n, 2].
+function F.pos_interp(tbl, grids)
+  local op = "pos_interp"
+  want_tensor(tbl, op, "table")
+  if not is_tensor(grids) then
+    grid_list(grids, op)
+    local flat = {}
+    for _, g in ipairs(grids) do flat[#flat + 1] = g[1]; flat[#flat + 1] = g[2] end
+    grids = T.from_table(flat, { dtype = "i64", shape = { #grids, 2 } })
+  end
+  return check(C.tide_pos_interp(raw(tbl), raw(grids)))
 end
 
 -- ---- MLA attention (spec/mla.md) ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ local ffi = require "ffi"
 local tide = require "tide"
 local options = require "tide.options"
 local C = tide.C
+local fmt = string.format
 
 local generate = {}
 
@@ -99,7 +100,8 @@ function generate.text_stream(tok)
   return push, finish
 end
 
--- generate(model, tok, {prompt = "text" | {ids}, max_new_tokens = 100, temperature = 1, top_k, top_p,
+-- generate(model, tok, {prompt = "text" | {ids}, images = nil | {patches, grids, pad_id} (the prompt's images, in
+--   the order of its <|media_pad|> runs; the prefill runs them through the vision encoder), max_new_tokens = 100, temperature = 1, top_k, top_p,
 --   seed = 0, stop = "<|endoftext|>" | false, window = model.cfg.max_seq_len, on_token = function(id) end})
 -- on_token sees every new id as soon as it is drawn (the stop id is not passed), for streaming output.
 -- window bounds a growing (attention) cache; a model whose caches do not grow (model:cache_grows() is
@@ -136,7 +138,13 @@ function generate.generate(model, tok, opts)
       local ctx = {}
       for i = start, #ids do ctx[#ctx + 1] = ids[i] end
       cache = model:new_cache()
-      logits = last_logits(model:forward(ids_tensor(ctx), cache))
+      local fo
+      if opts.images then
+        -- the images are read once, by the prefill; a restart from the window's tail would drop them
+        if start > 1 then error(fmt("generate: the prompt with images has %d tokens, over the window of %d", #ids, window), 0) end
+        fo = { images = opts.images }
+      end
+      logits = last_logits(model:forward(ids_tensor(ctx), cache, fo))
     end
     prefill()
     for step = 1, n_new do
@@ -169,7 +177,26 @@ end
 -- same tokens alone or in a batch. opts: max_new (32), temperature (0: greedy), top_k, top_p, stop (an id or
 -- a list of ids; a row ends after emitting one, which is kept), seed (0). No window: the caches keep the
 -- whole context (KDA layers at a fixed size, attention/MLA layers growing).
-local IDS_KEYS = { max_new = true, temperature = true, top_k = true, top_p = true, stop = true, seed = true }
+-- opts.images: the prompt's images {patches, grids, pad_id} for one prompt, or for a list of prompts a list with
+-- one such table (or false) per prompt; the prefill splices them at the prompts' <|media_pad|> placeholders.
+local IDS_KEYS = { max_new = true, temperature = true, top_k = true, top_p = true, stop = true, seed = true,
+  images = true }
+
+-- the images of the rows idx (global row indices) as one packed set, or nil
+local function group_images(per_row, idx)
+  if not per_row then return nil end
+  local patches, grids, pad_id = {}, {}, nil
+  for _, r in ipairs(idx) do
+    local im = per_row[r]
+    if im then
+      patches[#patches + 1] = im.patches
+      for _, g in ipairs(im.grids) do grids[#grids + 1] = g end
+      pad_id = pad_id or im.pad_id
+    end
+  end
+  if #patches == 0 then return nil end
+  return { patches = #patches == 1 and patches[1] or tide.F.concat(patches, 1), grids = grids, pad_id = pad_id }
+end
 
 function generate.ids(model, prompts, opts)
   opts = options.check(opts or {}, IDS_KEYS, nil, "generate")
@@ -192,7 +219,8 @@ function generate.ids(model, prompts, opts)
     local flat = {}
     for b = 1, B do flat[b] = rows[idx[b]] end
     local cache = model:new_cache()
-    local logits = model:forward(tide.tensor(flat, { dtype = "i32" }), cache)
+    local im = group_images(opts.images and (batch and opts.images or { opts.images }), idx)
+    local logits = model:forward(tide.tensor(flat, { dtype = "i32" }), cache, im and { images = im } or nil)
     local last = logits:narrow(2, T, 1):tolist()
     local V = #last / B
     -- the prefill's activations are garbage now: free them before decoding (the Lua collector does not see

@@ -26,6 +26,7 @@ local function model_keys(model, rest)
     if sub == "moe" then return set_of(nn.MoE.KEYS) end
     if sub == "kda" then return set_of(nn.KDA.KEYS) end
     if sub == "mla" and kind == "hybrid" then return set_of(nn.MLA.KEYS) end
+    if sub == "vision" and kind == "hybrid" then return set_of(nn.vision.KEYS) end
   end
   return nil
 end

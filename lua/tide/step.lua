@@ -191,10 +191,15 @@ function step.to_model(model, t)
   return t:to(dev)
 end
 
+-- the forward options of a packed batch: its document boundaries and its images (vision.md §7), or nil
+function step.forward_opts(b)
+  if not (b.cu_seqlens or b.images) then return nil end
+  return { cu_seqlens = b.cu_seqlens, images = b.images }
+end
+
 -- the default objective: Σ token losses / the step's targets, plus each MoE aux term / the micro-batch count
 local function data_objective(self, b, N, n_micro)
-  local opts = b.cu_seqlens and { cu_seqlens = b.cu_seqlens } or nil
-  local logits = self.model:forward(step.to_model(self.model, b.ids), nil, opts)
+  local logits = self.model:forward(step.to_model(self.model, b.ids), nil, step.forward_opts(b))
   local ce = F.cross_entropy(logits, step.to_model(self.model, b.targets), { reduction = "sum" })
   local l = ce * (1 / math.max(N, 1))
   local aux

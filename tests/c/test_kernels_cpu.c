@@ -294,6 +294,7 @@ static double ref_unary(int op, double x, double p)
     case TIDE_UN_SIGMOID: return 1.0 / (1.0 + exp(-x));
     case TIDE_UN_SILU: return x / (1.0 + exp(-x));
     case TIDE_UN_GELU: return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    case TIDE_UN_GELU_ERF: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     case TIDE_UN_SOFTPLUS: return log(1.0 + exp(x));
     case TIDE_UN_RELU: return x > 0 ? x : 0;
     case TIDE_UN_ABS: return fabs(x);

@@ -100,6 +100,7 @@ RUN(r_tanh, tide_tanh(x[0]))
 RUN(r_sigmoid, tide_sigmoid(x[0]))
 RUN(r_silu, tide_silu(x[0]))
 RUN(r_gelu, tide_gelu(x[0]))
+RUN(r_gelu_erf, tide_gelu_erf(x[0]))
 RUN(r_softplus, tide_softplus(x[0]))
 RUN(r_relu, tide_relu(x[0]))
 RUN(r_abs, tide_abs(x[0]))
@@ -126,6 +127,8 @@ RUN(r_ce_mean, tide_cross_entropy(x[0], x[1], x[2], -100, 0))
 RUN(r_ce_sum, tide_cross_entropy(x[0], x[1], NULL, -100, 1))
 RUN(r_ce_none, tide_cross_entropy(x[0], x[1], NULL, 2, 2))
 RUN(r_rope, tide_rope(x[0], 10000.0, 3))
+RUN(r_rope2d, tide_rope2d(x[0], x[1], 100.0))
+RUN(r_pos_interp, tide_pos_interp(x[0], x[1]))
 RUN(r_attn_causal, tide_attention(x[0], x[1], x[2], 1, 0.5))
 RUN(r_attn_full, tide_attention(x[0], x[1], x[2], 0, 0.4))
 
@@ -456,6 +459,7 @@ static void build_cases(void)
     add(TIDE_OP_ATTENTION, "non-causal", r_attn_full, ref_attn_full, 0, 3, RANDN(1, 3, 4, 8), RANDN(1, 3, 6, 8), RANDN(1, 3, 6, 8), 0);
     /* kda: q, k, v, g (in [lb, 0]), beta (0, 1), s0; T not a multiple of the chunk */
     add6(TIDE_OP_KDA, "chunk 4, T 7, s0", r_kda_chunk, 6, RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 4),
+    add(TIDE_OP_GELU_ERF, "", r_gelu_erf, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
          RANDU(-0.9, -0.01, 2, 7, 2, 3), RANDU(0.05, 0.95, 2, 7, 2), RANDN(2, 2, 3, 4));
     add6(TIDE_OP_KDA, "chunk 4, packed documents, s0", r_kda_packed, 6, RANDN(2, 9, 1, 3), RANDN(2, 9, 1, 3),
          RANDN(2, 9, 1, 2), RANDU(-0.9, -0.01, 2, 9, 1, 3), RANDU(0.05, 0.95, 2, 9, 1), RANDN(2, 1, 3, 2));
@@ -483,6 +487,10 @@ static void build_cases(void)
     add(TIDE_OP_SITU_GLU, "k 4, 25 on [-6, 6]", r_situ, NULL, 0, 2, RANDU(-6.0, 6.0, 3, 5), RANDU(-6.0, 6.0, 3, 5), 0, 0);
     add(TIDE_OP_SITU_GLU, "k 1.5, 2 (saturating)", r_situ_small, NULL, 0, 2, RANDU(-4.0, 4.0, 4, 3), RANDU(-4.0, 4.0, 4, 3), 0, 0);
     add(TIDE_OP_TOPK, "k 3 of 7 over [2,3,7]", r_topk, NULL, 0, 1, RANDN(2, 3, 7), 0, 0, 0);
+    add(TIDE_OP_ROPE2D, "[5,2,8] i32 pos < 512", r_rope2d, NULL, 0, 2, RANDN(5, 2, 8), ints(TIDE_I32, 2, SHAPE(5, 2), 512, -1, 0),
+        0, 0);
+    add(TIDE_OP_POS_INTERP, "[4,4,3] to 6x5, 2x3, 4x4, 1x1", r_pos_interp, NULL, 0, 2, RANDN(4, 4, 3),
+        tide_from_f64(TIDE_I64, 2, SHAPE(4, 2), 0, (double[]){6, 5, 2, 3, 4, 4, 1, 1}), 0, 0);
     /* moe_experts: x [6,3], sel [6,2] over 4 experts, p, w_gate_up [4, 2·2, 3], w_down [4, 3, 2] */
     add6(TIDE_OP_MOE_EXPERTS, "SiTU, n 4, k 2", r_moe_situ, 5, RANDN(6, 3), ints(TIDE_I64, 2, SHAPE(6, 2), 4, -1, 0),
          RANDU(0.1, 1.0, 6, 2), RANDN(4, 4, 3), RANDN(4, 3, 2), NULL);

@@ -116,6 +116,7 @@ static tide_tensor *f_tanh(tide_tensor **in) { return tide_tanh(in[0]); }
 static tide_tensor *f_sigmoid(tide_tensor **in) { return tide_sigmoid(in[0]); }
 static tide_tensor *f_silu(tide_tensor **in) { return tide_silu(in[0]); }
 static tide_tensor *f_gelu(tide_tensor **in) { return tide_gelu(in[0]); }
+static tide_tensor *f_gelu_erf(tide_tensor **in) { return tide_gelu_erf(in[0]); }
 static tide_tensor *f_softplus(tide_tensor **in) { return tide_softplus(in[0]); }
 static tide_tensor *f_relu(tide_tensor **in) { return tide_relu(in[0]); }
 static tide_tensor *f_abs(tide_tensor **in) { return tide_abs(in[0]); }
@@ -167,6 +168,27 @@ static tide_tensor *f_ce_w_none(tide_tensor **in) { return tide_cross_entropy(in
 static tide_tensor *f_ce_w_mean(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 0); }
 static tide_tensor *f_rope(tide_tensor **in) { return tide_rope(in[0], 10000.0, 3); }
 static tide_tensor *f_rope_far(tide_tensor **in) { return tide_rope(in[0], 10000.0, 1000000); }
+/* vision.md §4: 2D RoPE with (row, col) positions in [0, 512); the position table resampled to fixed grids
+   (upsample, the native grid: a copy, 1x1, non-square), the grids a CPU tensor (the op reads them on the host) */
+static tide_tensor *f_rope2d(tide_tensor **in) { return tide_rope2d(in[0], in[1], 10000.0); }
+static tide_tensor *f_pos_interp(tide_tensor **in)
+{
+    double v[8] = {13, 5, 8, 8, 1, 1, 3, 17};
+    int64_t s[2] = {4, 2};
+    tide_tensor *g = tide_from_f64(TIDE_I64, 2, s, CPU, v);
+    tide_tensor *y = g ? tide_pos_interp(in[0], g) : NULL;
+    tide_tensor_release(g);
+    return y;
+}
+static tide_tensor *f_pos_interp_big(tide_tensor **in)
+{
+    double v[4] = {64, 48, 5, 70};
+    int64_t s[2] = {2, 2};
+    tide_tensor *g = tide_from_f64(TIDE_I32, 2, s, CPU, v);
+    tide_tensor *y = g ? tide_pos_interp(in[0], g) : NULL;
+    tide_tensor_release(g);
+    return y;
+}
 static tide_tensor *f_embedding(tide_tensor **in) { return tide_embedding(in[0], in[1]); }
 /* kda.md §1-§2: the gate (both forms), the short conv (cache, documents, SiLU), the L2 norm */
 static tide_tensor *f_gate_bounded(tide_tensor **in) { return tide_kda_gate(in[0], in[1], in[2], -5.0, TIDE_KDA_GATE_BOUNDED); }
@@ -243,6 +265,8 @@ static const op_case cases[] = {
     {"sigmoid", f_sigmoid, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
     {"silu", f_silu, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
     {"gelu", f_gelu, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"gelu_erf", f_gelu_erf, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
+    {"gelu_erf bf16", f_gelu_erf, 1, {NORMAL(S2(4, 33))}, 1, 1e-2, 2e-2, 1e-2, 2e-2, 1},
     {"softplus", f_softplus, 1, {NORMAL(S2(4, 33))}, 1, 1e-6, 1e-6, 1e-6, 1e-6, 0},
     {"relu", f_relu, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
     {"abs", f_abs, 1, {NORMAL(S2(4, 33))}, 1, 0, 0, 0, 0, 0},
@@ -308,6 +332,13 @@ static const op_case cases[] = {
     {"cross_entropy bf16", f_ce_mean, 2, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11)}, 1, 3e-2, 2e-2, 5e-3, 2e-2, 1},
     {"rope", f_rope, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
     {"rope pos0 1e6", f_rope_far, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    /* vision positions: both sides compute angles, taps and sums in double; the f32 result rounds once */
+    {"rope2d [37,3,72] i64 pos", f_rope2d, 2, {NORMAL(S3(37, 3, 72)), IDS(S2(37, 2), 512)}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"rope2d [20,4,16] i32 pos", f_rope2d, 2, {NORMAL(S3(20, 4, 16)), IDS32(S2(20, 2), 512)}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
+    {"rope2d bf16 [37,3,72]", f_rope2d, 2, {NORMAL(S3(37, 3, 72)), IDS(S2(37, 2), 512)}, 1, 1e-2, 2e-2, 1e-2, 2e-2, 1},
+    {"pos_interp [8,8,40] to 13x5, 8x8, 1x1, 3x17", f_pos_interp, 1, {NORMAL(S3(8, 8, 40))}, 1, 1e-6, 1e-5, 1e-5, 1e-5, 0},
+    {"pos_interp [16,16,96] to 64x48, 5x70", f_pos_interp_big, 1, {NORMAL(S3(16, 16, 96))}, 1, 1e-6, 1e-5, 1e-4, 1e-5, 0},
+    {"pos_interp bf16", f_pos_interp, 1, {NORMAL(S3(8, 8, 40))}, 1, 1e-2, 2e-2, 5e-2, 2e-2, 1},
     /* indexing */
     {"embedding i64 ids", f_embedding, 2, {NORMAL(S2(10, 6)), IDS(S1(7), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
     {"embedding i32 ids [2,9]", f_embedding, 2, {NORMAL(S2(10, 6)), IDS32(S2(2, 9), 10)}, 1, 0, 0, 1e-6, 1e-6, 0},
@@ -1452,6 +1483,7 @@ static int check_coverage(void)
             continue;
         }
         with_cases++;
+    {"gelu_erf", "gelu_erf|gelu_erf bf16", NULL},
         for (const char *c = cv->cases; *c;) {
             size_t len = strcspn(c, "|");
             if (!case_exists(c, len)) {
@@ -1470,6 +1502,8 @@ static int check_coverage(void)
         }
     }
     printf("parity coverage: %d registry ops, %d with parity cases, %d with a reason, %d problems\n", (int)TIDE_OP_COUNT,
+    {"rope2d", "rope2d [37,3,72] i64 pos|rope2d [20,4,16] i32 pos|rope2d bf16 [37,3,72]", NULL},
+    {"pos_interp", "pos_interp [8,8,40] to 13x5, 8x8, 1x1, 3x17|pos_interp [16,16,96] to 64x48, 5x70|pos_interp bf16", NULL},
            with_cases, with_reason, problems);
     return problems;
 }

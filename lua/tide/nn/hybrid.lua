@@ -37,6 +37,7 @@ local MoE = require "tide.nn.moe"
 local KDA = require "tide.nn.kda"
 local MLA = require "tide.nn.mla"
 local attnres = require "tide.nn.attnres"
+local vision = require "tide.nn.vision"
 local generate = require "tide.generate"
 local options = require "tide.options"
 local defaults = require "tide.defaults"
@@ -180,7 +181,10 @@ end
 
 function Body:forward(ids, caches, opts)
   local mode = self:recompute_mode(ids, caches)
-  local st = self.res:begin(self.embed_tokens:forward(ids))
+  local E = self.embed_tokens:forward(ids)
+  -- the image tokens replace the embeddings of their <|media_pad|> placeholders (vision.md §7)
+  if opts and opts.image_embeds then E = vision.splice(E, ids, opts.image_embeds, opts.pad_id) end
+  local st = self.res:begin(E)
   for l = 1, self.layers.n do self:forward_layer(st, l, caches and caches[l], opts, mode) end
   return self.norm:forward(self.res:final(st))
 end
@@ -195,7 +199,7 @@ local DEFAULTS = {
 local KEYS = {
   vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
   activation = true, norm_eps = true, init_std = true, max_seq_len = true, residual = true, attnres = true,
-  gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true,
+  gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true, vision = true,
 }
 HybridLM.DEFAULTS, HybridLM.KEYS = DEFAULTS, KEYS
 local RECOMPUTE = { layer = true, selective = true, none = true }
@@ -229,7 +233,59 @@ function HybridLM:init(cfg)
   check_recompute(c.recompute)
   self:child("model", Body(c, self.schedule, res))
   self:child("lm_head", Linear(c.dim, c.vocab_size, { std = c.init_std, dtype = c.dtype, device = c.device }))
+  if c.vision then
+    -- the vision encoder and projector (vision.md): images in the batch become tokens of the same sequence
+    local vc = vision.config(c.vision, c.dim)
+    if vc.init_std == nil then vc.init_std = c.init_std end
+    self.vision_cfg = vc
+    self:child("vision_tower", vision.VisionEncoder(vc, { dtype = c.dtype, device = c.device }))
+    self:child("multi_modal_projector", vision.Projector(vc, { dtype = c.dtype, device = c.device }))
+  end
   self:set_recompute(c.recompute)
+end
+
+-- the parameter groups a curriculum stage may freeze (vision.md §10): "vit" (vision_tower.*), "projector"
+-- (multi_modal_projector.*), "lm" (everything else)
+local FREEZE_GROUPS = { vit = "vision_tower.", projector = "multi_modal_projector.", lm = true }
+
+local function group_of(name)
+  for g, prefix in pairs(FREEZE_GROUPS) do
+    if prefix ~= true and name:sub(1, #prefix) == prefix then return g end
+  end
+  return "lm"
+end
+
+-- set_frozen(list) -> the number of frozen parameters: the parameters of every named group stop requiring
+-- gradients (no gradient, so the optimiser leaves them and their moments alone); every other parameter trains.
+-- set_frozen({}) or nil unfreezes everything.
+function HybridLM:set_frozen(list)
+  local frozen = {}
+  if list ~= nil and type(list) ~= "table" then bad("freeze must be a list of \"vit\", \"projector\", \"lm\", got " .. type(list)) end
+  for i, g in ipairs(list or {}) do
+    if not FREEZE_GROUPS[g] then
+      bad(fmt("freeze[%d] = %s: the groups are \"vit\", \"projector\" and \"lm\"", i, tostring(g)))
+    end
+    if g ~= "lm" and not self.vision_tower then bad(fmt("freeze[%d] = \"%s\" needs a model with vision", i, g)) end
+    frozen[g] = true
+  end
+  local n = 0
+  for name, t in self:named_parameters() do
+    local f = frozen[group_of(name)] == true
+    if f then n = n + 1 end
+    if t:requires_grad() == f then t:requires_grad_(not f) end
+  end
+  self.frozen = list or {}
+  return n
+end
+
+-- encode_images(images) -> [Σ N_i, dim]: images = {patches [Σ L, 3p²], grids = {{h, w}, ...}} through the encoder,
+-- merge and projector
+function HybridLM:encode_images(images)
+  if not self.vision_tower then bad("the batch holds images but the model has no vision encoder (model.vision)") end
+  if type(images) ~= "table" then bad("images must be a table {patches, grids}, got " .. type(images)) end
+  local mode = tide.grad_enabled() and self.cfg.recompute or "none"
+  local x = self.vision_tower:forward(images.patches, images.grids, mode ~= "none" and tide.recompute or nil)
+  return self.multi_modal_projector:forward(x, images.grids)
 end
 
 -- set_recompute(mode): switch the activation-memory mode ("layer", "selective", "none") of this model; the
@@ -246,7 +302,17 @@ end
 
 -- forward(ids [B, T] int, caches, opts) -> logits [B, T, V]; opts.cu_seqlens packs documents (every layer
 -- masks or resets at the boundaries), opts.reset restarts KDA rows (nn.KDA:forward)
+-- opts.images = {patches, grids, pad_id}: the batch's packed images (vision.md §3, §7), spliced at the
+-- <|media_pad|> placeholders of ids (pad_id, else model.vision.media_pad)
 function HybridLM:forward(ids, caches, opts)
+  if opts and opts.images then
+    local im = opts.images
+    local o = {}
+    for k, v in pairs(opts) do if k ~= "images" then o[k] = v end end
+    o.image_embeds = self:encode_images(im)
+    o.pad_id = im.pad_id or (self.vision_cfg and self.vision_cfg.media_pad)
+    opts = o
+  end
   return self.lm_head:forward(self.model:forward(ids, caches, opts))
 end
 

@@ -4,6 +4,7 @@ local norms = require "tide.nn.norm"
 local transformer = require "tide.nn.transformer"
 local hybrid = require "tide.nn.hybrid"
 local attnres = require "tide.nn.attnres"
+local vision = require "tide.nn.vision"
 
 local nn = {
   Module = M.Module,
@@ -23,6 +24,9 @@ local nn = {
   Block = transformer.Block,
   TransformerLM = transformer.TransformerLM,
   HybridLM = hybrid.HybridLM,
+  VisionEncoder = vision.VisionEncoder,    -- the ViT of vision.md (patch embed, table, blocks, final LayerNorm)
+  VisionProjector = vision.Projector,      -- pre-norm, 2×2 merge, Linear-GELU(erf)-Linear into the LM width
+  vision = vision,                         -- vision.config, merge_index, cu_seqlens, splice
   plan = require "tide.nn.plan",           -- shipped configs, parameter counts, memory estimates (no tensors)
 }
 
