@@ -99,3 +99,34 @@ put("checkpoint", "no_optim.ckpt", SEP.join([state, model]))
 put("checkpoint", "truncated_model.ckpt", SEP.join([state, model[:40], optim, latest]))
 put("checkpoint", "bad_state.ckpt", SEP.join([b'{"step":2.5,"optim":', model, optim, b"step_x\n"]))
 put("checkpoint", "empty_files.ckpt", SEP.join([b"", b"", b"", b""]))
+
+# gunzip (engine/io/gunzip.c): single-member .gz files with and without the optional header fields, and broken ones
+import gzip as _gzip
+import zlib as _zlib
+
+
+def gz_member(payload, flags=0, extra=b"", name=b"", comment=b""):
+    head = b"\x1f\x8b\x08" + bytes([flags]) + b"\0\0\0\0\0\xff"
+    if flags & 4:
+        head += struct.pack("<H", len(extra)) + extra
+    if flags & 8:
+        head += name + b"\0"
+    if flags & 16:
+        head += comment + b"\0"
+    if flags & 2:
+        head += struct.pack("<H", _zlib.crc32(head) & 0xFFFF)
+    c = _zlib.compressobj(9, _zlib.DEFLATED, -15)
+    body = c.compress(payload) + c.flush()
+    return head + body + struct.pack("<II", _zlib.crc32(payload) & 0xFFFFFFFF, len(payload) & 0xFFFFFFFF)
+
+
+csv = b"".join(b"0,1,2,3,16,%d\n" % k for k in range(40))
+put("gunzip", "plain.gz", _gzip.compress(csv, mtime=0))
+put("gunzip", "empty.gz", _gzip.compress(b"", mtime=0))
+put("gunzip", "all_fields.gz", gz_member(b"hello, gzip\n" * 20, flags=2 | 4 | 8 | 16, extra=b"ab\x02\x00xy",
+                                         name=b"hello.txt", comment=b"a comment"))
+# one final stored (uncompressed) block: BFINAL = 1, BTYPE = 00, LEN, NLEN, the bytes
+put("gunzip", "stored.gz", b"\x1f\x8b\x08\0\0\0\0\0\0\xff" + b"\x01" + struct.pack("<HH", 6, 0xFFFF ^ 6) + b"stored"
+    + struct.pack("<II", _zlib.crc32(b"stored"), 6))
+put("gunzip", "truncated.gz", _gzip.compress(csv, mtime=0)[:-20])
+put("gunzip", "bad_crc.gz", _gzip.compress(csv, mtime=0)[:-8] + b"\0\0\0\0" + struct.pack("<I", len(csv)))

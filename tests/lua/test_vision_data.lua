@@ -337,6 +337,33 @@ T.test("packer: image spans never cut; placeholders = Σ n at image_spans; patch
   T.raises(function() for _ = 1, 5 do r:next_rows(2) end end, "has an image of 16 tokens (grid 8 x 8), more than seq_len 12")
 end)
 
+T.test("packer: a source's images are checked (grid, n, span ids, count) and placeholder targets always masked", function()
+  local sq = mm.squares_source({ seed = 2 })
+  local function wrapped(edit)
+    local src = { name = "w", pad_id = SP.pad, media_pad_id = SP.media_pad }
+    function src:doc(i, T_)
+      local ids, targets, n, images = sq:doc(i, T_)
+      for t = 0, n - 2 do targets[t] = ids[t + 1] end       -- unmasked labels: the packer masks the placeholders
+      if edit then edit(ids, targets, n, images) end
+      return ids, targets, n, images
+    end
+    return pack.Packer{ sources = { { source = src, weight = 1 } }, seq_len = 64, seed = 1, eot = SP.eot }
+  end
+  local b = wrapped():next_rows(2)
+  local ids, tg = b.ids:tolist(), b.targets:tolist()
+  local checked = 0
+  for q = 1, #ids - 1 do
+    if ids[q + 1] == SP.media_pad then T.eq(tg[q], -100, "target of position " .. q); checked = checked + 1 end
+  end
+  T.ok(checked >= 16, "placeholder targets checked: " .. checked)
+  T.raises(function() wrapped(function(_, _, _, im) im[1].n = 15 end):next_rows(1) end, "image 1: n = 15, expected h·w/4 = 16")
+  T.raises(function() wrapped(function(ids, _, _, im) ids[im[1].pos + 3] = 65 end):next_rows(1) end,
+           "holds id 65, not <|media_pad|> (270)")
+  T.raises(function() wrapped(function(ids, _, n) ids[n - 1] = SP.media_pad end):next_rows(1) end,
+           "holds 17 <|media_pad|> ids but its images need 16")
+  T.raises(function() wrapped(function(_, _, _, im) im[1].h = 3 end):next_rows(1) end, "the grid h x w must be even integers")
+end)
+
 local function same_batch(a, b, what)
   T.eq(a.ids:tolist(), b.ids:tolist(), what .. " ids")
   T.eq(a.targets:tolist(), b.targets:tolist(), what .. " targets")

@@ -16,13 +16,13 @@
 --
 -- Images (vision.md §7, §8): doc(i, T) may return a fourth value, a list of images in document order, each
 -- {patches = f32 [L, 3p²], h, w (patch grid, L = h·w), pos (0-based position of its first <|media_pad|>), n = h·w/4}
--- whose placeholder span ids[pos, pos + n) is all <|media_pad|> (the document's targets already mask what §8
--- masks: data/multimodal.lua builds such documents). The packer never cuts a placeholder span: when a row's end
--- falls inside one, the row ends before the span (its last label -100, as at any cut) and the rest of the row is
--- filled with <|pad|> ids (targets -100, a segment of its own in cu_seqlens); the document continues on the next
--- row at the span's first pad. A span longer than the row is an error. The carry-over is still (source, doc,
--- offset, seq_len): indices only. A batch holding an image carries `images` and `image_spans` (next_rows); a batch
--- without one is exactly the text-only batch.
+-- whose placeholder span ids[pos, pos + n) is all <|media_pad|> (data/multimodal.lua builds such documents, with
+-- the targets §8 masks; the packer masks every target that is a placeholder in any case). The packer never cuts
+-- a placeholder span: when a row's end falls inside one, the row ends before the span (its last label -100, as at
+-- any cut) and the rest of the row is filled with <|pad|> ids (targets -100, a segment of its own in cu_seqlens);
+-- the document continues on the next row at the span's first pad. A span longer than the row is an error. The
+-- carry-over is still (source, doc, offset, seq_len): indices only. A batch holding an image carries `images` and
+-- `image_spans` (next_rows); a batch without one is exactly the text-only batch.
 local ffi = require "ffi"
 local tide = require "tide"
 local text = require "tide.data.text"
@@ -321,7 +321,7 @@ end
 
 -- document i of source s at row length T, checked against the source contract
 -- the images a document returned, checked: grids, spans in order inside the document, all <|media_pad|>
-local function check_images(self, s, i, ids, n, images)
+local function check_images(self, s, i, ids, targets, n, images)
   if images == nil or #images == 0 then return nil end
   local src = s.source
   local mp = src.media_pad_id or self.media_pad
@@ -347,6 +347,8 @@ local function check_images(self, s, i, ids, n, images)
         if ids[t] ~= mp then bad(fmt("%s: position %d of its span holds id %d, not <|media_pad|> (%d)", what, t, ids[t], mp)) end
       end
     end
+    -- a placeholder is never a target (vision.md §8), whatever the source wrote
+    for t = math.max(0, im.pos - 1), im.pos + im.n - 2 do targets[t] = pack.IGNORE end
     last = im.pos + im.n
   end
   if mp then
@@ -366,7 +368,7 @@ local function fetch(self, s, i, T)
   if ids[0] ~= self.eot then
     bad(fmt("source '%s': document %d begins with id %d, not <|endoftext|> (%d)", s.name, i, ids[0], self.eot))
   end
-  return ids, targets, n, check_images(self, s, i, ids, n, images)
+  return ids, targets, n, check_images(self, s, i, ids, targets, n, images)
 end
 
 -- the next document of the mixture: one draw picks the source, its cursor walks past filtered documents
