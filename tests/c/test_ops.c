@@ -427,6 +427,7 @@ static void build_cases(void)
     add(TIDE_OP_SIGMOID, "", r_sigmoid, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
     add(TIDE_OP_SILU, "", r_silu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
     add(TIDE_OP_GELU, "", r_gelu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
+    add(TIDE_OP_GELU_ERF, "", r_gelu_erf, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
     add(TIDE_OP_SOFTPLUS, "", r_softplus, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
     add(TIDE_OP_RELU, "", r_relu, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
     add(TIDE_OP_ABS, "", r_abs, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
@@ -454,12 +455,15 @@ static void build_cases(void)
     add(TIDE_OP_CROSS_ENTROPY, "sum, i32 targets", r_ce_sum, NULL, 0, 2, RANDN(6, 5), ints(TIDE_I32, 1, SHAPE(6), 5, -1, 0), 0, 0);
     add(TIDE_OP_CROSS_ENTROPY, "none, ignore 2", r_ce_none, NULL, 0, 2, RANDN(6, 5), ints(TIDE_I64, 1, SHAPE(6), 5, -1, 0), 0, 0);
     add(TIDE_OP_ROPE, "[2,5,3,4] pos0 3", r_rope, NULL, 0, 1, RANDN(2, 5, 3, 4), 0, 0, 0);
+    add(TIDE_OP_ROPE2D, "[5,2,8] i32 pos < 512", r_rope2d, NULL, 0, 2, RANDN(5, 2, 8), ints(TIDE_I32, 2, SHAPE(5, 2), 512, -1, 0),
+        0, 0);
+    add(TIDE_OP_POS_INTERP, "[4,4,3] to 6x5, 2x3, 4x4, 1x1", r_pos_interp, NULL, 0, 2, RANDN(4, 4, 3),
+        tide_from_f64(TIDE_I64, 2, SHAPE(4, 2), 0, (double[]){6, 5, 2, 3, 4, 4, 1, 1}), 0, 0);
     add(TIDE_OP_ATTENTION, "causal Tq 5 < Tk 7", r_attn_causal, ref_attn_causal, 0, 3, RANDN(2, 2, 5, 4), RANDN(2, 2, 7, 4),
         RANDN(2, 2, 7, 4), 0);
     add(TIDE_OP_ATTENTION, "non-causal", r_attn_full, ref_attn_full, 0, 3, RANDN(1, 3, 4, 8), RANDN(1, 3, 6, 8), RANDN(1, 3, 6, 8), 0);
     /* kda: q, k, v, g (in [lb, 0]), beta (0, 1), s0; T not a multiple of the chunk */
     add6(TIDE_OP_KDA, "chunk 4, T 7, s0", r_kda_chunk, 6, RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 3), RANDN(2, 7, 2, 4),
-    add(TIDE_OP_GELU_ERF, "", r_gelu_erf, NULL, 0, 1, RANDN(3, 4), 0, 0, 0);
          RANDU(-0.9, -0.01, 2, 7, 2, 3), RANDU(0.05, 0.95, 2, 7, 2), RANDN(2, 2, 3, 4));
     add6(TIDE_OP_KDA, "chunk 4, packed documents, s0", r_kda_packed, 6, RANDN(2, 9, 1, 3), RANDN(2, 9, 1, 3),
          RANDN(2, 9, 1, 2), RANDU(-0.9, -0.01, 2, 9, 1, 3), RANDU(0.05, 0.95, 2, 9, 1), RANDN(2, 1, 3, 2));
@@ -487,10 +491,6 @@ static void build_cases(void)
     add(TIDE_OP_SITU_GLU, "k 4, 25 on [-6, 6]", r_situ, NULL, 0, 2, RANDU(-6.0, 6.0, 3, 5), RANDU(-6.0, 6.0, 3, 5), 0, 0);
     add(TIDE_OP_SITU_GLU, "k 1.5, 2 (saturating)", r_situ_small, NULL, 0, 2, RANDU(-4.0, 4.0, 4, 3), RANDU(-4.0, 4.0, 4, 3), 0, 0);
     add(TIDE_OP_TOPK, "k 3 of 7 over [2,3,7]", r_topk, NULL, 0, 1, RANDN(2, 3, 7), 0, 0, 0);
-    add(TIDE_OP_ROPE2D, "[5,2,8] i32 pos < 512", r_rope2d, NULL, 0, 2, RANDN(5, 2, 8), ints(TIDE_I32, 2, SHAPE(5, 2), 512, -1, 0),
-        0, 0);
-    add(TIDE_OP_POS_INTERP, "[4,4,3] to 6x5, 2x3, 4x4, 1x1", r_pos_interp, NULL, 0, 2, RANDN(4, 4, 3),
-        tide_from_f64(TIDE_I64, 2, SHAPE(4, 2), 0, (double[]){6, 5, 2, 3, 4, 4, 1, 1}), 0, 0);
     /* moe_experts: x [6,3], sel [6,2] over 4 experts, p, w_gate_up [4, 2·2, 3], w_down [4, 3, 2] */
     add6(TIDE_OP_MOE_EXPERTS, "SiTU, n 4, k 2", r_moe_situ, 5, RANDN(6, 3), ints(TIDE_I64, 2, SHAPE(6, 2), 4, -1, 0),
          RANDU(0.1, 1.0, 6, 2), RANDN(4, 4, 3), RANDN(4, 3, 2), NULL);
