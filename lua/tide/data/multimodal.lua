@@ -475,6 +475,9 @@ function mm.image_text_source(cfg)
     sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad, max_side = cfg.max_side }, ImageText)
 end
 
+-- each kind's config keys (sources.build checks them; a recipe writes sources = {NAME = {kind = KIND, ...}})
+mm.KEYS = { squares = SQUARES_KEYS, digits = DIGITS_KEYS, image_text = IMAGE_TEXT_KEYS }
+
 ImageText.count = Digits.count
 ImageText.index = Digits.index
 
