@@ -276,6 +276,14 @@ tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
 tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k_r, tide_tensor *v, tide_tensor *cu_seqlens,
                                 double scale);
 
+/* ---- ops: varlen attention (spec/vision.md §3, §5) ---------------------------------------------- */
+/* bidirectional (not causal) softmax attention over packed images: q, k, v [T, H, D] (one float dtype, one
+   device), cu_seqlens int32/int64 [n + 1] from 0 to T, non-decreasing (a repeated boundary is an empty
+   segment). Query i sees exactly the keys of its segment (block-diagonal mask), score q·k·scale (finite;
+   the vision encoder uses D^-1/2). Tiled with an online softmax (the MLA kernels without the causal limit):
+   no [T, T] buffer, memory linear in T. Returns o [T, H, D]; gradients for q, k and v. */
+tide_tensor *tide_varlen_attention(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *cu_seqlens, double scale);
+
 /* ---- ops: Attention Residuals (spec/attnres.md) --------------------------------------------------- */
 /* the AttnRes mix (attnres.md §1) of n >= 1 sources of one shape [..., d] (same dtype and device), with the
    pseudo-query w [d] and the key-RMSNorm gain nu [d], per token:

@@ -226,6 +226,16 @@ typedef struct tide_backend {
                                   const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                   const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                   int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+    /* varlen attention (spec/vision.md §3, §5): bidirectional softmax attention over packed sequences, q, k, v and
+       out [T, H, D], lse [H, T] (f32 when dtype is bf16). cu: HOST int64 [n_seg + 1] boundaries over the T tokens,
+       from 0 to T, non-decreasing (an empty segment is a repeated boundary). Query i sees exactly the keys of its
+       segment. The MLA kernels above without the causal limit: tiled with an online softmax, no [T, T] buffer.
+       backward: gq, gk, gv (any may be NULL) from gout, recomputing the probabilities from lse. */
+    int (*varlen_attention)(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
+                            const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale);
+    int (*varlen_attention_backward)(int dtype, void *gq, void *gk, void *gv, const void *gout, const void *q,
+                                     const void *k, const void *v, const void *out, const void *lse, const int64_t *cu,
+                                     int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale);
 
     /* Attention Residuals (spec/attnres.md §1, §4): srcs is a HOST array of n source pointers, each [rows, d];
        w, nu [d]. out [rows, d] = Σ_i p_i v_i with p = softmax_i(r_i (w ⊙ nu)·v_i), r_i = (mean v_i² + eps)^-1/2.

@@ -77,6 +77,8 @@
     X(L2NORM, l2norm, l2norm, l2norm)                                  \
     /* mla.c */                                                        \
     X(MLA_ATTENTION, mla_attention, mla_attention, mla_attention)      \
+    /* vision_attention.c */                                           \
+    X(VARLEN_ATTENTION, varlen_attention, varlen_attention, varlen_attention) \
     /* attnres.c */                                                    \
     X(ATTNRES, attnres, attnres, attnres)                              \
     /* moe.c */                                                        \

@@ -310,6 +310,12 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
                                      const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                      const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                      int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+/* varlen attention (mla.cu: the MLA kernels, bidirectional inside each segment; backend.h) */
+int tide_cuda_varlen_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
+                               const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale);
+int tide_cuda_varlen_attention_backward(int dtype, void *gq, void *gk, void *gv, const void *gout, const void *q,
+                                        const void *k, const void *v, const void *out, const void *lse,
+                                        const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale);
 /* mla.cu's flash kernels without documents or rope part, for attention.cu: q [B, Tq, H, D], k, v [B, Tk, H, D],
    out like q (NULL: lse only), lse [B, H, Tq] (fp32 when lse_f32, else the storage type); query i sees keys
    j <= i + off. B, H <= 65535; the backward reads an fp32 lse. */

@@ -22,6 +22,9 @@
  * shared memory fits the device (so any head dims whose 16x16 tiles fit work).
  * The dense baseline's softmax attention (attention.cu) runs on the same kernels: one head per row, no rope
  * part, an offset that makes it causal or not, and lse in the storage type when the engine keeps it so.
+ * varlen_attention (spec/vision.md §3, §5) runs on them too, bidirectional inside each segment (bidir): no rope
+ * part, one packed row, every query sees [its segment's start, its segment's end), and the key (query) tiles
+ * outside a tile's segments are skipped.
  */
 #include "common.cuh"
 #include <mma.h>
@@ -46,7 +49,7 @@ struct mla_layout {
     int Pb, dSb;                  /* bf16 [BQ, BK]: the P and dS operands of the tensor-core path */
     int acc_q, acc_v;             /* fp32 accumulators: dQ [BQ, DQ] or dK [BK, DQ]; O [BQ, DV] or dV [BK, DV] */
     int dkr;                      /* fp32 [BK, dr]: dk_r summed over the block's heads */
-    int m, l, lse, D, lo;         /* per query row of the tile */
+    int m, l, lse, D, lo, hi;     /* per query row of the tile (hi: bidir only) */
     int total;                    /* bytes */
 };
 
@@ -57,7 +60,7 @@ static int mla_take(int *cur, size_t bytes)
     return off;
 }
 
-static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int DV, int dr_sum)
+static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int DV, int dr_sum, int bidir = 0)
 {
     mla_layout L;
     memset(&L, 0xff, sizeof L);
@@ -80,6 +83,7 @@ static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int 
     L.V = mla_take(&cur, (size_t)BK * L.ldv * es);
     L.S = mla_take(&cur, (size_t)BQ * L.lds * 4);
     L.lo = mla_take(&cur, (size_t)BQ * 4);
+    if (bidir) L.hi = mla_take(&cur, (size_t)BQ * 4);
     if (kind == MLA_FWD) {
         if (tc) L.Pb = mla_take(&cur, (size_t)BQ * L.ldp * 2);
         L.acc_v = mla_take(&cur, (size_t)BQ * L.ldav * 4);
@@ -117,6 +121,7 @@ template <typename T> struct mla_args {
     int n_seg;
     int Tq, Tk, H, dn, dr, dv, off;   /* query i sees keys j <= i + off: Tk − Tq (causal), Tk (attention.cu, not causal) */
     int hpg, groups;              /* dK/dV: heads per group, groups */
+    int bidir;                    /* not causal: query i sees its whole segment (varlen_attention; needs cu) */
     float scale;
     mla_layout L;
 };
@@ -136,13 +141,21 @@ __device__ __forceinline__ int mla_doc(const int64_t *cu, int n_seg, int64_t n)
 }
 
 /* lo[r] = the first key query i0 + r may see (its document start, row-relative); INT_MAX past the tile's
-   rows, so padding rows see nothing */
-__device__ void mla_doc_starts(int *lo, const int64_t *cu, int n_seg, int64_t row0, int i0, int rows, int R)
+   rows, so padding rows see nothing. hi (bidir, else NULL): hi[r] = one past its document's last key */
+__device__ void mla_doc_starts(int *lo, int *hi, const int64_t *cu, int n_seg, int64_t row0, int i0, int rows, int R)
 {
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
-        int v = INT_MAX;
-        if (r < rows) v = cu ? (int)(cu[mla_doc(cu, n_seg, row0 + i0 + r)] - row0) : 0;
+        int v = INT_MAX, e = 0;
+        if (r < rows && cu) {
+            int d = mla_doc(cu, n_seg, row0 + i0 + r);
+            v = (int)(cu[d] - row0);
+            e = (int)(cu[d + 1] - row0);
+        } else if (r < rows) {
+            v = 0;
+            e = INT_MAX;
+        }
         lo[r] = v;
+        if (hi) hi[r] = e;
     }
 }
 
@@ -213,7 +226,7 @@ template <typename T> struct mla_views {
     T *Q, *K, *V, *dO;
     float *S, *dP, *acc_q, *acc_v, *dkr, *m, *l, *lse, *D;
     mla_bf16 *Pb, *dSb;
-    int *lo;
+    int *lo, *hi;
 };
 
 template <typename T> __device__ __forceinline__ mla_views<T> mla_make_views(char *sm, const mla_layout &L)
@@ -235,6 +248,7 @@ template <typename T> __device__ __forceinline__ mla_views<T> mla_make_views(cha
     w.Pb = L.Pb >= 0 ? (mla_bf16 *)(sm + L.Pb) : nullptr;
     w.dSb = L.dSb >= 0 ? (mla_bf16 *)(sm + L.dSb) : nullptr;
     w.lo = (int *)(sm + L.lo);
+    w.hi = L.hi >= 0 ? (int *)(sm + L.hi) : nullptr;
     return w;
 }
 
@@ -267,7 +281,7 @@ __device__ void mla_load_q_bwd(const mla_args<T> &a, const mla_views<T> &w, int 
         w.lse[r] = r < rows ? a.lse[at] : -INFINITY;
         w.D[r] = r < rows ? a.D[at] : 0.f;
     }
-    mla_doc_starts(w.lo, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
 }
 
 /* P = exp(S·scale − lse) on the visible pairs (0 elsewhere) and dS = P ⊙ (dP − D) (mla.md §4). fp32: P over
@@ -279,7 +293,7 @@ __device__ void mla_probs_bwd(const mla_args<T> &a, const mla_views<T> &w, int i
     for (int idx = threadIdx.x; idx < L.BQ * L.BK; idx += blockDim.x) {
         int r = idx / L.BK, c = idx - r * L.BK, i = i0 + r, j = j0 + c;
         float ls = w.lse[r], p = 0.f, ds = 0.f;
-        if (j < a.Tk && j >= w.lo[r] && j <= i + a.off && ls > -INFINITY) {
+        if (j < a.Tk && j >= w.lo[r] && j <= i + a.off && (!w.hi || j < w.hi[r]) && ls > -INFINITY) {
             p = expf(w.S[r * L.lds + c] * a.scale - ls);
             if (want_ds) ds = p * (w.dP[r * L.lds + c] - w.D[r]);
         }
@@ -307,15 +321,16 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
     int64_t t0 = (int64_t)b * a.Tq + i0;
     mla_load_tile(w.Q, L.ldq, L.BQ, L.DQ, rows, a.q + (t0 * a.H + h) * dqk, (int64_t)a.H * dqk, dqk,
                   (const T *)nullptr, 0, 0);
-    mla_doc_starts(w.lo, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
     mla_zero(w.acc_v, L.ldav, L.BQ, L.DV);
     for (int r = threadIdx.x; r < L.BQ; r += blockDim.x) {
         w.m[r] = -INFINITY;
         w.l[r] = 0.f;
     }
     __syncthreads();
-    /* keys from the first row's document start to the last row's causal limit */
+    /* keys from the first row's document start to the last row's causal limit (bidir: its document end) */
     int jlast = i0 + rows - 1 + a.off < a.Tk - 1 ? i0 + rows - 1 + a.off : a.Tk - 1;
+    if (w.hi && w.hi[rows - 1] - 1 < jlast) jlast = w.hi[rows - 1] - 1;
     for (int j0 = w.lo[0] / L.BK * L.BK; j0 <= jlast; j0 += L.BK) {
         mla_load_kv(a, w, b, h, j0);
         __syncthreads();
@@ -327,7 +342,8 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
             int i = i0 + r;
             for (int c = lane; c < L.BK; c += 32) {
                 int j = j0 + c;
-                float x = (j < a.Tk && j >= w.lo[r] && j <= i + a.off) ? s[c] * a.scale : -INFINITY;
+                float x = (j < a.Tk && j >= w.lo[r] && j <= i + a.off && (!w.hi || j < w.hi[r])) ? s[c] * a.scale
+                                                                                              : -INFINITY;
                 s[c] = x;
                 mx = fmaxf(mx, x);
             }
@@ -403,6 +419,7 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dq_kernel(ml
     mla_zero(w.acc_q, L.ldaq, L.BQ, L.DQ);
     __syncthreads();
     int jlast = i0 + rows - 1 + a.off < a.Tk - 1 ? i0 + rows - 1 + a.off : a.Tk - 1;
+    if (w.hi && w.hi[rows - 1] - 1 < jlast) jlast = w.hi[rows - 1] - 1;
     for (int j0 = w.lo[0] / L.BK * L.BK; j0 <= jlast; j0 += L.BK) {
         mla_load_kv(a, w, b, h, j0);
         __syncthreads();
@@ -434,13 +451,14 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
     int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
     int j0 = kt * L.BK, cols = a.Tk - j0 < L.BK ? a.Tk - j0 : L.BK;
     bool want_k = a.gkn || w.dkr, want_v = a.gv != nullptr;
-    /* the queries that see a key of the tile: from the first key's causal start to the end of the last
-       key's document */
+    /* the queries that see a key of the tile: from the first key's causal start (bidir: its document start) to
+       the end of the last key's document */
     int ilo = j0 - a.off > 0 ? j0 - a.off : 0, ihi = a.Tq;
     if (a.cu) {
         int64_t row0 = (int64_t)b * a.Tk;
         int64_t e = a.cu[mla_doc(a.cu, a.n_seg, row0 + j0 + cols - 1) + 1] - row0;
         if (e < ihi) ihi = (int)e;
+        if (a.bidir) ilo = (int)(a.cu[mla_doc(a.cu, a.n_seg, row0 + j0)] - row0);
     }
     if (w.dkr) mla_zero(w.dkr, a.dr, L.BK, a.dr);
     int h1 = (g + 1) * a.hpg < a.H ? (g + 1) * a.hpg : a.H;
@@ -522,15 +540,15 @@ static int mla_smem_limit(void)
 
 /* the first tile shape (query rows, key rows) whose shared memory fits the device */
 static int mla_pick_layout(const char *what, int kind, int tc, int64_t dn, int64_t dr, int64_t dv, int dr_sum,
-                           mla_layout *out)
+                           mla_layout *out, int bidir = 0)
 {
     static const int fwd[][2] = {{64, 64}, {64, 32}, {32, 32}, {16, 32}, {16, 16}};
     static const int dkv[][2] = {{64, 64}, {32, 64}, {32, 32}, {16, 32}, {16, 16}};
     const int(*list)[2] = kind == MLA_DKV ? dkv : fwd;
     int DQ = (int)((dn + dr + 15) / 16 * 16), DV = (int)((dv + 15) / 16 * 16), limit = mla_smem_limit();
-    mla_layout L = mla_make_layout(kind, tc, 16, 16, DQ, DV, dr_sum);
+    mla_layout L = mla_make_layout(kind, tc, 16, 16, DQ, DV, dr_sum, bidir);
     for (int c = 0; c < 5; c++) {
-        mla_layout t = mla_make_layout(kind, tc, list[c][0], list[c][1], DQ, DV, dr_sum);
+        mla_layout t = mla_make_layout(kind, tc, list[c][0], list[c][1], DQ, DV, dr_sum, bidir);
         if (t.total <= limit) {
             *out = t;
             return 0;
@@ -596,9 +614,10 @@ static int mla_upload_cu(const char *what, const int64_t *cu, int64_t n_seg, int
 template <typename T>
 static void mla_fill_args(mla_args<T> &a, const void *q, const void *kn, const void *kr, const void *v,
                           int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
-                          int64_t dv, int64_t off, double scale)
+                          int64_t dv, int64_t off, double scale, int bidir)
 {
     memset(&a, 0, sizeof a);
+    a.bidir = bidir;
     a.q = (const T *)q;
     a.kn = (const T *)kn;
     a.kr = (const T *)kr;
@@ -637,13 +656,14 @@ template <typename T, int KIND> static int mla_launch(const char *what, const ml
 template <typename T>
 static int mla_forward_typed(const char *what, void *out, void *lse, int lse_f32, const void *q, const void *kn,
                              const void *kr, const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
-                             int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale)
+                             int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale,
+                             int bidir)
 {
     TIDE_STREAM(s);
     if (B * Tq == 0) return 0;
     mla_args<T> a;
-    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale);
-    if (mla_pick_layout(what, MLA_FWD, sizeof(T) == 2, dn, dr, dv, 0, &a.L)) return -1;
+    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale, bidir);
+    if (mla_pick_layout(what, MLA_FWD, sizeof(T) == 2, dn, dr, dv, 0, &a.L, bidir)) return -1;
     a.out = (T *)out;
     a.lse_out = lse_f32 ? (float *)lse : NULL;
     a.lse_t = lse_f32 ? NULL : (T *)lse;
@@ -665,9 +685,9 @@ int tide_cuda_mla_attention(int dtype, void *out, void *lse, const void *q, cons
     if (mla_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
     if (dtype == TIDE_F32)
         return mla_forward_typed<float>(what, out, lse, 1, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, Tk - Tq,
-                                        scale);
+                                        scale, 0);
     return mla_forward_typed<mla_bf16>(what, out, lse, 1, q, kn, kr, v, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, Tk - Tq,
-                                       scale);
+                                       scale, 0);
 }
 
 /* fixed, so the head grouping (hence the summation order of dk_r) depends on the shapes only; the emulator
@@ -696,7 +716,7 @@ template <typename T>
 static int mla_backward_typed(const char *what, void *gq, void *gkn, void *gkr, void *gv, const void *gout,
                               const void *q, const void *kn, const void *kr, const void *v, const void *out,
                               const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
-                              int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale)
+                              int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale, int bidir)
 {
     TIDE_STREAM(s);
     int tc = sizeof(T) == 2;
@@ -704,12 +724,12 @@ static int mla_backward_typed(const char *what, void *gq, void *gkn, void *gkr, 
     bool want_kv = (gkn || gv || want_kr) && B * Tk > 0;
     if (!want_q && !want_kv) return 0;
     mla_args<T> a;
-    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale);
+    mla_fill_args<T>(a, q, kn, kr, v, Tq, Tk, H, dn, dr, dv, off, scale, bidir);
     a.gout = (const T *)gout;
     a.lse = (const float *)lse;
     mla_layout Lq, Lkv;
-    if (want_q && mla_pick_layout(what, MLA_DQ, tc, dn, dr, dv, 0, &Lq)) return -1;
-    if (want_kv && mla_pick_layout(what, MLA_DKV, tc, dn, dr, dv, want_kr ? (int)dr : 0, &Lkv)) return -1;
+    if (want_q && mla_pick_layout(what, MLA_DQ, tc, dn, dr, dv, 0, &Lq, bidir)) return -1;
+    if (want_kv && mla_pick_layout(what, MLA_DKV, tc, dn, dr, dv, want_kr ? (int)dr : 0, &Lkv, bidir)) return -1;
     int64_t nkt = want_kv ? (Tk + Lkv.BK - 1) / Lkv.BK : 0, groups = 0;
     a.hpg = (int)mla_head_groups(H, B, nkt, want_kr, &groups);
     a.groups = (int)groups;
@@ -772,9 +792,9 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
     if (mla_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
     if (dtype == TIDE_F32)
         return mla_backward_typed<float>(what, gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H,
-                                         dn, dr, dv, Tk - Tq, scale);
+                                         dn, dr, dv, Tk - Tq, scale, 0);
     return mla_backward_typed<mla_bf16>(what, gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H,
-                                        dn, dr, dv, Tk - Tq, scale);
+                                        dn, dr, dv, Tk - Tq, scale, 0);
 }
 
 /* the same kernels for attention.cu (no documents, no rope part; the caller has checked the arguments) */
@@ -784,9 +804,9 @@ int tide_cuda_flash_forward(const char *what, int dtype, void *out, void *lse, i
 {
     if (dtype == TIDE_F32)
         return mla_forward_typed<float>(what, out, lse, lse_f32, q, k, NULL, v, NULL, 0, B, Tq, Tk, H, D, 0, D, off,
-                                        scale);
+                                        scale, 0);
     return mla_forward_typed<mla_bf16>(what, out, lse, lse_f32, q, k, NULL, v, NULL, 0, B, Tq, Tk, H, D, 0, D, off,
-                                       scale);
+                                       scale, 0);
 }
 
 int tide_cuda_flash_backward(const char *what, int dtype, void *dq, void *dk, void *dv, const void *dout,
@@ -795,7 +815,39 @@ int tide_cuda_flash_backward(const char *what, int dtype, void *dq, void *dk, vo
 {
     if (dtype == TIDE_F32)
         return mla_backward_typed<float>(what, dq, dk, NULL, dv, dout, q, k, NULL, v, out, lse, NULL, 0, B, Tq, Tk, H,
-                                         D, 0, D, off, scale);
+                                         D, 0, D, off, scale, 0);
     return mla_backward_typed<mla_bf16>(what, dq, dk, NULL, dv, dout, q, k, NULL, v, out, lse, NULL, 0, B, Tq, Tk, H,
-                                        D, 0, D, off, scale);
+                                        D, 0, D, off, scale, 0);
+}
+
+/* ---- varlen_attention (spec/vision.md §3, §5): one packed row [T, H, D], bidirectional inside each segment --- */
+
+static int varlen_check(const char *what, int dtype, const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D)
+{
+    if (!cu) return tide_set_error("%s: cu_seqlens is NULL (the segment boundaries are required)", what);
+    return mla_check(what, dtype, NULL, cu, n_seg, 1, T, T, H, D, 0, D);
+}
+
+/* off = T: no causal limit; bidir: keys up to the end of each query's segment */
+int tide_cuda_varlen_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
+                               const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale)
+{
+    const char *what = "varlen_attention";
+    if (varlen_check(what, dtype, cu, n_seg, T, H, D)) return -1;
+    if (dtype == TIDE_F32)
+        return mla_forward_typed<float>(what, out, lse, 1, q, k, NULL, v, cu, n_seg, 1, T, T, H, D, 0, D, T, scale, 1);
+    return mla_forward_typed<mla_bf16>(what, out, lse, 1, q, k, NULL, v, cu, n_seg, 1, T, T, H, D, 0, D, T, scale, 1);
+}
+
+int tide_cuda_varlen_attention_backward(int dtype, void *gq, void *gk, void *gv, const void *gout, const void *q,
+                                        const void *k, const void *v, const void *out, const void *lse,
+                                        const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale)
+{
+    const char *what = "varlen_attention backward";
+    if (varlen_check(what, dtype, cu, n_seg, T, H, D)) return -1;
+    if (dtype == TIDE_F32)
+        return mla_backward_typed<float>(what, gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, cu, n_seg, 1, T, T, H,
+                                         D, 0, D, T, scale, 1);
+    return mla_backward_typed<mla_bf16>(what, gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, cu, n_seg, 1, T, T, H,
+                                        D, 0, D, T, scale, 1);
 }

@@ -410,6 +410,26 @@ function F.mla_attention(q, k_n, k_r, v, opts)
                                     want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
 end
 
+-- ---- varlen attention (spec/vision.md §3, §5) ------------------------------------------------------------
+local VARLEN_KEYS = { cu_seqlens = true, scale = true }
+
+-- F.varlen_attention(q, k, v, {cu_seqlens = ..., scale = D^-1/2}) -> o [T, H, D]
+--   q, k, v [T, H, D]: packed images, bidirectional (not causal) attention inside each image. opts.cu_seqlens
+--   (required): the boundaries [0, L_1, L_1 + L_2, ..., T] (table of ints or int tensor; non-decreasing).
+--   Tiled with an online softmax (the MLA kernels): no [T, T] buffer, memory linear in T.
+function F.varlen_attention(q, k, v, opts)
+  local op = "varlen_attention"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, VARLEN_KEYS)
+  want_tensor(q, op, "q")
+  if opts.cu_seqlens == nil then
+    raise(fmt("%s: opts.cu_seqlens is required (the image boundaries [0, L_1, ..., T])", op))
+  end
+  local scale = opts.scale == nil and 1 / math.sqrt(q:size(-1)) or want_number(opts.scale, op, "scale")
+  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return check(C.tide_varlen_attention(raw(q), want_tensor(k, op, "k"), want_tensor(v, op, "v"), raw(cu), scale))
+end
+
 -- ---- Attention Residuals (spec/attnres.md) -----------------------------------------------------------------
 local ATTNRES_KEYS = { eps = true }
 

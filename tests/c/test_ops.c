@@ -180,6 +180,14 @@ static tide_tensor *r_mla_packed(tide_tensor **x)
 }
 RUN(r_mla_decode, tide_mla_attention(x[0], x[1], x[2], x[3], NULL, 0.5))
 RUN(r_mla_nor, tide_mla_attention(x[0], x[1], NULL, x[2], NULL, 0.6))
+static tide_tensor *r_varlen(tide_tensor **x)
+{
+    double v[4] = {0, 3, 4, 7};                     /* T = 7: images [0,3) [3,4) [4,7), bidirectional inside each */
+    tide_tensor *cu = tide_from_f64(TIDE_I32, 1, SHAPE(4), 0, v);
+    tide_tensor *y = tide_varlen_attention(x[0], x[1], x[2], cu, 0.45);
+    tide_tensor_release(cu);
+    return y;
+}
 /* attnres: the sources, then w and nu */
 RUN(r_attnres3, tide_attnres(3, x, x[3], x[4], 1e-5))
 RUN(r_attnres1, tide_attnres(1, x, x[1], x[2], 1e-5))
@@ -319,6 +327,30 @@ static void ref_mla_packed(tide_tensor **in, double *out)
 }
 static void ref_mla_decode(tide_tensor **in, double *out) { ref_mla(in[0], in[1], in[2], in[3], 0.5, NULL, out); }
 static void ref_mla_nor(tide_tensor **in, double *out) { ref_mla(in[0], in[1], NULL, in[2], 0.6, NULL, out); }
+/* varlen attention by the definition (vision.md §3): q, k, v [T, H, D], every key of the query's image visible */
+static void ref_varlen(tide_tensor **in, double *out)
+{
+    static const int64_t img[7] = {0, 0, 0, 1, 2, 2, 2};
+    double *q = host(in[0]), *k = host(in[1]), *v = host(in[2]), p[7];
+    int64_t T = in[0]->shape[0], H = in[0]->shape[1], D = in[0]->shape[2];
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < T; i++) {
+            double m = -INFINITY, s = 0;
+            for (int64_t j = 0; j < T; j++) {
+                double d = 0;
+                for (int64_t c = 0; c < D; c++) d += q[(i * H + h) * D + c] * k[(j * H + h) * D + c];
+                p[j] = img[i] == img[j] ? d * 0.45 : -INFINITY;
+                m = fmax(m, p[j]);
+            }
+            for (int64_t j = 0; j < T; j++) { p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m); s += p[j]; }
+            for (int64_t c = 0; c < D; c++) {
+                double o = 0;
+                for (int64_t j = 0; j < T; j++) o += p[j] * v[(j * H + h) * D + c];
+                out[(i * H + h) * D + c] = o / s;
+            }
+        }
+    free(q); free(k); free(v);
+}
 
 /* attnres by the definition (attnres.md §1): n sources [rows, d], then w, nu [d]; eps 1e-5 */
 static void ref_attnres(tide_tensor **in, int n, double *out)
@@ -483,6 +515,9 @@ static void build_cases(void)
         RANDN(1, 6, 1), RANDN(1, 6, 3, 2));
     add(TIDE_OP_MLA_ATTENTION, "no rope slot", r_mla_nor, ref_mla_nor, 0, 3, RANDN(1, 4, 2, 3), RANDN(1, 4, 2, 3),
         RANDN(1, 4, 2, 3), 0);
+    /* varlen_attention: q, k, v [T, H, D], three images (one of length 1), not causal */
+    add(TIDE_OP_VARLEN_ATTENTION, "3 images [0,3) [3,4) [4,7)", r_varlen, ref_varlen, 0, 3, RANDN(7, 2, 3), RANDN(7, 2, 3),
+        RANDN(7, 2, 3), 0);
     /* attnres: random w so the weights are far from uniform; one source is the identity */
     add6(TIDE_OP_ATTNRES, "3 sources [2,3,8]", r_attnres3, 5, RANDN(2, 3, 8), RANDN(2, 3, 8), RANDN(2, 3, 8), RANDN(8),
          RANDU(0.5, 1.5, 8), NULL);

@@ -1033,6 +1033,91 @@ static int test_mla(void)
     return passed;
 }
 
+/* ---- varlen attention (vision.md §3, §5): q, k, v [T, H, D] of packed images, bidirectional inside each image -----
+   All N(0, 1), scale D^-1/2, the loss sum(o ⊙ r). Shapes: MoonViT's head dim 72 (not a multiple of 16) and tiny-vlm's
+   16, images of one token, images longer than a 64-key tile, an empty image (a repeated boundary). The CPU runs the
+   MLA tile kernels in f32, the GPU mla.cu's flash kernels with bidir set. Tolerances as for mla (same kernels, the
+   same sums per query; the bf16 output and P, dS operands rounded to bf16). */
+typedef struct {
+    const char *name;
+    int T, H, D;
+    int n_cu;
+    double cu[8];
+    int bf16;
+} varlen_case;
+
+static const varlen_case varlen_cases[] = {
+    {"varlen f32 D 72, images 1, 70, 129", 200, 3, 72, 4, {0, 1, 71, 200}, 0},
+    {"varlen f32 D 16, 4 images (one empty)", 150, 4, 16, 6, {0, 64, 64, 65, 100, 150}, 0},
+    {"varlen f32 D 64, one image of 300", 300, 2, 64, 2, {0, 300}, 0},
+    {"varlen bf16 D 72, images 1, 70, 129", 200, 3, 72, 4, {0, 1, 71, 200}, 1},
+    {"varlen bf16 D 64, 3 images", 180, 2, 64, 4, {0, 50, 51, 180}, 1},
+};
+
+static int test_varlen_case(const varlen_case *vc)
+{
+    int64_t T = vc->T, H = vc->H, D = vc->D, shp[3] = {T, H, D}, n = T * H * D, ncu = vc->n_cu;
+    double *buf = malloc((size_t)n * sizeof *buf);
+    tide_tensor *c[3] = {0}, *gp[3] = {0}, *cu_c = NULL, *cu_g = NULL;
+    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    char detail[512] = "";
+    int ok = buf != NULL;
+    double tol = vc->bf16 ? 1.0 / 128 : 1e-4, gtol = vc->bf16 ? 1.0 / 64 : 1e-4;
+    for (int i = 0; ok && i < 3; i++) {
+        for (int64_t j = 0; j < n; j++) buf[j] = normal01();
+        c[i] = kda_input(3, shp, buf, vc->bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && vc->bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    cu_c = ok ? tide_from_f64(TIDE_I32, 1, &ncu, CPU, vc->cu) : NULL;
+    cu_g = cu_c ? tide_to_device(cu_c, GPU) : NULL;
+    ok = ok && cu_g;
+    double scale = 1.0 / sqrt((double)D);
+    oc = ok ? tide_varlen_attention(c[0], c[1], c[2], cu_c, scale) : NULL;
+    ok = oc != NULL;
+    if (!ok) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    og = ok ? tide_varlen_attention(gp[0], gp[1], gp[2], cu_g, scale) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(vc->name, "o", oc, og32, tol, detail, sizeof detail);
+        r = tide_randn(TIDE_F32, 3, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    const char *gname[3] = {"dq", "dk", "dv"};
+    for (int i = 0; ok && i < 3; i++) {
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(vc->name, gname[i], gc, gg, gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < 3; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(vc->name, ok && pass, detail);
+}
+
+static int test_varlen(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof varlen_cases / sizeof varlen_cases[0]; i++)
+        passed = test_varlen_case(&varlen_cases[i]) && passed;
+    return passed;
+}
+
 /* ---- softmax attention (the dense baseline's F.attention): q [B, H, Tq, D], k, v [B, H, Tk, D] -----------------
    N(0, 4) inputs (scores of a few units: peaked rows), scale D^-1/2; causal and not, Tq < Tk and Tq > Tk (not
    causal), T not a multiple of any tile, GPT-2 small's head dim 64. The CPU runs f32 BLAS products with the softmax
@@ -1428,6 +1513,9 @@ static const op_coverage coverage[] = {
     {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
     {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
+    {"varlen_attention", "varlen f32 D 72, images 1, 70, 129|varlen f32 D 16, 4 images (one empty)|"
+                         "varlen f32 D 64, one image of 300|varlen bf16 D 72, images 1, 70, 129|"
+                         "varlen bf16 D 64, 3 images", NULL},
     {"attnres", "attnres f32 5 sources [2,37,96]|attnres f32 9 sources d 7168|attnres bf16 9 sources d 7168", NULL},
     {"situ_glu", "situ_glu|situ_glu bf16", NULL},
     {"topk", "topk 5 of 33 (values, gradient scatter)", NULL},
@@ -1450,6 +1538,7 @@ static int case_exists(const char *want, size_t len)
     NAMES_IN(cases, .name, want, len)
     NAMES_IN(kda_cases, .name, want, len)
     NAMES_IN(mla_cases, .name, want, len)
+    NAMES_IN(varlen_cases, .name, want, len)
     NAMES_IN(attention_cases, .name, want, len)
     NAMES_IN(attnres_cases, .name, want, len)
     NAMES_IN(extra_names, , want, len)
@@ -1524,7 +1613,8 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_attention, test_moe};
+                                  test_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_varlen,
+                                  test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;

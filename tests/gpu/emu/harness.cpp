@@ -2,7 +2,7 @@
 // against fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints,
 // themselves checked by central differences; softmax attention against the cpu kernel in f64 (attention_cases.h))
 // and against the cpu kernels. Usage:
-// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128|attnsmall|attn64]...
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128|varlen|attnsmall|attn64]...
 // Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
 // MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"

@@ -1,5 +1,6 @@
 // mla_cases.h — the MLA attention cases of harness.cpp: kernels/cuda/mla.cu under emu.h against an fp64 naive
-// reference (mla.md §1, §4, §5; its adjoint checked by central differences) and against the cpu kernel.
+// reference (mla.md §1, §4, §5; its adjoint checked by central differences) and against the cpu kernel. The
+// varlen group runs the same kernels bidirectional inside each segment (varlen_attention, vision.md §3, §5).
 // Included by harness.cpp after its helpers (check, to_dev, from_dev, randn, bfr, err_buf, n_pass, n_fail).
 
 struct MlaProb {
@@ -7,6 +8,7 @@ struct MlaProb {
     std::vector<int64_t> cu;   // boundaries over B·T incl. row starts; empty: no documents
     vd q, kn, kr, v;
     double scale;
+    bool bidir = false;        // varlen_attention: B 1, dr 0, dn = dv, every key of the query's segment visible
 };
 
 static MlaProb mla_make(int B, int Tq, int Tk, int H, int dn, int dr, int dv, std::vector<int64_t> docs, bool bf16)
@@ -37,6 +39,17 @@ static int64_t mla_first_key(const MlaProb &p, int b, int i)
     return s - (int64_t)b * p.Tq;
 }
 
+// last key query i of row b may see: causal, or (bidir) its document's last token
+static int64_t mla_last_key(const MlaProb &p, int b, int i)
+{
+    int64_t j1 = std::min<int64_t>(i + p.Tk - p.Tq, p.Tk - 1);
+    if (!p.bidir) return j1;
+    int64_t n = (int64_t)b * p.Tq + i, e = p.Tk;
+    for (size_t k = p.cu.size(); k-- > 0;)
+        if (p.cu[k] > n) e = p.cu[k] - (int64_t)b * p.Tq;
+    return std::min<int64_t>(e, p.Tk) - 1;
+}
+
 // probabilities P[b, h, i, j] (0 where not visible) and lse [B, H, Tq]
 static void mla_ref_probs(const MlaProb &p, vd &P, vd &lse)
 {
@@ -46,7 +59,7 @@ static void mla_ref_probs(const MlaProb &p, vd &P, vd &lse)
     for (int b = 0; b < p.B; b++)
         for (int h = 0; h < p.H; h++)
             for (int i = 0; i < p.Tq; i++) {
-                int64_t j0 = mla_first_key(p, b, i), j1 = std::min<int64_t>(i + p.Tk - p.Tq, p.Tk - 1);
+                int64_t j0 = mla_first_key(p, b, i), j1 = mla_last_key(p, b, i);
                 if (j1 < j0) continue;
                 const double *q = &p.q[(((size_t)b * p.Tq + i) * p.H + h) * dq];
                 double *row = &P[(((size_t)b * p.H + h) * p.Tq + i) * p.Tk];
@@ -193,7 +206,7 @@ static int mla_small_tiles_limit(const MlaProb &p, bool bf16)
 {
     int DQ = (p.dn + p.dr + 15) / 16 * 16, DV = (p.dv + 15) / 16 * 16, lim = 0;
     for (int kind : {MLA_FWD, MLA_DQ, MLA_DKV})
-        lim = std::max(lim, mla_make_layout(kind, bf16, 16, 16, DQ, DV, kind == MLA_DKV ? p.dr : 0).total);
+        lim = std::max(lim, mla_make_layout(kind, bf16, 16, 16, DQ, DV, kind == MLA_DKV ? p.dr : 0, p.bidir).total);
     return lim;
 }
 
@@ -213,18 +226,27 @@ template <class T> static int mla_run_cuda(const MlaProb &p, const vd &r, int wa
     std::vector<T> o = to_dev<T>(vd(No, NAN));
     res.lse.assign((size_t)p.B * p.H * p.Tq, NAN);
     const T *krp = p.dr ? kr.data() : nullptr;
-    if (tide_cuda_mla_attention(dtype, o.data(), res.lse.data(), q.data(), kn.data(), krp, v.data(), cu, nseg, p.B, p.Tq,
-                                p.Tk, p.H, p.dn, p.dr, p.dv, p.scale)) {
+    if (p.bidir ? tide_cuda_varlen_attention(dtype, o.data(), res.lse.data(), q.data(), kn.data(), v.data(), cu, nseg,
+                                             p.Tq, p.H, p.dn, p.scale)
+                : tide_cuda_mla_attention(dtype, o.data(), res.lse.data(), q.data(), kn.data(), krp, v.data(), cu, nseg,
+                                          p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.scale)) {
         printf("  forward failed: %s\n", err_buf);
         return -1;
     }
     res.o = from_dev(o);
     std::vector<T> gq = to_dev<T>(vd(p.q.size(), NAN)), gkn = to_dev<T>(vd(p.kn.size(), NAN)),
                    gkr = to_dev<T>(vd(p.kr.size(), NAN)), gv = to_dev<T>(vd(p.v.size(), NAN));
-    if (tide_cuda_mla_attention_backward(dtype, want & 1 ? gq.data() : nullptr, want & 2 ? gkn.data() : nullptr,
-                                         want & 4 ? gkr.data() : nullptr, want & 8 ? gv.data() : nullptr, go.data(),
-                                         q.data(), kn.data(), krp, v.data(), o.data(), res.lse.data(), cu, nseg, p.B,
-                                         p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.scale)) {
+    int brc = p.bidir
+                  ? tide_cuda_varlen_attention_backward(dtype, want & 1 ? gq.data() : nullptr,
+                                                        want & 2 ? gkn.data() : nullptr, want & 8 ? gv.data() : nullptr,
+                                                        go.data(), q.data(), kn.data(), v.data(), o.data(),
+                                                        res.lse.data(), cu, nseg, p.Tq, p.H, p.dn, p.scale)
+                  : tide_cuda_mla_attention_backward(dtype, want & 1 ? gq.data() : nullptr, want & 2 ? gkn.data() : nullptr,
+                                                     want & 4 ? gkr.data() : nullptr, want & 8 ? gv.data() : nullptr,
+                                                     go.data(), q.data(), kn.data(), krp, v.data(), o.data(),
+                                                     res.lse.data(), cu, nseg, p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv,
+                                                     p.scale);
+    if (brc) {
         printf("  backward failed: %s\n", err_buf);
         return -1;
     }
@@ -246,7 +268,16 @@ static int mla_run_cpu(const MlaProb &p, const vd &r, MlaOut &res)
         gkr(p.kr.size(), NAN), gv(p.v.size(), NAN);
     res.lse.assign((size_t)p.B * p.H * p.Tq, NAN);
     const float *krp = p.dr ? kr.data() : nullptr;
-    if (tide_cpu_backend.mla_attention(TIDE_F32, o.data(), res.lse.data(), q.data(), kn.data(), krp, v.data(), cu, nseg,
+    if (p.bidir) {
+        if (tide_cpu_backend.varlen_attention(TIDE_F32, o.data(), res.lse.data(), q.data(), kn.data(), v.data(), cu, nseg,
+                                              p.Tq, p.H, p.dn, p.scale) ||
+            tide_cpu_backend.varlen_attention_backward(TIDE_F32, gq.data(), gkn.data(), gv.data(), go.data(), q.data(),
+                                                       kn.data(), v.data(), o.data(), res.lse.data(), cu, nseg, p.Tq,
+                                                       p.H, p.dn, p.scale)) {
+            printf("  cpu kernel failed: %s\n", err_buf[0] ? err_buf : tide_last_error());
+            return -1;
+        }
+    } else if (tide_cpu_backend.mla_attention(TIDE_F32, o.data(), res.lse.data(), q.data(), kn.data(), krp, v.data(), cu, nseg,
                                        p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.scale) ||
         tide_cpu_backend.mla_attention_backward(TIDE_F32, gq.data(), gkn.data(), p.dr ? gkr.data() : nullptr, gv.data(),
                                                 go.data(), q.data(), kn.data(), krp, v.data(), o.data(),
@@ -275,12 +306,12 @@ static void run_mla_case(const char *name, const MlaProb &p, double tol_o, doubl
     if (limit == MLA_SMALL) emu::smem_limit = mla_small_tiles_limit(p, bf16);
     else if (limit > 0) emu::smem_limit = limit;
     mla_layout Lf, Lq, Lk;
-    mla_pick_layout("", MLA_FWD, bf16, p.dn, p.dr, p.dv, 0, &Lf);
-    mla_pick_layout("", MLA_DQ, bf16, p.dn, p.dr, p.dv, 0, &Lq);
-    mla_pick_layout("", MLA_DKV, bf16, p.dn, p.dr, p.dv, p.dr, &Lk);
+    mla_pick_layout("", MLA_FWD, bf16, p.dn, p.dr, p.dv, 0, &Lf, p.bidir);
+    mla_pick_layout("", MLA_DQ, bf16, p.dn, p.dr, p.dv, 0, &Lq, p.bidir);
+    mla_pick_layout("", MLA_DKV, bf16, p.dn, p.dr, p.dv, p.dr, &Lk, p.bidir);
     int64_t groups = 0, hpg = mla_head_groups(p.H, p.B, (p.Tk + Lk.BK - 1) / Lk.BK, (want & 4) && p.dr, &groups);
     printf("%s  [B %d Tq %d Tk %d H %d dn %d dr %d dv %d, %s, %s; tiles fwd %dx%d dq %dx%d dkv %dx%d, %lld head "
-           "group(s) of %lld]\n", name, p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.cu.empty() ? "no docs" : "docs",
+           "group(s) of %lld]\n", name, p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.cu.empty() ? "no docs" : p.bidir ? "segments, bidirectional" : "docs",
            bf16 ? "bf16" : "f32", Lf.BQ, Lf.BK, Lq.BQ, Lq.BK, Lk.BQ, Lk.BK, (long long)groups, (long long)hpg);
     vd r((size_t)p.B * p.Tq * p.H * p.dv);
     for (auto &x : r) x = bf16 ? bfr(randn()) : randn();
@@ -300,7 +331,8 @@ static void run_mla_case(const char *name, const MlaProb &p, double tol_o, doubl
     if ((want & 4) && p.dr) check("dk_r (summed over heads)", got.gkr, rg.kr, tol_g);
     if (want & 8) check("dv", got.gv, rg.v, tol_g);
     if (mla_no_cpu() || want != 15) return;
-    if (!tide_cpu_backend.mla_attention || !tide_cpu_backend.mla_attention_backward) {
+    if (!tide_cpu_backend.mla_attention || !tide_cpu_backend.mla_attention_backward || !tide_cpu_backend.varlen_attention ||
+        !tide_cpu_backend.varlen_attention_backward) {
         printf("  cpu kernel absent from tide_cpu_backend: FAIL (NO_CPU=1 skips the cross-check)\n");
         n_fail++;
         return;
@@ -463,6 +495,47 @@ static void run_mla(const std::function<bool(const char *)> &want)
         run_mla_case<bf>("mla bf16 K3 dims, sm_80 shared memory", p8, bfo, bfg, MLA_SM80);
         MlaProb pd = mla_make(1, 1, 100, 3, 128, 64, 128, {}, true);
         run_mla_case<bf>("mla bf16 K3 dims decode Tq 1", pd, bfo, bfg, 0);
+    }
+    if (want("varlen")) {
+        // varlen_attention (vision.md §3, §5): the same kernels with bidir, one packed row, segments of 1 token,
+        // segments longer than a tile, empty segments, head dims not multiples of 16 (MoonViT's 72)
+        auto vl = [](int T, int H, int D, std::vector<int64_t> cu, bool bf16) {
+            MlaProb p = mla_make(1, T, T, H, D, 0, D, {}, bf16);
+            p.cu = cu;
+            p.bidir = true;
+            return p;
+        };
+        printf("varlen reference adjoint vs central differences\n");
+        mla_ref_fd(vl(9, 2, 3, {0, 4, 5, 9}, false), "bidir, segments 4, 1, 4");
+        MlaProb p = vl(37, 3, 16, {0, 1, 20, 37}, false);
+        run_mla_case<float>("varlen f32 segments 1, 19, 17, small tiles", p, f32o, f32g, MLA_SMALL);
+        run_mla_case<float>("varlen f32 segments 1, 19, 17, default tiles", p, f32o, f32g, 0);
+        MlaProb pb = vl(37, 3, 16, {0, 1, 20, 37}, true);
+        run_mla_case<bf>("varlen bf16 segments 1, 19, 17, small tiles", pb, bfo, bfg, MLA_SMALL);
+        MlaProb pl = vl(150, 2, 16, {0, 1, 71, 150}, false);
+        run_mla_case<float>("varlen f32 segments 1, 70, 79 (> a tile)", pl, f32o, f32g, 0);
+        MlaProb plb = vl(150, 2, 16, {0, 1, 71, 150}, true);
+        run_mla_case<bf>("varlen bf16 segments 1, 70, 79 (> a tile)", plb, bfo, bfg, 0);
+        MlaProb pu = vl(30, 2, 16, {0, 5, 5, 21, 21, 30}, false);
+        run_mla_case<float>("varlen f32 empty segments", pu, f32o, f32g, MLA_SMALL);
+        MlaProb pm = vl(40, 2, 72, {0, 13, 40}, false);
+        run_mla_case<float>("varlen f32 D 72 (MoonViT, padded)", pm, f32o, f32g, MLA_SMALL);
+        MlaProb pmb = vl(40, 2, 72, {0, 13, 40}, true);
+        run_mla_case<bf>("varlen bf16 D 72 (MoonViT, padded)", pmb, bfo, bfg, 0);
+        MlaProb pg = vl(33, 3, 16, {0, 7, 33}, false);
+        run_mla_case<float>("varlen f32 only dk wanted", pg, f32o, f32g, MLA_SMALL, 2);
+        run_mla_case<float>("varlen f32 dq and dv wanted", pg, f32o, f32g, MLA_SMALL, 9);
+        run_mla_determinism<bf>("varlen determinism", vl(33, 3, 16, {0, 7, 33}, true));
+        printf("varlen argument errors\n");
+        std::vector<float> x(4096, 0.f), lse(64);
+        std::vector<int64_t> dec = {0, 6, 4, 8};
+        mla_expect_error("cu_seqlens NULL", tide_cuda_varlen_attention(TIDE_F32, x.data(), lse.data(), x.data(), x.data(),
+                                                                       x.data(), nullptr, 0, 8, 1, 4, 0.5),
+                         "cu_seqlens is NULL");
+        mla_expect_error("cu_seqlens decreasing",
+                         tide_cuda_varlen_attention(TIDE_F32, x.data(), lse.data(), x.data(), x.data(), x.data(),
+                                                    dec.data(), 3, 8, 1, 4, 0.5),
+                         "decreases at 1");
     }
     if (getenv("MLA_LAYOUT")) mla_print_layouts();
 }

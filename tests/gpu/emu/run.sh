@@ -18,7 +18,7 @@ g++ -std=c++20 -O1 -w -I"$out" -I"$here" -I"$root/kernels/cuda" -I"$root/kernels
     -DTIDE_HAVE_CUDA=1 "$here/harness.cpp" -o "$out/harness" -L"$build" -ltide \
     -Wl,-rpath,"$build:$cuda/lib64" -L"$cuda/lib64"
 [ $# -gt 0 ] && exec "$out/harness" "$@"
-"$out/harness" mlasmall mlaedge mla64 mla128 attnsmall attn64 > "$out/mla.log" 2>&1 &
+"$out/harness" mlasmall mlaedge mla64 mla128 varlen attnsmall attn64 > "$out/mla.log" 2>&1 &
 mla=$!
 rc=0
 "$out/harness" gate conv kdasmall kda16 kda64 kda128 bound || rc=1
