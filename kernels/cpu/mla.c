@@ -34,7 +34,7 @@ static int segment_bounds(const int64_t *cu, int64_t n_seg, int64_t n, int64_t *
     if (end) *end = NULL;
     if (!cu) return 0;
     int64_t *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s), *e = end ? malloc((size_t)(n > 0 ? n : 1) * sizeof *e) : NULL;
-    if (!s || (end && !e)) { free(s); free(e); return tide_set_error("mla_attention: out of memory"); }
+    if (!s || (end && !e)) { free(s); free(e); return tide_set_error("%s: out of memory", end ? "varlen_attention" : "mla_attention"); }
     for (int64_t g = 0; g < n_seg; g++)
         for (int64_t p = cu[g]; p < cu[g + 1]; p++) {
             s[p] = cu[g];

@@ -129,7 +129,9 @@ static int F(forward)(T *out, T *lse, const T *q, const T *kn, const T *kr, cons
         }
         free(buf);
     }
-    return failed ? tide_set_error("mla_attention: out of memory for the tile buffers") : 0;
+    return failed ? tide_set_error("%s: out of memory for the tile buffers",
+                                   seg_end ? "varlen_attention" : "mla_attention")
+                  : 0;
 }
 
 /* backward of one (row, head): key tiles outer, the query tiles that see them inner (mla.md §4);
@@ -200,7 +202,11 @@ static int F(backward)(T *gq, T *gkn, T *gkr, T *gv, const T *gout, const T *q, 
     /* D_i = Σ dO_i O_i per (row, head, query); the per-head k_r gradients, reduced over heads in order below */
     T *Dsum = malloc((size_t)(B * H * Tq) * sizeof(T));
     T *gkr_h = gkr && dr ? malloc((size_t)(H * B * Tk * dr) * sizeof(T)) : NULL;
-    if (!Dsum || (gkr && dr && !gkr_h)) { free(Dsum); free(gkr_h); return tide_set_error("mla_attention backward: out of memory"); }
+    if (!Dsum || (gkr && dr && !gkr_h)) {
+        free(Dsum);
+        free(gkr_h);
+        return tide_set_error("%s backward: out of memory", seg_end ? "varlen_attention" : "mla_attention");
+    }
     int failed = 0;
     _Pragma("omp parallel")
     {
@@ -238,7 +244,9 @@ static int F(backward)(T *gq, T *gkn, T *gkr, T *gv, const T *gout, const T *q, 
     }
     free(Dsum);
     free(gkr_h);
-    return failed ? tide_set_error("mla_attention backward: out of memory for the tile buffers") : 0;
+    return failed ? tide_set_error("%s backward: out of memory for the tile buffers",
+                                   seg_end ? "varlen_attention" : "mla_attention")
+                  : 0;
 }
 
 #undef F

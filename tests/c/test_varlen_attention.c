@@ -13,7 +13,7 @@
  *   4. isolation: changing every input of image A leaves image B's output and gradients bitwise unchanged;
  *   5. memory: the engine's peak bytes for forward + backward grow linearly in T (T 2048 -> 4096: ratio <= 2.2) and
  *      stay far below one [T, T] f32 buffer;
- *   6. bad inputs fail with one line naming the op and the values.
+ *   6. bad inputs fail with one line naming the op and the values; T = 0 gives an empty output.
  */
 #include <math.h>
 #include <stdio.h>
@@ -368,6 +368,21 @@ static void test_errors(void)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
 }
 
+/* T = 0 (no image, cu_seqlens [0]): an empty output, and backward runs */
+static void test_empty(void)
+{
+    int64_t shp[3] = {0, 2, 4};
+    tide_tensor *in[3];
+    for (int i = 0; i < 3; i++) { in[i] = tide_zeros(TIDE_F32, 3, shp, TIDE_CPU); tide_set_requires_grad(in[i], 1); }
+    tide_tensor *cu = cu_tensor((int64_t[]){0}, 1, TIDE_I32), *r = tide_zeros(TIDE_F32, 3, shp, TIDE_CPU);
+    tide_tensor *o = run_with_grad(in, cu, 0.5, r);
+    CHECK(o && o->numel == 0 && o->ndim == 3 && o->shape[1] == 2 && o->shape[2] == 4, "T 0: %s",
+          o ? "wrong output shape" : tide_last_error());
+    if (o) printf("  T 0 (cu_seqlens [0]): output [0, 2, 4], backward ran\n");
+    tide_tensor_release(o); tide_tensor_release(cu); tide_tensor_release(r);
+    for (int i = 0; i < 3; i++) tide_tensor_release(in[i]);
+}
+
 int main(void)
 {
     tide_manual_seed(29);
@@ -392,6 +407,7 @@ int main(void)
     test_packing_isolation();
     printf("memory\n");
     test_memory();
+    test_empty();
     printf("bad inputs\n");
     test_errors();
     if (tide_graph_live_nodes() != 0) { printf("FAIL %lld graph nodes leaked\n", (long long)tide_graph_live_nodes()); g_fail++; }
