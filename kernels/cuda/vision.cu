@@ -259,7 +259,7 @@ int tide_cuda_pos_interp_backward(int dtype, void *dtable, const void *dout, con
                 const double *wy = dw + pw, *wx = wy + 4 * h;                                                           \
                 const T *go = (const T *)dout + off * d;                                                                \
                 if (h == Gh && w == Gw) {                                                                               \
-                    pos_interp_bwd_y<T><<<tide_blocks(cells), TIDE_THREADS, 0, s>>>(acc, NULL, go, sy, oy, wy, Gh, Gw, d); \
+                    pos_interp_bwd_y<T><<<tide_blocks(cells), TIDE_THREADS, 0, s>>>(acc, (const double *)NULL, go, sy, oy, wy, Gh, Gw, d); \
                 } else {                                                                                                \
                     pos_interp_bwd_x<T><<<tide_blocks(h * Gw * d), TIDE_THREADS, 0, s>>>(tmp, go, sx, ox, wx, Gw, d, h, w); \
                     pos_interp_bwd_y<T><<<tide_blocks(cells), TIDE_THREADS, 0, s>>>(acc, tmp, go, sy, oy, wy, Gh, Gw, d); \
