@@ -9,6 +9,8 @@
 #define ROPE2D_MAX_POS 512
 /* a bound on one image's grid side, far above any budget (MoonViT: ~64 patches a side), so h·w·d cannot overflow */
 #define POS_INTERP_MAX_SIDE 65536
+/* the grids travel in the node's int list (an int count) */
+#define POS_INTERP_MAX_IMAGES (1 << 24)
 
 /* ---- rope2d ---------------------------------------------------------------------------------------------------- */
 enum { ROPE2D_SAVED_POS };
@@ -127,6 +129,8 @@ tide_tensor *tide_pos_interp(tide_tensor *table, tide_tensor *grids)
     TIDE_CHECK(grids->ndim == 2 && grids->shape[1] == 2, "pos_interp: grids must be [n, 2] (h, w) per image, got %s",
                SHAPE_STR(grids, b));
     int64_t n = grids->shape[0];
+    TIDE_CHECK(n <= POS_INTERP_MAX_IMAGES, "pos_interp: grids %s has more than %d images", SHAPE_STR(grids, b),
+               POS_INTERP_MAX_IMAGES);
     tide_attrs at = {0};
     if (n > 0) {
         double *v = malloc((size_t)(2 * n) * sizeof *v);

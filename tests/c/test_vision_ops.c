@@ -154,9 +154,10 @@ static void test_rope2d(void)
         tide_tensor_release(x); tide_tensor_release(c.pos);
     }
 
-    /* forward against the formula, f64; i32 and i64 positions give identical bits */
-    {
-        int64_t T = 7, H = 3, hd = 72;
+    /* forward against the formula, f64; i32 and i64 positions give identical bits; head_dim 520 passes the kernel's
+       256-slot angle cache */
+    for (int big = 0; big < 2; big++) {
+        int64_t T = 7, H = big ? 1 : 3, hd = big ? 520 : 72;
         double pv[14];
         tide_tensor *p64 = positions(TIDE_I64, T, 512, 0, 0, pv), *p32 = tensor(TIDE_I32, 2, (int64_t[]){T, 2}, pv);
         tide_tensor *x = randn_tensor(TIDE_F64, 3, (int64_t[]){T, H, hd});
@@ -164,7 +165,8 @@ static void test_rope2d(void)
         double *xv = host(x), *yv = host(y), *y32v = host(y32), *rv = malloc((size_t)(T * H * hd) * sizeof *rv);
         ref_rope2d(rv, xv, pv, T, H, hd, 10000.0);
         double e = max_abs_diff(yv, rv, T * H * hd);
-        report(e <= 1e-13, "rope2d f64 [7,3,72] vs the vision.md §4 formula: max |diff| = %.2e (tol 1e-13)", e);
+        report(e <= 1e-13, "rope2d f64 [7,%lld,%lld] vs the vision.md §4 formula: max |diff| = %.2e (tol 1e-13)", (long long)H,
+               (long long)hd, e);
         report(!memcmp(yv, y32v, (size_t)(T * H * hd) * sizeof *yv), "rope2d i32 and i64 positions agree bitwise");
         free(xv); free(yv); free(y32v); free(rv);
         tide_tensor_release(p64); tide_tensor_release(p32); tide_tensor_release(x); tide_tensor_release(y);
