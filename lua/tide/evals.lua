@@ -150,8 +150,152 @@ function evals.run(model, opts)
   return rows
 end
 
+-- captions(model, src, {examples = 200, batch = 16, device}) -> {source, examples, accuracy, label_accuracy, exact,
+-- labelled, labels}: teacher-forced scoring of documents 0 .. examples−1 of an image-text source (a held-out split:
+-- data/multimodal.lua), images spliced at their placeholders. accuracy = caption-token accuracy over every labelled
+-- position (placeholders and wrappers are not labels, vision.md §8; the document's last position, whose label the
+-- packer sets, is skipped); exact = share of documents with every caption token right; label_accuracy (when the
+-- source has label_positions(i), the positions whose targets carry the content: the digit of "a handwritten 7",
+-- the two words of "red top-left") = accuracy on those alone. A text-only model is scored on the same source with
+-- the images left out (the source's text_only option).
+-- opts.samples = k adds r.samples: greedy captions of the first k documents, each {expected, generated}: the prompt is
+-- the document up to its last <|media_end|> (its images spliced in), the expected text the rest.
+local CAPTION_KEYS = { examples = true, batch = true, device = true, samples = true }
+
+-- greedy captions of documents 0 .. k-1 of src (see captions)
+local function caption_samples(model, src, k)
+  local generate = require "tide.generate"
+  local tok = src.tokenizer
+  local media_end = tok:id("<|media_end|>")
+  local out = {}
+  for i = 0, k - 1 do
+    local ids, _, n, images = src:doc(i, 1048576)
+    local cut = 1                                  -- prompt = ids[0 .. cut-1]
+    for t = 0, n - 1 do if ids[t] == media_end then cut = t + 1 end end
+    local prompt, rest = {}, {}
+    for t = 0, cut - 1 do prompt[#prompt + 1] = ids[t] end
+    for t = cut, n - 1 do rest[#rest + 1] = ids[t] end
+    local im
+    if images and #images > 0 then
+      local patches, grids = {}, {}
+      for _, x in ipairs(images) do patches[#patches + 1] = x.patches; grids[#grids + 1] = { x.h, x.w } end
+      im = { patches = #patches == 1 and patches[1] or tide.F.concat(patches, 1), grids = grids, pad_id = src.media_pad_id }
+    end
+    local gen = generate.ids(model, prompt, { max_new = #rest, temperature = 0, images = im })
+    out[#out + 1] = { expected = tok:decode(rest), generated = tok:decode(gen) }
+  end
+  return out
+end
+
+function evals.captions(model, src, opts)
+  opts = options.check(opts or {}, CAPTION_KEYS, "captions options", "evals")
+  if type(src) ~= "table" or type(src.doc) ~= "function" then bad("captions: src must be a document source") end
+  local n = opts.examples or 200
+  local B = opts.batch or 16
+  if not is_int(n) or n < 1 then bad("captions: examples must be an integer >= 1, got " .. tostring(n)) end
+  if not is_int(B) or B < 1 then bad("captions: batch must be an integer >= 1, got " .. tostring(B)) end
+  local device = opts.device or model_device(model)
+  local i32 = C.tide_dtype_from_name("i32")
+  local r = { source = src.name, examples = n, hits = 0, labelled = 0, label_hits = 0, labels = 0, exact = 0 }
+  -- documents grouped by length (one [b, L] batch per group of up to B)
+  local docs, by_len, order = {}, {}, {}
+  for i = 0, n - 1 do
+    local ids, tg, len, images = src:doc(i, 1048576)
+    docs[i] = { ids = ids, tg = tg, n = len, images = images,
+      labels = src.label_positions and src:label_positions(i) or nil }
+    if not by_len[len] then by_len[len] = {}; order[#order + 1] = len end
+    local g = by_len[len]
+    g[#g + 1] = i
+  end
+  local function run(group)
+    local nb, L = #group, docs[group[1]].n
+    local x = ffi.new("int32_t[?]", nb * L)
+    local patches, grids = {}, {}
+    for b, i in ipairs(group) do
+      local d = docs[i]
+      ffi.copy(x + (b - 1) * L, d.ids, L * 4)
+      for _, im in ipairs(d.images or {}) do
+        patches[#patches + 1] = im.patches
+        grids[#grids + 1] = { im.h, im.w }
+      end
+    end
+    local shape = ffi.new("int64_t[2]", nb, L)
+    local ids = tide.check(C.tide_from_bytes(i32, 2, shape, 0, x, nb * L * 4))
+    if device ~= "cpu" then ids = ids:to(device) end
+    local fo
+    if #patches > 0 then
+      fo = { images = { patches = #patches == 1 and patches[1] or tide.F.concat(patches, 1), grids = grids,
+        pad_id = src.media_pad_id } }
+    end
+    local pred = model:forward(ids, nil, fo):argmax(-1):to("i64")
+    if pred:device() ~= "cpu" then pred = pred:to("cpu") end
+    local p = ffi.new("int64_t[?]", nb * L)
+    tide.check_status(C.tide_read_bytes(tide.raw(pred), p, nb * L * 8))
+    for b, i in ipairs(group) do
+      local d, all = docs[i], true
+      for t = 0, L - 2 do
+        local y = d.tg[t]
+        if y ~= synthetic.IGNORE then
+          r.labelled = r.labelled + 1
+          if p[(b - 1) * L + t] == y then r.hits = r.hits + 1 else all = false end
+        end
+      end
+      for _, t in ipairs(d.labels or {}) do
+        r.labels = r.labels + 1
+        if p[(b - 1) * L + t] == d.tg[t] then r.label_hits = r.label_hits + 1 end
+      end
+      if all then r.exact = r.exact + 1 end
+    end
+  end
+  local was = model.training
+  if type(model.eval) == "function" then model:eval() end
+  local ok, err = pcall(tide.no_grad, function()
+    for _, len in ipairs(order) do
+      local g = by_len[len]
+      for first = 1, #g, B do
+        local part = {}
+        for k = first, math.min(first + B - 1, #g) do part[#part + 1] = g[k] end
+        run(part)
+      end
+    end
+  end)
+  if ok and (opts.samples or 0) > 0 then
+    ok, err = pcall(function() r.samples = caption_samples(model, src, math.min(opts.samples, n)) end)
+  end
+  if type(model.train) == "function" then model:train(was) end
+  if not ok then error(err, 0) end
+  r.accuracy = r.labelled > 0 and r.hits / r.labelled or 0
+  r.label_accuracy = r.labels > 0 and r.label_hits / r.labels or nil
+  r.exact = r.exact / n
+  return r
+end
+
 -- table(rows) -> markdown: one line per (task, length[, depth])
+local function caption_table(rows)
+  local out = { "| source | caption-token accuracy | label accuracy | exact caption | examples |", "|---|---:|---:|---:|---:|" }
+  for _, r in ipairs(rows) do
+    out[#out + 1] = fmt("| %s | %.1f%% | %s | %.1f%% | %d |", r.source, 100 * r.accuracy,
+      r.label_accuracy and fmt("%.1f%%", 100 * r.label_accuracy) or "–", 100 * r.exact, r.examples)
+  end
+  for _, r in ipairs(rows) do
+    for k, smp in ipairs(r.samples or {}) do
+      if k == 1 then out[#out + 1] = "" ; out[#out + 1] = fmt("greedy captions of held-out %s images:", r.source) end
+      out[#out + 1] = fmt("  %-24s expected %q", fmt("%q", smp.generated), smp.expected)
+    end
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
 function evals.table(rows)
+  local caps, rest = {}, {}
+  for _, r in ipairs(rows) do
+    if r.task == "caption" then caps[#caps + 1] = r else rest[#rest + 1] = r end
+  end
+  if #caps > 0 then
+    local t = caption_table(caps)
+    if #rest == 0 then return t end
+    return t .. "\n" .. evals.table(rest)
+  end
   local with_depth = false
   for _, r in ipairs(rows) do if r.depth ~= nil then with_depth = true end end
   local out = {}

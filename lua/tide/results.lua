@@ -35,11 +35,13 @@ function results.eval_record(row, step, cfg, stage)
   if row.task == "mqar" then D = src.num_pairs or require("tide.data.synthetic").MQAR_DEFAULTS.num_pairs end
   return { step = step, event = "eval", task = row.task, source = row.source, config = (cfg or {}).name,
     stage = stage, T = row.length, D = D, depth = row.depth, acc = row.accuracy, exact = row.exact, n = row.examples,
-    labelled = row.labelled, seed = row.seed }
+    labelled = row.labelled, seed = row.seed, label_acc = row.label_accuracy }
 end
 
 -- the TensorBoard tag of an eval record's accuracy: eval/<source>/acc/<T>[/depth_<d>] (exact: .../exact/...)
+-- (a caption eval, which has no T: eval/<source>/acc)
 function results.eval_tag(rec, what)
+  if rec.T == nil then return string.format("eval/%s/%s", rec.source or rec.task, what or "acc") end
   return string.format("eval/%s/%s/%d%s", rec.source or rec.task, what or "acc", rec.T,
     rec.depth and string.format("/depth_%g", rec.depth) or "")
 end
@@ -50,7 +52,8 @@ function results.log_evals(logger, rows, step, cfg, stage)
   local recs = {}
   for i, row in ipairs(rows or {}) do
     local rec = results.eval_record(row, step, cfg, stage)
-    logger:metrics(rec, { [results.eval_tag(rec)] = rec.acc, [results.eval_tag(rec, "exact")] = rec.exact })
+    logger:metrics(rec, { [results.eval_tag(rec)] = rec.acc, [results.eval_tag(rec, "exact")] = rec.exact,
+      [results.eval_tag(rec, "label_acc")] = rec.label_acc })
     recs[i] = rec
   end
   return recs

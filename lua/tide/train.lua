@@ -105,7 +105,7 @@ local function build_data(cfg, V, seed)
     local B = options.pos_int(dcfg.batch_size, "data.batch_size", WHO)
     local T = options.pos_int(dcfg.seq_len, "data.seq_len", WHO)
     local tok = tokenizer.for_model(dcfg.tokenizer, V, "data.tokenizer", WHO)   -- "byte" or a tokenizer.json
-    local built = sources.build(dcfg.sources, tok, dcfg.seed, WHO)
+    local built = sources.build(dcfg.sources, tok, dcfg.seed, WHO, (cfg.model or {}).vision)
     local names = options.sorted_keys(built)
     local packer = sources.packer(names, built, T, dcfg.seed, tok:id("<|endoftext|>"))
     local mix = {}

@@ -234,3 +234,105 @@ T.test("nn.HybridLM vision = {...}: images in the batch splice at media_pad; eve
     :forward(ids, nil, { images = images }) end, "the batch holds images but the model has no vision encoder")
   T.raises(function() vlm({ vision = { dim = 30, heads = 2 } }) end, "vision head_dim = dim / heads = 15 must be a multiple of 4")
 end)
+
+T.test("generate with images in the prompt: the cached prefill splices them (first token == the full forward's argmax)", function()
+  local m = vlm()
+  local images = { patches = randn({ 16, 48 }), grids = { { 4, 4 } }, pad_id = 9 }
+  local prompt = batch(4, 9):tolist()
+  local logits = tide.no_grad(function() return m:forward(batch(4, 9), nil, { images = images }) end)
+  local last = logits:narrow(2, 9, 1):reshape(64):tolist()
+  local best = 1
+  for v = 2, 64 do if last[v] > last[best] then best = v end end
+  local gen = m:generate(prompt, { max_new = 3, images = images })
+  T.eq(gen[1], best - 1, "first generated id")
+  -- a batch of two prompts, one with and one without images, each as it is alone
+  local plain = batch(0, 9):tolist()
+  local both = m:generate({ prompt, plain }, { max_new = 3, images = { images, false } })
+  T.eq(both[1], gen, "row with images")
+  T.eq(both[2], m:generate(plain, { max_new = 3 }), "row without images")
+end)
+
+local mm = require "tide.data.multimodal"
+
+T.test("label positions: the targets there are the digit, the colour and quadrant letters; text_only drops the image", function()
+  local tok = require("tide.data.tokenizer").byte_level()
+  local d = mm.digits_source({ split = "val", order = "sequential" })
+  for i = 0, 4 do
+    local ids, tg, n, images = d:doc(i)
+    local _, label = d:digit(d:index(i))
+    T.eq(#images, 1)
+    local lp = d:label_positions(i)
+    T.eq(#lp, 1)
+    T.eq(tg[lp[1]], string.byte(tostring(label)), "the digit's target")
+    T.eq(lp[1], n - 2, "the caption's last token")
+  end
+  local s = mm.squares_source({ split = "eval" })
+  for i = 0, 4 do
+    local _, caption = s:sample(i)
+    local ids, tg, n = s:doc(i)
+    local lp = s:label_positions(i)
+    T.eq(#lp, 3)
+    local got = string.char(tg[lp[1]], tg[lp[2]], tg[lp[3]])
+    local want = caption:sub(1, 1) .. caption:match(" (.)") .. caption:match("%-(.)")
+    T.eq(got, want, caption)
+  end
+  local st = mm.squares_source({ split = "eval", text_only = true })
+  local ids, tg, n, images = st:doc(0)
+  local _, caption = st:sample(0)
+  T.eq(n, 1 + #caption, "<|endoftext|> and the caption alone")
+  T.ok(images == nil or #images == 0, "no image")
+  T.eq(tg[st:label_positions(0)[1]], caption:byte(1))
+  T.raises(function() mm.digits_source({ text_only = "yes" }) end, "text_only must be true or false")
+end)
+
+T.test("a curriculum stage with freeze = {\"lm\"} trains only the ViT and projector; caption evals run on held-out images", function()
+  local out = T.tmpdir("vision-curriculum")
+  local cfg = tide.Curriculum{
+    name = "vlm_test",
+    model = { kind = "hybrid", vocab_size = 320, dim = 32, n_layers = 2, mixers = "KM", ffn_dim = 64,
+      kda = { heads = 2, head_dim = 16 }, mla = { heads = 2, kv_rank = 16, nope_dim = 16, rope_dim = 8, v_dim = 16 },
+      vision = { patch = 4, dim = 16, heads = 2, layers = 1, mlp_dim = 32, grid = 8 } },
+    optim = { lr = 3e-3 },
+    tokens_per_step = 256,
+    sources = { squares = { kind = "squares" }, digits = { kind = "digits", val_fraction = 0.1 } },
+    stages = {
+      { name = "align", seq_len = 128, steps = 3, freeze = { "lm" }, mix = { squares = 0.5, digits = 0.5 } },
+      { name = "joint", seq_len = 128, steps = 2, mix = { squares = 1 } },
+    },
+    evals = { { source = "squares", examples = 8, batch = 4, samples = 2 }, { source = "digits", examples = 8 } },
+    train = { out = out, quiet = true, ckpt_every = 100 },
+  }
+  local snaps = {}
+  cfg.hooks = {
+    on_stage_start = function(ctx, st)
+      local s = {}
+      for name, t in ctx.model:named_parameters() do s[name] = t:tolist() end
+      snaps[#snaps + 1] = s
+    end,
+  }
+  local r = require("tide.curriculum").train(cfg)
+  T.eq(#snaps, 2)
+  local changed = {}
+  for name, before in pairs(snaps[1]) do
+    local after = snaps[2][name]
+    local grp = name:match("^vision_tower") and "vit" or name:match("^multi_modal_projector") and "projector" or "lm"
+    local diff = false
+    for k = 1, #before do if before[k] ~= after[k] then diff = true break end end
+    changed[grp] = changed[grp] or diff
+    if grp == "lm" then T.ok(not diff, name .. " is frozen in the alignment stage") end
+  end
+  T.ok(changed.vit and changed.projector, "the ViT and projector trained")
+  T.eq(#r.evals, 2)
+  T.eq(r.evals[1].task, "caption")
+  T.eq(r.evals[1].source, "squares")
+  T.ok(r.evals[1].accuracy >= 0 and r.evals[1].accuracy <= 1 and r.evals[1].label_accuracy, "caption and label accuracy")
+  T.eq(#r.evals[1].samples, 2)
+  T.ok(type(r.evals[1].samples[1].expected) == "string" and r.evals[1].samples[1].expected:match("^%a+ %a+%-%a+$"),
+    "the expected caption: " .. tostring(r.evals[1].samples[1].expected))
+  T.raises(function()
+    local c2 = tide.Curriculum{ model = { kind = "hybrid", vocab_size = 320, dim = 32, n_layers = 1, mixers = "K",
+      kda = { heads = 2, head_dim = 16 } }, tokens_per_step = 128, sources = { t = { kind = "squares" } },
+      stages = { { seq_len = 128, steps = 1, freeze = { "vit" }, mix = { t = 1 } } }, train = { out = out .. "2", quiet = true } }
+    require("tide.curriculum").train(c2)
+  end, "freeze[1] = \"vit\" needs a model with vision")
+end)

@@ -108,12 +108,38 @@ mm.QUADRANTS = { "top-left", "top-right", "bottom-left", "bottom-right" }
 
 local Squares = {}
 Squares.__index = Squares
-local SQUARES_KEYS = { split = true, seed = true, name = true, vision = true, size = true, tokenizer = true }
+local SQUARES_KEYS = { split = true, seed = true, name = true, vision = true, size = true, tokenizer = true,
+                       text_only = true }
 
--- squares{split = "train" | "eval" ("val"), seed, size = 32, vision, tokenizer, name}: image i (any i >= 0) is a
+-- the 0-based positions of a document whose targets are the caption's label tokens: the tokens that cover the
+-- caption's characters at `chars` (1-based offsets), found by decoding the caption's tokens one by one (any
+-- tokenizer: a byte of byte-level, a piece of BPE). The caption is the document's tail (it ends at n - 1).
+local function label_positions(tok, caption, n, chars)
+  local ids = tok:encode(caption)
+  local first = n - #ids                 -- position of the caption's first token in the document
+  local out, at, c = {}, 0, 1
+  for k = 1, #ids do
+    local len = #tok:decode({ ids[k] })
+    while c <= #chars and chars[c] <= at + len do
+      if chars[c] > at and (out[#out] ~= first + k - 2) then out[#out + 1] = first + k - 2 end
+      c = c + 1
+    end
+    at = at + len
+  end
+  return out
+end
+
+local function check_text_only(v, who)
+  if v ~= nil and type(v) ~= "boolean" then bad(who, "text_only must be true or false, got " .. tostring(v)) end
+  return v == true
+end
+
+-- squares{split = "train" | "eval" ("val"), seed, size = 32, vision, tokenizer, name, text_only = false}: image i
+-- (any i >= 0) is a
 -- pure function of (seed, split, i): 5 Philox uniforms at [8i, 8i + 5) pick the class (colour = class mod 8,
 -- quadrant = ⌊class/8⌋ of 32), the background grey (0..47), the side (size/4 .. size/2 - 2) and the position
--- inside the quadrant. The eval split draws another stream.
+-- inside the quadrant. The eval split draws another stream. text_only: the caption alone, without its image
+-- (the baseline that shows what the captions give without the pixels).
 function mm.squares_source(cfg)
   local who = "squares"
   options.check(cfg, SQUARES_KEYS, "squares source config", who)
@@ -131,7 +157,7 @@ function mm.squares_source(cfg)
   local key = (split == "train" and SQUARES_KEY or SQUARES_EVAL_KEY) * STRIDE + seed
   return setmetatable({ name = cfg.name or ("squares:" .. split), split = split, seed = seed, size = size,
     key = key, vision = vision_of(cfg, who), tokenizer = tok, sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad,
-    u = ffi.new("double[5]") }, Squares)
+    u = ffi.new("double[5]"), text_only = check_text_only(cfg.text_only, who) }, Squares)
 end
 
 -- sample(i) -> img u8 [size, size, 3], caption, {colour, quadrant, x0, y0, side, background}
@@ -165,7 +191,16 @@ end
 -- doc(i, T): <|endoftext|> [image] caption (T is not used)
 function Squares:doc(i, T)
   local img, caption = self:sample(i)
-  return mm.document(self.tokenizer, { img, caption }, self.vision, self.sp)
+  return mm.document(self.tokenizer, self.text_only and { caption } or { img, caption }, self.vision, self.sp)
+end
+
+-- label_positions(i): the positions predicting the caption's content: the colour word's first character, the
+-- quadrant's first character (top / bottom) and the one after its '-' (left / right)
+function Squares:label_positions(i)
+  local _, caption = self:sample(i)
+  local _, _, n = self:doc(i)
+  local space, dash = caption:find(" ", 1, true), caption:find("-", 1, true)
+  return label_positions(self.tokenizer, caption, n, { 1, space + 1, dash + 1 })
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -228,13 +263,13 @@ end
 local Digits = {}
 Digits.__index = Digits
 local DIGITS_KEYS = { path = true, split = true, val_fraction = true, order = true, seed = true, name = true,
-                      vision = true, tokenizer = true }
+                      vision = true, tokenizer = true, text_only = true }
 
 -- digits{path = mm.DIGITS_PATH, split = "train" | "val" ("eval"), val_fraction = 0.1, order = "shuffle" |
 -- "sequential", seed, vision, tokenizer, name}: the last ⌊n·val_fraction⌋ digits (by file index) are the val split,
 -- the rest train. Document i is the split's digit perm_e[i mod m] (a Philox permutation per epoch e = ⌊i/m⌋, or
 -- file order): the 8x8 image scaled to 32x32 (nearest, x4; grey v·255/16 rounded, on all 3 channels), then the
--- caption "a handwritten D".
+-- caption "a handwritten D". text_only: the caption alone, without its image.
 function mm.digits_source(cfg)
   local who = "digits"
   options.check(cfg, DIGITS_KEYS, "digits source config", who)
@@ -255,7 +290,7 @@ function mm.digits_source(cfg)
   local sp = mm.specials(tok)
   return setmetatable({ name = cfg.name or ("digits:" .. split), split = split, order = order, seed = seed, data = d,
     first = first, n_docs = count, key = DIGITS_KEY * STRIDE + seed, vision = vision_of(cfg, who), tokenizer = tok,
-    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad }, Digits)
+    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad, text_only = check_text_only(cfg.text_only, who) }, Digits)
 end
 
 function Digits:count() return self.n_docs end
@@ -298,7 +333,16 @@ end
 
 function Digits:doc(i, T)
   local img, label = self:digit(self:index(i))
-  return mm.document(self.tokenizer, { img, "a handwritten " .. label }, self.vision, self.sp)
+  local caption = "a handwritten " .. label
+  return mm.document(self.tokenizer, self.text_only and { caption } or { img, caption }, self.vision, self.sp)
+end
+
+-- label_positions(i): the position predicting the digit (the caption's last character)
+function Digits:label_positions(i)
+  local _, label = self:digit(self:index(i))
+  local caption = "a handwritten " .. label
+  local _, _, n = self:doc(i)
+  return label_positions(self.tokenizer, caption, n, { #caption })
 end
 
 ---------------------------------------------------------------------------------------------------

@@ -393,7 +393,8 @@ local function next_document(self)
     s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T))
 end
 
--- the batch's images, concatenated in flattened-row order (vision.md §3): {patches [Σ L, 3p²], grids, cu_seqlens}
+-- the batch's images, concatenated in flattened-row order (vision.md §3): {patches [Σ L, 3p²], grids, cu_seqlens,
+-- pad_id}
 local function batch_images(placed)
   local width = placed[1].im.patches:shape()[2]
   local total = 0
@@ -415,8 +416,16 @@ local function batch_images(placed)
     grids[k], cu[k + 1] = { e.im.h, e.im.w }, at
   end
   local shape = ffi.new("int64_t[2]", total, width)
+  -- pad_id: the <|media_pad|> id the model splices at (one per batch: every source of it uses the same tokenizer)
+  local pad_id = placed[1].media_pad
+  for _, e in ipairs(placed) do
+    if e.media_pad ~= pad_id then
+      bad(fmt("source '%s' marks images with id %s, another source of the batch with %s (one <|media_pad|> per batch)",
+        e.source, tostring(e.media_pad), tostring(pad_id)))
+    end
+  end
   return { patches = tide.check(C.tide_from_bytes(C.tide_dtype_from_name("f32"), 2, shape, 0, buf, total * width * 4)),
-           grids = grids, cu_seqlens = cu }
+           grids = grids, cu_seqlens = cu, pad_id = pad_id }
 end
 
 -- next_rows(R) -> {ids [R, T] i32, targets [R, T] i32, cu_seqlens, max_seqlen, n_targets, segments, per_source
@@ -470,7 +479,8 @@ function Packer:next_rows(R)
         if cur.images then
           for _, im in ipairs(cur.images) do
             if im.pos >= off and im.pos < off + take then
-              placed[#placed + 1] = { im = im, doc = cur.doc, source = s.name }
+              placed[#placed + 1] = { im = im, doc = cur.doc, source = s.name,
+                                      media_pad = s.source.media_pad_id or self.media_pad }
               spans[#spans + 1] = { row = r, pos = base + im.pos - off, n = im.n, h = im.h, w = im.w, doc = cur.doc,
                                     source = s.name }
             end

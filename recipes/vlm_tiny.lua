@@ -1,0 +1,69 @@
+-- vlm_tiny.lua — native vision end to end: the tiny-vlm encoder of spec/vision.md §9 (32x32 images, patch 4, an
+-- 8x8 grid merged 2x2 into 16 tokens, ViT width 64, 2 blocks) in front of a small hybrid KDA/MLA language model,
+-- trained from scratch through a three-stage curriculum (vision.md §10, Kimi k1.5's order):
+--
+--   lm      the language model alone on the captions (no images): it learns the caption language
+--   align   the language model frozen; only the ViT and the projector train (freeze = {"lm"})
+--   joint   everything trains
+--
+-- on two image sources: `squares` (vision.md oracle 9: one solid square, 8 colours x 4 quadrants, caption
+-- "<colour> <quadrant>") and `digits` (the 1,797 handwritten 8x8 digits Debian's python3-sklearn ships, scaled to
+-- 32x32, caption "a handwritten 7"; the last 10% by file index are held out). Each image's 16 tokens sit in the
+-- same packed rows as the text; the loss skips placeholders and the media wrapper tokens (vision.md §8).
+--
+--   tide run recipes/vlm_tiny.lua                   train (about N minutes on 2 cores), then the caption table
+--   tide run recipes/vlm_tiny_text_only.lua         the same language model on the same captions without images:
+--                                                   what the captions alone give (the digit is a guess: ~10%)
+--   tide run recipes/vlm_tiny.lua --dry-run         the plan
+--
+-- It ends with a table: caption-token accuracy on held-out images per source (teacher-forced), the accuracy on the
+-- label tokens (the digit; the colour and quadrant words) and exact captions, then greedy captions of a few
+-- held-out images.
+local tide = require "tide"
+
+local function recipe(text_only)
+  local img = not text_only
+  return tide.Curriculum{
+    name = text_only and "vlm_tiny_text_only" or "vlm_tiny",
+    description = "tiny-vlm ViT (vision.md §9) + a small hybrid KDA/MLA LM; squares and digits captions",
+    model = {
+      kind = "hybrid", vocab_size = 320, dim = 128, n_layers = 4, mixers = "KKKM", ffn_dim = 256,
+      kda = { heads = 2, head_dim = 32 },
+      mla = { heads = 2, q_rank = 64, kv_rank = 32, nope_dim = 32, rope_dim = 16, v_dim = 32 },
+      residual = "attnres_block", attnres = { block_layers = 2 },
+      -- tiny-vlm: p 4, width 64, 4 heads, 2 blocks, MLP 256, table 8x8, projector 256 -> 256 -> 128
+      vision = img and { patch = 4, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8,
+        mean = { 0.5, 0.5, 0.5 }, std = { 0.5, 0.5, 0.5 } } or nil,
+      device = "cpu",
+    },
+    optim = { lr = 2e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.05, clip = 1.0 },
+    tokens_per_step = 1024,
+    sources = {
+      squares = { kind = "squares", split = "train", text_only = text_only or nil },
+      digits = { kind = "digits", split = "train", val_fraction = 0.1, text_only = text_only or nil },
+      -- the same captions without images: the first stage's language
+      squares_text = { kind = "squares", split = "train", text_only = true },
+      digits_text = { kind = "digits", split = "train", val_fraction = 0.1, text_only = true },
+    },
+    stages = {
+      { name = "lm", seq_len = 128, steps = 60, lr = { kind = "constant", warmup = 10, from = 2e-3 },
+        mix = { squares_text = 0.5, digits_text = 0.5 } },
+      { name = "align", seq_len = 128, steps = 140, lr = { kind = "constant", from = 2e-3 },
+        freeze = img and { "lm" } or nil, mix = { squares = 0.5, digits = 0.5 } },
+      { name = "joint", seq_len = 128, steps = 300, lr = { kind = "cosine", from = 2e-3, to = 2e-4 },
+        mix = { squares = 0.5, digits = 0.5 } },
+    },
+    evals = {
+      { source = "squares", examples = 256, batch = 32, samples = 4 },
+      { source = "digits", examples = 179, batch = 32, samples = 4 },
+    },
+    train = { out = text_only and "runs/vlm_tiny_text_only" or "runs/vlm_tiny", seed = 1, ckpt_every = 100,
+      log_every = 25, keep_ckpts = 2 },
+    -- every held-out caption row above this (label accuracy where the source marks labels)
+    expect = not text_only and { eval_accuracy_above = 0.9 } or nil,
+  }
+end
+
+-- `tide run` calls this file with its path; recipes/vlm_tiny_text_only.lua calls it with (path, "text_only")
+local _, variant = ...
+return recipe(variant == "text_only")
