@@ -12,8 +12,9 @@
 -- same packed rows as the text; the loss skips placeholders and the media wrapper tokens (vision.md §8).
 --
 --   tide run recipes/vlm_tiny.lua                   train (about N minutes on 2 cores), then the caption table
---   tide run recipes/vlm_tiny_text_only.lua         the same language model on the same captions without images:
+--   tide run recipes/vlm_tiny.lua --scale=text_only the same language model on the same captions without images:
 --                                                   what the captions alone give (the digit is a guess: ~10%)
+--   tide run recipes/vlm_tiny.lua --scale=smoke     two steps per stage: the whole path in seconds
 --   tide run recipes/vlm_tiny.lua --dry-run         the plan
 --
 -- It ends with a table: caption-token accuracy on held-out images per source (teacher-forced), the accuracy on the
@@ -21,10 +22,9 @@
 -- held-out images.
 local tide = require "tide"
 
-local function recipe(text_only)
-  local img = not text_only
+local function recipe()
   return tide.Curriculum{
-    name = text_only and "vlm_tiny_text_only" or "vlm_tiny",
+    name = "vlm_tiny",
     description = "tiny-vlm ViT (vision.md §9) + a small hybrid KDA/MLA LM; squares and digits captions",
     model = {
       kind = "hybrid", vocab_size = 320, dim = 128, n_layers = 4, mixers = "KKKM", ffn_dim = 256,
@@ -32,15 +32,15 @@ local function recipe(text_only)
       mla = { heads = 2, q_rank = 64, kv_rank = 32, nope_dim = 32, rope_dim = 16, v_dim = 32 },
       residual = "attnres_block", attnres = { block_layers = 2 },
       -- tiny-vlm: p 4, width 64, 4 heads, 2 blocks, MLP 256, table 8x8, projector 256 -> 256 -> 128
-      vision = img and { patch = 4, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8,
-        mean = { 0.5, 0.5, 0.5 }, std = { 0.5, 0.5, 0.5 } } or nil,
+      vision = { patch = 4, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8,
+        mean = { 0.5, 0.5, 0.5 }, std = { 0.5, 0.5, 0.5 } },
       device = "cpu",
     },
     optim = { lr = 2e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.05, clip = 1.0 },
     tokens_per_step = 1024,
     sources = {
-      squares = { kind = "squares", split = "train", text_only = text_only or nil },
-      digits = { kind = "digits", split = "train", val_fraction = 0.1, text_only = text_only or nil },
+      squares = { kind = "squares", split = "train" },
+      digits = { kind = "digits", split = "train", val_fraction = 0.1 },
       -- the same captions without images: the first stage's language
       squares_text = { kind = "squares", split = "train", text_only = true },
       digits_text = { kind = "digits", split = "train", val_fraction = 0.1, text_only = true },
@@ -49,7 +49,7 @@ local function recipe(text_only)
       { name = "lm", seq_len = 128, steps = 60, lr = { kind = "constant", warmup = 10, from = 2e-3 },
         mix = { squares_text = 0.5, digits_text = 0.5 } },
       { name = "align", seq_len = 128, steps = 140, lr = { kind = "constant", from = 2e-3 },
-        freeze = img and { "lm" } or nil, mix = { squares = 0.5, digits = 0.5 } },
+        freeze = { "lm" }, mix = { squares = 0.5, digits = 0.5 } },
       { name = "joint", seq_len = 128, steps = 300, lr = { kind = "cosine", from = 2e-3, to = 2e-4 },
         mix = { squares = 0.5, digits = 0.5 } },
     },
@@ -57,13 +57,33 @@ local function recipe(text_only)
       { source = "squares", examples = 256, batch = 32, samples = 4 },
       { source = "digits", examples = 179, batch = 32, samples = 4 },
     },
-    train = { out = text_only and "runs/vlm_tiny_text_only" or "runs/vlm_tiny", seed = 1, ckpt_every = 100,
+    train = { out = "runs/vlm_tiny", seed = 1, ckpt_every = 100,
       log_every = 25, keep_ckpts = 2 },
     -- every held-out caption row above this (label accuracy where the source marks labels)
-    expect = not text_only and { eval_accuracy_above = 0.9 } or nil,
+    expect = { eval_accuracy_above = 0.9 },
   }
 end
 
--- `tide run` calls this file with its path; recipes/vlm_tiny_text_only.lua calls it with (path, "text_only")
-local _, variant = ...
-return recipe(variant == "text_only")
+local cfg = recipe(false)
+cfg.scales = {}
+
+-- --scale=text_only: the same language model, stages and captions without the images (no vision encoder, every
+-- source text_only, nothing frozen, no expect bound): what the captions alone give
+cfg.scales.text_only = function(c)
+  c.name, c.model.vision, c.expect = "vlm_tiny_text_only", nil, nil
+  for _, sc in pairs(c.sources) do sc.text_only = true end
+  for _, st in ipairs(c.stages) do st.freeze = nil end
+  c.train.out = c.train.out .. "_text_only"
+  return c
+end
+
+-- --scale=smoke: two steps per stage and small evals (ctest vlm-tiny-smoke: the whole path, not the learning)
+cfg.scales.smoke = function(c)
+  for _, st in ipairs(c.stages) do st.steps = 2; st.lr.warmup = math.min(st.lr.warmup or 0, 1) end
+  for _, e in ipairs(c.evals) do e.examples, e.samples = 8, 1 end
+  c.expect = nil
+  c.train.out, c.train.ckpt_every = "runs/vlm_tiny-smoke", 0
+  return c
+end
+
+return cfg

@@ -181,7 +181,10 @@ local function caption_samples(model, src, k)
       for _, x in ipairs(images) do patches[#patches + 1] = x.patches; grids[#grids + 1] = { x.h, x.w } end
       im = { patches = #patches == 1 and patches[1] or tide.F.concat(patches, 1), grids = grids, pad_id = src.media_pad_id }
     end
-    local gen = generate.ids(model, prompt, { max_new = #rest, temperature = 0, images = im })
+    -- greedy, up to the caption's length plus its end: the text before <|endoftext|>
+    local eot = tok:id("<|endoftext|>")
+    local gen = generate.ids(model, prompt, { max_new = #rest + 1, temperature = 0, images = im, stop = eot })
+    if gen[#gen] == eot then gen[#gen] = nil end
     out[#out + 1] = { expected = tok:decode(rest), generated = tok:decode(gen) }
   end
   return out

@@ -329,10 +329,66 @@ T.test("a curriculum stage with freeze = {\"lm\"} trains only the ViT and projec
   T.eq(#r.evals[1].samples, 2)
   T.ok(type(r.evals[1].samples[1].expected) == "string" and r.evals[1].samples[1].expected:match("^%a+ %a+%-%a+$"),
     "the expected caption: " .. tostring(r.evals[1].samples[1].expected))
+  -- tide sample --image on the run's checkpoint: the photo resized to the patch budget, greedy, reproducible
+  local sample = require "tide.cmd.sample"
+  local photo = "/usr/lib/python3/dist-packages/sklearn/datasets/images/china.jpg"
+  local sink = { text = "", write = function(self, ...) for _, x in ipairs({ ... }) do self.text = self.text .. x end end,
+    flush = function() end }
+  local text, ids = sample.sample(r.checkpoint, { image = photo, prompt = "a", temperature = 0, max_new = 5, stop = "none" }, sink)
+  T.eq(#ids, 5, "five new tokens")
+  local _, ids2 = sample.sample(r.checkpoint, { image = photo, prompt = "a", temperature = 0, max_new = 5, stop = "none" }, sink)
+  T.eq(ids2, ids, "greedy is reproducible")
+  T.raises(function() sample.sample(r.checkpoint, { image = out .. "/none.png" }, sink) end, "--image: cannot open")
   T.raises(function()
     local c2 = tide.Curriculum{ model = { kind = "hybrid", vocab_size = 320, dim = 32, n_layers = 1, mixers = "K",
       kda = { heads = 2, head_dim = 16 } }, tokens_per_step = 128, sources = { t = { kind = "squares" } },
       stages = { { seq_len = 128, steps = 1, freeze = { "vit" }, mix = { t = 1 } } }, train = { out = out .. "2", quiet = true } }
     require("tide.curriculum").train(c2)
   end, "freeze[1] = \"vit\" needs a model with vision")
+end)
+
+T.test("nn.plan.count counts the vision encoder and projector as the built model has them", function()
+  local m = vlm()
+  local cfg = {
+    vocab_size = 64, dim = 128, n_layers = 2, mixers = "KM", ffn_dim = 64,
+    kda = { heads = 2, head_dim = 16, chunk = 8 }, mla = { heads = 2, kv_rank = 16, nope_dim = 16, rope_dim = 8, v_dim = 16 },
+    vision = { patch = 4, dim = 32, heads = 2, layers = 1, mlp_dim = 64, grid = 4, media_pad = 9 },
+  }
+  local c = nn.plan.count(cfg)
+  T.eq(c.total, m:num_parameters(), "total")
+  T.eq(c.vision, m.vision_tower:num_parameters(), "ViT")
+  T.eq(c.projector, m.multi_modal_projector:num_parameters(), "projector")
+  local t = nn.plan.count({ vocab_size = 320, dim = 128, n_layers = 1, mixers = "K", kda = { heads = 2, head_dim = 64 },
+    vision = { patch = 4, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8 } })
+  T.eq(t.vision + t.projector, 206144, "tiny-vlm")
+end)
+
+T.test("digits shift: a translation of the train split's images by at most s pixels, deterministic; val unshifted", function()
+  local a = mm.digits_source({ split = "train", shift = 3, seed = 4 })
+  local b = mm.digits_source({ split = "train", shift = 3, seed = 4 })
+  local plain = mm.digits_source({ split = "train", seed = 4 })
+  local moved = 0
+  for i = 0, 19 do
+    local dx, dy = a:offset(i)
+    T.ok(math.abs(dx) <= 3 and math.abs(dy) <= 3, "within the bound")
+    if dx ~= 0 or dy ~= 0 then moved = moved + 1 end
+    local k = a:index(i)
+    local img = a:digit(k, dx, dy):to("i32"):totable()
+    local ref = plain:digit(k):to("i32"):totable()
+    -- the shifted pixel (y, x) is the original (y - dy, x - dx), zero where that falls outside
+    for y = 1, 32 do
+      for x = 1, 32 do
+        local sy, sx = y - dy, x - dx
+        local want = (sy >= 1 and sy <= 32 and sx >= 1 and sx <= 32) and ref[sy][sx][1] or 0
+        if img[y][x][1] ~= want then T.ok(false, fmt("doc %d pixel (%d, %d)", i, y, x)) end
+      end
+    end
+    local ia, _, na = a:doc(i)
+    local ib, _, nb = b:doc(i)
+    T.eq(na, nb)
+  end
+  T.ok(moved >= 15, "most documents move: " .. moved)
+  local v = mm.digits_source({ split = "val", shift = 3 })
+  T.eq({ v:offset(5) }, { 0, 0 }, "the val split is never shifted")
+  T.raises(function() mm.digits_source({ shift = 9 }) end, "shift must be an integer in [0, 8]")
 end)

@@ -5,12 +5,15 @@ local cli = require "tide.cli"
 local M = {}
 
 M.USAGE = [[
-usage: tide sample CKPT [--prompt TEXT] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+usage: tide sample CKPT [--prompt TEXT] [--image PATH] [--max-new N] [--temperature T] [--top-k K] [--top-p P]
+                        [--seed S]
 
 Generates a continuation of TEXT with the model of checkpoint CKPT (a run directory, its latest checkpoint, or a
 step directory) and prints it to stdout as it is generated. The same seed gives the same text.
 
   --prompt TEXT       the start of the text (default: empty, the model starts a new document)
+  --image PATH        a PNG or JPEG read by the model's vision encoder (a model trained with vision): the prompt is
+                      <|media_start|>image<|media_content|> its tokens <|media_end|>, then TEXT
   --max-new N         tokens to generate (default 200); stops earlier at --stop
   --temperature T     0 = greedy (the argmax of every step's logits); default 1
   --top-k K           sample among the K likeliest tokens only (default 0: all)
@@ -24,6 +27,7 @@ step directory) and prints it to stdout as it is generated. The same seed gives 
 
 local SPEC = {
   prompt = { kind = "string", default = "" },
+  image = { kind = "string" },
   max_new = { kind = "integer", default = 200, min = 0 },
   temperature = { kind = "number", default = 1, min = 0 },
   top_k = { kind = "integer", default = 0, min = 0 },
@@ -56,9 +60,25 @@ function M.sample(ckpt, flags, out)
   end
   local push, finish = generate.text_stream(tok)
   local ids = {}
+  local prompt, images = f.prompt, nil
+  if f.image then
+    if not model.vision_cfg then
+      cli.usage_error(string.format("tide sample: --image: the model of '%s' has no vision encoder (model.vision)", ckpt))
+    end
+    local image = require "tide.data.image"
+    local mm = require "tide.data.multimodal"
+    local ok, img = pcall(image.read, f.image)
+    if not ok then cli.usage_error("tide sample: --image: " .. tostring(img):gsub("^image.read: ", "", 1)) end
+    local vc = require("tide.nn.vision").preprocessing(model.vision_cfg)
+    local pids, _, n, ims = mm.document(tok, { img, f.prompt }, vc)
+    prompt = {}
+    for t = 0, n - 1 do prompt[t + 1] = pids[t] end
+    local im = ims[1]
+    images = { patches = im.patches, grids = { { im.h, im.w } }, pad_id = tok:id("<|media_pad|>") }
+  end
   if f.echo then out:write(f.prompt); out:flush() end
   local text = generate.generate(model, tok, {
-    prompt = f.prompt, max_new_tokens = f.max_new, temperature = f.temperature, top_k = f.top_k, top_p = f.top_p,
+    prompt = prompt, images = images, max_new_tokens = f.max_new, temperature = f.temperature, top_k = f.top_k, top_p = f.top_p,
     seed = f.seed, stop = stop, window = f.window,
     on_token = function(id)
       ids[#ids + 1] = id

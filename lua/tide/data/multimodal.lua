@@ -24,6 +24,7 @@ local STRIDE = 4294967296ULL
 local SQUARES_KEY = 0x73717561ULL      -- "squa"
 local SQUARES_EVAL_KEY = 0x73716576ULL -- "sqev": the eval split's stream, disjoint from training
 local DIGITS_KEY = 0x64696769ULL       -- "digi"
+local SHIFT_KEY = 0x73686674ULL        -- "shft": the digits' translation jitter
 
 local function bad(who, msg) options.fail(who, msg) end
 
@@ -263,13 +264,15 @@ end
 local Digits = {}
 Digits.__index = Digits
 local DIGITS_KEYS = { path = true, split = true, val_fraction = true, order = true, seed = true, name = true,
-                      vision = true, tokenizer = true, text_only = true }
+                      vision = true, tokenizer = true, text_only = true, shift = true }
 
 -- digits{path = mm.DIGITS_PATH, split = "train" | "val" ("eval"), val_fraction = 0.1, order = "shuffle" |
 -- "sequential", seed, vision, tokenizer, name}: the last ⌊n·val_fraction⌋ digits (by file index) are the val split,
 -- the rest train. Document i is the split's digit perm_e[i mod m] (a Philox permutation per epoch e = ⌊i/m⌋, or
 -- file order): the 8x8 image scaled to 32x32 (nearest, x4; grey v·255/16 rounded, on all 3 channels), then the
--- caption "a handwritten D". text_only: the caption alone, without its image.
+-- caption "a handwritten D". text_only: the caption alone, without its image. shift = s (pixels of the 32x32 image,
+-- default 0): document i's image is translated by (dx, dy) uniform in [-s, s]² (Philox at (seed, 2i), zeros
+-- shifted in), an augmentation of the train split only (the val split, its held-out twin, is never shifted).
 function mm.digits_source(cfg)
   local who = "digits"
   options.check(cfg, DIGITS_KEYS, "digits source config", who)
@@ -281,6 +284,9 @@ function mm.digits_source(cfg)
   local order = cfg.order or "shuffle"
   if order ~= "shuffle" and order ~= "sequential" then bad(who, fmt("order must be 'shuffle' or 'sequential', got '%s'", tostring(order))) end
   local seed = options.seed(cfg.seed or 0, "digits seed", who)
+  if cfg.shift ~= nil and not (options.is_int(cfg.shift) and cfg.shift >= 0 and cfg.shift <= 8) then
+    bad(who, fmt("shift must be an integer in [0, 8] (pixels of the 32x32 image), got %s", tostring(cfg.shift)))
+  end
   local d = mm.load_digits(cfg.path, who)
   local n_val = math.floor(d.n * vf)
   local first, count = 0, d.n - n_val
@@ -290,7 +296,8 @@ function mm.digits_source(cfg)
   local sp = mm.specials(tok)
   return setmetatable({ name = cfg.name or ("digits:" .. split), split = split, order = order, seed = seed, data = d,
     first = first, n_docs = count, key = DIGITS_KEY * STRIDE + seed, vision = vision_of(cfg, who), tokenizer = tok,
-    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad, text_only = check_text_only(cfg.text_only, who) }, Digits)
+    sp = sp, pad_id = sp.pad, media_pad_id = sp.media_pad, text_only = check_text_only(cfg.text_only, who),
+    shift = split == "train" and cfg.shift or 0, shift_key = SHIFT_KEY * STRIDE + seed }, Digits)
 end
 
 function Digits:count() return self.n_docs end
@@ -315,15 +322,20 @@ function Digits:index(i)
   return self.first + self.perm[i % m]
 end
 
--- digit(k) -> img u8 [32, 32, 3], label of file index k (0-based)
-function Digits:digit(k)
+-- digit(k, dx, dy) -> img u8 [32, 32, 3], label of file index k (0-based), translated by (dx, dy) pixels
+function Digits:digit(k, dx, dy)
   local d = self.data
   if not options.is_int(k) or k < 0 or k >= d.n then bad(self.name, fmt("digit index must be in [0, %d), got %s", d.n, tostring(k))) end
   local buf = ffi.new("uint8_t[?]", 32 * 32 * 3)
   local src = d.pixels + k * 64
+  dx, dy = dx or 0, dy or 0
   for y = 0, 31 do
     for x = 0, 31 do
-      local g = math.floor(src[math.floor(y / 4) * 8 + math.floor(x / 4)] * 255 / 16 + 0.5)
+      local sx, sy = x - dx, y - dy
+      local g = 0
+      if sx >= 0 and sx < 32 and sy >= 0 and sy < 32 then
+        g = math.floor(src[math.floor(sy / 4) * 8 + math.floor(sx / 4)] * 255 / 16 + 0.5)
+      end
       local o = (y * 32 + x) * 3
       buf[o], buf[o + 1], buf[o + 2] = g, g, g
     end
@@ -331,8 +343,17 @@ function Digits:digit(k)
   return u8_image(buf, 32, 32), d.labels[k]
 end
 
+-- the translation of document i (0, 0 without shift)
+function Digits:offset(i)
+  local s = self.shift
+  if s == 0 then return 0, 0 end
+  local u = ffi.new("double[2]")
+  C.tide_philox_uniform(self.shift_key, 2 * i, u, 2)
+  return math.min(s, math.floor(u[0] * (2 * s + 1)) - s), math.min(s, math.floor(u[1] * (2 * s + 1)) - s)
+end
+
 function Digits:doc(i, T)
-  local img, label = self:digit(self:index(i))
+  local img, label = self:digit(self:index(i), self:offset(i))
   local caption = "a handwritten " .. label
   return mm.document(self.tokenizer, self.text_only and { caption } or { img, caption }, self.vision, self.sp)
 end

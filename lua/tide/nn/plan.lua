@@ -168,6 +168,15 @@ function plan.count(cfg)
     out.per_layer[l] = p
     total, active = total + p.total, active + p.active
   end
+  if cfg.vision then
+    -- the vision encoder and projector (vision.md §9): active for image tokens, counted in both totals
+    local vc = require("tide.nn.vision").config(cfg.vision, d)
+    local dv, P = vc.dim, 3 * vc.patch * vc.patch
+    local block = 4 * dv + (dv * 3 * dv + 3 * dv) + (dv * dv + dv) + (dv * vc.mlp_dim + vc.mlp_dim) + (vc.mlp_dim * dv + dv)
+    out.vision = (P * dv + dv) + vc.grid * vc.grid * dv + vc.layers * block + 2 * dv
+    out.projector = 2 * dv + (4 * dv * vc.proj_dim + vc.proj_dim) + (vc.proj_dim * d + d)
+    total, active = total + out.vision + out.projector, active + out.vision + out.projector
+  end
   out.total, out.active = total, active
   return out
 end

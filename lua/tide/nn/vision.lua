@@ -30,10 +30,18 @@ local vision = {}
 
 -- the model config's `vision` table: the encoder's shape (tiny-vlm of vision.md §9 by default) and the
 -- preprocessing the data pipeline reads (patch, mean, std, token_limit)
+-- (the preprocessing defaults are the data pipeline's: image.VISION_DEFAULTS)
+local PRE = require("tide.data.image").VISION_DEFAULTS
 vision.DEFAULTS = {
-  patch = 4, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8, theta = 10000, eps = 1e-5, proj_dim = nil,
-  mean = { 0.5, 0.5, 0.5 }, std = { 0.5, 0.5, 0.5 }, token_limit = 4096, media_pad = nil, init_std = nil,
+  patch = PRE.patch, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8, theta = 10000, eps = 1e-5,
+  proj_dim = nil, mean = PRE.mean, std = PRE.std, token_limit = PRE.token_limit, media_pad = nil, init_std = nil,
+  loss_on_wrappers = PRE.loss_on_wrappers,
 }
+
+-- the preprocessing part of a vision config (what image.prepare and the image sources read)
+function vision.preprocessing(c)
+  return { patch = c.patch, mean = c.mean, std = c.std, token_limit = c.token_limit, loss_on_wrappers = c.loss_on_wrappers }
+end
 vision.KEYS = {
   patch = true, dim = true, heads = true, layers = true, mlp_dim = true, grid = true, theta = true, eps = true,
   proj_dim = true, mean = true, std = true, token_limit = true, media_pad = true, init_std = true,
