@@ -31,6 +31,17 @@ local function model_keys(model, rest)
   return nil
 end
 
+-- the keys of a named source of an image kind (data/multimodal.lua); other kinds: nil (the recipe's own keys)
+local function source_keys(cfg, name)
+  local sc = (cfg.sources or {})[name]
+  local kind = type(sc) == "table" and sc.kind or nil
+  local K = require("tide.data.multimodal").KEYS[kind or ""]
+  if not K then return nil end
+  local out = set_of(K)
+  out.kind = true
+  return out
+end
+
 -- keys(cfg, parts) -> the set of keys the schema allows in the table at path parts (an array of keys, {} = the top),
 -- or nil when the schema does not describe that table
 function schema.keys(cfg, parts)
@@ -49,6 +60,7 @@ function schema.keys(cfg, parts)
     if head == "stages" and #parts == 2 then return set_of(K.stage) end
     if head == "stages" and #parts == 3 and parts[3] == "lr" then return set_of(K.lr) end
     if head == "stages" and #parts == 3 and parts[3] == "eval" then return set_of(K.eval) end
+    if head == "sources" and #parts == 2 then return source_keys(cfg, parts[2]) end
     return nil
   end
   local K = require("tide.train").KEYS

@@ -35,6 +35,7 @@ local PRE = require("tide.data.image").VISION_DEFAULTS
 vision.DEFAULTS = {
   patch = PRE.patch, dim = 64, heads = 4, layers = 2, mlp_dim = 256, grid = 8, theta = 10000, eps = 1e-5,
   proj_dim = nil, mean = PRE.mean, std = PRE.std, token_limit = PRE.token_limit, media_pad = nil, init_std = nil,
+  table_std = nil,
   loss_on_wrappers = PRE.loss_on_wrappers,
 }
 
@@ -44,7 +45,7 @@ function vision.preprocessing(c)
 end
 vision.KEYS = {
   patch = true, dim = true, heads = true, layers = true, mlp_dim = true, grid = true, theta = true, eps = true,
-  proj_dim = true, mean = true, std = true, token_limit = true, media_pad = true, init_std = true,
+  proj_dim = true, mean = true, std = true, token_limit = true, media_pad = true, init_std = true, table_std = true,
   loss_on_wrappers = true,
 }
 
@@ -143,7 +144,8 @@ end
 local PosEmb = M.Module:extend("VisionPosEmb")
 
 function PosEmb:init(c, o)
-  self:param("weight", M.Module.new_param({ c.grid, c.grid, c.dim }, { "normal", o.std }, o), { decay = false })
+  self:param("weight", M.Module.new_param({ c.grid, c.grid, c.dim }, { "normal", c.table_std or o.std }, o),
+    { decay = false })
 end
 
 local PatchEmbed = M.Module:extend("VisionPatchEmbed")
