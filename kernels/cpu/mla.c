@@ -1,13 +1,16 @@
 /*
  * mla.c — causal attention of gated NoPE MLA on the CPU (kernels/backend.h: mla_attention; spec/mla.md §4,
  * §5): tiled, online softmax, document-causal masks from segment boundaries, the shared rope-slot key's
- * gradient summed over heads in a fixed order. float32 and float64. The same kernels, not causal inside
- * each segment, are varlen_attention (spec/vision.md §3, §5).
+ * gradient summed over heads in a fixed order. float32 and float64. varlen_attention (spec/vision.md §3, §5),
+ * bidirectional inside each segment, runs through BLAS (varlen_impl.h); the same tiled kernels, not causal,
+ * take what BLAS's 32-bit sizes cannot (varlen_path below chooses).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cblas.h>
 #include "cpu.h"
 #include "fastmath.h"
 
@@ -15,6 +18,7 @@
 #define SFX f32
 #define EXP exp_f32
 #include "mla_impl.h"
+#include "varlen_impl.h"
 #undef T
 #undef SFX
 #undef EXP
@@ -22,6 +26,7 @@
 #define SFX f64
 #define EXP exp
 #include "mla_impl.h"
+#include "varlen_impl.h"
 #undef T
 #undef SFX
 #undef EXP
@@ -99,11 +104,56 @@ static int varlen_check(const char *op, int dtype, const int64_t *cu, int64_t n_
     return 0;
 }
 
+/* longest first, ties in segment order */
+static int by_length_desc(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* the one place the path is chosen: 1 = BLAS (order = the non-empty segments longest first, Lmax the longest),
+   0 = tiled, -1 = out of memory. BLAS takes every segment its 32-bit sizes reach: its scratch per thread,
+   2 · VL_BQ · Lmax values, is linear in the segment and at most 128 / (H·D) of one input per thread; the tiled
+   kernels (a tile of scratch, 5x slower) remain for H·D or a segment beyond INT_MAX */
+static int varlen_path(const int64_t *cu, int64_t n_seg, int64_t H, int64_t D, int64_t **order, int64_t *n_order,
+                       int64_t *Lmax)
+{
+    *order = NULL;
+    *n_order = *Lmax = 0;
+    for (int64_t g = 0; g < n_seg; g++)
+        if (cu[g + 1] - cu[g] > *Lmax) *Lmax = cu[g + 1] - cu[g];
+    if (H < 1 || D < 1 || H * D > INT_MAX || *Lmax > INT_MAX) return 0;
+    int64_t *pair = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof *pair);
+    if (!pair) return tide_set_error("varlen_attention: out of memory for %lld segments", (long long)n_seg);
+    int64_t n = 0;
+    for (int64_t g = 0; g < n_seg; g++)
+        if (cu[g + 1] > cu[g]) {
+            pair[2 * n] = cu[g + 1] - cu[g];
+            pair[2 * n + 1] = g;
+            n++;
+        }
+    qsort(pair, (size_t)n, 2 * sizeof *pair, by_length_desc);
+    for (int64_t o = 0; o < n; o++) pair[o] = pair[2 * o + 1];
+    *order = pair;
+    *n_order = n;
+    return 1;
+}
+
 int tide_cpu_varlen_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
                               const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale)
 {
+    if (varlen_check("varlen_attention", dtype, cu, n_seg, T)) return -1;
+    int64_t *order, n_order, Lmax;
+    int path = varlen_path(cu, n_seg, H, D, &order, &n_order, &Lmax);
+    if (path < 0) return -1;
+    if (path == 1) {
+        int rc = dtype == TIDE_F32 ? vl_forward_f32(out, lse, q, k, v, cu, order, n_order, Lmax, T, H, D, scale)
+                                   : vl_forward_f64(out, lse, q, k, v, cu, order, n_order, Lmax, T, H, D, scale);
+        free(order);
+        return rc;
+    }
     int64_t *start, *end;
-    if (varlen_check("varlen_attention", dtype, cu, n_seg, T) || segment_bounds(cu, n_seg, T, &start, &end)) return -1;
+    if (segment_bounds(cu, n_seg, T, &start, &end)) return -1;
     int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, scale)
                                : forward_f64(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, scale);
     free(start);
@@ -115,9 +165,19 @@ int tide_cpu_varlen_attention_backward(int dtype, void *gq, void *gk, void *gv, 
                                        const void *k, const void *v, const void *out, const void *lse, const int64_t *cu,
                                        int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale)
 {
+    if (varlen_check("varlen_attention backward", dtype, cu, n_seg, T)) return -1;
+    int64_t *order, n_order, Lmax;
+    int path = varlen_path(cu, n_seg, H, D, &order, &n_order, &Lmax);
+    if (path < 0) return -1;
+    if (path == 1) {
+        int rc = dtype == TIDE_F32
+                     ? vl_backward_f32(gq, gk, gv, gout, q, k, v, out, lse, cu, order, n_order, Lmax, T, H, D, scale)
+                     : vl_backward_f64(gq, gk, gv, gout, q, k, v, out, lse, cu, order, n_order, Lmax, T, H, D, scale);
+        free(order);
+        return rc;
+    }
     int64_t *start, *end;
-    if (varlen_check("varlen_attention backward", dtype, cu, n_seg, T) || segment_bounds(cu, n_seg, T, &start, &end))
-        return -1;
+    if (segment_bounds(cu, n_seg, T, &start, &end)) return -1;
     int rc = dtype == TIDE_F32
                  ? backward_f32(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, scale)
                  : backward_f64(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, scale);

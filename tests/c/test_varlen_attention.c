@@ -1,6 +1,6 @@
 /*
  * test-varlen-attention — bidirectional attention over packed images (spec/vision.md §3, §5, oracles 3 and 8),
- * the MLA tile kernels without the causal limit:
+ * on the CPU through BLAS, full score rows per block of queries (kernels/cpu/varlen_impl.h):
  *   1. fp64 central differences (h = 1e-6): every element of dq, dk, dv on a small packed row, and directional
  *      derivatives on a row whose images span several 64-key tiles: |num - ana| / (|ana| + 1e-3) <= 1e-6
  *      (vision.md oracle 8; measured <= 1e-7);
