@@ -64,7 +64,7 @@ static int va_load_boundaries(tide_tensor *cu, const tide_tensor *q, tide_attrs 
                    SHAPE_STR(q, b));
     int64_t n = cu->shape[0];
     double *u = malloc((size_t)n * sizeof *u);
-    int64_t *list = malloc((size_t)n * sizeof *list), m = 0;
+    int64_t *list = malloc((size_t)(n + 1) * sizeof *list), m = 0;   /* + 1: the T = 0 case below adds one */
     if (!u || !list) { free(u); free(list); return tide_set_error("varlen_attention: out of memory"); }
     int rc = tide_to_f64_buffer(cu, u, n);
     if (!rc && (u[0] != 0 || u[n - 1] != (double)T))
