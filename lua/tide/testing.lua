@@ -277,6 +277,22 @@ function T.read(path)
   return s
 end
 
+-- write(path, bytes): the file holds exactly bytes (raises when it cannot be written)
+function T.write(path, bytes)
+  local f = assert(io.open(path, "wb"))
+  f:write(bytes)
+  f:close()
+end
+
+-- bytes_of(t) -> uint8_t[n], n: the raw bytes of a u8 tensor (any device)
+function T.bytes_of(t)
+  local td = tide()
+  local n = t:numel()
+  local buf = require("ffi").new("uint8_t[?]", math.max(n, 1))
+  td.check_status(td.C.tide_read_bytes(td.raw(t), buf, n))
+  return buf, n
+end
+
 -- ---- pictures (tide plot's page, checked as a browser draws it) ---------------------------------------------
 local ffi = require "ffi"
 pcall(ffi.cdef, "int uncompress(uint8_t *dest, unsigned long *dest_len, const uint8_t *src, unsigned long src_len);")

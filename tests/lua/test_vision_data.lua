@@ -12,23 +12,8 @@ local fmt = string.format
 local PY = "/usr/bin/python3"
 local SK_IMAGES = "/usr/lib/python3/dist-packages/sklearn/datasets/images"
 
-local function write(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  f:write(bytes)
-  f:close()
-end
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-local function bytes_of(t)
-  local n = t:numel()
-  local buf = ffi.new("uint8_t[?]", n)
-  tide.check_status(tide.C.tide_read_bytes(tide.raw(t), buf, n))
-  return buf, n
-end
+local write, bytes_of = T.write, T.bytes_of
+local function slurp(path) return assert(T.read(path), "cannot read " .. path) end
 local function floats_of(t)
   local n = t:numel()
   local buf = ffi.new("float[?]", n)
