@@ -1,0 +1,317 @@
+-- tide.rl.rollout: multi-turn sampling with tool calls on the model's caches (rl.md §1-§3, §5).
+--
+--   local trajs, stats = rollout.run(model, tok, {
+--     env = "countdown" | table | function() -> env, env_cfg = {...},
+--     prompts = {{seed = 17, prompt_id = 0}, ...}, G = 8,
+--     max_new = 256, max_turns = 16, temperature = 1, top_k, top_p, seed = 0, policy_version = 0,
+--     tool_timeout = 10, slots = 64})
+--
+-- Every (prompt, sample) is a row with its own caches. The prompt is prefilled once per prompt and its caches are
+-- copied to the G rows. A row samples until <|tool_call_end|> (the environment runs the call; its result is fed into
+-- the caches and sampling resumes: the prefix is never re-run), <|im_end|> (the turn ends: the environment scores it
+-- or answers with an observation) or its budget. Tools run as Lua coroutines: a tool may coroutine.yield() while it
+-- waits (rollout.wait(seconds) does), and the other rows keep decoding; a row whose call takes longer than
+-- tool_timeout gets an error result. At most `slots` rows are live; a finished row's slot takes the next sample.
+-- Each row draws from its own Philox stream (seed, row), so a row's tokens do not depend on the others.
+--
+-- What goes wrong is recorded, never raised: an environment that raises, a tool that raises or returns non-text, a
+-- malformed call, a non-finite reward — each lands in the trajectory's errors and in the counts of stats.
+-- The policy's log-prob of each sampled token (temperature 1, whatever the sampling temperature) is logp_old.
+local ffi = require "ffi"
+local tide = require "tide"
+local options = require "tide.options"
+local generate = require "tide.generate"
+local traj_m = require "tide.rl.traj"
+local markup = require "tide.rl.markup"
+local rewards = require "tide.rl.rewards"
+
+local C = tide.C
+local rollout = {}
+local fmt, exp, log = string.format, math.exp, math.log
+local ROLE = traj_m.ROLE
+
+ffi.cdef [[ int usleep(unsigned int usec); ]]
+
+local KEYS = { env = true, env_cfg = true, prompts = true, G = true, max_new = true, max_turns = true,
+  temperature = true, top_k = true, top_p = true, seed = true, policy_version = true, tool_timeout = true,
+  slots = true, repetition = true }
+
+-- wait(seconds): inside a tool, yield to the sampler until `seconds` have passed
+function rollout.wait(seconds)
+  local t_end = tide.time() + seconds
+  while tide.time() < t_end do coroutine.yield() end
+end
+
+local function copy_cache(c)
+  if tide.is_tensor(c) then return c:clone() end
+  if type(c) ~= "table" then return c end
+  local out = {}
+  for k, v in pairs(c) do
+    -- the MLA append buffers are rebuilt from the filled views on the next append
+    if not (type(k) == "string" and k:sub(-4) == "_buf") then out[k] = copy_cache(v) end
+  end
+  return out
+end
+rollout.copy_cache = copy_cache
+
+-- the log-softmax value of entry id (0-based) of a list of logits
+local function logp_of(lg, id)
+  local m = -math.huge
+  for i = 1, #lg do if lg[i] > m then m = lg[i] end end
+  local s = 0
+  for i = 1, #lg do s = s + exp(lg[i] - m) end
+  return lg[id + 1] - m - log(s)
+end
+
+-- forward ids (a Lua list) through the caches -> the last position's logits (a Lua list)
+local function feed(model, cache, ids)
+  local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache)
+  return logits:narrow(2, #ids, 1):tolist()
+end
+rollout.feed = feed
+
+local function make_env(spec, cfg)
+  local rl = require "tide.rl"
+  if type(spec) == "function" then return rl.env(spec()) end
+  if type(spec) == "table" then
+    -- a user table: each row gets its own instance (a shallow copy keeps its methods)
+    local inst = setmetatable({}, { __index = spec })
+    return rl.env(inst)
+  end
+  return rl.env(spec, cfg)
+end
+
+local function finite(x) return type(x) == "number" and x == x and x ~= math.huge and x ~= -math.huge end
+
+function rollout.run(model, tok, o)
+  options.check(o, KEYS, "rollout options", "rl.rollout")
+  local who = "rl.rollout"
+  if type(o.prompts) ~= "table" or #o.prompts == 0 then options.fail(who, "prompts must be a non-empty list of {seed = ...}") end
+  local G = o.G == nil and 1 or options.pos_int(o.G, "G", who)
+  local max_new = o.max_new == nil and 256 or options.pos_int(o.max_new, "max_new", who)
+  local max_turns = o.max_turns == nil and 16 or options.pos_int(o.max_turns, "max_turns", who)
+  local timeout = o.tool_timeout == nil and 10 or options.positive_number(o.tool_timeout, "tool_timeout", who)
+  local slots = o.slots == nil and 64 or options.pos_int(o.slots, "slots", who)
+  local seed = o.seed == nil and 0 or options.seed(o.seed, "seed", who)
+  local version = o.policy_version or 0
+  local sample_opts = { temperature = o.temperature == nil and 1 or o.temperature, top_k = o.top_k, top_p = o.top_p }
+  local check_rep = o.repetition ~= false
+  local mk = markup.new(tok)
+  local sp = mk.sp
+  local eos = tok.specials["<|endoftext|>"]
+  local u = ffi.new("double[1]")
+  local st = { samples = 0, tokens = 0, tool_calls = 0, tool_errors = 0, tool_timeouts = 0, malformed_calls = 0,
+    env_errors = 0, nonfinite_rewards = 0, truncated = 0, finished = 0, forwards = 0, t_forward = 0, t_tools = 0 }
+  local out = {}
+
+  local function timed_feed(cache, ids)
+    local t0 = tide.time()
+    local lg = feed(model, cache, ids)
+    st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
+    return lg
+  end
+
+  local function fail_row(row, what)
+    row.traj.errors[#row.traj.errors + 1] = what
+    row.done = true
+  end
+
+  -- the rows of prompt p: one prefill, its caches copied to each row
+  local pending, next_pending = {}, 1
+  for p, pr in ipairs(o.prompts) do
+    for g = 1, G do pending[#pending + 1] = { p = p, g = g, pr = pr } end
+  end
+  local prefills = {}
+
+  local function start(item)
+    local pr = item.pr
+    local t = traj_m.new { prompt_id = pr.prompt_id or (item.p - 1), group_id = pr.group_id or (item.p - 1),
+      env = type(o.env) == "string" and o.env or "custom", seed = pr.seed or 0 }
+    local row = { traj = t, uid = (item.p - 1) * G + (item.g - 1), draws = 0, n_new = 0, turn = 0, calls = 0 }
+    out[#out + 1] = t
+    st.samples = st.samples + 1
+    local okm, env = pcall(make_env, o.env, o.env_cfg)
+    if not okm then error(env, 0) end   -- a bad environment spec is the recipe's error, not a row's
+    row.env = env
+    local ok, obs = pcall(env.reset, env, pr.seed or 0)
+    if not ok or type(obs) ~= "table" or type(obs.prompt) ~= "string" then
+      st.env_errors = st.env_errors + 1
+      fail_row(row, ok and "env.reset did not return {prompt = string}" or ("env.reset raised: " .. tostring(obs)))
+      return row
+    end
+    mk:prompt(t, obs)
+    local key = item.p
+    local pf = prefills[key]
+    if not pf then
+      local cache = model:new_cache()
+      local lg = timed_feed(cache, t.tokens)
+      pf = { cache = cache, logits = lg, users = G }
+      prefills[key] = pf
+    end
+    pf.users = pf.users - 1
+    row.cache = pf.users > 0 and copy_cache(pf.cache) or pf.cache
+    row.logits = pf.logits
+    if pf.users == 0 then prefills[key] = nil end
+    return row
+  end
+
+  local function add_reward(row, r, what)
+    if r == nil then return 0 end
+    if not finite(r) then
+      st.nonfinite_rewards = st.nonfinite_rewards + 1
+      row.traj.errors[#row.traj.errors + 1] = fmt("%s reward is %s (counted as 0)", what, tostring(r))
+      return 0
+    end
+    return r
+  end
+
+  local function finish(row, terminal, truncated)
+    local t = row.traj
+    t.reward_terminal = add_reward(row, terminal, "terminal")
+    t.truncated, t.finished = truncated or false, not truncated
+    if truncated then st.truncated = st.truncated + 1; t.reward_terminal = 0 else st.finished = st.finished + 1 end
+    row.done, row.cache = true, nil
+  end
+
+  local function turn_reward(row, r)
+    local t = row.traj
+    t.rewards_turn[row.turn + 1] = (t.rewards_turn[row.turn + 1] or 0) + add_reward(row, r, "process")
+  end
+
+  -- the environment's answer to a call: its result fed into the caches with the call's end token
+  local function deliver(row, ok, res)
+    local t = row.traj
+    local text
+    if not ok then
+      st.tool_errors = st.tool_errors + 1
+      text = "error: the tool failed"
+      t.errors[#t.errors + 1] = "tool raised: " .. tostring(res)
+    elseif type(res) ~= "table" or type(res.result) ~= "string" then
+      st.tool_errors = st.tool_errors + 1
+      text = "error: the tool returned no text"
+      t.errors[#t.errors + 1] = fmt("tool returned %s", type(res) == "table" and ("a " .. type(res.result) .. " result") or ("a " .. type(res)))
+    else
+      text = res.result
+      turn_reward(row, res.reward)
+      if res.invalid then st.tool_errors = st.tool_errors + 1 end
+    end
+    local before = t:len()
+    mk:tool_result(t, text, row.turn)
+    local ids = { sp.call_end }
+    for i = before + 1, t:len() do ids[#ids + 1] = t.tokens[i] end
+    row.turn = row.turn + 1
+    row.logits = timed_feed(row.cache, ids)
+    row.co = nil
+  end
+
+  local function call_tool(row)
+    local t = row.traj
+    st.tool_calls = st.tool_calls + 1
+    row.calls = row.calls + 1
+    local text, why = mk:call_text(t)
+    local name, args
+    if text then name, args = markup.parse_call(text) if not name then why = args end end
+    if not name then
+      st.malformed_calls = st.malformed_calls + 1
+      t.errors[#t.errors + 1] = why
+      deliver(row, true, { result = "error: " .. why, reward = 0 })
+      return
+    end
+    local env = row.env
+    local co = coroutine.create(function() return env:step { call = { name = name, args = args } } end)
+    local t0 = tide.time()
+    local ok, res = coroutine.resume(co)
+    st.t_tools = st.t_tools + (tide.time() - t0)
+    if coroutine.status(co) == "dead" then deliver(row, ok, res) return end
+    row.co, row.t_call = co, t0
+  end
+
+  local function end_turn(row)
+    local t = row.traj
+    local text = mk:turn_text(t)
+    local ok, res = pcall(row.env.step, row.env, { text = text })
+    if not ok or type(res) ~= "table" then
+      st.env_errors = st.env_errors + 1
+      t.errors[#t.errors + 1] = ok and "env.step did not return a table" or ("env.step raised: " .. tostring(res))
+      finish(row, 0, false)
+      return
+    end
+    turn_reward(row, res.reward)
+    if res.done then finish(row, res.terminal or 0, false) return end
+    row.turn = row.turn + 1
+    if row.turn >= max_turns then finish(row, 0, true) return end
+    local before = t:len()
+    if type(res.observation) == "string" then
+      mk:observation(t, res.observation, row.turn)
+    else
+      mk:assistant_header(t, row.turn)
+    end
+    local ids = { t.tokens[before] }   -- the <|im_end|> the policy wrote
+    for i = before + 1, t:len() do ids[#ids + 1] = t.tokens[i] end
+    row.logits = timed_feed(row.cache, ids)
+  end
+
+  local function decode(row)
+    local t = row.traj
+    C.tide_philox_uniform(seed, ffi.cast("uint64_t", row.uid) * 1048576 + row.draws, u, 1)
+    row.draws = row.draws + 1
+    local id = generate.sample(row.logits, sample_opts, u[0])
+    t:push(id, ROLE.assistant, 1, logp_of(row.logits, id), version, row.turn)
+    row.n_new = row.n_new + 1
+    st.tokens = st.tokens + 1
+    if id == sp.call_end then
+      if row.calls >= max_turns or row.n_new >= max_new then finish(row, 0, true) return end
+      call_tool(row)
+    elseif id == sp.im_end or id == eos then
+      end_turn(row)
+    elseif row.n_new >= max_new or (check_rep and rewards.repeated(t.tokens)) then
+      finish(row, 0, true)
+    else
+      row.logits = timed_feed(row.cache, { id })
+    end
+  end
+
+  local live = {}
+  local was_training = model.training
+  model:eval()
+  local prev = C.tide_set_grad_enabled(0)
+  local ok, err = pcall(function()
+    while true do
+      while #live < slots and next_pending <= #pending do
+        local row = start(pending[next_pending])
+        next_pending = next_pending + 1
+        if not row.done then live[#live + 1] = row end
+      end
+      if #live == 0 then break end
+      local progressed = false
+      for _, row in ipairs(live) do
+        if row.co then
+          local t0 = tide.time()
+          if t0 - row.t_call > timeout then
+            st.tool_timeouts, st.tool_errors = st.tool_timeouts + 1, st.tool_errors + 1
+            row.traj.errors[#row.traj.errors + 1] = fmt("tool timed out after %gs", timeout)
+            deliver(row, true, { result = fmt("error: the tool timed out after %gs", timeout), reward = 0 })
+            progressed = true
+          else
+            local okr, res = coroutine.resume(row.co)
+            st.t_tools = st.t_tools + (tide.time() - t0)
+            if coroutine.status(row.co) == "dead" then deliver(row, okr, res); progressed = true end
+          end
+        else
+          decode(row)
+          progressed = true
+        end
+      end
+      local keep = {}
+      for _, row in ipairs(live) do if not row.done then keep[#keep + 1] = row end end
+      live = keep
+      if not progressed then C.usleep(1000) end   -- every live row waits on a tool
+    end
+  end)
+  C.tide_set_grad_enabled(prev)
+  model:train(was_training)
+  if not ok then error(err, 0) end
+  return out, st
+end
+
+return rollout

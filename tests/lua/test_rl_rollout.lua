@@ -1,0 +1,277 @@
+-- rl rollouts: multi-turn sampling with tool calls on the caches (rl.md §1, §5), tools as coroutines that overlap,
+-- and every kind of bad input recorded, not raised.
+local T = require "tide.testing"
+local tide = require "tide"
+local rl = require "tide.rl"
+local rollout = require "tide.rl.rollout"
+local countdown = require "tide.rl.countdown"
+local tokenizer = require "tide.data.tokenizer"
+
+local nn = tide.nn
+local tok = tokenizer.byte_level()
+local V = tok.vocab_size
+
+-- a tiny KDA + MLA hybrid in f32 (the rollout dtype), weights large enough that every layer matters
+local function model()
+  tide.manual_seed(7)
+  return nn.HybridLM({ vocab_size = V, dim = 32, n_layers = 2, mixers = "KM", ffn_dim = 48, init_std = 0.1,
+    kda = { heads = 2, head_dim = 8, chunk = 4 }, mla = { heads = 2, q_rank = 16, kv_rank = 8, nope_dim = 8,
+    rope_dim = 4, v_dim = 8 } })
+end
+
+-- the model with a script: greedy decoding picks the script's next token (a bias on its logit), so the rows write
+-- known text while the caches are the real model's. Every forward's input ids and raw last logits are recorded.
+local function scripted(m, script_of)
+  local w = { training = false, log = {} }
+  function w:eval() m:eval() end
+  function w:train(on) m:train(on) end
+  function w:new_cache() return m:new_cache() end
+  function w:forward(ids, cache)
+    local logits = m:forward(ids, cache)
+    local rows = ids:tolist()
+    local T_ = ids:size(2)
+    local raw = logits:narrow(2, T_, 1):tolist()
+    w.log[#w.log + 1] = { ids = rows, logits = raw, cache = cache }
+    local nxt = script_of(cache, rows)
+    if not nxt then return logits end
+    local bias = {}
+    for v = 1, V do bias[v] = 0 end
+    bias[nxt + 1] = 1e4
+    local b = tide.zeros({ 1, T_, V })
+    b:narrow(2, T_, 1):copy_(tide.tensor({ { bias } }))
+    return logits + b
+  end
+  return w
+end
+
+-- a script: the ids to write in order. Its position lives in the cache table (copied with it when the rollout copies
+-- a prompt's caches to its rows) and advances when the fed id is the one expected.
+local function ids_of(texts)
+  local ids = {}
+  for _, part in ipairs(texts) do
+    if type(part) == "string" then for _, id in ipairs(tok:encode(part)) do ids[#ids + 1] = id end
+    else ids[#ids + 1] = tok:id(part.special) end
+  end
+  return ids
+end
+
+local function script_for(texts, variant)
+  local base = ids_of(texts)
+  local n = 0
+  return function(cache, fed)
+    local s = cache._script
+    if not s then
+      s = { k = 1, ids = base }
+      cache._script = s
+    elseif fed[1] == s.ids[s.k] then
+      if s.k == 1 and variant then n = n + 1; s.ids = ids_of(variant(n)) end
+      s.k = s.k + 1
+    end
+    return s.ids[s.k]
+  end
+end
+
+local CALL = { { special = "<|tool_call_begin|>" }, "calc: 3*5", { special = "<|tool_call_end|>" } }
+
+local function calc_env()
+  return {
+    reset = function(self) return { prompt = "make 22 from 3 5 7", tools = { calc = "calc: EXPR" } } end,
+    step = function(self, a)
+      if a.call then return { result = countdown.eval(a.call.args) or "error", reward = 0.05 } end
+      return { done = true, terminal = countdown.score({ nums = { 3, 5, 7 }, target = 22 }, a.text) }
+    end,
+  }
+end
+
+T.test("a tool call mid-sample: result masked and fed into the caches; reward from the verifier", function()
+  local m = model()
+  local script = { "let me ", CALL[1], CALL[2], CALL[3], "<answer>3*5+7</answer>", { special = "<|im_end|>" } }
+  local w = scripted(m, script_for(script))
+  local trajs, st = rollout.run(w, tok, { env = calc_env(), prompts = { { seed = 1 } }, temperature = 0 })
+  T.eq(#trajs, 1)
+  local t = trajs[1]
+  T.eq({ t.reward_terminal, t.rewards_turn[1], t.finished, t.truncated }, { 1.0, 0.05, true, false })
+  T.eq({ st.tool_calls, st.tool_errors, st.samples }, { 1, 0, 1 })
+  local text = tok:decode(t.tokens)
+  local want = "<|im_middle|>let me <|tool_call_begin|>calc: 3*5<|tool_call_end|><|tool_result_begin|>15"
+    .. "<|tool_result_end|><answer>3*5+7</answer><|im_end|>"
+  T.eq(text:sub(-#want), want)
+  -- masks: sampled tokens 1 (including the call's begin/end and the closing im_end), the result 0
+  local R = rl.traj.ROLE
+  for i = 1, t:len() do
+    local want = t.roles[i] == R.assistant and t.loss_mask[i] or 0
+    T.eq(t.loss_mask[i], want, "mask at " .. i)
+    if t.roles[i] == R.tool_result then T.eq(t.loss_mask[i], 0) end
+  end
+  local n_policy = t:n_policy()
+  T.eq(n_policy, #tok:encode("let me calc: 3*5<answer>3*5+7</answer>") + 3)
+  -- the turn index: 0 up to the call's end, 1 after the result
+  local last = t:len()
+  T.eq({ t.turn[last], t.roles[last] }, { 1, R.assistant })
+  -- the prompt ran once; then one forward per sampled token (the call's end goes in with its result, in one
+  -- forward) except the final im_end (nothing more to feed): the prefix is never run again
+  T.eq(st.forwards, 1 + n_policy - 1)
+end)
+
+T.test("the continuation after a tool result equals re-running the context: same schedule bitwise, one chunk ~1e-5", function()
+  local m = model()
+  local script = { "abc", CALL[1], CALL[2], CALL[3], "xyz", { special = "<|im_end|>" } }
+  local w = scripted(m, script_for(script))
+  local trajs = rollout.run(w, tok, { env = calc_env(), prompts = { { seed = 1 } }, temperature = 0 })
+  local t = trajs[1]
+  -- replay the recorded forward schedule on fresh caches: the logits are the same bits
+  local fresh = m:new_cache()
+  local pos = 0
+  tide.no_grad(function()
+    m:eval()
+    for k, call in ipairs(w.log) do
+      for j, id in ipairs(call.ids) do T.eq(id, t.tokens[pos + j], "the schedule covers the trajectory") end
+      pos = pos + #call.ids
+      local lg = m:forward(tide.tensor({ call.ids }, { dtype = "i32" }), fresh)
+      T.eq(lg:narrow(2, #call.ids, 1):tolist(), call.logits, "forward " .. k .. " bitwise")
+    end
+  end)
+  -- a full re-prefill of prompt + call + result in one chunk: the same next-token distribution to f32 rounding
+  local result_end = nil
+  for i = 1, t:len() do if t.tokens[i] == tok:id("<|tool_result_end|>") then result_end = i end end
+  local ctx = {}
+  for i = 1, result_end do ctx[i] = t.tokens[i] end
+  local one = tide.no_grad(function()
+    return m:forward(tide.tensor({ ctx }, { dtype = "i32" })):narrow(2, #ctx, 1):tolist()
+  end)
+  local incr
+  for _, call in ipairs(w.log) do if call.ids[#call.ids] == tok:id("<|tool_result_end|>") then incr = call.logits end end
+  local d, best_a, best_b = 0, 1, 1
+  for v = 1, V do
+    d = math.max(d, math.abs(one[v] - incr[v]))
+    if one[v] > one[best_a] then best_a = v end
+    if incr[v] > incr[best_b] then best_b = v end
+  end
+  T.ok(d < 1e-4, "one-chunk re-prefill differs by " .. d)
+  T.eq(best_a, best_b, "same greedy continuation")
+end)
+
+T.test("tools that wait overlap: 32 rows each waiting 1 s on a call are all pending at once", function()
+  local m = model()
+  local pending, max_pending, decoded_while_pending = 0, 0, 0
+  local env = {
+    reset = function(self) return { prompt = "q", tools = { slow = "slow: X" } } end,
+    step = function(self, a)
+      if a.call then
+        pending = pending + 1
+        max_pending = math.max(max_pending, pending)
+        rollout.wait(1.0)
+        pending = pending - 1
+        return { result = "ok" }
+      end
+      return { done = true, terminal = 1 }
+    end,
+  }
+  -- rows of different lengths before their call, so calls start at different rounds
+  local script = script_for({ "a" }, function(n)
+    return { "a" .. string.rep("b", n % 7), { special = "<|tool_call_begin|>" }, "slow: 1",
+      { special = "<|tool_call_end|>" }, { special = "<|im_end|>" } }
+  end)
+  local w = scripted(m, function(cache, fed)
+    if pending > 0 then decoded_while_pending = decoded_while_pending + 1 end
+    return script(cache, fed)
+  end)
+  local t0 = tide.time()
+  local trajs, st = rollout.run(w, tok, { env = env, prompts = { { seed = 0 } }, G = 32, temperature = 0 })
+  local wall = tide.time() - t0
+  T.eq(#trajs, 32)
+  T.eq(st.tool_calls, 32)
+  for _, t in ipairs(trajs) do T.eq({ t.reward_terminal, #t.errors }, { 1, 0 }) end
+  T.eq(max_pending, 32, "every row's call was pending at the same time")
+  T.ok(decoded_while_pending > 0, "rows decoded while others waited")
+  io.write(string.format("        32 calls of 1 s each: the rollout took %.2f s\n", wall))
+end)
+
+T.test("bad input is recorded and counted, and the run goes on", function()
+  local m = model()
+  local kinds = { "raise", "number", "slow", "nan", "malformed", "ok" }
+  local function env_for(kind)
+    return {
+      reset = function(self, seed)
+        if kind == "reset" then error("no such task") end
+        return { prompt = "p", tools = { t = "t: X" } }
+      end,
+      step = function(self, a)
+        if a.call then
+          if kind == "raise" then error("tool exploded") end
+          if kind == "number" then return { result = 42 } end
+          if kind == "slow" then rollout.wait(10) end
+          if kind == "nan" then return { result = "fine", reward = 0 / 0 } end
+          return { result = "fine" }
+        end
+        return { done = true, terminal = kind == "nan" and 0 / 0 or 1 }
+      end,
+    }
+  end
+  local results = {}
+  for _, kind in ipairs { "raise", "number", "slow", "nan", "malformed", "reset", "ok" } do
+    local call = kind == "malformed" and "no colon" or "t: 1"
+    local w = scripted(m, script_for({ { special = "<|tool_call_begin|>" }, call, { special = "<|tool_call_end|>" },
+      "done", { special = "<|im_end|>" } }))
+    local trajs, st = rollout.run(w, tok, { env = env_for(kind), prompts = { { seed = 0 } }, temperature = 0,
+      tool_timeout = 0.2 })
+    results[kind] = { t = trajs[1], st = st }
+  end
+  local function has(kind, text)
+    local errs = table.concat(results[kind].t.errors, " | ")
+    T.ok(errs:find(text, 1, true), kind .. ": " .. errs)
+  end
+  has("raise", "tool raised: ")
+  has("raise", "tool exploded")
+  has("number", "tool returned a number result")
+  has("slow", "tool timed out after 0.2s")
+  has("nan", "process reward is nan")
+  has("nan", "terminal reward is nan")
+  has("malformed", "malformed tool call \"no colon\"")
+  has("reset", "env.reset raised: ")
+  T.eq(results.raise.st.tool_errors, 1)
+  T.eq(results.slow.st.tool_timeouts, 1)
+  T.eq(results.nan.st.nonfinite_rewards, 2)
+  T.eq(results.malformed.st.malformed_calls, 1)
+  T.eq(results.reset.st.env_errors, 1)
+  T.eq(#results.ok.t.errors, 0)
+  -- the rows that went wrong still finished their sample and carry a finite reward
+  for _, kind in ipairs { "raise", "number", "slow", "nan", "malformed" } do
+    local t = results[kind].t
+    T.ok(t.finished and t.reward_terminal == t.reward_terminal, kind .. " finished with a number")
+    T.ok(tok:decode(t.tokens):find("<|tool_result_begin|>error: ", 1, true) or kind == "nan", kind .. " got an error result")
+  end
+end)
+
+T.test("budgets and determinism: truncation, the repetition stop, per-row streams independent of the slots", function()
+  local m = model()
+  local env = rl.env("countdown", { tools = "calc" })
+  local trajs, st = rollout.run(m, tok, { env = "countdown", env_cfg = { tools = "calc" },
+    prompts = { { seed = 3 }, { seed = 4 } }, G = 3, max_new = 12, temperature = 1, seed = 5 })
+  T.eq(#trajs, 6)
+  for _, t in ipairs(trajs) do
+    T.ok(t:n_policy() <= 12, "budget")
+    if t.truncated then T.eq(t.reward_terminal, 0) end
+  end
+  T.eq(st.samples, 6)
+  -- the same seed: the same rows; one slot at a time: the same rows again
+  local again = rollout.run(m, tok, { env = "countdown", env_cfg = { tools = "calc" },
+    prompts = { { seed = 3 }, { seed = 4 } }, G = 3, max_new = 12, temperature = 1, seed = 5, slots = 1 })
+  for i = 1, 6 do T.eq(again[i].tokens, trajs[i].tokens, "row " .. i) end
+  -- rows of one prompt share its prompt bytes but sample differently
+  T.eq(trajs[1].tokens[5], trajs[2].tokens[5])
+  local differ = false
+  for i = 1, trajs[1]:len() do if trajs[1].tokens[i] ~= trajs[2].tokens[i] then differ = true end end
+  T.ok(differ, "G rows of one prompt draw different samples")
+  -- a 32-token window written three times ends the sample as truncated
+  local rep = scripted(m, script_for({ string.rep("0123456789abcdefghijklmnopqrstuv", 5) }))
+  local r = rollout.run(rep, tok, { env = calc_env(), prompts = { { seed = 0 } }, temperature = 0, max_new = 500 })
+  T.eq({ r[1].truncated, r[1]:n_policy(), r[1].reward_terminal }, { true, 96, 0 })
+  T.raises(function() rollout.run(m, tok, { env = "countdown", prompts = {} }) end, "prompts must be a non-empty list")
+  T.raises(function() rollout.run(m, tok, { env = "countdown", prompts = { { seed = 1 } }, G = 0 }) end,
+    "G must be a positive integer")
+  T.raises(function() rollout.run(m, tok, { env = "nope", prompts = { { seed = 1 } } }) end, "environment must be one of")
+  T.eq(env.name, "countdown")
+end)
+
+T.run()
