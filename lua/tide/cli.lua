@@ -35,7 +35,7 @@ usage: tide <command> [arguments]
   repl                          interactive prompt (help() inside it)
   test [PATTERN]                run tests/lua/test_*.lua whose name contains PATTERN, each in its own
                                 process; prints "N passed, M failed"; exit code 1 on failure
-  info                          version, threads, BLAS, CUDA, MPI, LuaJIT
+  info                          version, build type and commit, threads, BLAS, CUDA, MPI, LuaJIT, memory
   help                          this text
 
 environment: TIDE_LUA_DIR (Lua library), TIDE_HEADER (engine/tide.h), TIDE_THREADS,
@@ -173,7 +173,8 @@ end
 -- warmups that a shortened (or lengthened) run scales with its steps, unless the command line sets them too:
 -- a curriculum stage's lr.warmup, tide.train's schedule.warmup / decay_start / decay_end
 local function scale_with_steps(cfg, node, parts, old, new, explicit, notes)
-  if type(old) ~= "number" or old <= 0 or type(new) ~= "number" or new == old then return end
+  -- steps that are not a positive integer scale nothing: the driver's own error names the key
+  if type(old) ~= "number" or old <= 0 or type(new) ~= "number" or new < 1 or new % 1 ~= 0 or new == old then return end
   local prefix = table.concat(parts, ".", 1, #parts - 1)
   local targets = {}
   if type(node.lr) == "table" then
@@ -244,7 +245,9 @@ function M.patch(cfg, path, text, opts)
   local old = node[k]
   local t = type(old)
   if t == "number" then
-    if type(value) ~= "number" then
+    if text == nil then
+      usage_error(string.format("recipe key '%s' is a number: give it a value (--%s=N)", path, path))
+    elseif type(value) ~= "number" then
       usage_error(string.format("recipe key '%s' is a number, got '%s'", path, tostring(text)))
     end
   elseif t == "boolean" then
@@ -514,6 +517,7 @@ function M.run(args)
     return 0
   end
   for _, n in ipairs(notes or {}) do print(n) end
+  io.stdout:flush()   -- the notes before anything the run writes to stderr (its first error, say)
   local tide = require "tide"
   local options = require "tide.options"
   local function flag(name, check)

@@ -171,30 +171,55 @@ function M.is_class(x)
   return type(x) == "table" and type(rawget(x, "__name")) == "string" and type(rawget(x, "init")) == "function"
 end
 
--- the comment block right above `function Class:init` in its source file: the constructor's signature and
--- description, as the code documents it
+-- the comment block right above `function Class:init` in its source file (the constructor's signature and
+-- description, as the code documents it), and the file's header comment (what the module is)
 local function init_comment(cls)
   local info = debug.getinfo(cls.init, "S")
   local path = info and info.source and info.source:match("^@(.*)$")
-  if not path then return {} end
+  if not path then return {}, {} end
   local lines, f = {}, io.open(path, "r")
-  if not f then return {} end
+  if not f then return {}, {} end
   for line in f:lines() do lines[#lines + 1] = line end
   f:close()
-  local out = {}
+  local out, header = {}, {}
   for i = info.linedefined - 1, 1, -1 do
     local c = lines[i] and lines[i]:match("^%s*%-%-%s?(.*)$")
     if not c then break end
     table.insert(out, 1, c)
   end
-  return out
+  for i = 1, #lines do
+    local c = lines[i]:match("^%-%-%s?(.*)$")
+    if not c or c == "" then break end
+    header[#header + 1] = c
+  end
+  return out, header
+end
+
+-- the first sentence of a file header ("nn/linear.lua — y = x Wᵀ + b ..."): the text after the dash up to the
+-- first '.', ':' or ';' outside parentheses that ends a clause, at most about 110 characters
+function M.one_line(header)
+  local text = table.concat(header, " "):gsub("^[%w_/%.]+%.lua%s+\226\128\148%s+", "")
+  local depth, cut = 0, #text
+  for i = 1, #text do
+    local c = text:sub(i, i)
+    if c == "(" then depth = depth + 1
+    elseif c == ")" then depth = math.max(depth - 1, 0)
+    elseif depth == 0 and (c == "." or c == ":" or c == ";") and (i == #text or text:sub(i + 1, i + 1) == " ") then
+      cut = c == "." and i or i - 1
+      break
+    end
+  end
+  text = text:sub(1, cut)
+  if #text > 110 then text = text:sub(1, 107):gsub("%s+%S*$", "") .. " ..." end
+  return text
 end
 
 -- help(Class): the constructor from its comment, then every key it accepts with its default
 function M.class_help(cls)
-  local out = {}
-  local doc = init_comment(cls)
-  if #doc == 0 then out[1] = cls.__name .. "(...)" end
+  local doc, header = init_comment(cls)
+  local about = M.one_line(header)
+  local out = { about ~= "" and (cls.__name .. " — " .. about) or nil }
+  if #doc == 0 then out[#out + 1] = cls.__name .. "(...)" end
   for i = 1, math.min(#doc, 6) do out[#out + 1] = doc[i] end
   if #doc > 6 then out[#out + 1] = "..." end
   local keys, defaults = {}, rawget(cls, "DEFAULTS") or {}

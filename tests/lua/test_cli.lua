@@ -42,6 +42,7 @@ T.test("tide info prints the build summary", function()
   contains(out, "GC64")
   T.ok(out:match("build     %a+[^\n]*, commit %x+"), "build type and commit:\n" .. out)
   T.ok(out:match("memory    [%d.]+ GiB RAM %([%d.]+ GiB available%); engine %d+ B in use"), "memory:\n" .. out)
+  contains(tide_cmd("help"), "info                          version, build type and commit, threads, BLAS, CUDA, MPI, LuaJIT, memory")
 end)
 
 T.test("require 'tide' works from a plain luajit with the library path set", function()
@@ -313,6 +314,32 @@ T.test("override UX: stages by name, warmups scaled with steps, schema keys, --h
   T.ok(out:match("^tide: train: %-%-resume: no checkpoint under '[^\n]*never'.*start the run without %-%-resume\n$"), out)
 end)
 
+T.test("expect bounds: a shortened run warns and exits 0, --check makes a miss exit 1; a steps value that is not a positive integer scales nothing", function()
+  local recipe = write("expect_small.lua", [[
+local r = dofile("tests/fixtures/curriculum_small.lua")
+r.expect = { final_loss_below = 0.01 }
+return r
+]])
+  local run = "run " .. recipe .. " --stages.a.steps=2 --stages.b.steps=2 --stages.c.steps=2 --out=" .. tmpdir .. "/expect"
+  local out, code = tide_cmd(run)
+  T.eq(code, 0, out)
+  T.ok(out:match("\nwarning: final loss [%d.]+ is NOT below the expected 0%.0100\n"), out)
+  contains(out, "warning: the recipe's expect bounds are not met (--check makes that fail the run)")
+  out, code = tide_cmd(run .. " --overwrite --check")
+  T.eq(code, 1, out)
+  T.ok(out:match("\nfinal loss [%d.]+ is NOT below the expected 0%.0100\n$"), out)
+  T.ok(not out:find("warning:", 1, true), out)
+  -- the scaling note comes before the run's first line, even with stdout a pipe
+  T.ok(out:match("^note: stages%.a%.lr%.warmup 2 %-> 1 "), out)
+  -- a steps value that is not a positive integer: the driver's error alone, no scaling notes
+  out, code = tide_cmd("run recipes/dense.lua --train.steps=-1 --out=" .. tmpdir .. "/neg")
+  T.eq({ code, out }, { 1, "tide: tide.train: train.steps must be a positive integer, got -1\n" })
+  out, code = tide_cmd("run recipes/quickstart.lua --stages.s128.steps=0 --dry-run")
+  T.eq({ code, out }, { 1, "tide: curriculum: stage 's128': steps must be a positive integer, got 0\n" })
+  out, code = tide_cmd("run recipes/dense.lua --model.dim --dry-run")
+  T.eq({ code, out }, { 1, "tide: recipe key 'model.dim' is a number: give it a value (--model.dim=N)\n" })
+end)
+
 T.test("REPL on a terminal: Ctrl-C stops a running Lua loop, the variables stay; completion; help(Class)", function()
   -- a pseudo-terminal (the interrupt handler is installed only on one), driven by the system Python's pty module
   local driver = write("pty_repl.py", [=[
@@ -373,6 +400,17 @@ print("prompt", ok, "stopped", stopped, "alive", alive, "help", helped, "exit", 
   for _, w in ipairs({ "tide.nn.HybridLM", "tide.data.tokenizer", "tide.optim.AdamW", "m:forward", "m:parameters" }) do
     T.ok(words:find("\n" .. w .. "\n", 1, true), "completes " .. w)
   end
+  -- help(Class): a one-line description first (the module file's header), then the constructor and its keys
+  local nn = require("tide").nn
+  local function first_line(cls) return (repl.class_help(cls):match("^([^\n]*)")) end
+  T.eq(first_line(nn.Linear), "Linear — y = x Wᵀ + b with W stored [out, in] (HuggingFace layout).")
+  T.eq(first_line(nn.MoE), "MoE — the sparse MoE FFN (spec/moe.md)")
+  T.eq(first_line(nn.HybridLM), "HybridLM — the hybrid language model (spec/mla.md §7, attnres.md §3)")
+  local h = repl.class_help(nn.HybridLM)
+  T.ok(h:find("keys (default):", 1, true) and h:find("dim = 128", 1, true), h)
+  T.ok(repl.class_help(nn.Linear):find("Linear(in_features, out_features, {bias = false, std = 0.02", 1, true))
+  T.eq(repl.one_line({ "x.lua — a long one (with: colons; and. dots) and more words than fit" .. (" pad"):rep(30) }),
+    "a long one (with: colons; and. dots) and more words than fit pad pad pad pad pad pad pad pad pad pad pad ...")
 end)
 
 local _, failed = T.run { exit = false }
