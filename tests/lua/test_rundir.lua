@@ -68,7 +68,9 @@ end)
 T.test("--overwrite replaces the run that is there; --resume continues it", function()
   local d = T.tmpdir("ow")
   train(cfg(d))
+  T.write(d .. "/notes.txt", "mine\n")      -- not a run's file: --overwrite leaves it
   local r = train(cfg(d, { overwrite = true, train = { steps = 4 } }))
+  T.eq(read(d .. "/notes.txt"), "mine\n", "a file that is not the run's stays")
   T.eq(r.steps, 4)
   T.eq(checkpoint.list(d), { "step_00000002", "step_00000004" }, "only the new run's checkpoints")
   local steps = {}
@@ -94,6 +96,27 @@ T.test("resuming from an earlier checkpoint: the later ones stay until this run 
     "step 2 pruned (keep 1 up to step 4); 6 and 8 kept")
   T.eq(read(d .. "/ckpt/latest"), "step_00000004\n", "latest names this run's newest")
   T.eq(read(d .. "/ckpt/step_00000008/model.safetensors"), later, "the later checkpoint is untouched")
+end)
+
+T.test("the run's config: config.json in the run directory and tide.config in every checkpoint; tide.model resolved", function()
+  local json = require "tide.json"
+  local d = T.tmpdir("config")
+  train(cfg(d))
+  local written = json.decode(read(d .. "/config.json"))
+  T.eq(written.train.steps, 6); T.eq(written.model.dim, 16); T.eq(written.train.out, d)
+  local list = checkpoint.list(d)
+  T.eq(#list, 3)
+  for _, name in ipairs(list) do
+    local meta = checkpoint.open(d .. "/ckpt/" .. name):metadata("model.safetensors")
+    T.eq(json.encode(json.decode(meta["tide.config"])), json.encode(written), name .. ": tide.config is config.json")
+    local m = json.decode(meta["tide.model"])
+    T.eq(m.kind, "dense")
+    -- the model's config with every default filled in, so a changed default cannot change a rebuilt model
+    T.eq({ m.config.ffn_dim, m.config.head_dim, m.config.norm_eps, m.config.rope_theta, m.config.tie_embeddings },
+      { 64, 8, 1e-5, 10000, false }, name)
+  end
+  local _, info = checkpoint.load_model(d .. "/ckpt/" .. list[1])
+  T.eq({ info.step, info.config.train.steps, info.model_config.ffn_dim }, { 2, 6, 64 }, "rebuilt from the checkpoint alone")
 end)
 
 T.test("train.tensorboard = false: no events file beside metrics.jsonl (on by default)", function()
