@@ -93,7 +93,11 @@ T.test("log.open writes an event file beside metrics.jsonl: every number a scala
   local t0 = tf.now()
   lg:metrics({ step = 1, time = 1, stage = "a", loss = 2.5, lr = 1e-3, skipped = false, ["moe/load/1"] = { 3, 5 },
     ["moe/maxvio_batch/1"] = 0.25 })
+  -- on disk as soon as the record is logged (TensorBoard tails the growing file): nothing waits in a buffer
+  local now = tf.read(lg.events_path)
+  T.eq({ #now, now[#now].step, now[#now].values[1][1] }, { 5, 1, "moe/maxvio_batch/1" }, "step 1's scalars before close")
   lg:metrics({ step = 2, time = 2, loss = 0 / 0, grad_norm = math.huge })
+  T.eq(#tf.read(lg.events_path), 7, "step 2's two scalars at once")
   lg:metrics({ step = 2, event = "eval", task = "mqar", acc = 0.5 }, { ["eval/mqar/acc/T64"] = 0.5 })
   lg:metrics({ event = "no step" })                      -- JSONL only
   local path = lg.events_path
