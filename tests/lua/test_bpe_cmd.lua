@@ -1,5 +1,6 @@
 -- tide tokenizer train | encode | decode: the trained file is tokenizer.train's, the same on any thread count, with
--- tide's specials at 256...; encode gives tok:encode per line, decode reverses it; usage mistakes are one line.
+-- tide's specials at 256...; encode gives tok:encode per line, decode reverses it; usage mistakes are one line;
+-- train's and data prepare's progress is one live line on a terminal (script(1)), plain lines in a pipe.
 local T = require "tide.testing"
 local tide = require "tide"
 local cli = require "tide.cli"
@@ -54,6 +55,32 @@ T.test("tide tokenizer train: tokenizer.train's file, identical on 1 and 2 threa
   T.ok(out:find("(no pair occurs 2 times any more; asked for 400)", 1, true), out)
   T.eq(tokenizer.load(dir .. "/s.json"):encode("aaa bbb"), { tokenizer.load(dir .. "/s.json"):id("aaa"),
     tokenizer.load(dir .. "/s.json"):id("Ġbbb") })
+end)
+
+T.test("progress on a terminal: tide tokenizer train and tide data prepare redraw one live line; none in a pipe", function()
+  local dir = T.tmpdir("bpecmd-progress", { create = true })
+  local files = q(FORTUNES .. "/computers") .. " " .. q(FORTUNES .. "/science")
+  local train = fmt("%s tokenizer train --vocab 700 %s -o %s", q(exe), files, q(dir .. "/t.json"))
+  local prepare = fmt("%s data prepare --tokenizer %s %s -o %s", q(exe), q(dir .. "/t.json"), files, q(dir .. "/shards"))
+  local function on_tty(cmd)
+    local p = io.popen(fmt("script -qec %s /dev/null 2>&1", q(cmd)))
+    local out = p:read("*a")
+    p:close()
+    return out
+  end
+  local out = on_tty(train)
+  local counting = select(2, out:gsub("\rtokenizer train: counting %d/2 files", ""))
+  local merging = select(2, out:gsub("\rtokenizer train: merging, vocabulary %d+/700 ", ""))
+  T.ok(counting == 2 and merging >= 2 and out:find("\27[K", 1, true), out)
+  T.ok(out:find("tokenizer train: 700 ids from 2 files", 1, true), out)
+  out = on_tty(prepare)
+  T.ok(out:find("\rdata prepare %[#+%] 100%% 2/2 files"), out)
+  T.ok(out:find("data prepare: 2 documents", 1, true), out)
+  -- a pipe: no live line, the count and the summary as plain lines
+  out = tide_cmd(fmt("tokenizer train --vocab 700 %s -o %s", files, q(dir .. "/t2.json")))
+  T.ok(not out:find("\r", 1, true) and select(2, out:gsub("\n", "")) == 2, out)
+  T.ok(out:match("^tokenizer train: counting 2/2 files, [%d.]+ MB, %d+ distinct words %([%d.]+ MB/s%)\n"
+    .. "tokenizer train: 700 ids from 2 files %([%d.]+ MB%) in [%d.]+ s %-> [^\n]+t2%.json\n$"), out)
 end)
 
 T.test("tide tokenizer encode / decode: per line, as tok:encode; decode gives the lines back", function()
