@@ -318,6 +318,12 @@ tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, 
 /* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
 int tide_adamw_step_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,
                      double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+/* the same update, and nonfinite (an i32 tensor of one element on param's device) set to 1 when a stored value of
+   param, m or v is a NaN or an infinity: tested in the update's own pass, never cleared, so one flag serves every
+   parameter of a step and the step reads it once (the post-update guard, optim.md §2) */
+int tide_adamw_step_checked_(tide_tensor *param, const tide_tensor *grad, tide_tensor *m, tide_tensor *v,
+                             double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                             tide_tensor *nonfinite);
 
 /* ---- files (engine/io: file.c, safetensors.c, shards.c; formats.md §1, §3, §6) ----------------- */
 /* Small file-system helpers. Atomic writes go to "<path>.tmp", are fsynced, renamed over <path>, and

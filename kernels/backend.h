@@ -270,8 +270,9 @@ typedef struct tide_backend {
                                 const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
                                 int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
 
-    /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1) */
-    int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr,
+    /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1). nonfinite: NULL, or one int in
+       the device's memory set to 1 (never cleared) when a stored value of p, m or v is a NaN or an infinity */
+    int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 } tide_backend;
 

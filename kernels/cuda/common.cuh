@@ -230,8 +230,8 @@ int tide_cuda_swiglu(int dtype, void *out, const void *g, const void *u, int64_t
 int tide_cuda_swiglu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u,
                               int64_t n);
 int tide_cuda_axpy(int dtype, void *y, double a, const void *x, int64_t n);
-int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int64_t n, double lr, double beta1,
-                    double beta2, double eps, double wd, double bc1, double bc2);
+int tide_cuda_adamw(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n, double lr,
+                    double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D,
                    double theta, int64_t pos0, int inverse);
 /* the ViT position kernels (vision.cu) */

@@ -3,7 +3,8 @@
 -- Groups (§1, with the embedding rule of this release): weight decay applies to matrices (ndim >= 2)
 -- except those a module registered with decay = false (embedding tables, KDA conv taps [H·dk, 1, 4]);
 -- norm gains, biases, KDA A_log and dt_bias (1-D) never decay. Recipe patterns in `no_decay` move more parameters out of the decay group.
--- The update itself is one engine call per parameter (tide_adamw_step_), in place, off the graph.
+-- The update itself is one engine call per parameter (tide_adamw_step_checked_), in place, off the graph; the same
+-- kernel pass flags a non-finite result (one i32 flag per device, read once per step: the step's post-update guard).
 local ffi = require "ffi"
 local tide = require "tide"
 local options = require "tide.options"
@@ -55,7 +56,7 @@ function optim.AdamW(params, cfg)
   local betas = cfg.betas or { 0.9, 0.95 }
   local self = setmetatable({
     lr = cfg.lr or 3e-3, beta1 = betas[1], beta2 = betas[2], eps = cfg.eps or 1e-8,
-    weight_decay = cfg.weight_decay or 0.1, t = 0, groups = {},
+    weight_decay = cfg.weight_decay or 0.1, t = 0, groups = {}, flags = {},
   }, AdamW)
   if not (self.beta1 >= 0 and self.beta1 < 1 and self.beta2 >= 0 and self.beta2 < 1) then
     error(string.format("optim: betas must lie in [0, 1), got {%s, %s}", tostring(betas[1]), tostring(betas[2])), 2)
@@ -69,6 +70,9 @@ function optim.AdamW(params, cfg)
     p.decay = optim.decays(p.name, p.param, p.meta, cfg.no_decay)
     p.m = tide.zeros_like(p.param)
     p.v = tide.zeros_like(p.param)
+    local dev = p.param:device()
+    self.flags[dev] = self.flags[dev] or tide.zeros({ 1 }, { dtype = "i32", device = dev })
+    p.flag = self.flags[dev]
   end
   return self
 end
@@ -82,19 +86,38 @@ function AdamW:group_names()
   return decay, no_decay
 end
 
--- step(lr): one update of every parameter that has a gradient; lr defaults to cfg.lr
+-- step(lr) -> true when every updated value (weights, m, v) is finite, false when one is not (then
+-- first_nonfinite() names it): one update of every parameter that has a gradient; lr defaults to cfg.lr. The test
+-- is the update kernel's own; the step reads one flag per device, not the weights again.
 function AdamW:step(lr)
   lr = lr or self.lr
   for _, p in ipairs(self.params) do
     local g = C.tide_grad(raw(p.param))
     if g ~= nil then
-      local rc = C.tide_adamw_step_(raw(p.param), g, raw(p.m), raw(p.v), lr, self.beta1, self.beta2, self.eps,
-        p.decay and self.weight_decay or 0, self.t)
+      local rc = C.tide_adamw_step_checked_(raw(p.param), g, raw(p.m), raw(p.v), lr, self.beta1, self.beta2, self.eps,
+        p.decay and self.weight_decay or 0, self.t, raw(p.flag))
       C.tide_tensor_release(g)
       if rc ~= 0 then error("optim.AdamW: parameter '" .. p.name .. "': " .. last_error(), 2) end
     end
   end
   self.t = self.t + 1
+  local finite = true
+  for _, f in pairs(self.flags) do   -- an OR over the devices: their order does not matter
+    if f:item() ~= 0 then finite = false; f:zero_() end
+  end
+  return finite
+end
+
+-- what the last update made non-finite, the first in parameter order: "weight <name>", else "AdamW state
+-- <name>.adam_m" (or .adam_v), or nil. The per-tensor pass over all of them runs only on this failure path.
+function AdamW:first_nonfinite()
+  local w = optim.first_nonfinite_of(self.params, function(p) return raw(p.param) end)
+  if w then return "weight " .. w end
+  for _, slot in ipairs({ "m", "v" }) do
+    local name = optim.first_nonfinite_of(self.params, function(p) return raw(p[slot]) end)
+    if name then return "AdamW state " .. name .. ".adam_" .. slot end
+  end
+  return nil
 end
 
 function AdamW:zero_grad()

@@ -260,16 +260,15 @@ function Stepper:run(batches, lr, t)
       rec.stop = fmt("stopped at step %d: non-finite %s (on_nonfinite = 'stop')", (t or 0) + 1, bad)
     end
   else
-    opt:step(lr)
+    local poisoned = step.update_nonfinite(opt, opt:step(lr))
     opt:zero_grad()
-    local poisoned = step.first_nonfinite_param(opt.params)
     if poisoned then
       -- the update itself made a weight non-finite (an infinite or huge lr): the weights are lost, so the step
       -- counts as non-finite and the policy must roll back or stop at once; nothing is saved from them
-      self.poisoned = fmt("weight %s after the update at step %d (lr %s)", poisoned, (t or 0) + 1, tostring(lr))
+      self.poisoned = fmt("%s after the update at step %d (lr %s)", poisoned, (t or 0) + 1, tostring(lr))
       self.skipped = self.skipped + 1
       self.first_bad = self.first_bad or self.poisoned
-      rec.skipped, rec.nonfinite_tensor = true, "weight " .. poisoned
+      rec.skipped, rec.nonfinite_tensor = true, poisoned
       rec.stop = self.policy == "stop" and fmt("stopped at step %d: non-finite %s (on_nonfinite = 'stop')", (t or 0) + 1,
         self.poisoned) or nil
     end
@@ -304,6 +303,17 @@ end
 -- the weights (tide_first_nonfinite), not one call per tensor
 function step.first_nonfinite_param(params)
   return optim.first_nonfinite_of(params, function(p) return tide.raw(p.param) end)
+end
+
+-- update_nonfinite(opt, finite) -> nil, or what the update made non-finite ("weight <name>", "AdamW state ...").
+-- finite is opt:step's answer: AdamW's kernel tests what it stores, so a clean step reads no weight again and
+-- only a failed one locates the tensor; an optimiser that does not answer (nil) gets the full pass over the weights
+function step.update_nonfinite(opt, finite)
+  if finite == true then return nil end
+  if finite == false and opt.first_nonfinite then return opt:first_nonfinite() or "weight ?" end
+  local w = step.first_nonfinite_param(opt.params)
+  if w then return "weight " .. w end
+  return finite == false and "weight ?" or nil
 end
 
 -- ---- the run ----------------------------------------------------------------------------------------------------

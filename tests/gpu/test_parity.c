@@ -1398,30 +1398,68 @@ static int test_attnres(void)
     return passed;
 }
 
-/* three AdamW steps from the same state on both devices (both compute the update in double) */
-static int test_adamw(void)
+/* three AdamW steps from the same state on both devices (both compute the update in double), f32, bf16 and f64,
+   one block and many, each with its device's non-finite flag: 0 on both after the clean steps; then a NaN planted
+   in the last gradient element, and lr 1e300 (f32 weights overflow when stored), set it on both */
+static int adamw_case(int dt, int64_t n, char *detail, size_t dn)
 {
-    int64_t s[1] = {257};
-    tide_tensor *p = tide_randn(TIDE_F32, 1, s, CPU, 0.0, 1.0), *g = tide_randn(TIDE_F32, 1, s, CPU, 0.0, 1.0);
-    tide_tensor *m = tide_zeros(TIDE_F32, 1, s, CPU), *v = tide_zeros(TIDE_F32, 1, s, CPU);
+    int64_t s[1] = {n}, one[1] = {1};
+    tide_tensor *p = tide_randn(dt, 1, s, CPU, 0.0, 1.0), *g = tide_randn(dt, 1, s, CPU, 0.0, 1.0);
+    tide_tensor *m = tide_zeros(dt, 1, s, CPU), *v = tide_zeros(dt, 1, s, CPU);
     tide_tensor *pg = p ? tide_to_device(p, GPU) : NULL, *gg = g ? tide_to_device(g, GPU) : NULL;
     tide_tensor *mg = m ? tide_to_device(m, GPU) : NULL, *vg = v ? tide_to_device(v, GPU) : NULL;
-    char detail[256] = "";
-    int ok = pg && gg && mg && vg;
+    tide_tensor *fc = tide_zeros(TIDE_I32, 1, one, CPU), *fg = tide_zeros(TIDE_I32, 1, one, GPU);
+    const char *dn_ = dt == TIDE_F32 ? "f32" : dt == TIDE_F64 ? "f64" : "bf16";
+    double tol = dt == TIDE_F64 ? 1e-12 : dt == TIDE_F32 ? 1e-6 : 1e-2;
+    int ok = pg && gg && mg && vg && fc && fg;
     for (int64_t step = 0; ok && step < 3; step++) {
-        ok = tide_adamw_step_(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, step) == 0 &&
-             tide_adamw_step_(pg, gg, mg, vg, 1e-2, 0.9, 0.95, 1e-8, 0.1, step) == 0;
+        ok = tide_adamw_step_checked_(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, step, fc) == 0 &&
+             tide_adamw_step_checked_(pg, gg, mg, vg, 1e-2, 0.9, 0.95, 1e-8, 0.1, step, fg) == 0;
     }
     if (ok) {
-        int a = check_pair("adamw", "param", p, pg, 1e-6, 1e-6, detail, sizeof detail);
-        int b = check_pair("adamw", "m", m, mg, 1e-6, 1e-6, detail, sizeof detail);
-        int c = check_pair("adamw", "v", v, vg, 1e-6, 1e-6, detail, sizeof detail);
-        ok = a && b && c;
-    } else {
-        snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+        size_t len = strlen(detail);
+        snprintf(detail + len, dn - len, "%s%s n %lld:", len ? " | " : "", dn_, (long long)n);
+        int a = check_pair("adamw", "param", p, pg, tol, tol, detail, dn);
+        int b = check_pair("adamw", "m", m, mg, tol, tol, detail, dn);
+        int c = check_pair("adamw", "v", v, vg, tol, tol, detail, dn);
+        int clean = tide_item(fc) == 0 && tide_item(fg) == 0;
+        tide_tensor *lc = tide_slice(g, 0, n - 1, n, 1), *lg = tide_slice(gg, 0, n - 1, n, 1);
+        ok = lc && lg && tide_fill_(lc, NAN) == 0 && tide_fill_(lg, NAN) == 0 &&
+             tide_adamw_step_checked_(p, g, m, v, 1e-2, 0.9, 0.95, 1e-8, 0.1, 3, fc) == 0 &&
+             tide_adamw_step_checked_(pg, gg, mg, vg, 1e-2, 0.9, 0.95, 1e-8, 0.1, 3, fg) == 0;
+        int nan_flag = ok && tide_item(fc) == 1 && tide_item(fg) == 1;
+        tide_tensor_release(lc), tide_tensor_release(lg);
+        int huge_flag = 1;
+        if (ok && dt == TIDE_F32) {   /* fresh weights, finite gradients: only the stored weights overflow */
+            tide_fill_(fc, 0), tide_fill_(fg, 0), tide_fill_(p, 1.0), tide_fill_(pg, 1.0);
+            tide_fill_(g, 0.5), tide_fill_(gg, 0.5);
+            tide_fill_(m, 0), tide_fill_(mg, 0), tide_fill_(v, 0), tide_fill_(vg, 0);
+            ok = tide_adamw_step_checked_(p, g, m, v, 1e300, 0.9, 0.95, 1e-8, 0.0, 4, fc) == 0 &&
+                 tide_adamw_step_checked_(pg, gg, mg, vg, 1e300, 0.9, 0.95, 1e-8, 0.0, 4, fg) == 0;
+            huge_flag = ok && tide_item(fc) == 1 && tide_item(fg) == 1;
+        }
+        if (!clean || !nan_flag || !huge_flag) {
+            len = strlen(detail);
+            snprintf(detail + len, dn - len, " flags: clean %d, nan %d, lr 1e300 %d", clean, nan_flag, huge_flag);
+        }
+        ok = ok && a && b && c && clean && nan_flag && huge_flag;
     }
-    tide_tensor *all[8] = {p, g, m, v, pg, gg, mg, vg};
-    for (int i = 0; i < 8; i++) tide_tensor_release(all[i]);
+    if (!ok && !strstr(detail, "flags") && !strstr(detail, "abs")) {
+        size_t len = strlen(detail);
+        snprintf(detail + len, dn - len, " error: %s", tide_last_error());
+    }
+    tide_tensor *all[10] = {p, g, m, v, pg, gg, mg, vg, fc, fg};
+    for (int i = 0; i < 10; i++) tide_tensor_release(all[i]);
+    return ok;
+}
+
+static int test_adamw(void)
+{
+    char detail[512] = "";
+    int ok = adamw_case(TIDE_F32, 257, detail, sizeof detail);
+    ok = adamw_case(TIDE_F32, 140001, detail, sizeof detail) && ok;
+    ok = adamw_case(TIDE_BF16, 70001, detail, sizeof detail) && ok;
+    ok = adamw_case(TIDE_F64, 1031, detail, sizeof detail) && ok;
     return report("adamw step x3", ok, detail);
 }
 

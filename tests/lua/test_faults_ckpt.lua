@@ -251,5 +251,40 @@ T.test("an update that makes the weights non-finite (lr 1e300 in f32) stops the 
   T.ok(ok, "a checkpoint holds a non-finite weight: " .. tostring(where))
 end)
 
+T.test("an update that makes only AdamW's v non-finite (a 1e30 gradient, no clipping) stops the run naming the state", function()
+  for _, policy in ipairs({ "skip", "stop" }) do
+    local out = tmpdir("poison-v-" .. policy)
+    local c = cfg(out, "steps = 3, ckpt_every = 1", string.format(", on_nonfinite = %q", policy))
+    c.optim.clip = false
+    c.loss = function(m, x, y, t)
+      if t == 0 then   -- backward adds into it: |g| ~ 1e30 is finite, g^2 stored as f32 is not
+        local w = m.model.norm.weight
+        w:set_grad(tide.zeros_like(w):fill_(1e30))
+      end
+      return m:loss(x, y)
+    end
+    local r = train(c)
+    T.ok(r.stopped and r.stopped:find("stopped at step 1: non-finite AdamW state model.norm.weight.adam_v", 1, true),
+      policy .. ": " .. tostring(r.stopped))
+    T.eq(#checkpoint.list(out), 0, policy .. ": nothing saved")
+  end
+end)
+
+T.test("a clean run reads no weight again after the update: the finite check is AdamW's own flag", function()
+  local optim = require "tide.optim"
+  local orig, calls = optim.first_nonfinite_of, 0
+  optim.first_nonfinite_of = function(...) calls = calls + 1; return orig(...) end
+  local ok, err = pcall(function()
+    local r = train(cfg(tmpdir("clean-guard"), "steps = 3"))
+    T.eq({ r.steps_run, r.skipped, calls }, { 3, 0, 0 }, "three clean steps, no per-tensor pass")
+    local c = cfg(tmpdir("poison-guard"), "steps = 3", ", on_nonfinite = 'stop'")
+    c.optim.lr = 1e300
+    r = train(c)
+    T.ok(calls >= 1 and r.stopped and r.stopped:find("non-finite weight ", 1, true), "the failure path locates it")
+  end)
+  optim.first_nonfinite_of = orig
+  if not ok then error(err, 0) end
+end)
+
 local _, failed = T.run({ exit = false })
 os.exit(failed > 0 and 1 or 0)

@@ -102,6 +102,39 @@ T.test("a NaN in one gradient makes the norm non-finite and is found by name", f
   T.eq(a:grad():tolist(), { 1, 1 }, "a non-finite norm leaves gradients alone")
 end)
 
+T.test("AdamW:step answers whether the update stayed finite; first_nonfinite names the weight or the state", function()
+  local W = tide.tensor({ { 0.5, -1.0 }, { 2.0, 0.25 } }, { requires_grad = true })
+  local b = tide.tensor({ 0.3, -0.7 }, { requires_grad = true })
+  local opt = optim.AdamW({ { "w", W }, { "b", b } }, { lr = 1e-2 })
+  local function grads(gw, gb)
+    W:set_grad(tide.tensor(gw, { shape = { 2, 2 } }))
+    b:set_grad(tide.tensor(gb))
+  end
+  grads({ 0.1, -0.2, 0.3, 1.5 }, { 1, -1 })
+  T.eq(opt:step(), true, "a clean update")
+  T.eq(opt:first_nonfinite(), nil)
+  -- f32 weights overflow when stored (lr 1e300): the flag trips although every input was finite
+  grads({ 0.1, -0.2, 0.3, 1.5 }, { 1, -1 })
+  T.eq(opt:step(1e300), false, "lr 1e300")
+  T.eq(opt:first_nonfinite(), "weight w")
+  -- only v of b overflows (a 1e30 gradient: v = 0.05e60 in double, inf as f32); the weights stay finite
+  for _, p in ipairs(opt.params) do p.m:zero_(); p.v:zero_() end
+  W:copy_(tide.tensor({ { 0.5, -1.0 }, { 2.0, 0.25 } }))
+  b:copy_(tide.tensor({ 0.3, -0.7 }))
+  grads({ 0.1, -0.2, 0.3, 1.5 }, { 1e30, -1 })
+  T.eq(opt:step(), false, "v overflows")
+  T.ok(W:all_finite() and b:all_finite(), "the weights are finite")
+  T.eq(opt:first_nonfinite(), "AdamW state b.adam_v")
+  -- the flag was read and cleared: a clean state updates clean again
+  for _, p in ipairs(opt.params) do p.m:zero_(); p.v:zero_() end
+  grads({ 0.1, -0.2, 0.3, 1.5 }, { 1, -1 })
+  T.eq(opt:step(), true, "clean again")
+  -- a NaN gradient (the step's guard skips those before the update; the kernel still reports it)
+  grads({ 0.1, 0 / 0, 0.3, 1.5 }, { 1, -1 })
+  T.eq(opt:step(), false, "NaN gradient")
+  T.eq(opt:first_nonfinite(), "weight w")
+end)
+
 T.test("WSD schedule: the closed form at the spec's check points (1e-12)", function()
   local lr, lmin, Sw, Sd, Se = 3e-3, 3e-4, 30, 240, 300
   local f = schedule.new({ kind = "wsd", warmup = Sw, decay_start = Sd, decay_end = Se, min_lr = lmin }, lr, 300)
