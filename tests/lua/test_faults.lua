@@ -446,4 +446,32 @@ T.test("state files are read up to a cap: tide.read_file and json.read name the 
   T.raises(function() json.read(dir .. "/missing.json") end, "No such file or directory")
 end)
 
+-- ---- errors ---------------------------------------------------------------------------------------------------
+
+T.test("a run-time error is one line; the Lua traceback only under TIDE_TRACEBACK=1 or --debug", function()
+  local cli = require "tide.cli"
+  local dir = tmpdir("tb", { create = true })
+  local recipe = dir .. "/recipe.lua"
+  local f = assert(io.open(recipe, "wb"))
+  f:write("return { run = function() error('the disk said no') end }\n")
+  f:close()
+  local function run(env, flag)
+    local p = io.popen(env .. " '" .. cli.exe_path() .. "' run '" .. recipe .. "'" .. flag .. " 2>&1; echo \"__exit=$?\"")
+    local out = p:read("*a")
+    p:close()
+    return out:gsub("__exit=%d+%s*$", ""), tonumber(out:match("__exit=(%d+)%s*$"))
+  end
+  local out, code = run("TIDE_TRACEBACK=", "")
+  T.eq(code, 1, out)
+  T.ok(out:find(recipe .. ":1: the disk said no", 1, true), out)
+  T.ok(not out:find("stack traceback", 1, true), "no traceback by default:\n" .. out)
+  local _, lines = out:gsub("\n", "")
+  T.eq(lines, 1, "one line:\n" .. out)
+  for _, how in ipairs({ { "TIDE_TRACEBACK=1", "" }, { "TIDE_TRACEBACK=", " --debug" } }) do
+    out, code = run(how[1], how[2])
+    T.eq(code, 1, out)
+    T.ok(out:find("the disk said no", 1, true) and out:find("stack traceback", 1, true), how[1] .. how[2] .. ":\n" .. out)
+  end
+end)
+
 T.run()
