@@ -212,6 +212,12 @@ inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v)
     if (v < old) *p = v;
     return old;
 }
+inline int atomicOr(int *p, int v)
+{
+    int old = *p;
+    *p = old | v;
+    return old;
+}
 
 // ---- wmma ------------------------------------------------------------------------------------------
 namespace nvcuda {
