@@ -446,6 +446,56 @@ T.test("state files are read up to a cap: tide.read_file and json.read name the 
   T.raises(function() json.read(dir .. "/missing.json") end, "No such file or directory")
 end)
 
+-- optim.safetensors of checkpoint dir: its tensors by name, and a writer of such a table (metadata kept)
+local function read_optim(dir)
+  local r = checkpoint.open(dir)
+  local tensors = r:tensors("optim.safetensors")
+  local meta = ffi.string(C.tide_safetensors_metadata(r:file("optim.safetensors")))
+  r:close()
+  return tensors, meta
+end
+local function write_optim(dir, tensors, meta)
+  local names = {}
+  for name in pairs(tensors) do names[#names + 1] = name end
+  table.sort(names)
+  local cn, ct = ffi.new("const char *[?]", #names), ffi.new("tide_tensor *[?]", #names)
+  for i, name in ipairs(names) do cn[i - 1], ct[i - 1] = name, tide.raw(tensors[name]) end
+  tide.check_status(C.tide_safetensors_save(dir .. "/optim.safetensors", #names, cn, ct, meta))
+end
+
+T.test("AdamW state on resume: an I32 moment is refused by name; NaN payloads or inf in it stop the run", function()
+  local out = tmpdir("optim-state")
+  train(fixture_cfg({ train = { out = out, ckpt_every = 2 } }))
+  local dir = checkpoint.latest(out)
+  local orig, meta = read_optim(dir)
+  local function with(name, t)
+    local ts = {}
+    for k, v in pairs(orig) do ts[k] = v end
+    ts[name] = t
+    write_optim(dir, ts, meta)
+  end
+  local w = "model.norm.weight"
+  with(w .. ".adam_v", tide.ones(orig[w .. ".adam_v"]:shape(), { dtype = "i32" }))
+  T.raises(function() train(fixture_cfg({ resume = dir, train = { out = tmpdir("optim-i32"), steps = 3 } })) end,
+    "optim.safetensors: tensor '" .. w .. ".adam_v' is stored as I32, expected a float tensor (F32, F64 or BF16): " ..
+    "optimiser state is float")
+  -- the update's own flag: a bad m makes the weight bad; a NaN v too; an infinite v leaves the weight finite (the
+  -- step is 0) and only the state is named, which a check of the weights alone would miss
+  for _, name in ipairs({ "0xFFEC0001 words", "all ones", "+inf" }) do
+    local c = find_class(name)
+    for _, slot in ipairs({ "adam_m", "adam_v" }) do
+      local key = w .. "." .. slot
+      with(key, plant(orig[key]:clone(), c, function(i) return i == 0 end))
+      local r = train(fixture_cfg({ resume = dir, on_nonfinite = "stop",
+        train = { out = tmpdir("optim-nan"), steps = 4 } }))
+      local want = (slot == "adam_v" and c.kind == "inf") and ("AdamW state " .. key) or ("weight " .. w)
+      T.ok(r.stopped and r.stopped:find("stopped at step 3: non-finite " .. want .. " after the update", 1, true),
+        name .. " in " .. slot .. ": " .. tostring(r.stopped))
+    end
+  end
+  write_optim(dir, orig, meta)
+end)
+
 -- ---- errors ---------------------------------------------------------------------------------------------------
 
 T.test("a run-time error is one line; the Lua traceback only under TIDE_TRACEBACK=1 or --debug", function()
