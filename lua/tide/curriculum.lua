@@ -700,6 +700,7 @@ function curriculum.new(spec)
 end
 
 -- the config schema's key sets (tide.schema: what the command line may set beyond what a recipe spells out)
-curriculum.KEYS = { top = TOP, train = TRAIN, stage = STAGE, lr = LR, eval = EVAL, val = VAL }
+curriculum.KEYS = { top = TOP, train = TRAIN, stage = STAGE, lr = LR, eval = EVAL, val = VAL, expect = EXPECT,
+  caption_eval = CAPTION_EVAL }
 
 return setmetatable(curriculum, { __call = function(_, spec) return curriculum.new(spec) end })

@@ -21,6 +21,7 @@ local evals = {}
 
 evals.DEFAULTS = { depths = { 0, 0.25, 0.5, 0.75, 1 }, examples = 20, batch = 4, seed = 1234 }
 local RUN_KEYS = { task = true, lengths = true, depths = true, examples = true, batch = true, seed = true, device = true }
+evals.RUN_KEYS = RUN_KEYS   -- tide.schema: the keys of a curriculum's eval entry (with the task's options)
 
 local fmt = string.format
 local function bad(msg) options.fail("evals", msg) end      -- at the first line outside lua/tide

@@ -314,6 +314,92 @@ T.test("override UX: stages by name, warmups scaled with steps, schema keys, --h
   T.ok(out:match("^tide: train: %-%-resume: no checkpoint under '[^\n]*never'.*start the run without %-%-resume\n$"), out)
 end)
 
+-- load_recipe's error for a refused key (a usage error: its message)
+local function refused(path, key, text)
+  local ok, e = pcall(cli.load_recipe, path, { { key = key, text = text or "1" } })
+  T.ok(not ok, "--" .. key .. " is refused")
+  return tostring(type(e) == "table" and e.msg or e)
+end
+
+T.test("schema keys the recipe leaves out: a curriculum's expect, sources of every kind, evals entries", function()
+  local small = "tests/fixtures/curriculum_small.lua"     -- no expect table; text, passkey and mqar sources
+  local cfg = cli.load_recipe(small, { { key = "expect.final_loss_below", text = "2.5" },
+    { key = "sources.text.order", text = "sequential" }, { key = "sources.recall.power", text = "0.5" },
+    { key = "sources.passkey.depth", text = "0.25" }, { key = "evals.1.seed", text = "77" },
+    { key = "evals.1.filler", text = "random" } })
+  T.eq({ cfg.expect, cfg.sources.text.order, cfg.sources.recall.power, cfg.sources.passkey.depth, cfg.evals[1].seed,
+    cfg.evals[1].filler }, { { final_loss_below = 2.5 }, "sequential", 0.5, 0.25, 77, "random" })
+  -- a recipe with an expect table that lacks a key
+  cfg = cli.load_recipe("recipes/vlm_tiny.lua", { { key = "expect.final_loss_below", text = "3" } })
+  T.eq(cfg.expect, { eval_accuracy_above = 0.9, final_loss_below = 3 })
+  -- the values reach the driver, which checks them
+  local out, code = tide_cmd("run " .. small .. " --dry-run --expect.final_loss_below=-1")
+  T.eq({ code, out }, { 1, "tide: curriculum: expect.final_loss_below must be a number in [0, inf], got -1\n" })
+  -- an unknown key at the same path is refused, with the known keys of the driver's or module's own set
+  T.eq(refused(small, "expect.final_loss_belw"), "unknown recipe key 'expect.final_loss_belw', did you mean "
+    .. "'expect.final_loss_below'? (known keys at expect: eval_accuracy_above, final_loss_below, val_maxvio_below)")
+  T.eq(refused(small, "sources.text.ordr", "sequential"), "unknown recipe key 'sources.text.ordr', did you mean "
+    .. "'sources.text.order'? (known keys at sources.text: doc_separator, exclude, field, format, kind, name, order, "
+    .. "path, paths, seed, split, tokenizer, val_fraction)")
+  T.eq(refused(small, "sources.recall.num_pair"), "unknown recipe key 'sources.recall.num_pair', did you mean "
+    .. "'sources.recall.num_pairs'? (known keys at sources.recall: filler, filler_range, filler_source, filler_text, "
+    .. "kind, length, num_pairs, power, seed, split, task, tokenizer, vocab_size)")
+  T.eq(refused(small, "sources.passkey.power"), "unknown recipe key 'sources.passkey.power' (known keys at "
+    .. "sources.passkey: depth, filler, filler_source, filler_text, kind, length, seed, split, task, tokenizer)")
+  T.eq(refused(small, "evals.1.exampels"), "unknown recipe key 'evals.1.exampels', did you mean 'evals.1.examples'? "
+    .. "(known keys at evals.1: batch, depth, depths, device, examples, filler, filler_text, lengths, seed, source, "
+    .. "task, tokenizer)")
+  -- an eval of an image source has the caption eval's keys
+  cfg = cli.load_recipe("recipes/vlm_tiny.lua", { { key = "evals.1.samples", text = "3" } })
+  T.eq(cfg.evals[1].samples, 3)
+  T.eq(refused("recipes/vlm_tiny.lua", "evals.1.depths"), "unknown recipe key 'evals.1.depths' (known keys at "
+    .. "evals.1: batch, examples, samples, source)")
+end)
+
+T.test("schema keys the recipe leaves out: tide.train's packed data sources, an RL recipe's sections", function()
+  local packed = write("packed_schema.lua", [[
+return { model = { vocab_size = 320, dim = 8, n_layers = 1 }, train = { steps = 2 },
+  data = { sources = { t = { kind = "text", path = "tests/fixtures/tiny_corpus.txt" } }, mix = { t = 1 }, seq_len = 16,
+    batch_size = 2 } }
+]])
+  local cfg = cli.load_recipe(packed, { { key = "data.sources.t.val_fraction", text = "0.1" },
+    { key = "data.seed", text = "5" } })
+  T.eq({ cfg.data.sources.t.val_fraction, cfg.data.seed }, { 0.1, 5 })
+  T.eq(refused(packed, "data.sources.t.fraction"), "unknown recipe key 'data.sources.t.fraction' (known keys at "
+    .. "data.sources.t: doc_separator, exclude, field, format, kind, name, order, path, paths, seed, split, tokenizer, "
+    .. "val_fraction)")
+  T.eq(refused(packed, "data.vocab_size"), "unknown recipe key 'data.vocab_size' (known keys at data: batch_size, mix, "
+    .. "seed, seq_len, sources, tokenizer)")   -- packed data has the packer's keys, not the text stream's
+  -- an RL recipe (kind = "rl", tide.rl.Recipe): its keys are tide.rl.loop.KEYS; expect and optim, which it leaves
+  -- out, are tables the command line may create
+  local rl = write("rl_schema.lua", [[
+return { kind = "rl", name = "rl_schema", model = { vocab_size = 320, dim = 8, n_layers = 1 },
+  sft = { steps = 2 }, rl = { env = "countdown", iterations = 2 }, train = { out = "runs/rl_schema" } }
+]])
+  cfg = cli.load_recipe(rl, { { key = "rl.top_k", text = "5" }, { key = "sft.rows", text = "4" },
+    { key = "train.quiet", text = "true" }, { key = "expect.reward_above", text = "0.5" },
+    { key = "optim.weight_decay", text = "0.01" }, { key = "on_nonfinite", text = "stop" } })
+  T.eq({ cfg.rl.top_k, cfg.sft.rows, cfg.train.quiet, cfg.expect, cfg.optim, cfg.on_nonfinite },
+    { 5, 4, true, { reward_above = 0.5 }, { weight_decay = 0.01 }, "stop" })
+  local K = require("tide.rl.loop").KEYS
+  local function known(t)
+    local ks = {}
+    for k in pairs(t) do ks[#ks + 1] = k end
+    table.sort(ks)
+    return table.concat(ks, ", ")
+  end
+  T.eq(refused(rl, "expect.reward_abov"), "unknown recipe key 'expect.reward_abov', did you mean "
+    .. "'expect.reward_above'? (known keys at expect: " .. known(K.expect) .. ")")
+  T.eq(refused(rl, "rl.temprature"), "unknown recipe key 'rl.temprature', did you mean 'rl.temperature'? "
+    .. "(known keys at rl: " .. known(K.rl) .. ")")
+  T.eq(refused(rl, "sft.row"), "unknown recipe key 'sft.row', did you mean 'sft.rows'? (known keys at sft: "
+    .. known(K.sft) .. ")")
+  local e = refused(rl, "optim.weight_decy")
+  T.ok(e:find("did you mean 'optim.weight_decay'?", 1, true), e)
+  e = refused(rl, "schedule.warmup")           -- tide.train's sections are not an RL recipe's
+  T.ok(e:find("unknown recipe key 'schedule.warmup'", 1, true), e)
+end)
+
 T.test("expect bounds: a shortened run warns and exits 0, --check makes a miss exit 1; a steps value that is not a positive integer scales nothing", function()
   local recipe = write("expect_small.lua", [[
 local r = dofile("tests/fixtures/curriculum_small.lua")

@@ -61,6 +61,7 @@ local TEXT_KEYS = {
   path = true, paths = true, exclude = true, format = true, doc_separator = true, field = true, val_fraction = true,
   split = true, order = true, seed = true, tokenizer = true, name = true,
 }
+pack.TEXT_KEYS = TEXT_KEYS   -- tide.schema: the keys of a text source
 
 -- append the documents of one token piece {buf, offset, n}: spans that begin at an <|endoftext|> id and run to
 -- the next one. A span before the first separator is the tail of a document cut by the split (or a shard that

@@ -83,6 +83,7 @@ for task, keys in pairs(TASK_KEYS) do
   for k in pairs(keys) do all[k] = true end
   SOURCE_KEYS[task] = all
 end
+synthetic.KEYS = { common = COMMON, tasks = TASK_KEYS }   -- tide.schema: the keys of a source and of a task eval
 
 local aux_buf = ffi.new("double[1]")
 local function aux_uniform(seed, index, k)
