@@ -263,29 +263,9 @@ int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offse
 
 /* The float activations the models run every step (GELU tanh and erf, tanh, sigmoid, hence SiLU and SwiGLU) are written
    branch-free on exp_f32 so that their loops vectorise (libm's expf/tanhf/erff are a call per element: GELU was
-   3.5x and GELU-erf 8x PyTorch's time in bench/vision); their accuracy is checked against double references in
-   tests/c/test_fastmath.c. Double stays on libm (the float64 gradient checks of test-ops). */
-
-/* sigmoid(x) from e = exp(−|x|) (never overflows): 1/(1 + e) for x >= 0, e/(1 + e) below; relative error a few
-   float ulps everywhere; NaN stays NaN */
-static inline float sigmoid_fast_float(float x)
-{
-    float e = exp_f32(-fabsf(x));
-    float s = 1.0f / (1.0f + e);
-    return x >= 0.0f ? s : e * s;
-}
-
-/* tanh: Cephes' tanhf, branch-free: below |x| = 0.625 its odd polynomial x + x³ P(x²) (no cancellation near 0),
-   above 1 − 2/(e^{2|x|} + 1) with the sign of x (e^{2|x|} = inf gives ±1); ±0 stays ±0, NaN stays NaN */
-static inline float tanh_fast_float(float x)
-{
-    float ax = fabsf(x), z = x * x;
-    float small = x + x * z * ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
-                                1.33314422036e-1f) * z - 3.33332819422e-1f);
-    float big = 1.0f - 2.0f / (exp_f32(2.0f * ax) + 1.0f);
-    big = x < 0.0f ? -big : big;
-    return ax < 0.625f ? small : big;
-}
+   3.5x and GELU-erf 8x PyTorch's time in bench/vision); tanh_f32 and sigmoid_f32 are in fastmath.h (the MoE
+   SiTU-GLU uses them too); their accuracy is checked against double references in tests/c/test_fastmath.c.
+   Double stays on libm (the float64 gradient checks of test-ops). */
 
 /* GELU tanh as x·sigmoid(2u) (= 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x³)): no cancellation in
    1 + tanh u for negative x. Below x = −10.04 (where exp(−2u) would pass FLT_MAX) the value is under 4e-38 and
@@ -376,9 +356,9 @@ static inline double gelu_erf_grad_double(double x)
 }
 
 /* float: the vectorising forms above */
-static inline float tanh_float(float x) { return tanh_fast_float(x); }
+static inline float tanh_float(float x) { return tanh_f32(x); }
 static inline double tanh_double(double x) { return tanh(x); }
-static inline float sigmoid_float(float x) { return sigmoid_fast_float(x); }
+static inline float sigmoid_float(float x) { return sigmoid_f32(x); }
 static inline float gelu_float(float x) { return gelu_fast_float(x); }
 static inline float gelu_grad_float(float x) { return gelu_grad_fast_float(x); }
 static inline float gelu_erf_float(float x) { return gelu_erf_fast_float(x); }

@@ -17,12 +17,20 @@
  * runs a tile does not change its bits. The regions carry no if() clause: an inactive one (a team of one) would
  * let BLAS thread again when more than one thread is configured.
  */
+/* GCC keeps a loop with a float compare-and-select scalar under -ftrapping-math (the default): the f32 SiTU-GLU
+   on fastmath.h would not vectorise; tide never reads the floating-point exception flags.
+   Before the includes, so that fastmath.h's functions carry the same options and inline */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cpu.h"
+#include "fastmath.h"
 
 /* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
 #define TILE_ROWS 128
@@ -33,13 +41,17 @@ static inline int64_t idx_at(const void *p, int dt, int64_t i)
 }
 
 /* ---- SiTU-GLU (moe.md §6): h = k1 tanh(g/k1) σ(g) · k2 tanh(u/k2), σ on the uncapped g ------------------- */
-#define SITU(T, EXP, TANH)                                                                                  \
-    static inline T sig_##T(T x)                                                                            \
-    {   /* overflow-safe: exp of a non-positive number only */                                              \
-        if (x >= 0) return (T)1 / ((T)1 + EXP(-x));                                                         \
-        T e = EXP(x);                                                                                       \
-        return e / ((T)1 + e);                                                                              \
-    }                                                                                                       \
+/* f32 through fastmath.h's vectorising sigmoid_f32 / tanh_f32 (libm's expf/tanhf are a call per element); f64 on
+   libm */
+static inline double sigmoid_f64(double x)
+{   /* overflow-safe: exp of a non-positive number only */
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+#define SITU(T, SIG, TANH)                                                                                  \
+    static inline T sig_##T(T x) { return SIG(x); }                                                         \
     static inline T situ_h_##T(T g, T u, T k1, T k2) { return k1 * TANH(g / k1) * sig_##T(g) * (k2 * TANH(u / k2)); } \
     static inline void situ_grad_##T(T d, T g, T u, T k1, T k2, T *dg, T *du)                               \
     {                                                                                                       \
@@ -56,8 +68,8 @@ static inline int64_t idx_at(const void *p, int dt, int64_t i)
         *du = d * g * s;                                                                                    \
     }
 
-SITU(float, expf, tanhf)
-SITU(double, exp, tanh)
+SITU(float, sigmoid_f32, tanh_f32)
+SITU(double, sigmoid_f64, tanh)
 
 #define SITU_KERNELS(T)                                                                                     \
     static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, T k1, T k2)                          \
