@@ -209,6 +209,7 @@ local lazy = {
   train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
   curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", testing = "tide.testing",
   cli = "tide.cli", repl = "tide.repl", step = "tide.step", options = "tide.options", defaults = "tide.defaults",
+  rl = "tide.rl",
 }
 tide.submodules = lazy
 setmetatable(tide, {

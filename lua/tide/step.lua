@@ -402,7 +402,8 @@ local TABLE = { what = "a table", ok = function(v) return type(v) == "table" end
 local U64 = { what = "an unsigned 64-bit integer (decimal digits)", ok = function(v)
   return (type(v) == "string" and #v <= 20 and v:match("^%d+$") ~= nil and (#v < 20 or v <= "18446744073709551615"))
     or (is_int(v) and v >= 0 and v <= 2 ^ 53) end }
-local DRIVER = { what = "\"train\" or \"curriculum\"", ok = function(v) return v == "train" or v == "curriculum" end }
+local DRIVER = { what = "\"train\", \"curriculum\" or \"rl\"", ok = function(v)
+  return v == "train" or v == "curriculum" or v == "rl" end }
 local function opt(spec) return { what = spec.what, ok = spec.ok, fields = spec.fields, optional = true } end
 local function tbl(fields, optional) return { what = "a table", ok = TABLE.ok, fields = fields, optional = optional } end
 local function list_of(spec, optional)
@@ -418,7 +419,9 @@ local STATE_SCHEMA = {
   data = tbl({}),
   schedule = tbl({ step = NONNEG }),
   optim = tbl({ kind = STRING, t = NONNEG }),
-  curriculum = tbl({ stage = opt(POS), stage_step = opt(NONNEG), stage_name = opt(STRING) }, true),
+  -- the driver's position: a curriculum's stage, an RL recipe's phase and iteration (and where RL started)
+  curriculum = tbl({ stage = opt(POS), stage_step = opt(NONNEG), stage_name = opt(STRING), phase = opt(STRING),
+    iteration = opt(NONNEG), rl_start = opt(STRING) }, true),
 }
 
 local function check_fields(t, schema, prefix, path)
@@ -494,6 +497,9 @@ function Run:save()
     files = tok and tok.save and function(dir) tok:save(dir .. "/tokenizer.json") end or nil })
 end
 
+-- what the messages call each driver
+step.DRIVER_NAMES = { train = "tide.train", curriculum = "a curriculum", rl = "an RL recipe" }
+
 -- restore(dir) -> state: weights, AdamW, counters, Philox counter, MoE windows, then the driver's cursors and position
 function Run:restore(dir)
   local st = checkpoint.load(dir, { model = self.model, optim = self.optim,
@@ -503,8 +509,7 @@ function Run:restore(dir)
     end })
   if st.driver ~= self.driver then
     options.fail(self.driver, fmt("%s was written by %s, not %s (its data and schedule state do not carry over)", dir,
-      tostring(st.driver == "curriculum" and "a curriculum" or "tide.train"),
-      self.driver == "curriculum" and "a curriculum" or "tide.train"), 0)
+      step.DRIVER_NAMES[st.driver] or tostring(st.driver), step.DRIVER_NAMES[self.driver] or tostring(self.driver)), 0)
   end
   local tok = self.tokenizer
   if tok and st.tokenizer and st.tokenizer.vocab_size ~= tok.vocab_size then
@@ -530,7 +535,7 @@ end
 
 -- the files and directories a run writes into its directory (a TensorBoard events.out.tfevents.* file too): a fresh
 -- run finds none of them, or the directory belongs to another run
-step.RUN_FILES = { "metrics.jsonl", "config.json", "ckpt", "results.json", "report.html" }
+step.RUN_FILES = { "metrics.jsonl", "config.json", "ckpt", "results.json", "report.html", "reference" }
 
 if not pcall(function() return ffi.C.close end) then pcall(ffi.cdef, "int close(int fd);") end
 local function is_regular(path)
@@ -548,7 +553,8 @@ function step.run_files(out)
     local path = out .. "/" .. name
     -- a run's own files are regular (ckpt a directory); anything else in their place is not a run's (a FIFO
     -- config.json is replaced by the atomic write, a FIFO metrics.jsonl refused when it is opened)
-    if name == "ckpt" and tide.C.tide_is_dir(path) == 1 or name ~= "ckpt" and is_regular(path) then
+    local is_dir = name == "ckpt" or name == "reference"     -- directories (an RL run's KL reference)
+    if is_dir and tide.C.tide_is_dir(path) == 1 or not is_dir and is_regular(path) then
       found[#found + 1] = name
     end
   end

@@ -191,7 +191,7 @@ T.test("a hostile state.json: each mutation is refused in one line naming the fi
     { "moe", function(s) s.moe = 5 end, "a list", "5" },
     { "moe[1]", function(s) s.moe = { 5 } end, "a table", "5" },
     { "tokenizer.vocab_size", function(s) s.tokenizer = { vocab_size = "320" } end, "a positive integer", '"320"' },
-    { "driver", function(s) s.driver = 7 end, '"train" or "curriculum"', "7" },
+    { "driver", function(s) s.driver = 7 end, '"train", "curriculum" or "rl"', "7" },
     { "curriculum.stage", function(s) s.curriculum = { stage = 0 } end, "a positive integer", "0" },
   }
   for _, case in ipairs(cases) do

@@ -242,6 +242,16 @@ function Env:reset(seed)
   return obs
 end
 
+-- the actions of a correct episode after reset (SFT warm-up data): the solution through calc when there is a calc
+-- tool, then the answer
+function Env:demo()
+  local sol = self.task.solution
+  local a = {}
+  if self.tools == "calc" then a[1] = { call = { name = "calc", args = sol } } end
+  a[#a + 1] = { text = "<answer>" .. sol .. "</answer>" }
+  return a
+end
+
 -- {call = {name, args}} -> {result, reward = 0, done = false, invalid}; {text} -> {terminal, done = true}
 function Env:step(action)
   if action.call then

@@ -103,6 +103,14 @@ function Env:reset(seed)
   return { prompt = "Reach G. Each turn answer with one move as <action>U</action>, D, L or R.", observation = obs }
 end
 
+-- the BFS policy's actions after reset: one move a turn along a shortest path
+function Env:demo()
+  local _, path = grid.bfs(self.task)
+  local a = {}
+  for i, m in ipairs(path) do a[i] = { text = "<action>" .. m .. "</action>" } end
+  return a
+end
+
 function Env:step(action)
   if action.call then
     return { result = "error: this environment has no tools", reward = -0.1, done = false, invalid = true }

@@ -2,6 +2,7 @@
 --
 --   local rl = require "tide.rl"
 --   local env = rl.env("countdown", {tools = "calc"})      -- or rl.env(my_env_table)
+--   return rl.Recipe{model = ..., sft = ..., rl = {env = "countdown", objective = "grpo", ...}}   (tide.rl.loop)
 --
 -- An environment is a Lua table with reset(self, seed) -> {prompt, system?, tools?, observation?} and
 -- step(self, action) -> {result? | observation?, reward? (process), terminal? (r_T, when done), done}, where action is
@@ -16,6 +17,10 @@ rl.markup = require "tide.rl.markup"
 rl.rewards = require "tide.rl.rewards"
 rl.objectives = require "tide.rl.objectives"
 rl.stream = require "tide.rl.stream"
+rl.rollout = require "tide.rl.rollout"
+rl.update = require "tide.rl.update"
+rl.loop = require "tide.rl.loop"
+rl.Recipe = rl.loop.new
 
 rl.envs = {
   countdown = require "tide.rl.countdown",

@@ -81,6 +81,14 @@ function Env:reset(seed)
     tools = { search = "search: KEY returns the value stored under KEY, or none" } }
 end
 
+-- the oracle policy's actions after reset: one search per key, then the answers
+function Env:demo()
+  local a = {}
+  for i, k in ipairs(self.task.keys) do a[i] = { call = { name = "search", args = k } } end
+  a[#a + 1] = { text = "<answer>" .. table.concat(self.task.answers, " ") .. "</answer>" }
+  return a
+end
+
 function Env:step(action)
   if action.call then
     local c = action.call

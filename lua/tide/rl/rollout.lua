@@ -81,6 +81,8 @@ local function make_env(spec, cfg)
   return rl.env(spec, cfg)
 end
 
+rollout.make_env = make_env
+
 local function finite(x) return type(x) == "number" and x == x and x ~= math.huge and x ~= -math.huge end
 
 function rollout.run(model, tok, o)
@@ -165,8 +167,10 @@ function rollout.run(model, tok, o)
     return r
   end
 
-  local function finish(row, terminal, truncated)
+  local function finish(row, terminal, truncated, res)
     local t = row.traj
+    t.calls = row.calls
+    if res then t.formatted, t.correct = res.formatted == true, res.correct == true end
     t.reward_terminal = add_reward(row, terminal, "terminal")
     t.truncated, t.finished = truncated or false, not truncated
     if truncated then st.truncated = st.truncated + 1; t.reward_terminal = 0 else st.finished = st.finished + 1 end
@@ -237,7 +241,7 @@ function rollout.run(model, tok, o)
       return
     end
     turn_reward(row, res.reward)
-    if res.done then finish(row, res.terminal or 0, false) return end
+    if res.done then finish(row, res.terminal or 0, false, res) return end
     row.turn = row.turn + 1
     if row.turn >= max_turns then finish(row, 0, true) return end
     local before = t:len()

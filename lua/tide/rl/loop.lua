@@ -1,0 +1,439 @@
+-- tide.rl.loop: the RL recipe form (rl.md §5): an optional SFT warm-up on the environment's demonstrations, then
+-- iterations of rollouts -> rewards -> batch -> U policy updates, every update one call of the shared training step.
+--
+--   return tide.rl.Recipe{
+--     name = "agent_rl", model = {...} | init = "runs/x/ckpt/latest",
+--     sft = {steps = 200, rows = 32, lr = 3e-3},
+--     rl = {env = "countdown", env_cfg = {tools = "calc"}, objective = "grpo" | "dapo" | "kimi", iterations = 50,
+--           prompts = 8, G = 8, max_new = 48, max_turns = 8, temperature = 1, lr = 1e-3, updates = 1,
+--           eps = 0.2, beta_kl = 0, eps_lo = 0.2, eps_hi = 0.28, tau = 0.1, tis = false, C_tis = 2,
+--           credit = "trajectory", length_weight = 0, dynamic = (dapo), max_resample = 3, prompt_seed = 0},
+--     optim = {...}, train = {out = "runs/agent_rl", ckpt_every = 10, log_every = 1, seed = 0},
+--     expect = {format_rate_above = 0.9, reward_rises = true}}
+--
+-- The run's step counter counts optimiser steps (SFT steps, then policy updates); checkpoints hold the weights, the
+-- optimiser, the phase and the iteration. Prompt seeds and sampler seeds derive from (prompt_seed, iteration), so a
+-- resumed run samples exactly what the uninterrupted one did. The reference model of the KL term is the weights at
+-- the start of RL (after the warm-up), rebuilt from that checkpoint on resume (its path is in the state).
+local tide = require "tide"
+local options = require "tide.options"
+local step = require "tide.step"
+local optim = require "tide.optim"
+local log = require "tide.log"
+local json = require "tide.json"
+local nn = require "tide.nn"
+local tokenizer = require "tide.data.tokenizer"
+local checkpoint = require "tide.checkpoint"
+local traj_m = require "tide.rl.traj"
+local markup = require "tide.rl.markup"
+local rollout = require "tide.rl.rollout"
+local update = require "tide.rl.update"
+local objectives = require "tide.rl.objectives"
+local rewards = require "tide.rl.rewards"
+
+local loop = {}
+local fmt = string.format
+local WHO = "rl"
+local function bad(msg, level) options.fail(WHO, msg, level) end
+
+local TOP = { kind = true, run = true, plan = true, name = true, description = true, model = true, init = true,
+  tokenizer = true, sft = true, rl = true, optim = true, train = true, expect = true, resume = true, dry_run = true,
+  out = true, seed = true, threads = true, overwrite = true, check = true, on_nonfinite = true }
+local SFT = { steps = true, rows = true, lr = true, seed = true }
+local RL = { env = true, env_cfg = true, objective = true, iterations = true, prompts = true, G = true, max_new = true,
+  max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
+  beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
+  length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true }
+local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
+  keep_ckpts = true, threads = true, collect_every = true }
+local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
+loop.KEYS = { top = TOP, sft = SFT, rl = RL, train = TRAIN, expect = EXPECT }
+
+---------------------------------------------------------------------------------------------------
+-- demonstrations: an environment's demo() actions written as the policy would write them (SFT warm-up data)
+
+function loop.demo_trajectory(env, tok, seed)
+  local mk = markup.new(tok)
+  local R = traj_m.ROLE
+  local t = traj_m.new { env = env.name, seed = seed }
+  mk:prompt(t, env:reset(seed))
+  local turn = 0
+  local function write(ids) for _, id in ipairs(ids) do t:push(id, R.assistant, 1, 0, 0, turn) end end
+  for _, a in ipairs(env:demo()) do
+    if a.call then
+      write { mk.sp.call_begin }
+      write(tok:encode(a.call.name .. ": " .. a.call.args))
+      write { mk.sp.call_end }
+      local res = env:step(a)
+      mk:tool_result(t, res.result, turn)
+      turn = turn + 1
+    else
+      write(tok:encode(a.text))
+      write { mk.sp.im_end }
+      local res = env:step(a)
+      if res.done then
+        t.reward_terminal, t.finished = res.terminal or 0, true
+        break
+      end
+      turn = turn + 1
+      if res.observation then mk:observation(t, res.observation, turn) else mk:assistant_header(t, turn) end
+    end
+  end
+  return t
+end
+
+---------------------------------------------------------------------------------------------------
+-- the config
+
+local function resolve(cfg)
+  options.check(cfg, TOP, "the RL recipe", WHO)
+  local r = cfg.rl or {}
+  options.check(r, RL, "rl", WHO)
+  local s = cfg.sft
+  if s ~= nil then options.check(s, SFT, "sft", WHO) end
+  options.check(cfg.train or {}, TRAIN, "train", WHO)
+  options.check(cfg.expect or {}, EXPECT, "expect", WHO)
+  step.check_numbers(cfg, WHO)
+  local o = {
+    env = r.env or "countdown", env_cfg = r.env_cfg,
+    objective = options.one_of(r.objective or "grpo", objectives.NAMES, "rl.objective", WHO),
+    iterations = r.iterations == nil and 50 or options.nonneg_int(r.iterations, "rl.iterations", WHO),
+    prompts = r.prompts == nil and 8 or options.pos_int(r.prompts, "rl.prompts", WHO),
+    G = r.G == nil and 8 or options.pos_int(r.G, "rl.G", WHO),
+    max_new = r.max_new == nil and 64 or options.pos_int(r.max_new, "rl.max_new", WHO),
+    max_turns = r.max_turns == nil and 8 or options.pos_int(r.max_turns, "rl.max_turns", WHO),
+    temperature = r.temperature == nil and 1 or options.finite_number(r.temperature, "rl.temperature", WHO, nil, 0),
+    top_k = r.top_k, top_p = r.top_p,
+    lr = r.lr == nil and 1e-3 or options.positive_number(r.lr, "rl.lr", WHO),
+    updates = r.updates == nil and 1 or options.pos_int(r.updates, "rl.updates", WHO),
+    tis = r.tis == true, C_tis = r.C_tis == nil and 2 or options.positive_number(r.C_tis, "rl.C_tis", WHO),
+    credit = options.one_of(r.credit or "trajectory", { trajectory = true, turn = true }, "rl.credit", WHO),
+    length_weight = r.length_weight == nil and 0 or options.finite_number(r.length_weight, "rl.length_weight", WHO, nil, 0),
+    max_resample = r.max_resample == nil and 3 or options.nonneg_int(r.max_resample, "rl.max_resample", WHO),
+    prompt_seed = r.prompt_seed == nil and 0 or options.seed(r.prompt_seed, "rl.prompt_seed", WHO),
+    tool_timeout = r.tool_timeout,
+  }
+  o.dynamic = r.dynamic
+  if o.dynamic == nil then o.dynamic = o.objective == "dapo" end
+  o.obj_opts = {}
+  if o.objective == "grpo" then o.obj_opts = { eps = r.eps, beta_kl = r.beta_kl == nil and 0 or r.beta_kl }
+  elseif o.objective == "dapo" then o.obj_opts = { eps_lo = r.eps_lo, eps_hi = r.eps_hi }
+  else o.obj_opts = { tau = r.tau } end
+  if (r.beta_kl or 0) > 0 and o.objective ~= "grpo" then bad("rl.beta_kl: the KL term is GRPO's (DAPO drops it; Kimi's trust region is its squared term)") end
+  o.beta_kl = o.objective == "grpo" and o.obj_opts.beta_kl or 0
+  local sft = nil
+  if s then
+    sft = { steps = s.steps == nil and 100 or options.nonneg_int(s.steps, "sft.steps", WHO),
+            rows = s.rows == nil and 16 or options.pos_int(s.rows, "sft.rows", WHO),
+            lr = s.lr == nil and 3e-3 or options.positive_number(s.lr, "sft.lr", WHO),
+            seed = s.seed == nil and 1000000 or options.seed(s.seed, "sft.seed", WHO) }
+  end
+  return o, sft
+end
+
+---------------------------------------------------------------------------------------------------
+-- one iteration's statistics (rl.md §7)
+
+local function traj_stats(trajs)
+  local n, R, R2, fmt_n, correct, len, calls, trunc = #trajs, 0, 0, 0, 0, 0, 0, 0
+  for _, t in ipairs(trajs) do
+    local r = t:total_reward()
+    R, R2 = R + r, R2 + r * r
+    if t.formatted then fmt_n = fmt_n + 1 end
+    if t.correct then correct = correct + 1 end
+    len = len + t:n_policy()
+    calls = calls + (t.calls or 0)
+    if t.truncated then trunc = trunc + 1 end
+  end
+  local mean = R / math.max(n, 1)
+  return { reward_mean = mean, reward_std = math.sqrt(math.max(R2 / math.max(n, 1) - mean * mean, 0)),
+    format_rate = fmt_n / math.max(n, 1), accuracy = correct / math.max(n, 1), response_len = len / math.max(n, 1),
+    tool_calls_per_sample = calls / math.max(n, 1), truncated_rate = trunc / math.max(n, 1) }
+end
+
+local function groups_of(trajs)
+  local order, by = {}, {}
+  for _, t in ipairs(trajs) do
+    if not by[t.group_id] then by[t.group_id] = {}; order[#order + 1] = t.group_id end
+    by[t.group_id][#by[t.group_id] + 1] = t
+  end
+  local out = {}
+  for _, g in ipairs(order) do out[#out + 1] = by[g] end
+  return out
+end
+
+---------------------------------------------------------------------------------------------------
+-- the run
+
+local function setup(cfg)
+  local o, sft = resolve(cfg)
+  local tcfg = cfg.train or {}
+  local seed = cfg.seed or tcfg.seed or 0
+  local threads = cfg.threads or tcfg.threads
+  if threads then tide.set_num_threads(threads) end
+  tide.manual_seed(seed)
+  local model, tok
+  if cfg.init then
+    local info
+    model, info = checkpoint.load_model(cfg.init)
+    tok = cfg.tokenizer and tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", WHO) or info.tokenizer
+  else
+    step.preflight(cfg.model, WHO)
+    model = nn.build(cfg.model or {})
+    tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", WHO)
+  end
+  local opt = optim.build(cfg.optim or {}, model)
+  local S = { cfg = cfg, o = o, sft = sft, tcfg = tcfg, seed = seed, model = model, tok = tok, opt = opt,
+    phase = (sft and sft.steps > 0) and "sft" or "rl", iteration = 0, rl_start = nil, history = {} }
+  local function make_stepper(objective)
+    return step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
+      objective = objective })
+  end
+  S.sft_stepper = make_stepper(nil)
+  S.rl_stepper = make_stepper(update.objective(o.objective, o.obj_opts))
+  local out = cfg.out or tcfg.out
+  if out == "" then out = nil end
+  S.out = out
+  S.run = step.run({ driver = "rl", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
+    tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
+    optim = opt, stepper = S.phase == "sft" and S.sft_stepper or S.rl_stepper, tokenizer = tok,
+    get_data = function() return {} end,
+    set_data = function() end,
+    get_position = function()
+      return { phase = S.phase, iteration = S.iteration, rl_start = S.rl_start }
+    end,
+    set_position = function(pos)
+      if type(pos) ~= "table" or (pos.phase ~= "sft" and pos.phase ~= "rl") or type(pos.iteration) ~= "number" then
+        bad("the checkpoint holds no RL position (phase \"sft\" or \"rl\", iteration)", 0)
+      end
+      S.phase, S.iteration, S.rl_start = pos.phase, pos.iteration, pos.rl_start
+    end })
+  return S
+end
+
+local function sft_phase(S)
+  local run, sft, o = S.run, S.sft, S.o
+  local env = rollout.make_env(o.env, o.env_cfg)
+  run.stepper = S.sft_stepper
+  local logger = run.logger
+  local log_every = S.tcfg.log_every or 10
+  local ckpt_every = S.tcfg.ckpt_every or 0
+  while run.step < sft.steps do
+    local rows = {}
+    for i = 1, sft.rows do rows[i] = loop.demo_trajectory(env, S.tok, sft.seed + run.step * sft.rows + i - 1) end
+    local rec = run:train_step({ update.sft_batch(rows) }, sft.lr)
+    rec.phase = "sft"
+    run:record(rec)
+    if run.step % log_every == 0 or run.step == sft.steps then
+      logger:line(fmt("sft %d/%d  loss %.4f  lr %.3g", run.step, sft.steps, rec.loss, sft.lr))
+    end
+    if run:after_step(rec, ckpt_every > 0 and run.step % ckpt_every == 0) then return false end
+  end
+  return true
+end
+
+-- the weights RL starts from, kept as the KL term's reference: <out>/reference (never pruned); its path goes into
+-- every later checkpoint, so a resumed run rebuilds the same reference
+local function save_reference(S)
+  local run = S.run
+  if not S.out then return end
+  if not run.meta then run:save() end
+  local dir = S.out .. "/reference"
+  checkpoint.save(dir, run.step, { model = S.model, keep = 1, metadata = run.meta,
+    state = { format = step.FORMAT, driver = "rl", note = "the reference model of the KL term" } })
+  S.rl_start = dir
+end
+
+-- the reference model for the KL term: a frozen copy of the weights RL starts from
+local function reference(S)
+  if S.o.beta_kl <= 0 then return nil end
+  if not S.ref then
+    if S.rl_start then
+      S.ref = (checkpoint.load_model(S.rl_start))
+    else
+      S.ref = nn.build(S.model.cfg)
+      tide.no_grad(function()
+        local src = {}
+        for name, p in S.model:named_parameters() do src[name] = p end
+        for name, p in S.ref:named_parameters() do p:copy_(src[name]) end
+      end)
+    end
+    S.ref:eval()
+  end
+  return S.ref
+end
+
+-- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
+local function sample(S, it)
+  local o = S.o
+  local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
+  local kept, drawn, st_all = {}, 0, nil
+  for round = 0, (o.dynamic and o.max_resample or 0) do
+    local need = o.prompts - #kept
+    if need <= 0 then break end
+    local prompts = {}
+    for j = 1, need do
+      local k = drawn + j - 1
+      prompts[j] = { seed = base + k, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
+    end
+    drawn = drawn + need
+    local trajs, st = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = prompts, G = o.G,
+      max_new = o.max_new, max_turns = o.max_turns, temperature = o.temperature, top_k = o.top_k, top_p = o.top_p,
+      seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
+      tool_timeout = o.tool_timeout })
+    if st_all then for k, v in pairs(st) do st_all[k] = st_all[k] + v end else st_all = st end
+    for _, g in ipairs(groups_of(trajs)) do
+      local r = {}
+      for i, t in ipairs(g) do r[i] = t:total_reward() end
+      if not o.dynamic or objectives.keep_group(r) then kept[#kept + 1] = g end
+    end
+    st_all.all_trajs = st_all.all_trajs or {}
+    for _, t in ipairs(trajs) do st_all.all_trajs[#st_all.all_trajs + 1] = t end
+  end
+  return kept, st_all
+end
+
+-- the length reward (K1.5) added to each group's terminal rewards
+local function shape_rewards(S, groups)
+  local w = S.o.length_weight
+  if w <= 0 then return end
+  for _, g in ipairs(groups) do
+    local lens, ok = {}, {}
+    for i, t in ipairs(g) do lens[i], ok[i] = t:n_policy(), t.correct == true end
+    local lr = rewards.length(lens, ok)
+    for i, t in ipairs(g) do t.reward_terminal = t.reward_terminal + w * lr[i] end
+  end
+end
+
+local function rl_iteration(S)
+  local run, o, it = S.run, S.o, S.iteration
+  local t0 = tide.time()
+  local groups, st = sample(S, it)
+  local t_sample = tide.time() - t0
+  local rec = traj_stats(st.all_trajs)
+  rec.phase, rec.iteration = "rl", it + 1
+  rec.zero_var_groups = 1 - #groups / math.max(#groups_of(st.all_trajs), 1)
+  rec.tool_errors, rec.malformed_calls, rec.env_errors = st.tool_errors, st.malformed_calls, st.env_errors
+  rec.nonfinite_rewards, rec.tool_timeouts = st.nonfinite_rewards, st.tool_timeouts
+  rec.staleness = 0
+  shape_rewards(S, groups)
+  local t1 = tide.time()
+  local loss_sum, n_up, stats = 0, 0, {}
+  if #groups > 0 then
+    -- the U minibatches: groups dealt round-robin
+    local mbs = {}
+    for u = 1, math.min(o.updates, #groups) do mbs[u] = {} end
+    for i, g in ipairs(groups) do
+      local mb = mbs[(i - 1) % #mbs + 1]
+      for _, t in ipairs(g) do mb[#mb + 1] = t end
+    end
+    local batches = {}
+    for u, mb in ipairs(mbs) do batches[u] = update.batch(mb, { credit = o.credit }) end
+    local ref = reference(S)
+    for _, b in ipairs(batches) do
+      if ref then update.set_ref(b, update.score(ref, b)) end
+      if o.tis then stats.tis_clip_rate = update.set_tis(b, update.score(S.model, b), o.C_tis) end
+    end
+    run.stepper = S.rl_stepper
+    for _, b in ipairs(batches) do
+      local r = run:train_step({ b }, o.lr)
+      loss_sum, n_up = loss_sum + r.loss, n_up + 1
+      for k, v in pairs(b.stats or {}) do stats[k] = v end
+      rec.grad_norm, rec.lr, rec.step, rec.time, rec.tokens = r.grad_norm, r.lr, r.step, r.time, r.tokens
+      rec.mem_current, rec.mem_peak, rec.skipped = r.mem_current, r.mem_peak, r.skipped
+      rec.stop = r.stop
+    end
+  else
+    rec.step, rec.time, rec.tokens = run.step, os.time(), run.tokens
+  end
+  rec.loss = n_up > 0 and loss_sum / n_up or 0
+  rec.updates = n_up
+  for _, k in ipairs { "entropy", "clip_frac", "kl", "tis_mean", "tis_clip_rate", "ratio" } do rec[k] = stats[k] end
+  rec.t_sample, rec.t_update = t_sample, tide.time() - t1
+  rec.sample_tok_per_s = st.tokens / math.max(t_sample, 1e-9)
+  S.iteration = it + 1
+  return rec
+end
+
+local function progress_line(S, rec)
+  return fmt("iter %d/%d  reward %.3f ± %.3f  format %.2f  acc %.2f  len %.1f  loss %.4f  entropy %s  %s tok/s sampling",
+    rec.iteration, S.o.iterations, rec.reward_mean, rec.reward_std, rec.format_rate, rec.accuracy, rec.response_len,
+    rec.loss, rec.entropy and fmt("%.3f", rec.entropy) or "-", log.si(rec.sample_tok_per_s))
+end
+
+function loop.run(cfg)
+  local S = setup(cfg)
+  local run = S.run
+  local st = run:open(cfg.resume, cfg.overwrite)
+  local logger = run.logger
+  if st then logger:line(fmt("resumed from %s at step %d (%s, iteration %d)", run.resumed_from, run.step, S.phase, S.iteration)) end
+  logger:line(fmt("model: %s", S.model:extra_repr()))
+  logger:line(fmt("rl: %s on %s, %d prompts x G %d per iteration, %d iterations", S.o.objective,
+    type(S.o.env) == "string" and S.o.env or "a recipe environment", S.o.prompts, S.o.G, S.o.iterations))
+  local stopped = false
+  if S.phase == "sft" then
+    stopped = not sft_phase(S)
+    if not stopped then
+      S.phase = "rl"
+      run:save()
+    end
+  end
+  if not stopped and S.phase == "rl" and S.o.beta_kl > 0 and not S.rl_start then save_reference(S) end
+  local ckpt_every = S.tcfg.ckpt_every or 0
+  local log_every = S.tcfg.log_every or 1
+  while not stopped and S.iteration < S.o.iterations do
+    local rec = rl_iteration(S)
+    run:record(rec)
+    S.history[rec.iteration] = { reward = rec.reward_mean, format = rec.format_rate, accuracy = rec.accuracy }
+    if rec.iteration % log_every == 0 or rec.iteration == S.o.iterations then logger:line(progress_line(S, rec)) end
+    if rec.stop then stopped = true break end
+    if run:after_step(rec, ckpt_every > 0 and rec.iteration % ckpt_every == 0 and rec.iteration < S.o.iterations) then
+      stopped = true
+    end
+  end
+  local r = run:finish()
+  r.history, r.iterations = S.history, S.iteration
+  r.model, r.tokenizer = S.model, S.tok
+  return r, S
+end
+
+-- the recipe's expect bounds over the iteration history: {misses}
+function loop.check(cfg, r)
+  local e, miss, h = cfg.expect or {}, {}, r.history or {}
+  local n = #h
+  if e.format_rate_above and n > 0 then
+    local best = 0
+    for _, x in ipairs(h) do best = math.max(best, x.format) end
+    if best < e.format_rate_above then miss[#miss + 1] = fmt("format rate reached %.3f, expected above %.3f", best, e.format_rate_above) end
+  end
+  if e.reward_rises and n >= 4 then
+    -- the mean reward of the last 40% of iterations above the first 40%
+    local k = math.max(1, math.floor(n * 0.4))
+    local a, b = 0, 0
+    for i = 1, k do a = a + h[i].reward / k end
+    for i = n - k + 1, n do b = b + h[i].reward / k end
+    r.reward_first, r.reward_last = a, b
+    if not (b > a) then miss[#miss + 1] = fmt("mean reward of the last %d iterations %.4f is not above the first %d's %.4f", k, b, k, a) end
+  end
+  if e.reward_above and n > 0 and not (h[n].reward > e.reward_above) then
+    miss[#miss + 1] = fmt("final mean reward %.4f, expected above %.4f", h[n].reward, e.reward_above)
+  end
+  return miss
+end
+
+-- Recipe(spec) -> the recipe table (kind = "rl", run)
+function loop.new(spec)
+  if type(spec) ~= "table" then bad("Recipe{...} takes a table", 2) end
+  options.check(spec, TOP, "Recipe{...}", WHO)
+  spec.kind = "rl"
+  spec.run = function(cfg)
+    local r = loop.run(cfg)
+    if r.stopped then return 1 end
+    local miss = loop.check(cfg, r)
+    for _, line in ipairs(miss) do io.stderr:write(cfg.check and "" or "warning: ", line, "\n") end
+    return (#miss > 0 and cfg.check) and 1 or 0
+  end
+  return spec
+end
+
+return loop

@@ -1,0 +1,127 @@
+-- rl recipes: SFT warm-up on demonstrations, then iterations of rollouts and policy updates through the one step;
+-- the records of rl.md §7 in metrics.jsonl, exact resume (weights, optimiser, iteration, the KL reference), errors.
+local T = require "tide.testing"
+local tide = require "tide"
+local rl = require "tide.rl"
+local json = require "tide.json"
+local checkpoint = require "tide.checkpoint"
+local tokenizer = require "tide.data.tokenizer"
+
+local function recipe(out, over)
+  local cfg = {
+    name = "rl_test",
+    model = { kind = "hybrid", vocab_size = 320, dim = 16, n_layers = 2, mixers = "KM", ffn_dim = 24,
+      kda = { heads = 2, head_dim = 8 }, mla = { heads = 2, q_rank = 8, kv_rank = 8, nope_dim = 8, rope_dim = 4, v_dim = 8 } },
+    sft = { steps = 3, rows = 4, lr = 3e-3 },
+    rl = { env = "countdown", objective = "grpo", beta_kl = 0.04, iterations = 4, prompts = 2, G = 3, max_new = 10,
+      lr = 1e-3 },
+    optim = { weight_decay = 0 },
+    train = { out = out, log_every = 1, quiet = true, tensorboard = false },
+  }
+  for k, v in pairs(over or {}) do
+    if type(v) == "table" and type(cfg[k]) == "table" then for kk, vv in pairs(v) do cfg[k][kk] = vv end
+    else cfg[k] = v end
+  end
+  return rl.Recipe(cfg)
+end
+
+local function records(out)
+  local recs = {}
+  for line in T.read(out .. "/metrics.jsonl"):gmatch("[^\n]+") do recs[#recs + 1] = json.decode(line) end
+  return recs
+end
+
+local function weights(dir)
+  local m = checkpoint.load_model(dir)
+  local w = {}
+  for name, t in m:named_parameters() do w[name] = t:tolist() end
+  return w
+end
+
+T.test("demonstrations: each environment's demo, written as the policy would, earns the full reward", function()
+  local tok = tokenizer.byte_level()
+  for _, e in ipairs { { "countdown" }, { "countdown", { tools = "calc" } }, { "kv_search" }, { "grid" } } do
+    for seed = 0, 19 do
+      local env = rl.env(e[1], e[2])
+      local t = rl.loop.demo_trajectory(env, tok, seed)
+      T.ok(t.finished, e[1] .. " finished")
+      local want = e[1] == "grid" and 1 or 1.0
+      T.eq(t.reward_terminal, want, e[1] .. " seed " .. seed)
+      T.ok(t:n_policy() > 0, "policy tokens")
+    end
+  end
+  local t = rl.loop.demo_trajectory(rl.env("countdown", { tools = "calc" }), tok, 3)
+  local text = tok:decode(t.tokens)
+  local sol = rl.envs.countdown.task(3).solution
+  T.ok(text:find("<|tool_call_begin|>calc: " .. sol .. "<|tool_call_end|><|tool_result_begin|>", 1, true), text)
+end)
+
+T.test("an RL recipe: SFT steps, then iterations with the rl.md §7 metrics in metrics.jsonl", function()
+  local out = T.tmpdir("rl_loop_a")
+  local cfg = recipe(out)
+  local r = rl.loop.run(cfg)
+  T.eq({ r.steps, r.iterations, r.stopped }, { 3 + 4, 4, nil })
+  local recs = records(out)
+  local sft, it = 0, {}
+  for _, rec in ipairs(recs) do
+    if rec.phase == "sft" then sft = sft + 1 end
+    if rec.phase == "rl" then it[#it + 1] = rec end
+  end
+  T.eq({ sft, #it }, { 3, 4 })
+  for i, rec in ipairs(it) do
+    T.eq(rec.iteration, i)
+    for _, k in ipairs { "reward_mean", "reward_std", "format_rate", "accuracy", "response_len", "zero_var_groups",
+      "tool_calls_per_sample", "t_sample", "t_update", "sample_tok_per_s", "loss", "step" } do
+      T.ok(type(rec[k]) == "number", "iteration " .. i .. " has " .. k)
+    end
+    if rec.updates > 0 then
+      for _, k in ipairs { "entropy", "clip_frac", "kl", "grad_norm" } do T.ok(type(rec[k]) == "number", k) end
+      T.ok(rec.entropy > 0, "entropy")
+    end
+  end
+  -- the KL reference is kept beside the checkpoints
+  T.ok(tide.C.tide_is_dir(out .. "/reference") == 1, "reference saved")
+  -- a second fresh run into the same directory is refused
+  T.raises(function() rl.loop.run(recipe(out)) end, "holds another run")
+end)
+
+T.test("resume is exact: 2 iterations, then resumed to 4, equals 4 at once (weights bitwise, the records)", function()
+  local a, b = T.tmpdir("rl_loop_full"), T.tmpdir("rl_loop_half")
+  rl.loop.run(recipe(a))
+  rl.loop.run(recipe(b, { rl = { iterations = 2 } }))
+  local cfg = recipe(b)
+  cfg.resume = true
+  local r = rl.loop.run(cfg)
+  T.eq(r.iterations, 4)
+  local wa, wb = weights(a), weights(b)
+  for name, w in pairs(wa) do T.eq(wb[name], w, name) end
+  local ra, rb = records(a), records(b)
+  local function rl_recs(recs)
+    local out = {}
+    for _, rec in ipairs(recs) do if rec.phase == "rl" then out[rec.iteration] = rec end end
+    return out
+  end
+  local xa, xb = rl_recs(ra), rl_recs(rb)
+  for i = 1, 4 do
+    for _, k in ipairs { "reward_mean", "loss", "response_len", "kl", "grad_norm" } do
+      T.eq(xb[i][k], xa[i][k], "iteration " .. i .. " " .. k)
+    end
+  end
+  -- resuming a finished run trains nothing more
+  local c2 = recipe(a)
+  c2.resume = true
+  c2.rl.iterations = 4
+  T.eq(rl.loop.run(c2).iterations, 4)   -- already done: nothing more runs
+end)
+
+T.test("RL recipe errors: one line naming the key", function()
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { objective = "ppo" } })) end,
+    "rl.objective must be one of \"dapo\", \"grpo\", \"kimi\"")
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { G = 0 } })) end, "rl.G must be a positive integer")
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { objective = "dapo", beta_kl = 0.1 } })) end,
+    "the KL term is GRPO's")
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { iters = 3 } })) end, "unknown key 'iters' in rl")
+  T.raises(function() rl.Recipe { modle = {} } end, "unknown key 'modle'")
+end)
+
+T.run()
