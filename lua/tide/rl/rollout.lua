@@ -34,7 +34,7 @@ ffi.cdef [[ int usleep(unsigned int usec); ]]
 
 local KEYS = { env = true, env_cfg = true, prompts = true, G = true, max_new = true, max_turns = true,
   temperature = true, top_k = true, top_p = true, seed = true, policy_version = true, tool_timeout = true,
-  slots = true, repetition = true }
+  slots = true, repetition = true, budget = true, resume = true, resume_mode = true }
 
 -- wait(seconds): inside a tool, yield to the sampler until `seconds` have passed
 function rollout.wait(seconds)
@@ -88,7 +88,12 @@ local function finite(x) return type(x) == "number" and x == x and x ~= math.hug
 function rollout.run(model, tok, o)
   options.check(o, KEYS, "rollout options", "rl.rollout")
   local who = "rl.rollout"
-  if type(o.prompts) ~= "table" or #o.prompts == 0 then options.fail(who, "prompts must be a non-empty list of {seed = ...}") end
+  if type(o.prompts) ~= "table" or (#o.prompts == 0 and not (o.resume and #o.resume > 0)) then
+    options.fail(who, "prompts must be a non-empty list of {seed = ...}")
+  end
+  local budget = o.budget ~= nil and options.pos_int(o.budget, "budget", who) or nil
+  local resume_mode = o.resume_mode or "prefill"
+  options.one_of(resume_mode, { prefill = true, state = true }, "resume_mode", who)
   local G = o.G == nil and 1 or options.pos_int(o.G, "G", who)
   local max_new = o.max_new == nil and 256 or options.pos_int(o.max_new, "max_new", who)
   local max_turns = o.max_turns == nil and 16 or options.pos_int(o.max_turns, "max_turns", who)
@@ -103,7 +108,8 @@ function rollout.run(model, tok, o)
   local eos = tok.specials["<|endoftext|>"]
   local u = ffi.new("double[1]")
   local st = { samples = 0, tokens = 0, tool_calls = 0, tool_errors = 0, tool_timeouts = 0, malformed_calls = 0,
-    env_errors = 0, nonfinite_rewards = 0, truncated = 0, finished = 0, forwards = 0, t_forward = 0, t_tools = 0 }
+    env_errors = 0, nonfinite_rewards = 0, truncated = 0, finished = 0, forwards = 0, t_forward = 0, t_tools = 0,
+    paused = 0, resumed = 0 }
   local out = {}
 
   local function timed_feed(cache, ids)
@@ -111,6 +117,11 @@ function rollout.run(model, tok, o)
     local lg = feed(model, cache, ids)
     st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
     return lg
+  end
+  -- a row's forward: its schedule (the token counts of its forward calls) is what a re-prefill replays
+  local function row_feed(row, ids)
+    row.schedule[#row.schedule + 1] = #ids
+    row.logits = timed_feed(row.cache, ids)
   end
 
   local function fail_row(row, what)
@@ -129,7 +140,8 @@ function rollout.run(model, tok, o)
     local pr = item.pr
     local t = traj_m.new { prompt_id = pr.prompt_id or (item.p - 1), group_id = pr.group_id or (item.p - 1),
       env = type(o.env) == "string" and o.env or "custom", seed = pr.seed or 0 }
-    local row = { traj = t, uid = (item.p - 1) * G + (item.g - 1), draws = 0, n_new = 0, turn = 0, calls = 0 }
+    local row = { traj = t, uid = item.uid or ((item.p - 1) * G + (item.g - 1)), draws = 0, n_new = 0, turn = 0,
+      calls = 0, seed = item.seed or seed, env_seed = pr.seed or 0, prompt = pr, schedule = {}, actions = {} }
     out[#out + 1] = t
     st.samples = st.samples + 1
     local okm, env = pcall(make_env, o.env, o.env_cfg)
@@ -142,17 +154,18 @@ function rollout.run(model, tok, o)
       return row
     end
     mk:prompt(t, obs)
-    local key = item.p
+    local key = item.key or item.p
     local pf = prefills[key]
     if not pf then
       local cache = model:new_cache()
       local lg = timed_feed(cache, t.tokens)
-      pf = { cache = cache, logits = lg, users = G }
+      pf = { cache = cache, logits = lg, users = item.users or G }
       prefills[key] = pf
     end
     pf.users = pf.users - 1
     row.cache = pf.users > 0 and copy_cache(pf.cache) or pf.cache
     row.logits = pf.logits
+    row.schedule[1] = t:len()
     if pf.users == 0 then prefills[key] = nil end
     return row
   end
@@ -204,7 +217,7 @@ function rollout.run(model, tok, o)
     local ids = { sp.call_end }
     for i = before + 1, t:len() do ids[#ids + 1] = t.tokens[i] end
     row.turn = row.turn + 1
-    row.logits = timed_feed(row.cache, ids)
+    row_feed(row, ids)
     row.co = nil
   end
 
@@ -222,6 +235,7 @@ function rollout.run(model, tok, o)
       return
     end
     local env = row.env
+    row.actions[#row.actions + 1] = { call = { name = name, args = args } }
     local co = coroutine.create(function() return env:step { call = { name = name, args = args } } end)
     local t0 = tide.time()
     local ok, res = coroutine.resume(co)
@@ -233,6 +247,7 @@ function rollout.run(model, tok, o)
   local function end_turn(row)
     local t = row.traj
     local text = mk:turn_text(t)
+    row.actions[#row.actions + 1] = { text = text }
     local ok, res = pcall(row.env.step, row.env, { text = text })
     if not ok or type(res) ~= "table" then
       st.env_errors = st.env_errors + 1
@@ -252,12 +267,12 @@ function rollout.run(model, tok, o)
     end
     local ids = { t.tokens[before] }   -- the <|im_end|> the policy wrote
     for i = before + 1, t:len() do ids[#ids + 1] = t.tokens[i] end
-    row.logits = timed_feed(row.cache, ids)
+    row_feed(row, ids)
   end
 
   local function decode(row)
     local t = row.traj
-    C.tide_philox_uniform(seed, ffi.cast("uint64_t", row.uid) * 1048576 + row.draws, u, 1)
+    C.tide_philox_uniform(row.seed, ffi.cast("uint64_t", row.uid) * 1048576 + row.draws, u, 1)
     row.draws = row.draws + 1
     local id = generate.sample(row.logits, sample_opts, u[0])
     t:push(id, ROLE.assistant, 1, logp_of(row.logits, id), version, row.turn)
@@ -271,17 +286,69 @@ function rollout.run(model, tok, o)
     elseif row.n_new >= max_new or (check_rep and rewards.repeated(t.tokens)) then
       finish(row, 0, true)
     else
-      row.logits = timed_feed(row.cache, { id })
+      row_feed(row, { id })
     end
   end
 
-  local live = {}
+  -- a paused row as a replay-buffer entry (JSON-safe but for `state`, the caches of the saved-state path)
+  local function pause(row)
+    st.paused = st.paused + 1
+    row.traj.paused = true
+    return { traj = row.traj:record(), seed = row.seed, uid = row.uid, draws = row.draws, n_new = row.n_new,
+      turn = row.turn, calls = row.calls, env_seed = row.env_seed, prompt = row.prompt, schedule = row.schedule,
+      actions = row.actions, state = { cache = row.cache, logits = row.logits } }
+  end
+
+  -- a replay-buffer entry back to a live row: the environment rebuilt by replaying its actions (environments are
+  -- deterministic given their seed), the caches restored (saved state) or rebuilt by replaying the row's forward
+  -- schedule on fresh caches (re-prefill: the same calls, so the same bits)
+  local function restore(e)
+    local t = traj_m.from_record(e.traj, "rl.rollout: a paused trajectory")
+    local row = { traj = t, uid = e.uid, draws = e.draws, n_new = e.n_new, turn = e.turn, calls = e.calls,
+      seed = e.seed, env_seed = e.env_seed, prompt = e.prompt, schedule = {}, actions = e.actions }
+    out[#out + 1] = t
+    local env = make_env(o.env, o.env_cfg)
+    row.env = env
+    env:reset(e.env_seed)
+    for _, a in ipairs(e.actions) do env:step(a) end
+    if resume_mode == "state" and e.state and e.state.cache then
+      row.cache, row.logits = e.state.cache, e.state.logits
+      for i, n in ipairs(e.schedule) do row.schedule[i] = n end
+    else
+      row.cache = model:new_cache()
+      local pos = 0
+      for _, n in ipairs(e.schedule) do
+        local ids = {}
+        for j = 1, n do ids[j] = t.tokens[pos + j] end
+        pos = pos + n
+        row_feed(row, ids)
+      end
+      if pos ~= t:len() then error(fmt("rl.rollout: a paused trajectory's schedule covers %d of its %d tokens", pos, t:len()), 0) end
+    end
+    st.resumed = st.resumed + 1
+    return row
+  end
+
+  local live, paused = {}, {}
   local was_training = model.training
   model:eval()
   local prev = C.tide_set_grad_enabled(0)
   local ok, err = pcall(function()
+    -- the replay buffer's rows first: they resume before any new prompt starts (samples the budget left unstarted
+    -- start now, from their own prompt and sampler stream)
+    for k, e in ipairs(o.resume or {}) do
+      local row
+      if e.fresh then
+        row = start({ pr = e.prompt, p = e.p, g = e.g, uid = e.uid, seed = e.seed, key = "resumed " .. k, users = 1 })
+      else
+        row = restore(e)
+      end
+      if not row.done then live[#live + 1] = row end
+    end
+    local pausing = false
     while true do
-      while #live < slots and next_pending <= #pending do
+      if budget and st.tokens >= budget then pausing = true end
+      while not pausing and #live < slots and next_pending <= #pending do
         local row = start(pending[next_pending])
         next_pending = next_pending + 1
         if not row.done then live[#live + 1] = row end
@@ -301,6 +368,9 @@ function rollout.run(model, tok, o)
             st.t_tools = st.t_tools + (tide.time() - t0)
             if coroutine.status(row.co) == "dead" then deliver(row, okr, res); progressed = true end
           end
+        elseif pausing then
+          paused[#paused + 1] = pause(row)
+          row.done, progressed = true, true
         else
           decode(row)
           progressed = true
@@ -315,7 +385,16 @@ function rollout.run(model, tok, o)
   C.tide_set_grad_enabled(prev)
   model:train(was_training)
   if not ok then error(err, 0) end
-  return out, st
+  -- samples the budget left unstarted: entries that start afresh
+  for k = next_pending, #pending do
+    local it = pending[k]
+    paused[#paused + 1] = { fresh = true, prompt = it.pr, p = it.p, g = it.g, uid = (it.p - 1) * G + (it.g - 1),
+      seed = seed }
+  end
+  -- the samples that ended (finished, truncated or failed); the paused ones are entries of `paused`
+  local done = {}
+  for _, t in ipairs(out) do if not t.paused then done[#done + 1] = t end end
+  return done, st, paused
 end
 
 return rollout
