@@ -124,4 +124,29 @@ T.test("RL recipe errors: one line naming the key", function()
   T.raises(function() rl.Recipe { modle = {} } end, "unknown key 'modle'")
 end)
 
+T.test("partial rollouts in the loop: paused samples resume next iteration; a checkpoint holds the replay buffer", function()
+  local over = { rl = { budget = 50, max_new = 12, stale = "mask", max_staleness = 1 } }
+  local a, b = T.tmpdir("rl_partial_full"), T.tmpdir("rl_partial_half")
+  local ra = rl.loop.run(recipe(a, over))
+  local recs = records(a)
+  local paused, stale = 0, 0
+  for _, rec in ipairs(recs) do
+    if rec.phase == "rl" then paused, stale = paused + rec.paused, math.max(stale, rec.staleness) end
+  end
+  T.ok(paused > 0, "samples paused at the budget")
+  T.ok(stale > 0, "resumed samples carry older policy versions: staleness " .. stale)
+  local over2 = { rl = { budget = 50, max_new = 12, stale = "mask", max_staleness = 1, iterations = 2 } }
+  rl.loop.run(recipe(b, over2))
+  local ck = json.decode(T.read(b .. "/ckpt/" .. T.read(b .. "/ckpt/latest"):gsub("%s+$", "") .. "/state.json"))
+  T.ok(#ck.data.replay > 0, "the checkpoint holds paused samples")
+  local cfg = recipe(b, over)
+  cfg.resume = true
+  rl.loop.run(cfg)
+  local wa, wb = weights(a), weights(b)
+  for name, w in pairs(wa) do T.eq(wb[name], w, name) end
+  T.eq(ra.iterations, 4)
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { budget = 10, objective = "dapo", dynamic = true } })) end,
+    "rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine")
+end)
+
 T.run()

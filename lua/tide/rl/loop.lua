@@ -43,7 +43,8 @@ local SFT = { steps = true, rows = true, lr = true, seed = true }
 local RL = { env = true, env_cfg = true, objective = true, iterations = true, prompts = true, G = true, max_new = true,
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
-  length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true }
+  length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
+  resume_mode = true, stale = true, max_staleness = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -112,7 +113,12 @@ local function resolve(cfg)
     max_resample = r.max_resample == nil and 3 or options.nonneg_int(r.max_resample, "rl.max_resample", WHO),
     prompt_seed = r.prompt_seed == nil and 0 or options.seed(r.prompt_seed, "rl.prompt_seed", WHO),
     tool_timeout = r.tool_timeout,
+    budget = r.budget ~= nil and options.pos_int(r.budget, "rl.budget", WHO) or nil,
+    resume_mode = options.one_of(r.resume_mode or "prefill", { prefill = true, state = true }, "rl.resume_mode", WHO),
+    stale = options.one_of(r.stale or "include", { include = true, mask = true }, "rl.stale", WHO),
+    max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),
   }
+  if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
   o.dynamic = r.dynamic
   if o.dynamic == nil then o.dynamic = o.objective == "dapo" end
   o.obj_opts = {}
@@ -165,6 +171,8 @@ end
 ---------------------------------------------------------------------------------------------------
 -- the run
 
+local complete_groups
+
 local function setup(cfg)
   local o, sft = resolve(cfg)
   local tcfg = cfg.train or {}
@@ -184,7 +192,8 @@ local function setup(cfg)
   end
   local opt = optim.build(cfg.optim or {}, model)
   local S = { cfg = cfg, o = o, sft = sft, tcfg = tcfg, seed = seed, model = model, tok = tok, opt = opt,
-    phase = (sft and sft.steps > 0) and "sft" or "rl", iteration = 0, rl_start = nil, history = {} }
+    phase = (sft and sft.steps > 0) and "sft" or "rl", iteration = 0, rl_start = nil, history = {},
+    replay = {}, held = {} }
   local function make_stepper(objective)
     return step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
       objective = objective })
@@ -197,8 +206,31 @@ local function setup(cfg)
   S.run = step.run({ driver = "rl", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
     optim = opt, stepper = S.phase == "sft" and S.sft_stepper or S.rl_stepper, tokenizer = tok,
-    get_data = function() return {} end,
-    set_data = function() end,
+    -- the replay buffer (paused samples, without their caches: a resumed run re-prefills) and the ended samples
+    -- waiting for their groups
+    get_data = function()
+      local replay = {}
+      for i, e in ipairs(S.replay) do
+        local c = {}
+        for k, v in pairs(e) do if k ~= "state" then c[k] = v end end
+        replay[i] = c
+      end
+      local held = {}
+      for _, g in ipairs(S.held) do
+        local recs = {}
+        for i, t in ipairs(g.trajs) do recs[i] = t:record() end
+        held[#held + 1] = { group_id = g.group_id, trajs = recs }
+      end
+      return { replay = replay, held = held }
+    end,
+    set_data = function(d)
+      S.replay, S.held = d.replay or {}, {}
+      for _, g in ipairs(d.held or {}) do
+        local ts = {}
+        for i, rec in ipairs(g.trajs) do ts[i] = traj_m.from_record(rec, "rl: a held trajectory of the checkpoint") end
+        S.held[#S.held + 1] = { group_id = g.group_id, trajs = ts }
+      end
+    end,
     get_position = function()
       return { phase = S.phase, iteration = S.iteration, rl_start = S.rl_start }
     end,
@@ -268,21 +300,25 @@ local function sample(S, it)
   local o = S.o
   local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
   local kept, drawn, st_all = {}, 0, nil
+  local function prompts_at(k)
+    return { seed = base + k, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
+  end
   for round = 0, (o.dynamic and o.max_resample or 0) do
     local need = o.prompts - #kept
     if need <= 0 then break end
     local prompts = {}
-    for j = 1, need do
-      local k = drawn + j - 1
-      prompts[j] = { seed = base + k, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
-    end
+    for j = 1, need do prompts[j] = prompts_at(drawn + j - 1) end
     drawn = drawn + need
-    local trajs, st = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = prompts, G = o.G,
-      max_new = o.max_new, max_turns = o.max_turns, temperature = o.temperature, top_k = o.top_k, top_p = o.top_p,
-      seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
-      tool_timeout = o.tool_timeout })
-    if st_all then for k, v in pairs(st) do st_all[k] = st_all[k] + v end else st_all = st end
-    for _, g in ipairs(groups_of(trajs)) do
+    if o.budget then prompts = {} for j = 1, o.prompts do prompts[j] = prompts_at(j - 1) end end
+    local trajs, st, paused = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = prompts,
+      G = o.G, max_new = o.max_new, max_turns = o.max_turns, temperature = o.temperature, top_k = o.top_k,
+      top_p = o.top_p, seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
+      tool_timeout = o.tool_timeout, budget = o.budget, resume = round == 0 and S.replay or nil,
+      resume_mode = o.resume_mode })
+    st.all_trajs = nil
+    if st_all then for k, v in pairs(st) do if type(v) == "number" then st_all[k] = st_all[k] + v end end else st_all = st end
+    if o.budget then S.replay = paused end
+    for _, g in ipairs(complete_groups(S, trajs, o.budget ~= nil)) do
       local r = {}
       for i, t in ipairs(g) do r[i] = t:total_reward() end
       if not o.dynamic or objectives.keep_group(r) then kept[#kept + 1] = g end
@@ -291,6 +327,30 @@ local function sample(S, it)
     for _, t in ipairs(trajs) do st_all.all_trajs[#st_all.all_trajs + 1] = t end
   end
   return kept, st_all
+end
+
+-- the groups whose G samples have all ended: with partial rollouts, samples of a group that paused wait in S.held
+-- until their siblings end (in a later iteration); without, every group of the call is complete
+complete_groups = function(S, trajs, partial)
+  if not partial then return groups_of(trajs) end
+  local by = {}
+  for _, g in ipairs(S.held) do by[g.group_id] = g end
+  for _, t in ipairs(trajs) do
+    local g = by[t.group_id]
+    if not g then g = { group_id = t.group_id, trajs = {} }; by[t.group_id] = g; S.held[#S.held + 1] = g end
+    g.trajs[#g.trajs + 1] = t
+  end
+  local out, keep = {}, {}
+  for _, g in ipairs(S.held) do
+    if #g.trajs >= S.o.G then
+      table.sort(g.trajs, function(a, b) return (a.uid or 0) < (b.uid or 0) end)
+      out[#out + 1] = g.trajs
+    else
+      keep[#keep + 1] = g
+    end
+  end
+  S.held = keep
+  return out
 end
 
 -- the length reward (K1.5) added to each group's terminal rewards
@@ -316,6 +376,7 @@ local function rl_iteration(S)
   rec.tool_errors, rec.malformed_calls, rec.env_errors = st.tool_errors, st.malformed_calls, st.env_errors
   rec.nonfinite_rewards, rec.tool_timeouts = st.nonfinite_rewards, st.tool_timeouts
   rec.staleness = 0
+  rec.paused = #S.replay
   shape_rewards(S, groups)
   local t1 = tide.time()
   local loss_sum, n_up, stats = 0, 0, {}
@@ -328,7 +389,13 @@ local function rl_iteration(S)
       for _, t in ipairs(g) do mb[#mb + 1] = t end
     end
     local batches = {}
-    for u, mb in ipairs(mbs) do batches[u] = update.batch(mb, { credit = o.credit }) end
+    for u, mb in ipairs(mbs) do
+      batches[u] = update.batch(mb, { credit = o.credit, stale = o.stale, max_staleness = o.max_staleness,
+        version = it % 32768 })
+    end
+    local age = 0
+    for _, b in ipairs(batches) do age = age + b.staleness / #batches end
+    rec.staleness = age
     local ref = reference(S)
     for _, b in ipairs(batches) do
       if ref then update.set_ref(b, update.score(ref, b)) end

@@ -142,6 +142,7 @@ function rollout.run(model, tok, o)
       env = type(o.env) == "string" and o.env or "custom", seed = pr.seed or 0 }
     local row = { traj = t, uid = item.uid or ((item.p - 1) * G + (item.g - 1)), draws = 0, n_new = 0, turn = 0,
       calls = 0, seed = item.seed or seed, env_seed = pr.seed or 0, prompt = pr, schedule = {}, actions = {} }
+    t.uid = row.uid
     out[#out + 1] = t
     st.samples = st.samples + 1
     local okm, env = pcall(make_env, o.env, o.env_cfg)
@@ -306,6 +307,7 @@ function rollout.run(model, tok, o)
     local t = traj_m.from_record(e.traj, "rl.rollout: a paused trajectory")
     local row = { traj = t, uid = e.uid, draws = e.draws, n_new = e.n_new, turn = e.turn, calls = e.calls,
       seed = e.seed, env_seed = e.env_seed, prompt = e.prompt, schedule = {}, actions = e.actions }
+    t.uid = e.uid
     out[#out + 1] = t
     local env = make_env(o.env, o.env_cfg)
     row.env = env

@@ -71,6 +71,7 @@ function Traj:record()
     rewards_turn = json.array(self.rewards_turn), truncated = self.truncated, finished = self.finished,
     segments = json.array(self.segments), errors = json.array(self.errors) }
   if self.logp_ref then r.logp_ref = json.array(self.logp_ref) end
+  r.uid = self.uid           -- the sample's place in its rollout call (its sampler stream), when known
   return r
 end
 
@@ -130,6 +131,7 @@ function traj.from_record(o, where)
   if type(t.rewards_turn) ~= "table" then bad("\"rewards_turn\" must be an array") end
   t.truncated, t.finished = o.truncated == true, o.finished == true
   t.segments, t.errors = o.segments or {}, o.errors or {}
+  if type(o.uid) == "number" then t.uid = o.uid end
   return t
 end
 

@@ -21,8 +21,9 @@ local update = {}
 local fmt = string.format
 local IGNORE = -100
 
--- rows(trajs) -> ids, targets (Lua [B][L] lists), L, and per row the 1-based positions of its policy targets
-local function rows(trajs, who, sft)
+-- rows(trajs) -> ids, targets (Lua [B][L] lists), L, and per row the 1-based positions of its policy targets;
+-- keep(t, i) (optional) drops policy token i of t (staleness masking)
+local function rows(trajs, who, sft, keep)
   if type(trajs) ~= "table" or #trajs == 0 then error(fmt("rl.%s: no trajectories", who), 3) end
   local L = 1
   for _, t in ipairs(trajs) do L = math.max(L, #t.tokens - 1) end
@@ -34,7 +35,7 @@ local function rows(trajs, who, sft)
     for i = 1, L do
       if i < n then
         ri[i] = t.tokens[i]
-        local policy = t.loss_mask[i + 1] == 1
+        local policy = t.loss_mask[i + 1] == 1 and (keep == nil or keep(t, i + 1))
         rt[i] = (policy or not sft) and t.tokens[i + 1] or IGNORE
         if policy then rp[#rp + 1] = i end
       else
@@ -46,9 +47,12 @@ local function rows(trajs, who, sft)
   return ids, targets, L, pos
 end
 
-local BATCH_KEYS = { credit = true }
+local BATCH_KEYS = { credit = true, stale = true, max_staleness = true, version = true }
 
--- batch(trajs, {credit = "trajectory" | "turn"}) -> {ids, targets, n_targets, positions, groups, trajs}
+-- batch(trajs, {credit = "trajectory" | "turn", stale = "include" | "mask", max_staleness = 4, version = current})
+--   -> {ids, targets, n_targets, positions, groups, trajs, staleness}
+-- stale = "mask" leaves out the tokens sampled by weights older than version - max_staleness (partial rollouts);
+-- staleness is the mean of version - policy_version over the policy tokens kept.
 -- Trajectories group by group_id (in order of first appearance); a group's samples keep the list's order, which is
 -- also the order of the objective's flat log-prob list.
 function update.batch(trajs, opts)
@@ -64,16 +68,27 @@ function update.batch(trajs, opts)
     by_group[g][#by_group[g] + 1] = t
   end
   for _, g in ipairs(order) do for _, t in ipairs(by_group[g]) do ordered[#ordered + 1] = t end end
-  local ids, targets, L, pos = rows(ordered, "update.batch")
-  local groups, r, total = {}, 0, 0
+  local stale = opts.stale or "include"
+  options.one_of(stale, { include = true, mask = true }, "stale", "rl.update")
+  local version = opts.version or 0
+  local max_stale = opts.max_staleness == nil and 4 or options.nonneg_int(opts.max_staleness, "max_staleness", "rl.update")
+  local keep = stale == "mask" and function(t, i) return t.policy_version[i] >= version - max_stale end or nil
+  local ids, targets, L, pos = rows(ordered, "update.batch", false, keep)
+  local groups, r, total, age = {}, 0, 0, 0
   for _, g in ipairs(order) do
     local samples = {}
     for _, t in ipairs(by_group[g]) do
       r = r + 1
       local old = {}
-      for k, i in ipairs(pos[r]) do old[k] = t.logp_old[i + 1] end
+      for k, i in ipairs(pos[r]) do old[k] = t.logp_old[i + 1]; age = age + (version - t.policy_version[i + 1]) end
       local s = { reward = t:total_reward(), logp_old = old }
-      if credit == "turn" then s.returns = rewards.returns(t, "turn") end
+      if credit == "turn" then
+        -- the return of each policy token, at the positions kept
+        local all, at, j = rewards.returns(t, "turn"), {}, 0
+        for i = 1, #t.tokens do if t.loss_mask[i] == 1 then j = j + 1; at[i] = all[j] end end
+        s.returns = {}
+        for k, i in ipairs(pos[r]) do s.returns[k] = at[i + 1] end
+      end
       if t.logp_ref then
         s.logp_ref = {}
         for k, i in ipairs(pos[r]) do s.logp_ref[k] = t.logp_ref[i + 1] end
@@ -84,7 +99,7 @@ function update.batch(trajs, opts)
     groups[#groups + 1] = { samples = samples }
   end
   return { ids = tide.tensor(ids, { dtype = "i32" }), targets = tide.tensor(targets, { dtype = "i32" }), L = L,
-    positions = pos, groups = groups, trajs = ordered, n_targets = total }
+    positions = pos, groups = groups, trajs = ordered, n_targets = total, staleness = total > 0 and age / total or 0 }
 end
 
 -- sft_batch(trajs) -> {ids, targets}: cross-entropy on the policy tokens only (the other targets are ignored)
