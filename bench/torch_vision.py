@@ -20,7 +20,10 @@ Modes:
       load PATH              build the model from PATH, run forward + backward once, compare with tide's output
                              and gradients: {"max_abs_delta": ..., "max_rel_delta": ..., "worst": name, ...}
       time THREADS REPS      torch.set_num_threads(THREADS), REPS timed steps: {"threads": n, "step_s": [...]}
-      profile THREADS        each op of the step alone (forward + backward, best of 2): {"ops": {name: {...}}}
+      profile THREADS        each op of the step alone (forward, backward from ones; best of 5): {"ops": {...}}
+      gemm THREADS REPS      REPS steps under torch.autograd.profiler: the self CPU time of the BLAS products
+                             (aten::addmm, mm, bmm, baddbmm, addmm_) per step against the profiled step's wall time:
+                             {"gemm_s": median, "step_s": median, "share": gemm_s / step_s, "by_op": {...}}
       quit
   torch_vision.py --memory PATH --grids 16x16,24x32 [--threads N]
       a fresh process: one step on random patches for those grids; prints the RSS before the step and the peak
@@ -38,6 +41,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+PROFILE_REPS = 5   # best of, per op of the profile (a shared machine: best of 2 was too noisy to compare)
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "I32": torch.int32, "I64": torch.int64}
 
 
@@ -197,8 +201,8 @@ def compare(model, t, patches, R):
 
 
 def profile(model, patches, R):
-    """each op of the step alone at the step's shapes: best of 2 of forward, then backward of its sum (the pieces of
-    bench/vision.lua's tide profile, same names)"""
+    """each op of the step alone at the step's shapes: best of 5 of forward, then backward from a ones gradient
+    (the pieces of bench/vision.lua's tide profile, same names)"""
     p, q, d, H = model.p, model.q, model.dim, model.heads
     T, hd = patches.shape[0], model.dim // model.heads
     b = "encoder.blocks.0."
@@ -230,15 +234,45 @@ def profile(model, patches, R):
     out = {}
     for name, fn in pieces:
         bf = bb = float("inf")
-        for _ in range(2):
+        g = None   # the output's gradient, ones, made outside the timing (as bench/vision.lua)
+        for _ in range(PROFILE_REPS):
             t0 = time.perf_counter()
             o = fn()
             t1 = time.perf_counter()
-            o.sum().backward()
+            if g is None:
+                g = torch.ones_like(o)
+                t0 = time.perf_counter()
+                o = fn()
+                t1 = time.perf_counter()
+            o.backward(g)
             t2 = time.perf_counter()
             bf, bb = min(bf, t1 - t0), min(bb, t2 - t1)
         out[name] = {"forward_s": bf, "backward_s": bb}
     return out
+
+
+GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addmm_")
+
+
+def gemm_share(model, patches, R, reps):
+    """how much of PyTorch's step is BLAS products: the bound on what a faster non-GEMM side can buy"""
+    gemm, step, by_op = [], [], {}
+    for _ in range(reps):
+        with torch.autograd.profiler.profile() as prof:
+            t0 = time.perf_counter()
+            model.step(patches, R)
+            wall = time.perf_counter() - t0
+        g = 0.0
+        for e in prof.key_averages():
+            if e.key in GEMM_OPS:
+                g += e.self_cpu_time_total * 1e-6
+                by_op[e.key] = e.self_cpu_time_total * 1e-6
+        gemm.append(g)
+        step.append(wall)
+    gemm.sort()
+    step.sort()
+    g, w = gemm[len(gemm) // 2], step[len(step) // 2]
+    return {"gemm_s": g, "step_s": w, "share": g / w, "by_op": by_op}
 
 
 def reply(obj):
@@ -274,6 +308,11 @@ def serve(fifo):
                 elif w[0] == "profile":
                     torch.set_num_threads(int(w[1]))
                     reply({"threads": torch.get_num_threads(), "ops": profile(model, patches, R)})
+                elif w[0] == "gemm":
+                    torch.set_num_threads(int(w[1]))
+                    out = gemm_share(model, patches, R, int(w[2]))
+                    out["threads"] = torch.get_num_threads()
+                    reply(out)
                 elif w[0] == "quit":
                     reply({"bye": True})
                     return

@@ -11,7 +11,10 @@
 --   3. memory: tide's engine peak (tide.reset_peak, tide.memory().peak, above what exists before the step) at 1x,
 --      2x, 4x the packed images, as bytes per patch (must be flat: memory linear in the patch count); PyTorch's
 --      peak RSS growth (ru_maxrss after the step minus the RSS before it) in a fresh process per size;
---   4. where tide's time goes: each op of the step timed alone (forward + backward, same shapes), best of 2.
+--   4. where tide's time goes: each op of the step timed alone (forward, then backward from a ones gradient made
+--      beforehand, same shapes), best of 5; and how
+--      much of PyTorch's step is GEMM (torch.autograd.profiler self time of addmm/mm/bmm), which bounds the ratio a
+--      faster non-GEMM side can reach while the GEMMs (the same OpenBLAS in both) cost the same.
 -- Writes <results>/vision.json and <results>/vision.md and prints the table. It reports speed; it asserts only the
 -- correctness check.
 --
@@ -28,6 +31,7 @@ local fmt = string.format
 
 local TOLERANCE = 1e-3   -- max |tide - torch| / max |torch| per tensor (y and every gradient), f32
 local TARGET = 1.5       -- the issue: tide >= 1.5x PyTorch eager patches/s at both configs
+local PROFILE_REPS = 5   -- best of, per op of the profile (best of 2 was too noisy on a shared machine)
 
 -- images as pixel sizes (h x w); the patch grid is size / p rounded to even (vision.md §2 pads to 2p)
 local CONFIGS = {
@@ -217,12 +221,19 @@ local function profile(m, x)
   local rows, total = {}, 0
   for _, pc in ipairs(pieces) do
     local best_f, best_b = math.huge, math.huge
-    for _ = 1, 2 do
+    local g   -- the output's gradient, ones, made outside the timing (o:sum():backward() timed tide's sum kernel too)
+    for _ = 1, PROFILE_REPS do
       collectgarbage()
       local t0 = tide.time()
       local o = pc[3]()
       local t1 = tide.time()
-      o:sum():backward()
+      if not g then
+        g = tide.ones_like(o)
+        t0 = tide.time()
+        o = pc[3]()
+        t1 = tide.time()
+      end
+      o:backward(g)
       local t2 = tide.time()
       best_f, best_b = math.min(best_f, t1 - t0), math.min(best_b, t2 - t1)
     end
@@ -314,7 +325,10 @@ local function bench_config(cfg, c, tmp)
     end
     r.torch.threads, r.torch.step_s_median, r.torch.patches_per_s = best.threads, best.step_s_median, best.patches_per_s
     r.tide_over_torch = r.tide.patches_per_s / r.torch.patches_per_s
-    if cfg.profile then r.torch_profile = torch:ask(fmt("profile %d", r.torch.threads)) end
+    if cfg.profile then
+      r.torch_profile = torch:ask(fmt("profile %d", r.torch.threads))
+      r.torch_gemm = torch:ask(fmt("gemm %d 3", r.torch.threads))
+    end
     torch:close()
   end
 
@@ -411,8 +425,8 @@ local function markdown(rec)
     if r.profile then
       L[#L + 1] = ""
       L[#L + 1] = fmt("Where tide's time goes, %s (%d threads): each op alone at the step's shapes, forward + backward "
-        .. "(best of 2) x its count per step; sum %.3f s against a measured step of %.3f s.", r.name, r.tide.threads,
-        r.profile.sum_s, r.tide.step_s_median)
+        .. "from a ones gradient made beforehand (best of %d) x its count per step; sum %.3f s against a measured step of %.3f s.", r.name, r.tide.threads,
+        PROFILE_REPS, r.profile.sum_s, r.tide.step_s_median)
       L[#L + 1] = ""
       L[#L + 1] = fmt("PyTorch's column: the same op alone (%s threads), x the same count.",
         num(r.torch_profile and r.torch_profile.threads, "%d"))
@@ -427,6 +441,16 @@ local function markdown(rec)
           num(o.torch_backward_s and 1e3 * o.torch_backward_s, "%.2f"), num(ts and 1e3 * ts, "%.1f"),
           num(ts and o.step_s / ts, "%.2f"))
       end
+    end
+  end
+  L[#L + 1] = ""
+  for _, r in ipairs(rec.configs) do
+    local g = r.torch_gemm
+    if g and g.share then
+      L[#L + 1] = fmt("- %s: PyTorch's step (%d threads, under torch.autograd.profiler: %.3f s) spends %.3f s, %.0f%%, in "
+        .. "BLAS products (self time of aten::addmm/mm/bmm): with tide's GEMMs as fast as PyTorch's (the same "
+        .. "OpenBLAS) and everything else free, tide / torch could reach at most %.2fx.", r.name, g.threads, g.step_s,
+        g.gemm_s, 100 * g.share, 1 / g.share)
     end
   end
   L[#L + 1] = ""
