@@ -149,4 +149,21 @@ T.test("partial rollouts in the loop: paused samples resume next iteration; a ch
     "rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine")
 end)
 
+T.test("the README's own-environment recipe runs as written (shortened)", function()
+  local readme = T.read((debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/") or ".") .. "/README.md")
+  local code = readme:match("A user's environment, in a recipe.-```lua\n(.-)```")
+  T.ok(code and #code > 200, "the README block")
+  local out = T.tmpdir("rl_readme")
+  code = code:gsub('out = "runs/word_length"', 'out = "' .. out .. '", quiet = true, tensorboard = false')
+    :gsub("steps = 100, rows = 16", "steps = 4, rows = 4"):gsub("iterations = 20", "iterations = 2")
+  local cfg = assert(load(code, "=README"))()
+  T.eq(cfg.kind, "rl")
+  local r = rl.loop.run(cfg)
+  T.eq({ r.iterations, r.steps, r.stopped }, { 2, 6, nil })
+  -- its demo earns the full reward
+  local env = setmetatable({}, { __index = cfg.rl.env })
+  local t = rl.loop.demo_trajectory(env, tokenizer.byte_level(), 3)
+  T.eq(t.reward_terminal, 1)
+end)
+
 T.run()
