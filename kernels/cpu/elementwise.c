@@ -359,17 +359,15 @@ static inline double gelu_erf_grad_double(double x)
 static inline float tanh_float(float x) { return tanh_f32(x); }
 static inline double tanh_double(double x) { return tanh(x); }
 static inline float sigmoid_float(float x) { return sigmoid_f32(x); }
+static inline float softplus_float(float x) { return softplus_f32(x); }
+/* never exponentiates a large positive number, so no overflow to inf/inf */
+static inline double softplus_double(double x) { return fmax(x, 0.0) + log1p(exp(-fabs(x))); }
 static inline float gelu_float(float x) { return gelu_fast_float(x); }
 static inline float gelu_grad_float(float x) { return gelu_grad_fast_float(x); }
 static inline float gelu_erf_float(float x) { return gelu_erf_fast_float(x); }
 static inline float gelu_erf_grad_float(float x) { return gelu_erf_grad_fast_float(x); }
 
 #define SCALAR_FUNCS(T)                                                                            \
-    /* never exponentiates a large positive number, so no overflow to inf/inf */                   \
-    static inline T softplus_##T(T x)                                                              \
-    {                                                                                              \
-        return fmax(x, (T)0) + log1p(exp(-fabs(x)));                                               \
-    }                                                                                              \
     /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */                                             \
     static inline T silu_grad_##T(T x)                                                             \
     {                                                                                              \

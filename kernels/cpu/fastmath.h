@@ -1,6 +1,6 @@
 /*
  * fastmath.h — small inline float math for the CPU kernels, branch-free so that loops calling it vectorise:
- * exp_f32, sigmoid_f32, tanh_f32 (accuracy held by tests/c/test_fastmath.c).
+ * exp_f32, sigmoid_f32, tanh_f32, softplus_f32 (accuracy held by tests/c/test_fastmath.c).
  */
 #ifndef TIDE_CPU_FASTMATH_H
 #define TIDE_CPU_FASTMATH_H
@@ -39,6 +39,35 @@ static inline float sigmoid_f32(float x)
     float e = exp_f32(-fabsf(x));
     float s = 1.0f / (1.0f + e);
     return x >= 0.0f ? s : e * s;
+}
+
+/* log(1 + e) for e in [0, 1] (the softplus tail): u = 1 + e = m 2^k, m in [sqrt(1/2), sqrt(2)), log m =
+   2 atanh(s) = 2 (s + s³/3 + ... + s⁹/9), s = (m − 1)/(m + 1), |s| <= 0.172 (truncation < 4e-10 relative); then
+   Goldberg's correction log(u) · e/(u − 1) restores what rounding 1 + e lost (u = 1 returns e). NaN stays NaN. */
+static inline float log1p_unit_f32(float e)
+{
+    float u = 1.0f + e;
+    int32_t bits;
+    memcpy(&bits, &u, sizeof bits);
+    int32_t k = ((bits >> 23) & 0xff) - 127;
+    int32_t mbits = (bits & 0x007fffff) | 0x3f800000;   /* m in [1, 2) */
+    float m;
+    memcpy(&m, &mbits, sizeof m);
+    float big = m > 1.41421356f ? 1.0f : 0.0f;           /* fold m into [sqrt(1/2), sqrt(2)) */
+    m = big > 0.0f ? 0.5f * m : m;
+    float kf = (float)k + big;
+    float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+    float lm = 2.0f * s * (1.0f + s2 * (0.333333333f + s2 * (0.2f + s2 * (0.142857143f + s2 * 0.111111111f))));
+    float lu = kf * 0.693147181f + lm;
+    float d = u - 1.0f;
+    return d == 0.0f ? e : lu * (e / d);
+}
+
+/* softplus(x) = max(x, 0) + log(1 + exp(−|x|)): never exponentiates a large positive number */
+static inline float softplus_f32(float x)
+{
+    float t = log1p_unit_f32(exp_f32(-fabsf(x)));
+    return (x > 0.0f ? x : 0.0f) + t;
 }
 
 /* tanh: Cephes' tanhf, branch-free: below |x| = 0.625 its odd polynomial x + x³ P(x²) (no cancellation near 0),

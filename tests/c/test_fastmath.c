@@ -9,6 +9,7 @@
  *   exp_f32 on [-87, 88.7]                                   <= 3 ulp
  *   sigmoid f32 (hence silu, swiglu)                         <= 6 ulp
  *   tanh f32                                                 <= 3 ulp
+ *   softplus f32 (log1p on fastmath.h), its gradient sigmoid <= 6 ulp, <= 6 ulp
  *   gelu (tanh form) f32: x >= -3 <= 16 ulp; x < -3 relative <= 2e-5 (absolute below 1e-30); gradient <= 2e-7
  *                         absolute + 8 ulp
  *   gelu_erf f32:         x >= -3 <= 10 ulp; x < -3 relative <= 2e-6 (absolute below 1e-30); gradient <= 2e-7
@@ -171,6 +172,7 @@ static void check_unary(const char *name, int op, double (*ref)(double), double 
 
 static double ref_exp(double x) { return exp(x); }
 static double ref_tanh(double x) { return tanh(x); }
+static double ref_softplus(double x) { return fmax(x, 0.0) + log1p(exp(-fabs(x))); }
 
 static void check_exp(void)
 {
@@ -249,6 +251,7 @@ int main(void)
     float *x = inputs(&n);
     check_exp();
     check_unary("sigmoid", TIDE_UN_SIGMOID, ref_sigmoid, NULL, 6, -INFINITY, 0, 0, 0, x, n);
+    check_unary("softplus", TIDE_UN_SOFTPLUS, ref_softplus, ref_sigmoid, 6, -INFINITY, 0, 6, 0, x, n);
     check_unary("tanh", TIDE_UN_TANH, ref_tanh, NULL, 3, -INFINITY, 0, 0, 0, x, n);
     check_unary("gelu", TIDE_UN_GELU, ref_gelu, ref_gelu_grad, 16, -3, 2e-5, 8, 2e-7, x, n);
     check_unary("gelu_erf", TIDE_UN_GELU_ERF, ref_gelu_erf, ref_gelu_erf_grad, 10, -3, 2e-6, 8, 2e-7, x, n);
