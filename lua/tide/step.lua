@@ -535,7 +535,7 @@ end
 
 -- the files and directories a run writes into its directory (a TensorBoard events.out.tfevents.* file too): a fresh
 -- run finds none of them, or the directory belongs to another run
-step.RUN_FILES = { "metrics.jsonl", "config.json", "ckpt", "results.json", "report.html", "reference" }
+step.RUN_FILES = { "metrics.jsonl", "config.json", "ckpt", "results.json", "report.html", "reference", "trajectories" }
 
 if not pcall(function() return ffi.C.close end) then pcall(ffi.cdef, "int close(int fd);") end
 local function is_regular(path)
@@ -553,7 +553,7 @@ function step.run_files(out)
     local path = out .. "/" .. name
     -- a run's own files are regular (ckpt a directory); anything else in their place is not a run's (a FIFO
     -- config.json is replaced by the atomic write, a FIFO metrics.jsonl refused when it is opened)
-    local is_dir = name == "ckpt" or name == "reference"     -- directories (an RL run's KL reference)
+    local is_dir = name == "ckpt" or name == "reference" or name == "trajectories"   -- directories (RL runs' too)
     if is_dir and tide.C.tide_is_dir(path) == 1 or not is_dir and is_regular(path) then
       found[#found + 1] = name
     end

@@ -166,4 +166,43 @@ T.test("the README's own-environment recipe runs as written (shortened)", functi
   T.eq(t.reward_terminal, 1)
 end)
 
+T.test("SFT from chat JSONL (formats.md §5): loss on assistant turns and calls only; errors name file:line", function()
+  local tok = tokenizer.byte_level()
+  local t = rl.loop.chat_trajectory(tok, {
+    { role = "system", content = "be exact" }, { role = "user", content = "3*5?" },
+    { role = "assistant", content = "let me check", tool_calls = { { name = "calc", arguments = "3*5" } } },
+    { role = "tool", content = "15" },
+    { role = "assistant", content = "<answer>15</answer>" } })
+  local text = tok:decode(t.tokens)
+  T.eq(text, "<|im_system|>system<|im_middle|>be exact<|im_end|><|im_user|>user<|im_middle|>3*5?<|im_end|>"
+    .. "<|im_assistant|>assistant<|im_middle|>let me check<|tool_call_begin|>calc: 3*5<|tool_call_end|>"
+    .. "<|tool_result_begin|>15<|tool_result_end|><answer>15</answer><|im_end|>")
+  local policy = {}
+  for i = 1, t:len() do if t.loss_mask[i] == 1 then policy[#policy + 1] = t.tokens[i] end end
+  T.eq(tok:decode(policy), "let me check<|tool_call_begin|>calc: 3*5<|tool_call_end|><answer>15</answer><|im_end|>")
+  local dir = T.tmpdir("rl_sft", { create = true })
+  local file = dir .. "/chat.jsonl"
+  T.write(file, json.encode({ messages = { { role = "user", content = "hi" }, { role = "assistant", content = "hello" } } })
+    .. "\n\n" .. '{"messages": [{"role": "robot", "content": "x"}]}\n')
+  T.raises(function() rl.loop.read_chat(tok, file) end, file .. ":3: messages[0].role must be system, user, assistant or tool")
+  T.write(file, '{"messages": [{"role": "user", "content": "only a question"}]}\n')
+  T.raises(function() rl.loop.read_chat(tok, file) end, file .. ":1: no assistant message")
+  T.write(file, '{"messages": [{"role": "tool", "content": "15"}]}\n')
+  T.raises(function() rl.loop.read_chat(tok, file) end, "a tool message without an assistant call before it")
+  -- a recipe warms up on the file, and every iteration's samples are kept as JSONL
+  local lines = {}
+  for k = 1, 6 do
+    local task = rl.envs.countdown.task(k)
+    lines[k] = json.encode({ messages = { { role = "user", content = rl.envs.countdown.prompt(task) },
+      { role = "assistant", content = "<answer>" .. task.solution .. "</answer>" } } })
+  end
+  T.write(file, table.concat(lines, "\n") .. "\n")
+  local out = T.tmpdir("rl_sft_run")
+  local r = rl.loop.run(recipe(out, { sft = { data = file, steps = 2, rows = 4 }, rl = { iterations = 1, beta_kl = 0 } }))
+  T.eq({ r.steps, r.iterations }, { 3, 1 })
+  local saved = rl.traj.read(out .. "/trajectories/iter_000001.jsonl")
+  T.eq(#saved, 2 * 3)
+  T.ok(saved[1]:n_policy() > 0 and saved[1].env == "countdown", "a sample of the iteration")
+end)
+
 T.run()

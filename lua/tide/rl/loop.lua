@@ -39,12 +39,12 @@ local function bad(msg, level) options.fail(WHO, msg, level) end
 local TOP = { kind = true, run = true, plan = true, name = true, description = true, model = true, init = true,
   tokenizer = true, sft = true, rl = true, optim = true, train = true, expect = true, resume = true, dry_run = true,
   out = true, seed = true, threads = true, overwrite = true, check = true, on_nonfinite = true }
-local SFT = { steps = true, rows = true, lr = true, seed = true }
+local SFT = { steps = true, rows = true, lr = true, seed = true, data = true }
 local RL = { env = true, env_cfg = true, objective = true, iterations = true, prompts = true, G = true, max_new = true,
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
   length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
-  resume_mode = true, stale = true, max_staleness = true }
+  resume_mode = true, stale = true, max_staleness = true, save_trajectories = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -83,6 +83,74 @@ function loop.demo_trajectory(env, tok, seed)
   return t
 end
 
+-- a chat/SFT record (formats.md §5: {"messages": [{role, content, tool_calls = {{name, arguments}}}]}) in the
+-- rollout markup: system and user messages, tool results and observations mask 0; assistant content, its tool calls
+-- and the <|im_end|> that closes its turn mask 1. An assistant message with tool calls stays open: the tool messages
+-- after it are its results, and the next assistant message continues the same turn.
+function loop.chat_trajectory(tok, messages, where)
+  local mk = markup.new(tok)
+  local R = traj_m.ROLE
+  local t = traj_m.new { env = "sft" }
+  local open, turn = false, 0
+  local function bad_rec(msg) error(fmt("%s: %s", where or "chat record", msg), 0) end
+  local function write(ids) for _, id in ipairs(ids) do t:push(id, R.assistant, 1, 0, 0, turn) end end
+  if type(messages) ~= "table" or #messages == 0 then bad_rec("\"messages\" must be a non-empty array") end
+  for k, m in ipairs(messages) do
+    if type(m) ~= "table" or type(m.content) ~= "string" then bad_rec(fmt("messages[%d] needs a string content", k - 1)) end
+    if m.role == "system" or m.role == "user" then
+      if open then bad_rec(fmt("messages[%d]: a %s message while the assistant awaits tool results", k - 1, m.role)) end
+      mk:message(t, m.role, m.role, m.content, m.role == "system" and R.system or R.user, turn)
+    elseif m.role == "assistant" then
+      if not open then mk:assistant_header(t, turn) end
+      write(tok:encode(m.content))
+      local calls = m.tool_calls or {}
+      if type(calls) ~= "table" then bad_rec(fmt("messages[%d].tool_calls must be an array", k - 1)) end
+      for j, c in ipairs(calls) do
+        if type(c) ~= "table" or type(c.name) ~= "string" or type(c.arguments) ~= "string" then
+          bad_rec(fmt("messages[%d].tool_calls[%d] needs string name and arguments", k - 1, j - 1))
+        end
+        write { mk.sp.call_begin }
+        write(tok:encode(c.name .. ": " .. c.arguments))
+        write { mk.sp.call_end }
+      end
+      if #calls == 0 then write { mk.sp.im_end }; open = false; turn = turn + 1 else open = true end
+    elseif m.role == "tool" then
+      if not open then bad_rec(fmt("messages[%d]: a tool message without an assistant call before it", k - 1)) end
+      mk:tool_result(t, m.content, turn)
+      turn = turn + 1
+    else
+      bad_rec(fmt("messages[%d].role must be system, user, assistant or tool, got %s", k - 1, tostring(m.role)))
+    end
+  end
+  if t:n_policy() == 0 then bad_rec("no assistant message: nothing to learn from") end
+  return t
+end
+
+-- the chat records of JSONL files, as trajectories; errors name file:line
+function loop.read_chat(tok, files)
+  if type(files) == "string" then files = { files } end
+  local out = {}
+  for _, file in ipairs(files) do
+    local text, err = tide.read_file(file, 1024 * 1024 * 1024)
+    if not text then bad("sft.data: " .. err, 0) end
+    local lineno = 0
+    for line in text:gmatch("([^\n]*)\n?") do
+      lineno = lineno + 1
+      if line:find("%S") then
+        local where = fmt("%s:%d", file, lineno)
+        local ok, obj = pcall(json.decode, line)
+        if not ok then bad(fmt("sft.data: %s: %s", where, tostring(obj)), 0) end
+        if type(obj) ~= "table" then bad(fmt("sft.data: %s: expected a JSON object", where), 0) end
+        local ok2, t = pcall(loop.chat_trajectory, tok, obj.messages, where)
+        if not ok2 then bad("sft.data: " .. tostring(t), 0) end
+        out[#out + 1] = t
+      end
+    end
+  end
+  if #out == 0 then bad("sft.data: no chat records in " .. table.concat(files, ", "), 0) end
+  return out
+end
+
 ---------------------------------------------------------------------------------------------------
 -- the config
 
@@ -117,6 +185,7 @@ local function resolve(cfg)
     resume_mode = options.one_of(r.resume_mode or "prefill", { prefill = true, state = true }, "rl.resume_mode", WHO),
     stale = options.one_of(r.stale or "include", { include = true, mask = true }, "rl.stale", WHO),
     max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),
+    save_trajectories = r.save_trajectories ~= false,
   }
   if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
   o.dynamic = r.dynamic
@@ -132,7 +201,10 @@ local function resolve(cfg)
     sft = { steps = s.steps == nil and 100 or options.nonneg_int(s.steps, "sft.steps", WHO),
             rows = s.rows == nil and 16 or options.pos_int(s.rows, "sft.rows", WHO),
             lr = s.lr == nil and 3e-3 or options.positive_number(s.lr, "sft.lr", WHO),
-            seed = s.seed == nil and 1000000 or options.seed(s.seed, "sft.seed", WHO) }
+            seed = s.seed == nil and 1000000 or options.seed(s.seed, "sft.seed", WHO), data = s.data }
+    if s.data ~= nil and type(s.data) ~= "string" and type(s.data) ~= "table" then
+      bad("sft.data must be a JSONL file of chat records or a list of them")
+    end
   end
   return o, sft
 end
@@ -246,13 +318,19 @@ end
 local function sft_phase(S)
   local run, sft, o = S.run, S.sft, S.o
   local env = rollout.make_env(o.env, o.env_cfg)
+  -- the warm-up rows: the chat records of sft.data in order (cycling), else the environment's demonstrations
+  local records = sft.data and loop.read_chat(S.tok, sft.data) or nil
+  local function row(k)
+    if records then return records[k % #records + 1] end
+    return loop.demo_trajectory(env, S.tok, sft.seed + k)
+  end
   run.stepper = S.sft_stepper
   local logger = run.logger
   local log_every = S.tcfg.log_every or 10
   local ckpt_every = S.tcfg.ckpt_every or 0
   while run.step < sft.steps do
     local rows = {}
-    for i = 1, sft.rows do rows[i] = loop.demo_trajectory(env, S.tok, sft.seed + run.step * sft.rows + i - 1) end
+    for i = 1, sft.rows do rows[i] = row(run.step * sft.rows + i - 1) end
     local rec = run:train_step({ update.sft_batch(rows) }, sft.lr)
     rec.phase = "sft"
     run:record(rec)
@@ -371,6 +449,12 @@ local function rl_iteration(S)
   local groups, st = sample(S, it)
   local t_sample = tide.time() - t0
   local rec = traj_stats(st.all_trajs)
+  -- every sample of the iteration, as JSONL (formats.md §5): <run>/trajectories/iter_NNNNNN.jsonl
+  if o.save_trajectories and S.out then
+    local dir = S.out .. "/trajectories"
+    if tide.C.tide_mkdir_p(dir) ~= 0 then bad("cannot create " .. dir, 0) end
+    traj_m.write(fmt("%s/iter_%06d.jsonl", dir, it + 1), st.all_trajs)
+  end
   rec.phase, rec.iteration = "rl", it + 1
   rec.zero_var_groups = 1 - #groups / math.max(#groups_of(st.all_trajs), 1)
   rec.tool_errors, rec.malformed_calls, rec.env_errors = st.tool_errors, st.malformed_calls, st.env_errors
