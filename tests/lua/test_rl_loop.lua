@@ -205,4 +205,20 @@ T.test("SFT from chat JSONL (formats.md §5): loss on assistant turns and calls 
   T.ok(saved[1]:n_policy() > 0 and saved[1].env == "countdown", "a sample of the iteration")
 end)
 
+T.test("a temperature schedule and the PTX term: recorded per iteration", function()
+  local out = T.tmpdir("rl_ptx")
+  rl.loop.run(recipe(out, { sft = { steps = 1 }, rl = { iterations = 3, beta_kl = 0,
+    temperature = { from = 1.2, to = 0.6 }, ptx = { weight = 0.5, rows = 2 } } }))
+  local temps, ptx = {}, {}
+  for _, rec in ipairs(records(out)) do
+    if rec.phase == "rl" then temps[#temps + 1] = rec.temperature; ptx[#ptx + 1] = rec.ptx_loss end
+  end
+  T.near(temps[1], 1.2, 1e-12); T.near(temps[2], 0.9, 1e-12); T.near(temps[3], 0.6, 1e-12)
+  for i = 1, 3 do T.ok(type(ptx[i]) == "number" and ptx[i] > 0, "ptx loss " .. tostring(ptx[i])) end
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { temperature = { from = 1 } } })) end,
+    "rl.temperature.to must be a finite number >= 0")
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { ptx = { weight = 0 } } })) end,
+    "rl.ptx.weight must be a finite number > 0")
+end)
+
 T.run()

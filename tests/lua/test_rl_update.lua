@@ -211,4 +211,38 @@ T.test("sft_batch: cross-entropy targets only at the policy tokens", function()
   T.raises(function() update.batch(trajs, { credit = "step" }) end, "credit must be one of")
 end)
 
+T.test("PTX: the objective plus λ times the SFT batch's mean cross-entropy, value and gradient", function()
+  local m = model()
+  local trajs = trajectories(m)
+  local b = update.batch(trajs)
+  local obj = update.objective("grpo", { beta_kl = 0, entropy = false })
+  local base = tide.no_grad(function() return obj(m, b):item() end)
+  local p = update.sft_batch({ trajs[1], trajs[2] })
+  local ce = tide.no_grad(function()
+    return F.cross_entropy(m:forward(p.ids), p.targets, { reduction = "sum" }):item() / p.n_targets
+  end)
+  p.weight = 0.3
+  b.ptx = p
+  local with = tide.no_grad(function() return obj(m, b):item() end)
+  T.near(with, base + 0.3 * ce, 1e-12)
+  T.near(b.stats.ptx_loss, ce, 1e-12)
+  -- the gradient: that of the objective plus 0.3 times that of the mean cross-entropy
+  for _, q in ipairs(m:parameters()) do q:zero_grad() end
+  obj(m, b):backward()
+  local g_with = grads(m)
+  b.ptx = nil
+  for _, q in ipairs(m:parameters()) do q:zero_grad() end
+  obj(m, b):backward()
+  local g_base = grads(m)
+  for _, q in ipairs(m:parameters()) do q:zero_grad() end
+  (F.cross_entropy(m:forward(p.ids), p.targets, { reduction = "sum" }) * (0.3 / p.n_targets)):backward()
+  local g_ce = grads(m)
+  local worst = 0
+  for name, g in pairs(g_with) do
+    local a, c = g_base[name], g_ce[name]
+    for i = 1, #g do worst = math.max(worst, math.abs(g[i] - a[i] - c[i])) end
+  end
+  T.ok(worst < 1e-12, "max |diff| " .. worst)
+end)
+
 T.run()

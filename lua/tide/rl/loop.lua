@@ -44,7 +44,7 @@ local RL = { env = true, env_cfg = true, objective = true, iterations = true, pr
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
   length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
-  resume_mode = true, stale = true, max_staleness = true, save_trajectories = true }
+  resume_mode = true, stale = true, max_staleness = true, save_trajectories = true, ptx = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -171,7 +171,7 @@ local function resolve(cfg)
     G = r.G == nil and 8 or options.pos_int(r.G, "rl.G", WHO),
     max_new = r.max_new == nil and 64 or options.pos_int(r.max_new, "rl.max_new", WHO),
     max_turns = r.max_turns == nil and 8 or options.pos_int(r.max_turns, "rl.max_turns", WHO),
-    temperature = r.temperature == nil and 1 or options.finite_number(r.temperature, "rl.temperature", WHO, nil, 0),
+    temperature = r.temperature == nil and 1 or r.temperature,
     top_k = r.top_k, top_p = r.top_p,
     lr = r.lr == nil and 1e-3 or options.positive_number(r.lr, "rl.lr", WHO),
     updates = r.updates == nil and 1 or options.pos_int(r.updates, "rl.updates", WHO),
@@ -188,6 +188,21 @@ local function resolve(cfg)
     save_trajectories = r.save_trajectories ~= false,
   }
   if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
+  -- the temperature: a number, or {from, to} linear over the iterations (high early, lower later; rl.md §5)
+  local temp = o.temperature
+  if type(temp) == "table" then
+    options.check(temp, { from = true, to = true }, "rl.temperature", WHO)
+    options.finite_number(temp.from, "rl.temperature.from", WHO, nil, 0)
+    options.finite_number(temp.to, "rl.temperature.to", WHO, nil, 0)
+  else
+    options.finite_number(temp, "rl.temperature", WHO, nil, 0)
+  end
+  -- PTX (K2): {weight = λ, rows = 8, data = chat JSONL (default: the environment's demonstrations)}
+  if r.ptx ~= nil then
+    options.check(r.ptx, { weight = true, rows = true, data = true }, "rl.ptx", WHO)
+    o.ptx = { weight = options.positive_number(r.ptx.weight, "rl.ptx.weight", WHO),
+      rows = r.ptx.rows == nil and 8 or options.pos_int(r.ptx.rows, "rl.ptx.rows", WHO), data = r.ptx.data }
+  end
   o.dynamic = r.dynamic
   if o.dynamic == nil then o.dynamic = o.objective == "dapo" end
   o.obj_opts = {}
@@ -389,7 +404,7 @@ local function sample(S, it)
     drawn = drawn + need
     if o.budget then prompts = {} for j = 1, o.prompts do prompts[j] = prompts_at(j - 1) end end
     local trajs, st, paused = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = prompts,
-      G = o.G, max_new = o.max_new, max_turns = o.max_turns, temperature = o.temperature, top_k = o.top_k,
+      G = o.G, max_new = o.max_new, max_turns = o.max_turns, temperature = loop.temperature_at(o, it), top_k = o.top_k,
       top_p = o.top_p, seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
       tool_timeout = o.tool_timeout, budget = o.budget, resume = round == 0 and S.replay or nil,
       resume_mode = o.resume_mode })
@@ -429,6 +444,30 @@ complete_groups = function(S, trajs, partial)
   end
   S.held = keep
   return out
+end
+
+-- the sampling temperature of iteration it (0-based)
+function loop.temperature_at(o, it)
+  local t = o.temperature
+  if type(t) ~= "table" then return t end
+  local n = math.max(o.iterations - 1, 1)
+  return t.from + (t.to - t.from) * math.min(it / n, 1)
+end
+
+-- the PTX batch of iteration it: rows of the chat records or of the environment's demonstrations
+local function ptx_batch(S, it)
+  local p = S.o.ptx
+  if not p then return nil end
+  S.ptx_records = S.ptx_records or (p.data and loop.read_chat(S.tok, p.data)) or false
+  local env = S.ptx_records == false and rollout.make_env(S.o.env, S.o.env_cfg) or nil
+  local rows = {}
+  for i = 1, p.rows do
+    local k = it * p.rows + i - 1
+    rows[i] = S.ptx_records and S.ptx_records[k % #S.ptx_records + 1] or loop.demo_trajectory(env, S.tok, 2000000 + k)
+  end
+  local b = update.sft_batch(rows)
+  b.weight = p.weight
+  return b
 end
 
 -- the length reward (K1.5) added to each group's terminal rewards
@@ -486,7 +525,9 @@ local function rl_iteration(S)
       if o.tis then stats.tis_clip_rate = update.set_tis(b, update.score(S.model, b), o.C_tis) end
     end
     run.stepper = S.rl_stepper
+    local ptx = ptx_batch(S, it)
     for _, b in ipairs(batches) do
+      b.ptx = ptx
       local r = run:train_step({ b }, o.lr)
       loss_sum, n_up = loss_sum + r.loss, n_up + 1
       for k, v in pairs(b.stats or {}) do stats[k] = v end
@@ -499,7 +540,8 @@ local function rl_iteration(S)
   end
   rec.loss = n_up > 0 and loss_sum / n_up or 0
   rec.updates = n_up
-  for _, k in ipairs { "entropy", "clip_frac", "kl", "tis_mean", "tis_clip_rate", "ratio" } do rec[k] = stats[k] end
+  for _, k in ipairs { "entropy", "clip_frac", "kl", "tis_mean", "tis_clip_rate", "ratio", "ptx_loss" } do rec[k] = stats[k] end
+  rec.temperature = loop.temperature_at(o, it)
   rec.t_sample, rec.t_update = t_sample, tide.time() - t1
   rec.sample_tok_per_s = st.tokens / math.max(t_sample, 1e-9)
   S.iteration = it + 1

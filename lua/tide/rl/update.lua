@@ -194,7 +194,15 @@ function update.objective(name, opts)
     if with_entropy then st.entropy = entropy(logits, b) end
     b.stats = st
     -- the surrogate carries the gradient; the constant makes its value the objective's loss
-    return surrogate + (loss - surrogate:item())
+    local l = surrogate + (loss - surrogate:item())
+    -- the PTX term (K2): + λ · cross-entropy of an SFT batch (mean over its targets)
+    if b.ptx then
+      local p = b.ptx
+      local ce = F.cross_entropy(model:forward(p.ids), p.targets, { reduction = "sum" }) * (p.weight / math.max(p.n_targets, 1))
+      st.ptx_loss = ce:item() / p.weight
+      l = l + ce
+    end
+    return l
   end
 end
 
