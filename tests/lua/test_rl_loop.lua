@@ -205,10 +205,13 @@ T.test("SFT from chat JSONL (formats.md §5): loss on assistant turns and calls 
   T.ok(saved[1]:n_policy() > 0 and saved[1].env == "countdown", "a sample of the iteration")
 end)
 
-T.test("a temperature schedule and the PTX term: recorded per iteration", function()
+T.test("a temperature schedule, the PTX term and the optimiser reset", function()
   local out = T.tmpdir("rl_ptx")
   rl.loop.run(recipe(out, { sft = { steps = 1 }, rl = { iterations = 3, beta_kl = 0,
-    temperature = { from = 1.2, to = 0.6 }, ptx = { weight = 0.5, rows = 2 } } }))
+    temperature = { from = 1.2, to = 0.6 }, ptx = { weight = 0.5, rows = 2 }, reset_optimizer = true } }))
+  -- K1.5's optimiser reset: the last checkpoint's AdamW has made one step since the last iteration began
+  local state = json.decode(T.read(out .. "/ckpt/" .. T.read(out .. "/ckpt/latest"):gsub("%s+$", "") .. "/state.json"))
+  T.eq(state.optim.t, 1)
   local temps, ptx = {}, {}
   for _, rec in ipairs(records(out)) do
     if rec.phase == "rl" then temps[#temps + 1] = rec.temperature; ptx[#ptx + 1] = rec.ptx_loss end

@@ -44,7 +44,8 @@ local RL = { env = true, env_cfg = true, objective = true, iterations = true, pr
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
   length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
-  resume_mode = true, stale = true, max_staleness = true, save_trajectories = true, ptx = true }
+  resume_mode = true, stale = true, max_staleness = true, save_trajectories = true, ptx = true,
+  reset_optimizer = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -186,6 +187,7 @@ local function resolve(cfg)
     stale = options.one_of(r.stale or "include", { include = true, mask = true }, "rl.stale", WHO),
     max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),
     save_trajectories = r.save_trajectories ~= false,
+    reset_optimizer = r.reset_optimizer == true,
   }
   if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
   -- the temperature: a number, or {from, to} linear over the iterations (high early, lower later; rl.md §5)
@@ -525,6 +527,14 @@ local function rl_iteration(S)
       if o.tis then stats.tis_clip_rate = update.set_tis(b, update.score(S.model, b), o.C_tis) end
     end
     run.stepper = S.rl_stepper
+    -- K1.5 resets the optimiser every iteration (rl.reset_optimizer): AdamW's moments and step count start over
+    if o.reset_optimizer and S.opt.params then
+      for _, p in ipairs(S.opt.params) do
+        if p.m then p.m:zero_() end
+        if p.v then p.v:zero_() end
+      end
+      S.opt.t = 0
+    end
     local ptx = ptx_batch(S, it)
     for _, b in ipairs(batches) do
       b.ptx = ptx
