@@ -224,4 +224,27 @@ T.test("a temperature schedule, the PTX term and the optimiser reset", function(
     "rl.ptx.weight must be a finite number > 0")
 end)
 
+T.test("prioritised prompts: drawn from the pool by 1 - success rate, distinct, counted into the checkpoint", function()
+  local S = { o = { prompt_seed = 10, pool = 4 }, pool = { attempts = { ["10"] = 50 }, correct = { ["10"] = 50 } } }
+  local first = 0
+  for it = 0, 1999 do
+    local p = rl.loop.pick_from_pool(S, it, 1)
+    T.ok(p[1] >= 10 and p[1] <= 13, "in the pool")
+    if p[1] == 10 then first = first + 1 end
+  end
+  -- the solved seed's weight is 0.05 against 1.05 for each of the three others: 1.6% of draws
+  T.ok(first > 5 and first < 80, "the solved prompt drawn " .. first .. " times in 2000")
+  local two = rl.loop.pick_from_pool(S, 7, 3)
+  T.ok(two[1] ~= two[2] and two[2] ~= two[3] and two[1] ~= two[3], "distinct")
+  T.eq(rl.loop.pick_from_pool(S, 7, 3), two, "deterministic by iteration")
+  local out = T.tmpdir("rl_pool")
+  rl.loop.run(recipe(out, { rl = { iterations = 2, beta_kl = 0, pool = 3 } }))
+  local state = json.decode(T.read(out .. "/ckpt/" .. T.read(out .. "/ckpt/latest"):gsub("%s+$", "") .. "/state.json"))
+  local n = 0
+  for seed, a in pairs(state.data.pool.attempts) do
+    T.ok(tonumber(seed) >= 0 and tonumber(seed) <= 2, "seed " .. seed); n = n + a
+  end
+  T.eq(n, 2 * 2 * 3)
+end)
+
 T.run()

@@ -45,7 +45,7 @@ local RL = { env = true, env_cfg = true, objective = true, iterations = true, pr
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
   length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
   resume_mode = true, stale = true, max_staleness = true, save_trajectories = true, ptx = true,
-  reset_optimizer = true }
+  reset_optimizer = true, pool = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -188,6 +188,7 @@ local function resolve(cfg)
     max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),
     save_trajectories = r.save_trajectories ~= false,
     reset_optimizer = r.reset_optimizer == true,
+    pool = r.pool ~= nil and options.pos_int(r.pool, "rl.pool", WHO) or nil,
   }
   if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
   -- the temperature: a number, or {from, to} linear over the iterations (high early, lower later; rl.md §5)
@@ -260,7 +261,7 @@ end
 ---------------------------------------------------------------------------------------------------
 -- the run
 
-local complete_groups
+local complete_groups, pick_from_pool
 
 local function setup(cfg)
   local o, sft = resolve(cfg)
@@ -282,7 +283,7 @@ local function setup(cfg)
   local opt = optim.build(cfg.optim or {}, model)
   local S = { cfg = cfg, o = o, sft = sft, tcfg = tcfg, seed = seed, model = model, tok = tok, opt = opt,
     phase = (sft and sft.steps > 0) and "sft" or "rl", iteration = 0, rl_start = nil, history = {},
-    replay = {}, held = {} }
+    replay = {}, held = {}, pool = { attempts = {}, correct = {} } }
   local function make_stepper(objective)
     return step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
       objective = objective })
@@ -310,10 +311,12 @@ local function setup(cfg)
         for i, t in ipairs(g.trajs) do recs[i] = t:record() end
         held[#held + 1] = { group_id = g.group_id, trajs = recs }
       end
-      return { replay = replay, held = held }
+      return { replay = replay, held = held, pool = S.pool }
     end,
     set_data = function(d)
       S.replay, S.held = d.replay or {}, {}
+      S.pool = type(d.pool) == "table" and d.pool or { attempts = {}, correct = {} }
+      S.pool.attempts, S.pool.correct = S.pool.attempts or {}, S.pool.correct or {}
       for _, g in ipairs(d.held or {}) do
         local ts = {}
         for i, rec in ipairs(g.trajs) do ts[i] = traj_m.from_record(rec, "rl: a held trajectory of the checkpoint") end
@@ -391,12 +394,53 @@ local function reference(S)
 end
 
 -- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
+-- prioritised prompts (rl.md §5, rl.pool = N): n distinct seeds of the pool prompt_seed .. prompt_seed + N - 1,
+-- drawn without replacement with probability ∝ 1 - success rate (+ 0.05, so a solved prompt still comes back);
+-- the success counts are kept in the checkpoints, the draws come from the iteration's own Philox stream
+pick_from_pool = function(S, it, n)
+  local o, pool = S.o, S.pool
+  local stream = require("tide.rl.stream").new("rl_pool", (o.prompt_seed * 7919 + it) % 4294967296)
+  local w, total = {}, 0
+  for i = 1, o.pool do
+    local key = tostring(o.prompt_seed + i - 1)
+    local a, c = pool.attempts[key] or 0, pool.correct[key] or 0
+    w[i] = 1 - (a > 0 and c / a or 0) + 0.05
+    total = total + w[i]
+  end
+  local out = {}
+  for _ = 1, math.min(n, o.pool) do
+    local u, acc, pick = stream:uniform() * total, 0, o.pool
+    for i = 1, o.pool do
+      acc = acc + w[i]
+      if w[i] > 0 and u < acc then pick = i break end
+    end
+    while w[pick] == 0 do pick = pick % o.pool + 1 end
+    out[#out + 1] = o.prompt_seed + pick - 1
+    total, w[pick] = total - w[pick], 0
+  end
+  return out
+end
+
+loop.pick_from_pool = function(...) return pick_from_pool(...) end
+
+-- the pool's success counts from an iteration's samples
+local function count_success(S, trajs)
+  if not S.o.pool then return end
+  for _, t in ipairs(trajs) do
+    local key = tostring(t.seed)
+    S.pool.attempts[key] = (S.pool.attempts[key] or 0) + 1
+    if t.correct then S.pool.correct[key] = (S.pool.correct[key] or 0) + 1 end
+  end
+end
+
 local function sample(S, it)
   local o = S.o
   local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
   local kept, drawn, st_all = {}, 0, nil
+  local picked = o.pool and pick_from_pool(S, it, o.prompts * ((o.dynamic and o.max_resample or 0) + 1)) or nil
   local function prompts_at(k)
-    return { seed = base + k, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
+    local seed = picked and picked[k + 1] or (base + k)
+    return { seed = seed, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
   end
   for round = 0, (o.dynamic and o.max_resample or 0) do
     local need = o.prompts - #kept
@@ -490,6 +534,7 @@ local function rl_iteration(S)
   local groups, st = sample(S, it)
   local t_sample = tide.time() - t0
   local rec = traj_stats(st.all_trajs)
+  count_success(S, st.all_trajs)
   -- every sample of the iteration, as JSONL (formats.md §5): <run>/trajectories/iter_NNNNNN.jsonl
   if o.save_trajectories and S.out then
     local dir = S.out .. "/trajectories"
