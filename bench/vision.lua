@@ -447,10 +447,10 @@ local function markdown(rec)
   for _, r in ipairs(rec.configs) do
     local g = r.torch_gemm
     if g and g.share then
-      L[#L + 1] = fmt("- %s: PyTorch's step (%d threads, under torch.autograd.profiler: %.3f s) spends %.3f s, %.0f%%, in "
-        .. "BLAS products (self time of aten::addmm/mm/bmm): with tide's GEMMs as fast as PyTorch's (the same "
-        .. "OpenBLAS) and everything else free, tide / torch could reach at most %.2fx.", r.name, g.threads, g.step_s,
-        g.gemm_s, 100 * g.share, 1 / g.share)
+      L[#L + 1] = fmt("- %s: PyTorch's step (%d threads, %.3f s, median of 3 plain steps) spends %.3f s, %.0f%%, in BLAS "
+        .. "products (self time of aten::addmm/mm/bmm under torch.autograd.profiler, median of 3 profiled steps, each "
+        .. "after a plain one): with tide's GEMMs as fast as PyTorch's (the same OpenBLAS) and everything else free, "
+        .. "tide / torch could reach at most %.2fx.", r.name, g.threads, g.step_s, g.gemm_s, 100 * g.share, 1 / g.share)
     end
   end
   L[#L + 1] = ""
