@@ -219,6 +219,14 @@ tide_tensor *tide_log_softmax(tide_tensor *x, int dim);
    non-ignored tokens, 1 = sum, 2 = none ([N], zero at ignored tokens) */
 tide_tensor *tide_cross_entropy(tide_tensor *logits, tide_tensor *targets, tide_tensor *weights,
                                 int64_t ignore_index, int reduction);
+/* per-token log-probs of given tokens, fused (the RL objectives' input): logits [..., V] (f32, f64; bf16 on cuda),
+   targets int [...] (i32/i64, in [0, V) or ignore_index). *logp [...] = logits[t] - logsumexp(logits) and
+   *entropy [...] = -Σ_v p_v log p_v (p = softmax(logits)), both 0 where the target is ignore_index (and no gradient
+   there); f32 for bf16 logits, else the logits' dtype. Two reads of each row (max, then the sums), no [N, V]
+   buffer; backward: dlogits = dlogp (onehot(t) - p) - dentropy p (log p + entropy). Returns 0, or -1 with the
+   error set. */
+int tide_token_logprobs(tide_tensor *logits, tide_tensor *targets, int64_t ignore_index, tide_tensor **logp,
+                        tide_tensor **entropy);
 /* rotary embedding on x [B, T, H, D] (D even, pairs (i, i + D/2)), positions pos0 + t */
 tide_tensor *tide_rope(tide_tensor *x, double theta, int64_t pos0);
 /* 2D RoPE of the ViT encoder (vision.md §4, MoonViT's adjacent-pair layout) on x [T, H, head_dim] (head_dim % 4 == 0)

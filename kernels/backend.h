@@ -140,6 +140,17 @@ typedef struct tide_backend {
     int (*cross_entropy_backward)(int dtype, void *dlogits, const void *dloss, const void *logits,
                                   const void *lse, const void *targets, int tdtype, const void *weights,
                                   int64_t N, int64_t V, int64_t ignore);
+    /* per-token log-prob of the given token and the entropy over logits [N, V] (spec: the token_logprobs
+       comment in engine/tide.h): lse_n = log Σ_v exp(logits[n, v]), logp[n] = logits[n, t_n] - lse_n,
+       entropy[n] = -Σ_v p_v log p_v; 0 and 0 when t_n == ignore (lse still written). logp, entropy and lse are
+       f32 for bf16 logits, else the logits' dtype. Targets out of [0, V) (not ignore) fail. */
+    int (*token_logprobs)(int dtype, void *logp, void *entropy, void *lse, const void *logits,
+                          const void *targets, int tdtype, int64_t N, int64_t V, int64_t ignore);
+    /* dlogits[n, j] = dlogp[n] ([j == t_n] - p_j) - dentropy[n] p_j (log p_j + entropy[n]), p = softmax(logits[n]);
+       0 for ignored rows; dlogp or dentropy NULL counts as zero (the stats' dtype as in the forward) */
+    int (*token_logprobs_backward)(int dtype, void *dlogits, const void *dlogp, const void *dentropy,
+                                   const void *logits, const void *lse, const void *entropy, const void *targets,
+                                   int tdtype, int64_t N, int64_t V, int64_t ignore);
 
     /* rotary embedding on [B, T, H, D], pairs (i, i + D/2), angle (pos0 + t) * theta^(-2i/D);
        inverse = 1 rotates by the negative angle (the backward) */

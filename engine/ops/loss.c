@@ -116,3 +116,80 @@ tide_tensor *tide_cross_entropy(tide_tensor *logits, tide_tensor *targets, tide_
     tide_tensor *in[3] = {logits, targets, weights};
     return tide_op_run1(TIDE_OP_CROSS_ENTROPY, weights ? 3 : 2, in, &at);
 }
+
+/* ---- token_logprobs: per-token log-prob of the given token and the entropy, one fused row pass ------------------- */
+/* outputs logp and entropy (targets' shape); saved: the logits, the per-row lse and entropy, the targets. The outputs
+   and stats are f32 for bf16 logits (importance ratios exp(logp - logp_old) need more than bf16's 8 bits) */
+enum { TLP_OUT_LOGP, TLP_OUT_ENTROPY };
+enum { TLP_SAVED_LOGITS, TLP_SAVED_LSE, TLP_SAVED_ENTROPY, TLP_SAVED_TARGETS };
+
+static int token_logprobs_stat_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : dtype; }
+
+int tide_token_logprobs_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *lg = tide_contiguous_nograd(in[0]), *t = lg ? tide_contiguous_nograd(in[1]) : NULL;
+    if (!t) { tide_tensor_release(lg); return -1; }
+    int64_t V = lg->shape[lg->ndim - 1], N = t->numel;
+    int sdt = token_logprobs_stat_dtype(lg->dtype);
+    tide_tensor *logp = tide_empty(sdt, t->ndim, t->shape, lg->device);
+    tide_tensor *ent = logp ? tide_empty(sdt, t->ndim, t->shape, lg->device) : NULL;
+    tide_tensor *lse = ent ? tide_empty(sdt, 1, &N, lg->device) : NULL;
+    int rc = lse ? 0 : -1;
+    if (!rc && N > 0)
+        rc = TIDE_DISPATCH(lg->device, token_logprobs, "token_logprobs", lg->dtype, tide_data(logp), tide_data(ent),
+                           tide_data(lse), tide_data(lg), tide_data(t), t->dtype, N, V,
+                           n->attr.cross_entropy.ignore_index);
+    if (!rc) rc = tide_node_save(n, lg) || tide_node_save(n, lse) || tide_node_save(n, ent) || tide_node_save(n, t);
+    tide_tensor_release(lg); tide_tensor_release(t); tide_tensor_release(lse);
+    if (rc) { tide_tensor_release(logp); tide_tensor_release(ent); return -1; }
+    out[TLP_OUT_LOGP] = logp;
+    out[TLP_OUT_ENTROPY] = ent;
+    return 0;
+}
+
+/* d logits = dlogp (onehot(t) - p) - dentropy p (log p + H) per row; an unused output's gradient is zeros */
+int tide_token_logprobs_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *lg = n->saved[TLP_SAVED_LOGITS], *lse = n->saved[TLP_SAVED_LSE], *ent = n->saved[TLP_SAVED_ENTROPY];
+    tide_tensor *t = n->saved[TLP_SAVED_TARGETS];
+    int64_t V = lg->shape[lg->ndim - 1], N = t->numel;
+    int sdt = token_logprobs_stat_dtype(lg->dtype);
+    tide_tensor *glp = gout[TLP_OUT_LOGP]->dtype == sdt ? tide_contiguous_nograd(gout[TLP_OUT_LOGP])
+                                                        : tide_to_dtype(gout[TLP_OUT_LOGP], sdt);
+    tide_tensor *gh = !glp ? NULL : gout[TLP_OUT_ENTROPY]->dtype == sdt ? tide_contiguous_nograd(gout[TLP_OUT_ENTROPY])
+                                                                          : tide_to_dtype(gout[TLP_OUT_ENTROPY], sdt);
+    tide_tensor *dl = gh ? tide_empty_like(lg) : NULL;
+    int rc = dl ? 0 : -1;
+    if (!rc && N > 0)
+        rc = TIDE_DISPATCH(lg->device, token_logprobs_backward, "token_logprobs", lg->dtype, tide_data(dl),
+                           tide_data(glp), tide_data(gh), tide_data(lg), tide_data(lse), tide_data(ent), tide_data(t),
+                           t->dtype, N, V, n->attr.cross_entropy.ignore_index);
+    tide_tensor_release(glp); tide_tensor_release(gh);
+    if (rc) { tide_tensor_release(dl); return -1; }
+    gin[0] = dl;
+    return 0;
+}
+
+int tide_token_logprobs(tide_tensor *logits, tide_tensor *targets, int64_t ignore_index, tide_tensor **logp,
+                        tide_tensor **entropy)
+{
+    const char *op = "token_logprobs";
+    TIDE_CHECK_INT(logp && entropy, "token_logprobs: logp and entropy must be non-NULL output pointers");
+    *logp = *entropy = NULL;
+    if (tide_check_float(logits, op, "logits") || tide_check_index_dtype(targets, op, "targets") ||
+        tide_check_same_device(logits, targets, op)) return -1;
+    char a[128], b[128];
+    int lead_ok = logits->ndim >= 1 && targets->ndim == logits->ndim - 1;
+    for (int i = 0; lead_ok && i < targets->ndim; i++) lead_ok = targets->shape[i] == logits->shape[i];
+    TIDE_CHECK_INT(lead_ok, "token_logprobs: targets are %s but logits are %s (logits must be [..., V] with targets [...])",
+                   SHAPE_STR(targets, a), SHAPE_STR(logits, b));
+    TIDE_CHECK_INT(logits->shape[logits->ndim - 1] > 0, "token_logprobs: logits are %s: the vocabulary (last dim) is empty",
+                   SHAPE_STR(logits, a));
+    tide_attrs at = {0};
+    at.cross_entropy.ignore_index = ignore_index;   /* the loss family's attributes: only ignore_index is read */
+    tide_tensor *in[2] = {logits, targets}, *out[2];
+    if (tide_op_run(TIDE_OP_TOKEN_LOGPROBS, 2, in, 2, out, &at)) return -1;
+    *logp = out[TLP_OUT_LOGP];
+    *entropy = out[TLP_OUT_ENTROPY];
+    return 0;
+}

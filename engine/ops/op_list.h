@@ -63,6 +63,7 @@
     X(LOG_SOFTMAX, log_softmax, softmax, softmax)                      \
     /* loss.c */                                                       \
     X(CROSS_ENTROPY, cross_entropy, cross_entropy, cross_entropy)      \
+    X(TOKEN_LOGPROBS, token_logprobs, token_logprobs, token_logprobs) \
     /* rope.c */                                                       \
     X(ROPE, rope, rope, rope)                                          \
     /* vision.c */                                                     \

@@ -43,6 +43,8 @@ int tide_cpu_softmax(int dtype, void *y, const void *x, int64_t N, int64_t C, in
 int tide_cpu_softmax_backward(int dtype, void *dx, const void *dy, const void *y, int64_t N, int64_t C, int log);
 int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
 int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse, const void *targets, int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore);
+int tide_cpu_token_logprobs(int dtype, void *logp, void *entropy, void *lse, const void *logits, const void *targets, int tdtype, int64_t N, int64_t V, int64_t ignore);
+int tide_cpu_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy, const void *logits, const void *lse, const void *entropy, const void *targets, int tdtype, int64_t N, int64_t V, int64_t ignore);
 int tide_cpu_rope(int dtype, void *out, const void *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta, int64_t pos0, int inverse);
 int tide_cpu_rope2d(int dtype, void *out, const void *x, const void *pos, int pos_dtype, int64_t T, int64_t H, int64_t hd, double theta, int inverse);
 int tide_cpu_pos_interp(int dtype, void *out, const void *table, const int64_t *grids, int64_t n, int64_t Gh, int64_t Gw, int64_t d);

@@ -7,9 +7,21 @@
  *   dlogits[n, :] = dloss[n] w_n (softmax(logits[n]) − onehot(t_n)),  0 for ignored rows
  * The reduction (mean over valid weight, sum) is the op layer's job. Targets are checked before any
  * output is written, so a bad target leaves the outputs untouched.
+ *
+ * token_logprobs over the same [N, V] rows (the RL objectives' per-token log-probs and entropy):
+ *   d_v = logits[n, v] - m (m = row max), s = Σ exp(d_v), u = Σ exp(d_v) d_v       (two passes, no [N, V] buffer)
+ *   lse_n = m + log s,  logp[n] = logits[n, t_n] - lse_n,  entropy[n] = log s - u / s   (= -Σ p log p)
+ *   dlogits[n, j] = dlogp[n] ([j == t_n] - p_j) - dentropy[n] p_j (log p_j + entropy[n]);  ignored rows: 0
+ * f32 rows use exp_f32 (vectorised) with the sums in double; terms with p = 0 (a -inf logit) add nothing.
  */
+/* GCC keeps a loop with a float compare-and-select scalar under -ftrapping-math (the default), so the exp_f32 loops
+   would not vectorise; tide never reads the floating-point exception flags */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <math.h>
 #include "cpu.h"
+#include "fastmath.h"
 
 static int64_t target_at(const void *targets, int tdtype, int64_t n)
 {
@@ -108,5 +120,100 @@ int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss,
         cross_entropy_backward_f32(dlogits, dloss, logits, lse, targets, tdtype, weights, N, V, ignore);
     else
         cross_entropy_backward_f64(dlogits, dloss, logits, lse, targets, tdtype, weights, N, V, ignore);
+    return 0;
+}
+
+/* ---- token_logprobs ------------------------------------------------------------------------------------------ */
+static inline float exp_t_f32(float x) { return exp_f32(x); }
+static inline double exp_t_f64(double x) { return exp(x); }
+
+#define DEFINE_TOKEN_LOGPROBS(T, SFX)                                                                   \
+static void token_logprobs_##SFX(T *logp, T *ent, T *lse, const T *logits, const void *targets,        \
+                                 int tdtype, int64_t N, int64_t V, int64_t ignore)                     \
+{                                                                                                       \
+    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                               \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+        const T *xr = logits + n * V;                                                                   \
+        T mx = -INFINITY;                                                                               \
+        _Pragma("omp simd reduction(max:mx)")                                                          \
+        for (int64_t v = 0; v < V; v++) mx = xr[v] > mx ? xr[v] : mx;                                   \
+        T sh = isinf(mx) ? (T)0 : mx;                  /* an all -inf row: lse -inf, not NaN */         \
+        double s = 0.0, u = 0.0;                                                                        \
+        _Pragma("omp simd reduction(+:s, u)")                                                          \
+        for (int64_t v = 0; v < V; v++) {                                                               \
+            T d = xr[v] - sh, e = exp_t_##SFX(d);                                                       \
+            s += (double)e;                                                                             \
+            u += e > 0 ? (double)e * (double)d : 0.0;                                                   \
+        }                                                                                               \
+        double ls = log(s), l = (double)sh + ls;                                                        \
+        lse[n] = (T)l;                                                                                  \
+        int64_t t = target_at(targets, tdtype, n);                                                      \
+        if (t == ignore) {                                                                              \
+            logp[n] = 0;                                                                                \
+            ent[n] = 0;                                                                                 \
+        } else {                                                                                        \
+            logp[n] = (T)((double)xr[t] - l);                                                           \
+            ent[n] = (T)(ls - u / s);                                                                   \
+        }                                                                                               \
+    }                                                                                                   \
+}                                                                                                       \
+                                                                                                        \
+static void token_logprobs_backward_##SFX(T *dlogits, const T *dlogp, const T *dent, const T *logits,  \
+                                          const T *lse, const T *ent, const void *targets, int tdtype, \
+                                          int64_t N, int64_t V, int64_t ignore)                        \
+{                                                                                                       \
+    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                               \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+        const T *xr = logits + n * V;                                                                   \
+        T *dr = dlogits + n * V;                                                                        \
+        int64_t t = target_at(targets, tdtype, n);                                                      \
+        if (t == ignore) {                                                                              \
+            for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                  \
+            continue;                                                                                   \
+        }                                                                                               \
+        T a = dlogp ? dlogp[n] : (T)0, b = dent ? dent[n] : (T)0, l = lse[n], H = ent[n];               \
+        _Pragma("omp simd")                                                                            \
+        for (int64_t v = 0; v < V; v++) {                                                               \
+            T lp = xr[v] - l, p = exp_t_##SFX(lp);                                                      \
+            dr[v] = -a * p - b * (p > 0 ? p * (lp + H) : (T)0);                                         \
+        }                                                                                               \
+        dr[t] += a;                                                                                     \
+    }                                                                                                   \
+}
+
+DEFINE_TOKEN_LOGPROBS(float, f32)
+DEFINE_TOKEN_LOGPROBS(double, f64)
+
+int tide_cpu_token_logprobs(int dtype, void *logp, void *entropy, void *lse, const void *logits, const void *targets,
+                            int tdtype, int64_t N, int64_t V, int64_t ignore)
+{
+    if (N < 0 || V <= 0)
+        return tide_set_error("token_logprobs: sizes N=%lld V=%lld (expected N >= 0, V > 0)", (long long)N, (long long)V);
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("token_logprobs: dtype %s not supported on cpu (expected f32 or f64)",
+                              tide_cpu_dtype_str(dtype));
+    int rc = check_targets("token_logprobs", targets, tdtype, N, V, ignore);
+    if (rc) return rc;
+    if (dtype == TIDE_F32) token_logprobs_f32(logp, entropy, lse, logits, targets, tdtype, N, V, ignore);
+    else token_logprobs_f64(logp, entropy, lse, logits, targets, tdtype, N, V, ignore);
+    return 0;
+}
+
+int tide_cpu_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy,
+                                     const void *logits, const void *lse, const void *entropy, const void *targets,
+                                     int tdtype, int64_t N, int64_t V, int64_t ignore)
+{
+    if (N < 0 || V <= 0)
+        return tide_set_error("token_logprobs_backward: sizes N=%lld V=%lld (expected N >= 0, V > 0)", (long long)N,
+                              (long long)V);
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("token_logprobs_backward: dtype %s not supported on cpu (expected f32 or f64)",
+                              tide_cpu_dtype_str(dtype));
+    int rc = check_targets("token_logprobs_backward", targets, tdtype, N, V, ignore);
+    if (rc) return rc;
+    if (dtype == TIDE_F32)
+        token_logprobs_backward_f32(dlogits, dlogp, dentropy, logits, lse, entropy, targets, tdtype, N, V, ignore);
+    else
+        token_logprobs_backward_f64(dlogits, dlogp, dentropy, logits, lse, entropy, targets, tdtype, N, V, ignore);
     return 0;
 }

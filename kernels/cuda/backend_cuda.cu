@@ -295,6 +295,8 @@ static tide_backend make_table()
     t.softmax_backward = tide_cuda_softmax_backward;
     t.cross_entropy = tide_cuda_cross_entropy;
     t.cross_entropy_backward = tide_cuda_cross_entropy_backward;
+    t.token_logprobs = tide_cuda_token_logprobs;
+    t.token_logprobs_backward = tide_cuda_token_logprobs_backward;
     t.rope = tide_cuda_rope;
     t.rope2d = tide_cuda_rope2d;
     t.pos_interp = tide_cuda_pos_interp;

@@ -282,6 +282,11 @@ int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const
 int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits,
                                      const void *lse, const void *targets, int tdtype, const void *weights,
                                      int64_t N, int64_t V, int64_t ignore);
+int tide_cuda_token_logprobs(int dtype, void *logp, void *entropy, void *lse, const void *logits,
+                             const void *targets, int tdtype, int64_t N, int64_t V, int64_t ignore);
+int tide_cuda_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy,
+                                      const void *logits, const void *lse, const void *entropy, const void *targets,
+                                      int tdtype, int64_t N, int64_t V, int64_t ignore);
 
 /* Kimi Delta Attention (kda.cu) and the causal conv (conv.cu) */
 int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,

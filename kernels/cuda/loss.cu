@@ -108,3 +108,118 @@ int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss
     });
     return 0;
 }
+
+/* ---- token_logprobs: logp[n] = logits[n, t_n] - lse_n, entropy[n] = log s - u / s (kernels/cpu/loss.c) ---------
+   One block owns one row: the row max, then s = Σ exp(d), u = Σ exp(d) d with d = x - max, in A (fp32 for f32/bf16,
+   fp64 for f64); logp, entropy and lse are stored as A (f32 for bf16 logits). */
+template <typename T> __global__ void token_logprobs_kernel(TIDE_ACC(T) *logp, TIDE_ACC(T) *ent, TIDE_ACC(T) *lse,
+                                                            const T *logits, const void *targets, int t64, int64_t N,
+                                                            int64_t V, int64_t ignore, unsigned long long *first_bad)
+{
+    typedef TIDE_ACC(T) A;
+    __shared__ A sh[32];
+    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+        const T *xr = logits + row * V;
+        A m = A(-INFINITY);
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = tide_max_op()(m, tide_ld(xr, j));
+        m = tide_block_reduce(m, tide_max_op(), A(-INFINITY), sh);
+        A shift = (m == A(-INFINITY) || m == A(INFINITY)) ? A(0) : m;   /* an all -inf row: lse -inf, not NaN */
+        A s = A(0), u = A(0);
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            A d = tide_ld(xr, j) - shift, e = exp(d);
+            s += e;
+            u += e > A(0) ? e * d : A(0);                              /* a -inf logit adds nothing */
+        }
+        s = tide_block_reduce(s, tide_sum_op(), A(0), sh);
+        u = tide_block_reduce(u, tide_sum_op(), A(0), sh);
+        if (threadIdx.x == 0) {
+            int64_t t = tide_ld_index(targets, t64, row);
+            A ls = log(s), l = shift + ls, lv = A(0), hv = A(0);
+            if (t == ignore) {
+            } else if (t < 0 || t >= V) {
+                atomicMin(first_bad, (unsigned long long)row);
+            } else {
+                lv = tide_ld(xr, t) - l;
+                hv = ls - u / s;
+            }
+            logp[row] = lv;
+            ent[row] = hv;
+            lse[row] = l;
+        }
+    }
+}
+
+/* dlogits[n, j] = dlogp[n] ([j == t_n] - p_j) - dentropy[n] p_j (log p_j + entropy[n]); 0 for ignored rows */
+template <typename T> __global__ void token_logprobs_backward_kernel(T *dlogits, const TIDE_ACC(T) *dlogp,
+                                                                     const TIDE_ACC(T) *dent, const T *logits,
+                                                                     const TIDE_ACC(T) *lse, const TIDE_ACC(T) *ent,
+                                                                     const void *targets, int t64, int64_t N, int64_t V,
+                                                                     int64_t ignore)
+{
+    typedef TIDE_ACC(T) A;
+    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+        int64_t t = tide_ld_index(targets, t64, row);
+        bool skip = t == ignore || t < 0 || t >= V;
+        A a = (skip || !dlogp) ? A(0) : dlogp[row], b = (skip || !dent) ? A(0) : dent[row];
+        A l = lse[row], H = ent[row];
+        const T *xr = logits + row * V;
+        T *dr = dlogits + row * V;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            A lp = tide_ld(xr, j) - l, p = skip ? A(0) : exp(lp);
+            A g = -a * p - b * (p > A(0) ? p * (lp + H) : A(0)) + (j == t ? a : A(0));
+            tide_st(dr, j, g);
+        }
+    }
+}
+
+int tide_cuda_token_logprobs(int dtype, void *logp, void *entropy, void *lse, const void *logits, const void *targets,
+                             int tdtype, int64_t N, int64_t V, int64_t ignore)
+{
+    if (tide_cuda_check_index_dtype(tdtype, "token_logprobs targets")) return -1;
+    if (N <= 0) return 0;
+    if (V <= 0) return tide_set_error("token_logprobs: vocabulary size must be positive, got %lld", (long long)V);
+    TIDE_STREAM(s);
+    tide_cuda_scratch *sc;
+    if (tide_cuda_get_scratch(&sc)) return -1;
+    TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "token_logprobs (memset)");
+    TIDE_FLOAT_DISPATCH(dtype, "token_logprobs", {
+        typedef TIDE_ACC(T) A;
+        token_logprobs_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
+            (A *)logp, (A *)entropy, (A *)lse, (const T *)logits, targets, tdtype == TIDE_I64, N, V, ignore, &sc->first);
+        TIDE_CU_LAUNCH("token_logprobs kernel");
+    });
+    /* a target outside [0, V) is the caller's error: report it by row and value */
+    unsigned long long first = 0;
+    TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "token_logprobs copy");
+    TIDE_CU(cudaStreamSynchronize(s), "token_logprobs (synchronize)");
+    if (first == ULLONG_MAX) return 0;
+    int64_t t = 0;
+    int32_t t32 = 0;
+    if (tdtype == TIDE_I64)
+        TIDE_CU(cudaMemcpyAsync(&t, (const int64_t *)targets + first, sizeof t, cudaMemcpyDeviceToHost, s),
+                "token_logprobs copy");
+    else
+        TIDE_CU(cudaMemcpyAsync(&t32, (const int32_t *)targets + first, sizeof t32, cudaMemcpyDeviceToHost, s),
+                "token_logprobs copy");
+    TIDE_CU(cudaStreamSynchronize(s), "token_logprobs (synchronize)");
+    if (tdtype != TIDE_I64) t = t32;
+    return tide_set_error("token_logprobs: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
+                          (long long)t, (long long)first, (long long)V, (long long)ignore);
+}
+
+int tide_cuda_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy,
+                                      const void *logits, const void *lse, const void *entropy, const void *targets,
+                                      int tdtype, int64_t N, int64_t V, int64_t ignore)
+{
+    if (tide_cuda_check_index_dtype(tdtype, "token_logprobs backward targets")) return -1;
+    if (N <= 0 || V <= 0) return 0;
+    TIDE_STREAM(s);
+    TIDE_FLOAT_DISPATCH(dtype, "token_logprobs backward", {
+        typedef TIDE_ACC(T) A;
+        token_logprobs_backward_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
+            (T *)dlogits, (const A *)dlogp, (const A *)dentropy, (const T *)logits, (const A *)lse,
+            (const A *)entropy, targets, tdtype == TIDE_I64, N, V, ignore);
+        TIDE_CU_LAUNCH("token_logprobs backward kernel");
+    });
+    return 0;
+}

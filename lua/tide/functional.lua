@@ -126,6 +126,24 @@ function F.cross_entropy(logits, targets, opts)
   return out
 end
 
+-- F.token_logprobs(logits [..., V], targets int [...] (or a Lua table), opts) -> logp [...], entropy [...]
+--   logp = logits[t] - logsumexp(logits), entropy = -Σ p log p (p = softmax(logits)), fused: no [N, V] tensor is made;
+--   opts.ignore_index (-100): those targets give logp 0, entropy 0 and no gradient. Both outputs are differentiable
+--   (f32 for bf16 logits, else the logits' dtype).
+function F.token_logprobs(logits, targets, opts)
+  local op = "token_logprobs"
+  want_tensor(logits, op, "logits")
+  targets = index_tensor(targets, logits, op, "targets")
+  opts = want_opts(opts, op)
+  for k in pairs(opts) do
+    if k ~= "ignore_index" then raise(fmt("%s: unknown option %s (expected ignore_index)", op, tostring(k))) end
+  end
+  local ignore = opts.ignore_index == nil and -100 or want_number(opts.ignore_index, op, "ignore_index")
+  local lp, h = ffi.new("tide_tensor *[1]"), ffi.new("tide_tensor *[1]")
+  check_status(C.tide_token_logprobs(raw(logits), raw(targets), ignore, lp, h))
+  return T.wrap(lp[0]), T.wrap(h[0])
+end
+
 -- F.rope(x [B, T, H, D][, theta=10000][, pos0=0]): rotary embedding at positions pos0 + t
 function F.rope(x, theta, pos0)
   return check(C.tide_rope(want_tensor(x, "rope", "x"), theta == nil and 10000 or want_number(theta, "rope", "theta"),

@@ -166,6 +166,17 @@ static tide_tensor *f_ce_mean(tide_tensor **in) { return tide_cross_entropy(in[0
 static tide_tensor *f_ce_w_sum(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 1); }
 static tide_tensor *f_ce_w_none(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 2); }
 static tide_tensor *f_ce_w_mean(tide_tensor **in) { return tide_cross_entropy(in[0], in[1], in[2], -100, 0); }
+/* token_logprobs: logp and entropy in one vector, so the gradient seeds both outputs at once */
+static tide_tensor *f_tlp(tide_tensor **in)
+{
+    tide_tensor *lp = NULL, *h = NULL;
+    if (tide_token_logprobs(in[0], in[1], -100, &lp, &h)) return NULL;
+    int64_t flat[1] = {-1};
+    tide_tensor *a = tide_reshape(lp, 1, flat), *b = tide_reshape(h, 1, flat);
+    tide_tensor *pair[2] = {a, b}, *y = (a && b) ? tide_concat(2, pair, 0) : NULL;
+    tide_tensor_release(lp); tide_tensor_release(h); tide_tensor_release(a); tide_tensor_release(b);
+    return y;
+}
 static tide_tensor *f_rope(tide_tensor **in) { return tide_rope(in[0], 10000.0, 3); }
 static tide_tensor *f_rope_far(tide_tensor **in) { return tide_rope(in[0], 10000.0, 1000000); }
 /* vision.md §4: 2D RoPE with (row, col) positions in [0, 512); the position table resampled to fixed grids
@@ -330,6 +341,11 @@ static const op_case cases[] = {
     {"cross_entropy weights mean", f_ce_w_mean, 3, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11), WEIGHTS(S1(8))}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
     {"cross_entropy [16,3000]", f_ce_mean, 2, {NORMAL(S2(16, 3000)), TARGETS(S1(16), 3000)}, 1, 1e-5, 1e-5, 1e-7, 1e-5, 0},
     {"cross_entropy bf16", f_ce_mean, 2, {NORMAL(S2(8, 11)), TARGETS(S1(8), 11)}, 1, 3e-2, 2e-2, 5e-3, 2e-2, 1},
+    /* token_logprobs: outputs f32 for bf16 logits (the same f32 arithmetic from the same rounded inputs on both
+       sides); the bf16 gradient rounds to 8 bits */
+    {"token_logprobs [4,5,300] logp + entropy", f_tlp, 2, {NORMAL(S3(4, 5, 300)), TARGETS(S2(4, 5), 300)}, 1, 1e-5, 1e-5, 1e-6, 1e-5, 0},
+    {"token_logprobs [16,3000]", f_tlp, 2, {NORMAL(S2(16, 3000)), TARGETS(S1(16), 3000)}, 1, 1e-5, 1e-5, 1e-7, 1e-5, 0},
+    {"token_logprobs bf16 [8,500]", f_tlp, 2, {NORMAL(S2(8, 500)), TARGETS(S1(8), 500)}, 1, 1e-4, 1e-4, 5e-3, 2e-2, 1},
     {"rope", f_rope, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
     {"rope pos0 1e6", f_rope_far, 1, {NORMAL(S4(2, 5, 3, 8))}, 1, 1e-6, 1e-5, 1e-6, 1e-5, 0},
     /* vision positions: both sides compute angles, taps and sums in double; the f32 result rounds once */
@@ -1483,6 +1499,26 @@ static int test_bad_target(void)
     return report("cross_entropy bad target -> error", ok, detail);
 }
 
+static int test_tlp_bad_target(void)
+{
+    int64_t sl[2] = {3, 5}, st[1] = {3};
+    double tv[3] = {1, 7, 2};
+    tide_tensor *l = tide_randn(TIDE_F32, 2, sl, GPU, 0.0, 1.0);
+    tide_tensor *tc = tide_from_f64(TIDE_I32, 1, st, CPU, tv);
+    tide_tensor *t = tc ? tide_to_device(tc, GPU) : NULL, *lp = NULL, *h = NULL;
+    int rc = (l && t) ? tide_token_logprobs(l, t, -100, &lp, &h) : -1;
+    int ok = l && t && rc && strstr(tide_last_error(), "target 7 at row 1") != NULL;
+    char detail[256];
+    snprintf(detail, sizeof detail, "error: %s", tide_last_error());
+    tide_clear_error();
+    tide_tensor_release(l);
+    tide_tensor_release(tc);
+    tide_tensor_release(t);
+    tide_tensor_release(lp);
+    tide_tensor_release(h);
+    return report("token_logprobs bad target -> error", ok, detail);
+}
+
 /* ---- coverage: every op of the registry -> the cases above that exercise it, or why it has none ------------------
    cases: case names, '|'-separated, each of which must exist in a case table; reason: instead, when the op has no
    case of its own. An op of tide_op_defs without an entry here fails the test, with or without a GPU. */
@@ -1539,6 +1575,8 @@ static const op_coverage coverage[] = {
     {"log_softmax", "log_softmax", NULL},
     {"cross_entropy", "cross_entropy mean, ignore|cross_entropy weights sum|cross_entropy [16,3000]|cross_entropy bf16|"
                       "cross_entropy bad target -> error", NULL},
+    {"token_logprobs", "token_logprobs [4,5,300] logp + entropy|token_logprobs [16,3000]|token_logprobs bf16 [8,500]|"
+                       "token_logprobs bad target -> error", NULL},
     {"rope", "rope|rope pos0 1e6", NULL},
     {"rope2d", "rope2d [37,3,72] i64 pos|rope2d [20,4,16] i32 pos|rope2d bf16 [37,3,72]", NULL},
     {"pos_interp", "pos_interp [8,8,40] to 13x5, 8x8, 1x1, 3x17|pos_interp [16,16,96] to 64x48, 5x70|pos_interp bf16", NULL},
@@ -1565,6 +1603,7 @@ static const op_coverage coverage[] = {
 static const char *const extra_names[] = {
     "randn / rand (same seed)", "copy_/fill_ into strided views", "sum_squares / all_finite / axpy_",
     "first_nonfinite (fused)", "kda chunk: g < lb -> error", "adamw step x3", "cross_entropy bad target -> error",
+    "token_logprobs bad target -> error",
 };
 
 #define NAMES_IN(table, field, want, len)                                                                  \
@@ -1651,7 +1690,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_varlen,
+                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_varlen,
                                   test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
