@@ -282,7 +282,7 @@ T.test("oracle 9: a rollout paused at a token budget and resumed (re-prefill or 
     base.temperature = temp
     local full = rollout.run(m, tok, base)
     local function key(t) return t.prompt_id .. "/" .. t.group_id .. "/" .. tok:decode(t.tokens):sub(1, 0) end
-    for _, mode in ipairs { "prefill", "state" } do
+    for _, mode in ipairs { "replay", "state" } do
       local o = {}
       for k, v in pairs(base) do o[k] = v end
       o.budget, o.policy_version = 25, 0
@@ -294,7 +294,7 @@ T.test("oracle 9: a rollout paused at a token budget and resumed (re-prefill or 
       o2.seed = 99     -- resumed rows keep drawing from their own streams, whatever this call's seed
       local rest, st2 = rollout.run(m, tok, o2)
       T.eq(#first + #rest, #full, "every sample ends once")
-      if mode == "prefill" then T.ok(st2.resumed > 0 and st2.forwards > 0, "re-prefilled") end
+      if mode == "replay" then T.ok(st2.resumed > 0 and st2.forwards > 0, "replayed") end
       -- match each resumed or first-pass sample to the uninterrupted one by its prompt and its place in the group
       local all = {}
       for _, t in ipairs(first) do all[#all + 1] = t end
@@ -324,6 +324,31 @@ T.test("oracle 9: a rollout paused at a token budget and resumed (re-prefill or 
       T.ok(crossed > 0, "segments mark the resumption")
     end
   end
+end)
+
+T.test("resume by one chunked re-prefill: one forward per paused row, the next-token distribution to f32 rounding", function()
+  local m = model()
+  local o = { env = "countdown", prompts = { { seed = 3 } }, G = 2, max_new = 30, seed = 4, temperature = 0,
+    budget = 20 }
+  local _, _, paused = rollout.run(m, tok, o)
+  local rows = 0
+  for _, e in ipairs(paused) do if not e.fresh then rows = rows + 1 end end
+  T.ok(rows > 0, "rows paused")
+  -- the saved logits against those of one chunked forward over each paused prefix
+  local worst = 0
+  for _, e in ipairs(paused) do
+    if not e.fresh then
+      local lg = tide.no_grad(function()
+        m:eval()
+        return rollout.feed(m, m:new_cache(), e.traj.tokens)
+      end)
+      for v = 1, V do worst = math.max(worst, math.abs(lg[v] - e.state.logits[v])) end
+    end
+  end
+  T.ok(worst < 1e-4, "max |logit diff| " .. worst)
+  local _, st = rollout.run(m, tok, { env = "countdown", prompts = {}, G = 2, max_new = 30, seed = 4,
+    temperature = 0, resume = paused, resume_mode = "prefill" })
+  T.ok(st.forwards >= rows and st.resumed == rows, "resumed " .. st.resumed)
 end)
 
 T.run()

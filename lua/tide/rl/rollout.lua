@@ -4,7 +4,7 @@
 --     env = "countdown" | table | function() -> env, env_cfg = {...},
 --     prompts = {{seed = 17, prompt_id = 0}, ...}, G = 8,
 --     max_new = 256, max_turns = 16, temperature = 1, top_k, top_p, seed = 0, policy_version = 0,
---     tool_timeout = 10, slots = 64})
+--     tool_timeout = 10, slots = 64, budget = nil | tokens, resume = entries, resume_mode = "replay"})
 --
 -- Every (prompt, sample) is a row with its own caches. The prompt is prefilled once per prompt and its caches are
 -- copied to the G rows. A row samples until <|tool_call_end|> (the environment runs the call; its result is fed into
@@ -92,8 +92,8 @@ function rollout.run(model, tok, o)
     options.fail(who, "prompts must be a non-empty list of {seed = ...}")
   end
   local budget = o.budget ~= nil and options.pos_int(o.budget, "budget", who) or nil
-  local resume_mode = o.resume_mode or "prefill"
-  options.one_of(resume_mode, { prefill = true, state = true }, "resume_mode", who)
+  local resume_mode = o.resume_mode or "replay"
+  options.one_of(resume_mode, { replay = true, prefill = true, state = true }, "resume_mode", who)
   local G = o.G == nil and 1 or options.pos_int(o.G, "G", who)
   local max_new = o.max_new == nil and 256 or options.pos_int(o.max_new, "max_new", who)
   local max_turns = o.max_turns == nil and 16 or options.pos_int(o.max_turns, "max_turns", who)
@@ -301,8 +301,12 @@ function rollout.run(model, tok, o)
   end
 
   -- a replay-buffer entry back to a live row: the environment rebuilt by replaying its actions (environments are
-  -- deterministic given their seed), the caches restored (saved state) or rebuilt by replaying the row's forward
-  -- schedule on fresh caches (re-prefill: the same calls, so the same bits)
+  -- deterministic given their seed), then the caches:
+  --   "state"    the saved caches (in memory; bit-identical, no compute)
+  --   "replay"   the row's forward schedule replayed on fresh caches: the same calls, so the same bits, at the cost
+  --              of the original forwards (the default, and the path after a checkpoint: caches are not saved)
+  --   "prefill"  one chunked forward over the whole prefix: a fraction of that cost, equal to f32 rounding (the
+  --              chunked and token-recurrent KDA paths round differently)
   local function restore(e)
     local t = traj_m.from_record(e.traj, "rl.rollout: a paused trajectory")
     local row = { traj = t, uid = e.uid, draws = e.draws, n_new = e.n_new, turn = e.turn, calls = e.calls,
@@ -316,6 +320,9 @@ function rollout.run(model, tok, o)
     if resume_mode == "state" and e.state and e.state.cache then
       row.cache, row.logits = e.state.cache, e.state.logits
       for i, n in ipairs(e.schedule) do row.schedule[i] = n end
+    elseif resume_mode == "prefill" then
+      row.cache = model:new_cache()
+      row_feed(row, t.tokens)
     else
       row.cache = model:new_cache()
       local pos = 0
