@@ -1,5 +1,6 @@
 /* loss.c — cross-entropy over logits [N, V] with ignore_index and optional per-token weights, fused with its
-   log-sum-exp; reductions mean (over the unmasked tokens), sum and none. */
+   log-sum-exp; reductions mean (over the unmasked tokens), sum and none. token_logprobs: the per-token log-prob of
+   given tokens and the entropy over [..., V] logits (the RL objectives' input), fused the same way. */
 #include <math.h>
 #include "../internal.h"
 

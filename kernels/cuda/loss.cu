@@ -1,6 +1,6 @@
 /*
- * loss.cu — the fused per-token cross-entropy over [N, V] logits, forward and backward. One block owns
- * one row; arithmetic is fp32 for f32/bf16 (fp64 for f64).
+ * loss.cu — the fused per-token cross-entropy and token_logprobs (log-prob of the given token, entropy) over
+ * [N, V] logits, forward and backward. One block owns one row; arithmetic is fp32 for f32/bf16 (fp64 for f64).
  */
 #include "common.cuh"
 

@@ -90,8 +90,8 @@ template <class T> static void token_logprobs_case(int64_t N, int64_t V, bool t6
 {
     typedef typename tide_tr<T>::A A;
     typedef typename std::conditional<std::is_same<T, __nv_bfloat16>::value, float, T>::type C;
-    std::string tag = std::string("token_logprobs ") + name_of<T>() + " [" + std::to_string(N) + "," + std::to_string(V) +
-                      "] " + (t64 ? "i64" : "i32");
+    std::string tag = std::string("token_logprobs ") + name_of<T>() + " [" + std::to_string(N) + "," +
+                      std::to_string(V) + "] " + (t64 ? "i64" : "i32");
     vd x(N * V), t(N), glp(N), gh(N);
     for (auto &v : x) v = 3 * randn();
     x[V > 1 ? 1 : 0] = -INFINITY;                                   // a masked token in row 0 (not its target)
@@ -149,7 +149,8 @@ template <class T> static void token_logprobs_case(int64_t N, int64_t V, bool t6
 
 template <class T> static void cross_entropy_case(int64_t N, int64_t V, double tol)
 {
-    std::string tag = std::string("cross_entropy ") + name_of<T>() + " [" + std::to_string(N) + "," + std::to_string(V) + "]";
+    std::string tag = std::string("cross_entropy ") + name_of<T>() + " [" + std::to_string(N) + "," +
+                      std::to_string(V) + "]";
     vd x(N * V);
     for (auto &v : x) v = 2 * randn();
     std::vector<int64_t> t(N);
@@ -161,12 +162,12 @@ template <class T> static void cross_entropy_case(int64_t N, int64_t V, double t
     std::vector<T> xd = to_dev<T>(x), l(N), ok(N), lse(N), cl(N), cok(N), clse(N), dx(N * V), cdx(N * V);
     if (tide_cuda_cross_entropy(dtype_of<T>(), l.data(), ok.data(), lse.data(), xd.data(), t.data(), TIDE_I64, w.data(),
                                 N, V, -100) ||
-        tide_cpu_cross_entropy(dtype_of<T>(), cl.data(), cok.data(), clse.data(), xd.data(), t.data(), TIDE_I64, w.data(),
-                               N, V, -100) ||
+        tide_cpu_cross_entropy(dtype_of<T>(), cl.data(), cok.data(), clse.data(), xd.data(), t.data(), TIDE_I64,
+                               w.data(), N, V, -100) ||
         tide_cuda_cross_entropy_backward(dtype_of<T>(), dx.data(), dl.data(), xd.data(), lse.data(), t.data(), TIDE_I64,
                                          w.data(), N, V, -100) ||
-        tide_cpu_cross_entropy_backward(dtype_of<T>(), cdx.data(), dl.data(), xd.data(), clse.data(), t.data(), TIDE_I64,
-                                        w.data(), N, V, -100)) {
+        tide_cpu_cross_entropy_backward(dtype_of<T>(), cdx.data(), dl.data(), xd.data(), clse.data(), t.data(),
+                                        TIDE_I64, w.data(), N, V, -100)) {
         check_true(tag + ": ran (" + err_buf + ")", false);
         return;
     }
@@ -191,9 +192,11 @@ int main()
     {
         std::vector<float> x(3 * 5, 0.5f), lp(3), h(3), lse(3);
         std::vector<int64_t> t = {1, 7, 2};
-        int rg = tide_cuda_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5, -100);
+        int rg = tide_cuda_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5,
+                                          -100);
         std::string eg = err_buf;
-        int rc = tide_cpu_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5, -100);
+        int rc = tide_cpu_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5,
+                                         -100);
         check_true("token_logprobs target 7 of V 5 at row 1: an error on both (" + eg + ")",
                    rg && rc && eg.find("target 7 at row 1") != std::string::npos);
     }
