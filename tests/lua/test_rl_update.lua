@@ -98,6 +98,17 @@ T.test("oracle 3 on a model: on-policy GRPO's weight gradient = -(1/G) Σ A_i/|o
   update.objective("grpo", { beta_kl = 0.04 })(m, b):backward()
   local g_obj = grads(m)
   T.eq(b.stats.kl, 0)
+  -- the entropy metric (from the fused op) against -Σ p ln p of a plain log-softmax, at the policy tokens
+  local lsm = tide.no_grad(function() return F.log_softmax(m:forward(b.ids), 3):tolist() end)
+  local V_, sum, n = V, 0, 0
+  for rr, rp in ipairs(b.positions) do
+    for _, i in ipairs(rp) do
+      local base = ((rr - 1) * b.L + (i - 1)) * V_
+      for v = 1, V_ do local lp = lsm[base + v]; sum = sum - math.exp(lp) * lp end
+      n = n + 1
+    end
+  end
+  T.near(b.stats.entropy, sum / n, 1e-10)
   -- by hand: Σ_rows c_r Σ_t logp_t with c_r = -A_i / (G |o_i|)
   local coef = {}
   local r = 0

@@ -6,8 +6,8 @@
 --   stepper:run({b}, lr)                                        -- one policy update through the one step
 --
 -- Row r of the batch is trajectory r: ids = tokens[1 .. n-1], targets = tokens[2 .. n], padded to the longest row
--- (targets -100 there). The policy tokens are the targets whose loss_mask is 1. The log-prob of each is
--- -cross_entropy(logits, target) per token (one fused log-softmax + gather with its backward); the objective's
+-- (targets -100 there). The policy tokens are the targets whose loss_mask is 1. The log-prob of each comes from
+-- F.token_logprobs (log-softmax + gather + entropy fused, with its backward); the objective's
 -- gradient with respect to those log-probs (rl.objectives) reaches the model through that op alone, so the logit
 -- gradient of every other position is exactly 0 (rl.md oracle 2). sft_batch builds the same rows with the targets of
 -- the non-policy tokens ignored: the warm-up's cross-entropy on assistant turns only.
@@ -110,16 +110,17 @@ function update.sft_batch(trajs)
   return { ids = tide.tensor(ids, { dtype = "i32" }), targets = tide.tensor(targets, { dtype = "i32" }), n_targets = n }
 end
 
--- the per-token log-probs [B, L] of the targets (0 at ignored ones) and the flat list of the policy tokens' values
+-- the per-token log-probs [B, L] of the targets (0 at ignored ones), the flat list of the policy tokens' values, and
+-- the policy's entropy at each position [B, L]: one fused op (F.token_logprobs), no [B, L, V] probabilities kept
 local function policy_logp(model, b)
   local logits = model:forward(b.ids)
-  local logp = -F.cross_entropy(logits, b.targets, { reduction = "none" })
+  local logp, ent = F.token_logprobs(logits, b.targets)
   local all = logp:tolist()
   local flat, L = {}, b.L
   for r, rp in ipairs(b.positions) do
     for _, i in ipairs(rp) do flat[#flat + 1] = all[(r - 1) * L + i] end
   end
-  return logp, flat, logits
+  return logp, flat, ent
 end
 
 -- score(model, b) -> the flat list of the policy tokens' log-probs under `model` (eval mode, no grad: MoE balancers
@@ -159,17 +160,14 @@ function update.set_tis(b, flat_train, C)
   return n > 0 and clipped / n or 0
 end
 
--- the entropy -Σ p ln p of the policy at each policy token, averaged (a metric: no grad)
-local function entropy(logits, b)
-  return tide.no_grad(function()
-    local lsm = F.log_softmax(logits, 3)
-    local h = (lsm:exp() * lsm):sum(3):tolist()
-    local sum, n = 0, 0
-    for r, rp in ipairs(b.positions) do
-      for _, i in ipairs(rp) do sum, n = sum - h[(r - 1) * b.L + i], n + 1 end
-    end
-    return n > 0 and sum / n or 0
-  end)
+-- the entropy -Σ p ln p of the policy at the policy tokens, averaged (a metric)
+local function entropy(ent, b)
+  local h = ent:tolist()
+  local sum, n = 0, 0
+  for r, rp in ipairs(b.positions) do
+    for _, i in ipairs(rp) do sum, n = sum + h[(r - 1) * b.L + i], n + 1 end
+  end
+  return n > 0 and sum / n or 0
 end
 
 -- objective(name, opts) -> function(model, b) -> loss tensor for step.stepper: its value is the objective's loss,
@@ -180,7 +178,7 @@ function update.objective(name, opts)
   local o = {}
   for k, v in pairs(opts or {}) do if k ~= "entropy" then o[k] = v end end
   return function(model, b)
-    local logp, flat, logits = policy_logp(model, b)
+    local logp, flat, ent = policy_logp(model, b)
     local loss, grad, st = f(b, flat, o)
     local g = {}
     local B, L = #b.positions, b.L
@@ -191,7 +189,7 @@ function update.objective(name, opts)
     end
     local gt = tide.tensor(g, { dtype = logp:dtype() }):reshape(B, L)
     local surrogate = (logp * gt):sum()
-    if with_entropy then st.entropy = entropy(logits, b) end
+    if with_entropy then st.entropy = entropy(ent, b) end
     b.stats = st
     -- the surrogate carries the gradient; the constant makes its value the objective's loss
     local l = surrogate + (loss - surrogate:item())
