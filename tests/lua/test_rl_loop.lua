@@ -247,4 +247,39 @@ T.test("prioritised prompts: drawn from the pool by 1 - success rate, distinct, 
   T.eq(n, 2 * 2 * 3)
 end)
 
+T.test("a recipe's own reward function and overlong shaping; a reward that raises or is NaN is recorded, not fatal", function()
+  local out = T.tmpdir("rl_reward")
+  local calls = 0
+  local r = rl.loop.run(recipe(out, { sft = { steps = 1 }, rl = { iterations = 2, beta_kl = 0, max_new = 8,
+    overlong = { max = 6, cache = 2 },
+    reward = function(t, info)
+      calls = calls + 1
+      if calls == 2 then error("scorer crashed") end
+      if calls == 3 then return 0 / 0 end
+      return #info.text / 100
+    end } }))
+  T.eq(r.iterations, 2)
+  T.eq(calls, 2 * 2 * 3)
+  local saved = rl.traj.read(out .. "/trajectories/iter_000001.jsonl")
+  local errs = {}
+  for _, t in ipairs(saved) do for _, e in ipairs(t.errors) do errs[#errs + 1] = e end end
+  local all = table.concat(errs, " | ")
+  T.ok(all:find("rl.reward raised: ", 1, true) and all:find("scorer crashed", 1, true), all)
+  T.ok(all:find("rl.reward returned nan (counted as 0)", 1, true), all)
+  local rec
+  for _, x in ipairs(records(out)) do if x.phase == "rl" and x.iteration == 1 then rec = x end end
+  T.eq(rec.reward_errors, 2)
+  -- the reward of a sample: the function's value plus the overlong shaping of its length
+  for k, t in ipairs(saved) do
+    if k > 3 then
+      local n = t:n_policy()
+      local ids = {}
+      for i = 1, #t.tokens do if t.loss_mask[i] == 1 then ids[#ids + 1] = t.tokens[i] end end
+      local want = #tokenizer.byte_level():decode(ids, true) / 100 + rl.rewards.overlong(n, 6, 2)
+      T.near(t.reward_terminal, want, 1e-12, "sample " .. k)
+    end
+  end
+  T.raises(function() rl.loop.run(recipe(nil, { rl = { reward = 3 } })) end, "rl.reward must be a function")
+end)
+
 T.run()

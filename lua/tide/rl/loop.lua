@@ -45,7 +45,7 @@ local RL = { env = true, env_cfg = true, objective = true, iterations = true, pr
   beta_kl = true, eps_lo = true, eps_hi = true, tau = true, tis = true, C_tis = true, credit = true,
   length_weight = true, dynamic = true, max_resample = true, prompt_seed = true, tool_timeout = true, budget = true,
   resume_mode = true, stale = true, max_staleness = true, save_trajectories = true, ptx = true,
-  reset_optimizer = true, pool = true }
+  reset_optimizer = true, pool = true, reward = true, overlong = true }
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
@@ -190,7 +190,18 @@ local function resolve(cfg)
     save_trajectories = r.save_trajectories ~= false,
     reset_optimizer = r.reset_optimizer == true,
     pool = r.pool ~= nil and options.pos_int(r.pool, "rl.pool", WHO) or nil,
+    reward = r.reward,
   }
+  if r.reward ~= nil and type(r.reward) ~= "function" then
+    bad("rl.reward must be a function(trajectory, info) -> number (info: text, env_reward, seed, env)")
+  end
+  -- DAPO's overlong shaping: {max = L_max, cache = L_cache} on the response length (policy tokens)
+  if r.overlong ~= nil then
+    options.check(r.overlong, { max = true, cache = true }, "rl.overlong", WHO)
+    o.overlong = { max = options.pos_int(r.overlong.max, "rl.overlong.max", WHO),
+      cache = options.pos_int(r.overlong.cache, "rl.overlong.cache", WHO) }
+    if o.overlong.cache > o.overlong.max then bad("rl.overlong.cache must be at most rl.overlong.max") end
+  end
   if r.budget ~= nil and r.dynamic then bad("rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine") end
   -- the temperature: a number, or {from, to} linear over the iterations (high early, lower later; rl.md §5)
   local temp = o.temperature
@@ -434,6 +445,28 @@ local function count_success(S, trajs)
   end
 end
 
+-- a sample's reward beyond the environment's: the recipe's own reward function (rl.reward), then DAPO's overlong
+-- shaping. A reward function that raises or returns a non-number or a non-finite number is recorded in the
+-- trajectory's errors and counted (reward_errors); the sample's terminal reward is then 0.
+local function score(S, t, st)
+  local o = S.o
+  st.reward_errors = st.reward_errors or 0
+  if o.reward then
+    local ids = {}
+    for i = 1, #t.tokens do if t.loss_mask[i] == 1 then ids[#ids + 1] = t.tokens[i] end end
+    local ok, r = pcall(o.reward, t, { text = S.tok:decode(ids, true), env_reward = t.reward_terminal, seed = t.seed,
+      env = t.env })
+    if not ok or type(r) ~= "number" or r ~= r or r == math.huge or r == -math.huge then
+      st.reward_errors = st.reward_errors + 1
+      t.errors[#t.errors + 1] = not ok and ("rl.reward raised: " .. tostring(r))
+        or fmt("rl.reward returned %s (counted as 0)", tostring(r))
+      r = 0
+    end
+    t.reward_terminal = r
+  end
+  if o.overlong then t.reward_terminal = t.reward_terminal + rewards.overlong(t:n_policy(), o.overlong.max, o.overlong.cache) end
+end
+
 local function sample(S, it)
   local o = S.o
   local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
@@ -458,6 +491,7 @@ local function sample(S, it)
     st.all_trajs = nil
     if st_all then for k, v in pairs(st) do if type(v) == "number" then st_all[k] = st_all[k] + v end end else st_all = st end
     if o.budget then S.replay = paused end
+    for _, t in ipairs(trajs) do score(S, t, st) end
     for _, g in ipairs(complete_groups(S, trajs, o.budget ~= nil)) do
       local r = {}
       for i, t in ipairs(g) do r[i] = t:total_reward() end
@@ -546,6 +580,7 @@ local function rl_iteration(S)
   rec.zero_var_groups = 1 - #groups / math.max(#groups_of(st.all_trajs), 1)
   rec.tool_errors, rec.malformed_calls, rec.env_errors = st.tool_errors, st.malformed_calls, st.env_errors
   rec.nonfinite_rewards, rec.tool_timeouts = st.nonfinite_rewards, st.tool_timeouts
+  rec.reward_errors = st.reward_errors
   rec.staleness = 0
   rec.paused = #S.replay
   shape_rewards(S, groups)
