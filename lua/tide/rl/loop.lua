@@ -189,7 +189,7 @@ local function resolve(cfg)
     max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),
     save_trajectories = r.save_trajectories ~= false,
     reset_optimizer = r.reset_optimizer == true,
-    pool = r.pool ~= nil and options.pos_int(r.pool, "rl.pool", WHO) or nil,
+    pool = r.pool ~= nil and options.int_at_least(r.pool, r.prompts or 8, "rl.pool (at least rl.prompts)", WHO) or nil,
     reward = r.reward,
   }
   if r.reward ~= nil and type(r.reward) ~= "function" then
@@ -405,7 +405,6 @@ local function reference(S)
   return S.ref
 end
 
--- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
 -- prioritised prompts (rl.md §5, rl.pool = N): n distinct seeds of the pool prompt_seed .. prompt_seed + N - 1,
 -- drawn without replacement with probability ∝ 1 - success rate (+ 0.05, so a solved prompt still comes back);
 -- the success counts are kept in the checkpoints, the draws come from the iteration's own Philox stream
@@ -467,6 +466,7 @@ local function score(S, t, st)
   if o.overlong then t.reward_terminal = t.reward_terminal + rewards.overlong(t:n_policy(), o.overlong.max, o.overlong.cache) end
 end
 
+-- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
 local function sample(S, it)
   local o = S.o
   local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
@@ -488,10 +488,13 @@ local function sample(S, it)
       top_p = o.top_p, seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
       tool_timeout = o.tool_timeout, budget = o.budget, resume = round == 0 and S.replay or nil,
       resume_mode = o.resume_mode })
-    st.all_trajs = nil
-    if st_all then for k, v in pairs(st) do if type(v) == "number" then st_all[k] = st_all[k] + v end end else st_all = st end
-    if o.budget then S.replay = paused end
     for _, t in ipairs(trajs) do score(S, t, st) end
+    if st_all then
+      for k, v in pairs(st) do if type(v) == "number" then st_all[k] = (st_all[k] or 0) + v end end
+    else
+      st_all = st
+    end
+    if o.budget then S.replay = paused end
     for _, g in ipairs(complete_groups(S, trajs, o.budget ~= nil)) do
       local r = {}
       for i, t in ipairs(g) do r[i] = t:total_reward() end
