@@ -408,6 +408,18 @@ local function markdown(rec)
       num(r.torch and r.torch.threads, "%d"), 100 * r.tide.forward_share, calls(r.tide), calls(r.torch),
       table.concat(bt, ", "), #bh > 0 and table.concat(bh, ", ") or "-")
   end
+  local pb1 = rec.batched_probe and rec.batched_probe[1]
+  if pb1 then
+    L[#L + 1] = ""
+    L[#L + 1] = fmt("tide's rollouts spend %s of their wall inside the model's forwards, one B = 1 forward per row and "
+      .. "token: %.2f ms per decode step for a model of %d parameters (about %.1f MFLOP per token in its weights), i.e. the forward is "
+      .. "bound by per-op overhead (dispatch and small-tensor work), not by arithmetic; the rest is the Lua sampler, "
+      .. "bookkeeping and the tools.", (function()
+        local t = {}
+        for _, r in ipairs(rec.rollouts) do t[#t + 1] = fmt("%.0f%% (G = %d)", 100 * r.tide.forward_share, r.G) end
+        return table.concat(t, ", ")
+      end)(), 1e3 * pb1.b1_step_s, rec.params, 2 * rec.params / 1e6)
+  end
   local s = rec.split
   L[#L + 1] = ""
   L[#L + 1] = fmt("One iteration at G = %d (%d prompts): sampling = the rollout; scoring = update.batch and two no-grad "
@@ -456,6 +468,12 @@ local function markdown(rec)
       r.prefix_s, r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.prefill.resume_s, r.modes.prefill.ratio,
       r.modes.state.resume_s, r.modes.state.ratio)
   end
+  L[#L + 1] = ""
+  L[#L + 1] = fmt("\"prefill\" and \"replay\" rebuild each paused row's caches from its whole prefix alone, the "
+    .. "prompt (%s tokens) included, where the sampling prefilled each prompt once and copied its caches to its G rows: "
+    .. "prefill (one chunked forward per row) costs %.2f of the prefix's sampling time and replay (the row's forward "
+    .. "schedule again, bitwise) %.2f; \"state\" (the saved caches, in memory) %.4f.", table.concat(rec.prompt_tokens,
+    " / "), p.ratio.prefill, p.ratio.replay, p.ratio.state)
   L[#L + 1] = ""
   local v = {}
   for _, r in ipairs(rec.rollouts) do
