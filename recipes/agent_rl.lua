@@ -19,7 +19,8 @@ return tide.rl.Recipe{
   description = "tiny hybrid KDA/MLA agent: SFT warm-up, then GRPO/DAPO/Kimi on countdown with a calc tool",
   -- 2 layers, KDA then MLA: the hybrid's MLA is NoPE, so the KDA layer is what carries position (a 2-layer MLA-only
   -- stack still wrote "c:" and "calcalc:" for "calc:" after 150 warm-up steps); recompute off (a small model: it
-  -- costs ~20% per step); one thread (sampling decodes one token per row: 1 thread decoded ~7x faster than 2 on shared cores)
+  -- costs ~20% per step); one thread (sampling decodes one token per row: 1 thread decoded ~7x faster than 2 on
+  -- shared cores)
   model = {
     kind = "hybrid", vocab_size = 320, dim = 64, n_layers = 2, mixers = "KM", ffn_dim = 192, recompute = "none",
     kda = { heads = 2, head_dim = 32 }, mla = { heads = 2, q_rank = 48, kv_rank = 32, nope_dim = 32, rope_dim = 16,
