@@ -200,8 +200,18 @@ function checkpoint.latest(run_dir)
   return dir
 end
 
--- resolve a resume target: a step directory, or a run directory (its latest checkpoint)
+-- a run directory's `ckpt/latest` pointer file, or its `ckpt` directory, stands for the run directory
+local function run_of_pointer(path)
+  local p = path:gsub("/+$", "")
+  local run = p:match("^(.*)/ckpt/latest$") or p:match("^(.*)/ckpt$")
+  if run and C.tide_path_exists(run .. "/ckpt/latest") == 1 then return run end
+  return nil
+end
+
+-- resolve a resume target: a step directory, or a run directory (its latest checkpoint; also given as its
+-- ckpt/latest pointer file or its ckpt directory)
 function checkpoint.resolve(path)
+  path = run_of_pointer(path) or path
   if C.tide_path_exists(path .. "/state.json") == 1 then return path end
   local dir = checkpoint.latest(path)
   if not dir then error("checkpoint: no checkpoint under '" .. path .. "' (no ckpt/latest, no state.json)", 2) end
@@ -354,6 +364,7 @@ end
 -- one (tokenizer.load), else the byte-level vocabulary the metadata names.
 function checkpoint.load_model(path, opts)
   opts = opts or {}
+  path = run_of_pointer(path) or path
   if C.tide_is_dir(path) ~= 1 then error(fmt("checkpoint: '%s' is not a directory (a run or a checkpoint)", path), 0) end
   local dir = checkpoint.resolve(path)
   local r = checkpoint.open(dir)

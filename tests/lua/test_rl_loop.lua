@@ -79,6 +79,10 @@ T.test("an RL recipe: SFT steps, then iterations with the rl.md §7 metrics in m
       T.ok(rec.entropy > 0, "entropy")
     end
   end
+  -- the run loads from its directory, its ckpt/latest pointer or its ckpt directory alike
+  local w = weights(out)
+  T.eq(weights(out .. "/ckpt/latest"), w)
+  T.eq(weights(out .. "/ckpt/"), w)
   -- the KL reference is kept beside the checkpoints
   T.ok(tide.C.tide_is_dir(out .. "/reference") == 1, "reference saved")
   -- a second fresh run into the same directory is refused
