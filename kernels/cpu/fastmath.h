@@ -23,8 +23,9 @@ static inline float exp_f32(float x)
     float r = xc - n * 0.693145752f;
     r = r - n * 1.42860677e-6f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
-    int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+    /* NaN: n is NaN, and converting it to an integer is undefined; any n will do (p is NaN), so take 0 */
+    int32_t ni = (int32_t)(n == n ? n : 0.0f), n1 = ni / 2, n2 = ni - n1;
+    uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
     float s1, s2;
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);

@@ -132,7 +132,7 @@ local function oracle(dtype, init_std, tol, gtol)
       twin:zero_grad()
       discard(twin)
       T.ok(E <= 1e-3, string.format("f32 doc %d alone vs f64: gradients differ by %.3g (want <= 1e-3)", i, E))
-      ftol, dtol = math.max(1e-6, 3 * efwd), 3 * E
+      ftol, dtol = math.max(1e-6, 3 * efwd), 4 * E
       worst.fwd, worst.E = math.max(worst.fwd, efwd), math.max(worst.E, E)
     end
     local el, eloss = rel_err(doc_logits(packed, i), alone), math.abs(lp:item() - ls:item()) / math.abs(ls:item())
@@ -158,7 +158,7 @@ local function oracle(dtype, init_std, tol, gtol)
   if twin then
     print(string.format("    %s, init_std %g: max rel err logits %.3g, losses %.3g, gradients %.3g; f32 rounding of the "
       .. "separate run (vs f64): forward %.3g, gradients E %.3g; packed-vs-alone gradients up to %.2f E (tolerances "
-      .. "max(1e-6, 3 E_fwd), 3 E)", dtype, init_std, worst.logits, worst.loss, worst.grad, worst.fwd, worst.E,
+      .. "max(1e-6, 3 E_fwd), 4 E)", dtype, init_std, worst.logits, worst.loss, worst.grad, worst.fwd, worst.E,
       worst.ratio))
   else
     print(string.format("    %s, init_std %g: max rel err logits %.3g, losses %.3g, gradients %.3g (tolerances %g, %g)",
@@ -184,19 +184,21 @@ end)
 -- on the next machine's kernels, so it is derived from the rounding itself: with g the exact gradient,
 -- |g_packed − g_alone| <= |g_packed − g| + |g_alone − g|; the f64 gradient of the same weights stands in for g and
 -- gives the separate run's error, whose maximum over all parameters, E, is the f32 rounding level of this backward;
--- the packed run is the same computation, so its error is that size too, and packed-vs-alone is held to 3 E (2 E
--- from the triangle inequality, and a factor 1.5 for the packed run's worst tensor landing above the separate run's:
--- measured up to 1.6 E over 3 documents x 2 inits). E is measured on the separate run only, so a packed-only bug does
+-- the packed run is the same computation, so its error is that size too, and packed-vs-alone is held to 4 E (2 E
+-- from the triangle inequality, and a factor 2 for the packed run's worst tensor landing above the separate run's:
+-- measured up to 1.6 E over 3 documents x 2 inits with libm's activations, 2.3-2.5 E with the vectorised float
+-- activations of kernels/cpu/fastmath.h, 3.6 E in the sanitizer lane's -O1 build, whose scalar code rounds them
+-- otherwise). E is measured on the separate run only, so a packed-only bug does
 -- not widen its own tolerance; a leak is far above it (negative controls: 0.1 to 1.4 in f64; each reset disabled in
 -- this f32 oracle: logits off by 0.016 to 1.3). Logits and losses get the same rule from their own rounding E_fwd
 -- (measured 3.5e-7 at the tiny init, 6.5e-6 at 0.2), with a floor of 1e-6 (~17 u: a few roundings of a final value)
 -- for a document whose separate run happens to round almost exactly. E itself is capped at 1e-3 (3x the largest
 -- measured), so a generally broken f32 path cannot widen the tolerance it is judged by.
-T.test("oracle 1, f32 at the tiny init (init_std 0.02): within 3x the f32 rounding of the separate run", function()
+T.test("oracle 1, f32 at the tiny init (init_std 0.02): within 4x the f32 rounding of the separate run", function()
   oracle("f32", 0.02)
 end)
 
-T.test("oracle 1, f32 at init_std 0.2: within 3x the f32 rounding of the separate run (see f64)", function()
+T.test("oracle 1, f32 at init_std 0.2: within 4x the f32 rounding of the separate run (see f64)", function()
   oracle("f32", 0.2)
 end)
 
