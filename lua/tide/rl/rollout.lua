@@ -305,8 +305,10 @@ function rollout.run(model, tok, o)
   --   "state"    the saved caches (in memory; bit-identical, no compute)
   --   "replay"   the row's forward schedule replayed on fresh caches: the same calls, so the same bits, at the cost
   --              of the original forwards (the default, and the path after a checkpoint: caches are not saved)
-  --   "prefill"  one chunked forward over the whole prefix: a fraction of that cost, equal to f32 rounding (the
-  --              chunked and token-recurrent KDA paths round differently)
+  --   "prefill"  the prompt, then one chunked forward over the rest of the prefix: a fraction of that cost, equal
+  --              to f32 rounding (the chunked and token-recurrent KDA paths round differently)
+  -- (replay and prefill run each prompt once and copy its caches to the rows of its group that resume)
+  local resumed_prompts = {}
   local function restore(e)
     local t = traj_m.from_record(e.traj, "rl.rollout: a paused trajectory")
     local row = { traj = t, uid = e.uid, draws = e.draws, n_new = e.n_new, turn = e.turn, calls = e.calls,
@@ -320,17 +322,46 @@ function rollout.run(model, tok, o)
     if resume_mode == "state" and e.state and e.state.cache then
       row.cache, row.logits = e.state.cache, e.state.logits
       for i, n in ipairs(e.schedule) do row.schedule[i] = n end
-    elseif resume_mode == "prefill" then
-      row.cache = model:new_cache()
-      row_feed(row, t.tokens)
     else
-      row.cache = model:new_cache()
-      local pos = 0
-      for _, n in ipairs(e.schedule) do
+      -- the prompt (the schedule's first call) is run once per prompt and its caches copied to the group's rows,
+      -- as when they were first sampled; then the rest of the prefix: its calls one by one (replay) or one chunk
+      local n1 = e.schedule[1]
+      if type(n1) ~= "number" or n1 < 1 or n1 > t:len() then
+        error(fmt("rl.rollout: a paused trajectory's schedule does not start with its prompt (%s)", tostring(n1)), 0)
+      end
+      local key = fmt("%s|%d", tostring(t.prompt_id), n1)
+      local shared = resumed_prompts[key]
+      if shared then
+        for j = 1, n1 do
+          if t.tokens[j] ~= shared.tokens[j] then shared = nil break end
+        end
+      end
+      if shared then
+        row.cache, row.logits = copy_cache(shared.cache), shared.logits
+        row.schedule[1] = n1
+      else
+        row.cache = model:new_cache()
         local ids = {}
-        for j = 1, n do ids[j] = t.tokens[pos + j] end
-        pos = pos + n
+        for j = 1, n1 do ids[j] = t.tokens[j] end
         row_feed(row, ids)
+        resumed_prompts[key] = { tokens = ids, cache = copy_cache(row.cache), logits = row.logits }
+      end
+      local pos = n1
+      if resume_mode == "prefill" then
+        if pos < t:len() then
+          local ids = {}
+          for j = pos + 1, t:len() do ids[#ids + 1] = t.tokens[j] end
+          row_feed(row, ids)
+          pos = t:len()
+        end
+      else
+        for k = 2, #e.schedule do
+          local n = e.schedule[k]
+          local ids = {}
+          for j = 1, n do ids[j] = t.tokens[pos + j] end
+          pos = pos + n
+          row_feed(row, ids)
+        end
       end
       if pos ~= t:len() then error(fmt("rl.rollout: a paused trajectory's schedule covers %d of its %d tokens", pos, t:len()), 0) end
     end
