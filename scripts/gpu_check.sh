@@ -75,11 +75,11 @@ stages+=("quickstart_step|150|$(bench quickstart_step "$qs_opts")")
 [ $mode = full ] && stages+=("quickstart_recipe|180|$recipe_cmd" "dense_recipe|120|$dense_cmd")
 emu_cmds=(
     "emu_kda_mla_attention|env $emu_env sh tests/gpu/emu/run.sh $emu_groups"
-    "emu_attnres|env $emu_env sh tests/gpu/emu/run_attnres.sh"
-    "emu_moe|env $emu_env sh tests/gpu/emu/run_moe.sh"
-    "emu_vision|env $emu_env sh tests/gpu/emu/run_vision.sh"
-    "emu_optim|env $emu_env sh tests/gpu/emu/run_optim.sh"
-    "emu_loss|env $emu_env sh tests/gpu/emu/run_loss.sh"
+    "emu_attnres|env $emu_env sh tests/gpu/emu/run_one.sh attnres"
+    "emu_moe|env $emu_env sh tests/gpu/emu/run_one.sh moe"
+    "emu_vision|env $emu_env sh tests/gpu/emu/run_one.sh vision"
+    "emu_optim|env $emu_env sh tests/gpu/emu/run_one.sh optim"
+    "emu_loss|env $emu_env sh tests/gpu/emu/run_one.sh loss"
 )
 
 # the CUDA architectures the build targets (CMakeLists.txt: CUDA_ARCHITECTURES "80;90")
@@ -114,10 +114,9 @@ if [ $dry = 1 ]; then
     if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
         for a in $archs; do "$nvcc" --list-gpu-arch 2>/dev/null | grep -qx "compute_$a" || missing+=("sm_$a support in $nvcc"); done
     fi
-    for f in CMakeLists.txt tests/gpu/test_parity.c engine/host/main.c tests/gpu/emu/run.sh tests/gpu/emu/run_attnres.sh \
-        tests/gpu/emu/run_moe.sh tests/gpu/emu/transform.py tests/gpu/emu/harness.cpp tests/gpu/emu/attnres.cpp \
-        tests/gpu/emu/moe.cpp tests/gpu/emu/run_vision.sh tests/gpu/emu/vision.cpp tests/gpu/emu/run_optim.sh \
-        tests/gpu/emu/optim.cpp tests/gpu/emu/run_loss.sh tests/gpu/emu/loss.cpp recipes/quickstart.lua bench/step_dense.lua bench/kda.lua bench/mla.lua bench/moe.lua \
+    for f in CMakeLists.txt tests/gpu/test_parity.c engine/host/main.c tests/gpu/emu/run.sh tests/gpu/emu/run_one.sh \
+        tests/gpu/emu/transform.py tests/gpu/emu/harness.cpp tests/gpu/emu/attnres.cpp tests/gpu/emu/moe.cpp \
+        tests/gpu/emu/vision.cpp tests/gpu/emu/optim.cpp tests/gpu/emu/loss.cpp recipes/quickstart.lua bench/step_dense.lua bench/kda.lua bench/mla.lua bench/moe.lua \
         bench/quickstart_step.lua kernels/cuda/attention.cu; do need_file "$f" "used by a stage"; done
     grep -q 'tests/gpu/test_\*\.c' CMakeLists.txt || missing+=("the tests/gpu/test_*.c targets in CMakeLists.txt (gpu-test-parity)")
     grep -q 'OUTPUT_NAME tide' CMakeLists.txt || missing+=("the tide executable target in CMakeLists.txt")

@@ -1,7 +1,7 @@
 // attnres.cpp — runs the real kernels/cuda/attnres.cu under the host emulator (emu.h) against an fp64 reference
 // of spec/attnres.md §1 and §4 (itself checked by central differences on the first case) and against the cpu
 // kernel. The CUDA forward is the online-softmax form, the cpu one the direct form: their agreement in f32 is
-// attnres.md oracle 5 (<= 1e-6 of max|out|). Usage: tests/gpu/emu/run_attnres.sh (EMU_SEED=n reorders threads).
+// attnres.md oracle 5 (<= 1e-6 of max|out|). Usage: tests/gpu/emu/run_one.sh attnres (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>

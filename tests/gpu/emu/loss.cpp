@@ -6,7 +6,7 @@
 // relative to max|cpu|: f64 1e-12 (measured 3e-15), f32 1e-6 (measured 2e-7: the cpu f32 path uses exp_f32, the
 // device expf), bf16 outputs 1e-6 (f32 arithmetic on both sides; measured 7e-8), bf16 gradient 1/128 (stored in bf16;
 // measured 1.2e-3). A target outside [0, V) is an error on
-// both. Usage: tests/gpu/emu/run_loss.sh (EMU_SEED=n reorders threads).
+// both. Usage: tests/gpu/emu/run_one.sh loss (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>

@@ -7,7 +7,7 @@
 // cublasGemmGroupedBatchedEx is a host loop with cuBLAS's column-major semantics and its documented argument rules
 // (pointer arrays in device memory, bf16 pointers 16-byte aligned), tide_cuda_gemm (the per-product fallback of a
 // misaligned bf16 stage) a row-major one. Both count their calls: every GEMM stage must be ONE grouped call.
-// Usage: tests/gpu/emu/run_moe.sh (EMU_SEED=n reorders threads).
+// Usage: tests/gpu/emu/run_one.sh moe (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>

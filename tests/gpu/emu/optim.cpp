@@ -4,7 +4,7 @@
 // f32 within 1e-6, bf16 within 1/128); and the non-finite flag both kernels set in the update's own pass: 0 after
 // clean updates, 1 on both after a NaN (any payload) or an infinity planted in p, g, m or v at the first, a middle
 // or the last element, after lr 1e300 (f32 weights overflow when stored) and after a 1e30 f32 gradient (only v
-// overflows). Usage: tests/gpu/emu/run_optim.sh (EMU_SEED=n reorders threads).
+// overflows). Usage: tests/gpu/emu/run_one.sh optim (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>

@@ -3,7 +3,7 @@
 // pos_interp forward (upsample, downsample, non-square, 1x1, the native grid: bitwise a copy) and its gather-form
 // backward (tap tables built on the host, stage x then stage y per image, images in order). Both sides compute in
 // double: f64 within 1e-13 of max|cpu|, f32 within 1e-6; bf16 (inputs rounded to bf16 on both sides, the cpu in f32)
-// within 1/128 (one bf16 step of the output scale). Usage: tests/gpu/emu/run_vision.sh (EMU_SEED=n reorders threads).
+// within 1/128 (one bf16 step of the output scale). Usage: tests/gpu/emu/run_one.sh vision (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
