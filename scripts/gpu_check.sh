@@ -116,7 +116,7 @@ if [ $dry = 1 ]; then
     fi
     for f in CMakeLists.txt tests/gpu/test_parity.c engine/host/main.c tests/gpu/emu/run.sh tests/gpu/emu/run_one.sh \
         tests/gpu/emu/transform.py tests/gpu/emu/harness.cpp tests/gpu/emu/attnres.cpp tests/gpu/emu/moe.cpp \
-        tests/gpu/emu/vision.cpp tests/gpu/emu/optim.cpp tests/gpu/emu/loss.cpp recipes/quickstart.lua bench/step_dense.lua bench/kda.lua bench/mla.lua bench/moe.lua \
+        tests/gpu/emu/vision.cpp tests/gpu/emu/optim.cpp tests/gpu/emu/loss.cpp tests/gpu/emu/host_data.h recipes/quickstart.lua bench/step_dense.lua bench/kda.lua bench/mla.lua bench/moe.lua \
         bench/quickstart_step.lua kernels/cuda/attention.cu; do need_file "$f" "used by a stage"; done
     grep -q 'tests/gpu/test_\*\.c' CMakeLists.txt || missing+=("the tests/gpu/test_*.c targets in CMakeLists.txt (gpu-test-parity)")
     grep -q 'OUTPUT_NAME tide' CMakeLists.txt || missing+=("the tide executable target in CMakeLists.txt")

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "emu_host.h"
+#include "host_data.h"
 
 #include "loss_emu.inc"
 
@@ -29,7 +30,6 @@ extern "C" int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const v
                                                const void *lse, const void *targets, int tdtype, const void *weights,
                                                int64_t N, int64_t V, int64_t ignore);
 
-typedef std::vector<double> vd;
 static std::mt19937_64 gen(17);
 static double randn()
 {
@@ -37,29 +37,6 @@ static double randn()
     return d(gen);
 }
 
-template <class T> static constexpr int dtype_of()
-{
-    return std::is_same<T, float>::value ? TIDE_F32 : std::is_same<T, double>::value ? TIDE_F64 : TIDE_BF16;
-}
-template <class T> static const char *name_of()
-{
-    return dtype_of<T>() == TIDE_F32 ? "f32" : dtype_of<T>() == TIDE_F64 ? "f64" : "bf16";
-}
-template <class T> static std::vector<T> to_dev(const vd &x)
-{
-    std::vector<T> o(x.size());
-    for (size_t i = 0; i < x.size(); i++) o[i] = tide_from_f64<T>(x[i]);
-    return o;
-}
-template <class T> static vd from_dev(const std::vector<T> &x)
-{
-    vd o(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) o[i] = __bfloat162float(x[i]);
-        else o[i] = (double)x[i];
-    }
-    return o;
-}
 
 static int n_fail = 0, n_pass = 0;
 static void check(const std::string &name, const vd &got, const vd &ref, double tol)

@@ -12,13 +12,13 @@
 #include <string>
 
 #include "emu_host.h"
+#include "host_data.h"
 
 #include "optim_emu.inc"
 
 extern "C" int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n,
                               double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 
-typedef std::vector<double> vd;
 static std::mt19937_64 gen(14);
 static double randn()
 {
@@ -26,30 +26,6 @@ static double randn()
     return d(gen);
 }
 
-// the cpu kernel's storage of a dtype: float, double, or the bf16 bits (the same bytes as __nv_bfloat16)
-template <class T> static constexpr int dtype_of()
-{
-    return std::is_same<T, float>::value ? TIDE_F32 : std::is_same<T, double>::value ? TIDE_F64 : TIDE_BF16;
-}
-template <class T> static const char *name_of()
-{
-    return dtype_of<T>() == TIDE_F32 ? "f32" : dtype_of<T>() == TIDE_F64 ? "f64" : "bf16";
-}
-template <class T> static std::vector<T> to_dev(const vd &x)
-{
-    std::vector<T> o(x.size());
-    for (size_t i = 0; i < x.size(); i++) o[i] = tide_from_f64<T>(x[i]);
-    return o;
-}
-template <class T> static vd from_dev(const std::vector<T> &x)
-{
-    vd o(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) o[i] = __bfloat162float(x[i]);
-        else o[i] = (double)x[i];
-    }
-    return o;
-}
 
 static int n_fail = 0, n_pass = 0;
 static void check(const std::string &name, const vd &got, const vd &ref, double tol)

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "emu_host.h"
+#include "host_data.h"
 
 #include "vision_emu.inc"
 
-typedef std::vector<double> vd;
 static std::mt19937_64 gen(5);
 static double randn()
 {
@@ -21,27 +21,6 @@ static double randn()
     return d(gen);
 }
 static double bfr(double x) { return (double)__bfloat162float(__float2bfloat16((float)x)); }
-
-template <class T> static std::vector<T> to_dev(const vd &x)
-{
-    std::vector<T> o(x.size());
-    for (size_t i = 0; i < x.size(); i++) o[i] = tide_from_f64<T>(x[i]);
-    return o;
-}
-template <class T> static vd from_dev(const std::vector<T> &x)
-{
-    vd o(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) o[i] = __bfloat162float(x[i]);
-        else o[i] = (double)x[i];
-    }
-    return o;
-}
-template <class T> static constexpr int dtype_of()
-{
-    return std::is_same<T, float>::value ? TIDE_F32 : std::is_same<T, double>::value ? TIDE_F64 : TIDE_BF16;
-}
-template <class T> static const char *name_of() { return dtype_of<T>() == TIDE_F32 ? "f32" : dtype_of<T>() == TIDE_F64 ? "f64" : "bf16"; }
 
 static int n_fail = 0, n_pass = 0;
 // max|got − ref| / max|ref| <= tol, every value finite
