@@ -289,4 +289,23 @@ function json.read(path, max_bytes)
   return v
 end
 
+-- each_line(path, fn, max_bytes): fn(value, where) for each non-blank line of a JSONL file (formats.md §5) in
+-- order, where = "PATH:LINE". A file that cannot be read (a regular file of at most max_bytes, 1 GiB by default) or a
+-- line that is not JSON raises one line naming it ("PATH:LINE: json.decode: ..."); fn raises as it likes.
+function json.each_line(path, fn, max_bytes)
+  local tide = require "tide"
+  local text, err = tide.read_file(path, max_bytes or 1024 * 1024 * 1024)
+  if not text then error(err, 0) end
+  local lineno = 0
+  for line in text:gmatch("([^\n]*)\n?") do
+    lineno = lineno + 1
+    if line:find("%S") then
+      local where = path .. ":" .. lineno
+      local ok, v = pcall(json.decode, line)
+      if not ok then error(where .. ": " .. tostring(v), 0) end
+      fn(v, where)
+    end
+  end
+end
+
 return json

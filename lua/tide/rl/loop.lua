@@ -132,21 +132,11 @@ function loop.read_chat(tok, files)
   if type(files) == "string" then files = { files } end
   local out = {}
   for _, file in ipairs(files) do
-    local text, err = tide.read_file(file, 1024 * 1024 * 1024)
-    if not text then bad("sft.data: " .. err, 0) end
-    local lineno = 0
-    for line in text:gmatch("([^\n]*)\n?") do
-      lineno = lineno + 1
-      if line:find("%S") then
-        local where = fmt("%s:%d", file, lineno)
-        local ok, obj = pcall(json.decode, line)
-        if not ok then bad(fmt("sft.data: %s: %s", where, tostring(obj)), 0) end
-        if type(obj) ~= "table" then bad(fmt("sft.data: %s: expected a JSON object", where), 0) end
-        local ok2, t = pcall(loop.chat_trajectory, tok, obj.messages, where)
-        if not ok2 then bad("sft.data: " .. tostring(t), 0) end
-        out[#out + 1] = t
-      end
-    end
+    local ok, err = pcall(json.each_line, file, function(obj, where)
+      if type(obj) ~= "table" then error(where .. ": expected a JSON object", 0) end
+      out[#out + 1] = loop.chat_trajectory(tok, obj.messages, where)
+    end)
+    if not ok then bad("sft.data: " .. tostring(err), 0) end
   end
   if #out == 0 then bad("sft.data: no chat records in " .. table.concat(files, ", "), 0) end
   return out

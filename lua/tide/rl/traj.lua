@@ -137,21 +137,9 @@ end
 
 -- read(path) -> list of Traj; errors name file:line
 function traj.read(path)
-  local tide = require "tide"
-  local text, err = tide.read_file(path, 1024 * 1024 * 1024)
-  if not text then error("rl.traj: " .. err, 2) end
-  local out, lineno = {}, 0
-  for line in text:gmatch("([^\n]*)\n?") do
-    lineno = lineno + 1
-    if line:find("%S") then
-      local where = fmt("%s:%d", path, lineno)
-      local ok, o = pcall(json.decode, line)
-      if not ok then error(fmt("rl.traj: %s: %s", where, tostring(o)), 2) end
-      local ok2, t = pcall(traj.from_record, o, where)
-      if not ok2 then error("rl.traj: " .. tostring(t), 2) end
-      out[#out + 1] = t
-    end
-  end
+  local out = {}
+  local ok, err = pcall(json.each_line, path, function(o, where) out[#out + 1] = traj.from_record(o, where) end)
+  if not ok then error("rl.traj: " .. tostring(err), 2) end
   return out
 end
 
