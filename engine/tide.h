@@ -150,6 +150,11 @@ const char *tide_version(void);
 const char *tide_build_info(void);                          /* "Release, gcc 12.2.0, commit 1a2b3c4d5e6f" */
 int tide_num_threads(void);
 void tide_set_num_threads(int n);
+/* batch-invariant mode: CPU matrix products give each output row the bits it gets in a one-row product (a fixed
+   reduction order per element, whatever the batch); slower than BLAS at large sizes. Returns the previous value.
+   Decode steps run in it (nn: a row's logits do not depend on the rows that share its step). CUDA ignores it. */
+int tide_set_batch_invariant(int on);
+int tide_batch_invariant(void);
 const char *tide_blas_info(void);                           /* e.g. "OpenBLAS 0.3.21 Haswell openmp" */
 int tide_cuda_available(void);                              /* 1 when built with CUDA and a GPU is present */
 int tide_cuda_device_count(void);

@@ -28,6 +28,9 @@ int tide_cpu_all_finite(int dtype, const void *x, int64_t n, int *out);
 int tide_cpu_first_nonfinite(int n, const int *dtypes, const void *const *ptrs, const int64_t *lens, int *first);
 int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
 int tide_cpu_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y, int64_t outer, int64_t red, int64_t inner);
+/* batch-invariant products (gemm.c): returns the previous value */
+int tide_cpu_set_batch_invariant(int on);
+int tide_cpu_batch_invariant(void);
 int tide_cpu_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 int tide_cpu_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, double beta, void *C, int64_t ldc, int64_t sc, int64_t batch);
 int tide_cpu_index_select(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer, int64_t n_src, int64_t inner, int64_t n_idx);

@@ -6,10 +6,136 @@
  * (OpenBLAS checks omp_in_parallel()). A threaded product's bits depend on the thread count (its threads
  * split the output and the edge micro-kernels round differently); moe.c relies on the single-threaded
  * case for its thread-count-invariant tiles.
+ *
+ * Batch-invariant mode (tide_set_batch_invariant): BLAS picks its blocking and edge kernels from M, so row i of
+ * an M-row product need not equal the same row computed alone. A decode step of R rows must give each row the
+ * bits it gets as a one-row step (rl.md oracle 9: a replayed row equals the batched sampling that made it), so in
+ * this mode every product runs our own kernel: each output element is one dot product over k in an order fixed
+ * by K alone (lane k mod W of W accumulators, the last block zero-padded, one fixed reduction tree), whatever M,
+ * N, the leading dimensions, the blocking or the thread count.
  */
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cblas.h>
 #include "cpu.h"
+
+static int g_batch_invariant;
+
+int tide_cpu_set_batch_invariant(int on) { int prev = g_batch_invariant; g_batch_invariant = on ? 1 : 0; return prev; }
+int tide_cpu_batch_invariant(void) { return g_batch_invariant; }
+
+/* the fixed-order dot products of one row a with four rows b0..b3 (sharing the loads of a): W = 2 vectors of 8
+   floats (of 4 doubles), element k goes to lane k mod W, the last block zero-padded, then one reduction tree.
+   Every output element of a product goes through this one function (a short group repeats its last row), so each
+   is computed by the same instructions whatever M, N or the position of its row. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v4d __attribute__((vector_size(32)));
+
+#define DEFINE_DOT4(T, V, VL, SUF)                                                                           \
+    static void dot4_##SUF(const T *a, const T *const *b, int64_t K, T *out)                                \
+    {                                                                                                         \
+        enum { W = 2 * VL };                                                                                  \
+        V acc[4][2] = {{{0}}};                                                                                \
+        int64_t k = 0;                                                                                        \
+        for (; k + W <= K; k += W) {                                                                          \
+            V x0, x1;                                                                                         \
+            memcpy(&x0, a + k, sizeof x0);                                                                    \
+            memcpy(&x1, a + k + VL, sizeof x1);                                                               \
+            for (int j = 0; j < 4; j++) {                                                                     \
+                V y0, y1;                                                                                     \
+                memcpy(&y0, b[j] + k, sizeof y0);                                                             \
+                memcpy(&y1, b[j] + k + VL, sizeof y1);                                                        \
+                acc[j][0] += x0 * y0;                                                                         \
+                acc[j][1] += x1 * y1;                                                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+        if (k < K) { /* the last block, zero-padded: the same lanes as a longer K whose tail is zero */       \
+            T pa[W] = {0};                                                                                    \
+            memcpy(pa, a + k, (size_t)(K - k) * sizeof(T));                                                   \
+            V x0, x1;                                                                                         \
+            memcpy(&x0, pa, sizeof x0);                                                                       \
+            memcpy(&x1, pa + VL, sizeof x1);                                                                  \
+            for (int j = 0; j < 4; j++) {                                                                     \
+                T pb[W] = {0};                                                                                \
+                memcpy(pb, b[j] + k, (size_t)(K - k) * sizeof(T));                                            \
+                V y0, y1;                                                                                     \
+                memcpy(&y0, pb, sizeof y0);                                                                   \
+                memcpy(&y1, pb + VL, sizeof y1);                                                              \
+                acc[j][0] += x0 * y0;                                                                         \
+                acc[j][1] += x1 * y1;                                                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int j = 0; j < 4; j++) {                                                                         \
+            V s = acc[j][0] + acc[j][1];                                                                      \
+            T l[VL];                                                                                          \
+            memcpy(l, &s, sizeof l);                                                                          \
+            for (int w = VL / 2; w >= 1; w /= 2)                                                              \
+                for (int i = 0; i < w; i++) l[i] = l[i] + l[i + w];                                           \
+            out[j] = l[0];                                                                                    \
+        }                                                                                                     \
+    }
+DEFINE_DOT4(float, v8f, 8, f32)
+DEFINE_DOT4(double, v4d, 4, f64)
+
+/* rows [n, K] contiguous from a [K, n] matrix with leading dimension ld (a transposed operand), in tiles */
+static void *pack_rows(size_t esz, const void *src, int64_t ld, int64_t K, int64_t n)
+{
+    char *dst = malloc((size_t)(n * K) * esz + 1);
+    if (!dst) return NULL;
+    enum { TB = 32 };
+    for (int64_t k0 = 0; k0 < K; k0 += TB)
+        for (int64_t j0 = 0; j0 < n; j0 += TB) {
+            int64_t k1 = k0 + TB < K ? k0 + TB : K, j1 = j0 + TB < n ? j0 + TB : n;
+            if (esz == sizeof(float)) {
+                const float *s = src; float *d = (float *)dst;
+                for (int64_t k = k0; k < k1; k++)
+                    for (int64_t j = j0; j < j1; j++) d[j * K + k] = s[k * ld + j];
+            } else {
+                const double *s = src; double *d = (double *)dst;
+                for (int64_t k = k0; k < k1; k++)
+                    for (int64_t j = j0; j < j1; j++) d[j * K + k] = s[k * ld + j];
+            }
+        }
+    return dst;
+}
+
+/* C = alpha op(A) op(B) + beta C with every element a fixed-order dot product; -1 when out of memory */
+static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
+                          const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+{
+    size_t esz = dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
+    void *pa = ta ? pack_rows(esz, A, lda, K, M) : NULL, *pb = tb ? NULL : pack_rows(esz, B, ldb, K, N);
+    if ((ta && !pa) || (!tb && !pb)) { free(pa); free(pb); return -1; }
+    const char *a = pa ? pa : A, *b = pb ? pb : B;
+    int64_t sa = ta ? K : lda, sb = tb ? ldb : K;
+    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j0 = 0; j0 < N; j0 += 4) {
+            int n = N - j0 < 4 ? (int)(N - j0) : 4;
+            if (dtype == TIDE_F32) {
+                const float *rows[4], *ai = (const float *)a + i * sa;
+                float d[4];
+                for (int j = 0; j < 4; j++) rows[j] = (const float *)b + (j0 + (j < n ? j : n - 1)) * sb;
+                dot4_f32(ai, rows, K, d);
+                for (int j = 0; j < n; j++) {
+                    float *c = (float *)C + i * ldc + j0 + j, v = (float)alpha * d[j];
+                    *c = beta == 0.0 ? v : v + (float)beta * *c;
+                }
+            } else {
+                const double *rows[4], *ai = (const double *)a + i * sa;
+                double d[4];
+                for (int j = 0; j < 4; j++) rows[j] = (const double *)b + (j0 + (j < n ? j : n - 1)) * sb;
+                dot4_f64(ai, rows, K, d);
+                for (int j = 0; j < n; j++) {
+                    double *c = (double *)C + i * ldc + j0 + j, v = alpha * d[j];
+                    *c = beta == 0.0 ? v : v + beta * *c;
+                }
+            }
+        }
+    free(pa); free(pb);
+    return 0;
+}
 
 /* C[M, N] = beta C when the product is empty (K = 0); beta = 0 overwrites, so NaN in C does not survive */
 static void scale_c(int dtype, void *C, int64_t ldc, int64_t M, int64_t N, double beta)
@@ -47,12 +173,18 @@ static int check_gemm(const char *what, int dtype, int ta, int tb, int64_t M, in
     return 0;
 }
 
-/* one product, arguments already checked */
-static void gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
+/* one product, arguments already checked; -1 when the invariant kernel is out of memory */
+static int gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
                      const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
-    if (M == 0 || N == 0) return;
-    if (K == 0) { scale_c(dtype, C, ldc, M, N, beta); return; }
+    if (M == 0 || N == 0) return 0;
+    if (K == 0) { scale_c(dtype, C, ldc, M, N, beta); return 0; }
+    if (g_batch_invariant) {
+        if (gemm_invariant(dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+            return tide_set_error("gemm: out of memory packing a %lld x %lld operand", (long long)K,
+                                  (long long)(ta ? M : N));
+        return 0;
+    }
     enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     if (dtype == TIDE_F32)
         cblas_sgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, (float)alpha, A, (int)lda, B, (int)ldb,
@@ -60,14 +192,14 @@ static void gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K,
     else
         cblas_dgemm(CblasRowMajor, opa, opb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta,
                     C, (int)ldc);
+    return 0;
 }
 
 int tide_cpu_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                   int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
     if (check_gemm("gemm", dtype, ta, tb, M, N, K, lda, ldb, ldc)) return -1;
-    gemm_one(dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return 0;
+    return gemm_one(dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 int tide_cpu_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
@@ -78,7 +210,8 @@ int tide_cpu_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     if (batch < 0) return tide_set_error("gemm_batched: batch = %lld must be >= 0", (long long)batch);
     size_t esz = dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     for (int64_t b = 0; b < batch; b++)
-        gemm_one(dtype, ta, tb, M, N, K, alpha, (const char *)A + b * sa * (int64_t)esz, lda,
-                 (const char *)B + b * sb * (int64_t)esz, ldb, beta, (char *)C + b * sc * (int64_t)esz, ldc);
+        if (gemm_one(dtype, ta, tb, M, N, K, alpha, (const char *)A + b * sa * (int64_t)esz, lda,
+                 (const char *)B + b * sb * (int64_t)esz, ldb, beta, (char *)C + b * sc * (int64_t)esz, ldc))
+            return -1;
     return 0;
 }

@@ -732,6 +732,43 @@ static void test_gemm(void)
           "gemm bf16 rejected on cpu: %s", tide_last_error());
 }
 
+/* batch-invariant mode: the same reference checks, then each row of an M-row product equals that row alone, bitwise,
+   for every transpose, K around the kernel's 16-lane blocks, N around its groups of 4, and 1 or 2 threads */
+static void test_gemm_invariant(int threads)
+{
+    CHECK(tide_cpu_set_batch_invariant(1) == 0 && tide_cpu_batch_invariant() == 1, "batch-invariant mode turns on");
+    test_gemm();
+    static const int Ks[] = { 1, 5, 16, 37, 64 }, Ns[] = { 1, 3, 4, 9 };
+    enum { M = 11 };
+    int bad = 0, cases = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int ki = 0; ki < 5; ki++)
+                for (int ni = 0; ni < 4; ni++) {
+                    int K = Ks[ki], N = Ns[ni], lda = ta ? M : K, ldb = tb ? K : N;
+                    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+                    float *C = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N), row[16], a1[64];
+                    for (int i = 0; i < M * K; i++) A[i] = (float)sin(0.7 * i + ta) * 3.1f;
+                    for (int i = 0; i < K * N; i++) B[i] = (float)cos(1.3 * i + tb) * 1.7f;
+                    tide_cpu_set_threads(1);
+                    tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, N);
+                    tide_cpu_set_threads(2);
+                    tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C2, N);
+                    bad += memcmp(C, C2, sizeof(float) * M * N) != 0;
+                    for (int i = 0; i < M; i++) {
+                        for (int k = 0; k < K; k++) a1[k] = ta ? A[k * lda + i] : A[i * lda + k];
+                        /* row i alone, stored as a [1, K] row (or a [K, 1] column when transposed) */
+                        tide_cpu_gemm(TIDE_F32, ta, tb, 1, N, K, 1.0, a1, ta ? 1 : K, B, ldb, 0.0, row, N);
+                        bad += memcmp(row, C + i * N, sizeof(float) * N) != 0;
+                        cases++;
+                    }
+                    free(A); free(B); free(C); free(C2);
+                }
+    CHECK(bad == 0, "batch-invariant gemm: %d of %d rows differ from the row alone or across thread counts", bad, cases);
+    tide_cpu_set_threads(threads);
+    CHECK(tide_cpu_set_batch_invariant(0) == 1 && tide_cpu_batch_invariant() == 0, "batch-invariant mode turns off");
+}
+
 /* ---- index ops ---------------------------------------------------------------------------------- */
 
 static void test_index(void)
@@ -979,6 +1016,7 @@ int main(void)
     test_misc_elementwise();
     test_reduce();
     test_gemm();
+    test_gemm_invariant(threads);
     test_index();
     test_adamw();
     test_first_nonfinite();

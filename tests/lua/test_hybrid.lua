@@ -171,6 +171,55 @@ T.test("gamma chain over a range of layers == the full chain with γ = 0 at the 
   T.raises(function() small({ residual = "gamma_chain", gamma_chain = { layers = { 3, 9 } } }) end, "gamma_range must be")
 end)
 
+T.test("decode_rows: R rows on their own caches (different lengths) == each row's own step, bitwise; errors", function()
+  -- f32 and both thread counts: batch-invariant products make row r of an R-row step its one-row step's bits
+  local m = small({ dtype = "f32", n_layers = 4, mixers = "KMKM" })
+  m:eval()
+  local R, V = 4, 23
+  local threads = tide.num_threads()
+  tide.no_grad(function()
+    for _, nt in ipairs({ 1, 2 }) do
+      tide.set_num_threads(nt)
+      local a, b = {}, {}
+      for r = 1, R do
+        local p = ids(1, 3 + 4 * r, V)
+        a[r], b[r] = m:new_cache(), m:new_cache()
+        m:forward(p, a[r])
+        m:forward(p, b[r])
+      end
+      for step = 1, 4 do
+        local x = ids(R, 1, V)
+        local lb = m:decode_rows(x, b)
+        T.eq(lb:shape(), { R, 1, V })
+        for r = 1, R do
+          local la = m:forward(x:narrow(1, r, 1), a[r])
+          T.eq(lb:narrow(1, r, 1):tolist(), la:tolist(), "bitwise")
+        end
+      end
+      -- the caches advanced alike: one more token, then the rows' states and latents agree
+      for r = 1, R do
+        for l = 1, 4 do T.eq(b[r][l].pos, a[r][l].pos) end
+        T.eq(b[r][1].state:tolist(), a[r][1].state:tolist())
+        T.eq(b[r][2].c:tolist(), a[r][2].c:tolist())
+      end
+    end
+  end)
+  tide.set_num_threads(threads)
+  T.eq(tide.C.tide_batch_invariant(), 0, "the decode step restores the mode")
+  T.raises(function() tide.no_grad(function() m:decode_rows(ids(2, 1, V), { m:new_cache() }) end) end,
+    "caches must list one cache per row of ids (2), got 1")
+  T.raises(function()
+    local c = { m:new_cache(), m:new_cache() }
+    tide.no_grad(function() m:forward(ids(2, 3, V), c[1]) end)
+    tide.no_grad(function() m:decode_rows(ids(2, 1, V), c) end)
+  end, "mixes started and empty caches")
+  T.raises(function()
+    local c = m:new_cache()
+    m:forward(ids(1, 3, V), c)
+    m:decode_rows(ids(1, 1, V), { c })
+  end, "decodes without gradients")
+end)
+
 T.test("config errors name the problem", function()
   T.raises(function() nn.HybridLM({ vocab_size = 10, dim = 8, n_layers = 2, mla = { heads = 1, kv_rank = 4, nope_dim = 2 } }) end,
     "needs cfg.kda")

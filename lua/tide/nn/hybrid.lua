@@ -42,6 +42,7 @@ local generate = require "tide.generate"
 local options = require "tide.options"
 local defaults = require "tide.defaults"
 local F = tide.F
+local C = tide.C
 
 local fmt = string.format
 
@@ -313,7 +314,32 @@ function HybridLM:forward(ids, caches, opts)
     o.pad_id = im.pad_id or (self.vision_cfg and self.vision_cfg.media_pad)
     opts = o
   end
+  if caches and ids:size(2) == 1 then
+    -- a decode step: batch-invariant products, so a row's logits do not depend on the rows that share its step
+    local prev = C.tide_set_batch_invariant(1)
+    local ok, out = pcall(function() return self.lm_head:forward(self.model:forward(ids, caches, opts)) end)
+    C.tide_set_batch_invariant(prev)
+    if not ok then error(out, 0) end
+    return out
+  end
   return self.lm_head:forward(self.model:forward(ids, caches, opts))
+end
+
+-- decode_rows(ids [R, 1] int, caches = {R caches of new_cache()}) -> logits [R, 1, V]: one decoding step of R rows
+-- that each carry their own caches, of any lengths (the rows of a rollout); row r's logits and caches are bitwise
+-- what its own step (R = 1) gives
+function HybridLM:decode_rows(ids, caches)
+  if type(caches) ~= "table" or #caches ~= ids:size(1) then
+    bad(fmt("decode_rows: caches must list one cache per row of ids (%d), got %s", ids:size(1),
+      type(caches) == "table" and tostring(#caches) or type(caches)))
+  end
+  local layers = {}
+  for l = 1, self.cfg.n_layers do
+    local rows = {}
+    for r = 1, #caches do rows[r] = caches[r][l] end
+    layers[l] = { rows = rows }
+  end
+  return self:forward(ids, layers)
 end
 
 function HybridLM:loss(ids, targets, opts)

@@ -167,10 +167,11 @@ function KDA:forward(x, opts)
     bad(fmt("x must be [B, T, %d], got %s", self.dim,
       tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))
   end
+  local cache = opts.cache
+  if cache and cache.rows then return self:forward_rows(x, opts) end
   local B, T = x:size(1), x:size(2)
   local H, dk = self.heads, self.head_dim
   local K1 = self.conv_size - 1
-  local cache = opts.cache
   if opts.reset ~= nil and opts.reset ~= true and opts.reset ~= false and type(opts.reset) ~= "table" then
     bad("forward: reset must be a boolean or a list of B booleans, got " .. type(opts.reset))
   end
@@ -219,6 +220,40 @@ function KDA:forward(x, opts)
     }
     cache.state = state
     cache.pos = (cache.pos or 0) + T
+  end
+  return y
+end
+
+-- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their
+-- states and conv histories are stacked for this call, and each row's cache gets its row of the new ones back
+-- (views of the stacked tensors); every row's recurrence is its own, so row b's output equals its call alone
+function KDA:forward_rows(x, opts)
+  local rows, B = opts.cache.rows, x:size(1)
+  if type(rows) ~= "table" or #rows ~= B then
+    bad(fmt("forward: cache.rows must list one cache per row of x (%d), got %s", B,
+      type(rows) == "table" and tostring(#rows) or type(rows)))
+  end
+  local started = rows[1].state ~= nil
+  local function stack(get)
+    if not started then return nil end
+    local l = {}
+    for r = 1, B do l[r] = get(rows[r]) end
+    return B == 1 and l[1] or F.concat(l, 1)
+  end
+  for r = 2, B do
+    if (rows[r].state ~= nil) ~= started then bad("forward: cache.rows mixes started and empty caches") end
+  end
+  local tmp = { state = stack(function(c) return c.state end), conv = {} }
+  for _, name in ipairs({ "q", "k", "v" }) do tmp.conv[name] = stack(function(c) return c.conv[name] end) end
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.cache = tmp
+  local y = self:forward(x, o)
+  local T = x:size(2)
+  for r, c in ipairs(rows) do
+    c.state = tmp.state:narrow(1, r, 1)
+    c.conv = { q = tmp.conv.q:narrow(1, r, 1), k = tmp.conv.k:narrow(1, r, 1), v = tmp.conv.v:narrow(1, r, 1) }
+    c.pos = (c.pos or 0) + T
   end
   return y
 end

@@ -99,25 +99,39 @@ function MLA:attend_expanded(q, c, kr, cu)
 end
 
 -- absorbed (MQA-mode) attention of one new token per row, q [B, 1, H, dn + dr], over the whole latent cache
--- (mla.md §6): one shared key [ĉ | k_r] of d_c + d_r values and one shared value ĉ per cached token
-function MLA:attend_absorbed(q, c, kr)
-  local B, Tc, H, dn, dr, dc, dv = c:size(1), c:size(2), self.heads, self.nope_dim, self.rope_dim, self.kv_rank, self.v_dim
+-- (mla.md §6): one shared key [ĉ | k_r] of d_c + d_r values and one shared value ĉ per cached token.
+-- Three parts, so that rows with caches of different lengths share the two products with the weights:
+-- absorb (q̃ and q_r of every row), the core (per cache), unabsorb (o from õ of every row).
+function MLA:absorb(q)
+  local B, H, dn, dr, dc = q:size(1), self.heads, self.nope_dim, self.rope_dim, self.kv_rank
   -- W_UKV^h = [W_UK^h (dn x dc) ; W_UV^h (dv x dc)]
-  local w = self.kv_b_proj.weight:reshape(H, dn + dv, dc)
-  local w_uk, w_uv = w:narrow(2, 1, dn), w:narrow(2, dn + 1, dv)
+  local w_uk = self.kv_b_proj.weight:reshape(H, dn + self.v_dim, dc):narrow(2, 1, dn)
   -- q̃^h = W_UK^hᵀ q_n^h: [H, B, dn] x [H, dn, dc] -> [H, B, dc]
   local qn = q:narrow(4, 1, dn):reshape(B, H, dn):permute(2, 1, 3)
   local qt = qn:matmul(w_uk):permute(2, 1, 3)                          -- [B, H, dc]
+  local qr = dr > 0 and q:narrow(4, dn + 1, dr):reshape(B, H, dr) or nil
+  return qt, qr
+end
+
+-- õ [B, H, dc] of queries qt [B, H, dc], qr [B, H, dr] over latents c [B, Tc, dc], k_r [B, Tc, d_r]
+function MLA:attend_core(qt, qr, c, kr)
   local s = qt:matmul(c, false, true)                                  -- [B, H, Tc]
-  if dr > 0 then
-    local qr = q:narrow(4, dn + 1, dr):reshape(B, H, dr)
-    s = s + qr:matmul(kr, false, true)
-  end
+  if qr then s = s + qr:matmul(kr, false, true) end
   local p = (s * self.scale):softmax(3)
-  local ot = p:matmul(c)                                               -- õ [B, H, dc]
-  -- o^h = W_UV^h õ^h: [H, B, dc] x [H, dc, dv] -> [H, B, dv]
+  return p:matmul(c)
+end
+
+-- o [B, 1, H, dv] from õ [B, H, dc]: o^h = W_UV^h õ^h, [H, B, dc] x [H, dc, dv] -> [H, B, dv]
+function MLA:unabsorb(ot)
+  local B, H, dn, dv, dc = ot:size(1), self.heads, self.nope_dim, self.v_dim, self.kv_rank
+  local w_uv = self.kv_b_proj.weight:reshape(H, dn + dv, dc):narrow(2, dn + 1, dv)
   local o = ot:permute(2, 1, 3):matmul(w_uv, false, true)
   return o:permute(2, 1, 3):reshape(B, 1, H, dv)
+end
+
+function MLA:attend_absorbed(q, c, kr)
+  local qt, qr = self:absorb(q)
+  return self:unabsorb(self:attend_core(qt, qr, c, kr))
 end
 
 -- append [B, T, n] rows to the cache buffer `name` (capacity doubling); returns the view of the filled part
@@ -159,6 +173,7 @@ function MLA:forward(x, opts)
   if cache ~= nil and type(cache) ~= "table" then bad("forward: cache must be a table, got " .. type(cache)) end
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
+  if cache and cache.rows then return self:forward_rows(x, cache.rows) end
   local q = self:queries(x)
   local c, kr = self:latent(x)
   if cache then
@@ -181,6 +196,30 @@ function MLA:forward(x, opts)
   if absorbed and T ~= 1 then bad(fmt("forward: the absorbed path takes one token per row, got T = %d", T)) end
   local o = absorbed and self:attend_absorbed(q, c, kr) or self:attend_expanded(q, c, kr, opts.cu_seqlens)
   return self:output(x, o)
+end
+
+-- one decoding step of B rows that each carry their own cache (rows = {B row caches}, of any lengths): the
+-- products with the weights run for all rows at once, the attention over each row's own latents; row b's output
+-- is bitwise the same as its step alone (B = 1) when the products are batch-invariant (decode steps run so)
+function MLA:forward_rows(x, rows)
+  local B = x:size(1)
+  if type(rows) ~= "table" or #rows ~= B then
+    bad(fmt("forward: cache.rows must list one cache per row of x (%d), got %s", B,
+      type(rows) == "table" and tostring(#rows) or type(rows)))
+  end
+  if x:size(2) ~= 1 then bad(fmt("forward: a batch of row caches decodes one token per row, got T = %d", x:size(2))) end
+  if tide.grad_enabled() then bad("forward: a batch of row caches decodes without gradients (under no_grad)") end
+  local q = self:queries(x)
+  local c, kr = self:latent(x)
+  local qt, qr = self:absorb(q)
+  local parts = {}
+  for r = 1, B do
+    local rc = rows[r]
+    local cr, krr = append_latent(rc, c:narrow(1, r, 1), kr and kr:narrow(1, r, 1))
+    rc.pos = (rc.pos or 0) + 1
+    parts[r] = self:attend_core(qt:narrow(1, r, 1), qr and qr:narrow(1, r, 1), cr, krr)
+  end
+  return self:output(x, self:unabsorb(B == 1 and parts[1] or F.concat(parts, 1)))
 end
 
 -- step(x [B, 1, d], cache) -> [B, 1, d]: one decoding step in the latent space

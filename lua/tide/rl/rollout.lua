@@ -123,6 +123,32 @@ function rollout.run(model, tok, o)
     row.schedule[#row.schedule + 1] = #ids
     row.logits = timed_feed(row.cache, ids)
   end
+  -- one decoding step of the rows that each sampled a token (row.next_id): one batched forward over their own
+  -- caches (model:decode_rows), whose logits are bitwise each row's step alone, so the batch a row decodes in
+  -- does not change its tokens; models without decode_rows step row by row
+  local batched = type(model.decode_rows) == "function"
+  local function feed_rows(rows)
+    if #rows == 0 then return end
+    if not batched or #rows == 1 then
+      for _, row in ipairs(rows) do row_feed(row, { row.next_id }) end
+      return
+    end
+    local ids, caches = {}, {}
+    for i, row in ipairs(rows) do
+      ids[i], caches[i] = { row.next_id }, row.cache
+      row.schedule[#row.schedule + 1] = 1
+    end
+    local t0 = tide.time()
+    local lg = model:decode_rows(tide.tensor(ids, { dtype = "i32" }), caches):tolist()
+    st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
+    local V = #lg / #rows
+    for i, row in ipairs(rows) do
+      local l, o = {}, (i - 1) * V
+      for v = 1, V do l[v] = lg[o + v] end
+      row.logits = l
+    end
+  end
+  local stepping = {}   -- the rows whose sampled token waits for this pass's batched step
 
   local function fail_row(row, what)
     row.traj.errors[#row.traj.errors + 1] = what
@@ -287,7 +313,8 @@ function rollout.run(model, tok, o)
     elseif row.n_new >= max_new or (check_rep and rewards.repeated(t.tokens)) then
       finish(row, 0, true)
     else
-      row_feed(row, { id })
+      row.next_id = id
+      stepping[#stepping + 1] = row
     end
   end
 
@@ -416,6 +443,8 @@ function rollout.run(model, tok, o)
           progressed = true
         end
       end
+      feed_rows(stepping)
+      stepping = {}
       local keep = {}
       for _, row in ipairs(live) do if not row.done then keep[#keep + 1] = row end end
       live = keep
