@@ -6,8 +6,8 @@
 --      tokens / wall time of the call (the prompt prefills, tool calls and tool results included). `rounds`
 --      interleaved rounds of tide at each of --tide_threads and PyTorch at each of --torch_threads (one long-lived
 --      process fed by a FIFO, OMP_WAIT_POLICY=PASSIVE) after a warm-up round; medians; each engine's fastest thread
---      count is its number. tide decodes each row as its own B = 1 forward (rows interleaved, tools overlapped as
---      coroutines; no batched forward across rows); PyTorch decodes the G rows of a prompt as one batch.
+--      count is its number. tide decodes the rows that sampled a token as one batch over their own caches
+--      (model:decode_rows; tools overlapped as coroutines); PyTorch decodes the G rows of a prompt as one batch.
 --   2. one iteration at G = 8: sampling (the rollout), scoring (update.batch, then two update.score passes: the
 --      reference's log-probs and the TIS recomputation under the sampling weights), update (one stepper:run of GRPO
 --      with the k3 KL and TIS weights: forward, backward, clip, AdamW). PyTorch: its own rollout, then the same two
@@ -176,26 +176,39 @@ local function pause_round(m, tok, cfg, seed)
   return r
 end
 
--- what a batched forward across rows would buy: one decode step of G rows as one [G, 1] forward over G-row caches
--- against G separate B = 1 steps (the rollout's way), after a prefill of the prompt; best of `reps`
+-- the cost of one decode step of G rows: G separate B = 1 steps, one decode_rows step over the G rows' own caches
+-- (the rollout's way: each row's logits bitwise its own step's) and one [G, 1] forward over one G-row cache (all
+-- rows at one length; not what a rollout can use once rows diverge), after a prefill of the prompt
 local function batched_probe(m, prompt, G, steps)
-  local function time_steps(B)
-    local cache = m:new_cache()
-    local rows = {}
+  local x1 = tide.tensor({ { 101 } }, { dtype = "i32" })
+  local ids = {}
+  for b = 1, G do ids[b] = { 100 + b } end
+  local xG = tide.tensor(ids, { dtype = "i32" })
+  local function prefilled(B)
+    local cache, rows = m:new_cache(), {}
     for b = 1, B do rows[b] = prompt end
     m:forward(tide.tensor(rows, { dtype = "i32" }), cache)
-    local ids = {}
-    for b = 1, B do ids[b] = { 100 + b } end
-    local x = tide.tensor(ids, { dtype = "i32" })
+    return cache
+  end
+  local function timed(f)
     local t0 = tide.time()
-    for _ = 1, steps do m:forward(x, cache) end
+    for _ = 1, steps do f() end
     return (tide.time() - t0) / steps
   end
   local was = m.training
   m:eval()
-  local one, many = tide.no_grad(function() return time_steps(1), time_steps(G) end)
+  local one, rows, many = tide.no_grad(function()
+    local c1 = prefilled(1)
+    local one = timed(function() m:forward(x1, c1) end)
+    local cs = {}
+    for b = 1, G do cs[b] = rollout.copy_cache(c1) end
+    local rows = timed(function() m:decode_rows(xG, cs) end)
+    local cG = prefilled(G)
+    return one, rows, timed(function() m:forward(xG, cG) end)
+  end)
   m:train(was)
-  return { G = G, b1_step_s = one, batched_step_s = many, speedup = G * one / many }
+  return { G = G, b1_step_s = one, rows_step_s = rows, batched_step_s = many, speedup = G * one / rows,
+    speedup_uniform = G * one / many }
 end
 
 -- ---- the benchmark ------------------------------------------------------------------------------------------------
@@ -302,8 +315,9 @@ local function bench(cfg, tmp, record)
     tide.set_num_threads(r.tide.threads)
     local pb = batched_probe(m, pids[1], r.G, cfg.probe_steps)
     record.batched_probe[#record.batched_probe + 1] = pb
-    io.stderr:write(fmt("rl: probe G=%d: B = 1 decode step %.2f ms; one [%d, 1] step %.2f ms (%.1fx the rows' B = 1 steps)\n",
-      r.G, 1e3 * pb.b1_step_s, r.G, 1e3 * pb.batched_step_s, pb.speedup))
+    io.stderr:write(fmt("rl: probe G=%d: B = 1 decode step %.2f ms; decode_rows of %d rows %.2f ms (%.1fx the rows' "
+      .. "B = 1 steps); one [%d, 1] step %.2f ms (%.1fx)\n", r.G, 1e3 * pb.b1_step_s, r.G, 1e3 * pb.rows_step_s,
+      pb.speedup, r.G, 1e3 * pb.batched_step_s, pb.speedup_uniform))
   end
   tide.set_num_threads(default_threads)
 
@@ -388,8 +402,9 @@ local function markdown(rec)
     rec.params, rec.prompts, table.concat(rec.prompt_tokens, " / "), rec.max_new, rec.rounds)
   L[#L + 1] = ""
   L[#L + 1] = "- tokens/s = sampled tokens / wall time of the rollout (prompt prefills, tool calls and results included)."
-    .. " tide decodes each row as its own B = 1 forward (rows interleaved, tools as coroutines; no batched forward "
-    .. "across rows yet); PyTorch decodes the G rows of a prompt as one batch (prompts one after another), tool "
+    .. " tide decodes the rows that sampled a token as one batch over their own caches (model:decode_rows, each "
+    .. "row's logits bitwise its own step's; up to `slots` = 64 rows, tools as coroutines, tool results and turn "
+    .. "headers fed row by row); PyTorch decodes the G rows of a prompt as one batch (prompts one after another), tool "
     .. "results fed one token per step, ended rows dropped from the batch."
   L[#L + 1] = ""
   L[#L + 1] = "| G | rows | tide tok/s | torch tok/s | tide / torch | threads tide / torch | tide: forward share of "
@@ -411,14 +426,12 @@ local function markdown(rec)
   local pb1 = rec.batched_probe and rec.batched_probe[1]
   if pb1 then
     L[#L + 1] = ""
-    L[#L + 1] = fmt("tide's rollouts spend %s of their wall inside the model's forwards, one B = 1 forward per row and "
-      .. "token: %.2f ms per decode step for a model of %d parameters (about %.1f MFLOP per token in its weights), i.e. the forward is "
-      .. "bound by per-op overhead (dispatch and small-tensor work), not by arithmetic; the rest is the Lua sampler, "
-      .. "bookkeeping and the tools.", (function()
+    L[#L + 1] = fmt("tide's rollouts spend %s of their wall inside the model's forwards (%d parameters, about %.1f "
+      .. "MFLOP per token in its weights); the rest is the Lua sampler, bookkeeping and the tools.", (function()
         local t = {}
         for _, r in ipairs(rec.rollouts) do t[#t + 1] = fmt("%.0f%% (G = %d)", 100 * r.tide.forward_share, r.G) end
         return table.concat(t, ", ")
-      end)(), 1e3 * pb1.b1_step_s, rec.params, 2 * rec.params / 1e6)
+      end)(), rec.params, 2 * rec.params / 1e6)
   end
   local s = rec.split
   L[#L + 1] = ""
@@ -445,14 +458,15 @@ local function markdown(rec)
       tm.sample_s / hm.sample_s, tm.score_s / hm.score_s, tm.update_s / hm.update_s)
   end
   L[#L + 1] = ""
-  L[#L + 1] = "What batching across rows would buy (tide, not used by the rollout today): one decode step of G rows as one "
-    .. "[G, 1] forward over G-row caches against the G separate B = 1 steps the rollout makes (after a prefill of the "
-    .. "first prompt; mean of " .. rec.probe_steps .. " steps)."
+  L[#L + 1] = "One decode step of G rows (tide; after a prefill of the first prompt; mean of " .. rec.probe_steps
+    .. " steps): G separate B = 1 steps; one decode_rows step over the G rows' own caches (what the rollout runs); "
+    .. "one [G, 1] forward over one G-row cache (all rows at one length, which rows that diverge cannot use)."
   L[#L + 1] = ""
-  L[#L + 1] = "| G | B = 1 step ms | one [G, 1] step ms | G B = 1 steps / one [G, 1] step |"
-  L[#L + 1] = "|---:|---:|---:|---:|"
+  L[#L + 1] = "| G | B = 1 step ms | decode_rows step ms | G B = 1 steps / decode_rows | one [G, 1] step ms | G B = 1 steps / [G, 1] |"
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|"
   for _, pb in ipairs(rec.batched_probe or {}) do
-    L[#L + 1] = fmt("| %d | %.2f | %.2f | %.1fx |", pb.G, 1e3 * pb.b1_step_s, 1e3 * pb.batched_step_s, pb.speedup)
+    L[#L + 1] = fmt("| %d | %.2f | %.2f | %.1fx | %.2f | %.1fx |", pb.G, 1e3 * pb.b1_step_s, 1e3 * pb.rows_step_s,
+      pb.speedup, 1e3 * pb.batched_step_s, pb.speedup_uniform)
   end
   local p = rec.pause_resume
   L[#L + 1] = ""

@@ -288,6 +288,13 @@ tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
    [B, Tq, H, dv]; the gradient of k_r is summed over heads. */
 tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k_r, tide_tensor *v, tide_tensor *cu_seqlens,
                                 double scale);
+/* one absorbed decoding step of R rows over their own latent caches (mla.md §6), no gradient: row r's new latent
+   c_new[r] ([R, 1, dc] or [R, dc]; k_r: kr_new [R, 1, dr]) is written at position lens[r] of its buffers c_bufs[r]
+   ([1, cap, dc] or [cap, dc], contiguous, cap > lens[r]; kr_bufs[r] likewise, both NULL when dr = 0), then its
+   queries qt [R, H, dc], qr [R, H, dr] attend over the lens[r] + 1 cached tokens -> out [R, H, dc]. A row's
+   result depends on its own inputs alone, in a fixed order, whatever R or the other rows' lengths. */
+tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor *c_new, tide_tensor *kr_new, int R,
+                                  tide_tensor **c_bufs, tide_tensor **kr_bufs, const int64_t *lens, double scale);
 
 /* ---- ops: varlen attention (spec/vision.md §3, §5) ---------------------------------------------- */
 /* bidirectional (not causal) softmax attention over packed images: q, k, v [T, H, D] (one float dtype, one

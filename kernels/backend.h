@@ -237,6 +237,15 @@ typedef struct tide_backend {
                                   const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                   const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                   int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+    /* one absorbed MLA decoding step of R rows over their own latent caches (spec/mla.md §6), no gradient. c_bufs,
+       kr_bufs: HOST arrays of R device pointers, row r's latent buffer [cap_r, dc] and rope-key buffer [cap_r, dr]
+       (kr_bufs NULL when dr = 0); lens: HOST int64 [R], the tokens each row has cached. Row r's new latent
+       c_new[r] [dc] (k_r: kr_new[r] [dr]) is written at position lens[r] of its buffers, then its queries qt[r]
+       [H, dc], qr[r] [H, dr] attend over the lens[r] + 1 cached tokens: out[r, h] = Σ_t p_t c_t with
+       p = softmax_t(scale (qt·c_t + qr·kr_t)), every row and head in an order fixed by its own length alone. */
+    int (*mla_decode_rows)(int dtype, void *out, const void *qt, const void *qr, const void *c_new, const void *kr_new,
+                           void *const *c_bufs, void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H,
+                           int64_t dc, int64_t dr, double scale);
     /* varlen attention (spec/vision.md §3, §5): bidirectional softmax attention over packed sequences, q, k, v and
        out [T, H, D], lse [H, T] (f32 when dtype is bf16). cu: HOST int64 [n_seg + 1] boundaries over the T tokens,
        from 0 to T, non-decreasing (an empty segment is a repeated boundary). Query i sees exactly the keys of its

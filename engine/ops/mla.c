@@ -3,6 +3,7 @@
    document-causal masking from cu_seqlens; tiled kernels with an online softmax (memory linear in T). The
    node saves its inputs, the output and the row log-sum-exp. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../internal.h"
@@ -97,6 +98,122 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
     if (cu_seqlens && tide_load_boundaries(op, cu_seqlens, B, Tq, &at)) return NULL;
     tide_tensor *in[4] = {q, k_n, k_r ? k_r : v, v};
     tide_tensor *y = tide_op_run1(TIDE_OP_MLA_ATTENTION, k_r ? 4 : 3, in, &at);
+    free(at.list);
+    return y;
+}
+
+/* ---- one decoding step of R rows over their own latent caches (no gradient) ------------------------------------ */
+
+/* inputs: qt, qr (or c_new again when dr = 0), c_new, kr_new (or c_new), then the R latent buffers, then the R
+   rope-key buffers (only with dr > 0); list: the R cached lengths */
+int tide_mla_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int64_t R = n->attr.mla_decode_rows.R;
+    int has_kr = n->attr.mla_decode_rows.has_kr;
+    tide_tensor *qt = tide_contiguous_nograd(in[0]), *qr = qt && has_kr ? tide_contiguous_nograd(in[1]) : NULL;
+    tide_tensor *cn = qt && (qr || !has_kr) ? tide_contiguous_nograd(in[2]) : NULL;
+    tide_tensor *kn = cn && has_kr ? tide_contiguous_nograd(in[3]) : NULL;
+    void **cb = malloc((size_t)(2 * R) * sizeof *cb);
+    int rc = cn && (kn || !has_kr) && cb ? 0 : tide_set_error("mla_decode_rows: out of memory");
+    tide_tensor *o = NULL;
+    if (!rc) {
+        for (int64_t r = 0; r < R; r++) {
+            cb[r] = tide_data(in[4 + r]);
+            cb[R + r] = has_kr ? tide_data(in[4 + R + r]) : NULL;
+        }
+        int64_t H = qt->shape[1], dc = qt->shape[2], dr = has_kr ? qr->shape[2] : 0, shape[3] = {R, H, dc};
+        o = tide_empty(qt->dtype, 3, shape, qt->device);
+        rc = o ? 0 : -1;
+        if (!rc && o->numel > 0)
+            rc = TIDE_DISPATCH(qt->device, mla_decode_rows, "mla_decode_rows", qt->dtype, tide_data(o), tide_data(qt),
+                               qr ? tide_data(qr) : NULL, tide_data(cn), kn ? tide_data(kn) : NULL, cb,
+                               has_kr ? cb + R : NULL, n->attr.list, R, H, dc, dr, n->attr.mla_decode_rows.scale);
+    }
+    free(cb);
+    tide_tensor_release(qt); tide_tensor_release(qr); tide_tensor_release(cn); tide_tensor_release(kn);
+    if (rc) { tide_tensor_release(o); return -1; }
+    out[0] = o;
+    return 0;
+}
+
+/* a buffer of row r: [1, cap, w] or [cap, w], contiguous, same dtype and device as qt, room for one more token */
+static int check_row_buffer(const tide_tensor *buf, const tide_tensor *qt, int r, const char *what, int64_t w,
+                            int64_t len)
+{
+    const char *op = "mla_decode_rows";
+    char a[128], e[48];
+    snprintf(e, sizeof e, "%s[%d]", what, r);
+    if (!buf) return tide_set_error("mla_decode_rows: %s is NULL", e);
+    if (tide_check_float(buf, op, e) || tide_check_same_device(qt, buf, op) || tide_check_same_dtype(qt, buf, op))
+        return -1;
+    int nd = buf->ndim;
+    int ok = (nd == 2 || (nd == 3 && buf->shape[0] == 1)) && buf->shape[nd - 1] == w;
+    if (!ok) return tide_set_error("mla_decode_rows: %s is %s but must be [1, cap, %lld] or [cap, %lld]", e,
+                                   SHAPE_STR(buf, a), (long long)w, (long long)w);
+    if (!tide_is_contiguous(buf)) return tide_set_error("mla_decode_rows: %s must be contiguous", e);
+    int64_t cap = buf->shape[nd - 2];
+    if (len < 0 || len >= cap)
+        return tide_set_error("mla_decode_rows: row %d has %lld cached tokens but %s holds %lld: no room for one more",
+                              r, (long long)len, e, (long long)cap);
+    return 0;
+}
+
+tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor *c_new, tide_tensor *kr_new, int R,
+                                  tide_tensor **c_bufs, tide_tensor **kr_bufs, const int64_t *lens, double scale)
+{
+    const char *op = "mla_decode_rows";
+    char a[128], b[128];
+    TIDE_CHECK(R >= 1 && c_bufs && lens, "mla_decode_rows: needs R >= 1 rows with their buffers and lengths, got R = %d", R);
+    if (tide_check_float(qt, op, "qt") || tide_check_float(c_new, op, "c_new") || tide_check_same_device(qt, c_new, op) ||
+        tide_check_same_dtype(qt, c_new, op)) return NULL;
+    TIDE_CHECK(qt->ndim == 3 && qt->shape[0] == R, "mla_decode_rows: qt is %s but must be [R, H, dc] with R = %d",
+               SHAPE_STR(qt, a), R);
+    int64_t H = qt->shape[1], dc = qt->shape[2];
+    int ok = (c_new->ndim == 3 && c_new->shape[0] == R && c_new->shape[1] == 1 && c_new->shape[2] == dc) ||
+             (c_new->ndim == 2 && c_new->shape[0] == R && c_new->shape[1] == dc);
+    TIDE_CHECK(ok, "mla_decode_rows: c_new is %s but qt %s needs it [R, 1, dc] = [%d, 1, %lld]", SHAPE_STR(c_new, a),
+               SHAPE_STR(qt, b), R, (long long)dc);
+    int64_t dr = 0;
+    TIDE_CHECK((qr == NULL) == (kr_new == NULL) && (qr == NULL) == (kr_bufs == NULL),
+               "mla_decode_rows: qr, kr_new and kr_bufs go together (all given or all NULL)");
+    if (qr) {
+        if (tide_check_float(qr, op, "qr") || tide_check_float(kr_new, op, "kr_new") || tide_check_same_device(qt, qr, op) ||
+            tide_check_same_device(qt, kr_new, op) || tide_check_same_dtype(qt, qr, op) || tide_check_same_dtype(qt, kr_new, op))
+            return NULL;
+        TIDE_CHECK(qr->ndim == 3 && qr->shape[0] == R && qr->shape[1] == H && qr->shape[2] >= 1,
+                   "mla_decode_rows: qr is %s but qt %s needs it [R, H, dr] = [%d, %lld, dr]", SHAPE_STR(qr, a),
+                   SHAPE_STR(qt, b), R, (long long)H);
+        dr = qr->shape[2];
+        ok = (kr_new->ndim == 3 && kr_new->shape[0] == R && kr_new->shape[1] == 1 && kr_new->shape[2] == dr) ||
+             (kr_new->ndim == 2 && kr_new->shape[0] == R && kr_new->shape[1] == dr);
+        TIDE_CHECK(ok, "mla_decode_rows: kr_new is %s but must be [R, 1, dr] = [%d, 1, %lld]", SHAPE_STR(kr_new, a), R,
+                   (long long)dr);
+    }
+    TIDE_CHECK(isfinite(scale) && scale > 0, "mla_decode_rows: scale must be positive and finite, got %g", scale);
+    for (int r = 0; r < R; r++) {
+        if (check_row_buffer(c_bufs[r], qt, r, "c_bufs", dc, lens[r])) return NULL;
+        if (qr && check_row_buffer(kr_bufs[r], qt, r, "kr_bufs", dr, lens[r])) return NULL;
+    }
+    int n_in = 4 + R * (qr ? 2 : 1);
+    tide_tensor **in = malloc((size_t)n_in * sizeof *in);
+    tide_attrs at = {0};
+    at.list = malloc((size_t)R * sizeof *at.list);
+    if (!in || !at.list) { free(in); free(at.list); TIDE_CHECK(0, "mla_decode_rows: out of memory for %d rows", R); }
+    in[0] = qt;
+    in[1] = qr ? qr : c_new;
+    in[2] = c_new;
+    in[3] = kr_new ? kr_new : c_new;
+    for (int r = 0; r < R; r++) {
+        in[4 + r] = c_bufs[r];
+        if (qr) in[4 + R + r] = kr_bufs[r];
+        at.list[r] = lens[r];
+    }
+    at.n_list = R;
+    at.mla_decode_rows.R = R;
+    at.mla_decode_rows.has_kr = qr != NULL;
+    at.mla_decode_rows.scale = scale;
+    tide_tensor *y = tide_op_run1(TIDE_OP_MLA_DECODE_ROWS, n_in, in, &at);
+    free(in);
     free(at.list);
     return y;
 }

@@ -56,6 +56,7 @@ const tide_backend tide_cpu_backend = {
     .causal_conv1d_backward = tide_cpu_causal_conv1d_backward,
     .mla_attention = tide_cpu_mla_attention,
     .mla_attention_backward = tide_cpu_mla_attention_backward,
+    .mla_decode_rows = tide_cpu_mla_decode_rows,
     .varlen_attention = tide_cpu_varlen_attention,
     .varlen_attention_backward = tide_cpu_varlen_attention_backward,
     .attnres = tide_cpu_attnres,

@@ -19,6 +19,7 @@
 #define EXP exp_f32
 #include "mla_impl.h"
 #include "varlen_impl.h"
+#include "mla_decode_impl.h"
 #undef T
 #undef SFX
 #undef EXP
@@ -27,6 +28,7 @@
 #define EXP exp
 #include "mla_impl.h"
 #include "varlen_impl.h"
+#include "mla_decode_impl.h"
 #undef T
 #undef SFX
 #undef EXP
@@ -184,4 +186,13 @@ int tide_cpu_varlen_attention_backward(int dtype, void *gq, void *gk, void *gv, 
     free(start);
     free(end);
     return rc;
+}
+
+int tide_cpu_mla_decode_rows(int dtype, void *out, const void *qt, const void *qr, const void *c_new, const void *kr_new,
+                             void *const *c_bufs, void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H,
+                             int64_t dc, int64_t dr, double scale)
+{
+    if (check("mla_decode_rows", dtype, NULL, 0, 0)) return -1;
+    return dtype == TIDE_F32 ? decode_rows_f32(out, qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, R, H, dc, dr, scale)
+                             : decode_rows_f64(out, qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, R, H, dc, dr, scale);
 }

@@ -428,6 +428,27 @@ function F.mla_attention(q, k_n, k_r, v, opts)
                                     want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
 end
 
+-- F.mla_decode_rows(qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, scale) -> õ [R, H, dc]: one absorbed decoding
+-- step of R rows over their own latent caches (mla.md §6), no gradient. Row r's new latent c_new[r] (k_r:
+-- kr_new[r]) is written at 0-based position lens[r] of its buffers c_bufs[r], kr_bufs[r] ([1, cap, dc] and
+-- [1, cap, dr], contiguous, cap > lens[r]), then qt[r] [H, dc], qr[r] [H, dr] attend over its lens[r] + 1 tokens.
+-- qr, kr_new and kr_bufs are nil together (no rope slot). A row's result is its own alone, whatever R.
+function F.mla_decode_rows(qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, scale)
+  local op = "mla_decode_rows"
+  if type(c_bufs) ~= "table" or type(lens) ~= "table" or #lens ~= #c_bufs then
+    raise(fmt("%s: c_bufs and lens must be lists of one entry per row", op))
+  end
+  local R = #c_bufs
+  local cb, kb, ln = ffi.new("tide_tensor *[?]", R), kr_bufs and ffi.new("tide_tensor *[?]", R) or nil, ffi.new("int64_t[?]", R)
+  for r = 1, R do
+    cb[r - 1] = want_tensor(c_bufs[r], op, "c_bufs")
+    if kb then kb[r - 1] = want_tensor(kr_bufs[r], op, "kr_bufs") end
+    ln[r - 1] = want_number(lens[r], op, "lens")
+  end
+  return check(C.tide_mla_decode_rows(want_tensor(qt, op, "qt"), opt_tensor(qr, op, "qr"), want_tensor(c_new, op, "c_new"),
+    opt_tensor(kr_new, op, "kr_new"), R, cb, kb, ln, want_number(scale, op, "scale")))
+end
+
 -- ---- varlen attention (spec/vision.md §3, §5) ------------------------------------------------------------
 local VARLEN_KEYS = { cu_seqlens = true, scale = true }
 

@@ -7,6 +7,7 @@ local tide = require "tide"
 local options = require "tide.options"
 local C = tide.C
 local fmt = string.format
+local exp = math.exp
 
 local generate = {}
 
@@ -27,6 +28,22 @@ function generate.sample(logits, opts, u)
     local best = 1
     for i = 2, V do if logits[i] > logits[best] then best = i end end
     return best - 1
+  end
+  local top_k, top_p = opts.top_k, opts.top_p
+  if (not top_k or top_k <= 0 or top_k >= V) and (not top_p or top_p >= 1) then
+    -- the whole distribution: walk the ids in order (no sort; a sort per token dominated the sampling)
+    local maxl = logits[1]
+    for i = 2, V do if logits[i] > maxl then maxl = logits[i] end end
+    local total = 0
+    for i = 1, V do total = total + exp((logits[i] - maxl) / temperature) end
+    local target, acc, last = u * total, 0, 1
+    for i = 1, V do
+      local p = exp((logits[i] - maxl) / temperature)
+      acc = acc + p
+      if p > 0 then last = i end
+      if target < acc then return i - 1 end
+    end
+    return last - 1   -- rounding left target at the total: the last id that can be drawn
   end
   local order = {}
   for i = 1, V do order[i] = i end

@@ -317,13 +317,15 @@ function HybridLM:forward(ids, caches, opts)
   if caches and ids:size(2) == 1 then
     -- a decode step: batch-invariant products, so a row's logits do not depend on the rows that share its step
     local prev = C.tide_set_batch_invariant(1)
-    local ok, out = pcall(function() return self.lm_head:forward(self.model:forward(ids, caches, opts)) end)
+    local ok, out = pcall(self.logits_of, self, ids, caches, opts)
     C.tide_set_batch_invariant(prev)
     if not ok then error(out, 0) end
     return out
   end
-  return self.lm_head:forward(self.model:forward(ids, caches, opts))
+  return self:logits_of(ids, caches, opts)
 end
+
+function HybridLM:logits_of(ids, caches, opts) return self.lm_head:forward(self.model:forward(ids, caches, opts)) end
 
 -- decode_rows(ids [R, 1] int, caches = {R caches of new_cache()}) -> logits [R, 1, V]: one decoding step of R rows
 -- that each carry their own caches, of any lengths (the rows of a rollout); row r's logits and caches are bitwise

@@ -234,17 +234,22 @@ function KDA:forward_rows(x, opts)
       type(rows) == "table" and tostring(#rows) or type(rows)))
   end
   local started = rows[1].state ~= nil
-  local function stack(get)
-    if not started then return nil end
-    local l = {}
-    for r = 1, B do l[r] = get(rows[r]) end
-    return B == 1 and l[1] or F.concat(l, 1)
-  end
   for r = 2, B do
     if (rows[r].state ~= nil) ~= started then bad("forward: cache.rows mixes started and empty caches") end
   end
-  local tmp = { state = stack(function(c) return c.state end), conv = {} }
-  for _, name in ipairs({ "q", "k", "v" }) do tmp.conv[name] = stack(function(c) return c.conv[name] end) end
+  local tmp = { conv = {} }
+  if started then
+    local st, q, k, v = {}, {}, {}, {}
+    for r = 1, B do
+      local c = rows[r]
+      st[r], q[r], k[r], v[r] = c.state, c.conv.q, c.conv.k, c.conv.v
+    end
+    if B == 1 then
+      tmp.state, tmp.conv = st[1], { q = q[1], k = k[1], v = v[1] }
+    else
+      tmp.state, tmp.conv = F.concat(st, 1), { q = F.concat(q, 1), k = F.concat(k, 1), v = F.concat(v, 1) }
+    end
+  end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.cache = tmp

@@ -135,17 +135,24 @@ function MLA:attend_absorbed(q, c, kr)
 end
 
 -- append [B, T, n] rows to the cache buffer `name` (capacity doubling); returns the view of the filled part
-local function append_rows(cache, name, x)
-  local B, T, n = x:size(1), x:size(2), x:size(3)
+-- room for T more tokens in the cache buffer `name` [B, cap, n] (capacity doubling, the filled part copied over);
+-- returns the buffer and the tokens it holds
+local function reserve(cache, name, B, T, n, like)
   local used = cache[name] and cache[name]:size(2) or 0
   local buf = cache[name .. "_buf"]
   if not buf or buf:size(2) < used + T then
     local cap = math.max(16, 2 * (used + T))
-    local nb = tide.empty({ B, cap, n }, { dtype = x:dtype(), device = x:device() })
+    local nb = tide.empty({ B, cap, n }, { dtype = like:dtype(), device = like:device() })
     if used > 0 then nb:narrow(2, 1, used):copy_(cache[name]) end
     buf = nb
     cache[name .. "_buf"] = buf
   end
+  return buf, used
+end
+
+local function append_rows(cache, name, x)
+  local T = x:size(2)
+  local buf, used = reserve(cache, name, x:size(1), T, x:size(3), x)
   buf:narrow(2, used + 1, T):copy_(x)
   cache[name] = buf:narrow(2, 1, used + T)
   return cache[name]
@@ -174,6 +181,7 @@ function MLA:forward(x, opts)
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
   if cache and cache.rows then return self:forward_rows(x, cache.rows) end
+  if cache and T == 1 and opts.absorbed ~= false and not tide.grad_enabled() then return self:decode(x, cache) end
   local q = self:queries(x)
   local c, kr = self:latent(x)
   if cache then
@@ -198,28 +206,56 @@ function MLA:forward(x, opts)
   return self:output(x, o)
 end
 
--- one decoding step of B rows that each carry their own cache (rows = {B row caches}, of any lengths): the
--- products with the weights run for all rows at once, the attention over each row's own latents; row b's output
--- is bitwise the same as its step alone (B = 1) when the products are batch-invariant (decode steps run so)
+-- one decoding step without gradients (F.mla_decode_rows): the products with the weights run for the B rows at
+-- once, the attention over each row's own latents; `rows` lists B row caches of any lengths (cache.rows, the
+-- rows of a rollout), or nil for one cache shared by the B rows (all at one length). Row b's output is bitwise its
+-- step alone (B = 1) when the products are batch-invariant (decode steps run so).
+function MLA:decode(x, cache, rows)
+  local B = x:size(1)
+  if x:size(2) ~= 1 then bad(fmt("forward: a decoding step takes one token per row, got T = %d", x:size(2))) end
+  if tide.grad_enabled() then bad("forward: a batch of row caches decodes without gradients (under no_grad)") end
+  local q = self:queries(x)
+  local c, kr = self:latent(x)
+  local qt, qr = self:absorb(q)
+  local dc, dr = self.kv_rank, self.rope_dim
+  local cbufs, kbufs, lens = {}, kr and {} or nil, {}
+  if rows then
+    for r = 1, B do
+      local rc = rows[r]
+      cbufs[r], lens[r] = reserve(rc, "c", 1, 1, dc, c)
+      if kr then kbufs[r] = reserve(rc, "k_r", 1, 1, dr, kr) end
+    end
+  else
+    local cb, used = reserve(cache, "c", B, 1, dc, c)
+    local kb = kr and reserve(cache, "k_r", B, 1, dr, kr) or nil
+    for r = 1, B do
+      cbufs[r], lens[r] = B == 1 and cb or cb:narrow(1, r, 1), used
+      if kb then kbufs[r] = B == 1 and kb or kb:narrow(1, r, 1) end
+    end
+  end
+  local ot = F.mla_decode_rows(qt, qr, c, kr, cbufs, kbufs, lens, self.scale)
+  if rows then
+    for r = 1, B do
+      local rc = rows[r]
+      rc.c = rc.c_buf:narrow(2, 1, lens[r] + 1)
+      if kr then rc.k_r = rc.k_r_buf:narrow(2, 1, lens[r] + 1) end
+      rc.pos = (rc.pos or 0) + 1
+    end
+  else
+    cache.c = cache.c_buf:narrow(2, 1, lens[1] + 1)
+    if kr then cache.k_r = cache.k_r_buf:narrow(2, 1, lens[1] + 1) end
+    cache.pos = (cache.pos or 0) + 1
+  end
+  return self:output(x, self:unabsorb(ot))
+end
+
 function MLA:forward_rows(x, rows)
   local B = x:size(1)
   if type(rows) ~= "table" or #rows ~= B then
     bad(fmt("forward: cache.rows must list one cache per row of x (%d), got %s", B,
       type(rows) == "table" and tostring(#rows) or type(rows)))
   end
-  if x:size(2) ~= 1 then bad(fmt("forward: a batch of row caches decodes one token per row, got T = %d", x:size(2))) end
-  if tide.grad_enabled() then bad("forward: a batch of row caches decodes without gradients (under no_grad)") end
-  local q = self:queries(x)
-  local c, kr = self:latent(x)
-  local qt, qr = self:absorb(q)
-  local parts = {}
-  for r = 1, B do
-    local rc = rows[r]
-    local cr, krr = append_latent(rc, c:narrow(1, r, 1), kr and kr:narrow(1, r, 1))
-    rc.pos = (rc.pos or 0) + 1
-    parts[r] = self:attend_core(qt:narrow(1, r, 1), qr and qr:narrow(1, r, 1), cr, krr)
-  end
-  return self:output(x, self:unabsorb(B == 1 and parts[1] or F.concat(parts, 1)))
+  return self:decode(x, nil, rows)
 end
 
 -- step(x [B, 1, d], cache) -> [B, 1, d]: one decoding step in the latent space

@@ -382,18 +382,46 @@ function rollout.run(model, tok, o)
           pos = t:len()
         end
       else
-        for k = 2, #e.schedule do
-          local n = e.schedule[k]
-          local ids = {}
-          for j = 1, n do ids[j] = t.tokens[pos + j] end
-          pos = pos + n
-          row_feed(row, ids)
-        end
+        -- the calls after the prompt, replayed with the other resumed rows' (replay_all): single tokens as batched
+        -- steps, the rest row by row; a row's bits do not depend on the batch it steps in
+        local n_rest = 0
+        for k = 2, #e.schedule do n_rest = n_rest + e.schedule[k] end
+        row.replay, row.replay_k, row.replay_pos = e.schedule, 2, pos
+        pos = pos + n_rest
       end
       if pos ~= t:len() then error(fmt("rl.rollout: a paused trajectory's schedule covers %d of its %d tokens", pos, t:len()), 0) end
     end
     st.resumed = st.resumed + 1
     return row
+  end
+
+  -- replay the restored rows' schedules in step: each round, every row's next call
+  local function replay_all(rows)
+    while true do
+      local step_rows = {}
+      for _, row in ipairs(rows) do
+        local sch = row.replay
+        if sch and row.replay_k <= #sch then
+          local n, t, pos = sch[row.replay_k], row.traj, row.replay_pos
+          row.replay_k, row.replay_pos = row.replay_k + 1, pos + n
+          if n == 1 then
+            row.next_id = t.tokens[pos + 1]
+            step_rows[#step_rows + 1] = row
+          else
+            local ids = {}
+            for j = 1, n do ids[j] = t.tokens[pos + j] end
+            row_feed(row, ids)
+          end
+        end
+      end
+      if #step_rows == 0 then
+        local left = false
+        for _, row in ipairs(rows) do if row.replay and row.replay_k <= #row.replay then left = true end end
+        if not left then break end
+      end
+      feed_rows(step_rows)
+    end
+    for _, row in ipairs(rows) do row.replay, row.replay_k, row.replay_pos = nil, nil, nil end
   end
 
   local live, paused = {}, {}
@@ -412,6 +440,7 @@ function rollout.run(model, tok, o)
       end
       if not row.done then live[#live + 1] = row end
     end
+    replay_all(live)
     local pausing = false
     while true do
       if budget and st.tokens >= budget then pausing = true end
