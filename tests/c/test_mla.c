@@ -221,11 +221,10 @@ static tide_tensor *clone(const tide_tensor *x)
     return y;
 }
 
-static tide_tensor *decode_rows_run(int dtype, int R, tide_tensor *qt, tide_tensor *qr, tide_tensor *cn, tide_tensor *kn,
+static tide_tensor *decode_rows_run(int R, tide_tensor *qt, tide_tensor *qr, tide_tensor *cn, tide_tensor *kn,
                                     tide_tensor **cb, tide_tensor **kb, const int64_t *lens)
 {
     return tide_mla_decode_rows(qt, qr, cn, kn, R, cb, qr ? kb : NULL, lens, 0.37);
-    (void)dtype;
 }
 
 static void test_decode_rows(int dtype, int64_t dr, const char *what)
@@ -244,7 +243,7 @@ static void test_decode_rows(int dtype, int64_t dr, const char *what)
         k0[r] = NULL;
         if (dr) { kb[r] = randn(dtype, 3, (int64_t[]){1, caps[r], dr}); kb1[r] = clone(kb[r]); k0[r] = host(kb[r]); }
     }
-    tide_tensor *o = decode_rows_run(dtype, R, qt, qr, cn, kn, cb, kb, lens);
+    tide_tensor *o = decode_rows_run(R, qt, qr, cn, kn, cb, kb, lens);
     CHECK(o && o->ndim == 3 && o->shape[0] == R && o->shape[1] == H && o->shape[2] == DC, "%s: out [R, H, dc] (%s)", what,
           o ? "ok" : tide_last_error());
     if (!o) return;
@@ -293,7 +292,7 @@ static void test_decode_rows(int dtype, int64_t dr, const char *what)
     for (int r = 0; r < R; r++) {
         tide_tensor *q1 = tide_slice(qt, 0, r, r + 1, 1), *c1 = tide_slice(cn, 0, r, r + 1, 1);
         tide_tensor *r1 = dr ? tide_slice(qr, 0, r, r + 1, 1) : NULL, *k1 = dr ? tide_slice(kn, 0, r, r + 1, 1) : NULL;
-        tide_tensor *o1 = decode_rows_run(dtype, 1, q1, r1, c1, k1, &cb1[r], &kb1[r], &lens[r]);
+        tide_tensor *o1 = decode_rows_run(1, q1, r1, c1, k1, &cb1[r], &kb1[r], &lens[r]);
         double *h1 = o1 ? host(o1) : NULL;
         for (int64_t i = 0; h1 && i < H * DC; i++) same = same && h1[i] == ho[r * H * DC + i];
         if (!o1) same = 0;
@@ -304,7 +303,7 @@ static void test_decode_rows(int dtype, int64_t dr, const char *what)
     CHECK(same, "%s: each row alone gives its bits in the batch", what);
     /* bad arguments */
     const int64_t full[R] = {8, 0, 37};
-    tide_tensor *bad = decode_rows_run(dtype, R, qt, qr, cn, kn, cb, kb, full);
+    tide_tensor *bad = decode_rows_run(R, qt, qr, cn, kn, cb, kb, full);
     CHECK(!bad && strstr(tide_last_error(), "no room for one more"), "%s: a full buffer is named: %s", what, tide_last_error());
     bad = tide_mla_decode_rows(qt, qr, qt, kn, R, cb, dr ? kb : NULL, lens, 0.37);
     CHECK(!bad && strstr(tide_last_error(), "c_new is"), "%s: a wrong c_new shape is named: %s", what, tide_last_error());
