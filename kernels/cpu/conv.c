@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <omp.h>
 #include "cpu.h"
+#include "fastmath.h"
 
 /* start[p] = flattened index where token p's segment starts (cu: segment boundaries, host) */
 static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
@@ -27,6 +28,9 @@ static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
 }
 
 static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+/* the fused SiLU of the forward: float math on the float path (fastmath.h), double on the double path */
+static inline float SILU_f32(double a) { float y = (float)a; return y * sigmoid_f32(y); }
+static inline double SILU_f64(double a) { return a * sigm(a); }
 
 #define DEFINE_CONV(TT, SFX)                                                                                  \
 /* the input seen by tap j of token p = (b, t), channel c */                                                  \
@@ -40,16 +44,49 @@ static inline double src_##SFX(const TT *x, const TT *cache, const int64_t *star
     return 0.0;                                                                                               \
 }                                                                                                             \
                                                                                                               \
-static void conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const int64_t *start, int64_t n,    \
-                       int64_t T_, int64_t C, int64_t K, int silu)                                            \
+/* tap j of token p = (b, t) reads one row of C channels: x's row p - (K-1) + j inside the segment, else the   \
+   cache's row of the same offset when the segment is the row's first, else zeros (NULL) */                   \
+static inline const TT *tap_row_##SFX(const TT *x, const TT *cache, const int64_t *start, int64_t p, int64_t j, \
+                                     int64_t T_, int64_t C, int64_t K)                                        \
 {                                                                                                             \
-    _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                             \
-    for (int64_t p = 0; p < n; p++)                                                                           \
-        for (int64_t c = 0; c < C; c++) {                                                                     \
-            double a = 0;                                                                                     \
-            for (int64_t j = 0; j < K; j++) a += (double)w[c * K + j] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
-            out[p * C + c] = (TT)(silu ? a * sigm(a) : a);                                                    \
+    int64_t sp = p - (K - 1) + j;                                                                              \
+    if (sp >= start[p]) return x + sp * C;                                                                    \
+    int64_t b = p / T_, t = p % T_;                                                                           \
+    if (cache && start[p] == b * T_) return cache + (b * (K - 1) + t + j) * C;                                \
+    return NULL;                                                                                              \
+}                                                                                                             \
+                                                                                                              \
+/* out = Σ_j w[c, j] src_j[c] per token, taps in order, accumulated in double over the channels at once */    \
+static int conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const int64_t *start, int64_t n,     \
+                      int64_t T_, int64_t C, int64_t K, int silu)                                             \
+{                                                                                                             \
+    double *wt = malloc((size_t)(K * C > 0 ? K * C : 1) * sizeof *wt);                                       \
+    if (!wt) return tide_set_error("causal_conv1d: out of memory");                                           \
+    for (int64_t c = 0; c < C; c++)                                                                           \
+        for (int64_t j = 0; j < K; j++) wt[j * C + c] = (double)w[c * K + j];                                 \
+    int bad = 0;                                                                                              \
+    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
+    {                                                                                                         \
+        double *a = malloc((size_t)(C > 0 ? C : 1) * sizeof *a);                                              \
+        if (!a) bad = 1;                                                                                      \
+        _Pragma("omp for schedule(static)")                                                                   \
+        for (int64_t p = 0; p < n; p++) {                                                                     \
+            if (!a) continue;                                                                                 \
+            for (int64_t c = 0; c < C; c++) a[c] = 0;                                                         \
+            for (int64_t j = 0; j < K; j++) {                                                                 \
+                const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                              \
+                const double *wj = wt + j * C;                                                                \
+                if (src) for (int64_t c = 0; c < C; c++) a[c] += wj[c] * (double)src[c];                      \
+                else for (int64_t c = 0; c < C; c++) a[c] += wj[c] * 0.0;                                     \
+            }                                                                                                 \
+            TT *o = out + p * C;                                                                              \
+            if (silu) for (int64_t c = 0; c < C; c++) o[c] = SILU_##SFX(a[c]);                                \
+            else for (int64_t c = 0; c < C; c++) o[c] = (TT)a[c];                                             \
         }                                                                                                     \
+        free(a);                                                                                              \
+    }                                                                                                         \
+    free(wt);                                                                                                 \
+    return bad ? tide_set_error("causal_conv1d: out of memory") : 0;                                          \
 }                                                                                                             \
                                                                                                               \
 static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const TT *x, const TT *w,           \
@@ -124,10 +161,10 @@ int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, c
         return tide_set_error("causal_conv1d: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
     int64_t n = B * T_, *start = segment_starts(cu, n_seg, n);
     if (!start) return tide_set_error("causal_conv1d: out of memory");
-    if (dtype == TIDE_F32) conv_f32(out, x, w, cache, start, n, T_, C, K, silu);
-    else conv_f64(out, x, w, cache, start, n, T_, C, K, silu);
+    int rc = dtype == TIDE_F32 ? conv_f32(out, x, w, cache, start, n, T_, C, K, silu)
+                               : conv_f64(out, x, w, cache, start, n, T_, C, K, silu);
     free(start);
-    return 0;
+    return rc;
 }
 
 int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,

@@ -313,7 +313,8 @@ function M.rand(...)
   return finish(check(C.tide_rand(dt, n, buf, dev, opts.lo or 0, opts.hi or 1)), opts)
 end
 
--- nested table -> shape and flat values (ragged tables and non-numbers are errors)
+-- nested table -> shape and flat values (ragged tables and non-numbers are errors). The index path of an element
+-- is only spelled out for an error message: building it per element made large tables slow.
 local function flatten_table(data, fname)
   local shape, node = {}, data
   while type(node) == "table" do
@@ -322,23 +323,35 @@ local function flatten_table(data, fname)
     node = node[1]
   end
   if #shape > 8 then raise(fmt("%s: at most 8 dims, got %d", fname, #shape)) end
-  local flat, nd = {}, #shape
-  local function walk(x, d, where)
+  local flat, nd, n, idx = {}, #shape, 0, {}
+  local function where(d)
+    local w = ""
+    for k = 1, d - 1 do w = w .. "[" .. idx[k] .. "]" end
+    return w
+  end
+  local function number(x, d)
+    if type(x) == "boolean" then return x and 1 or 0 end
+    if type(x) ~= "number" then raise(fmt("%s: element %s must be a number, got %s", fname, where(d), type(x))) end
+    return x
+  end
+  local function ragged(x, d)
+    raise(fmt("%s: ragged nested table: element %s has %s, expected %d entries (shape %s)", fname, where(d),
+              type(x) == "table" and (#x .. " entries") or ("a " .. type(x)), shape[d], shape_str(shape)))
+  end
+  if nd == 1 then
+    for i = 1, shape[1] do idx[1] = i; n = n + 1; flat[n] = number(data[i], 2) end
+    return shape, flat
+  end
+  local function walk(x, d)
     if d > nd then
-      if type(x) == "boolean" then x = x and 1 or 0 end
-      if type(x) ~= "number" then
-        raise(fmt("%s: element %s must be a number, got %s", fname, where, type(x)))
-      end
-      flat[#flat + 1] = x
+      n = n + 1
+      flat[n] = number(x, d)
       return
     end
-    if type(x) ~= "table" or #x ~= shape[d] then
-      raise(fmt("%s: ragged nested table: element %s has %s, expected %d entries (shape %s)", fname, where,
-                type(x) == "table" and (#x .. " entries") or ("a " .. type(x)), shape[d], shape_str(shape)))
-    end
-    for i = 1, shape[d] do walk(x[i], d + 1, where == "" and ("[" .. i .. "]") or (where .. "[" .. i .. "]")) end
+    if type(x) ~= "table" or #x ~= shape[d] then ragged(x, d) end
+    for i = 1, shape[d] do idx[d] = i; walk(x[i], d + 1) end
   end
-  walk(data, 1, "")
+  walk(data, 1)
   return shape, flat
 end
 

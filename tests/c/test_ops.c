@@ -196,6 +196,12 @@ static tide_tensor *r_mla_packed(tide_tensor **x)
 }
 RUN(r_mla_decode, tide_mla_attention(x[0], x[1], x[2], x[3], NULL, 0.5))
 RUN(r_mla_nor, tide_mla_attention(x[0], x[1], NULL, x[2], NULL, 0.6))
+/* two rows over their own latent buffers (lengths 2 and 0; the op writes the new latents, the same each run) */
+static tide_tensor *r_mla_decode_rows(tide_tensor **x)
+{
+    tide_tensor *bufs[2] = {x[2], x[3]};
+    return tide_mla_decode_rows(x[0], NULL, x[1], NULL, 2, bufs, NULL, (const int64_t[]){2, 0}, 0.5);
+}
 static tide_tensor *r_varlen(tide_tensor **x)
 {
     double v[4] = {0, 3, 4, 7};                     /* T = 7: images [0,3) [3,4) [4,7), bidirectional inside each */
@@ -556,6 +562,8 @@ static void build_cases(void)
         RANDN(1, 6, 1), RANDN(1, 6, 3, 2));
     add(TIDE_OP_MLA_ATTENTION, "no rope slot", r_mla_nor, ref_mla_nor, 0, 3, RANDN(1, 4, 2, 3), RANDN(1, 4, 2, 3),
         RANDN(1, 4, 2, 3), 0);
+    add(TIDE_OP_MLA_DECODE_ROWS, "2 rows, own buffers (forward only: decoding, no gradient)", r_mla_decode_rows, NULL, 0, 4,
+        RANDN(2, 3, 4), RANDN(2, 1, 4), RANDN(1, 4, 4), RANDN(1, 2, 4));
     /* varlen_attention: q, k, v [T, H, D], three images (one of length 1), not causal */
     add(TIDE_OP_VARLEN_ATTENTION, "3 images [0,3) [3,4) [4,7)", r_varlen, ref_varlen, 0, 3, RANDN(7, 2, 3), RANDN(7, 2, 3),
         RANDN(7, 2, 3), 0);

@@ -226,7 +226,23 @@ end
 
 -- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their
 -- states and conv histories are stacked for this call, and each row's cache gets its row of the new ones back
--- (views of the stacked tensors); every row's recurrence is its own, so row b's output equals its call alone
+-- (views of the stacked tensors); every row's recurrence is its own, so row b's output equals its call alone.
+-- When the rows are the ones of the previous call, in order, and their views untouched, the stacked tensors of
+-- that call are the stack (no copy): a rollout decodes the same rows step after step.
+local STACKED = { "state", "q", "k", "v" }
+local function stacked_of(rows, B)
+  local st = rows[1].stack
+  if not st or st.n ~= B then return nil end
+  for r = 1, B do
+    local c = rows[r]
+    if c.stack ~= st or c.stack_i ~= r or c.state ~= st.views.state[r] or c.conv.q ~= st.views.q[r] or
+        c.conv.k ~= st.views.k[r] or c.conv.v ~= st.views.v[r] then
+      return nil
+    end
+  end
+  return st
+end
+
 function KDA:forward_rows(x, opts)
   local rows, B = opts.cache.rows, x:size(1)
   if type(rows) ~= "table" or #rows ~= B then
@@ -239,15 +255,20 @@ function KDA:forward_rows(x, opts)
   end
   local tmp = { conv = {} }
   if started then
-    local st, q, k, v = {}, {}, {}, {}
-    for r = 1, B do
-      local c = rows[r]
-      st[r], q[r], k[r], v[r] = c.state, c.conv.q, c.conv.k, c.conv.v
-    end
-    if B == 1 then
-      tmp.state, tmp.conv = st[1], { q = q[1], k = k[1], v = v[1] }
+    local prev = stacked_of(rows, B)
+    if prev then
+      tmp.state, tmp.conv = prev.t.state, { q = prev.t.q, k = prev.t.k, v = prev.t.v }
     else
-      tmp.state, tmp.conv = F.concat(st, 1), { q = F.concat(q, 1), k = F.concat(k, 1), v = F.concat(v, 1) }
+      local st, q, k, v = {}, {}, {}, {}
+      for r = 1, B do
+        local c = rows[r]
+        st[r], q[r], k[r], v[r] = c.state, c.conv.q, c.conv.k, c.conv.v
+      end
+      if B == 1 then
+        tmp.state, tmp.conv = st[1], { q = q[1], k = k[1], v = v[1] }
+      else
+        tmp.state, tmp.conv = F.concat(st, 1), { q = F.concat(q, 1), k = F.concat(k, 1), v = F.concat(v, 1) }
+      end
     end
   end
   local o = {}
@@ -255,9 +276,13 @@ function KDA:forward_rows(x, opts)
   o.cache = tmp
   local y = self:forward(x, o)
   local T = x:size(2)
+  local t = { state = tmp.state, q = tmp.conv.q, k = tmp.conv.k, v = tmp.conv.v }
+  local stack = { n = B, t = t, views = {} }
+  for _, name in ipairs(STACKED) do stack.views[name] = B == 1 and { t[name] } or F.split(t[name], 1, 1) end
+  local vs = stack.views
   for r, c in ipairs(rows) do
-    c.state = tmp.state:narrow(1, r, 1)
-    c.conv = { q = tmp.conv.q:narrow(1, r, 1), k = tmp.conv.k:narrow(1, r, 1), v = tmp.conv.v:narrow(1, r, 1) }
+    c.state, c.conv = vs.state[r], { q = vs.q[r], k = vs.k[r], v = vs.v[r] }
+    c.stack, c.stack_i = stack, r
     c.pos = (c.pos or 0) + T
   end
   return y

@@ -47,8 +47,9 @@ local function copy_cache(c)
   if type(c) ~= "table" then return c end
   local out = {}
   for k, v in pairs(c) do
-    -- the MLA append buffers are rebuilt from the filled views on the next append
-    if not (type(k) == "string" and k:sub(-4) == "_buf") then out[k] = copy_cache(v) end
+    -- the MLA append buffers are rebuilt from the filled views on the next append; a KDA row's link to the stack
+    -- of its last batched step is dropped (the copy's views are its own)
+    if not (type(k) == "string" and (k:sub(-4) == "_buf" or k == "stack" or k == "stack_i")) then out[k] = copy_cache(v) end
   end
   return out
 end
@@ -135,11 +136,11 @@ function rollout.run(model, tok, o)
     end
     local ids, caches = {}, {}
     for i, row in ipairs(rows) do
-      ids[i], caches[i] = { row.next_id }, row.cache
+      ids[i], caches[i] = row.next_id, row.cache
       row.schedule[#row.schedule + 1] = 1
     end
     local t0 = tide.time()
-    local lg = model:decode_rows(tide.tensor(ids, { dtype = "i32" }), caches):tolist()
+    local lg = model:decode_rows(tide.tensor(ids, { dtype = "i32", shape = { #rows, 1 } }), caches):tolist()
     st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
     local V = #lg / #rows
     for i, row in ipairs(rows) do
