@@ -9,14 +9,34 @@
 #define DCAT_(a, b) a##_##b
 #define DCAT(a, b) DCAT_(a, b)
 
-/* x · y over n elements: lanes of 8 in sequence, then a fixed pairwise sum of the lanes */
-static inline T DCAT(decode_dot, SFX)(const T *x, const T *y, int64_t n)
+/* the score of one cached token: [q1 | q2] · [c_t | k_t] over dc + dr values, element i of each part into lane
+   i mod 8 in sequence (the last partial block of each part zero-padded), then a fixed pairwise sum of the lanes */
+typedef T DCAT(dvec8, SFX) __attribute__((vector_size(8 * sizeof(T))));
+
+static inline void DCAT(decode_acc, SFX)(DCAT(dvec8, SFX) *acc, const T *q, const T *x, int64_t n)
 {
-    T l[8] = {0};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) l[j] += x[i + j] * y[i + j];
-    for (int j = 0; i + j < n; j++) l[j] += x[i + j] * y[i + j];
+    for (; i + 8 <= n; i += 8) {
+        DCAT(dvec8, SFX) a, b;
+        memcpy(&a, q + i, sizeof a);
+        memcpy(&b, x + i, sizeof b);
+        *acc += a * b;
+    }
+    if (i < n) {
+        DCAT(dvec8, SFX) a = {0}, b = {0};
+        memcpy(&a, q + i, (size_t)(n - i) * sizeof(T));
+        memcpy(&b, x + i, (size_t)(n - i) * sizeof(T));
+        *acc += a * b;
+    }
+}
+
+static inline T DCAT(decode_score, SFX)(const T *q1, const T *c, int64_t dc, const T *q2, const T *k, int64_t dr)
+{
+    DCAT(dvec8, SFX) acc = {0};
+    DCAT(decode_acc, SFX)(&acc, q1, c, dc);
+    if (dr) DCAT(decode_acc, SFX)(&acc, q2, k, dr);
+    T l[8];
+    memcpy(l, &acc, sizeof l);
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
@@ -34,7 +54,7 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
     int bad = 0;
     _Pragma("omp parallel if(R * H * Lmax * (dc + dr) > TIDE_OMP_MIN) reduction(|:bad)")
     {
-        T *s = malloc((size_t)Lmax * sizeof(T));
+        T *s = malloc((size_t)(Lmax + 8) * sizeof(T));
         if (!s) bad = 1;
         _Pragma("omp for schedule(static)")
         for (int64_t rh = 0; rh < R * H; rh++) {
@@ -42,27 +62,54 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             int64_t r = rh / H, L = lens[r] + 1;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
             const T *q1 = qt + rh * dc, *q2 = dr ? qr + rh * dr : NULL;
+            for (int64_t t = 0; t < L; t++) s[t] = DCAT(decode_score, SFX)(q1, c + t * dc, dc, q2, dr ? kr + t * dr : NULL, dr);
             T m = -INFINITY;
-            for (int64_t t = 0; t < L; t++) {
-                T v = DCAT(decode_dot, SFX)(q1, c + t * dc, dc);
-                if (dr) v += DCAT(decode_dot, SFX)(q2, kr + t * dr, dr);
-                s[t] = v * (T)scale;
-                if (s[t] > m) m = s[t];
+            for (int64_t t = 0; t < L; t++) m = s[t] > m ? s[t] : m;
+            /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
+            T sc = (T)scale, ms = m * sc;
+            for (int64_t t = 0; t < L; t++) s[t] = EXP(s[t] * sc - ms);
+            for (int64_t t = L; t < ((L + 7) & ~(int64_t)7); t++) s[t] = 0;
+            T z[8] = {0};
+            for (int64_t t = 0; t < L; t += 8)
+                for (int j = 0; j < 8; j++) z[j] += s[t + j];
+            T sum = ((z[0] + z[4]) + (z[2] + z[6])) + ((z[1] + z[5]) + (z[3] + z[7]));
+            /* o = Σ_t p_t c_t, tokens in sequence, 32 latent dims at a time in registers (a last partial block
+               through a zero-padded copy of each row's tail) */
+            T *o = out + rh * dc, inv = (T)1 / sum;
+            for (int64_t j0 = 0; j0 < dc; j0 += 32) {
+                int64_t w = dc - j0 < 32 ? dc - j0 : 32;
+                DCAT(dvec8, SFX) a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                if (w == 32) {
+                    for (int64_t t = 0; t < L; t++) {
+                        const T *ct = c + t * dc + j0;
+                        DCAT(dvec8, SFX) x0, x1, x2, x3;
+                        memcpy(&x0, ct, sizeof x0);
+                        memcpy(&x1, ct + 8, sizeof x1);
+                        memcpy(&x2, ct + 16, sizeof x2);
+                        memcpy(&x3, ct + 24, sizeof x3);
+                        T p = s[t];
+                        a0 += p * x0; a1 += p * x1; a2 += p * x2; a3 += p * x3;
+                    }
+                } else {
+                    for (int64_t t = 0; t < L; t++) {
+                        T pad[32] = {0};
+                        memcpy(pad, c + t * dc + j0, (size_t)w * sizeof(T));
+                        DCAT(dvec8, SFX) x0, x1, x2, x3;
+                        memcpy(&x0, pad, sizeof x0);
+                        memcpy(&x1, pad + 8, sizeof x1);
+                        memcpy(&x2, pad + 16, sizeof x2);
+                        memcpy(&x3, pad + 24, sizeof x3);
+                        T p = s[t];
+                        a0 += p * x0; a1 += p * x1; a2 += p * x2; a3 += p * x3;
+                    }
+                }
+                T buf[32];
+                memcpy(buf, &a0, sizeof a0);
+                memcpy(buf + 8, &a1, sizeof a1);
+                memcpy(buf + 16, &a2, sizeof a2);
+                memcpy(buf + 24, &a3, sizeof a3);
+                for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv;
             }
-            T sum = 0;
-            for (int64_t t = 0; t < L; t++) {
-                s[t] = EXP(s[t] - m);
-                sum += s[t];
-            }
-            T *o = out + rh * dc;
-            for (int64_t j = 0; j < dc; j++) o[j] = 0;
-            for (int64_t t = 0; t < L; t++) {
-                const T *ct = c + t * dc;
-                T p = s[t];
-                for (int64_t j = 0; j < dc; j++) o[j] += p * ct[j];
-            }
-            T inv = (T)1 / sum;
-            for (int64_t j = 0; j < dc; j++) o[j] *= inv;
         }
         free(s);
     }

@@ -229,7 +229,7 @@ static tide_tensor *decode_rows_run(int R, tide_tensor *qt, tide_tensor *qr, tid
 
 static void test_decode_rows(int dtype, int64_t dr, const char *what)
 {
-    enum { R = 3, H = 2, DC = 8 };
+    enum { R = 3, H = 2, DC = 40 };   /* one full block of 32 latent dims and a partial one */
     const int64_t lens[R] = {5, 0, 37}, caps[R] = {8, 1 + 1, 40};
     tide_tensor *qt = randn(dtype, 3, (int64_t[]){R, H, DC}), *cn = randn(dtype, 3, (int64_t[]){R, 1, DC});
     tide_tensor *qr = dr ? randn(dtype, 3, (int64_t[]){R, H, dr}) : NULL, *kn = dr ? randn(dtype, 3, (int64_t[]){R, 1, dr}) : NULL;
