@@ -311,6 +311,7 @@ static tide_backend make_table()
     t.causal_conv1d_backward = tide_cuda_causal_conv1d_backward;
     t.mla_attention = tide_cuda_mla_attention;
     t.mla_attention_backward = tide_cuda_mla_attention_backward;
+    t.mla_decode_rows = tide_cuda_mla_decode_rows;
     t.varlen_attention = tide_cuda_varlen_attention;
     t.varlen_attention_backward = tide_cuda_varlen_attention_backward;
     t.attnres = tide_cuda_attnres;

@@ -315,6 +315,10 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
                                      const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                      const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                      int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+/* one absorbed MLA decoding step of R rows over their own latent caches (mla_decode.cu; backend.h) */
+int tide_cuda_mla_decode_rows(int dtype, void *out, const void *qt, const void *qr, const void *c_new, const void *kr_new,
+                              void *const *c_bufs, void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H,
+                              int64_t dc, int64_t dr, double scale);
 /* varlen attention (mla.cu: the MLA kernels, bidirectional inside each segment; backend.h) */
 int tide_cuda_varlen_attention(int dtype, void *out, void *lse, const void *q, const void *k, const void *v,
                                const int64_t *cu, int64_t n_seg, int64_t T, int64_t H, int64_t D, double scale);

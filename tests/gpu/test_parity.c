@@ -1049,6 +1049,103 @@ static int test_mla(void)
     return passed;
 }
 
+/* ---- MLA decode rows (mla.md §6): R rows append one latent each to their own caches, then attend over them ----------
+   qt, qr, c_new, kr_new and the cached tokens N(0, 1), scale (dc + dr)^-1/2; each buffer holds three tokens past
+   lens[r] + 1, which must stay as they were. Lengths around the GPU's 64-token tile (L = 1, 64, 65) and long rows,
+   dc not a multiple of 32, dr = 0 (no rope part) and dr > 0. out: |gpu - cpu| <= tol · max|cpu|, f32 1e-4, f64 1e-10,
+   bf16 2^-7 (CPU f32 on the bf16-rounded inputs; the bf16 output rounds by 2^-9); the buffers must match exactly. */
+typedef struct {
+    const char *name;
+    int R, H, dc, dr;
+    int64_t lens[4];
+    int dtype;                /* of the GPU op; bf16: the CPU runs f32 on the same (bf16-rounded) values */
+} decode_case;
+
+static const decode_case decode_cases[] = {
+    {"mla_decode_rows f32 dr 32, lens 0 63 64 300", 4, 3, 80, 32, {0, 63, 64, 300}, TIDE_F32},
+    {"mla_decode_rows f32 dr 0, lens 5 127 1000", 3, 2, 64, 0, {5, 127, 1000}, TIDE_F32},
+    {"mla_decode_rows f64 dr 32, lens 0 200 129", 3, 2, 80, 32, {0, 200, 129}, TIDE_F64},
+    {"mla_decode_rows f64 dr 0, dc 512, lens 2000 7", 2, 4, 512, 0, {2000, 7}, TIDE_F64},
+    {"mla_decode_rows bf16 dr 64, lens 0 64 500", 3, 2, 128, 64, {0, 64, 500}, TIDE_BF16},
+};
+
+/* a CPU tensor of N(0, 1) values (f64 cases: f64, else f32, bf16-rounded for bf16 cases) and its GPU copy in the
+   case's dtype; 0 on success */
+static int decode_pair(int dtype, int ndim, const int64_t *shape, tide_tensor **c, tide_tensor **g)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    *c = *g = NULL;
+    if (!v) return -1;
+    for (int64_t j = 0; j < n; j++) v[j] = normal01();
+    *c = dtype == TIDE_F64 ? tide_from_f64(TIDE_F64, ndim, shape, CPU, v) : kda_input(ndim, shape, v, dtype == TIDE_BF16);
+    free(v);
+    tide_tensor *d = *c ? tide_to_device(*c, GPU) : NULL;
+    *g = (d && dtype == TIDE_BF16) ? tide_to_dtype(d, TIDE_BF16) : d;
+    if (*g != d) tide_tensor_release(d);
+    return *c && *g ? 0 : -1;
+}
+
+static int test_decode_case(const decode_case *dk)
+{
+    enum { QT, QR, CN, KN, NIN };
+    int R = dk->R, has_kr = dk->dr > 0;
+    int64_t H = dk->H, dc = dk->dc, dr = dk->dr;
+    int64_t shp[NIN][3] = {{R, H, dc}, {R, H, dr}, {R, dc, 0}, {R, dr, 0}};
+    int nd[NIN] = {3, 3, 2, 2};
+    tide_tensor *c[NIN] = {0}, *g[NIN] = {0}, *cb_c[4] = {0}, *cb_g[4] = {0}, *kb_c[4] = {0}, *kb_g[4] = {0};
+    tide_tensor *oc = NULL, *og = NULL;
+    char detail[512] = "";
+    int ok = 1;
+    for (int i = 0; ok && i < NIN; i++) {
+        if (!has_kr && (i == QR || i == KN)) continue;
+        ok = !decode_pair(dk->dtype, nd[i], shp[i], &c[i], &g[i]);
+    }
+    for (int r = 0; ok && r < R; r++) {
+        int64_t cap = dk->lens[r] + 4, sc[2] = {cap, dc}, sk[2] = {cap, dr};
+        ok = !decode_pair(dk->dtype, 2, sc, &cb_c[r], &cb_g[r]) && (!has_kr || !decode_pair(dk->dtype, 2, sk, &kb_c[r], &kb_g[r]));
+    }
+    if (!ok) snprintf(detail, sizeof detail, "inputs: %s", tide_last_error());
+    double scale = 1.0 / sqrt((double)(dc + dr));
+    oc = ok ? tide_mla_decode_rows(c[QT], c[QR], c[CN], c[KN], R, cb_c, has_kr ? kb_c : NULL, dk->lens, scale) : NULL;
+    if (ok && !oc) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    ok = ok && oc;
+    og = ok ? tide_mla_decode_rows(g[QT], g[QR], g[CN], g[KN], R, cb_g, has_kr ? kb_g : NULL, dk->lens, scale) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    double tol = dk->dtype == TIDE_F64 ? 1e-10 : dk->dtype == TIDE_BF16 ? 1.0 / 128 : 1e-4;
+    int pass = ok && check_scaled(dk->name, "o", oc, og, tol, detail, sizeof detail);
+    for (int r = 0; ok && r < R; r++) {
+        char what[32];
+        snprintf(what, sizeof what, "c_bufs[%d]", r);
+        pass = check_scaled(dk->name, what, cb_c[r], cb_g[r], 0.0, detail, sizeof detail) && pass;
+        snprintf(what, sizeof what, "kr_bufs[%d]", r);
+        if (has_kr) pass = check_scaled(dk->name, what, kb_c[r], kb_g[r], 0.0, detail, sizeof detail) && pass;
+    }
+    tide_tensor_release(oc);
+    tide_tensor_release(og);
+    for (int i = 0; i < NIN; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(g[i]);
+    }
+    for (int r = 0; r < 4; r++) {
+        tide_tensor_release(cb_c[r]);
+        tide_tensor_release(cb_g[r]);
+        tide_tensor_release(kb_c[r]);
+        tide_tensor_release(kb_g[r]);
+    }
+    return report(dk->name, ok && pass, detail);
+}
+
+static int test_decode(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof decode_cases / sizeof decode_cases[0]; i++)
+        passed = test_decode_case(&decode_cases[i]) && passed;
+    return passed;
+}
+
 /* ---- varlen attention (vision.md §3, §5): q, k, v [T, H, D] of packed images, bidirectional inside each image -----
    All N(0, 1), scale D^-1/2, the loss sum(o ⊙ r). Shapes: MoonViT's head dim 72 (not a multiple of 16) and tiny-vlm's
    16, images of one token, images longer than a 64-key tile, an empty image (a repeated boundary). The CPU runs the
@@ -1589,6 +1686,9 @@ static const op_coverage coverage[] = {
     {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
     {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
+    {"mla_decode_rows", "mla_decode_rows f32 dr 32, lens 0 63 64 300|mla_decode_rows f32 dr 0, lens 5 127 1000|"
+                        "mla_decode_rows f64 dr 32, lens 0 200 129|mla_decode_rows f64 dr 0, dc 512, lens 2000 7|"
+                        "mla_decode_rows bf16 dr 64, lens 0 64 500", NULL},
     {"varlen_attention", "varlen f32 D 72, images 1, 70, 129|varlen f32 D 16, 4 images (one empty)|"
                          "varlen f32 D 64, one image of 300|varlen bf16 D 72, images 1, 70, 129|"
                          "varlen bf16 D 64, 3 images", NULL},
@@ -1615,6 +1715,7 @@ static int case_exists(const char *want, size_t len)
     NAMES_IN(cases, .name, want, len)
     NAMES_IN(kda_cases, .name, want, len)
     NAMES_IN(mla_cases, .name, want, len)
+    NAMES_IN(decode_cases, .name, want, len)
     NAMES_IN(varlen_cases, .name, want, len)
     NAMES_IN(attention_cases, .name, want, len)
     NAMES_IN(attnres_cases, .name, want, len)
@@ -1690,7 +1791,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_varlen,
+                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_decode, test_varlen,
                                   test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
