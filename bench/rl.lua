@@ -156,6 +156,10 @@ local function pause_round(m, tok, cfg, seed)
   local entries = {}
   for _, e in ipairs(paused) do if not e.fresh then entries[#entries + 1] = e end end
   local R = #entries
+  if R == 0 then
+    error(fmt("rl bench: no row was still sampling at the pause budget (%d tokens a row, %d sampled in all): "
+      .. "lower --pause_at or raise --max_new", cfg.pause_at, st.tokens), 0)
+  end
   local prefix_s = wall * sum_n_new(entries) / math.max(st.tokens, 1)
   local r = { rows = R, prefix_tokens = sum_n_new(entries), budget_tokens = st.tokens, budget_wall_s = wall,
     prefix_s = prefix_s, modes = {} }
@@ -483,11 +487,12 @@ local function markdown(rec)
       r.modes.state.resume_s, r.modes.state.ratio)
   end
   L[#L + 1] = ""
-  L[#L + 1] = fmt("\"prefill\" and \"replay\" rebuild each paused row's caches from its whole prefix alone, the "
-    .. "prompt (%s tokens) included, where the sampling prefilled each prompt once and copied its caches to its G rows: "
-    .. "prefill (one chunked forward per row) costs %.2f of the prefix's sampling time and replay (the row's forward "
-    .. "schedule again, bitwise) %.2f; \"state\" (the saved caches, in memory) %.4f.", table.concat(rec.prompt_tokens,
-    " / "), p.ratio.prefill, p.ratio.replay, p.ratio.state)
+  L[#L + 1] = fmt("\"prefill\" and \"replay\" run each paused group's prompt (%s tokens) once and copy its caches "
+    .. "to the group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill in one "
+    .. "chunked forward per row (or per cohort of rows with the prompt and suffix length in common) costs %.2f of the "
+    .. "prefix's sampling time; replay (the rows' forward schedules again, single tokens batched across the resumed "
+    .. "rows, bitwise) %.2f; \"state\" (the saved caches, in memory) %.4f.", table.concat(rec.prompt_tokens, " / "),
+    p.ratio.prefill, p.ratio.replay, p.ratio.state)
   L[#L + 1] = ""
   local v = {}
   for _, r in ipairs(rec.rollouts) do

@@ -326,7 +326,7 @@ T.test("oracle 9: a rollout paused at a token budget and resumed (re-prefill or 
   end
 end)
 
-T.test("resume by one chunked re-prefill: one forward per paused row, the next-token distribution to f32 rounding", function()
+T.test("resume by one chunked re-prefill (rows of a prompt and suffix length batched): greedy continuations == uninterrupted, log-probs to f32 rounding", function()
   local m = model()
   local o = { env = "countdown", prompts = { { seed = 3 } }, G = 2, max_new = 30, seed = 4, temperature = 0,
     budget = 20 }
@@ -346,9 +346,23 @@ T.test("resume by one chunked re-prefill: one forward per paused row, the next-t
     end
   end
   T.ok(worst < 1e-4, "max |logit diff| " .. worst)
-  local _, st = rollout.run(m, tok, { env = "countdown", prompts = {}, G = 2, max_new = 30, seed = 4,
+  local rest, st = rollout.run(m, tok, { env = "countdown", prompts = {}, G = 2, max_new = 30, seed = 4,
     temperature = 0, resume = paused, resume_mode = "prefill" })
-  T.ok(st.forwards >= rows and st.resumed == rows, "resumed " .. st.resumed)
+  T.ok(st.resumed == rows, "resumed " .. st.resumed)
+  T.ok(st.forwards < #paused * 31, "the paused rows' prefixes ran as one chunk each (or per cohort)")
+  -- the greedy continuations equal the uninterrupted run's, their log-probs to f32 rounding (the rows of one
+  -- prompt and suffix length re-prefill as one batch)
+  local full = rollout.run(m, tok, { env = "countdown", prompts = { { seed = 3 } }, G = 2, max_new = 30, seed = 4,
+    temperature = 0 })
+  local by_uid = {}
+  for _, t in ipairs(full) do by_uid[t.uid] = t end
+  local dl = 0
+  for _, t in ipairs(rest) do
+    local f = by_uid[t.uid]
+    T.eq(t.tokens, f.tokens, "uid " .. t.uid .. " tokens")
+    for i = 1, t:len() do dl = math.max(dl, math.abs(t.logp_old[i] - f.logp_old[i])) end
+  end
+  T.ok(dl < 1e-4, "log-probs after a chunked re-prefill differ by " .. dl)
 end)
 
 T.run()

@@ -42,6 +42,8 @@ function rollout.wait(seconds)
   while tide.time() < t_end do coroutine.yield() end
 end
 
+local function link_key(k) return type(k) == "string" and (k:sub(-4) == "_buf" or k == "stack" or k == "stack_i") end
+
 local function copy_cache(c)
   if tide.is_tensor(c) then return c:clone() end
   if type(c) ~= "table" then return c end
@@ -49,11 +51,44 @@ local function copy_cache(c)
   for k, v in pairs(c) do
     -- the MLA append buffers are rebuilt from the filled views on the next append; a KDA row's link to the stack
     -- of its last batched step is dropped (the copy's views are its own)
-    if not (type(k) == "string" and (k:sub(-4) == "_buf" or k == "stack" or k == "stack_i")) then out[k] = copy_cache(v) end
+    if not link_key(k) then out[k] = copy_cache(v) end
   end
   return out
 end
 rollout.copy_cache = copy_cache
+
+-- the caches of B rows at one length as one cache of B rows (tensors stacked on dim 1; buffers and stack links
+-- left out: the next append rebuilds them), and back (each row's views of the stacked tensors)
+local function stack_caches(list)
+  local first, out = list[1], {}
+  for k, v in pairs(first) do
+    if not link_key(k) then
+      if tide.is_tensor(v) then
+        local parts = {}
+        for i, c in ipairs(list) do parts[i] = c[k] end
+        out[k] = tide.F.concat(parts, 1)
+      elseif type(v) == "table" then
+        local parts = {}
+        for i, c in ipairs(list) do parts[i] = c[k] end
+        out[k] = stack_caches(parts)
+      else
+        for _, c in ipairs(list) do
+          if c[k] ~= v then error(fmt("rl.rollout: caches to stack differ in %s (%s, %s)", tostring(k), tostring(v), tostring(c[k])), 0) end
+        end
+        out[k] = v
+      end
+    end
+  end
+  return out
+end
+
+local function split_cache(c, b)
+  if tide.is_tensor(c) then return c:narrow(1, b, 1) end
+  if type(c) ~= "table" then return c end
+  local out = {}
+  for k, v in pairs(c) do if k ~= "stack" and k ~= "stack_i" then out[k] = split_cache(v, b) end end
+  return out
+end
 
 -- the log-softmax value of entry id (0-based) of a list of logits
 local function logp_of(lg, id)
@@ -379,7 +414,9 @@ function rollout.run(model, tok, o)
         if pos < t:len() then
           local ids = {}
           for j = pos + 1, t:len() do ids[#ids + 1] = t.tokens[j] end
-          row_feed(row, ids)
+          -- run with the other resumed rows of its prompt and suffix length (prefill_all)
+          row.prefill_ids, row.prefill_key = ids, fmt("%s|%d", key, #ids)
+          row.schedule[#row.schedule + 1] = #ids
           pos = t:len()
         end
       else
@@ -425,6 +462,41 @@ function rollout.run(model, tok, o)
     for _, row in ipairs(rows) do row.replay, row.replay_k, row.replay_pos = nil, nil, nil end
   end
 
+  -- the "prefill" resumption of the restored rows: the rest of each row's prefix in one chunked forward, rows with
+  -- the same prompt and suffix length as one batch (their caches stacked, then each row's views of them)
+  local function prefill_all(rows)
+    local cohorts, order = {}, {}
+    for _, row in ipairs(rows) do
+      if row.prefill_ids then
+        local k = row.prefill_key
+        if not cohorts[k] then cohorts[k] = {}; order[#order + 1] = k end
+        local c = cohorts[k]
+        c[#c + 1] = row
+      end
+    end
+    for _, k in ipairs(order) do
+      local c = cohorts[k]
+      if #c == 1 then
+        c[1].logits = timed_feed(c[1].cache, c[1].prefill_ids)
+      else
+        local ids, caches = {}, {}
+        for i, row in ipairs(c) do ids[i], caches[i] = row.prefill_ids, row.cache end
+        local batch = stack_caches(caches)
+        local t0 = tide.time()
+        local n = #ids[1]
+        local lg = model:forward(tide.tensor(ids, { dtype = "i32" }), batch):narrow(2, n, 1):tolist()
+        st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
+        local V = #lg / #c
+        for i, row in ipairs(c) do
+          local l, o = {}, (i - 1) * V
+          for v = 1, V do l[v] = lg[o + v] end
+          row.cache, row.logits = split_cache(batch, i), l
+        end
+      end
+      for _, row in ipairs(c) do row.prefill_ids, row.prefill_key = nil, nil end
+    end
+  end
+
   local live, paused = {}, {}
   local was_training = model.training
   model:eval()
@@ -442,6 +514,7 @@ function rollout.run(model, tok, o)
       if not row.done then live[#live + 1] = row end
     end
     replay_all(live)
+    prefill_all(live)
     local pausing = false
     while true do
       if budget and st.tokens >= budget then pausing = true end
