@@ -1,7 +1,11 @@
 // host_data.h — host-side data helpers of the emulator checks that test f32, f64 and bf16 kernels against the cpu
-// kernels (loss.cpp, optim.cpp, vision.cpp): the dtype id and name of a device element type, and vectors of doubles
-// to and from device element vectors. Included after common.cuh (tide_from_f64) and emu_host.h.
+// kernels (loss.cpp, optim.cpp, vision.cpp, mla_decode.cpp): the dtype id and name of a device element type, vectors
+// of doubles to and from device element vectors, and the comparison every check makes. Included after common.cuh
+// (tide_from_f64) and emu_host.h.
 #pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -31,4 +35,23 @@ template <class T> static vd from_dev(const std::vector<T> &x)
         else o[i] = (double)x[i];
     }
     return o;
+}
+
+// the checks' tally and one comparison: max|got − ref| / max|ref| <= tol, sizes equal, every value finite
+static int n_fail = 0, n_pass = 0;
+static void check(const std::string &name, const vd &got, const vd &ref, double tol)
+{
+    double mx = 0, e = 0;
+    int nonfin = 0;
+    for (size_t i = 0; i < ref.size(); i++) mx = std::max(mx, std::fabs(ref[i]));
+    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
+        if (!std::isfinite(got[i]) || !std::isfinite(ref[i])) { nonfin++; continue; }
+        e = std::max(e, std::fabs(got[i] - ref[i]));
+    }
+    double rel = mx > 0 ? e / mx : e;
+    bool ok = nonfin == 0 && rel <= tol && got.size() == ref.size();
+    printf("  %-58s %s max|ref| %.3g  err/max %.2e (tol %.1e)%s\n", name.c_str(), ok ? "ok  " : "FAIL", mx, rel, tol,
+           nonfin ? "  NONFINITE" : "");
+    if (ok) n_pass++;
+    else n_fail++;
 }

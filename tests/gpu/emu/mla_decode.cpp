@@ -22,24 +22,6 @@ static double randn()
 }
 static double bfr(double x) { return (double)__bfloat162float(__float2bfloat16((float)x)); }
 
-static int n_fail = 0, n_pass = 0;
-// max|got − ref| / max|ref| <= tol, every value finite
-static void check(const std::string &name, const vd &got, const vd &ref, double tol)
-{
-    double mx = 0, e = 0;
-    int nonfin = 0;
-    for (size_t i = 0; i < ref.size(); i++) mx = std::max(mx, std::fabs(ref[i]));
-    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
-        if (!std::isfinite(got[i])) { nonfin++; continue; }
-        e = std::max(e, std::fabs(got[i] - ref[i]));
-    }
-    double rel = mx > 0 ? e / mx : e;
-    bool ok = nonfin == 0 && rel <= tol && got.size() == ref.size();
-    printf("  %-58s %s max|ref| %.3g  err/max %.2e (tol %.1e)%s\n", name.c_str(), ok ? "ok  " : "FAIL", mx, rel, tol,
-           nonfin ? "  NONFINITE" : "");
-    if (ok) n_pass++;
-    else n_fail++;
-}
 
 // the cpu reference runs in f32 for bf16 inputs (already rounded to bf16), else in the same dtype
 template <class T> static int cpu_dtype() { return dtype_of<T>() == TIDE_BF16 ? TIDE_F32 : dtype_of<T>(); }

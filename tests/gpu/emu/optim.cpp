@@ -27,23 +27,6 @@ static double randn()
 }
 
 
-static int n_fail = 0, n_pass = 0;
-static void check(const std::string &name, const vd &got, const vd &ref, double tol)
-{
-    double mx = 0, e = 0;
-    int nonfin = 0;
-    for (size_t i = 0; i < ref.size(); i++) mx = std::max(mx, std::fabs(ref[i]));
-    for (size_t i = 0; i < ref.size(); i++) {
-        if (!std::isfinite(got[i])) { nonfin++; continue; }
-        e = std::max(e, std::fabs(got[i] - ref[i]));
-    }
-    double rel = mx > 0 ? e / mx : e;
-    bool ok = nonfin == 0 && rel <= tol;
-    printf("  %-58s %s max|ref| %.3g  err/max %.2e (tol %.1e)%s\n", name.c_str(), ok ? "ok  " : "FAIL", mx, rel, tol,
-           nonfin ? "  NONFINITE" : "");
-    if (ok) n_pass++;
-    else n_fail++;
-}
 static void check_true(const std::string &name, bool ok)
 {
     printf("  %-58s %s\n", name.c_str(), ok ? "ok" : "FAIL");
