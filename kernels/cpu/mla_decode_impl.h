@@ -30,6 +30,16 @@ static inline void DCAT(decode_acc, SFX)(DCAT(dvec8, SFX) *acc, const T *q, cons
     }
 }
 
+/* acc[0..3] += p x[0..31] */
+static inline void DCAT(decode_axpy32, SFX)(DCAT(dvec8, SFX) *acc, T p, const T *x)
+{
+    for (int v = 0; v < 4; v++) {
+        DCAT(dvec8, SFX) xv;
+        memcpy(&xv, x + 8 * v, sizeof xv);
+        acc[v] += p * xv;
+    }
+}
+
 static inline T DCAT(decode_score, SFX)(const T *q1, const T *c, int64_t dc, const T *q2, const T *k, int64_t dr)
 {
     DCAT(dvec8, SFX) acc = {0};
@@ -78,36 +88,17 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             T *o = out + rh * dc, inv = (T)1 / sum;
             for (int64_t j0 = 0; j0 < dc; j0 += 32) {
                 int64_t w = dc - j0 < 32 ? dc - j0 : 32;
-                DCAT(dvec8, SFX) a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                if (w == 32) {
-                    for (int64_t t = 0; t < L; t++) {
-                        const T *ct = c + t * dc + j0;
-                        DCAT(dvec8, SFX) x0, x1, x2, x3;
-                        memcpy(&x0, ct, sizeof x0);
-                        memcpy(&x1, ct + 8, sizeof x1);
-                        memcpy(&x2, ct + 16, sizeof x2);
-                        memcpy(&x3, ct + 24, sizeof x3);
-                        T p = s[t];
-                        a0 += p * x0; a1 += p * x1; a2 += p * x2; a3 += p * x3;
-                    }
-                } else {
+                DCAT(dvec8, SFX) acc[4] = {{0}};
+                if (w == 32)
+                    for (int64_t t = 0; t < L; t++) DCAT(decode_axpy32, SFX)(acc, s[t], c + t * dc + j0);
+                else
                     for (int64_t t = 0; t < L; t++) {
                         T pad[32] = {0};
                         memcpy(pad, c + t * dc + j0, (size_t)w * sizeof(T));
-                        DCAT(dvec8, SFX) x0, x1, x2, x3;
-                        memcpy(&x0, pad, sizeof x0);
-                        memcpy(&x1, pad + 8, sizeof x1);
-                        memcpy(&x2, pad + 16, sizeof x2);
-                        memcpy(&x3, pad + 24, sizeof x3);
-                        T p = s[t];
-                        a0 += p * x0; a1 += p * x1; a2 += p * x2; a3 += p * x3;
+                        DCAT(decode_axpy32, SFX)(acc, s[t], pad);
                     }
-                }
                 T buf[32];
-                memcpy(buf, &a0, sizeof a0);
-                memcpy(buf + 8, &a1, sizeof a1);
-                memcpy(buf + 16, &a2, sizeof a2);
-                memcpy(buf + 24, &a3, sizeof a3);
+                memcpy(buf, acc, sizeof buf);
                 for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv;
             }
         }
