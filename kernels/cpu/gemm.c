@@ -25,58 +25,56 @@ static int g_batch_invariant;
 int tide_cpu_set_batch_invariant(int on) { int prev = g_batch_invariant; g_batch_invariant = on ? 1 : 0; return prev; }
 int tide_cpu_batch_invariant(void) { return g_batch_invariant; }
 
-/* the fixed-order dot products of one row a with four rows b0..b3 (sharing the loads of a): W = 2 vectors of 8
-   floats (of 4 doubles), element k goes to lane k mod W, the last block zero-padded, then one reduction tree.
-   Every output element of a product goes through this one function (a short group repeats its last row), so each
-   is computed by the same instructions whatever M, N or the position of its row. */
+/* the fixed-order dot products of two rows a0, a1 with four rows b0..b3 (each load shared): W = one vector of 8
+   floats (of 4 doubles), element k goes to lane k mod W, the last block zero-padded, then one reduction tree. Every
+   output element of a product goes through this one function (a short group repeats its last row), so each is
+   computed by the same instructions whatever M, N or the position of its row. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v4d __attribute__((vector_size(32)));
 
-#define DEFINE_DOT4(T, V, VL, SUF)                                                                           \
-    static void dot4_##SUF(const T *a, const T *const *b, int64_t K, T *out)                                \
+#define DEFINE_DOT24(T, V, VL, SUF)                                                                          \
+    static inline void step24_##SUF(V acc[2][4], const T *a0, const T *a1, const T *const *b)              \
     {                                                                                                         \
-        enum { W = 2 * VL };                                                                                  \
-        V acc[4][2] = {{{0}}};                                                                                \
+        V x0, x1;                                                                                             \
+        memcpy(&x0, a0, sizeof(V));                                                                           \
+        memcpy(&x1, a1, sizeof(V));                                                                           \
+        for (int j = 0; j < 4; j++) {                                                                         \
+            V y;                                                                                              \
+            memcpy(&y, b[j], sizeof y);                                                                       \
+            acc[0][j] += x0 * y;                                                                              \
+            acc[1][j] += x1 * y;                                                                              \
+        }                                                                                                     \
+    }                                                                                                         \
+    static void dot24_##SUF(const T *a0, const T *a1, const T *const *b, int64_t K, T out[2][4])            \
+    {                                                                                                         \
+        enum { W = VL };                                                                                      \
+        V acc[2][4] = {{{0}}};                                                                                \
         int64_t k = 0;                                                                                        \
         for (; k + W <= K; k += W) {                                                                          \
-            V x0, x1;                                                                                         \
-            memcpy(&x0, a + k, sizeof x0);                                                                    \
-            memcpy(&x1, a + k + VL, sizeof x1);                                                               \
-            for (int j = 0; j < 4; j++) {                                                                     \
-                V y0, y1;                                                                                     \
-                memcpy(&y0, b[j] + k, sizeof y0);                                                             \
-                memcpy(&y1, b[j] + k + VL, sizeof y1);                                                        \
-                acc[j][0] += x0 * y0;                                                                         \
-                acc[j][1] += x1 * y1;                                                                         \
-            }                                                                                                 \
+            const T *bk[4] = {b[0] + k, b[1] + k, b[2] + k, b[3] + k};                                        \
+            step24_##SUF(acc, a0 + k, a1 + k, bk);                                                            \
         }                                                                                                     \
         if (k < K) { /* the last block, zero-padded: the same lanes as a longer K whose tail is zero */       \
-            T pa[W] = {0};                                                                                    \
-            memcpy(pa, a + k, (size_t)(K - k) * sizeof(T));                                                   \
-            V x0, x1;                                                                                         \
-            memcpy(&x0, pa, sizeof x0);                                                                       \
-            memcpy(&x1, pa + VL, sizeof x1);                                                                  \
+            T pa[2][W], pb[4][W];                                                                             \
+            memset(pa, 0, sizeof pa);                                                                         \
+            memset(pb, 0, sizeof pb);                                                                         \
+            memcpy(pa[0], a0 + k, (size_t)(K - k) * sizeof(T));                                               \
+            memcpy(pa[1], a1 + k, (size_t)(K - k) * sizeof(T));                                               \
+            for (int j = 0; j < 4; j++) memcpy(pb[j], b[j] + k, (size_t)(K - k) * sizeof(T));                 \
+            const T *bk[4] = {pb[0], pb[1], pb[2], pb[3]};                                                    \
+            step24_##SUF(acc, pa[0], pa[1], bk);                                                              \
+        }                                                                                                     \
+        for (int i = 0; i < 2; i++)                                                                           \
             for (int j = 0; j < 4; j++) {                                                                     \
-                T pb[W] = {0};                                                                                \
-                memcpy(pb, b[j] + k, (size_t)(K - k) * sizeof(T));                                            \
-                V y0, y1;                                                                                     \
-                memcpy(&y0, pb, sizeof y0);                                                                   \
-                memcpy(&y1, pb + VL, sizeof y1);                                                              \
-                acc[j][0] += x0 * y0;                                                                         \
-                acc[j][1] += x1 * y1;                                                                         \
+                T l[VL];                                                                                      \
+                memcpy(l, &acc[i][j], sizeof l);                                                              \
+                for (int w = VL / 2; w >= 1; w /= 2)                                                          \
+                    for (int q = 0; q < w; q++) l[q] = l[q] + l[q + w];                                       \
+                out[i][j] = l[0];                                                                             \
             }                                                                                                 \
-        }                                                                                                     \
-        for (int j = 0; j < 4; j++) {                                                                         \
-            V s = acc[j][0] + acc[j][1];                                                                      \
-            T l[VL];                                                                                          \
-            memcpy(l, &s, sizeof l);                                                                          \
-            for (int w = VL / 2; w >= 1; w /= 2)                                                              \
-                for (int i = 0; i < w; i++) l[i] = l[i] + l[i + w];                                           \
-            out[j] = l[0];                                                                                    \
-        }                                                                                                     \
     }
-DEFINE_DOT4(float, v8f, 8, f32)
-DEFINE_DOT4(double, v4d, 4, f64)
+DEFINE_DOT24(float, v8f, 8, f32)
+DEFINE_DOT24(double, v4d, 4, f64)
 
 /* rows [n, K] contiguous from a [K, n] matrix with leading dimension ld (a transposed operand), in tiles */
 static void *pack_rows(size_t esz, const void *src, int64_t ld, int64_t K, int64_t n)
@@ -110,27 +108,29 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     const char *a = pa ? pa : A, *b = pb ? pb : B;
     int64_t sa = ta ? K : lda, sb = tb ? ldb : K;
     _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
-    for (int64_t i = 0; i < M; i++)
+    for (int64_t i0 = 0; i0 < M; i0 += 2)
         for (int64_t j0 = 0; j0 < N; j0 += 4) {
-            int n = N - j0 < 4 ? (int)(N - j0) : 4;
+            int m = M - i0 < 2 ? (int)(M - i0) : 2, n = N - j0 < 4 ? (int)(N - j0) : 4;
             if (dtype == TIDE_F32) {
-                const float *rows[4], *ai = (const float *)a + i * sa;
-                float d[4];
+                const float *rows[4], *a0 = (const float *)a + i0 * sa, *a1 = a0 + (m - 1) * sa;
+                float d[2][4];
                 for (int j = 0; j < 4; j++) rows[j] = (const float *)b + (j0 + (j < n ? j : n - 1)) * sb;
-                dot4_f32(ai, rows, K, d);
-                for (int j = 0; j < n; j++) {
-                    float *c = (float *)C + i * ldc + j0 + j, v = (float)alpha * d[j];
-                    *c = beta == 0.0 ? v : v + (float)beta * *c;
-                }
+                dot24_f32(a0, a1, rows, K, d);
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        float *c = (float *)C + (i0 + i) * ldc + j0 + j, v = (float)alpha * d[i][j];
+                        *c = beta == 0.0 ? v : v + (float)beta * *c;
+                    }
             } else {
-                const double *rows[4], *ai = (const double *)a + i * sa;
-                double d[4];
+                const double *rows[4], *a0 = (const double *)a + i0 * sa, *a1 = a0 + (m - 1) * sa;
+                double d[2][4];
                 for (int j = 0; j < 4; j++) rows[j] = (const double *)b + (j0 + (j < n ? j : n - 1)) * sb;
-                dot4_f64(ai, rows, K, d);
-                for (int j = 0; j < n; j++) {
-                    double *c = (double *)C + i * ldc + j0 + j, v = alpha * d[j];
-                    *c = beta == 0.0 ? v : v + beta * *c;
-                }
+                dot24_f64(a0, a1, rows, K, d);
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double *c = (double *)C + (i0 + i) * ldc + j0 + j, v = alpha * d[i][j];
+                        *c = beta == 0.0 ? v : v + beta * *c;
+                    }
             }
         }
     free(pa); free(pb);
