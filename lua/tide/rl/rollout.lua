@@ -99,6 +99,29 @@ local function logp_of(lg, id)
   return lg[id + 1] - m - log(s)
 end
 
+-- sample from the whole distribution at temperature 1 (no top-k / top-p) -> id, its log-prob: the same id as
+-- generate.sample and the same log-prob as logp_of, from one exp per entry instead of three
+local scratch = {}
+local function sample_t1(lg, u)
+  local V, m = #lg, -math.huge
+  for i = 1, V do if lg[i] > m then m = lg[i] end end
+  local total = 0
+  for i = 1, V do
+    local p = exp(lg[i] - m)
+    scratch[i] = p
+    total = total + p
+  end
+  local target, acc, last, id = u * total, 0, 1, nil
+  for i = 1, V do
+    local p = scratch[i]
+    acc = acc + p
+    if p > 0 then last = i end
+    if target < acc then id = i break end
+  end
+  id = id or last
+  return id - 1, lg[id] - m - log(total)
+end
+
 -- forward ids (a Lua list) through the caches -> the last position's logits (a Lua list)
 local function feed(model, cache, ids)
   local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache)
@@ -138,6 +161,7 @@ function rollout.run(model, tok, o)
   local seed = o.seed == nil and 0 or options.seed(o.seed, "seed", who)
   local version = o.policy_version or 0
   local sample_opts = { temperature = o.temperature == nil and 1 or o.temperature, top_k = o.top_k, top_p = o.top_p }
+  local plain_t1 = sample_opts.temperature == 1 and (not o.top_k or o.top_k <= 0) and (not o.top_p or o.top_p >= 1)
   local check_rep = o.repetition ~= false
   local mk = markup.new(tok)
   local sp = mk.sp
@@ -337,8 +361,14 @@ function rollout.run(model, tok, o)
     local t = row.traj
     C.tide_philox_uniform(row.seed, ffi.cast("uint64_t", row.uid) * 1048576 + row.draws, u, 1)
     row.draws = row.draws + 1
-    local id = generate.sample(row.logits, sample_opts, u[0])
-    t:push(id, ROLE.assistant, 1, logp_of(row.logits, id), version, row.turn)
+    local id, logp
+    if plain_t1 then
+      id, logp = sample_t1(row.logits, u[0])
+    else
+      id = generate.sample(row.logits, sample_opts, u[0])
+      logp = logp_of(row.logits, id)
+    end
+    t:push(id, ROLE.assistant, 1, logp, version, row.turn)
     row.n_new = row.n_new + 1
     st.tokens = st.tokens + 1
     if id == sp.call_end then
