@@ -40,14 +40,22 @@ static inline void DCAT(decode_axpy32, SFX)(DCAT(dvec8, SFX) *acc, T p, const T 
     }
 }
 
-static inline T DCAT(decode_score, SFX)(const T *q1, const T *c, int64_t dc, const T *q2, const T *k, int64_t dr)
+/* the scores of tokens t0 .. t0 + n - 1 (n <= 8): each token's 8 lanes, then the same tree for every token (a
+   loop over the tokens, so the tree runs across them at once) */
+static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int64_t dc, const T *q2, const T *k,
+                                             int64_t dr, int64_t t0, int n)
 {
-    DCAT(dvec8, SFX) acc = {0};
-    DCAT(decode_acc, SFX)(&acc, q1, c, dc);
-    if (dr) DCAT(decode_acc, SFX)(&acc, q2, k, dr);
-    T l[8];
-    memcpy(l, &acc, sizeof l);
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    T l[8][8];
+    for (int i = 0; i < n; i++) {
+        DCAT(dvec8, SFX) acc = {0};
+        DCAT(decode_acc, SFX)(&acc, q1, c + (t0 + i) * dc, dc);
+        if (dr) DCAT(decode_acc, SFX)(&acc, q2, k + (t0 + i) * dr, dr);
+        memcpy(l[i], &acc, sizeof l[i]);
+    }
+    for (int i = n; i < 8; i++) memset(l[i], 0, sizeof l[i]);
+    T r[8];
+    for (int i = 0; i < 8; i++) r[i] = ((l[i][0] + l[i][4]) + (l[i][2] + l[i][6])) + ((l[i][1] + l[i][5]) + (l[i][3] + l[i][7]));
+    memcpy(s + t0, r, (size_t)n * sizeof(T));
 }
 
 static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_new, const T *kr_new, void *const *c_bufs,
@@ -72,7 +80,8 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             int64_t r = rh / H, L = lens[r] + 1;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
             const T *q1 = qt + rh * dc, *q2 = dr ? qr + rh * dr : NULL;
-            for (int64_t t = 0; t < L; t++) s[t] = DCAT(decode_score, SFX)(q1, c + t * dc, dc, q2, dr ? kr + t * dr : NULL, dr);
+            for (int64_t t = 0; t < L; t += 8)
+                DCAT(decode_scores8, SFX)(s, q1, c, dc, q2, kr, dr, t, L - t < 8 ? (int)(L - t) : 8);
             T m = -INFINITY;
             for (int64_t t = 0; t < L; t++) m = s[t] > m ? s[t] : m;
             /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
