@@ -130,7 +130,7 @@ end)
 ---------------------------------------------------------------------------------------------------
 -- kv_search and grid (oracle 7)
 
-T.test("kv_search: the oracle policy gets exactly 1.0, swapped answers 0; extra calls cost 0.02 each", function()
+T.test("kv_search: the oracle policy gets exactly 1.0, swapped answers 0; extra calls cost 0.02 each, malformed ones too", function()
   for seed = 0, 199 do
     local env = rl.env("kv_search")
     local obs = env:reset(seed)
@@ -157,6 +157,13 @@ T.test("kv_search: the oracle policy gets exactly 1.0, swapped answers 0; extra 
   T.ok(not costs[6].invalid and costs[7].invalid, "at most 2Q + 2 = 6 calls")
   T.eq(costs[1].result, "none")
   T.eq(env:step { text = "no tag" }.terminal, 0)
+  -- a malformed call or one to an unknown tool is a call too: it costs beyond Q like a search (not free)
+  env:reset(5)
+  local m1 = env:step { call = { malformed = "expected NAME: ARGS", text = "" } }
+  local m2 = env:step { call = { name = "lookup", args = "x" } }
+  local m3 = env:step { call = { malformed = "expected NAME: ARGS", text = "zz" } }
+  T.eq({ m1.reward, m2.reward, m3.reward }, { 0, 0, -0.02 })
+  T.ok(m1.invalid and m2.invalid and m3.result:find("error: ", 1, true), "errors, marked invalid")
   -- distractors: absent keys whose answer is none
   local d = rl.env("kv_search", { pairs = 8, queries = 3, distractors = 1 })
   d:reset(11)

@@ -198,6 +198,7 @@ T.test("bad input is recorded and counted, and the run goes on", function()
       end,
       step = function(self, a)
         if a.call then
+          self.saw_malformed = self.saw_malformed or a.call.malformed
           if kind == "raise" then error("tool exploded") end
           if kind == "number" then return { result = 42 } end
           if kind == "slow" then rollout.wait(10) end
@@ -208,13 +209,15 @@ T.test("bad input is recorded and counted, and the run goes on", function()
       end,
     }
   end
-  local results = {}
+  local results, envs = {}, {}
   for _, kind in ipairs { "raise", "number", "slow", "nan", "malformed", "reset", "ok" } do
     local call = kind == "malformed" and "no colon" or "t: 1"
     local w = scripted(m, script_for({ { special = "<|tool_call_begin|>" }, call, { special = "<|tool_call_end|>" },
       "done", { special = "<|im_end|>" } }))
-    local trajs, st = rollout.run(w, tok, { env = env_for(kind), prompts = { { seed = 0 } }, temperature = 0,
-      tool_timeout = 0.2 })
+    local env = env_for(kind)
+    envs[kind] = env
+    local trajs, st = rollout.run(w, tok, { env = function() return env end, prompts = { { seed = 0 } },
+      temperature = 0, tool_timeout = 0.2 })
     results[kind] = { t = trajs[1], st = st }
   end
   local function has(kind, text)
@@ -233,6 +236,7 @@ T.test("bad input is recorded and counted, and the run goes on", function()
   T.eq(results.slow.st.tool_timeouts, 1)
   T.eq(results.nan.st.nonfinite_rewards, 2)
   T.eq(results.malformed.st.malformed_calls, 1)
+  T.ok(envs.malformed.saw_malformed, "the environment saw the malformed call (its process cost counts it)")
   T.eq(results.reset.st.env_errors, 1)
   T.eq(#results.ok.t.errors, 0)
   -- the rows that went wrong still finished their sample and carry a finite reward

@@ -92,11 +92,16 @@ end
 function Env:step(action)
   if action.call then
     local c = action.call
-    if c.name ~= "search" then
-      return { result = fmt("error: unknown tool '%s'", tostring(c.name)), reward = 0, done = false, invalid = true }
-    end
+    -- every call counts toward the process cost, a malformed one or one to an unknown tool included (else such
+    -- calls are free, and a policy learns to make them instead of searching)
     self.calls = self.calls + 1
     local cost = self.calls > self.cfg.queries and -self.cost or 0
+    if c.malformed then
+      return { result = "error: " .. tostring(c.malformed), reward = cost, done = false, invalid = true }
+    end
+    if c.name ~= "search" then
+      return { result = fmt("error: unknown tool '%s'", tostring(c.name)), reward = cost, done = false, invalid = true }
+    end
     if self.calls > self.max_calls then
       return { result = fmt("error: at most %d search calls", self.max_calls), reward = cost, done = false, invalid = true }
     end

@@ -318,7 +318,16 @@ function rollout.run(model, tok, o)
     if not name then
       st.malformed_calls = st.malformed_calls + 1
       t.errors[#t.errors + 1] = why
-      deliver(row, true, { result = "error: " .. why, reward = 0 })
+      -- the environment still sees the attempt (a process cost counts every call, rl.md §6): a call without a
+      -- name, {call = {malformed = why, text = text}}; its reward counts, the result is the parser's error
+      local action = { call = { malformed = why, text = text } }
+      row.actions[#row.actions + 1] = action
+      local ok, res = pcall(row.env.step, row.env, action)
+      if not ok then
+        st.env_errors = st.env_errors + 1
+        t.errors[#t.errors + 1] = "env.step raised on a malformed call: " .. tostring(res)
+      end
+      deliver(row, true, { result = "error: " .. why, reward = ok and type(res) == "table" and res.reward or 0 })
       return
     end
     local env = row.env
