@@ -15,7 +15,8 @@
 -- Each row draws from its own Philox stream (seed, row), so a row's tokens do not depend on the others.
 --
 -- What goes wrong is recorded, never raised: an environment that raises, a tool that raises or returns non-text, a
--- malformed call, a non-finite reward — each lands in the trajectory's errors and in the counts of stats.
+-- malformed call, a non-finite reward — each lands in the trajectory's errors and in the counts of stats. A malformed
+-- call still reaches the environment, as {call = {malformed = why, text = text}}: its reward (a process cost) counts.
 -- The policy's log-prob of each sampled token (temperature 1, whatever the sampling temperature) is logp_old.
 local ffi = require "ffi"
 local tide = require "tide"
