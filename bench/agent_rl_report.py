@@ -2,10 +2,12 @@
 """agent_rl report: the learning gate of spec/rl.md oracle 10 from agent_rl runs' metrics.jsonl.
 
   python3 bench/agent_rl_report.py --run grpo=RUN_DIR --run dapo=RUN_DIR [--wall grpo=SECONDS ...]
-      [--md bench/results/agent_rl.md] [--json bench/results/agent_rl.json]
+      [--kv RUN_DIR [--kv-wall SECONDS]] [--md bench/results/agent_rl.md] [--json bench/results/agent_rl.json]
 
 Gate, per objective: the format rate reaches >= 0.9 within 50 iterations, and the mean reward of iterations 31-50
-exceeds that of iterations 1-20. The recipe's config and seed are read from each run's config.json.
+exceeds that of iterations 1-20. kv_search (recipes/agent_kv_search.lua, --kv): the reward rises, read as the mean
+reward of the last quarter of the iterations above that of the first quarter. The recipe's config and seed are read
+from each run's config.json.
 """
 import argparse
 import json
@@ -57,6 +59,27 @@ def gate(rl):
     return g
 
 
+KV_COLS = [("iteration", "iter", "%d"), ("reward_mean", "reward", "%.4f"), ("accuracy", "values right", "%.3f"),
+           ("tool_calls_per_sample", "calls", "%.2f"), ("malformed_calls", "malformed", "%d"),
+           ("truncated_rate", "truncated", "%.2f"), ("response_len", "len", "%.1f"), ("entropy", "entropy", "%.3f")]
+
+
+def kv_gate(rl):
+    n = len(rl)
+    q = max(n // 4, 1)
+    first = [r["reward_mean"] for r in rl[:q]]
+    last = [r["reward_mean"] for r in rl[-q:]]
+    def var(xs):
+        m = mean(xs)
+        return sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else float("nan")
+    g = {"iterations": n, "quarter": q, "reward_mean_first": mean(first), "reward_mean_last": mean(last)}
+    # the rise must clear twice its standard error (iteration means as samples), not just be positive
+    g["rise"] = g["reward_mean_last"] - g["reward_mean_first"]
+    g["rise_se"] = ((var(first) + var(last)) / q) ** 0.5 if q > 1 else float("nan")
+    g["reward_rises"] = n >= 8 and g["rise"] > 2 * g["rise_se"]
+    return g
+
+
 def cell(r, key, f):
     v = r.get(key)
     return "-" if v is None else f % v
@@ -67,6 +90,9 @@ def main():
     ap.add_argument("--run", action="append", default=[], help="OBJECTIVE=RUN_DIR")
     ap.add_argument("--wall", action="append", default=[], help="OBJECTIVE=SECONDS (the whole run, SFT included)")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's notes")
+    ap.add_argument("--kv", help="a recipes/agent_kv_search.lua run directory")
+    ap.add_argument("--kv-wall", type=float, help="its wall time in seconds (SFT included)")
+    ap.add_argument("--kv-note", action="append", default=[], help="a line for the kv_search notes")
     ap.add_argument("--md")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -111,6 +137,29 @@ def main():
     if a.note:
         md += ["## Notes", ""] + ["- " + n for n in a.note] + [""]
         out["notes"] = a.note
+    if a.kv:
+        sft, rl, cfg = load(a.kv)
+        g = kv_gate(rl)
+        g["wall_s"] = a.kv_wall
+        g["sft_final_loss"] = sft[-1]["loss"] if sft else None
+        out["kv_search"] = {"gate": g, "config": cfg, "iterations": [{k: r.get(k) for k, _, _ in KV_COLS} for r in rl]}
+        md += ["## kv_search", "",
+               "Recipe `recipes/agent_kv_search.lua` (multi-turn `search` calls, credit per turn, GRPO). Gate: the "
+               "reward rises: the mean reward of the last quarter of the iterations above the first quarter's by more "
+               "than twice the standard error of that difference (iteration means as samples).", "",
+               "| iterations | SFT final loss | reward, first %d | reward, last %d | rise (2 s.e.) | wall time | gate |" % (g["quarter"], g["quarter"]),
+               "|---:|---:|---:|---:|---:|---|---|",
+               "| %d | %s | %.4f | %.4f | %.4f (%.4f) | %s | %s |" % (g["iterations"], "%.4f" % g["sft_final_loss"] if g["sft_final_loss"] is not None else "-",
+                                                     g["reward_mean_first"], g["reward_mean_last"], g["rise"], 2 * g["rise_se"],
+                                                     "%.0f s" % a.kv_wall if a.kv_wall else "-",
+                                                     "PASS" if g["reward_rises"] else "FAIL"), ""]
+        if a.kv_note:
+            md += ["- " + n for n in a.kv_note] + [""]
+            out["kv_search"]["notes"] = a.kv_note
+        t = ["| " + " | ".join(h for _, h, _ in KV_COLS) + " |", "|" + "---|" * len(KV_COLS)]
+        for r in rl:
+            t.append("| " + " | ".join(cell(r, k, f) for k, _, f in KV_COLS) + " |")
+        md += t + [""]
     md += ["## Per iteration", ""] + tables
     text = "\n".join(md)
     if a.md:
