@@ -28,7 +28,7 @@ static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
 
 static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
 /* the fused SiLU of the forward, in double on both paths: a float SiLU (fastmath.h) rounds differently, and the
-   quickstart's recall at 2K-4K tokens moved with it (98% / 93% -> 84% / 77% at the same seed): the recipe's
+   quickstart's recall at 2K-4K tokens moved with it (93% / 84% -> 84% / 77% at the same seed): the recipe's
    bound sits where rounding decides when recall is learned (recipes/quickstart.lua) */
 static inline float SILU_f32(double a) { return (float)(a * sigm(a)); }
 static inline double SILU_f64(double a) { return a * sigm(a); }
