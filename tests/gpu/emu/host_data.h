@@ -37,6 +37,26 @@ template <class T> static vd from_dev(const std::vector<T> &x)
     return o;
 }
 
+// the cpu kernels' buffers: the reference runs in f32 for bf16 inputs (already rounded to bf16), else in the same
+// dtype
+template <class T> static int cpu_dtype() { return dtype_of<T>() == TIDE_BF16 ? TIDE_F32 : dtype_of<T>(); }
+static std::vector<char> cpu_buf(int dtype, const vd &x)
+{
+    std::vector<char> b(x.size() * (dtype == TIDE_F64 ? 8 : 4));
+    for (size_t i = 0; i < x.size(); i++) {
+        if (dtype == TIDE_F64) ((double *)b.data())[i] = x[i];
+        else ((float *)b.data())[i] = (float)x[i];
+    }
+    return b;
+}
+static vd cpu_vals(int dtype, const std::vector<char> &b)
+{
+    size_t n = b.size() / (dtype == TIDE_F64 ? 8 : 4);
+    vd o(n);
+    for (size_t i = 0; i < n; i++) o[i] = dtype == TIDE_F64 ? ((const double *)b.data())[i] : ((const float *)b.data())[i];
+    return o;
+}
+
 // the checks' tally and one comparison: max|got − ref| / max|ref| <= tol, sizes equal, every value finite
 static int n_fail = 0, n_pass = 0;
 static void check(const std::string &name, const vd &got, const vd &ref, double tol)

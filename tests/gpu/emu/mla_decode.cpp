@@ -23,24 +23,6 @@ static double randn()
 static double bfr(double x) { return (double)__bfloat162float(__float2bfloat16((float)x)); }
 
 
-// the cpu reference runs in f32 for bf16 inputs (already rounded to bf16), else in the same dtype
-template <class T> static int cpu_dtype() { return dtype_of<T>() == TIDE_BF16 ? TIDE_F32 : dtype_of<T>(); }
-static std::vector<char> cpu_buf(int dtype, const vd &x)
-{
-    std::vector<char> b(x.size() * (dtype == TIDE_F64 ? 8 : 4));
-    for (size_t i = 0; i < x.size(); i++) {
-        if (dtype == TIDE_F64) ((double *)b.data())[i] = x[i];
-        else ((float *)b.data())[i] = (float)x[i];
-    }
-    return b;
-}
-static vd cpu_vals(int dtype, const std::vector<char> &b)
-{
-    size_t n = b.size() / (dtype == TIDE_F64 ? 8 : 4);
-    vd o(n);
-    for (size_t i = 0; i < n; i++) o[i] = dtype == TIDE_F64 ? ((const double *)b.data())[i] : ((const float *)b.data())[i];
-    return o;
-}
 
 template <class T> static void decode_case(int64_t H, int64_t dc, int64_t dr, std::vector<int64_t> lens, double tol)
 {
