@@ -287,7 +287,10 @@ local function bench(cfg, tmp, record)
   local function summarise(e, n, extra)
     local rates = {}
     for i = 1, #e.wall do rates[i] = e.tokens[i] / e.wall[i] end
-    local o = { threads = n, tok_per_s = median(rates), wall_s = e.wall, tokens = e.tokens, tool_calls = e.calls }
+    local lo, hi = math.huge, -math.huge
+    for _, x in ipairs(rates) do lo, hi = math.min(lo, x), math.max(hi, x) end
+    local o = { threads = n, tok_per_s = median(rates), tok_per_s_min = lo, tok_per_s_max = hi, wall_s = e.wall,
+      tokens = e.tokens, tool_calls = e.calls }
     for k, v in pairs(extra or {}) do o[k] = v end
     return o
   end
@@ -302,13 +305,18 @@ local function bench(cfg, tmp, record)
     end
     local b = best_of(r.tide.by_threads)
     r.tide.threads, r.tide.tok_per_s, r.tide.forward_share = b.threads, b.tok_per_s, b.forward_share
+    r.tide.tok_per_s_min, r.tide.tok_per_s_max = b.tok_per_s_min, b.tok_per_s_max
     if #torch_threads > 0 then
       r.torch = { by_threads = {} }
       for _, n in ipairs(torch_threads) do r.torch.by_threads[#r.torch.by_threads + 1] = summarise(th[G][n], n,
         { steps = th[G][n].steps }) end
       b = best_of(r.torch.by_threads)
       r.torch.threads, r.torch.tok_per_s = b.threads, b.tok_per_s
+      r.torch.tok_per_s_min, r.torch.tok_per_s_max = b.tok_per_s_min, b.tok_per_s_max
       r.tide_over_torch = r.tide.tok_per_s / r.torch.tok_per_s
+      -- the ratio's range over the rounds: tide's slowest against PyTorch's fastest, and the reverse
+      r.tide_over_torch_min = r.tide.tok_per_s_min / r.torch.tok_per_s_max
+      r.tide_over_torch_max = r.tide.tok_per_s_max / r.torch.tok_per_s_min
     end
     record.rollouts[#record.rollouts + 1] = r
   end
@@ -411,7 +419,7 @@ local function markdown(rec)
     .. "headers fed row by row); PyTorch decodes the G rows of a prompt as one batch (prompts one after another), tool "
     .. "results fed one token per step, ended rows dropped from the batch."
   L[#L + 1] = ""
-  L[#L + 1] = "| G | rows | tide tok/s | torch tok/s | tide / torch | threads tide / torch | tide: forward share of "
+  L[#L + 1] = "| G | rows | tide tok/s, median (min-max) | torch tok/s | tide / torch | threads tide / torch | tide: forward share of "
     .. "the wall | tool calls per round tide / torch | tide tok/s by threads | torch tok/s by threads |"
   L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"
   for _, r in ipairs(rec.rollouts) do
@@ -422,8 +430,11 @@ local function markdown(rec)
       if not side then return "-" end
       for _, e in ipairs(side.by_threads) do if e.threads == side.threads then return table.concat(e.tool_calls, ",") end end
     end
-    L[#L + 1] = fmt("| %d | %d | %.0f | %s | %s | %d / %s | %.0f%% | %s / %s | %s | %s |", r.G, r.rows, r.tide.tok_per_s,
-      num(r.torch and r.torch.tok_per_s, "%.0f"), num(r.tide_over_torch, "%.2fx"), r.tide.threads,
+    local function range(x, lo, hi, f) return x and (fmt(f, x) .. " (" .. fmt(f, lo) .. "-" .. fmt(f, hi) .. ")") or "-" end
+    L[#L + 1] = fmt("| %d | %d | %s | %s | %s | %d / %s | %.0f%% | %s / %s | %s | %s |", r.G, r.rows,
+      range(r.tide.tok_per_s, r.tide.tok_per_s_min, r.tide.tok_per_s_max, "%.0f"),
+      r.torch and range(r.torch.tok_per_s, r.torch.tok_per_s_min, r.torch.tok_per_s_max, "%.0f") or "-",
+      r.torch and range(r.tide_over_torch, r.tide_over_torch_min, r.tide_over_torch_max, "%.2fx") or "-", r.tide.threads,
       num(r.torch and r.torch.threads, "%d"), 100 * r.tide.forward_share, calls(r.tide), calls(r.torch),
       table.concat(bt, ", "), #bh > 0 and table.concat(bh, ", ") or "-")
   end
