@@ -292,7 +292,9 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
    c_new[r] ([R, 1, dc] or [R, dc]; k_r: kr_new [R, 1, dr]) is written at position lens[r] of its buffers c_bufs[r]
    ([1, cap, dc] or [cap, dc], contiguous, cap > lens[r]; kr_bufs[r] likewise, both NULL when dr = 0), then its
    queries qt [R, H, dc], qr [R, H, dr] attend over the lens[r] + 1 cached tokens -> out [R, H, dc]. A row's
-   result depends on its own inputs alone, in a fixed order, whatever R or the other rows' lengths. */
+   result depends on its own inputs alone, in a fixed order, whatever R or the other rows' lengths. c_new and
+   kr_new NULL: the buffers hold each row's new token at lens[r] already (nothing is written; rows may then share
+   a buffer: the T queries of one sequence, the exact prefill of the decode path). */
 tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor *c_new, tide_tensor *kr_new, int R,
                                   tide_tensor **c_bufs, tide_tensor **kr_bufs, const int64_t *lens, double scale);
 

@@ -240,7 +240,8 @@ typedef struct tide_backend {
     /* one absorbed MLA decoding step of R rows over their own latent caches (spec/mla.md §6), no gradient. c_bufs,
        kr_bufs: HOST arrays of R device pointers, row r's latent buffer [cap_r, dc] and rope-key buffer [cap_r, dr]
        (kr_bufs NULL when dr = 0); lens: HOST int64 [R], the tokens each row has cached. Row r's new latent
-       c_new[r] [dc] (k_r: kr_new[r] [dr]) is written at position lens[r] of its buffers, then its queries qt[r]
+       c_new[r] [dc] (k_r: kr_new[r] [dr]) is written at position lens[r] of its buffers (c_new and kr_new NULL:
+       the buffers hold it already, and several rows may share one buffer), then its queries qt[r]
        [H, dc], qr[r] [H, dr] attend over the lens[r] + 1 cached tokens: out[r, h] = Σ_t p_t c_t with
        p = softmax_t(scale (qt·c_t + qr·kr_t)), every row and head in an order fixed by its own length alone. */
     int (*mla_decode_rows)(int dtype, void *out, const void *qt, const void *qr, const void *c_new, const void *kr_new,

@@ -104,17 +104,18 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
 
 /* ---- one decoding step of R rows over their own latent caches (no gradient) ------------------------------------ */
 
-/* inputs: qt, qr (or c_new again when dr = 0), c_new, kr_new (or c_new), then the R latent buffers, then the R
-   rope-key buffers (only with dr > 0); list: the R cached lengths */
+/* inputs: qt, qr (or qt again when dr = 0), c_new (or qt again when appended), kr_new (or c_new), then the R
+   latent buffers, then the R rope-key buffers (only with dr > 0); list: the R cached lengths */
 int tide_mla_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     int64_t R = n->attr.mla_decode_rows.R;
-    int has_kr = n->attr.mla_decode_rows.has_kr;
+    int has_kr = n->attr.mla_decode_rows.has_kr, fresh = !n->attr.mla_decode_rows.appended;
     tide_tensor *qt = tide_contiguous_nograd(in[0]), *qr = qt && has_kr ? tide_contiguous_nograd(in[1]) : NULL;
-    tide_tensor *cn = qt && (qr || !has_kr) ? tide_contiguous_nograd(in[2]) : NULL;
+    tide_tensor *cn = qt && (qr || !has_kr) && fresh ? tide_contiguous_nograd(in[2]) : NULL;
     tide_tensor *kn = cn && has_kr ? tide_contiguous_nograd(in[3]) : NULL;
     void **cb = malloc((size_t)(2 * R) * sizeof *cb);
-    int rc = cn && (kn || !has_kr) && cb ? 0 : tide_set_error("mla_decode_rows: out of memory");
+    int rc = qt && (qr || !has_kr) && (!fresh || (cn && (kn || !has_kr))) && cb
+                 ? 0 : tide_set_error("mla_decode_rows: out of memory");
     tide_tensor *o = NULL;
     if (!rc) {
         for (int64_t r = 0; r < R; r++) {
@@ -126,7 +127,7 @@ int tide_mla_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **o
         rc = o ? 0 : -1;
         if (!rc && o->numel > 0)
             rc = TIDE_DISPATCH(qt->device, mla_decode_rows, "mla_decode_rows", qt->dtype, tide_data(o), tide_data(qt),
-                               qr ? tide_data(qr) : NULL, tide_data(cn), kn ? tide_data(kn) : NULL, cb,
+                               qr ? tide_data(qr) : NULL, cn ? tide_data(cn) : NULL, kn ? tide_data(kn) : NULL, cb,
                                has_kr ? cb + R : NULL, n->attr.list, R, H, dc, dr, n->attr.mla_decode_rows.scale);
     }
     free(cb);
@@ -164,30 +165,39 @@ tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor 
     const char *op = "mla_decode_rows";
     char a[128], b[128];
     TIDE_CHECK(R >= 1 && c_bufs && lens, "mla_decode_rows: needs R >= 1 rows with their buffers and lengths, got R = %d", R);
-    if (tide_check_float(qt, op, "qt") || tide_check_float(c_new, op, "c_new") || tide_check_same_device(qt, c_new, op) ||
-        tide_check_same_dtype(qt, c_new, op)) return NULL;
+    if (tide_check_float(qt, op, "qt")) return NULL;
     TIDE_CHECK(qt->ndim == 3 && qt->shape[0] == R, "mla_decode_rows: qt is %s but must be [R, H, dc] with R = %d",
                SHAPE_STR(qt, a), R);
     int64_t H = qt->shape[1], dc = qt->shape[2];
-    int ok = (c_new->ndim == 3 && c_new->shape[0] == R && c_new->shape[1] == 1 && c_new->shape[2] == dc) ||
+    int appended = c_new == NULL, ok;
+    if (!appended) {
+        if (tide_check_float(c_new, op, "c_new") || tide_check_same_device(qt, c_new, op) ||
+            tide_check_same_dtype(qt, c_new, op)) return NULL;
+        ok = (c_new->ndim == 3 && c_new->shape[0] == R && c_new->shape[1] == 1 && c_new->shape[2] == dc) ||
              (c_new->ndim == 2 && c_new->shape[0] == R && c_new->shape[1] == dc);
-    TIDE_CHECK(ok, "mla_decode_rows: c_new is %s but qt %s needs it [R, 1, dc] = [%d, 1, %lld]", SHAPE_STR(c_new, a),
-               SHAPE_STR(qt, b), R, (long long)dc);
+        TIDE_CHECK(ok, "mla_decode_rows: c_new is %s but qt %s needs it [R, 1, dc] = [%d, 1, %lld]",
+                   SHAPE_STR(c_new, a), SHAPE_STR(qt, b), R, (long long)dc);
+    }
     int64_t dr = 0;
-    TIDE_CHECK((qr == NULL) == (kr_new == NULL) && (qr == NULL) == (kr_bufs == NULL),
-               "mla_decode_rows: qr, kr_new and kr_bufs go together (all given or all NULL)");
+    TIDE_CHECK((qr == NULL) == (kr_bufs == NULL) && (appended ? kr_new == NULL : (qr == NULL) == (kr_new == NULL)),
+               appended ? "mla_decode_rows: without c_new (the buffers hold the new tokens), qr and kr_bufs go together "
+                          "and kr_new must be NULL"
+                        : "mla_decode_rows: qr, kr_new and kr_bufs go together (all given or all NULL)");
     if (qr) {
-        if (tide_check_float(qr, op, "qr") || tide_check_float(kr_new, op, "kr_new") || tide_check_same_device(qt, qr, op) ||
-            tide_check_same_device(qt, kr_new, op) || tide_check_same_dtype(qt, qr, op) || tide_check_same_dtype(qt, kr_new, op))
+        if (tide_check_float(qr, op, "qr") || tide_check_same_device(qt, qr, op) || tide_check_same_dtype(qt, qr, op))
             return NULL;
         TIDE_CHECK(qr->ndim == 3 && qr->shape[0] == R && qr->shape[1] == H && qr->shape[2] >= 1,
                    "mla_decode_rows: qr is %s but qt %s needs it [R, H, dr] = [%d, %lld, dr]", SHAPE_STR(qr, a),
                    SHAPE_STR(qt, b), R, (long long)H);
         dr = qr->shape[2];
-        ok = (kr_new->ndim == 3 && kr_new->shape[0] == R && kr_new->shape[1] == 1 && kr_new->shape[2] == dr) ||
-             (kr_new->ndim == 2 && kr_new->shape[0] == R && kr_new->shape[1] == dr);
-        TIDE_CHECK(ok, "mla_decode_rows: kr_new is %s but must be [R, 1, dr] = [%d, 1, %lld]", SHAPE_STR(kr_new, a), R,
-                   (long long)dr);
+        if (!appended) {
+            if (tide_check_float(kr_new, op, "kr_new") || tide_check_same_device(qt, kr_new, op) ||
+                tide_check_same_dtype(qt, kr_new, op)) return NULL;
+            ok = (kr_new->ndim == 3 && kr_new->shape[0] == R && kr_new->shape[1] == 1 && kr_new->shape[2] == dr) ||
+                 (kr_new->ndim == 2 && kr_new->shape[0] == R && kr_new->shape[1] == dr);
+            TIDE_CHECK(ok, "mla_decode_rows: kr_new is %s but must be [R, 1, dr] = [%d, 1, %lld]", SHAPE_STR(kr_new, a),
+                       R, (long long)dr);
+        }
     }
     TIDE_CHECK(isfinite(scale) && scale > 0, "mla_decode_rows: scale must be positive and finite, got %g", scale);
     for (int r = 0; r < R; r++) {
@@ -200,9 +210,9 @@ tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor 
     at.list = malloc((size_t)R * sizeof *at.list);
     if (!in || !at.list) { free(in); free(at.list); TIDE_CHECK(0, "mla_decode_rows: out of memory for %d rows", R); }
     in[0] = qt;
-    in[1] = qr ? qr : c_new;
-    in[2] = c_new;
-    in[3] = kr_new ? kr_new : c_new;
+    in[1] = qr ? qr : qt;
+    in[2] = c_new ? c_new : qt;
+    in[3] = kr_new ? kr_new : in[2];
     for (int r = 0; r < R; r++) {
         in[4 + r] = c_bufs[r];
         if (qr) in[4 + R + r] = kr_bufs[r];
@@ -211,6 +221,7 @@ tide_tensor *tide_mla_decode_rows(tide_tensor *qt, tide_tensor *qr, tide_tensor 
     at.n_list = R;
     at.mla_decode_rows.R = R;
     at.mla_decode_rows.has_kr = qr != NULL;
+    at.mla_decode_rows.appended = appended;
     at.mla_decode_rows.scale = scale;
     tide_tensor *y = tide_op_run1(TIDE_OP_MLA_DECODE_ROWS, n_in, in, &at);
     free(in);

@@ -64,9 +64,12 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
 {
     int64_t Lmax = 0;
     for (int64_t r = 0; r < R; r++) {
-        /* the new token first: every head of the row then reads its latents from the buffers alone */
-        memcpy((T *)c_bufs[r] + lens[r] * dc, c_new + r * dc, (size_t)dc * sizeof(T));
-        if (dr) memcpy((T *)kr_bufs[r] + lens[r] * dr, kr_new + r * dr, (size_t)dr * sizeof(T));
+        /* the new token first (c_new NULL: the buffers hold it already): every head of the row then reads its
+           latents from the buffers alone */
+        if (c_new) {
+            memcpy((T *)c_bufs[r] + lens[r] * dc, c_new + r * dc, (size_t)dc * sizeof(T));
+            if (dr) memcpy((T *)kr_bufs[r] + lens[r] * dr, kr_new + r * dr, (size_t)dr * sizeof(T));
+        }
         if (lens[r] + 1 > Lmax) Lmax = lens[r] + 1;
     }
     int bad = 0;

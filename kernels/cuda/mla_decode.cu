@@ -114,8 +114,10 @@ static int dec_typed(void *out, const void *qt, const void *qr, const void *c_ne
                      const dec_rows &rows, int64_t R, int64_t H, int64_t dc, int64_t dr, double scale, cudaStream_t s)
 {
     typedef TIDE_ACC(T) A;
-    dec_append_kernel<T><<<(unsigned)R, DEC_APPEND_NT, 0, s>>>(rows, (const T *)c_new, (const T *)kr_new, dc, dr);
-    TIDE_CU_LAUNCH("mla_decode_rows append kernel");
+    if (c_new) {   /* NULL: the buffers hold the new tokens already */
+        dec_append_kernel<T><<<(unsigned)R, DEC_APPEND_NT, 0, s>>>(rows, (const T *)c_new, (const T *)kr_new, dc, dr);
+        TIDE_CU_LAUNCH("mla_decode_rows append kernel");
+    }
     size_t bytes = dec_smem_bytes(dc, dr, sizeof(A));
     dec_attend_kernel<T><<<(unsigned)(R * H), DEC_NT, bytes, s>>>((T *)out, (const T *)qt, (const T *)qr, rows, H, dc,
                                                                    dr, (A)scale);
@@ -134,7 +136,7 @@ int tide_cuda_mla_decode_rows(int dtype, void *out, const void *qt, const void *
     if (R < 1 || H < 1 || dc < 1 || dr < 0 || R > INT_MAX || R * H > INT_MAX)
         return tide_set_error("%s: bad sizes R %lld H %lld dc %lld dr %lld (R, H, dc >= 1, dr >= 0, R·H <= %d)", what,
                               (long long)R, (long long)H, (long long)dc, (long long)dr, INT_MAX);
-    if (!c_bufs || !lens || (dr > 0 && (!kr_bufs || !qr || !kr_new)))
+    if (!c_bufs || !lens || (dr > 0 && (!kr_bufs || !qr || (c_new && !kr_new))))
         return tide_set_error("%s: c_bufs or lens is NULL, or dr = %lld without qr, kr_new and kr_bufs", what,
                               (long long)dr);
     for (int64_t r = 0; r < R; r++)

@@ -18,4 +18,8 @@ defaults.kda = {
 -- SiTU-GLU caps (spec/moe.md §6): φ_g(g) = k_gate·tanh(g/k_gate)·σ(g), φ_u(u) = k_lin·tanh(u/k_lin)
 defaults.situ = { k_gate = 4, k_lin = 25 }
 
+-- partial rollouts (spec/rl.md §5): how a paused sample resumes ("prefill": one exact forward over its prefix,
+-- bit-identical to an uninterrupted run; "replay": its forward calls again; "state": its saved caches)
+defaults.rl = { resume_mode = "prefill" }
+
 return defaults

@@ -433,6 +433,8 @@ end
 -- kr_new[r]) is written at 0-based position lens[r] of its buffers c_bufs[r], kr_bufs[r] ([1, cap, dc] and
 -- [1, cap, dr], contiguous, cap > lens[r]), then qt[r] [H, dc], qr[r] [H, dr] attend over its lens[r] + 1 tokens.
 -- qr, kr_new and kr_bufs are nil together (no rope slot). A row's result is its own alone, whatever R.
+-- c_new and kr_new nil: the buffers hold each row's new token at lens[r] already (nothing is written, and rows may
+-- share a buffer: the T queries of one sequence over its own latents, the exact prefill of nn.MLA).
 function F.mla_decode_rows(qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, scale)
   local op = "mla_decode_rows"
   if type(c_bufs) ~= "table" or type(lens) ~= "table" or #lens ~= #c_bufs then
@@ -445,7 +447,7 @@ function F.mla_decode_rows(qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, scale)
     if kb then kb[r - 1] = want_tensor(kr_bufs[r], op, "kr_bufs") end
     ln[r - 1] = want_number(lens[r], op, "lens")
   end
-  return check(C.tide_mla_decode_rows(want_tensor(qt, op, "qt"), opt_tensor(qr, op, "qr"), want_tensor(c_new, op, "c_new"),
+  return check(C.tide_mla_decode_rows(want_tensor(qt, op, "qt"), opt_tensor(qr, op, "qr"), opt_tensor(c_new, op, "c_new"),
     opt_tensor(kr_new, op, "kr_new"), R, cb, kb, ln, want_number(scale, op, "scale")))
 end
 

@@ -319,6 +319,54 @@ static void test_decode_rows(int dtype, int64_t dr, const char *what)
     tide_tensor_release(qt); tide_tensor_release(cn); tide_tensor_release(qr); tide_tensor_release(kn); tide_tensor_release(o);
 }
 
+/* the appended form (c_new NULL): T queries of one sequence share its buffer, which holds their latents already;
+   query t attends over the first L0 + t + 1 tokens, bitwise what T one-token steps with fresh appends give */
+static void test_decode_rows_appended(int dtype, int64_t dr, const char *what)
+{
+    enum { T = 5, H = 2, DC = 40, L0 = 6, CAP = 16 };
+    tide_tensor *qt = randn(dtype, 3, (int64_t[]){T, H, DC}), *qr = dr ? randn(dtype, 3, (int64_t[]){T, H, dr}) : NULL;
+    tide_tensor *buf = randn(dtype, 3, (int64_t[]){1, CAP, DC}), *kbuf = dr ? randn(dtype, 3, (int64_t[]){1, CAP, dr}) : NULL;
+    tide_tensor *step_c = clone(buf), *step_k = dr ? clone(kbuf) : NULL;
+    double *before = host(buf);
+    tide_tensor *cb[T], *kb[T];
+    int64_t lens[T];
+    for (int t = 0; t < T; t++) { cb[t] = buf; kb[t] = kbuf; lens[t] = L0 + t; }
+    tide_tensor *o = tide_mla_decode_rows(qt, qr, NULL, NULL, T, cb, dr ? kb : NULL, lens, 0.37);
+    CHECK(o != NULL, "%s: runs (%s)", what, o ? "ok" : tide_last_error());
+    if (!o) return;
+    double *ho = host(o), *after = host(buf);
+    double moved = 0;
+    for (int64_t i = 0; i < CAP * DC; i++) moved = fmax(moved, fabs(after[i] - before[i]));
+    CHECK(moved == 0, "%s: nothing is written (max change %.3g)", what, moved);
+    /* the same tokens as T steps that each append their own latent (taken from the filled buffer) */
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        tide_tensor *q1 = tide_slice(qt, 0, t, t + 1, 1), *r1 = dr ? tide_slice(qr, 0, t, t + 1, 1) : NULL;
+        tide_tensor *cs = tide_slice(buf, 1, L0 + t, L0 + t + 1, 1), *ks = dr ? tide_slice(kbuf, 1, L0 + t, L0 + t + 1, 1) : NULL;
+        tide_tensor *c1 = clone(cs), *k1 = dr ? clone(ks) : NULL;
+        tide_tensor_release(cs); tide_tensor_release(ks);
+        int64_t len = L0 + t;
+        tide_tensor *o1 = tide_mla_decode_rows(q1, r1, c1, k1, 1, &step_c, dr ? &step_k : NULL, &len, 0.37);
+        double *h1 = o1 ? host(o1) : NULL;
+        for (int64_t i = 0; h1 && i < H * DC; i++) same = same && h1[i] == ho[t * H * DC + i];
+        if (!o1) same = 0;
+        free(h1);
+        tide_tensor_release(q1); tide_tensor_release(r1); tide_tensor_release(c1); tide_tensor_release(k1);
+        tide_tensor_release(o1);
+    }
+    CHECK(same, "%s: the T queries over the shared buffer == T one-token steps, bitwise", what);
+    if (dr) {
+        tide_tensor *kn = randn(dtype, 3, (int64_t[]){T, 1, dr});
+        tide_tensor *bad = tide_mla_decode_rows(qt, qr, NULL, kn, T, cb, kb, lens, 0.37);
+        CHECK(!bad && strstr(tide_last_error(), "kr_new must be NULL"), "%s: kr_new without c_new is named: %s", what,
+              tide_last_error());
+        tide_tensor_release(kn);
+    }
+    free(ho); free(after); free(before);
+    tide_tensor_release(qt); tide_tensor_release(qr); tide_tensor_release(buf); tide_tensor_release(kbuf);
+    tide_tensor_release(step_c); tide_tensor_release(step_k); tide_tensor_release(o);
+}
+
 int main(void)
 {
     tide_manual_seed(11);
@@ -340,6 +388,8 @@ int main(void)
     test_decode_rows(TIDE_F64, 3, "decode_rows f64");
     test_decode_rows(TIDE_F32, 3, "decode_rows f32");
     test_decode_rows(TIDE_F64, 0, "decode_rows f64, no rope slot");
+    test_decode_rows_appended(TIDE_F32, 3, "decode_rows appended f32");
+    test_decode_rows_appended(TIDE_F64, 0, "decode_rows appended f64, no rope slot");
     if (tide_graph_live_nodes() != 0) { printf("FAIL %lld graph nodes leaked\n", (long long)tide_graph_live_nodes()); g_fail++; }
     if (tide_live_tensors() != 0) { printf("FAIL %lld tensors leaked\n", (long long)tide_live_tensors()); g_fail++; }
     printf("\n%d passed, %d failed\n", g_pass, g_fail);

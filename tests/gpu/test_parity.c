@@ -1059,6 +1059,7 @@ typedef struct {
     int R, H, dc, dr;
     int64_t lens[4];
     int dtype;                /* of the GPU op; bf16: the CPU runs f32 on the same (bf16-rounded) values */
+    int appended;             /* c_new NULL: the rows share one buffer that holds their tokens (an exact prefill) */
 } decode_case;
 
 static const decode_case decode_cases[] = {
@@ -1067,6 +1068,8 @@ static const decode_case decode_cases[] = {
     {"mla_decode_rows f64 dr 32, lens 0 200 129", 3, 2, 80, 32, {0, 200, 129}, TIDE_F64},
     {"mla_decode_rows f64 dr 0, dc 512, lens 2000 7", 2, 4, 512, 0, {2000, 7}, TIDE_F64},
     {"mla_decode_rows bf16 dr 64, lens 0 64 500", 3, 2, 128, 64, {0, 64, 500}, TIDE_BF16},
+    {"mla_decode_rows appended f32 dr 16, one buffer, lens 40 41 42 43", 4, 2, 80, 16, {40, 41, 42, 43}, TIDE_F32, 1},
+    {"mla_decode_rows appended f64 dr 0, one buffer, lens 0 1 2", 3, 2, 64, 0, {0, 1, 2}, TIDE_F64, 1},
 };
 
 /* a CPU tensor of N(0, 1) values (f64 cases: f64, else f32, bf16-rounded for bf16 cases) and its GPU copy in the
@@ -1095,28 +1098,35 @@ static int test_decode_case(const decode_case *dk)
     int64_t shp[NIN][3] = {{R, H, dc}, {R, H, dr}, {R, dc, 0}, {R, dr, 0}};
     int nd[NIN] = {3, 3, 2, 2};
     tide_tensor *c[NIN] = {0}, *g[NIN] = {0}, *cb_c[4] = {0}, *cb_g[4] = {0}, *kb_c[4] = {0}, *kb_g[4] = {0};
+    tide_tensor *pc[4] = {0}, *pg[4] = {0}, *qc[4] = {0}, *qg[4] = {0};   /* the row lists passed (shared: row 0's) */
     tide_tensor *oc = NULL, *og = NULL;
     char detail[512] = "";
     int ok = 1;
     for (int i = 0; ok && i < NIN; i++) {
-        if (!has_kr && (i == QR || i == KN)) continue;
+        if ((!has_kr && (i == QR || i == KN)) || (dk->appended && (i == CN || i == KN))) continue;
         ok = !decode_pair(dk->dtype, nd[i], shp[i], &c[i], &g[i]);
     }
-    for (int r = 0; ok && r < R; r++) {
-        int64_t cap = dk->lens[r] + 4, sc[2] = {cap, dc}, sk[2] = {cap, dr};
+    int64_t maxlen = 0;
+    for (int r = 0; r < R; r++) maxlen = dk->lens[r] > maxlen ? dk->lens[r] : maxlen;
+    for (int r = 0; ok && r < (dk->appended ? 1 : R); r++) {
+        int64_t cap = (dk->appended ? maxlen : dk->lens[r]) + 4, sc[2] = {cap, dc}, sk[2] = {cap, dr};
         ok = !decode_pair(dk->dtype, 2, sc, &cb_c[r], &cb_g[r]) && (!has_kr || !decode_pair(dk->dtype, 2, sk, &kb_c[r], &kb_g[r]));
+    }
+    for (int r = 0; r < R; r++) {
+        int b = dk->appended ? 0 : r;
+        pc[r] = cb_c[b]; pg[r] = cb_g[b]; qc[r] = kb_c[b]; qg[r] = kb_g[b];
     }
     if (!ok) snprintf(detail, sizeof detail, "inputs: %s", tide_last_error());
     double scale = 1.0 / sqrt((double)(dc + dr));
-    oc = ok ? tide_mla_decode_rows(c[QT], c[QR], c[CN], c[KN], R, cb_c, has_kr ? kb_c : NULL, dk->lens, scale) : NULL;
+    oc = ok ? tide_mla_decode_rows(c[QT], c[QR], c[CN], c[KN], R, pc, has_kr ? qc : NULL, dk->lens, scale) : NULL;
     if (ok && !oc) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
     ok = ok && oc;
-    og = ok ? tide_mla_decode_rows(g[QT], g[QR], g[CN], g[KN], R, cb_g, has_kr ? kb_g : NULL, dk->lens, scale) : NULL;
+    og = ok ? tide_mla_decode_rows(g[QT], g[QR], g[CN], g[KN], R, pg, has_kr ? qg : NULL, dk->lens, scale) : NULL;
     if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
     ok = ok && og;
     double tol = dk->dtype == TIDE_F64 ? 1e-10 : dk->dtype == TIDE_BF16 ? 1.0 / 128 : 1e-4;
     int pass = ok && check_scaled(dk->name, "o", oc, og, tol, detail, sizeof detail);
-    for (int r = 0; ok && r < R; r++) {
+    for (int r = 0; ok && r < (dk->appended ? 1 : R); r++) {
         char what[32];
         snprintf(what, sizeof what, "c_bufs[%d]", r);
         pass = check_scaled(dk->name, what, cb_c[r], cb_g[r], 0.0, detail, sizeof detail) && pass;
@@ -1688,7 +1698,9 @@ static const op_coverage coverage[] = {
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
     {"mla_decode_rows", "mla_decode_rows f32 dr 32, lens 0 63 64 300|mla_decode_rows f32 dr 0, lens 5 127 1000|"
                         "mla_decode_rows f64 dr 32, lens 0 200 129|mla_decode_rows f64 dr 0, dc 512, lens 2000 7|"
-                        "mla_decode_rows bf16 dr 64, lens 0 64 500", NULL},
+                        "mla_decode_rows bf16 dr 64, lens 0 64 500|"
+                        "mla_decode_rows appended f32 dr 16, one buffer, lens 40 41 42 43|"
+                        "mla_decode_rows appended f64 dr 0, one buffer, lens 0 1 2", NULL},
     {"varlen_attention", "varlen f32 D 72, images 1, 70, 129|varlen f32 D 16, 4 images (one empty)|"
                          "varlen f32 D 64, one image of 300|varlen bf16 D 72, images 1, 70, 129|"
                          "varlen bf16 D 64, 3 images", NULL},

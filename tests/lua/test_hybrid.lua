@@ -220,6 +220,40 @@ T.test("decode_rows: R rows on their own caches (different lengths) == each row'
   end, "decodes without gradients")
 end)
 
+T.test("exact forward: any split of a sequence into calls (prefill, decode steps, chunks) gives the same bits", function()
+  -- f32 with MoE and AttnRes, B = 2 rows, both thread counts; the chunked forward agrees to f32 rounding only
+  local V = 23
+  local m = small({ dtype = "f32", n_layers = 4, mixers = "KMKM", moe = { n_experts = 4, top_k = 2, expert_dim = 8 } })
+  m:eval()
+  local threads = tide.num_threads()
+  local x = ids(2, 19, V)
+  tide.no_grad(function()
+    for _, nt in ipairs({ 1, 2 }) do
+      tide.set_num_threads(nt)
+      local whole = m:forward(x, m:new_cache(), { exact = true })
+      for _, split in ipairs({ { 19 }, { 1, 18 }, { 7, 1, 1, 1, 9 }, { 5, 5, 5, 4 } }) do
+        local c, pos, parts = m:new_cache(), 0, {}
+        for _, n in ipairs(split) do
+          -- single tokens as plain decode steps, longer parts as exact calls
+          local o = n > 1 and { exact = true } or nil
+          parts[#parts + 1] = m:forward(x:narrow(2, pos + 1, n), c, o)
+          pos = pos + n
+        end
+        T.eq(tide.F.concat(parts, 2):tolist(), whole:tolist(), "split " .. table.concat(split, "+") .. " bitwise")
+      end
+      local chunked = m:forward(x)
+      local d = (chunked - whole):abs():max():item()
+      T.ok(d > 0 and d < 1e-4, "chunked vs exact " .. d)
+    end
+  end)
+  tide.set_num_threads(threads)
+  T.eq(tide.C.tide_batch_invariant(), 0, "the exact forward restores the mode")
+  T.raises(function() tide.no_grad(function() m:forward(x, nil, { exact = true }) end) end, "exact = true runs on caches")
+  T.raises(function() m:forward(x, m:new_cache(), { exact = true }) end, "exact = true runs without gradients")
+  T.raises(function() tide.no_grad(function() m:forward(x, m:new_cache(), { exact = true, cu_seqlens = { 0, 19, 38 } }) end) end,
+    "one document per row")
+end)
+
 T.test("config errors name the problem", function()
   T.raises(function() nn.HybridLM({ vocab_size = 10, dim = 8, n_layers = 2, mla = { heads = 1, kv_rank = 4, nope_dim = 2 } }) end,
     "needs cfg.kda")

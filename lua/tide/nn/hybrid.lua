@@ -121,11 +121,11 @@ function Layer:mix(xn, cache, opts)
   local a = self.self_attn
   if self.mixer == "kda" then
     local o = { cache = cache, cu_seqlens = opts and opts.cu_seqlens, reset = opts and opts.reset }
-    if cache and xn:size(2) == 1 then o.path = "recurrent" end
+    if cache and (xn:size(2) == 1 or (opts and opts.exact)) then o.path = "recurrent" end
     return a:forward(xn, o)
   end
   if opts and opts.reset then bad("reset applies to KDA caches; an MLA layer's cache cannot restart a row") end
-  return a:forward(xn, { cache = cache, cu_seqlens = opts and opts.cu_seqlens })
+  return a:forward(xn, { cache = cache, cu_seqlens = opts and opts.cu_seqlens, exact = opts and opts.exact })
 end
 
 local Body = M.Module:extend("HybridBody")
@@ -303,6 +303,9 @@ end
 
 -- forward(ids [B, T] int, caches, opts) -> logits [B, T, V]; opts.cu_seqlens packs documents (every layer
 -- masks or resets at the boundaries), opts.reset restarts KDA rows (nn.KDA:forward)
+-- opts.exact (with caches, under no_grad): schedule-invariant: each token's logits and the caches are bitwise
+-- what one-token decode steps give, whatever the split of the sequence into calls (prefill T tokens, then decode
+-- one at a time, then feed a tool result == one call over all of it); slower than the chunked prefill
 -- opts.images = {patches, grids, pad_id}: the batch's packed images (vision.md §3, §7), spliced at the
 -- <|media_pad|> placeholders of ids (pad_id, else model.vision.media_pad)
 function HybridLM:forward(ids, caches, opts)
@@ -314,8 +317,16 @@ function HybridLM:forward(ids, caches, opts)
     o.pad_id = im.pad_id or (self.vision_cfg and self.vision_cfg.media_pad)
     opts = o
   end
-  if caches and ids:size(2) == 1 then
-    -- a decode step: batch-invariant products, so a row's logits do not depend on the rows that share its step
+  local exact = opts and opts.exact
+  if exact then
+    if not caches then bad("forward: exact = true runs on caches (new_cache())") end
+    if tide.grad_enabled() then bad("forward: exact = true runs without gradients (under no_grad)") end
+    if opts.cu_seqlens then bad("forward: exact = true takes one document per row (no cu_seqlens)") end
+  end
+  if caches and (exact or ids:size(2) == 1) then
+    -- a decode step: batch-invariant products, so a row's logits do not depend on the rows that share its step;
+    -- exact: the T tokens with a decode step's arithmetic (KDA's token recurrence, MLA absorbed over the latents),
+    -- so each token's bits do not depend on how a sequence is split into calls
     local prev = C.tide_set_batch_invariant(1)
     local ok, out = pcall(self.logits_of, self, ids, caches, opts)
     C.tide_set_batch_invariant(prev)
@@ -324,6 +335,9 @@ function HybridLM:forward(ids, caches, opts)
   end
   return self:logits_of(ids, caches, opts)
 end
+
+-- forward(ids, caches, {exact = true}) is schedule-invariant (rl.rollout runs every forward so)
+HybridLM.schedule_invariant = true
 
 function HybridLM:logits_of(ids, caches, opts) return self.lm_head:forward(self.model:forward(ids, caches, opts)) end
 

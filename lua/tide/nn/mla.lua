@@ -164,12 +164,13 @@ local function append_latent(cache, c, kr)
   return c, kr
 end
 
-local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true }
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true, exact = true }
 
 -- forward(x [B, T, d], opts) -> [B, T, d]
 --   opts.cu_seqlens: packed documents (a token attends only within its document, mla.md §5); no cache
 --   opts.cache: {c, k_r, pos} or {}: attend over the cached prefix too, then append this call's latents
 --   opts.absorbed: force (true) or forbid (false) the absorbed path; default: absorbed for one token with a cache
+--   opts.exact: with a cache, no gradients: the T tokens as T decoding steps would compute them (MLA:exact_prefill)
 function MLA:forward(x, opts)
   opts = options.check(opts or {}, FORWARD_KEYS, "forward options", WHO)
   if not tide.is_tensor(x) or x:dim() ~= 3 or x:size(3) ~= self.dim then
@@ -181,6 +182,10 @@ function MLA:forward(x, opts)
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
   if cache and cache.rows then return self:forward_rows(x, cache.rows) end
+  if opts.exact then
+    if not cache then bad("forward: exact = true runs on a cache (the decode path's arithmetic)") end
+    return self:exact_prefill(x, cache)
+  end
   if cache and T == 1 and opts.absorbed ~= false and not tide.grad_enabled() then return self:decode(x, cache) end
   local q = self:queries(x)
   local c, kr = self:latent(x)
@@ -247,6 +252,42 @@ function MLA:decode(x, cache, rows)
     cache.pos = (cache.pos or 0) + 1
   end
   return self:output(x, self:unabsorb(ot))
+end
+
+-- exact_prefill(x [B, T, d], cache): the T tokens of each row through the cache with the arithmetic of T decoding
+-- steps (MLA:decode), no gradients: the latents appended, then query t of row b attends absorbed over the row's
+-- first pos + t tokens, the T queries of a row sharing its buffer (F.mla_decode_rows without new tokens). Row b's
+-- outputs and cache are then bitwise what T one-token steps give when the products are batch-invariant, so a
+-- continuation after a prefill of any split equals the one after a prefill of the whole (the rollout's re-prefill).
+function MLA:exact_prefill(x, cache)
+  if tide.grad_enabled() then bad("forward: exact = true runs without gradients (under no_grad)") end
+  local B, T = x:size(1), x:size(2)
+  local H, dc, dr = self.heads, self.kv_rank, self.rope_dim
+  local q = self:queries(x)
+  local c, kr = self:latent(x)
+  local cb, used = reserve(cache, "c", B, T, dc, c)
+  cb:narrow(2, used + 1, T):copy_(c)
+  local kb
+  if kr then
+    kb = reserve(cache, "k_r", B, T, dr, kr)
+    kb:narrow(2, used + 1, T):copy_(kr)
+  end
+  local qt, qr = self:absorb(q:reshape(B * T, 1, H, self.nope_dim + dr))
+  local cbufs, kbufs, lens = {}, kr and {} or nil, {}
+  for b = 1, B do
+    local crow = B == 1 and cb or cb:narrow(1, b, 1)
+    local krow = kb and (B == 1 and kb or kb:narrow(1, b, 1)) or nil
+    for t = 1, T do
+      local r = (b - 1) * T + t
+      cbufs[r], lens[r] = crow, used + t - 1
+      if krow then kbufs[r] = krow end
+    end
+  end
+  local ot = F.mla_decode_rows(qt, qr, nil, nil, cbufs, kbufs, lens, self.scale)
+  cache.c = cb:narrow(2, 1, used + T)
+  if kr then cache.k_r = kb:narrow(2, 1, used + T) end
+  cache.pos = (cache.pos or 0) + T
+  return self:output(x, self:unabsorb(ot):reshape(B, T, H, self.v_dim))
 end
 
 function MLA:forward_rows(x, rows)

@@ -17,6 +17,7 @@
 -- the start of RL (after the warm-up), rebuilt from that checkpoint on resume (its path is in the state).
 local tide = require "tide"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local step = require "tide.step"
 local optim = require "tide.optim"
 local log = require "tide.log"
@@ -173,7 +174,7 @@ local function resolve(cfg)
     prompt_seed = r.prompt_seed == nil and 0 or options.seed(r.prompt_seed, "rl.prompt_seed", WHO),
     tool_timeout = r.tool_timeout,
     budget = r.budget ~= nil and options.pos_int(r.budget, "rl.budget", WHO) or nil,
-    resume_mode = options.one_of(r.resume_mode or "replay", { replay = true, prefill = true, state = true },
+    resume_mode = options.one_of(r.resume_mode or defaults.rl.resume_mode, { replay = true, prefill = true, state = true },
       "rl.resume_mode", WHO),
     stale = options.one_of(r.stale or "include", { include = true, mask = true }, "rl.stale", WHO),
     max_staleness = r.max_staleness == nil and 4 or options.nonneg_int(r.max_staleness, "rl.max_staleness", WHO),

@@ -4,10 +4,13 @@
 --     env = "countdown" | table | function() -> env, env_cfg = {...},
 --     prompts = {{seed = 17, prompt_id = 0}, ...}, G = 8,
 --     max_new = 256, max_turns = 16, temperature = 1, top_k, top_p, seed = 0, policy_version = 0,
---     tool_timeout = 10, slots = 64, budget = nil | tokens, resume = entries, resume_mode = "replay"})
+--     tool_timeout = 10, slots = 64, budget = nil | tokens, resume = entries, resume_mode = "prefill"})
 --
 -- Every (prompt, sample) is a row with its own caches. The prompt is prefilled once per prompt and its caches are
--- copied to the G rows. A row samples until <|tool_call_end|> (the environment runs the call; its result is fed into
+-- copied to the G rows. Every forward is schedule-invariant (the model's `exact` forward, when it has one): a
+-- token's logits are the same bits whether it went in with a prefill, a decoding step or a tool result, so the
+-- continuation after a tool call equals a re-prefill of the whole context, and a paused row re-prefilled in one call
+-- resumes exactly where it stopped. A row samples until <|tool_call_end|> (the environment runs the call; its result is fed into
 -- the caches and sampling resumes: the prefix is never re-run), <|im_end|> (the turn ends: the environment scores it
 -- or answers with an observation) or its budget. Tools run as Lua coroutines: a tool may coroutine.yield() while it
 -- waits (rollout.wait(seconds) does), and the other rows keep decoding; a row whose call takes longer than
@@ -21,6 +24,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local options = require "tide.options"
+local defaults = require "tide.defaults"
 local generate = require "tide.generate"
 local traj_m = require "tide.rl.traj"
 local markup = require "tide.rl.markup"
@@ -123,9 +127,14 @@ local function sample_t1(lg, u)
   return id - 1, lg[id] - m - log(total)
 end
 
+-- the forward options of a rollout: exact (schedule-invariant) where the model has it (nn.HybridLM)
+local EXACT = { exact = true }
+local function forward_opts(model) return model.schedule_invariant and EXACT or nil end
+rollout.forward_opts = forward_opts
+
 -- forward ids (a Lua list) through the caches -> the last position's logits (a Lua list)
 local function feed(model, cache, ids)
-  local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache)
+  local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache, forward_opts(model))
   return logits:narrow(2, #ids, 1):tolist()
 end
 rollout.feed = feed
@@ -152,7 +161,7 @@ function rollout.run(model, tok, o)
     options.fail(who, "prompts must be a non-empty list of {seed = ...}")
   end
   local budget = o.budget ~= nil and options.pos_int(o.budget, "budget", who) or nil
-  local resume_mode = o.resume_mode or "replay"
+  local resume_mode = o.resume_mode or defaults.rl.resume_mode
   options.one_of(resume_mode, { replay = true, prefill = true, state = true }, "resume_mode", who)
   local G = o.G == nil and 1 or options.pos_int(o.G, "G", who)
   local max_new = o.max_new == nil and 256 or options.pos_int(o.max_new, "max_new", who)
@@ -406,10 +415,11 @@ function rollout.run(model, tok, o)
   -- a replay-buffer entry back to a live row: the environment rebuilt by replaying its actions (environments are
   -- deterministic given their seed), then the caches:
   --   "state"    the saved caches (in memory; bit-identical, no compute)
-  --   "replay"   the row's forward schedule replayed on fresh caches: the same calls, so the same bits, at the cost
-  --              of the original forwards (the default, and the path after a checkpoint: caches are not saved)
-  --   "prefill"  the prompt, then one chunked forward over the rest of the prefix: a fraction of that cost, equal
-  --              to f32 rounding (the chunked and token-recurrent KDA paths round differently)
+  --   "prefill"  the prompt, then one forward over the rest of the prefix (the default, and the path after a
+  --              checkpoint: caches are not saved): bit-identical with a schedule-invariant model (nn.HybridLM's
+  --              exact forward), to f32 rounding with others, at a fraction of the original forwards' cost
+  --   "replay"   the row's forward schedule replayed on fresh caches: the same calls, so the same bits with any
+  --              model, at the cost of the original forwards
   -- (replay and prefill run each prompt once and copy its caches to the rows of its group that resume)
   local resumed_prompts = {}
   local function restore(e)
@@ -502,7 +512,7 @@ function rollout.run(model, tok, o)
     for _, row in ipairs(rows) do row.replay, row.replay_k, row.replay_pos = nil, nil, nil end
   end
 
-  -- the "prefill" resumption of the restored rows: the rest of each row's prefix in one chunked forward, rows with
+  -- the "prefill" resumption of the restored rows: the rest of each row's prefix in one forward, rows with
   -- the same prompt and suffix length as one batch (their caches stacked, then each row's views of them)
   local function prefill_all(rows)
     local cohorts, order = {}, {}
@@ -524,7 +534,7 @@ function rollout.run(model, tok, o)
         local batch = stack_caches(caches)
         local t0 = tide.time()
         local n = #ids[1]
-        local lg = model:forward(tide.tensor(ids, { dtype = "i32" }), batch):narrow(2, n, 1):tolist()
+        local lg = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):tolist()
         st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
         local V = #lg / #c
         for i, row in ipairs(c) do

@@ -3,7 +3,7 @@
 // lens[r] of their own buffers, then attend over the lens[r] + 1 tokens. Lengths around the 64-token tile (L = 1,
 // 64, 65, 129), dc not a multiple of 32, dr = 0 and dr > 0. out: f64 within 1e-13 of max|cpu|, f32 1e-6, bf16
 // (inputs rounded to bf16, the cpu in f32) 1/128; the buffers, three spare tokens past each row's end included, must
-// equal the cpu's bitwise. Usage: tests/gpu/emu/run_one.sh mla_decode (EMU_SEED=n reorders threads).
+// equal the cpu's bitwise; the appended form (c_new NULL) writes nothing. Usage: tests/gpu/emu/run_one.sh mla_decode (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
@@ -24,7 +24,8 @@ static double bfr(double x) { return (double)__bfloat162float(__float2bfloat16((
 
 
 
-template <class T> static void decode_case(int64_t H, int64_t dc, int64_t dr, std::vector<int64_t> lens, double tol)
+template <class T>
+static void decode_case(int64_t H, int64_t dc, int64_t dr, std::vector<int64_t> lens, double tol, bool appended = false)
 {
     const bool bf = dtype_of<T>() == TIDE_BF16;
     int64_t R = (int64_t)lens.size();
@@ -40,7 +41,7 @@ template <class T> static void decode_case(int64_t H, int64_t dc, int64_t dr, st
         kb[r] = rnd((lens[r] + 4) * dr);
     }
     std::string what = std::string("mla_decode_rows ") + name_of<T>() + " H " + std::to_string(H) + " dc " +
-                       std::to_string(dc) + " dr " + std::to_string(dr) + " lens";
+                       std::to_string(dc) + " dr " + std::to_string(dr) + (appended ? " appended" : "") + " lens";
     for (int64_t L : lens) what += " " + std::to_string(L);
     std::vector<T> qtd = to_dev<T>(qt), qrd = to_dev<T>(qr), cnd = to_dev<T>(cn), knd = to_dev<T>(kn);
     std::vector<T> od = to_dev<T>(vd(R * H * dc, NAN));
@@ -53,7 +54,8 @@ template <class T> static void decode_case(int64_t H, int64_t dc, int64_t dr, st
         kp[r] = dr ? kbd[r].data() : nullptr;
     }
     if (tide_cuda_mla_decode_rows(dtype_of<T>(), od.data(), qtd.data(),
-                                  dr ? qrd.data() : nullptr, cnd.data(), dr ? knd.data() : nullptr, cp.data(),
+                                  dr ? qrd.data() : nullptr, appended ? nullptr : cnd.data(),
+                                  dr && !appended ? knd.data() : nullptr, cp.data(),
                                   dr ? kp.data() : nullptr, lens.data(), R, H, dc, dr, 1.0 / std::sqrt((double)(dc + dr)))) {
         printf("  %s: failed: %s\n", what.c_str(), err_buf);
         n_fail++;
@@ -69,8 +71,8 @@ template <class T> static void decode_case(int64_t H, int64_t dc, int64_t dr, st
         cp[r] = ccb[r].data();
         kp[r] = dr ? ckb[r].data() : nullptr;
     }
-    if (tide_cpu_backend.mla_decode_rows(cd, co.data(), cqt.data(), dr ? cqr.data() : nullptr, ccn.data(),
-                                         dr ? ckn.data() : nullptr, cp.data(), dr ? kp.data() : nullptr, lens.data(), R,
+    if (tide_cpu_backend.mla_decode_rows(cd, co.data(), cqt.data(), dr ? cqr.data() : nullptr,
+                                         appended ? nullptr : ccn.data(), dr && !appended ? ckn.data() : nullptr, cp.data(), dr ? kp.data() : nullptr, lens.data(), R,
                                          H, dc, dr, 1.0 / std::sqrt((double)(dc + dr)))) {
         printf("  %s: cpu failed\n", what.c_str());
         n_fail++;
@@ -100,6 +102,8 @@ int main()
     decode_case<double>(2, 80, 32, {0, 129, 64}, 1e-13);
     decode_case<double>(1, 520, 0, {70, 1}, 1e-13);
     decode_case<__nv_bfloat16>(2, 128, 64, {0, 64, 100}, 1.0 / 128);
+    decode_case<float>(2, 80, 16, {40, 41, 42}, 1e-6, true);     /* c_new NULL: the buffers hold the tokens */
+    decode_case<double>(2, 64, 0, {0, 65}, 1e-13, true);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
