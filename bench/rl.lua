@@ -12,15 +12,16 @@
 --      reference's log-probs and the TIS recomputation under the sampling weights), update (one stepper:run of GRPO
 --      with the k3 KL and TIS weights: forward, backward, clip, AdamW). PyTorch: its own rollout, then the same two
 --      scorings and the update on a batch of tide's shape (the same row lengths and prompt lengths).
---   3. pause/resume (tide only): rows paused at a token budget (about `pause_at` tokens each), then resumed in each
---      resume_mode ("replay", "prefill", "state"); the resume cost is the resume call's wall time less the one token
---      each resumed row samples before it pauses again (its forward time from the state path's counters); ratio =
---      resume cost / the time the paused rows' prefixes took to sample (the budgeted call's wall time, pro rata of the
---      paused rows' share of its sampled tokens).
+--   3. pause/resume (tide only), at each prefix length of --pause_at: rows paused at a token budget (about
+--      `pause_at` tokens each; max_new at least twice that), then resumed in each resume_mode ("prefill", "replay",
+--      "state"); the resume cost is the resume call's wall time less the one token each resumed row samples before it
+--      pauses again (its forward time from the state path's counters); ratio = resume cost / the time the paused
+--      rows' prefixes took to sample (the budgeted call's wall time, pro rata of the paused rows' share of its
+--      sampled tokens). Both sides include the prompt prefills (once per group), so short prefixes are bounded by them.
 -- Writes <results>/rl.json and <results>/rl.md and prints the table. It reports speed; it asserts nothing timed.
 --
 --   tide run bench/rl.lua [--rounds=2] [--Gs=8,32] [--prompts=2] [--max_new=48] [--tide_threads=1,2]
---                         [--torch_threads=1,2] [--pause_at=24] [--baseline=false] [--results=DIR]
+--                         [--torch_threads=1,2] [--pause_at=24,64] [--baseline=false] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -149,16 +150,17 @@ end
 
 -- one pause/resume round: the budgeted rollout, then each resume mode on its paused rows ("state" last: it takes
 -- over the saved caches)
-local function pause_round(m, tok, cfg, seed)
+local function pause_round(m, tok, cfg, seed, pause_at)
   local G = 8
   local rows = cfg.prompts * G
-  local _, st, paused, wall = run_rollout(m, tok, cfg, G, seed, { budget = rows * cfg.pause_at })
+  local max_new = math.max(cfg.max_new, 2 * pause_at)
+  local _, st, paused, wall = run_rollout(m, tok, cfg, G, seed, { budget = rows * pause_at, max_new = max_new })
   local entries = {}
   for _, e in ipairs(paused) do if not e.fresh then entries[#entries + 1] = e end end
   local R = #entries
   if R == 0 then
     error(fmt("rl bench: no row was still sampling at the pause budget (%d tokens a row, %d sampled in all): "
-      .. "lower --pause_at or raise --max_new", cfg.pause_at, st.tokens), 0)
+      .. "lower --pause_at", pause_at, st.tokens), 0)
   end
   local prefix_s = wall * sum_n_new(entries) / math.max(st.tokens, 1)
   local r = { rows = R, prefix_tokens = sum_n_new(entries), budget_tokens = st.tokens, budget_wall_s = wall,
@@ -166,7 +168,7 @@ local function pause_round(m, tok, cfg, seed)
   local raw = {}
   for _, mode in ipairs({ "replay", "prefill", "state" }) do
     local _, st2, _, w = run_rollout(m, tok, cfg, G, seed, { prompts = {}, resume = entries, resume_mode = mode,
-      budget = 1 })
+      budget = 1, max_new = max_new })
     raw[mode] = { wall = w, forwards = st2.forwards, t_forward = st2.t_forward, resumed = st2.resumed }
   end
   -- the state path's forwards are the one decode per row alone
@@ -379,22 +381,26 @@ local function bench(cfg, tmp, record)
 
   -- 3. pause/resume (tide)
   tide.set_num_threads(tn)
-  local pr = { pause_at = cfg.pause_at, rounds = {} }
-  for round = 1, cfg.rounds do
-    local r = pause_round(m, tok, cfg, 201 + round)
-    pr.rounds[#pr.rounds + 1] = r
-    io.stderr:write(fmt("rl: pause %d: %d rows paused, prefix %d tokens in %.2f s; resume replay %.3f s (%.2f), "
-      .. "prefill %.3f s (%.3f), state %.4f s (%.4f)\n", round, r.rows, r.prefix_tokens, r.prefix_s,
-      r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.prefill.resume_s, r.modes.prefill.ratio,
-      r.modes.state.resume_s, r.modes.state.ratio))
+  local levels = {}
+  for _, pause_at in ipairs(results.numbers(cfg.pause_at)) do
+    local pr = { pause_at = pause_at, max_new = math.max(cfg.max_new, 2 * pause_at), rounds = {} }
+    for round = 1, cfg.rounds do
+      local r = pause_round(m, tok, cfg, 201 + round, pause_at)
+      pr.rounds[#pr.rounds + 1] = r
+      io.stderr:write(fmt("rl: pause at %d, round %d: %d rows paused, prefix %d tokens in %.2f s; resume replay %.3f s "
+        .. "(%.2f), prefill %.3f s (%.3f), state %.4f s (%.4f)\n", pause_at, round, r.rows, r.prefix_tokens, r.prefix_s,
+        r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.prefill.resume_s, r.modes.prefill.ratio,
+        r.modes.state.resume_s, r.modes.state.ratio))
+    end
+    pr.ratio = {}
+    for _, mode in ipairs({ "replay", "prefill", "state" }) do
+      local xs = {}
+      for i, r in ipairs(pr.rounds) do xs[i] = r.modes[mode].ratio end
+      pr.ratio[mode] = median(xs)
+    end
+    levels[#levels + 1] = pr
   end
-  pr.ratio = {}
-  for _, mode in ipairs({ "replay", "prefill", "state" }) do
-    local xs = {}
-    for i, r in ipairs(pr.rounds) do xs[i] = r.modes[mode].ratio end
-    pr.ratio[mode] = median(xs)
-  end
-  record.pause_resume = pr
+  record.pause_resume = { levels = levels }
   tide.set_num_threads(default_threads)
   if torch then torch:close() end
 end
@@ -483,27 +489,29 @@ local function markdown(rec)
     L[#L + 1] = fmt("| %d | %.2f | %.2f | %.1fx | %.2f | %.1fx |", pb.G, 1e3 * pb.b1_step_s, 1e3 * pb.rows_step_s,
       pb.speedup, 1e3 * pb.batched_step_s, pb.speedup_uniform)
   end
-  local p = rec.pause_resume
   L[#L + 1] = ""
-  L[#L + 1] = fmt("Pause/resume (tide, G = 8, %d prompts): rows paused at a budget of about %d tokens each; a resume "
-    .. "mode's cost = the resume call's wall time less the one token each resumed row samples before pausing again; "
-    .. "ratio = that cost / the time the paused rows' prefixes took to sample (the budgeted call's wall time pro rata "
-    .. "of their tokens). Median of %d rounds.", rec.prompts, p.pause_at, #p.rounds)
+  L[#L + 1] = fmt("Pause/resume (tide, G = 8, %d prompts): rows paused at a budget of about `pause_at` tokens each; a "
+    .. "resume mode's cost = the resume call's wall time less the one token each resumed row samples before pausing "
+    .. "again; ratio = that cost / the time the paused rows' prefixes took to sample (the budgeted call's wall time pro "
+    .. "rata of their tokens). Both include the prompts' prefills (%s tokens, once per group). Median of the rounds.",
+    rec.prompts, table.concat(rec.prompt_tokens, " / "))
   L[#L + 1] = ""
-  L[#L + 1] = "| round | rows paused | prefix tokens | prefix s | replay s (ratio) | prefill s (ratio) | state s (ratio) |"
-  L[#L + 1] = "|---:|---:|---:|---:|---|---|---|"
-  for i, r in ipairs(p.rounds) do
-    L[#L + 1] = fmt("| %d | %d | %d | %.3f | %.3f (%.3f) | %.3f (%.3f) | %.4f (%.4f) |", i, r.rows, r.prefix_tokens,
-      r.prefix_s, r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.prefill.resume_s, r.modes.prefill.ratio,
-      r.modes.state.resume_s, r.modes.state.ratio)
+  L[#L + 1] = "| pause_at | max_new | round | rows paused | prefix tokens | prefix s | prefill s (ratio) | replay s (ratio) | state s (ratio) |"
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---|---|---|"
+  for _, p in ipairs(rec.pause_resume.levels) do
+    for i, r in ipairs(p.rounds) do
+      L[#L + 1] = fmt("| %d | %d | %d | %d | %d | %.3f | %.3f (%.3f) | %.3f (%.3f) | %.4f (%.4f) |", p.pause_at, p.max_new,
+        i, r.rows, r.prefix_tokens, r.prefix_s, r.modes.prefill.resume_s, r.modes.prefill.ratio, r.modes.replay.resume_s,
+        r.modes.replay.ratio, r.modes.state.resume_s, r.modes.state.ratio)
+    end
   end
   L[#L + 1] = ""
-  L[#L + 1] = fmt("\"prefill\" and \"replay\" run each paused group's prompt (%s tokens) once and copy its caches "
-    .. "to the group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill in one "
-    .. "chunked forward per row (or per cohort of rows with the prompt and suffix length in common) costs %.2f of the "
-    .. "prefix's sampling time; replay (the rows' forward schedules again, single tokens batched across the resumed "
-    .. "rows, bitwise) %.2f; \"state\" (the saved caches, in memory) %.4f.", table.concat(rec.prompt_tokens, " / "),
-    p.ratio.prefill, p.ratio.replay, p.ratio.state)
+  L[#L + 1] = "\"prefill\" (the default) and \"replay\" run each paused group's prompt once and copy its caches to the "
+    .. "group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill in one exact "
+    .. "forward per row (or per cohort of rows with the prompt and suffix length in common), replay as the rows' "
+    .. "forward schedules again (single tokens batched across the resumed rows); both are bit-identical to an "
+    .. "uninterrupted run. \"state\" restores the saved caches (in memory). A prompt's re-prefill is a fixed cost of "
+    .. "both paths, so the ratio falls as the paused prefix grows."
   L[#L + 1] = ""
   local v = {}
   for _, r in ipairs(rec.rollouts) do
@@ -512,13 +520,15 @@ local function markdown(rec)
       r.torch.tok_per_s) or fmt("G = %d not measured", r.G)
   end
   L[#L + 1] = fmt("Target: rollouts >= %.0fx the PyTorch loop: %s.", TARGET_VS_TORCH, table.concat(v, "; "))
-  local w = {}
-  for _, mode in ipairs({ "state", "prefill", "replay" }) do
-    w[#w + 1] = fmt("%s %s (%.3f)", mode, p.ratio[mode] < TARGET_RESUME and "met" or "missed", p.ratio[mode])
+  for _, p in ipairs(rec.pause_resume.levels) do
+    local w = {}
+    for _, mode in ipairs({ "prefill", "replay", "state" }) do
+      w[#w + 1] = fmt("%s %s (%.3f)", mode, p.ratio[mode] < TARGET_RESUME and "met" or "missed", p.ratio[mode])
+    end
+    L[#L + 1] = ""
+    L[#L + 1] = fmt("Target: a pause/resume costs less than %.0f%% of re-sampling the prefix, pausing at about %d tokens "
+      .. "a row: %s.", 100 * TARGET_RESUME, p.pause_at, table.concat(w, "; "))
   end
-  L[#L + 1] = ""
-  L[#L + 1] = fmt("Target: a pause/resume costs less than %.0f%% of re-sampling the prefix: %s.", 100 * TARGET_RESUME,
-    table.concat(w, "; "))
   return table.concat(L, "\n") .. "\n"
 end
 
@@ -542,7 +552,11 @@ local function run(cfg)
   for _, r in ipairs(record.rollouts) do
     tv[#tv + 1] = { G = r.G, ratio = r.tide_over_torch, met = r.tide_over_torch and r.tide_over_torch >= TARGET_VS_TORCH }
   end
-  for mode, x in pairs(record.pause_resume.ratio) do pv[mode] = { ratio = x, met = x < TARGET_RESUME } end
+  for _, p in ipairs(record.pause_resume.levels) do
+    local lv = {}
+    for mode, x in pairs(p.ratio) do lv[mode] = { ratio = x, met = x < TARGET_RESUME } end
+    pv["pause_at_" .. p.pause_at] = lv
+  end
   record.verdicts = { rollouts_vs_torch = tv, resume_vs_prefix = pv }
   local md = markdown(record)
   io.write(md)
@@ -555,7 +569,7 @@ return {
   Gs = "8,32",                  -- samples per prompt
   prompts = 2,                  -- countdown prompts per rollout
   max_new = 48,                 -- sampled tokens per row at most
-  pause_at = 24,                -- the pause budget: about this many sampled tokens per row
+  pause_at = "24,64",           -- the pause budgets: about this many sampled tokens per row (one measurement each)
   probe_steps = 20,             -- decode steps timed by the batched-forward probe
   tide_threads = "1,2",         -- tide's thread counts tried each round ("" = the engine's default); its fastest counts
   torch_threads = "1,2",        -- PyTorch's thread counts tried each round; its fastest counts

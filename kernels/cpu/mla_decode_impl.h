@@ -40,19 +40,40 @@ static inline void DCAT(decode_axpy32, SFX)(DCAT(dvec8, SFX) *acc, T p, const T 
     }
 }
 
-/* the scores of tokens t0 .. t0 + n - 1 (n <= 8): each token's 8 lanes, then the same tree for every token (a
-   loop over the tokens, so the tree runs across them at once) */
+/* the scores of tokens t0 .. t0 + n - 1 (n <= 8): each token's 8 lanes (decode_acc's order: element i into lane
+   i mod 8 in sequence, the parts one after the other), the 8 tokens' accumulators advanced together block by block
+   so their chains overlap; then the same tree for every token */
 static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int64_t dc, const T *q2, const T *k,
                                              int64_t dr, int64_t t0, int n)
 {
-    T l[8][8];
-    for (int i = 0; i < n; i++) {
-        DCAT(dvec8, SFX) acc = {0};
-        DCAT(decode_acc, SFX)(&acc, q1, c + (t0 + i) * dc, dc);
-        if (dr) DCAT(decode_acc, SFX)(&acc, q2, k + (t0 + i) * dr, dr);
-        memcpy(l[i], &acc, sizeof l[i]);
+    DCAT(dvec8, SFX) acc[8] = {{0}};
+    if (n == 8 && dc % 8 == 0 && dr % 8 == 0) {
+        for (int64_t i = 0; i < dc; i += 8) {
+            DCAT(dvec8, SFX) a;
+            memcpy(&a, q1 + i, sizeof a);
+            for (int j = 0; j < 8; j++) {
+                DCAT(dvec8, SFX) b;
+                memcpy(&b, c + (t0 + j) * dc + i, sizeof b);
+                acc[j] += a * b;
+            }
+        }
+        for (int64_t i = 0; i < dr; i += 8) {
+            DCAT(dvec8, SFX) a;
+            memcpy(&a, q2 + i, sizeof a);
+            for (int j = 0; j < 8; j++) {
+                DCAT(dvec8, SFX) b;
+                memcpy(&b, k + (t0 + j) * dr + i, sizeof b);
+                acc[j] += a * b;
+            }
+        }
+    } else {
+        for (int j = 0; j < n; j++) {
+            DCAT(decode_acc, SFX)(&acc[j], q1, c + (t0 + j) * dc, dc);
+            if (dr) DCAT(decode_acc, SFX)(&acc[j], q2, k + (t0 + j) * dr, dr);
+        }
     }
-    for (int i = n; i < 8; i++) memset(l[i], 0, sizeof l[i]);
+    T l[8][8];
+    memcpy(l, acc, sizeof l);
     T r[8];
     for (int i = 0; i < 8; i++) r[i] = ((l[i][0] + l[i][4]) + (l[i][2] + l[i][6])) + ((l[i][1] + l[i][5]) + (l[i][3] + l[i][7]));
     memcpy(s + t0, r, (size_t)n * sizeof(T));

@@ -482,6 +482,9 @@ function methods.item(t)
   return buf[0]
 end
 
+-- all values in row-major order as an FFI double[n] (0-based) and n: what tolist reads, without a Lua table
+function methods.f64_array(t) return read_f64(t) end
+
 -- all values in row-major order as a flat Lua array
 function methods.tolist(t)
   local buf, n = read_f64(t)

@@ -17,6 +17,12 @@ T.test("creation functions give the requested shape, dtype and values", function
   T.eq(tide.arange(1, 2, 0.25):tolist(), {1, 1.25, 1.5, 1.75})
   T.eq(tide.arange(0, 6, 2, { dtype = "i64" }):dtype(), "i64")
   T.eq(tide.arange(0, 6, 2, { dtype = "i64" }):tolist(), {0, 2, 4})
+  -- f64_array: the values of tolist in an FFI double[n], row-major, any dtype and any view
+  local v = tide.tensor({{1, 2, 3}, {4, 5, 6}}, { dtype = "bf16" }):narrow(2, 2, 2)
+  local a, n = v:f64_array()
+  T.eq(n, 4)
+  T.eq({ a[0], a[1], a[2], a[3] }, v:tolist())
+  T.eq(v:tolist(), {2, 3, 5, 6})
 end)
 
 T.test("tide.tensor from nested, flat and scalar data", function()

@@ -95,6 +95,21 @@ local function split_cache(c, b)
   return out
 end
 
+-- a row's logits: {a = double[] (an FFI array), o = offset, V = V} — the values of one position read straight from
+-- the forward's output, no Lua table per step
+local function logits_at(a, o, V) return { a = a, o = o, V = V } end
+local function logits_of_list(l)
+  local a = ffi.new("double[?]", #l)
+  for i = 1, #l do a[i - 1] = l[i] end
+  return logits_at(a, 0, #l)
+end
+local function logits_list(L)
+  local l, a, o = {}, L.a, L.o
+  for i = 1, L.V do l[i] = a[o + i - 1] end
+  return l
+end
+rollout.logits_list = logits_list
+
 -- the log-softmax value of entry id (0-based) of a list of logits
 local function logp_of(lg, id)
   local m = -math.huge
@@ -106,25 +121,27 @@ end
 
 -- sample from the whole distribution at temperature 1 (no top-k / top-p) -> id, its log-prob: the same id as
 -- generate.sample and the same log-prob as logp_of, from one exp per entry instead of three
-local scratch = {}
-local function sample_t1(lg, u)
-  local V, m = #lg, -math.huge
-  for i = 1, V do if lg[i] > m then m = lg[i] end end
+local scratch = ffi.new("double[?]", 1)
+local scratch_n = 1
+local function sample_t1(L, u)
+  local V, a, o, m = L.V, L.a, L.o, -math.huge
+  if V > scratch_n then scratch, scratch_n = ffi.new("double[?]", V), V end
+  for i = 0, V - 1 do if a[o + i] > m then m = a[o + i] end end
   local total = 0
-  for i = 1, V do
-    local p = exp(lg[i] - m)
+  for i = 0, V - 1 do
+    local p = exp(a[o + i] - m)
     scratch[i] = p
     total = total + p
   end
-  local target, acc, last, id = u * total, 0, 1, nil
-  for i = 1, V do
+  local target, acc, last, id = u * total, 0, 0, nil
+  for i = 0, V - 1 do
     local p = scratch[i]
     acc = acc + p
     if p > 0 then last = i end
     if target < acc then id = i break end
   end
   id = id or last
-  return id - 1, lg[id] - m - log(total)
+  return id, a[o + id] - m - log(total)
 end
 
 -- the forward options of a rollout: exact (schedule-invariant) where the model has it (nn.HybridLM)
@@ -132,12 +149,14 @@ local EXACT = { exact = true }
 local function forward_opts(model) return model.schedule_invariant and EXACT or nil end
 rollout.forward_opts = forward_opts
 
--- forward ids (a Lua list) through the caches -> the last position's logits (a Lua list)
-local function feed(model, cache, ids)
+-- forward ids (a Lua list) through the caches -> the last position's logits (a row's logits, above)
+local function feed_logits(model, cache, ids)
   local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache, forward_opts(model))
-  return logits:narrow(2, #ids, 1):tolist()
+  local a, n = logits:narrow(2, #ids, 1):f64_array()
+  return logits_at(a, 0, n)
 end
-rollout.feed = feed
+-- the same as a Lua list
+function rollout.feed(model, cache, ids) return logits_list(feed_logits(model, cache, ids)) end
 
 local function make_env(spec, cfg)
   local rl = require "tide.rl"
@@ -184,7 +203,7 @@ function rollout.run(model, tok, o)
 
   local function timed_feed(cache, ids)
     local t0 = tide.time()
-    local lg = feed(model, cache, ids)
+    local lg = feed_logits(model, cache, ids)
     st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
     return lg
   end
@@ -209,14 +228,10 @@ function rollout.run(model, tok, o)
       row.schedule[#row.schedule + 1] = 1
     end
     local t0 = tide.time()
-    local lg = model:decode_rows(tide.tensor(ids, { dtype = "i32", shape = { #rows, 1 } }), caches):tolist()
+    local a, n = model:decode_rows(tide.tensor(ids, { dtype = "i32", shape = { #rows, 1 } }), caches):f64_array()
     st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
-    local V = #lg / #rows
-    for i, row in ipairs(rows) do
-      local l, o = {}, (i - 1) * V
-      for v = 1, V do l[v] = lg[o + v] end
-      row.logits = l
-    end
+    local V = n / #rows
+    for i, row in ipairs(rows) do row.logits = logits_at(a, (i - 1) * V, V) end
   end
   local stepping = {}   -- the rows whose sampled token waits for this pass's batched step
 
@@ -384,8 +399,9 @@ function rollout.run(model, tok, o)
     if plain_t1 then
       id, logp = sample_t1(row.logits, u[0])
     else
-      id = generate.sample(row.logits, sample_opts, u[0])
-      logp = logp_of(row.logits, id)
+      local l = logits_list(row.logits)
+      id = generate.sample(l, sample_opts, u[0])
+      logp = logp_of(l, id)
     end
     t:push(id, ROLE.assistant, 1, logp, version, row.turn)
     row.n_new = row.n_new + 1
@@ -409,7 +425,7 @@ function rollout.run(model, tok, o)
     row.traj.paused = true
     return { traj = row.traj:record(), seed = row.seed, uid = row.uid, draws = row.draws, n_new = row.n_new,
       turn = row.turn, calls = row.calls, env_seed = row.env_seed, prompt = row.prompt, schedule = row.schedule,
-      actions = row.actions, state = { cache = row.cache, logits = row.logits } }
+      actions = row.actions, state = { cache = row.cache, logits = logits_list(row.logits) } }
   end
 
   -- a replay-buffer entry back to a live row: the environment rebuilt by replaying its actions (environments are
@@ -433,7 +449,7 @@ function rollout.run(model, tok, o)
     env:reset(e.env_seed)
     for _, a in ipairs(e.actions) do env:step(a) end
     if resume_mode == "state" and e.state and e.state.cache then
-      row.cache, row.logits = e.state.cache, e.state.logits
+      row.cache, row.logits = e.state.cache, logits_of_list(e.state.logits)
       for i, n in ipairs(e.schedule) do row.schedule[i] = n end
     else
       -- the prompt (the schedule's first call) is run once per prompt and its caches copied to the group's rows,
@@ -534,14 +550,10 @@ function rollout.run(model, tok, o)
         local batch = stack_caches(caches)
         local t0 = tide.time()
         local n = #ids[1]
-        local lg = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):tolist()
+        local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
         st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
-        local V = #lg / #c
-        for i, row in ipairs(c) do
-          local l, o = {}, (i - 1) * V
-          for v = 1, V do l[v] = lg[o + v] end
-          row.cache, row.logits = split_cache(batch, i), l
-        end
+        local V = nv / #c
+        for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
       end
       for _, row in ipairs(c) do row.prefill_ids, row.prefill_key = nil, nil end
     end
