@@ -98,6 +98,7 @@ typedef struct tide_attrs {
         struct { double eps, scale; } l2norm;
         struct { int has_kr; double scale; } mla_attention;                            /* list: boundaries */
         struct { int64_t R; int has_kr, appended; double scale; } mla_decode_rows;     /* list: lengths */
+        struct { int64_t R; } kda_decode_rows;
         struct { int n; double eps; } attnres;                                         /* n sources */
         struct { double k_gate, k_lin; } situ_glu;
         struct { int64_t k; } topk;

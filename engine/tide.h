@@ -288,6 +288,12 @@ tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
    [B, Tq, H, dv]; the gradient of k_r is summed over heads. */
 tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k_r, tide_tensor *v, tide_tensor *cu_seqlens,
                                 double scale);
+/* one KDA decoding step of R rows over their own states (kda.md §3, §7), no gradient: q, k, g [R, H, dk], v
+   [R, H, dv], beta [R, H] (one token per row); states[r] [1, H, dk, dv] or [H, dk, dv], contiguous, in the state
+   dtype (f32 for bf16), each row's own memory, advanced IN PLACE -> o [R, H, dv]. Row r's output and new state are
+   bitwise what tide_kda's recurrent path gives for its token alone (s0 = its state). */
+tide_tensor *tide_kda_decode_rows(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta,
+                                  int R, tide_tensor **states);
 /* one absorbed decoding step of R rows over their own latent caches (mla.md §6), no gradient: row r's new latent
    c_new[r] ([R, 1, dc] or [R, dc]; k_r: kr_new [R, 1, dr]) is written at position lens[r] of its buffers c_bufs[r]
    ([1, cap, dc] or [cap, dc], contiguous, cap > lens[r]; kr_bufs[r] likewise, both NULL when dr = 0), then its

@@ -204,6 +204,12 @@ typedef struct tide_backend {
     /* chunks between the state checkpoints above; 0 = this backend keeps none (its backward recomputes
        every chunk start state itself) */
     int kda_ckpt_chunks;
+    /* one KDA decoding step of R rows over their own states, no gradient (spec/kda.md §3, §7): q, k, g [R, H, dk],
+       v and o [R, H, dv], beta [R, H]; states: a HOST array of R device pointers, row r's state [H, dk, dv] in the
+       state dtype (f32 for bf16 inputs), updated in place. The token recurrence of the kda recurrent path on each
+       (row, head), so a row's output and state do not depend on R or on the other rows. */
+    int (*kda_decode_rows)(int dtype, void *o, const void *q, const void *k, const void *v, const void *g,
+                           const void *beta, void *const *states, int64_t R, int64_t H, int64_t dk, int64_t dv);
     /* KDA gate (kda.md §2) over z [N, H, D], A_log [H], dt_bias [H·D]; form TIDE_KDA_GATE_BOUNDED:
        g = lb σ(e^{A_h}(z + b)); TIDE_KDA_GATE_SOFTPLUS: g = -e^{A_h} softplus(z + b). backward writes gz
        and OVERWRITES gA [H] and gb [H·D] (sums over N); any of the three may be NULL */

@@ -93,6 +93,77 @@ int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     return 0;
 }
 
+/* ---- one decoding step of R rows over their own states (no gradient) ------------------------------------------ */
+
+/* inputs: q, k, v, g, beta ([R, H, ·]), then the R states, written in place */
+int tide_kda_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int64_t R = n->attr.kda_decode_rows.R;
+    tide_tensor *c[5] = {0};
+    void **sp = malloc((size_t)R * sizeof *sp);
+    if (!sp || contiguous_all(in, 5, c)) { free(sp); return sp ? -1 : tide_set_error("kda_decode_rows: out of memory"); }
+    for (int64_t r = 0; r < R; r++) sp[r] = tide_data(in[5 + r]);
+    tide_tensor *q = c[0], *v = c[2];
+    int64_t H = q->shape[1], dk = q->shape[2], dv = v->shape[2], shape[3] = {R, H, dv};
+    tide_tensor *o = tide_empty(q->dtype, 3, shape, q->device);
+    int rc = o ? 0 : -1;
+    if (!rc)
+        rc = TIDE_DISPATCH(q->device, kda_decode_rows, "kda_decode_rows", q->dtype, tide_data(o), tide_data(q),
+                           tide_data(c[1]), tide_data(v), tide_data(c[3]), tide_data(c[4]), sp, R, H, dk, dv);
+    free(sp);
+    release_all(c, 5);
+    if (rc) { tide_tensor_release(o); return -1; }
+    out[0] = o;
+    return 0;
+}
+
+tide_tensor *tide_kda_decode_rows(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta,
+                                  int R, tide_tensor **states)
+{
+    const char *op = "kda_decode_rows";
+    char a[128], b[128], c[128], d[128], e[128];
+    TIDE_CHECK(R >= 1 && states, "kda_decode_rows: needs R >= 1 rows with their states, got R = %d", R);
+    tide_tensor *x[5] = {q, k, v, g, beta};
+    const char *names[5] = {"q", "k", "v", "g", "beta"};
+    for (int i = 0; i < 5; i++)
+        if (tide_check_float(x[i], op, names[i]) || tide_check_same_device(q, x[i], op) || tide_check_same_dtype(q, x[i], op))
+            return NULL;
+    int ok = q->ndim == 3 && q->shape[0] == R && tide_same_shape(q, k) && tide_same_shape(q, g) && v->ndim == 3 &&
+             v->shape[0] == R && v->shape[1] == q->shape[1] && beta->ndim == 2 && beta->shape[0] == R &&
+             beta->shape[1] == q->shape[1];
+    TIDE_CHECK(ok, "kda_decode_rows: q %s, k %s, g %s, v %s, beta %s must be [R, H, dk] x3, [R, H, dv], [R, H] with R = %d",
+               SHAPE_STR(q, a), SHAPE_STR(k, b), SHAPE_STR(g, c), SHAPE_STR(v, d), SHAPE_STR(beta, e), R);
+    int64_t H = q->shape[1], dk = q->shape[2], dv = v->shape[2];
+    TIDE_CHECK(H >= 1 && dk >= 1 && dv >= 1, "kda_decode_rows: empty input %s", SHAPE_STR(q, a));
+    int sd = kda_state_dtype(q->dtype);
+    for (int r = 0; r < R; r++) {
+        const tide_tensor *s = states[r];
+        TIDE_CHECK(s, "kda_decode_rows: states[%d] is NULL", r);
+        if (tide_check_same_device(q, s, op)) return NULL;
+        int nd = s->ndim;
+        ok = (nd == 3 || (nd == 4 && s->shape[0] == 1)) && s->shape[nd - 3] == H && s->shape[nd - 2] == dk &&
+             s->shape[nd - 1] == dv;
+        TIDE_CHECK(ok, "kda_decode_rows: states[%d] is %s but must be [1, H, dk, dv] or [H, dk, dv] = [%lld, %lld, %lld]",
+                   r, SHAPE_STR(s, a), (long long)H, (long long)dk, (long long)dv);
+        TIDE_CHECK(s->dtype == sd, "kda_decode_rows: states[%d] is %s but the state of %s inputs is %s", r,
+                   tide_dtype_name(s->dtype), tide_dtype_name(q->dtype), tide_dtype_name(sd));
+        TIDE_CHECK(tide_is_contiguous(s), "kda_decode_rows: states[%d] must be contiguous (it is updated in place)", r);
+        void *p = tide_data(s);
+        for (int j = 0; j < r; j++)
+            TIDE_CHECK(tide_data(states[j]) != p, "kda_decode_rows: states[%d] and states[%d] are the same memory: each "
+                       "row needs its own state", j, r);
+    }
+    tide_tensor **in = malloc((size_t)(5 + R) * sizeof *in);
+    TIDE_CHECK(in, "kda_decode_rows: out of memory for %d rows", R);
+    for (int i = 0; i < 5; i++) in[i] = x[i];
+    for (int r = 0; r < R; r++) in[5 + r] = states[r];
+    tide_attrs at = {0};
+    at.kda_decode_rows.R = R;
+    tide_tensor *y = tide_op_run1(TIDE_OP_KDA_DECODE_ROWS, 5 + R, in, &at);
+    free(in);
+    return y;
+}
+
 int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta, tide_tensor *s0,
              tide_tensor *cu_seqlens, int path, int chunk, double lower_bound, tide_tensor **o, tide_tensor **state)
 {

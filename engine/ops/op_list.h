@@ -73,6 +73,7 @@
     X(ATTENTION, attention, attention, attention)                      \
     /* kda.c */                                                        \
     X(KDA, kda, kda, kda)                                              \
+    N(KDA_DECODE_ROWS, kda_decode_rows, kda_decode_rows)               \
     X(KDA_GATE, kda_gate, kda_gate, kda_gate)                          \
     X(CAUSAL_CONV1D, causal_conv1d, causal_conv1d, causal_conv1d)      \
     X(L2NORM, l2norm, l2norm, l2norm)                                  \

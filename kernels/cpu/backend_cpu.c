@@ -49,6 +49,7 @@ const tide_backend tide_cpu_backend = {
     .attention_backward = tide_cpu_attention_backward,
     .kda = tide_cpu_kda,
     .kda_backward = tide_cpu_kda_backward,
+    .kda_decode_rows = tide_cpu_kda_decode_rows,
     .kda_ckpt_chunks = TIDE_KDA_CPU_CKPT_CHUNKS,
     .kda_gate = tide_cpu_kda_gate,
     .kda_gate_backward = tide_cpu_kda_gate_backward,

@@ -103,6 +103,16 @@ int tide_cpu_kda(int dtype, void *o, void *s_out, const void *q, const void *k, 
     return kda_forward_f64(o, s_out, q, k, v, g, beta, s0, cu, n_seg, T_, H, dk, dv, path, chunk, ckpt);
 }
 
+int tide_cpu_kda_decode_rows(int dtype, void *o, const void *q, const void *k, const void *v, const void *g,
+                             const void *beta, void *const *states, int64_t R, int64_t H, int64_t dk, int64_t dv)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("kda_decode_rows: dtype %s is not supported on the cpu backend (f32, f64)",
+                              tide_cpu_dtype_str(dtype));
+    if (dtype == TIDE_F32) return kda_decode_rows_f32(o, q, k, v, g, beta, states, R, H, dk, dv);
+    return kda_decode_rows_f64(o, q, k, v, g, beta, states, R, H, dk, dv);
+}
+
 int tide_cpu_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
                           const void *gs_out, const void *q, const void *k, const void *v, const void *g,
                           const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,

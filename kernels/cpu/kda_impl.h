@@ -508,6 +508,34 @@ static int64_t *F(ckpt_offsets)(const int64_t *cu, int64_t n_seg, int64_t chunk)
     return off;
 }
 
+/* one decoding step of R rows over their own states (in place): row r's q, k, g [H, dk], v [H, dv], beta [H]; the
+   token recurrence of kda_forward's recurrent path on each (row, head), so a row's bits are its step alone */
+static int F(kda_decode_rows)(T *o, const T *q, const T *k, const T *v, const T *g, const T *beta, void *const *states,
+                              int64_t R, int64_t H, int64_t dk, int64_t dv)
+{
+    int failed = 0;
+    _Pragma("omp parallel if(R * H * dk * dv > TIDE_OMP_MIN)")
+    {
+        unsigned int csr = kda_flush_denormals();
+        T *kS = malloc((size_t)dv * sizeof(T));
+        if (!kS) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+        _Pragma("omp for schedule(static)")
+        for (int64_t it = 0; it < R * H; it++) {
+            if (!kS) continue;
+            int64_t r = it / H, h = it % H;
+            T *S = (T *)states[r] + h * dk * dv;
+            F(segment_recurrent_forward)(S, o + r * H * dv, q + r * H * dk, k + r * H * dk, v + r * H * dv,
+                                         g + r * H * dk, beta + r * H, 0, 1, H, h, dk, dv, kS);
+        }
+        free(kS);
+        kda_restore_denormals(csr);
+    }
+    return failed ? tide_set_error("kda_decode_rows: out of memory") : 0;
+}
+
 static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, const T *g, const T *beta,
                           const T *s0, const int64_t *cu, int64_t n_seg, int64_t T_, int64_t H, int64_t dk,
                           int64_t dv, int path, int64_t chunk, T *ckpt)

@@ -305,6 +305,7 @@ static tide_backend make_table()
     t.attention_backward = tide_cuda_attention_backward;
     t.kda = tide_cuda_kda;
     t.kda_backward = tide_cuda_kda_backward;
+    t.kda_decode_rows = tide_cuda_kda_decode_rows;
     t.kda_gate = tide_cuda_kda_gate;
     t.kda_gate_backward = tide_cuda_kda_gate_backward;
     t.causal_conv1d = tide_cuda_causal_conv1d;

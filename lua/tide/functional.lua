@@ -428,6 +428,20 @@ function F.mla_attention(q, k_n, k_r, v, opts)
                                     want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
 end
 
+-- F.kda_decode_rows(q, k, v, g, beta, states) -> o [R, H, dv]: one KDA decoding step of R rows over their own
+-- states (kda.md §3, §7), no gradient. q, k, g [R, H, dk], v [R, H, dv], beta [R, H]; states: a list of R tensors
+-- [1, H, dk, dv] (contiguous, each row's own memory, the state dtype) advanced IN PLACE. Row r's bits are what
+-- F.kda's recurrent path gives for its token alone.
+function F.kda_decode_rows(q, k, v, g, beta, states)
+  local op = "kda_decode_rows"
+  if type(states) ~= "table" or #states == 0 then raise(fmt("%s: states must be a non-empty list of tensors", op)) end
+  local R = #states
+  local sp = ffi.new("tide_tensor *[?]", R)
+  for r = 1, R do sp[r - 1] = want_tensor(states[r], op, "states") end
+  return check(C.tide_kda_decode_rows(want_tensor(q, op, "q"), want_tensor(k, op, "k"), want_tensor(v, op, "v"),
+    want_tensor(g, op, "g"), want_tensor(beta, op, "beta"), R, sp))
+end
+
 -- F.mla_decode_rows(qt, qr, c_new, kr_new, c_bufs, kr_bufs, lens, scale) -> õ [R, H, dc]: one absorbed decoding
 -- step of R rows over their own latent caches (mla.md §6), no gradient. Row r's new latent c_new[r] (k_r:
 -- kr_new[r]) is written at 0-based position lens[r] of its buffers c_bufs[r], kr_bufs[r] ([1, cap, dc] and

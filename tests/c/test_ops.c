@@ -202,6 +202,49 @@ static tide_tensor *r_mla_decode_rows(tide_tensor **x)
     tide_tensor *bufs[2] = {x[2], x[3]};
     return tide_mla_decode_rows(x[0], NULL, x[1], NULL, 2, bufs, NULL, (const int64_t[]){2, 0}, 0.5);
 }
+/* two rows over their own states: q, k, v [2, 2, 3]; g = -sigmoid(k) (a decay); beta = sigmoid(v[..., 0]); the
+   states x[3] [2, 2, 3, 3] are cloned (the op advances them in place; every run starts from the same values) */
+static void kdec_parts(tide_tensor **x, tide_tensor **g, tide_tensor **beta, tide_tensor **s)
+{
+    tide_tensor *sg = tide_sigmoid(x[1]);
+    *g = tide_neg(sg);
+    tide_tensor *v0 = tide_slice(x[2], 2, 0, 1, 1), *v0r = tide_reshape(v0, 2, (int64_t[]){2, 2});
+    *beta = tide_sigmoid(v0r);
+    tide_tensor *all = tide_contiguous(x[3]), *c = tide_empty(all->dtype, 4, all->shape, all->device);
+    tide_copy_(c, all);
+    s[0] = tide_slice(c, 0, 0, 1, 1);
+    s[1] = tide_slice(c, 0, 1, 2, 1);
+    tide_tensor_release(sg); tide_tensor_release(v0); tide_tensor_release(v0r); tide_tensor_release(all);
+    tide_tensor_release(c);
+}
+static tide_tensor *r_kda_decode_rows(tide_tensor **x)
+{
+    tide_tensor *g, *beta, *s[2];
+    kdec_parts(x, &g, &beta, s);
+    tide_tensor *y = tide_kda_decode_rows(x[0], x[1], x[2], g, beta, 2, s);
+    tide_tensor_release(g); tide_tensor_release(beta); tide_tensor_release(s[0]); tide_tensor_release(s[1]);
+    return y;
+}
+/* the recurrence (kda.md §3) of each row and head from its state, in double */
+static void ref_kda_decode_rows(tide_tensor **x, double *out)
+{
+    double *q = host(x[0]), *k = host(x[1]), *v = host(x[2]), *s0 = host(x[3]);
+    for (int r = 0; r < 2; r++)
+        for (int h = 0; h < 2; h++) {
+            const double *qh = q + (r * 2 + h) * 3, *kh = k + (r * 2 + h) * 3, *vh = v + (r * 2 + h) * 3;
+            double S[3][3], b = 1 / (1 + exp(-vh[0]));
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++) S[i][j] = s0[((r * 2 + h) * 3 + i) * 3 + j] * exp(-1 / (1 + exp(-kh[i])));
+            for (int j = 0; j < 3; j++) {
+                double e = 0;
+                for (int i = 0; i < 3; i++) e += kh[i] * S[i][j];
+                double u = b * (vh[j] - e), o = 0;
+                for (int i = 0; i < 3; i++) { S[i][j] += kh[i] * u; o += qh[i] * S[i][j]; }
+                out[(r * 2 + h) * 3 + j] = o;
+            }
+        }
+    free(q); free(k); free(v); free(s0);
+}
 static tide_tensor *r_varlen(tide_tensor **x)
 {
     double v[4] = {0, 3, 4, 7};                     /* T = 7: images [0,3) [3,4) [4,7), bidirectional inside each */
@@ -564,6 +607,8 @@ static void build_cases(void)
         RANDN(1, 4, 2, 3), 0);
     add(TIDE_OP_MLA_DECODE_ROWS, "2 rows, own buffers (forward only: decoding, no gradient)", r_mla_decode_rows, NULL, 0, 4,
         RANDN(2, 3, 4), RANDN(2, 1, 4), RANDN(1, 4, 4), RANDN(1, 2, 4));
+    add(TIDE_OP_KDA_DECODE_ROWS, "2 rows, own states (forward only: decoding, no gradient)", r_kda_decode_rows,
+        ref_kda_decode_rows, 0, 4, RANDN(2, 2, 3), RANDN(2, 2, 3), RANDN(2, 2, 3), RANDN(2, 2, 3, 3));
     /* varlen_attention: q, k, v [T, H, D], three images (one of length 1), not causal */
     add(TIDE_OP_VARLEN_ATTENTION, "3 images [0,3) [3,4) [4,7)", r_varlen, ref_varlen, 0, 3, RANDN(7, 2, 3), RANDN(7, 2, 3),
         RANDN(7, 2, 3), 0);

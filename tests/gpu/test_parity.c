@@ -1156,6 +1156,85 @@ static int test_decode(void)
     return passed;
 }
 
+/* ---- kda_decode_rows (kda.md §3, §7): one decoding step of R rows over their own states, in place ---------------
+   q, k L2-normalised (q scaled), g = log of a decay in (0, 1), beta in (0, 1), states N(0, 0.5²) (fp32). out:
+   |gpu - cpu| <= tol · max|cpu| (f32 1e-5; bf16: the CPU runs f32 on the same bf16-rounded values, out rounded to
+   bf16 within 2^-7); every row's state after the step (fp32 on both) within 1e-5. */
+typedef struct {
+    const char *name;
+    int R, H, dk, dv, bf16;
+} kdec_case;
+
+static const kdec_case kdec_cases[] = {
+    {"kda_decode_rows f32 R 5 H 3 dk dv 64", 5, 3, 64, 64, 0},
+    {"kda_decode_rows f32 R 2 H 2 dk 128 dv 200 (dv > threads)", 2, 2, 128, 200, 0},
+    {"kda_decode_rows bf16 R 4 H 2 dk dv 128", 4, 2, 128, 128, 1},
+};
+
+static int test_kdec_case(const kdec_case *kc)
+{
+    int R = kc->R;
+    int64_t H = kc->H, dk = kc->dk, dv = kc->dv, nq = R * H * dk, nv = R * H * dv, sz = H * dk * dv;
+    double *qv = malloc((size_t)nq * sizeof *qv), *kv = malloc((size_t)nq * sizeof *kv), *gv = malloc((size_t)nq * sizeof *gv);
+    double *vv = malloc((size_t)nv * sizeof *vv), *bv = malloc((size_t)(R * H) * sizeof *bv);
+    double *sv = malloc((size_t)sz * sizeof *sv);
+    char detail[512] = "";
+    int ok = qv && kv && gv && vv && bv && sv;
+    for (int64_t rh = 0; ok && rh < R * H; rh++) {
+        double nq2 = 0, nk2 = 0;
+        for (int64_t i = 0; i < dk; i++) {
+            qv[rh * dk + i] = normal01(); kv[rh * dk + i] = normal01(); gv[rh * dk + i] = log(0.5 + 0.5 * uniform01());
+            nq2 += qv[rh * dk + i] * qv[rh * dk + i]; nk2 += kv[rh * dk + i] * kv[rh * dk + i];
+        }
+        for (int64_t i = 0; i < dk; i++) { qv[rh * dk + i] /= sqrt(nq2 * (double)dk); kv[rh * dk + i] /= sqrt(nk2); }
+        for (int64_t j = 0; j < dv; j++) vv[rh * dv + j] = normal01();
+        bv[rh] = sigm(normal01());
+    }
+    int64_t s3[3] = {R, H, dk}, sv3[3] = {R, H, dv}, sb[2] = {R, H}, ss[4] = {1, H, dk, dv};
+    tide_tensor *c[5] = {0}, *g[5] = {0}, *cs[8] = {0}, *gs[8] = {0}, *oc = NULL, *og = NULL;
+    if (ok) {
+        c[0] = kda_input(3, s3, qv, kc->bf16); c[1] = kda_input(3, s3, kv, kc->bf16); c[2] = kda_input(3, sv3, vv, kc->bf16);
+        c[3] = kda_input(3, s3, gv, kc->bf16); c[4] = kda_input(2, sb, bv, kc->bf16);
+        for (int i = 0; i < 5; i++) {
+            tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+            g[i] = d && kc->bf16 ? tide_to_dtype(d, TIDE_BF16) : d;
+            if (g[i] != d) tide_tensor_release(d);
+            ok = ok && c[i] && g[i];
+        }
+        for (int r = 0; ok && r < R; r++) {
+            for (int64_t e = 0; e < sz; e++) sv[e] = 0.5 * normal01();
+            cs[r] = tide_from_f64(TIDE_F32, 4, ss, CPU, sv);
+            gs[r] = cs[r] ? tide_to_device(cs[r], GPU) : NULL;
+            ok = cs[r] && gs[r];
+        }
+    }
+    if (!ok) snprintf(detail, sizeof detail, "inputs: %s", tide_last_error());
+    oc = ok ? tide_kda_decode_rows(c[0], c[1], c[2], c[3], c[4], R, cs) : NULL;
+    if (ok && !oc) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    ok = ok && oc;
+    og = ok ? tide_kda_decode_rows(g[0], g[1], g[2], g[3], g[4], R, gs) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    int pass = ok && check_scaled(kc->name, "o", oc, og, kc->bf16 ? 1.0 / 128 : 1e-5, detail, sizeof detail);
+    for (int r = 0; ok && r < R; r++) {
+        char what[32];
+        snprintf(what, sizeof what, "states[%d]", r);
+        pass = check_scaled(kc->name, what, cs[r], gs[r], 1e-5, detail, sizeof detail) && pass;
+    }
+    tide_tensor_release(oc); tide_tensor_release(og);
+    for (int i = 0; i < 5; i++) { tide_tensor_release(c[i]); tide_tensor_release(g[i]); }
+    for (int r = 0; r < 8; r++) { tide_tensor_release(cs[r]); tide_tensor_release(gs[r]); }
+    free(qv); free(kv); free(gv); free(vv); free(bv); free(sv);
+    return report(kc->name, ok && pass, detail);
+}
+
+static int test_kdec(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof kdec_cases / sizeof kdec_cases[0]; i++) passed = test_kdec_case(&kdec_cases[i]) && passed;
+    return passed;
+}
+
 /* ---- varlen attention (vision.md §3, §5): q, k, v [T, H, D] of packed images, bidirectional inside each image -----
    All N(0, 1), scale D^-1/2, the loss sum(o ⊙ r). Shapes: MoonViT's head dim 72 (not a multiple of 16) and tiny-vlm's
    16, images of one token, images longer than a 64-key tile, an empty image (a repeated boundary). The CPU runs the
@@ -1692,6 +1771,8 @@ static const op_coverage coverage[] = {
                   "attention bf16 causal [2,3,77,64]|attention bf16 not causal, Tq 20 < Tk 83", NULL},
     {"kda", "kda chunk f32 64, docs, s0|kda chunk_safe f32 softplus gate|kda recurrent f32, docs, s0|"
             "kda chunk bf16 64 (tensor cores)|kda chunk: g < lb -> error", NULL},
+    {"kda_decode_rows", "kda_decode_rows f32 R 5 H 3 dk dv 64|kda_decode_rows f32 R 2 H 2 dk 128 dv 200 (dv > threads)|"
+                        "kda_decode_rows bf16 R 4 H 2 dk dv 128", NULL},
     {"kda_gate", "kda_gate bounded|kda_gate softplus [H, D] bias|kda_gate bounded bf16", NULL},
     {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
     {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
@@ -1728,6 +1809,7 @@ static int case_exists(const char *want, size_t len)
     NAMES_IN(kda_cases, .name, want, len)
     NAMES_IN(mla_cases, .name, want, len)
     NAMES_IN(decode_cases, .name, want, len)
+    NAMES_IN(kdec_cases, .name, want, len)
     NAMES_IN(varlen_cases, .name, want, len)
     NAMES_IN(attention_cases, .name, want, len)
     NAMES_IN(attnres_cases, .name, want, len)
@@ -1803,7 +1885,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_attnres, test_mla, test_decode, test_varlen,
+                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_attnres, test_mla, test_decode, test_varlen,
                                   test_attention, test_moe};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;

@@ -46,6 +46,56 @@ T.test("F.kda: chunk and chunk_safe == recurrent with s0 and packed documents (f
   T.near(s32, rs, 1e-5)
 end)
 
+T.test("F.kda_decode_rows: R rows over their own states == each row's recurrent step alone, bitwise, in place", function()
+  tide.manual_seed(4)
+  local R, H, dk, dv = 5, 3, 16, 8
+  for _, dt in ipairs({ "f64", "f32" }) do
+    local q, k, v, g, beta, s0 = kda_inputs(R, 1, H, dk, dv)
+    local function c(x) return x:to(dt) end
+    q, k, v, g, beta, s0 = c(q), c(k), c(v), c(g), c(beta), c(s0)
+    -- each row's own state: separate tensors, one of them a view into a larger buffer
+    local states, want_o, want_s = {}, {}, {}
+    local big = tide.zeros({ 2, H, dk, dv }, { dtype = dt })
+    for r = 1, R do
+      local sr = s0:narrow(1, r, 1)
+      if r == 3 then states[r] = big:narrow(1, 2, 1); states[r]:copy_(sr) else states[r] = sr:clone() end
+      local o1, st1 = F.kda(q:narrow(1, r, 1), k:narrow(1, r, 1), v:narrow(1, r, 1), g:narrow(1, r, 1),
+        beta:narrow(1, r, 1), { s0 = sr:contiguous(), path = "recurrent" })
+      want_o[r], want_s[r] = o1:tolist(), st1:tolist()
+    end
+    for _, nt in ipairs({ 1, 2 }) do
+      local threads = tide.num_threads()
+      tide.set_num_threads(nt)
+      local st = {}
+      for r = 1, R do st[r] = states[r]:clone() end
+      local o = F.kda_decode_rows(q:reshape(R, H, dk), k:reshape(R, H, dk), v:reshape(R, H, dv), g:reshape(R, H, dk),
+        beta:reshape(R, H), st)
+      tide.set_num_threads(threads)
+      T.eq(o:shape(), { R, H, dv })
+      for r = 1, R do
+        T.eq(o:narrow(1, r, 1):tolist(), want_o[r], dt .. " row " .. r .. " output bitwise")
+        T.eq(st[r]:tolist(), want_s[r], dt .. " row " .. r .. " state advanced in place, bitwise")
+      end
+    end
+    F.kda_decode_rows(q:reshape(R, H, dk), k:reshape(R, H, dk), v:reshape(R, H, dv), g:reshape(R, H, dk),
+      beta:reshape(R, H), states)
+    T.eq(states[3]:tolist(), want_s[3], "a view into a larger buffer is written in place")
+    T.eq(big:narrow(1, 1, 1):abs():max():item(), 0, "the rest of that buffer is untouched")
+  end
+  -- errors name the problem
+  local q, k, v, g, beta, s0 = kda_inputs(2, 1, 2, 4, 4)
+  local function args(t) return q:reshape(2, 2, 4), k:reshape(2, 2, 4), v:reshape(2, 2, 4), g:reshape(2, 2, 4), beta:reshape(2, 2), t end
+  local a = s0:narrow(1, 1, 1):clone()
+  T.raises(function() F.kda_decode_rows(args({ a, a })) end, "states[0] and states[1] are the same memory")
+  T.raises(function() F.kda_decode_rows(args({ a })) end, "must be [R, H, dk] x3")
+  T.raises(function() F.kda_decode_rows(args({ a, tide.zeros({ 1, 2, 4, 3 }, { dtype = "f64" }) })) end,
+    "states[1] is [1, 2, 4, 3] but must be")
+  T.raises(function() F.kda_decode_rows(args({ a, tide.zeros({ 1, 2, 4, 4 }) })) end, "the state of f64 inputs is f64")
+  T.raises(function() F.kda_decode_rows(args({ a, tide.zeros({ 1, 2, 4, 8 }, { dtype = "f64" }):narrow(4, 1, 4) })) end,
+    "must be contiguous")
+  T.raises(function() F.kda_decode_rows(args({})) end, "states must be a non-empty list")
+end)
+
 T.test("F.kda_gate, F.causal_conv1d and F.l2norm equal plain-Lua references (f64 1e-14)", function()
   tide.manual_seed(2)
   local H, D = 2, 3

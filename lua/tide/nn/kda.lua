@@ -135,7 +135,7 @@ local function tail_mask(cu, B, T, K1, dtype, device)
   return tide.tensor(vals, { shape = { B, K1, 1 }, dtype = dtype, device = device })
 end
 
-local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true }
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true, state_rows = true }
 
 -- the carried cache of the rows that continue, the rows in `reset` zeroed (a new document starts exactly
 -- at this call); multiplying keeps the graph and gives the dropped rows a zero gradient
@@ -205,9 +205,15 @@ function KDA:forward(x, opts)
   -- 5. the decay gate through the dk bottleneck (kda.md §2)
   local z = self.f_b_proj:forward(self.f_a_proj:forward(x)):reshape(B, T, H, dk)
   local g = F.kda_gate(z, self.A_log, self.dt_bias, { gate_form = self.gate_form, gate_lower_bound = self.gate_lower_bound })
-  -- 6. the kernel
-  local o, state = F.kda(q, k, v, g, beta, { s0 = s0, cu_seqlens = cu,
-    path = opts.path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound })
+  -- 6. the kernel; state_rows (forward_rows' decoding step): each row's own state, advanced in place
+  local o, state
+  if opts.state_rows then
+    o = F.kda_decode_rows(q:reshape(B, H, dk), k:reshape(B, H, dk), v:reshape(B, H, dk), g:reshape(B, H, dk),
+      beta:reshape(B, H), opts.state_rows):reshape(B, T, H, dk)
+  else
+    o, state = F.kda(q, k, v, g, beta, { s0 = s0, cu_seqlens = cu,
+      path = opts.path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound })
+  end
   -- 7. norm -> gate -> project (one o_norm weight [dv] shared by the heads)
   local n = self.o_norm:forward(o)
   local y = (n * self.g_proj:forward(x):reshape(B, T, H, dk):sigmoid()):reshape(B, T, H * dk)
@@ -218,30 +224,33 @@ function KDA:forward(x, opts)
     cache.conv = {
       q = conv_tail(pre.q, conv.q, K1, mask), k = conv_tail(pre.k, conv.k, K1, mask), v = conv_tail(pre.v, conv.v, K1, mask),
     }
-    cache.state = state
+    if state then cache.state = state end
     cache.pos = (cache.pos or 0) + T
   end
   return y
 end
 
--- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their
--- states and conv histories are stacked for this call, and each row's cache gets its row of the new ones back
--- (views of the stacked tensors); every row's recurrence is its own, so row b's output equals its call alone.
+-- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their conv
+-- histories are stacked for this call and each row's cache gets its row of the new ones back (views of the stacked
+-- tensors); a decoding step without gradients (T = 1) advances each row's own state in place (F.kda_decode_rows),
+-- other calls stack the states too. Every row's recurrence is its own, so row b's output equals its call alone.
 -- When the rows are the ones of the previous call, in order, and their views untouched, the stacked tensors of
 -- that call are the stack (no copy): a rollout decodes the same rows step after step.
-local STACKED = { "state", "q", "k", "v" }
-local function stacked_of(rows, B)
+local function stacked_of(rows, B, names)
   local st = rows[1].stack
-  if not st or st.n ~= B then return nil end
+  if not st or st.n ~= B or st.names ~= names then return nil end
   for r = 1, B do
     local c = rows[r]
-    if c.stack ~= st or c.stack_i ~= r or c.state ~= st.views.state[r] or c.conv.q ~= st.views.q[r] or
-        c.conv.k ~= st.views.k[r] or c.conv.v ~= st.views.v[r] then
-      return nil
+    if c.stack ~= st or c.stack_i ~= r then return nil end
+    for _, name in ipairs(names) do
+      local cur = name == "state" and c.state or c.conv[name]
+      if cur ~= st.views[name][r] then return nil end
     end
   end
   return st
 end
+
+local WITH_STATE, CONV_ONLY = { "state", "q", "k", "v" }, { "q", "k", "v" }
 
 function KDA:forward_rows(x, opts)
   local rows, B = opts.cache.rows, x:size(1)
@@ -253,35 +262,40 @@ function KDA:forward_rows(x, opts)
   for r = 2, B do
     if (rows[r].state ~= nil) ~= started then bad("forward: cache.rows mixes started and empty caches") end
   end
+  local T = x:size(2)
+  local in_place = started and T == 1 and not tide.grad_enabled()
+  local names = in_place and CONV_ONLY or WITH_STATE
   local tmp = { conv = {} }
   if started then
-    local prev = stacked_of(rows, B)
-    if prev then
-      tmp.state, tmp.conv = prev.t.state, { q = prev.t.q, k = prev.t.k, v = prev.t.v }
-    else
-      local st, q, k, v = {}, {}, {}, {}
-      for r = 1, B do
-        local c = rows[r]
-        st[r], q[r], k[r], v[r] = c.state, c.conv.q, c.conv.k, c.conv.v
-      end
-      if B == 1 then
-        tmp.state, tmp.conv = st[1], { q = q[1], k = k[1], v = v[1] }
+    local prev = stacked_of(rows, B, names)
+    local t = {}
+    for _, name in ipairs(names) do
+      if prev then
+        t[name] = prev.t[name]
       else
-        tmp.state, tmp.conv = F.concat(st, 1), { q = F.concat(q, 1), k = F.concat(k, 1), v = F.concat(v, 1) }
+        local parts = {}
+        for r = 1, B do parts[r] = name == "state" and rows[r].state or rows[r].conv[name] end
+        t[name] = B == 1 and parts[1] or F.concat(parts, 1)
       end
     end
+    tmp.state, tmp.conv = t.state, { q = t.q, k = t.k, v = t.v }
   end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.cache = tmp
+  if in_place then
+    local states = {}
+    for r = 1, B do states[r] = rows[r].state end
+    o.state_rows = states
+  end
   local y = self:forward(x, o)
-  local T = x:size(2)
   local t = { state = tmp.state, q = tmp.conv.q, k = tmp.conv.k, v = tmp.conv.v }
-  local stack = { n = B, t = t, views = {} }
-  for _, name in ipairs(STACKED) do stack.views[name] = B == 1 and { t[name] } or F.split(t[name], 1, 1) end
+  local stack = { n = B, t = t, views = {}, names = names }
+  for _, name in ipairs(names) do stack.views[name] = B == 1 and { t[name] } or F.split(t[name], 1, 1) end
   local vs = stack.views
   for r, c in ipairs(rows) do
-    c.state, c.conv = vs.state[r], { q = vs.q[r], k = vs.k[r], v = vs.v[r] }
+    if not in_place then c.state = vs.state[r] end
+    c.conv = { q = vs.q[r], k = vs.k[r], v = vs.v[r] }
     c.stack, c.stack_i = stack, r
     c.pos = (c.pos or 0) + T
   end

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs kernels/cuda/kda.cu, conv.cu, mla.cu and attention.cu on the CPU under emu.h (harness.cpp says what is checked): a check
-# of the CUDA kernels for machines without a GPU (the ctest entry gpu-emu-kda); then mla_decode.cu (run_one.sh mla_decode). Needs g++, python3, the CUDA
+# of the CUDA kernels for machines without a GPU (the ctest entry gpu-emu-kda); then mla_decode.cu and kda_decode.cu (run_one.sh mla_decode, kda_decode). Needs g++, python3, the CUDA
 # headers (CUDA_HOME, default /usr/local/cuda) and a built libtide (BUILD, default ./build). With no arguments
 # the KDA/conv groups and the MLA/attention groups run as two processes side by side.
 set -e
@@ -25,4 +25,5 @@ rc=0
 wait $mla || rc=1
 cat "$out/mla.log"
 sh "$here/run_one.sh" mla_decode || rc=1
+sh "$here/run_one.sh" kda_decode || rc=1
 exit $rc
