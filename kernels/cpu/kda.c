@@ -21,23 +21,11 @@
 
 #include "fastmath.h"
 
-/* Flush subnormals to zero inside the KDA kernels (x86 MXCSR FTZ + DAZ, per thread, restored on exit).
-   A decayed state entry or gradient below FLT_MIN carries nothing of value (it is 1e-38 of the scale),
-   but a strongly decaying gate produces many, and x86 computes on subnormals about 100x slower: the
-   recurrence ran at half speed on realistic gates without this. */
-#if defined(__SSE2__)
-#include <xmmintrin.h>
-static inline unsigned int kda_flush_denormals(void)
-{
-    unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u);          /* FTZ (bit 15) | DAZ (bit 6) */
-    return csr;
-}
-static inline void kda_restore_denormals(unsigned int csr) { _mm_setcsr(csr); }
-#else
-static inline unsigned int kda_flush_denormals(void) { return 0; }
-static inline void kda_restore_denormals(unsigned int csr) { (void)csr; }
-#endif
+/* subnormals flush to zero inside the KDA kernels (cpu.h: tide_cpu_flush_denormals): a decayed state entry or
+   gradient below FLT_MIN carries nothing of value (1e-38 of the scale), but a strongly decaying gate produces many,
+   and x86 computes on subnormals about 100x slower: the recurrence ran at half speed on realistic gates without it */
+#define kda_flush_denormals tide_cpu_flush_denormals
+#define kda_restore_denormals tide_cpu_restore_denormals
 
 /* EXP: the vectorisable float exp above, libm's exp for double */
 #define T float

@@ -1,7 +1,8 @@
 /*
  * mla_decode_impl.h — one absorbed MLA decoding step of R rows over their own latent caches (kernels/backend.h:
- * mla_decode_rows; spec/mla.md §6), instantiated by mla.c for T = float / double with EXP. Each (row, head) is
- * one task: its scores, softmax and weighted sum of latents run over its own cached tokens in a fixed order
+ * mla_decode_rows; spec/mla.md §6), instantiated by mla.c for T = float / double with EXP. Each (row, group of up
+ * to 4 heads) is one task that reads each cached token once for the group; a head's scores, softmax and weighted
+ * sum of latents run over its row's own cached tokens in a fixed order
  * (tokens in sequence, the latent dims in fixed lanes), so a row's result does not depend on R or on the other
  * rows. No BLAS: a BLAS product picks its blocking from the sizes, which would tie a row's bits to its length's
  * neighbours.
@@ -93,46 +94,63 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
         }
         if (lens[r] + 1 > Lmax) Lmax = lens[r] + 1;
     }
+    /* one task per (row, group of up to HG heads): the heads of a group read each cached token once */
+    enum { HG = 4 };
+    int64_t ng = (H + HG - 1) / HG;
     int bad = 0;
     _Pragma("omp parallel if(R * H * Lmax * (dc + dr) > TIDE_OMP_MIN) reduction(|:bad)")
     {
-        T *s = malloc((size_t)(Lmax + 8) * sizeof(T));
+        int64_t stride = Lmax + 8;
+        T *s = malloc((size_t)(HG * stride) * sizeof(T));
         if (!s) bad = 1;
         _Pragma("omp for schedule(static)")
-        for (int64_t rh = 0; rh < R * H; rh++) {
+        for (int64_t rg = 0; rg < R * ng; rg++) {
             if (!s) continue;
-            int64_t r = rh / H, L = lens[r] + 1;
+            int64_t r = rg / ng, h0 = (rg % ng) * HG, L = lens[r] + 1;
+            int nh = H - h0 < HG ? (int)(H - h0) : HG;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
-            const T *q1 = qt + rh * dc, *q2 = dr ? qr + rh * dr : NULL;
             for (int64_t t = 0; t < L; t += 8)
-                DCAT(decode_scores8, SFX)(s, q1, c, dc, q2, kr, dr, t, L - t < 8 ? (int)(L - t) : 8);
-            T m = -INFINITY;
-            for (int64_t t = 0; t < L; t++) m = s[t] > m ? s[t] : m;
-            /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
-            T sc = (T)scale, ms = m * sc;
-            for (int64_t t = 0; t < L; t++) s[t] = EXP(s[t] * sc - ms);
-            for (int64_t t = L; t < ((L + 7) & ~(int64_t)7); t++) s[t] = 0;
-            T z[8] = {0};
-            for (int64_t t = 0; t < L; t += 8)
-                for (int j = 0; j < 8; j++) z[j] += s[t + j];
-            T sum = ((z[0] + z[4]) + (z[2] + z[6])) + ((z[1] + z[5]) + (z[3] + z[7]));
-            /* o = Σ_t p_t c_t, tokens in sequence, 32 latent dims at a time in registers (a last partial block
-               through a zero-padded copy of each row's tail) */
-            T *o = out + rh * dc, inv = (T)1 / sum;
+                for (int hh = 0; hh < nh; hh++) {
+                    int64_t rh = r * H + h0 + hh;
+                    DCAT(decode_scores8, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr, t,
+                                              L - t < 8 ? (int)(L - t) : 8);
+                }
+            T inv[HG];
+            for (int hh = 0; hh < nh; hh++) {
+                T *sh = s + hh * stride;
+                T m = -INFINITY;
+                for (int64_t t = 0; t < L; t++) m = sh[t] > m ? sh[t] : m;
+                /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
+                T sc = (T)scale, ms = m * sc;
+                for (int64_t t = 0; t < L; t++) sh[t] = EXP(sh[t] * sc - ms);
+                for (int64_t t = L; t < ((L + 7) & ~(int64_t)7); t++) sh[t] = 0;
+                T z[8] = {0};
+                for (int64_t t = 0; t < L; t += 8)
+                    for (int j = 0; j < 8; j++) z[j] += sh[t + j];
+                T sum = ((z[0] + z[4]) + (z[2] + z[6])) + ((z[1] + z[5]) + (z[3] + z[7]));
+                inv[hh] = (T)1 / sum;
+            }
+            /* o = Σ_t p_t c_t, tokens in sequence, 32 latent dims at a time in registers for each head of the group
+               (a last partial block through a zero-padded copy of each token's tail) */
             for (int64_t j0 = 0; j0 < dc; j0 += 32) {
                 int64_t w = dc - j0 < 32 ? dc - j0 : 32;
-                DCAT(dvec8, SFX) acc[4] = {{0}};
-                if (w == 32)
-                    for (int64_t t = 0; t < L; t++) DCAT(decode_axpy32, SFX)(acc, s[t], c + t * dc + j0);
-                else
-                    for (int64_t t = 0; t < L; t++) {
-                        T pad[32] = {0};
-                        memcpy(pad, c + t * dc + j0, (size_t)w * sizeof(T));
-                        DCAT(decode_axpy32, SFX)(acc, s[t], pad);
+                DCAT(dvec8, SFX) acc[HG][4];
+                memset(acc, 0, sizeof acc);
+                for (int64_t t = 0; t < L; t++) {
+                    const T *x = c + t * dc + j0;
+                    T pad[32];
+                    if (w < 32) {
+                        memset(pad, 0, sizeof pad);
+                        memcpy(pad, x, (size_t)w * sizeof(T));
+                        x = pad;
                     }
-                T buf[32];
-                memcpy(buf, acc, sizeof buf);
-                for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv;
+                    for (int hh = 0; hh < nh; hh++) DCAT(decode_axpy32, SFX)(acc[hh], s[hh * stride + t], x);
+                }
+                for (int hh = 0; hh < nh; hh++) {
+                    T buf[32], *o = out + (r * H + h0 + hh) * dc;
+                    memcpy(buf, acc[hh], sizeof buf);
+                    for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv[hh];
+                }
             }
         }
         free(s);
