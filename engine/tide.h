@@ -497,11 +497,18 @@ tide_tensor *tide_image_decode_memory(const void *bytes, size_t n, const char *l
 int tide_dist_init(void);
 int tide_dist_rank(void);
 int tide_dist_world_size(void);
-/* in-place sum across ranks of a contiguous CPU float tensor; a no-op with one rank */
+/* in-place sum across ranks of a contiguous CPU float tensor, in rank order (((x_0 + x_1) + x_2) + ...: bitwise
+   reproducible, and equal to accumulating the ranks' parts in order in one process); a no-op with one rank */
 int tide_dist_allreduce_sum_(tide_tensor *t);
+/* bytes this rank has handed to the network since the start (sends, and broadcasts at their root) */
+int64_t tide_dist_bytes_sent(void);
 /* in-place copy of root's tensor to every rank */
 int tide_dist_broadcast_(tide_tensor *t, int root);
 int tide_dist_barrier(void);
+/* 1 once tide_dist_init has joined a job of more than one rank (it never initialises MPI itself) */
+int tide_dist_active(void);
+/* ends every rank of the job at once (MPI_Abort): a rank that failed, so the others do not wait on it */
+void tide_dist_abort(int code);
 void tide_dist_finalize(void);
 
 /* ---- op registry (for tests, the REPL and tools) --------------------------------------------------- */

@@ -42,6 +42,30 @@ static int check_cpu_tensor(const tide_tensor *t, const char *op)
     return 0;
 }
 
+/* bytes this rank handed to the network (sends, and a broadcast's payload at its root) since the start */
+static int64_t g_bytes_sent;
+int64_t tide_dist_bytes_sent(void) { return g_bytes_sent; }
+
+#ifdef TIDE_HAVE_MPI
+enum { CHAIN_CHUNK = 1 << 18 };   /* elements per message of the chain */
+
+/* acc[i] = prev[i] + acc[i]: the partial sum of the ranks before this one, then this rank's values */
+static void add_into(int dtype, void *acc, const void *prev, int64_t n)
+{
+    if (dtype == TIDE_F32) {
+        float *a = acc; const float *p = prev;
+        for (int64_t i = 0; i < n; i++) a[i] = p[i] + a[i];
+    } else {
+        double *a = acc; const double *p = prev;
+        for (int64_t i = 0; i < n; i++) a[i] = p[i] + a[i];
+    }
+}
+#endif
+
+/* The sum in rank order, ((x_0 + x_1) + x_2) + ...: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks
+   (each rank adds its values to what arrives and passes it on, pipelined), then rank N-1 broadcasts the result. The
+   order of every addition is fixed by the ranks alone, so N ranks reproduce themselves bit for bit whatever the
+   message timing, and match one process that accumulates the same N parts in order (gradient accumulation). */
 int tide_dist_allreduce_sum_(tide_tensor *t)
 {
     if (check_cpu_tensor(t, "allreduce")) return -1;
@@ -49,9 +73,33 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
         return tide_set_error("allreduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
     if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
 #ifdef TIDE_HAVE_MPI
-    if (MPI_Allreduce(MPI_IN_PLACE, tide_data(t), (int)t->numel, t->dtype == TIDE_F32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM,
-                      MPI_COMM_WORLD) != MPI_SUCCESS)
-        return tide_set_error("allreduce: MPI_Allreduce failed");
+    size_t es = t->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
+    char *data = tide_data(t);
+    int64_t n = t->numel;
+    void *tmp = g_rank > 0 ? malloc((size_t)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK) * es) : NULL;
+    if (g_rank > 0 && !tmp) return tide_set_error("allreduce: out of memory for %lld values", (long long)n);
+    for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
+        int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
+        char *chunk = data + (size_t)k0 * es;
+        if (g_rank > 0) {
+            if (MPI_Recv(tmp, (int)((size_t)m * es), MPI_BYTE, g_rank - 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                free(tmp);
+                return tide_set_error("allreduce: receiving from rank %d failed", g_rank - 1);
+            }
+            add_into(t->dtype, chunk, tmp, m);
+        }
+        if (g_rank < g_world - 1) {
+            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, g_rank + 1, 7, MPI_COMM_WORLD) != MPI_SUCCESS) {
+                free(tmp);
+                return tide_set_error("allreduce: sending to rank %d failed", g_rank + 1);
+            }
+            g_bytes_sent += (int64_t)((size_t)m * es);
+        }
+    }
+    free(tmp);
+    if (MPI_Bcast(data, (int)tide_tensor_nbytes(t), MPI_BYTE, g_world - 1, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return tide_set_error("allreduce: MPI_Bcast of the sum failed");
+    if (g_rank == g_world - 1) g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
 #endif
     return 0;
 }
@@ -65,6 +113,7 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
 #ifdef TIDE_HAVE_MPI
     if (MPI_Bcast(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
         return tide_set_error("broadcast: MPI_Bcast failed");
+    if (g_rank == root) g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
 #endif
     return 0;
 }
@@ -75,6 +124,16 @@ int tide_dist_barrier(void)
     if (tide_dist_world_size() > 1 && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) return tide_set_error("barrier: MPI_Barrier failed");
 #endif
     return 0;
+}
+
+int tide_dist_active(void) { return g_inited && g_world > 1; }
+
+void tide_dist_abort(int code)
+{
+#ifdef TIDE_HAVE_MPI
+    if (tide_dist_active()) MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
+#endif
+    (void)code;
 }
 
 void tide_dist_finalize(void)

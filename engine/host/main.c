@@ -18,6 +18,8 @@
 #include <luajit.h>
 #include <lualib.h>
 
+#include "tide.h"
+
 #ifdef TIDE_HAVE_READLINE
 #include <readline/history.h>
 #include <readline/readline.h>
@@ -313,7 +315,8 @@ static int run(lua_State *L, int argc, char **argv)
         lua_rawseti(L, -2, ++na);
     }
     if (lua_pcall(L, 1, 1, handler) != 0) {
-        fprintf(stderr, "tide: %s\n", lua_tostring(L, -1));
+        if (tide_dist_active()) fprintf(stderr, "tide [rank %d]: %s\n", tide_dist_rank(), lua_tostring(L, -1));
+        else fprintf(stderr, "tide: %s\n", lua_tostring(L, -1));
         return 1;
     }
     int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
@@ -349,6 +352,13 @@ int main(int argc, char **argv)
     int code = run(L, argc, argv);
     g_L = NULL;
     fflush(stdout);
+    fflush(stderr);
+    /* a multi-rank job: a rank that failed ends every rank at once (the others would wait on it in their next
+       collective); a rank that finished leaves MPI cleanly */
+    if (tide_dist_active()) {
+        if (code != 0) tide_dist_abort(code);
+        tide_dist_finalize();
+    }
     lua_close(L);
     return code;
 }

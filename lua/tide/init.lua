@@ -209,7 +209,7 @@ local lazy = {
   train = "tide.train", json = "tide.json", log = "tide.log", checkpoint = "tide.checkpoint",
   curriculum = "tide.curriculum", Curriculum = "tide.curriculum", evals = "tide.evals", testing = "tide.testing",
   cli = "tide.cli", repl = "tide.repl", step = "tide.step", options = "tide.options", defaults = "tide.defaults",
-  rl = "tide.rl",
+  rl = "tide.rl", dist = "tide.dist",
 }
 tide.submodules = lazy
 setmetatable(tide, {

@@ -120,6 +120,6 @@ end
 
 -- the tables the command line may create when a recipe leaves them out (their keys come from keys())
 schema.TABLES = { sample = true, expect = true, moe = false, kda = false, mla = false, lr = true, eval = true, val = true,
-  optim = true }
+  optim = true, dist = true }
 
 return schema

@@ -155,10 +155,13 @@ local Stepper = {}
 Stepper.__index = Stepper
 
 local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = true, jitter_window = true,
-  objective = true }
+  objective = true, dist = true }
 
 -- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
---   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them)}
+--   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them),
+--   dist = nil | tide.dist (data parallelism: each rank runs its own micro-batches of the step; the target count,
+--   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
+--   norm, clipping and the update, so every rank applies the same update)}
 function step.stepper(o)
   options.check(o, STEPPER_KEYS, nil, "step.stepper")
   local policy = o.on_nonfinite or "skip"
@@ -167,8 +170,11 @@ function step.stepper(o)
   end
   local clip = o.clip
   if clip == nil then clip = 1.0 end
+  local group = o.dist
+  if group and group.world() == 1 then group = nil end
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
-    jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil }, Stepper)
+    jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group },
+    Stepper)
 end
 
 -- std / mean of the global gradient norm over the last jitter_window good steps (routing churn shows as a jumpy norm)
@@ -220,9 +226,13 @@ local function targets_of(b) return b.n_targets or b.targets:numel() end
 -- n_targets = nil | count}; each is released (set to nil in the list) after its backward.
 function Stepper:run(batches, lr, t)
   local t0 = tide.time()
-  local model, opt = self.model, self.optim
+  local model, opt, group = self.model, self.optim, self.dist
   local n_micro, N, tokens = #batches, 0, 0
   for _, b in ipairs(batches) do N, tokens = N + targets_of(b), tokens + b.ids:numel() end
+  -- data parallelism: the normaliser is the step's GLOBAL target count; an objective's mean is over every rank's
+  -- micro-batches
+  local n_mean = n_micro
+  if group then N, tokens, n_mean = group.sum(N), group.sum(tokens), group.sum(n_micro) end
   local sum, aux_sum, bad = 0, nil, nil
   for i = 1, n_micro do
     local b = batches[i]
@@ -231,9 +241,9 @@ function Stepper:run(batches, lr, t)
       l = self.objective(model, b, t)
       value = l:item()
       lv = value
-      if n_micro > 1 then l = l * (1 / n_micro) end
+      if n_mean > 1 then l = l * (1 / n_mean) end
     else
-      l, value, aux = data_objective(self, b, N, n_micro)
+      l, value, aux = data_objective(self, b, N, n_mean)
       lv = aux or 0          -- the backpropagated loss is value / N + aux: finite when both parts are (one read less)
     end
     if not (is_finite(lv) and is_finite(value)) then bad = "loss"; break end
@@ -242,7 +252,14 @@ function Stepper:run(batches, lr, t)
     l:backward()
     batches[i] = nil
   end
-  local loss = self.objective and sum / n_micro or sum / math.max(N, 1)
+  if group then
+    -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks
+    if group.any(bad ~= nil) and not bad then bad = "loss (on another rank)" end
+    sum = group.sum(sum)
+    if group.any(aux_sum ~= nil) then aux_sum = group.sum(aux_sum or 0) end   -- (every rank calls each collective)
+    if not bad then group.allreduce_grads(opt.params) end
+  end
+  local loss = self.objective and sum / n_mean or sum / math.max(N, 1)
   local norm
   if not bad then
     norm = (self.clip and self.clip > 0) and optim.clip_grad_norm(opt.params, self.clip) or optim.grad_norm(opt.params)
@@ -322,22 +339,27 @@ Run.__index = Run
 
 local RUN_KEYS = { driver = true, name = true, cfg = true, out = true, quiet = true, keep_ckpts = true,
   collect_every = true, model = true, optim = true, stepper = true, tokenizer = true, get_data = true,
-  set_data = true, get_position = true, set_position = true, tensorboard = true }
+  set_data = true, get_position = true, set_position = true, tensorboard = true, dist = true }
 
 -- run{driver = "train" | "curriculum", name, cfg (written to <out>/config.json), out, quiet, tensorboard = true (the
 --   events file beside metrics.jsonl), keep_ckpts = 2,
 --   collect_every = 1, model, optim, stepper, tokenizer, get_data () -> cursors, set_data (cursors, state),
---   get_position () -> nil | curriculum position, set_position (position, state, dir)}
+--   get_position () -> nil | curriculum position, set_position (position, state, dir),
+--   dist = nil | tide.dist: with several ranks only rank 0 prints, writes metrics and checkpoints (the state is
+--   replicated); every rank reads the checkpoint it resumes from}
 function step.run(o)
   options.check(o, RUN_KEYS, nil, "step.run")
   local self = setmetatable({}, Run)
   for k, v in pairs(o) do self[k] = v end
+  if self.dist and self.dist.world() == 1 then self.dist = nil end
+  self.writer = not self.dist or self.dist.is_root()
+  if not self.writer then self.quiet = true end
   self.step, self.tokens, self.rollbacks = 0, 0, 0
   self.collect_every = o.collect_every or 1
-  self.logger = log.open({ quiet = o.quiet })
+  self.logger = log.open({ quiet = self.quiet })
   self.result = { losses = {}, out = o.out, model = o.model, tokenizer = o.tokenizer }
   self.t_start = tide.time()
-  if self.out and tide.C.tide_mkdir_p(self.out) ~= 0 then
+  if self.writer and self.out and tide.C.tide_mkdir_p(self.out) ~= 0 then
     options.fail(o.driver, "cannot create '" .. self.out .. "': " .. ffi.string(tide.C.tide_last_error()))
   end
   return self
@@ -487,6 +509,11 @@ end
 -- write a checkpoint of the current step (no-op without a run directory)
 function Run:save()
   if not self.out then return end
+  if not self.writer then
+    -- rank 0 writes the replicated state; the others know where it went (a rollback reads it back)
+    self.last_ckpt = self.out .. "/ckpt/" .. checkpoint.dir_name(self.step)
+    return
+  end
   if not self.meta then
     self.meta = checkpoint.describe(self.model, self.tokenizer, self.cfg, plain)
     self.meta["tide.format"] = step.FORMAT
@@ -608,8 +635,20 @@ end
 -- writes into another run's directory unless overwrite says so; nothing of another run is pruned.
 function Run:open(resume, overwrite)
   local out, st = self.out, nil
-  if out then
+  if out and self.writer then
     for _, note in ipairs(checkpoint.recover(out)) do self.logger:line(note) end
+  end
+  -- the other ranks read the run directory only after rank 0 has recovered it
+  if self.dist then self.dist.barrier() end
+  if not self.writer then
+    -- a rank other than 0: the checkpoint to resume from, read only; rank 0 checks and writes the directory
+    if resume then
+      local ok, dir = pcall(checkpoint.resolve, resume == true and out or resume)
+      if not ok then options.fail(self.driver, fmt("--resume: %s", tostring(dir):gsub("^checkpoint: ", "")), 0) end
+      st = self:restore(dir)
+      self.resumed_from, self.start_step = dir, self.step
+    end
+    return st
   end
   if resume then
     local target = resume

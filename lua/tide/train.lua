@@ -6,6 +6,7 @@
 -- the step module's: a non-finite loss or gradient skips the step (the data cursor and t advance); 5 consecutive
 -- skips roll back to the last checkpoint; after 2 rollbacks the run stops with a report naming the first
 -- non-finite tensor (DESIGN.md §6). Resuming continues with bit-identical losses.
+local ffi = require "ffi"
 local tide = require "tide"
 local nn = require "tide.nn"
 local optim = require "tide.optim"
@@ -17,6 +18,8 @@ local log = require "tide.log"
 local options = require "tide.options"
 local generate = require "tide.generate"
 local step = require "tide.step"
+require "tide.checkpoint"   -- declares kill() and getpid() to the FFI (the fault test below)
+local dist = require "tide.dist"
 
 local fmt = string.format
 local WHO = "tide.train"
@@ -34,9 +37,10 @@ local SECTIONS = {
   train = TRAIN_KEYS,
   sample = { prompts = true, max_new_tokens = true, temperature = true, top_k = true, top_p = true, seed = true },
   expect = { final_loss_below = true },
+  dist = { dp = true },
 }
 local TOP = {
-  name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true,
+  name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true, dist = true,
   sample = true, on_nonfinite = true, resume = true, run = true, loss = true, expect = true,
   -- set by the command line (--out, --seed, --threads, --dry-run); they override train.out/seed/threads
   out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true,
@@ -57,6 +61,7 @@ local NUMERIC = {
   sample = { max_new_tokens = options.nonneg_int, temperature = nonneg_num, top_k = options.nonneg_int, top_p = top_p,
     seed = options.seed },
   expect = { final_loss_below = options.finite_number },
+  dist = { dp = options.pos_int },
 }
 
 -- unknown keys are errors that name the key and list the known ones
@@ -146,6 +151,24 @@ local function evaluate(model, d, batches)
   return total / batches, maxvio
 end
 
+-- the data-parallel layout (DESIGN.md §9): dist.dp (default: the job's ranks) must equal the ranks mpirun started;
+-- -> {n = dp, rank, group = tide.dist or nil}
+local function data_parallel(cfg, model)
+  local world, rank = dist.world(), dist.rank()
+  local dp = (cfg.dist and cfg.dist.dp) or world
+  if dp ~= world then
+    options.fail(WHO, fmt("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s", dp,
+      world, world == 1 and "" or "s", dp, world > 1 and fmt(" or set --dist.dp=%d", world) or ""))
+  end
+  if dp > 1 then
+    if model.moe_layers and #model:moe_layers() > 0 then
+      options.fail(WHO, "dist.dp > 1 with MoE layers: the balancers' statistics are not combined across ranks yet "
+        .. "(the QB histogram all-reduce of moe.md §4.1); train MoE models on one rank for now")
+    end
+  end
+  return { n = dp, rank = rank, group = dp > 1 and dist or nil }
+end
+
 -- setup: the model first (its initialisation draws from the RNG seeded here), then data, optimiser, the run
 local function setup(cfg)
   local tcfg = cfg.train or {}
@@ -162,21 +185,36 @@ local function setup(cfg)
   end
   local micro = tcfg.micro_batches or 1
   options.pos_int(micro, "train.micro_batches", WHO)
-  if d.train.B % micro ~= 0 then
-    options.fail(WHO, fmt("train.micro_batches %d does not divide the batch of %d rows", micro, d.train.B))
+  local dp = data_parallel(cfg, model)
+  if d.train.B % (micro * dp.n) ~= 0 then
+    options.fail(WHO, dp.n > 1
+      and fmt("the batch of %d rows does not split into dist.dp x train.micro_batches = %d x %d micro-batches", d.train.B,
+        dp.n, micro)
+      or fmt("train.micro_batches %d does not divide the batch of %d rows", micro, d.train.B))
+  end
+  if dp.n > 1 then
+    -- every rank reads the step's global batch and trains on its own micro-batches of it (rank r: the r-th group of
+    -- `micro`), so the data cursor is the same on every rank and N ranks see what one rank with N x micro sees
+    local all_of = d.train.next_step
+    d.train.next_step = function(m)
+      local all, mine = all_of(m * dp.n), {}
+      for i = 1, m do mine[i] = all[dp.rank * m + i] end
+      return mine
+    end
   end
   local opt = optim.build(cfg.optim or {}, model)
   local loss_fn = cfg.loss
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
-    on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window,
+    on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group,
     objective = loss_fn and function(m, b, t) return loss_fn(m, b.ids, b.targets, t) end })
   local out = cfg.out or tcfg.out
   local run = step.run({ driver = "train", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
     optim = opt, stepper = stepper,
-    tokenizer = d.tokenizer,
+    tokenizer = d.tokenizer, dist = dp.group,
     get_data = function() return { train = d.train.state() } end,
     set_data = function(cursors) d.train.set_state(cursors.train) end })
+  run.dp = dp.n
   return model, d, run, micro
 end
 
@@ -189,7 +227,14 @@ local function loop(cfg, model, d, run, micro)
   local logger = run.logger
   local t_start, done_here, t_log, tokens_log, val_loss = tide.time(), 0, tide.time(), 0, nil
   local tokens_per_step = d.train.B * d.train.T
+  -- the fault tests (tests/dist/dp_check.sh): this rank raises, or is SIGKILLed, before step 5
+  local fail_rank = tonumber(os.getenv("TIDE_TEST_FAIL_RANK") or "")
+  local kill_rank = tonumber(os.getenv("TIDE_TEST_KILL_RANK") or "")
   while run.step < steps do
+    if run.step == 4 and fail_rank == dist.rank() then
+      error(fmt("TIDE_TEST_FAIL_RANK: rank %d fails at step %d (a test)", fail_rank, run.step + 1), 0)
+    end
+    if run.step == 4 and kill_rank == dist.rank() then ffi.C.kill(ffi.C.getpid(), 9) end   -- (cdef: tide.checkpoint)
     local rec = run:train_step(d.train.next_step(micro), lr_at(run.step))
     done_here = done_here + 1
     if not rec.skipped and eval_every > 0 and run.step % eval_every == 0 then
@@ -263,7 +308,8 @@ local function train(cfg)
   local st = run:open(cfg.resume, cfg.overwrite)
   if st then run.logger:line(fmt("resumed from %s at step %d", run.resumed_from, run.step)) end
   run.logger:line(fmt("model: %s", model:extra_repr()))
-  run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or ""))
+  run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or "")
+    .. (run.dp > 1 and fmt("; data parallel over %d ranks (each its 1/%d of every step's batch)", run.dp, run.dp) or ""))
   local r = loop(cfg, model, d, run, micro)
   report(cfg, r, d, run.logger)
   run.logger:close()

@@ -19,6 +19,19 @@ int main(void)
     int ok = 1;
     for (int i = 0; i < 5; i++) ok &= out[i] == ranks * (i + 1);
     ok ? pass++ : (fail++, printf("rank %d: allreduce gave %g, expected %g\n", r, out[0], ranks));
+    /* the chain sends each rank's 40 bytes once (the last rank: its broadcast of the sum) */
+    int64_t sent = tide_dist_bytes_sent(), want = w > 1 ? 40 : 0;
+    sent == want ? pass++ : (fail++, printf("rank %d: %lld bytes sent, expected %lld\n", r, (long long)sent, (long long)want));
+    /* the sum in rank order, bitwise: rank r holds 0.1·3^r; every rank computes ((x_0 + x_1) + ...) itself */
+    double x = 0.1, acc = 0;
+    for (int q = 0; q < w; q++) { double xq = 0.1; for (int e = 0; e < q; e++) xq *= 3; acc = q == 0 ? xq : acc + xq; }
+    for (int e = 0; e < r; e++) x *= 3;
+    tide_tensor *o = tide_from_f64(TIDE_F64, 1, (int64_t[]){1}, 0, &x);
+    double got = 0;
+    if (tide_dist_allreduce_sum_(o)) { printf("allreduce failed: %s\n", tide_last_error()); return 1; }
+    tide_to_f64_buffer(o, &got, 1);
+    got == acc ? pass++ : (fail++, printf("rank %d: the sum %.17g is not the rank-order sum %.17g\n", r, got, acc));
+    tide_tensor_release(o);
     for (int i = 0; i < 5; i++) v[i] = r == w - 1 ? 7.0 * i : -1;
     tide_tensor *b = tide_from_f64(TIDE_F32, 1, (int64_t[]){5}, 0, v);
     if (tide_dist_broadcast_(b, w - 1)) { printf("broadcast failed: %s\n", tide_last_error()); return 1; }

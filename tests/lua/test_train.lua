@@ -33,7 +33,7 @@ end
 
 T.test("unknown config keys are errors that name the key and list the known ones", function()
   T.raises(function() train(fixture_cfg({ optimizer = { lr = 1 } })) end,
-    "unknown key 'optimizer' in the config; known keys: check, data, description, dry_run, expect, loss, model, name")
+    "unknown key 'optimizer' in the config; known keys: check, data, description, dist, dry_run, expect, loss, model, name")
   T.raises(function() train(fixture_cfg({ train = { step = 5 } })) end,
     "unknown key 'step' in cfg.train; known keys: ckpt_every, collect_every, eval_batches")
   T.raises(function() train(fixture_cfg({ data = { seq_length = 5 } })) end, "unknown key 'seq_length' in cfg.data")

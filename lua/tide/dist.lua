@@ -1,0 +1,98 @@
+-- tide.dist — the process group of a multi-process run (DESIGN.md §9): the ranks started by `mpirun -np N tide run
+-- recipe.lua`, and the collectives the drivers need, over MPI for CPU tensors. Without MPI, or in a process that
+-- mpirun did not start, there is one rank and every collective is the identity.
+--
+-- Sums run in rank order (((x_0 + x_1) + x_2) + ...; engine/dist/comm.c), so N ranks reproduce themselves bit for bit
+-- whatever the message timing, and equal one process that accumulates the same N parts in order: data parallelism
+-- over N ranks gives the gradients of one rank with N micro-batches.
+--
+--   dist.rank(), dist.world(), dist.is_root()
+--   dist.allreduce_(t)            t summed over the ranks, in place (a contiguous CPU f32/f64 tensor)
+--   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
+--   dist.broadcast_(t, root)      root's t on every rank
+--   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
+--   dist.barrier(), dist.bytes_sent()
+local ffi = require "ffi"
+local tide = require "tide"
+
+local C = tide.C
+local raw = tide.raw
+local dist = {}
+
+local function check(rc, what)
+  if rc ~= 0 then error("dist: " .. what .. ": " .. ffi.string(C.tide_last_error()), 0) end
+end
+
+local inited = false
+local function init()
+  if not inited then
+    check(C.tide_dist_init(), "init")
+    inited = true
+  end
+end
+
+function dist.rank() init(); return C.tide_dist_rank() end
+function dist.world() init(); return C.tide_dist_world_size() end
+function dist.is_root() return dist.rank() == 0 end
+
+function dist.allreduce_(t)
+  init()
+  check(C.tide_dist_allreduce_sum_(raw(t)), "allreduce")
+  return t
+end
+
+function dist.broadcast_(t, root)
+  init()
+  check(C.tide_dist_broadcast_(raw(t), root or 0), "broadcast")
+  return t
+end
+
+function dist.barrier() init(); check(C.tide_dist_barrier(), "barrier") end
+
+function dist.bytes_sent() return tonumber(C.tide_dist_bytes_sent()) end
+
+-- x (a Lua number) summed over the ranks, in rank order
+function dist.sum(x)
+  if dist.world() == 1 then return x end
+  local t = tide.tensor({ x }, { dtype = "f64" })
+  return dist.allreduce_(t):item()
+end
+
+function dist.any(flag) return dist.sum(flag and 1 or 0) > 0 end
+
+-- the gradients of params ({param = tensor} entries or tensors) summed over the ranks: one flat buffer per dtype (a
+-- parameter without a gradient on this rank contributes zeros and gets the sum), summed in rank order, copied back
+function dist.allreduce_grads(params)
+  if dist.world() == 1 then return end
+  tide.no_grad(function()
+    local by_dtype, order = {}, {}
+    for _, p in ipairs(params) do
+      local t = p.param or p
+      local g = t:grad()
+      if not g then
+        g = tide.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
+        t:set_grad(g)
+        g = t:grad()
+      end
+      local dt = g:dtype()
+      if not by_dtype[dt] then by_dtype[dt] = {}; order[#order + 1] = dt end
+      local list = by_dtype[dt]
+      list[#list + 1] = g
+    end
+    for _, dt in ipairs(order) do
+      local grads = by_dtype[dt]
+      local flat = {}
+      for i, g in ipairs(grads) do flat[i] = g:reshape(g:numel()) end
+      local buf = #flat == 1 and flat[1]:clone() or tide.F.concat(flat, 1)
+      dist.allreduce_(buf)
+      local off = 0
+      for _, g in ipairs(grads) do
+        local n = g:numel()
+        g:copy_(buf:narrow(1, off + 1, n):reshape(g:shape()))
+        off = off + n
+      end
+    end
+  end)
+end
+
+return dist

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# dp_check.sh — data parallelism over MPI (DESIGN.md §9) against one rank: recipes/dense.lua, small and in f64 and
+# f32, for 6 steps with a checkpoint. dp = 2 and dp = 4 (mpirun, oversubscribed) must give one rank's run with
+# train.micro_batches = 2 / 4 (the same global batch): every weight, every AdamW moment and every loss bitwise, since
+# the gradient sum runs in rank order like gradient accumulation; two dp = 2 runs bitwise alike; resuming a dp = 2
+# run from its step-3 checkpoint (under dp = 2, and on one rank with 2 micro-batches) bitwise the uninterrupted run; a
+# rank that raises or is SIGKILLed ends the job within a minute (the raise names its rank) and the checkpoint it leaves
+# resumes to the uninterrupted run; dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+tide="$build/tide"
+mpirun=${MPIEXEC:-mpirun}
+if ! command -v "$mpirun" > /dev/null; then echo "dp_check: no mpirun: skipped"; exit 0; fi
+if [ "$("$tide" run tests/dist/dp_mpi.lua 2>&1 | tail -1)" != "mpi available" ]; then
+    echo "dp_check: this build has no MPI: skipped"; exit 0
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --data.batch_size=8 --train.steps=6
+       --train.eval_every=0 --train.ckpt_every=3 --train.log_every=1 --sample.max_new_tokens=0 --train.threads=1
+       --schedule.warmup=2 --train.quiet=true)
+mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
+cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --what="$3"; }
+for dt in f64 f32; do
+    one() { "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=$dt "$@"; }
+    one --train.micro_batches=2 --out="$tmp/$dt-m2" > /dev/null
+    "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=$dt --out="$tmp/$dt-dp2" > /dev/null
+    cmp "$tmp/$dt-m2" "$tmp/$dt-dp2" "$dt: dp 2 == one rank, 2 micro-batches"
+done
+one() { "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 "$@"; }
+# the comparison sees a change of summation order: one rank with 1 and with 2 micro-batches differ
+one --out="$tmp/m1" > /dev/null
+if "$tide" run tests/dist/dp_compare.lua --a="$tmp/m1" --b="$tmp/f64-m2" > /dev/null 2>&1; then
+    echo "FAIL 1 and 2 micro-batches compare equal: the comparison cannot see a summation order"; exit 1; fi
+echo "ok   1 and 2 micro-batches differ (the comparison sees the summation order)"
+# the ranks really share the work: the run says so
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --train.quiet=false --out="$tmp/say" \
+    | grep -q "data parallel over 2 ranks" || { echo "FAIL the dp 2 run does not report 2 ranks"; exit 1; }
+one --train.micro_batches=4 --out="$tmp/m4" > /dev/null
+"${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/dp4" > /dev/null
+cmp "$tmp/m4" "$tmp/dp4" "f64: dp 4 == one rank, 4 micro-batches"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/dp2b" > /dev/null
+cmp "$tmp/f64-dp2" "$tmp/dp2b" "f64: two dp 2 runs"
+# resume: the step-3 checkpoint of a dp 2 run, continued under dp 2
+mkdir -p "$tmp/res"
+cp -r "$tmp/f64-dp2/ckpt" "$tmp/res/" && cp "$tmp/f64-dp2/config.json" "$tmp/res/"
+head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
+    --resume="$tmp/res/ckpt/step_00000003" > /dev/null
+cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
+# a dp 2 checkpoint resumed on one rank with 2 micro-batches (the state is replicated, the data cursor global)
+mkdir -p "$tmp/one"
+cp -r "$tmp/f64-dp2/ckpt" "$tmp/one/" && cp "$tmp/f64-dp2/config.json" "$tmp/one/"
+head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/one/metrics.jsonl"
+"$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/one" \
+    --resume="$tmp/one/ckpt/step_00000003" > /dev/null
+cmp "$tmp/f64-dp2" "$tmp/one" "f64: dp 2 checkpoint resumed on one rank (2 micro-batches) == dp 2 uninterrupted"
+# errors: dist.dp against the ranks; a failing rank ends the job, naming itself
+if out=$("$tide" run recipes/dense.lua "${small[@]}" --dist.dp=2 --out="$tmp/bad" 2>&1); then
+    echo "FAIL dist.dp = 2 on one rank must be an error"; exit 1; fi
+grep -q "dist.dp = 2 but the job has 1 rank" <<< "$out" || { echo "FAIL dist.dp message: $out"; exit 1; }
+echo "ok   dist.dp = 2 on one rank: $(tail -1 <<< "$out")"
+# a rank that raises (or is SIGKILLed) after the step-3 checkpoint ends the job, named; the checkpoint loads and the run
+# resumed from it under dp 2 is the uninterrupted one
+for how in FAIL KILL; do
+    start=$(date +%s)
+    env=(-x TIDE_TEST_${how}_RANK=1)
+    if out=$("${mp[@]}" -np 2 "${env[@]}" "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 \
+            --out="$tmp/fail$how" 2>&1); then
+        echo "FAIL a rank that fails ($how) must end the job with an error"; exit 1; fi
+    took=$(( $(date +%s) - start ))
+    [ $took -le 60 ] || { echo "FAIL the job took $took s to stop after rank 1 failed ($how)"; exit 1; }
+    if [ $how = FAIL ]; then
+        grep -q "rank 1" <<< "$out" || { echo "FAIL the error does not name the rank: $out"; exit 1; }
+        echo "ok   a rank that raises ends the job in $took s: $(grep -m1 'rank 1' <<< "$out")"
+    else
+        echo "ok   a rank that is SIGKILLed ends the job in $took s: $(grep -m1 -iE 'signal|killed|exited' <<< "$out" || true)"
+    fi
+    "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/fail$how" --resume > /dev/null
+    cmp "$tmp/f64-dp2" "$tmp/fail$how" "f64: dp 2 resumed from the checkpoint left by the failed job ($how) == uninterrupted"
+done
+echo "dp_check: all passed"

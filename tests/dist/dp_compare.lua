@@ -1,0 +1,51 @@
+-- dp_compare.lua — compares two runs of tests/dist/dp_check.sh: every tensor of the final checkpoints (the model and
+-- AdamW's moments) and every step's loss, bitwise, or within --rel (relative to the tensor's max |value|).
+--   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT]
+local tide = require "tide"
+local checkpoint = require "tide.checkpoint"
+local json = require "tide.json"
+
+local function losses(run)
+  local out = {}
+  local text = assert(tide.read_file(run .. "/metrics.jsonl"))
+  for line in text:gmatch("[^\n]+") do
+    local r = json.decode(line)
+    if r.step and r.loss then out[r.step] = r.loss end
+  end
+  return out
+end
+
+local function run(cfg)
+  local rel = tonumber(cfg.rel) or 0
+  local what = (cfg.what and cfg.what ~= "") and cfg.what or (cfg.a .. " vs " .. cfg.b)
+  local A, B = checkpoint.open(checkpoint.resolve(cfg.a)), checkpoint.open(checkpoint.resolve(cfg.b))
+  if A.state.step ~= B.state.step then error(string.format("%s: steps differ (%d, %d)", what, A.state.step, B.state.step), 0) end
+  local worst, n = 0, 0
+  for _, file in ipairs({ "model.safetensors", "optim.safetensors" }) do
+    local ta, tb = A:tensors(file), B:tensors(file)
+    for name, x in pairs(ta) do
+      local y = tb[name]
+      if not y then error(string.format("%s: %s has no %s", what, cfg.b, name), 0) end
+      local d = (x:to("f64") - y:to("f64")):abs():max():item()
+      local m = x:to("f64"):abs():max():item()
+      local r = m > 0 and d / m or d
+      if r > rel then error(string.format("%s: %s %s differs by %.3g relative (limit %g)", what, file, name, r, rel), 0) end
+      worst, n = math.max(worst, r), n + 1
+    end
+  end
+  local la, lb = losses(cfg.a), losses(cfg.b)
+  local steps = 0
+  for s, v in pairs(la) do
+    local w = lb[s]
+    if w == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.b, s), 0) end
+    local r = math.abs(v - w) / math.max(math.abs(v), 1e-30)
+    if r > rel then error(string.format("%s: step %d loss %.17g vs %.17g", what, s, v, w), 0) end
+    steps = steps + 1
+  end
+  if steps == 0 or n == 0 then error(what .. ": nothing compared", 0) end
+  print(string.format("ok   %s: %d tensors and %d step losses %s", what, n, steps,
+    worst == 0 and "bitwise equal" or string.format("within %.3g relative", worst)))
+  return 0
+end
+
+return { a = "", b = "", rel = 0, what = "", run = run }
