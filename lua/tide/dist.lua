@@ -11,6 +11,7 @@
 --   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
 --   dist.broadcast_(t, root)      root's t on every rank
 --   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
+--   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
 --   dist.barrier(), dist.bytes_sent()
 local ffi = require "ffi"
 local tide = require "tide"
@@ -93,6 +94,43 @@ function dist.allreduce_grads(params)
       end
     end
   end)
+end
+
+-- the ranks sharing an MoE routing batch, as the balancers read them (nn/balance.lua, qb.update_arrays): size;
+-- sum_i64(int64 array, len) summed in place over the ranks (counts: exact through f64 below 2^53); gather_f64(double
+-- array, len) -> the concatenation over the ranks in rank order and its length (each rank's values at its offset of
+-- a zero buffer, summed: exact, one all-reduce)
+local function from_array(a, n)
+  local t = tide.wrap(C.tide_from_f64(C.TIDE_F64, 1, ffi.new("int64_t[1]", n), 0, a))
+  return t
+end
+
+function dist.balance_group()
+  local world, rank = dist.world(), dist.rank()
+  if world == 1 then return nil end
+  local g = { size = world }
+  function g.sum_i64(arr, len)
+    local d = ffi.new("double[?]", math.max(len, 1))
+    for i = 0, len - 1 do d[i] = tonumber(arr[i]) end
+    local t = dist.allreduce_(from_array(d, len))
+    local out = t:f64_array()
+    for i = 0, len - 1 do arr[i] = out[i] end
+  end
+  function g.gather_f64(arr, len)
+    local lens = ffi.new("double[?]", world)
+    lens[rank] = len
+    local lt = dist.allreduce_(from_array(lens, world)):f64_array()
+    local off, total = 0, 0
+    for r = 0, world - 1 do
+      if r < rank then off = off + lt[r] end
+      total = total + lt[r]
+    end
+    local buf = ffi.new("double[?]", math.max(total, 1))
+    for i = 0, len - 1 do buf[off + i] = arr[i] end
+    local out = dist.allreduce_(from_array(buf, total)):f64_array()
+    return out, total
+  end
+  return g
 end
 
 return dist

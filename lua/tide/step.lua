@@ -172,8 +172,10 @@ function step.stepper(o)
   if clip == nil then clip = 1.0 end
   local group = o.dist
   if group and group.world() == 1 then group = nil end
+  local bgroup = group and group.balance_group() or nil
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
-    jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group },
+    jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group,
+    balance_group = bgroup },
     Stepper)
 end
 
@@ -289,8 +291,9 @@ function Stepper:run(batches, lr, t)
       rec.stop = self.policy == "stop" and fmt("stopped at step %d: non-finite %s (on_nonfinite = 'stop')", (t or 0) + 1,
         self.poisoned) or nil
     end
-    -- MoE balancers set the selection bias from this step's routing, for the next step (moe.md §4.1)
-    if model.balance_step then model:balance_step() end
+    -- MoE balancers set the selection bias from this step's routing, for the next step (moe.md §4.1); under data
+    -- parallelism the routing batch is every rank's (counts summed, margins gathered in rank order)
+    if model.balance_step then model:balance_step(group and { group = self.balance_group } or nil) end
     self.consecutive = 0
     rec.grad_norm_jitter = self:jitter(norm)
   end

@@ -160,12 +160,6 @@ local function data_parallel(cfg, model)
     options.fail(WHO, fmt("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s", dp,
       world, world == 1 and "" or "s", dp, world > 1 and fmt(" or set --dist.dp=%d", world) or ""))
   end
-  if dp > 1 then
-    if model.moe_layers and #model:moe_layers() > 0 then
-      options.fail(WHO, "dist.dp > 1 with MoE layers: the balancers' statistics are not combined across ranks yet "
-        .. "(the QB histogram all-reduce of moe.md §4.1); train MoE models on one rank for now")
-    end
-  end
   return { n = dp, rank = rank, group = dp > 1 and dist or nil }
 end
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dp_check.sh — data parallelism over MPI (DESIGN.md §9) against one rank: recipes/dense.lua, small and in f64 and
-# f32, for 6 steps with a checkpoint. dp = 2 and dp = 4 (mpirun, oversubscribed) must give one rank's run with
+# f32, and a tiny hybrid MoE model (tests/dist/dp_moe.lua: QB exact and histogram, the sign rule), for 6 steps with a
+# checkpoint. dp = 2 and dp = 4 (mpirun, oversubscribed) must give one rank's run with
 # train.micro_batches = 2 / 4 (the same global batch): every weight, every AdamW moment and every loss bitwise, since
 # the gradient sum runs in rank order like gradient accumulation; two dp = 2 runs bitwise alike; resuming a dp = 2
 # run from its step-3 checkpoint (under dp = 2, and on one rank with 2 micro-batches) bitwise the uninterrupted run; a
@@ -35,8 +36,8 @@ if "$tide" run tests/dist/dp_compare.lua --a="$tmp/m1" --b="$tmp/f64-m2" > /dev/
     echo "FAIL 1 and 2 micro-batches compare equal: the comparison cannot see a summation order"; exit 1; fi
 echo "ok   1 and 2 micro-batches differ (the comparison sees the summation order)"
 # the ranks really share the work: the run says so
-"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --train.quiet=false --out="$tmp/say" \
-    | grep -q "data parallel over 2 ranks" || { echo "FAIL the dp 2 run does not report 2 ranks"; exit 1; }
+out=$("${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --train.quiet=false --out="$tmp/say" 2>&1)
+grep -q "data parallel over 2 ranks" <<< "$out" || { echo "FAIL the dp 2 run does not report 2 ranks: $out"; exit 1; }
 one --train.micro_batches=4 --out="$tmp/m4" > /dev/null
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/dp4" > /dev/null
 cmp "$tmp/m4" "$tmp/dp4" "f64: dp 4 == one rank, 4 micro-batches"
@@ -49,6 +50,17 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
+# MoE (tests/dist/dp_moe.lua, f64): the balancers' routing batch spans the ranks — QB with the exact estimator
+# (margins gathered in rank order) and the histogram one (counts summed), and the sign rule (loads summed): the
+# selection biases, weights, moments and losses of dp 2 == one rank with 2 micro-batches, bitwise
+for bal in "quantile --model.moe.estimator=exact" "quantile --model.moe.estimator=histogram" "sign"; do
+    set -- $bal
+    name=$(tr ' =' '__' <<< "$bal")
+    "$tide" run tests/dist/dp_moe.lua --model.moe.balance=$1 ${2:-} --train.micro_batches=2 --out="$tmp/moe-m2-$name" \
+        > /dev/null
+    "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --model.moe.balance=$1 ${2:-} --out="$tmp/moe-dp2-$name" > /dev/null
+    cmp "$tmp/moe-m2-$name" "$tmp/moe-dp2-$name" "MoE $bal: dp 2 == one rank, 2 micro-batches"
+done
 # a dp 2 checkpoint resumed on one rank with 2 micro-batches (the state is replicated, the data cursor global)
 mkdir -p "$tmp/one"
 cp -r "$tmp/f64-dp2/ckpt" "$tmp/one/" && cp "$tmp/f64-dp2/config.json" "$tmp/one/"
