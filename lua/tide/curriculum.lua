@@ -51,7 +51,7 @@ local curriculum = {}
 
 local TOP = {
   name = true, description = true, model = true, optim = true, tokens_per_step = true, micro_tokens = true,
-  sources = true, stages = true, val = true, evals = true, hooks = true, train = true, parallel = true,
+  sources = true, stages = true, val = true, evals = true, hooks = true, train = true, parallel = true, dist = true,
   expect = true, scales = true, on_nonfinite = true, results = true,
   -- set by the command line (--resume, --stage=NAME, --scale=NAME, --dry-run, --out, --seed, --threads)
   resume = true, stage = true, scale = true, scale_applied = true, dry_run = true, out = true, seed = true,
@@ -348,6 +348,16 @@ local function setup(cfg)
   check_expect(cfg)
   if cfg.val ~= nil then check_keys(cfg.val, VAL, "val") end
   local stages, by_name = resolve_stages(cfg)
+  -- data parallelism (tide.dist): each rank runs its 1/dp of every step's micro-batches
+  local dp = require("tide.dist").layout(cfg.dist, "curriculum")
+  if dp.n > 1 then
+    for _, st in ipairs(stages) do
+      if st.n_micro % dp.n ~= 0 then
+        bad(fmt("stage '%s': its %d micro-batch(es) per step do not split over dist.dp = %d ranks (lower micro_tokens)",
+          st.name, st.n_micro, dp.n), 2)
+      end
+    end
+  end
   local out = cfg.out or tcfg.out
   if out == "" then out = nil end
   local seed = cfg.seed or tcfg.seed or 0
@@ -370,11 +380,12 @@ local function setup(cfg)
     tok = tok, si = 1, stage_step = 0 }
   C.sources = sources.build(cfg.sources, tok, seed, "curriculum", (cfg.model or {}).vision)
   C.eot = tok:id("<|endoftext|>")
+  C.dp = dp
   C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
-    jitter_window = tcfg.jitter_window })
+    jitter_window = tcfg.jitter_window, dist = dp.group })
   C.run = step.run({ driver = "curriculum", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
-    optim = opt, stepper = C.stepper,
+    optim = opt, stepper = C.stepper, dist = dp.group,
     tokenizer = tok,
     get_data = function() return { packer = C.packer:state() } end,
     set_data = function(cursors) C.pending_packer = cursors.packer end,
@@ -504,8 +515,12 @@ end
 local function stage_step(C, total_steps)
   local st, run = C.stages[C.si], C.run
   C.eta_from = C.eta_from or { time = tide.time(), tokens = run.tokens }   -- the ETA's rate: this process's steps
-  local batches = {}
-  for i = 1, st.n_micro do batches[i] = C.packer:next_rows(st.micro_rows) end
+  -- every rank draws the step's n_micro micro-batches (the packer's stream is one), and trains on its own 1/dp
+  local batches, rank, per = {}, C.dp.rank, st.n_micro / C.dp.n
+  for i = 1, st.n_micro do
+    local b = C.packer:next_rows(st.micro_rows)
+    if i > rank * per and i <= (rank + 1) * per then batches[#batches + 1] = b end
+  end
   local rec = run:train_step(batches, curriculum.lr_at(st, C.stage_step))
   C.stage_step = C.stage_step + 1
   st._tok, st._time = (st._tok or 0) + st.tokens_per_step, (st._time or 0) + rec.step_time

@@ -7,6 +7,7 @@
 -- over N ranks gives the gradients of one rank with N micro-batches.
 --
 --   dist.rank(), dist.world(), dist.is_root()
+--   dist.layout(cfg.dist, who)    the data-parallel layout of a recipe's `dist = {dp = N}` (checked against the job)
 --   dist.allreduce_(t)            t summed over the ranks, in place (a contiguous CPU f32/f64 tensor)
 --   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
 --   dist.broadcast_(t, root)      root's t on every rank
@@ -94,6 +95,22 @@ function dist.allreduce_grads(params)
       end
     end
   end)
+end
+
+-- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
+-- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.
+function dist.layout(dcfg, who)
+  local options = require "tide.options"
+  if dcfg ~= nil and type(dcfg) ~= "table" then options.fail(who, "dist must be a table ({dp = N}), got " .. type(dcfg)) end
+  options.check(dcfg or {}, { dp = true }, "dist", who)
+  local world, rank = dist.world(), dist.rank()
+  local dp = (dcfg and dcfg.dp) or world
+  options.pos_int(dp, "dist.dp", who)
+  if dp ~= world then
+    options.fail(who, string.format("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s",
+      dp, world, world == 1 and "" or "s", dp, world > 1 and string.format(" or set --dist.dp=%d", world) or ""))
+  end
+  return { n = dp, rank = rank, group = dp > 1 and dist or nil }
 end
 
 -- the ranks sharing an MoE routing batch, as the balancers read them (nn/balance.lua, qb.update_arrays): size;

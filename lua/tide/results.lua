@@ -140,7 +140,7 @@ function results.finish_run(run, r, cfg, missed)
     rollbacks = r.rollbacks, stages = json.array(stages), evals = json.array(evals), moe = json.array(moe),
     expect = cfg.expect, expect_missed = json.array(missed or {}),
   }
-  if run.out then
+  if run.out and run.writer ~= false then   -- (data parallelism: rank 0 writes)
     local path = run.out .. "/results.json"
     local text = json.encode(summary, { first = { "name", "step", "tokens", "elapsed_s", "final_loss" } }) .. "\n"
     if tide.C.tide_file_write_text_atomic(path, text) ~= 0 then

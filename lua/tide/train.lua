@@ -61,7 +61,6 @@ local NUMERIC = {
   sample = { max_new_tokens = options.nonneg_int, temperature = nonneg_num, top_k = options.nonneg_int, top_p = top_p,
     seed = options.seed },
   expect = { final_loss_below = options.finite_number },
-  dist = { dp = options.pos_int },
 }
 
 -- unknown keys are errors that name the key and list the known ones
@@ -151,18 +150,6 @@ local function evaluate(model, d, batches)
   return total / batches, maxvio
 end
 
--- the data-parallel layout (DESIGN.md §9): dist.dp (default: the job's ranks) must equal the ranks mpirun started;
--- -> {n = dp, rank, group = tide.dist or nil}
-local function data_parallel(cfg, model)
-  local world, rank = dist.world(), dist.rank()
-  local dp = (cfg.dist and cfg.dist.dp) or world
-  if dp ~= world then
-    options.fail(WHO, fmt("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s", dp,
-      world, world == 1 and "" or "s", dp, world > 1 and fmt(" or set --dist.dp=%d", world) or ""))
-  end
-  return { n = dp, rank = rank, group = dp > 1 and dist or nil }
-end
-
 -- setup: the model first (its initialisation draws from the RNG seeded here), then data, optimiser, the run
 local function setup(cfg)
   local tcfg = cfg.train or {}
@@ -179,7 +166,7 @@ local function setup(cfg)
   end
   local micro = tcfg.micro_batches or 1
   options.pos_int(micro, "train.micro_batches", WHO)
-  local dp = data_parallel(cfg, model)
+  local dp = dist.layout(cfg.dist, WHO)
   if d.train.B % (micro * dp.n) ~= 0 then
     options.fail(WHO, dp.n > 1
       and fmt("the batch of %d rows does not split into dist.dp x train.micro_batches = %d x %d micro-batches", d.train.B,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dp_check.sh — data parallelism over MPI (DESIGN.md §9) against one rank: recipes/dense.lua, small and in f64 and
 # f32, and a tiny hybrid MoE model (tests/dist/dp_moe.lua: QB exact and histogram, the sign rule), for 6 steps with a
-# checkpoint. dp = 2 and dp = 4 (mpirun, oversubscribed) must give one rank's run with
+# checkpoint; the 3-stage MoE curriculum of the tests (tests/fixtures/curriculum_small.lua) against itself on one rank. dp = 2 and dp = 4 (mpirun, oversubscribed) must give one rank's run with
 # train.micro_batches = 2 / 4 (the same global batch): every weight, every AdamW moment and every loss bitwise, since
 # the gradient sum runs in rank order like gradient accumulation; two dp = 2 runs bitwise alike; resuming a dp = 2
 # run from its step-3 checkpoint (under dp = 2, and on one rank with 2 micro-batches) bitwise the uninterrupted run; a
@@ -61,6 +61,20 @@ for bal in "quantile --model.moe.estimator=exact" "quantile --model.moe.estimato
     "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --model.moe.balance=$1 ${2:-} --out="$tmp/moe-dp2-$name" > /dev/null
     cmp "$tmp/moe-m2-$name" "$tmp/moe-dp2-$name" "MoE $bal: dp 2 == one rank, 2 micro-batches"
 done
+# a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, hybrid MoE, 2 micro-batches a step): dp 2 == the same
+# recipe on one rank, for each QB estimator; and a dp 2 run resumed mid-curriculum (stage b, step 8) == uninterrupted
+for est in exact histogram; do
+    cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=$est --train.keep_ckpts=10)
+    "$tide" run "${cur[@]}" --out="$tmp/cur-one-$est" > /dev/null
+    "${mp[@]}" -np 2 "$tide" run "${cur[@]}" --out="$tmp/cur-dp2-$est" > /dev/null
+    cmp "$tmp/cur-one-$est" "$tmp/cur-dp2-$est" "curriculum, QB $est: dp 2 == one rank"
+done
+mkdir -p "$tmp/cur-res"
+cp -r "$tmp/cur-dp2-exact/ckpt" "$tmp/cur-res/" && cp "$tmp/cur-dp2-exact/config.json" "$tmp/cur-res/"
+grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-res/metrics.jsonl"
+"${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact \
+    --train.keep_ckpts=10 --out="$tmp/cur-res" --resume="$tmp/cur-res/ckpt/step_00000008" > /dev/null
+cmp "$tmp/cur-dp2-exact" "$tmp/cur-res" "curriculum: dp 2 resumed at step 8 (stage b) == uninterrupted"
 # a dp 2 checkpoint resumed on one rank with 2 micro-batches (the state is replicated, the data cursor global)
 mkdir -p "$tmp/one"
 cp -r "$tmp/f64-dp2/ckpt" "$tmp/one/" && cp "$tmp/f64-dp2/config.json" "$tmp/one/"
