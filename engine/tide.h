@@ -504,6 +504,9 @@ int tide_dist_allreduce_sum_(tide_tensor *t);
 int64_t tide_dist_bytes_sent(void);
 /* in-place copy of root's tensor to every rank */
 int tide_dist_broadcast_(tide_tensor *t, int root);
+/* point to point: t's bytes to rank dst; rank src's bytes into t (contiguous CPU tensors of the same size) */
+int tide_dist_send_(tide_tensor *t, int dst);
+int tide_dist_recv_(tide_tensor *t, int src);
 int tide_dist_barrier(void);
 /* 1 once tide_dist_init has joined a job of more than one rank (it never initialises MPI itself) */
 int tide_dist_active(void);

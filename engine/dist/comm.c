@@ -118,6 +118,37 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
     return 0;
 }
 
+/* point to point: the bytes of a contiguous CPU tensor to rank dst / from rank src into t (same shape and dtype) */
+int tide_dist_send_(tide_tensor *t, int dst)
+{
+    if (check_cpu_tensor(t, "send")) return -1;
+    if (dst < 0 || dst >= tide_dist_world_size() || dst == tide_dist_rank())
+        return tide_set_error("send: rank %d is not another rank (world size %d)", dst, tide_dist_world_size());
+#ifdef TIDE_HAVE_MPI
+    if (MPI_Send(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, dst, 11, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return tide_set_error("send: MPI_Send to rank %d failed", dst);
+    g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
+#endif
+    return 0;
+}
+
+int tide_dist_recv_(tide_tensor *t, int src)
+{
+    if (check_cpu_tensor(t, "recv")) return -1;
+    if (src < 0 || src >= tide_dist_world_size() || src == tide_dist_rank())
+        return tide_set_error("recv: rank %d is not another rank (world size %d)", src, tide_dist_world_size());
+#ifdef TIDE_HAVE_MPI
+    int got = 0;
+    MPI_Status st;
+    if (MPI_Recv(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, src, 11, MPI_COMM_WORLD, &st) != MPI_SUCCESS)
+        return tide_set_error("recv: MPI_Recv from rank %d failed", src);
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if ((int64_t)got != tide_tensor_nbytes(t))
+        return tide_set_error("recv: rank %d sent %d bytes, expected %lld", src, got, (long long)tide_tensor_nbytes(t));
+#endif
+    return 0;
+}
+
 int tide_dist_barrier(void)
 {
 #ifdef TIDE_HAVE_MPI

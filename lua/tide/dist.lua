@@ -7,7 +7,8 @@
 -- over N ranks gives the gradients of one rank with N micro-batches.
 --
 --   dist.rank(), dist.world(), dist.is_root()
---   dist.layout(cfg.dist, who)    the data-parallel layout of a recipe's `dist = {dp = N}` (checked against the job)
+--   dist.layout(cfg.dist, who)    the data-parallel layout of a recipe's `dist = {dp = N, zero = 0 | 1}` (checked)
+--   dist.send_(t, dst), dist.recv_(t, src)
 --   dist.allreduce_(t)            t summed over the ranks, in place (a contiguous CPU f32/f64 tensor)
 --   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
 --   dist.broadcast_(t, root)      root's t on every rank
@@ -50,6 +51,10 @@ function dist.broadcast_(t, root)
 end
 
 function dist.barrier() init(); check(C.tide_dist_barrier(), "barrier") end
+
+-- point to point: t to rank dst; rank src's values into t (contiguous CPU tensors of one size)
+function dist.send_(t, dst) init(); check(C.tide_dist_send_(raw(t), dst), "send"); return t end
+function dist.recv_(t, src) init(); check(C.tide_dist_recv_(raw(t), src), "recv"); return t end
 
 function dist.bytes_sent() return tonumber(C.tide_dist_bytes_sent()) end
 
@@ -97,12 +102,20 @@ function dist.allreduce_grads(params)
   end)
 end
 
+-- the keys of a recipe's `dist` table
+dist.KEYS = { dp = true, zero = true }
+
 -- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
 -- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.
 function dist.layout(dcfg, who)
   local options = require "tide.options"
   if dcfg ~= nil and type(dcfg) ~= "table" then options.fail(who, "dist must be a table ({dp = N}), got " .. type(dcfg)) end
-  options.check(dcfg or {}, { dp = true }, "dist", who)
+  options.check(dcfg or {}, dist.KEYS, "dist", who)
+  local zero = (dcfg and dcfg.zero) or 0
+  if zero ~= 0 and zero ~= 1 then
+    options.fail(who, "dist.zero must be 0 (replicated AdamW state) or 1 (ZeRO-1: each rank owns 1/dp of it), got "
+      .. tostring(zero))
+  end
   local world, rank = dist.world(), dist.rank()
   local dp = (dcfg and dcfg.dp) or world
   options.pos_int(dp, "dist.dp", who)
@@ -110,7 +123,16 @@ function dist.layout(dcfg, who)
     options.fail(who, string.format("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s",
       dp, world, world == 1 and "" or "s", dp, world > 1 and string.format(" or set --dist.dp=%d", world) or ""))
   end
-  return { n = dp, rank = rank, group = dp > 1 and dist or nil }
+  return { n = dp, rank = rank, zero = dp > 1 and zero or 0, group = dp > 1 and dist or nil }
+end
+
+-- the memory line of a run's start: what one rank holds of the weights, the gradients and the AdamW moments
+function dist.memory_line(opt, dp)
+  local w = 0
+  for _, p in ipairs(opt.params) do w = w + p.param:nbytes() end
+  local function mb(x) return string.format("%.2f MB", x / 2 ^ 20) end
+  return string.format("memory per rank: weights %s, gradients %s, AdamW moments %s%s", mb(w), mb(w),
+    mb(opt:moment_bytes()), (dp.zero == 1 and string.format(" (ZeRO-1: this rank's share of %d)", dp.n)) or "")
 end
 
 -- the ranks sharing an MoE routing batch, as the balancers read them (nn/balance.lua, qb.update_arrays): size;

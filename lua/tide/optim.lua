@@ -91,8 +91,9 @@ end
 -- is the update kernel's own; the step reads one flag per device, not the weights again.
 function AdamW:step(lr)
   lr = lr or self.lr
+  local rank = self.group and self.group.rank()
   for _, p in ipairs(self.params) do
-    local g = C.tide_grad(raw(p.param))
+    local g = (rank == nil or p.owner == rank) and C.tide_grad(raw(p.param)) or nil
     if g ~= nil then
       local rc = C.tide_adamw_step_checked_(raw(p.param), g, raw(p.m), raw(p.v), lr, self.beta1, self.beta2, self.eps,
         p.decay and self.weight_decay or 0, self.t, raw(p.flag))
@@ -105,7 +106,90 @@ function AdamW:step(lr)
   for _, f in pairs(self.flags) do   -- an OR over the devices: their order does not matter
     if f:item() ~= 0 then finite = false; f:zero_() end
   end
+  if self.group then
+    -- ZeRO-1: one answer for all ranks, then every owner's updated weights to every rank
+    finite = not self.group.any(not finite)
+    self:gather_params()
+  end
   return finite
+end
+
+-- ---- ZeRO-1 (DESIGN.md §9): each parameter's AdamW moments live on one rank, its owner ----------------------------
+-- shard(group): owners by size (largest first, each to the least loaded rank, the lower rank on ties: the same on
+-- every rank); the moments of the parameters this rank does not own are dropped. step() then updates the owned
+-- parameters (from the full, all-reduced gradients: the same arithmetic as unsharded, so the same bits) and
+-- broadcasts each owner's weights; state_tensors() gathers the moments to rank 0 for the checkpoint (a collective:
+-- every rank calls it), load_state() keeps the owned ones, so a checkpoint resumes under any number of ranks.
+function AdamW:shard(group)
+  local world = group.world()
+  if world == 1 then return self end
+  local order = {}
+  for i = 1, #self.params do order[i] = i end
+  local ps = self.params
+  table.sort(order, function(a, b)
+    local na, nb = ps[a].param:numel(), ps[b].param:numel()
+    if na ~= nb then return na > nb end
+    return a < b
+  end)
+  local load = {}
+  for r = 0, world - 1 do load[r] = 0 end
+  for _, i in ipairs(order) do
+    local best = 0
+    for r = 1, world - 1 do if load[r] < load[best] then best = r end end
+    ps[i].owner = best
+    load[best] = load[best] + ps[i].param:numel()
+  end
+  local rank = group.rank()
+  for _, p in ipairs(ps) do
+    if p.owner ~= rank then p.m, p.v = nil, nil end
+  end
+  self.group, self.sharded = group, true
+  return self
+end
+
+-- the bytes of this rank's AdamW moments (all of them when unsharded)
+function AdamW:moment_bytes()
+  local n = 0
+  for _, p in ipairs(self.params) do
+    if p.m then n = n + p.m:nbytes() + p.v:nbytes() end
+  end
+  return n
+end
+
+-- every owner's weights to every rank: per (owner, dtype) one flat broadcast, parameters in order
+function AdamW:gather_params()
+  local g = self.group
+  local rank = g.rank()
+  tide.no_grad(function()
+    local groups, keys = {}, {}
+    for _, p in ipairs(self.params) do
+      local key = p.owner .. "|" .. p.param:dtype()
+      if not groups[key] then groups[key] = { owner = p.owner, list = {} }; keys[#keys + 1] = key end
+      local l = groups[key].list
+      l[#l + 1] = p.param
+    end
+    for _, key in ipairs(keys) do
+      local gr = groups[key]
+      local n = 0
+      for _, t in ipairs(gr.list) do n = n + t:numel() end
+      local flat
+      if gr.owner == rank then
+        local parts = {}
+        for i, t in ipairs(gr.list) do parts[i] = t:reshape(t:numel()) end
+        flat = #parts == 1 and parts[1]:clone() or tide.F.concat(parts, 1)
+      else
+        flat = tide.empty({ n }, { dtype = gr.list[1]:dtype() })
+      end
+      g.broadcast_(flat, gr.owner)
+      if gr.owner ~= rank then
+        local off = 0
+        for _, t in ipairs(gr.list) do
+          t:copy_(flat:narrow(1, off + 1, t:numel()):reshape(t:shape()))
+          off = off + t:numel()
+        end
+      end
+    end
+  end)
 end
 
 -- what the last update made non-finite, the first in parameter order: "weight <name>", else "AdamW state
@@ -125,11 +209,26 @@ function AdamW:zero_grad()
 end
 
 -- state tensors under the checkpoint names "<param>.adam_m" / "<param>.adam_v" (formats.md §6)
+-- (sharded: a collective — the owners send their moments to rank 0, which returns them all; the others return empty
+-- lists)
 function AdamW:state_tensors()
   local names, tensors = {}, {}
+  local g = self.group
+  local rank = g and g.rank()
   for _, p in ipairs(self.params) do
-    names[#names + 1] = p.name .. ".adam_m"; tensors[#tensors + 1] = p.m
-    names[#names + 1] = p.name .. ".adam_v"; tensors[#tensors + 1] = p.v
+    local m, v = p.m, p.v
+    if g and p.owner ~= 0 then
+      if rank == p.owner then
+        g.send_(m, 0); g.send_(v, 0)
+      elseif rank == 0 then
+        m, v = tide.zeros_like(p.param), tide.zeros_like(p.param)
+        g.recv_(m, p.owner); g.recv_(v, p.owner)
+      end
+    end
+    if rank == nil or rank == 0 then
+      names[#names + 1] = p.name .. ".adam_m"; tensors[#tensors + 1] = m
+      names[#names + 1] = p.name .. ".adam_v"; tensors[#tensors + 1] = v
+    end
   end
   return names, tensors
 end
@@ -140,7 +239,7 @@ function AdamW:state() return { kind = "adamw", t = self.t } end
 function AdamW:load_state(s, get)
   if s.kind ~= "adamw" then error("optim: checkpoint holds optimiser '" .. tostring(s.kind) .. "', expected adamw", 2) end
   for _, p in ipairs(self.params) do
-    for _, slot in ipairs({ "m", "v" }) do
+    for _, slot in ipairs(p.m and { "m", "v" } or {}) do   -- (sharded: the moments this rank owns)
       local key = p.name .. ".adam_" .. slot
       local src = get(key)
       if src == nil then error("optim: checkpoint lacks '" .. key .. "'", 2) end

@@ -76,6 +76,7 @@ end
 -- or nil when the schema does not describe that table
 function schema.keys(cfg, parts)
   local head = parts[1]
+  if head == "dist" and #parts == 1 then return set_of(require("tide.dist").KEYS) end
   if head == "model" then
     local rest = {}
     for i = 2, #parts do rest[#rest + 1] = parts[i] end

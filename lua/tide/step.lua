@@ -513,7 +513,9 @@ end
 function Run:save()
   if not self.out then return end
   if not self.writer then
-    -- rank 0 writes the replicated state; the others know where it went (a rollback reads it back)
+    -- rank 0 writes the replicated state (ZeRO-1: the moments gathered to it); the others know where it went (a
+    -- rollback reads it back)
+    if self.optim.sharded then self.optim:state_tensors() end
     self.last_ckpt = self.out .. "/ckpt/" .. checkpoint.dir_name(self.step)
     return
   end

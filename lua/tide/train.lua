@@ -37,7 +37,7 @@ local SECTIONS = {
   train = TRAIN_KEYS,
   sample = { prompts = true, max_new_tokens = true, temperature = true, top_k = true, top_p = true, seed = true },
   expect = { final_loss_below = true },
-  dist = { dp = true },
+  dist = dist.KEYS,
 }
 local TOP = {
   name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true, dist = true,
@@ -184,6 +184,7 @@ local function setup(cfg)
     end
   end
   local opt = optim.build(cfg.optim or {}, model)
+  if dp.zero == 1 then opt:shard(dist) end
   local loss_fn = cfg.loss
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
     on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group,
@@ -195,7 +196,7 @@ local function setup(cfg)
     tokenizer = d.tokenizer, dist = dp.group,
     get_data = function() return { train = d.train.state() } end,
     set_data = function(cursors) d.train.set_state(cursors.train) end })
-  run.dp = dp.n
+  run.dp, run.memory_line = dp.n, dp.n > 1 and dist.memory_line(opt, dp) or nil
   return model, d, run, micro
 end
 
@@ -291,6 +292,7 @@ local function train(cfg)
   run.logger:line(fmt("model: %s", model:extra_repr()))
   run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or "")
     .. (run.dp > 1 and fmt("; data parallel over %d ranks (each its 1/%d of every step's batch)", run.dp, run.dp) or ""))
+  if run.memory_line then run.logger:line(run.memory_line) end
   local r = loop(cfg, model, d, run, micro)
   report(cfg, r, d, run.logger)
   run.logger:close()

@@ -50,6 +50,22 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
+# ZeRO-1 (dist.zero = 1: each rank owns the AdamW moments of its share of the parameters) == unsharded, bitwise; its
+# checkpoint (the moments gathered to rank 0) resumed under dp 4 == one rank resuming the same step with 4 micro-batches
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/z2" > /dev/null
+cmp "$tmp/f64-m2" "$tmp/z2" "f64: dp 2 with ZeRO-1 == one rank, 2 micro-batches"
+"${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/z4" > /dev/null
+cmp "$tmp/m4" "$tmp/z4" "f64: dp 4 with ZeRO-1 == one rank, 4 micro-batches"
+for d in zres ref4; do
+    mkdir -p "$tmp/$d"
+    cp -r "$tmp/z2/ckpt" "$tmp/$d/" && cp "$tmp/z2/config.json" "$tmp/$d/"
+    head -3 "$tmp/z2/metrics.jsonl" > "$tmp/$d/metrics.jsonl"
+done
+"$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=4 --out="$tmp/ref4" \
+    --resume="$tmp/ref4/ckpt/step_00000003" > /dev/null
+"${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/zres" \
+    --resume="$tmp/zres/ckpt/step_00000003" > /dev/null
+cmp "$tmp/ref4" "$tmp/zres" "f64: a dp 2 ZeRO-1 checkpoint resumed under dp 4 ZeRO-1 == one rank with 4 micro-batches"
 # MoE (tests/dist/dp_moe.lua, f64): the balancers' routing batch spans the ranks — QB with the exact estimator
 # (margins gathered in rank order) and the histogram one (counts summed), and the sign rule (loads summed): the
 # selection biases, weights, moments and losses of dp 2 == one rank with 2 micro-batches, bitwise
@@ -69,6 +85,9 @@ for est in exact histogram; do
     "${mp[@]}" -np 2 "$tide" run "${cur[@]}" --out="$tmp/cur-dp2-$est" > /dev/null
     cmp "$tmp/cur-one-$est" "$tmp/cur-dp2-$est" "curriculum, QB $est: dp 2 == one rank"
 done
+"${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --dist.zero=1 \
+    --out="$tmp/cur-z2" > /dev/null
+cmp "$tmp/cur-one-exact" "$tmp/cur-z2" "curriculum, QB exact: dp 2 with ZeRO-1 == one rank"
 mkdir -p "$tmp/cur-res"
 cp -r "$tmp/cur-dp2-exact/ckpt" "$tmp/cur-res/" && cp "$tmp/cur-dp2-exact/config.json" "$tmp/cur-res/"
 grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-res/metrics.jsonl"
