@@ -63,7 +63,8 @@ static void add_into(int dtype, void *acc, const void *prev, int64_t n)
 #endif
 
 /* The sum in rank order, ((x_0 + x_1) + x_2) + ...: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks
-   (each rank adds its values to what arrives and passes it on, pipelined), then rank N-1 broadcasts the result. The
+   (each rank adds its values to what arrives and passes it on, pipelined), then the sum travels on from rank N-1
+   through 0, 1, ..., N-2 (every rank sends the buffer once or twice: 2(N-1)/N times on average, a ring's volume). The
    order of every addition is fixed by the ranks alone, so N ranks reproduce themselves bit for bit whatever the
    message timing, and match one process that accumulates the same N parts in order (gradient accumulation). */
 int tide_dist_allreduce_sum_(tide_tensor *t)
@@ -97,9 +98,21 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
         }
     }
     free(tmp);
-    if (MPI_Bcast(data, (int)tide_tensor_nbytes(t), MPI_BYTE, g_world - 1, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return tide_set_error("allreduce: MPI_Bcast of the sum failed");
-    if (g_rank == g_world - 1) g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
+    /* the sum from rank N-1 along the chain N-1 -> 0 -> 1 -> ... -> N-2, in the same chunks (each rank receives it
+       once and passes it on once: the bytes every rank sends are its own, counted where they leave) */
+    int prev = g_rank == 0 ? g_world - 1 : g_rank - 1, next = g_rank == g_world - 1 ? 0 : g_rank + 1;
+    int recv = g_rank != g_world - 1, send = g_rank != g_world - 2;
+    for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
+        int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
+        char *chunk = data + (size_t)k0 * es;
+        if (recv && MPI_Recv(chunk, (int)((size_t)m * es), MPI_BYTE, prev, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return tide_set_error("allreduce: receiving the sum from rank %d failed", prev);
+        if (send) {
+            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, next, 8, MPI_COMM_WORLD) != MPI_SUCCESS)
+                return tide_set_error("allreduce: passing the sum to rank %d failed", next);
+            g_bytes_sent += (int64_t)((size_t)m * es);
+        }
+    }
 #endif
     return 0;
 }

@@ -229,6 +229,7 @@ local function targets_of(b) return b.n_targets or b.targets:numel() end
 function Stepper:run(batches, lr, t)
   local t0 = tide.time()
   local model, opt, group = self.model, self.optim, self.dist
+  local bytes0 = group and group.bytes_sent()
   local n_micro, N, tokens = #batches, 0, 0
   for _, b in ipairs(batches) do N, tokens = N + targets_of(b), tokens + b.ids:numel() end
   -- data parallelism: the normaliser is the step's GLOBAL target count; an objective's mean is over every rank's
@@ -259,7 +260,11 @@ function Stepper:run(batches, lr, t)
     if group.any(bad ~= nil) and not bad then bad = "loss (on another rank)" end
     sum = group.sum(sum)
     if group.any(aux_sum ~= nil) then aux_sum = group.sum(aux_sum or 0) end   -- (every rank calls each collective)
-    if not bad then group.allreduce_grads(opt.params) end
+    if not bad then
+      local tc = tide.time()
+      group.allreduce_grads(opt.params)
+      self.comm_s = tide.time() - tc
+    end
   end
   local loss = self.objective and sum / n_mean or sum / math.max(N, 1)
   local norm
@@ -311,6 +316,13 @@ function Stepper:run(batches, lr, t)
   end
   local dt = tide.time() - t0
   rec.tokens_step, rec.step_time, rec.tok_per_s = tokens, dt, tokens / math.max(dt, 1e-9)
+  if group then
+    -- what this rank handed to the network in the step (the gradient all-reduce, ZeRO's weight broadcasts, the
+    -- scalars), the mean over the ranks, and the gradient all-reduce's share of the step (no overlap with backward)
+    local b = group.bytes_sent() - bytes0
+    rec["dist/bytes_sent"], rec["dist/bytes_sent_mean"] = b, group.sum(b) / group.world()
+    rec["dist/allreduce_s"], self.comm_s = self.comm_s, nil
+  end
   return rec
 end
 

@@ -19,8 +19,9 @@ int main(void)
     int ok = 1;
     for (int i = 0; i < 5; i++) ok &= out[i] == ranks * (i + 1);
     ok ? pass++ : (fail++, printf("rank %d: allreduce gave %g, expected %g\n", r, out[0], ranks));
-    /* the chain sends each rank's 40 bytes once (the last rank: its broadcast of the sum) */
-    int64_t sent = tide_dist_bytes_sent(), want = w > 1 ? 40 : 0;
+    /* each rank sends the 40 bytes once in the reduce chain (all but the last) and once passing the sum on (all but
+       rank N-2) */
+    int64_t sent = tide_dist_bytes_sent(), want = w > 1 ? 40 * ((r < w - 1) + (r != w - 2)) : 0;
     sent == want ? pass++ : (fail++, printf("rank %d: %lld bytes sent, expected %lld\n", r, (long long)sent, (long long)want));
     /* the sum in rank order, bitwise: rank r holds 0.1·3^r; every rank computes ((x_0 + x_1) + ...) itself */
     double x = 0.1, acc = 0;
