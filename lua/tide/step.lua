@@ -257,7 +257,7 @@ function Stepper:run(batches, lr, t)
   end
   if group then
     -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks
-    if group.any(bad ~= nil) and not bad then bad = "loss (on another rank)" end
+    if group.any(bad ~= nil) and not bad then bad = "loss" end   -- (the same record on every rank)
     sum = group.sum(sum)
     if group.any(aux_sum ~= nil) then aux_sum = group.sum(aux_sum or 0) end   -- (every rank calls each collective)
     if not bad then

@@ -94,6 +94,13 @@ grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-res/me
 "${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact \
     --train.keep_ckpts=10 --out="$tmp/cur-res" --resume="$tmp/cur-res/ckpt/step_00000008" > /dev/null
 cmp "$tmp/cur-dp2-exact" "$tmp/cur-res" "curriculum: dp 2 resumed at step 8 (stage b) == uninterrupted"
+# a non-finite loss on one rank skips the step on every rank (tests/dist/dp_nan.lua): dp 2 == one rank whose second
+# micro-batch of step 3 is the non-finite one
+"$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/nan-m2" > /dev/null
+"${mp[@]}" -np 2 "$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --out="$tmp/nan-dp2" > /dev/null
+grep -q '"step":3,.*"skipped":true' "$tmp/nan-dp2/metrics.jsonl" || grep -q '"skipped":true.*"step":3,' "$tmp/nan-dp2/metrics.jsonl" \
+    || { echo "FAIL step 3 of the dp 2 run is not recorded as skipped"; exit 1; }
+cmp "$tmp/nan-m2" "$tmp/nan-dp2" "f64: a NaN loss on rank 1 at step 3: the step skipped on both ranks == one rank"
 # a dp 2 checkpoint resumed on one rank with 2 micro-batches (the state is replicated, the data cursor global)
 mkdir -p "$tmp/one"
 cp -r "$tmp/f64-dp2/ckpt" "$tmp/one/" && cp "$tmp/f64-dp2/config.json" "$tmp/one/"

@@ -10,7 +10,8 @@ local function losses(run)
   local text = assert(tide.read_file(run .. "/metrics.jsonl"))
   for line in text:gmatch("[^\n]+") do
     local r = json.decode(line)
-    if r.step and r.loss then out[r.step] = r.loss end
+    -- a step record's loss; a non-finite one is written as null: NaN here (json.null is its decoded value)
+    if r.step and r.step_time then out[r.step] = type(r.loss) == "number" and r.loss or 0 / 0 end
   end
   return out
 end
@@ -35,10 +36,14 @@ local function run(cfg)
   end
   local la, lb = losses(cfg.a), losses(cfg.b)
   local steps = 0
+  for s in pairs(lb) do
+    if la[s] == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.a, s), 0) end
+  end
   for s, v in pairs(la) do
     local w = lb[s]
     if w == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.b, s), 0) end
-    local r = math.abs(v - w) / math.max(math.abs(v), 1e-30)
+    local nan_v, nan_w = v ~= v, w ~= w
+    local r = (nan_v or nan_w) and ((nan_v and nan_w) and 0 or math.huge) or math.abs(v - w) / math.max(math.abs(v), 1e-30)
     if r > rel then error(string.format("%s: step %d loss %.17g vs %.17g", what, s, v, w), 0) end
     steps = steps + 1
   end
