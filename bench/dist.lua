@@ -14,7 +14,7 @@ local cli = require "tide.cli"
 local fmt = string.format
 
 local SMALL = { "--train.eval_every=0", "--train.ckpt_every=0", "--train.log_every=1", "--sample.max_new_tokens=0",
-  "--train.threads=1", "--schedule.warmup=2", "--train.quiet=true" }
+  "--schedule.warmup=2", "--train.quiet=true" }
 
 local function records(run)
   local out = {}
@@ -43,16 +43,28 @@ local function run(cfg)
   local dense = dofile("recipes/dense.lua")
   local P = tide.nn.build(dense.model):num_parameters()
   local rows = {}
+  local variants = {}
   for _, n in ipairs(results.numbers(cfg.ranks)) do
-    for _, zero in ipairs(n > 1 and { 0, 1 } or { 0 }) do
-      local out = fmt("%s/dp%d_z%d", tmp, n, zero)
-      local cmd = fmt("%s %s run recipes/dense.lua %s --out=%s%s > %s/log_%d_%d 2>&1",
+    if n == 1 then
+      variants[#variants + 1] = { n = 1, zero = 0, threads = 1 }
+      variants[#variants + 1] = { n = 1, zero = 0, threads = 2 }   -- one rank on both cores
+    else
+      variants[#variants + 1] = { n = n, zero = 0, threads = 1 }
+      variants[#variants + 1] = { n = n, zero = 1, threads = 1 }
+    end
+  end
+  for _, v in ipairs(variants) do
+    local n, zero = v.n, v.zero
+    do
+      local out = fmt("%s/dp%d_z%d_t%d", tmp, n, zero, v.threads)
+      local cmd = fmt("%s %s run recipes/dense.lua %s --train.threads=%d --out=%s%s > %s/log_%d_%d_%d 2>&1",
         n > 1 and fmt("mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -np %d", n) or "",
-        cli.shell_quote(tide_bin), common, cli.shell_quote(out), zero == 1 and " --dist.zero=1" or "", tmp, n, zero)
+        cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero == 1 and " --dist.zero=1" or "", tmp,
+        n, zero, v.threads)
       io.stderr:write("dist: " .. cmd .. "\n")
       if os.execute(cmd) ~= 0 then error("dist bench: the run failed: " .. cmd, 0) end
       local recs = records(out)
-      rows[#rows + 1] = { ranks = n, zero = zero, step_s = median_of(recs, "step_time"),
+      rows[#rows + 1] = { ranks = n, zero = zero, threads = v.threads, step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
         allreduce_s = median_of(recs, "dist/allreduce_s") or 0,
         analytic = n > 1 and 2 * (n - 1) / n * P * 4 or 0 }
@@ -92,13 +104,18 @@ local function run(cfg)
       .. "rank; 2 and 4 ranks share this machine's 2 cores (mpirun --oversubscribe), so the step times measure the "
       .. "extra work and waiting, not a speed-up. Load average %s at the end.", record.date, P, dense.data.batch_size,
       dense.data.seq_len, steps, steps, tostring(record.loadavg)), "",
-    "| ranks | ZeRO | bytes sent per rank per step (rank 0) | mean over ranks | analytic ring all-reduce 2(N−1)/N·P·4 | measured / analytic | step s | step / dp 1 | gradient all-reduce share of the step |",
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
+    "| ranks | threads per rank | ZeRO | bytes sent per rank per step (rank 0) | mean over ranks | analytic ring all-reduce 2(N−1)/N·P·4 | measured / analytic | step s | step / dp 1 (1 thread) | gradient all-reduce share of the step |",
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
   for _, r in ipairs(rows) do
-    L[#L + 1] = fmt("| %d | %d | %d | %.0f | %.0f | %s | %.3f | %.2f | %s |", r.ranks, r.zero, r.bytes, r.bytes_mean,
+    L[#L + 1] = fmt("| %d | %d | %d | %d | %.0f | %.0f | %s | %.3f | %.2f | %s |", r.ranks, r.threads, r.zero, r.bytes, r.bytes_mean,
       r.analytic, r.analytic > 0 and fmt("%.3f", r.bytes_mean / r.analytic) or "-", r.step_s, r.step_s / base,
       r.ranks > 1 and fmt("%.0f%%", 100 * r.allreduce_s / r.step_s) or "-")
   end
+  L[#L + 1] = ""
+  L[#L + 1] = "Oversubscription: this machine has 2 cores, so dp 2 (one thread per rank) uses the cores one rank with two "
+    .. "threads uses, and dp 4 puts two ranks on each core: its step time includes the ranks waiting for the core they "
+    .. "share, and says nothing about 4 real devices. The like-for-like comparison on this machine is dp 2 against one "
+    .. "rank with 2 threads."
   L[#L + 1] = ""
   L[#L + 1] = "The gradient sum is a chain in rank order (0 → 1 → … → N−1, then the sum on from N−1 through 0 … N−2), "
     .. "so its volume per rank averages the ring's 2(N−1)/N·P·4 bytes (the ranks differ: the two chain ends send "
