@@ -301,6 +301,15 @@ typedef struct tide_backend {
        the device's memory set to 1 (never cleared) when a stored value of p, m or v is a NaN or an infinity */
     int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);
+
+    /* collectives over the ranks of an MPI job for this device's tensors (engine/dist/comm.c calls them for
+       non-CPU tensors; the CPU's own path is MPI in comm.c, so the CPU table leaves them NULL). dist_allreduce_sum:
+       data [n] of dtype f32/f64 summed in place in rank order (the chain of comm.c: ((x_0 + x_1) + x_2) + ...);
+       dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to / from one rank. */
+    int (*dist_allreduce_sum)(int dtype, void *data, int64_t n);
+    int (*dist_broadcast)(void *data, int64_t nbytes, int root);
+    int (*dist_send)(const void *data, int64_t nbytes, int peer);
+    int (*dist_recv)(void *data, int64_t nbytes, int peer);
 } tide_backend;
 
 /* the tables; the CUDA one exists only when built with CUDA (TIDE_HAVE_CUDA) */

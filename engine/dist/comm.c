@@ -1,7 +1,8 @@
 /*
  * comm.c — collectives for data parallelism (DESIGN.md §9). CPU tensors go through MPI when the build
- * found an MPI library; without MPI, or in a process not started by mpirun, there is one rank and every
- * collective is the identity. (NCCL for CUDA tensors comes with the CUDA data-parallel work.)
+ * found an MPI library; CUDA tensors through their backend's entries (NCCL, bootstrapped over MPI:
+ * kernels/cuda/nccl_comm.cu); without MPI, or in a process not started by mpirun, there is one rank and every
+ * collective is the identity.
  */
 #include <stdlib.h>
 #include "../internal.h"
@@ -42,6 +43,14 @@ static int check_cpu_tensor(const tide_tensor *t, const char *op)
     return 0;
 }
 
+/* a device tensor goes to its backend's collectives (CUDA: NCCL, kernels/cuda/nccl_comm.cu); 1 when it did */
+static int device_tensor(const tide_tensor *t, const char *op, int *rc)
+{
+    if (!t || t->device == TIDE_CPU) return 0;
+    *rc = tide_is_contiguous(t) ? 0 : tide_set_error("%s: tensor must be contiguous", op);
+    return 1;
+}
+
 /* bytes this rank handed to the network (sends, and a broadcast's payload at its root) since the start */
 static int64_t g_bytes_sent;
 int64_t tide_dist_bytes_sent(void) { return g_bytes_sent; }
@@ -69,6 +78,13 @@ static void add_into(int dtype, void *acc, const void *prev, int64_t n)
    message timing, and match one process that accumulates the same N parts in order (gradient accumulation). */
 int tide_dist_allreduce_sum_(tide_tensor *t)
 {
+    int rc = 0;
+    if (device_tensor(t, "allreduce", &rc)) {
+        if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
+        rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", t->dtype, tide_data(t), t->numel);
+        if (!rc) g_bytes_sent += tide_tensor_nbytes(t) * ((g_rank < g_world - 1) + (g_rank != g_world - 2));
+        return rc;
+    }
     if (check_cpu_tensor(t, "allreduce")) return -1;
     if (t->dtype != TIDE_F32 && t->dtype != TIDE_F64)
         return tide_set_error("allreduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
@@ -119,9 +135,16 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
 
 int tide_dist_broadcast_(tide_tensor *t, int root)
 {
-    if (check_cpu_tensor(t, "broadcast")) return -1;
+    int rc = 0;
     if (root < 0 || root >= tide_dist_world_size())
         return tide_set_error("broadcast: root %d is not a rank (world size %d)", root, tide_dist_world_size());
+    if (device_tensor(t, "broadcast", &rc)) {
+        if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
+        rc = TIDE_DISPATCH(t->device, dist_broadcast, "broadcast", tide_data(t), tide_tensor_nbytes(t), root);
+        if (!rc && g_rank == root) g_bytes_sent += tide_tensor_nbytes(t);
+        return rc;
+    }
+    if (check_cpu_tensor(t, "broadcast")) return -1;
     if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
 #ifdef TIDE_HAVE_MPI
     if (MPI_Bcast(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -134,9 +157,15 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
 /* point to point: the bytes of a contiguous CPU tensor to rank dst / from rank src into t (same shape and dtype) */
 int tide_dist_send_(tide_tensor *t, int dst)
 {
-    if (check_cpu_tensor(t, "send")) return -1;
+    int rc = 0;
     if (dst < 0 || dst >= tide_dist_world_size() || dst == tide_dist_rank())
         return tide_set_error("send: rank %d is not another rank (world size %d)", dst, tide_dist_world_size());
+    if (device_tensor(t, "send", &rc)) {
+        if (!rc) rc = TIDE_DISPATCH(t->device, dist_send, "send", tide_data(t), tide_tensor_nbytes(t), dst);
+        if (!rc) g_bytes_sent += tide_tensor_nbytes(t);
+        return rc;
+    }
+    if (check_cpu_tensor(t, "send")) return -1;
 #ifdef TIDE_HAVE_MPI
     if (MPI_Send(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, dst, 11, MPI_COMM_WORLD) != MPI_SUCCESS)
         return tide_set_error("send: MPI_Send to rank %d failed", dst);
@@ -147,9 +176,14 @@ int tide_dist_send_(tide_tensor *t, int dst)
 
 int tide_dist_recv_(tide_tensor *t, int src)
 {
-    if (check_cpu_tensor(t, "recv")) return -1;
+    int rc = 0;
     if (src < 0 || src >= tide_dist_world_size() || src == tide_dist_rank())
         return tide_set_error("recv: rank %d is not another rank (world size %d)", src, tide_dist_world_size());
+    if (device_tensor(t, "recv", &rc)) {
+        if (!rc) rc = TIDE_DISPATCH(t->device, dist_recv, "recv", tide_data(t), tide_tensor_nbytes(t), src);
+        return rc;
+    }
+    if (check_cpu_tensor(t, "recv")) return -1;
 #ifdef TIDE_HAVE_MPI
     int got = 0;
     MPI_Status st;

@@ -323,6 +323,7 @@ static tide_backend make_table()
     t.moe_experts = tide_cuda_moe_experts;
     t.moe_experts_backward = tide_cuda_moe_experts_backward;
     t.adamw = tide_cuda_adamw;
+    tide_cuda_dist_entries(&t);   /* NCCL collectives (nccl_comm.cu), when built with NCCL and MPI */
     return t;
 }
 

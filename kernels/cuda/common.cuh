@@ -296,6 +296,9 @@ int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, vo
                            const void *gs_out, const void *q, const void *k, const void *v, const void *g,
                            const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
                            int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt);
+/* the collectives for CUDA tensors over NCCL (nccl_comm.cu; backend.h dist_*): fills the table's entries when built
+   with NCCL and MPI, leaves them NULL otherwise */
+void tide_cuda_dist_entries(tide_backend *t);
 /* one KDA decoding step of R rows over their own states (kda_decode.cu; backend.h) */
 int tide_cuda_kda_decode_rows(int dtype, void *o, const void *q, const void *k, const void *v, const void *g,
                               const void *beta, void *const *states, int64_t R, int64_t H, int64_t dk, int64_t dv);
