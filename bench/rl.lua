@@ -510,8 +510,10 @@ local function markdown(rec)
     .. "group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill in one exact "
     .. "forward per row (or per cohort of rows with the prompt and suffix length in common), replay as the rows' "
     .. "forward schedules again (single tokens batched across the resumed rows); both are bit-identical to an "
-    .. "uninterrupted run. \"state\" restores the saved caches (in memory). A prompt's re-prefill is a fixed cost of "
-    .. "both paths, so the ratio falls as the paused prefix grows."
+    .. "uninterrupted run. \"state\" restores the saved caches (in memory). Both re-prefill paths pay the prompts' "
+    .. "re-prefill under the new weights; the prefill path also pays one exact forward per row whose suffix length no "
+    .. "other row shares (a row's own cohort), at about a quarter of a sampled token's cost per token here, so a longer "
+    .. "prefix does not make it cheaper relative to re-sampling."
   L[#L + 1] = ""
   local v = {}
   for _, r in ipairs(rec.rollouts) do

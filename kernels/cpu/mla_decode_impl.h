@@ -41,6 +41,21 @@ static inline void DCAT(decode_axpy32, SFX)(DCAT(dvec8, SFX) *acc, T p, const T 
     }
 }
 
+/* acc[j] += the 8-lane products of q with row j of x [8, w] (w a multiple of 8), block by block: decode_acc's order
+   for each row, the 8 rows' chains advanced together */
+static inline void DCAT(decode_acc8, SFX)(DCAT(dvec8, SFX) *acc, const T *q, const T *x, int64_t w)
+{
+    for (int64_t i = 0; i < w; i += 8) {
+        DCAT(dvec8, SFX) a;
+        memcpy(&a, q + i, sizeof a);
+        for (int j = 0; j < 8; j++) {
+            DCAT(dvec8, SFX) b;
+            memcpy(&b, x + j * w + i, sizeof b);
+            acc[j] += a * b;
+        }
+    }
+}
+
 /* the scores of tokens t0 .. t0 + n - 1 (n <= 8): each token's 8 lanes (decode_acc's order: element i into lane
    i mod 8 in sequence, the parts one after the other), the 8 tokens' accumulators advanced together block by block
    so their chains overlap; then the same tree for every token */
@@ -49,24 +64,8 @@ static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int6
 {
     DCAT(dvec8, SFX) acc[8] = {{0}};
     if (n == 8 && dc % 8 == 0 && dr % 8 == 0) {
-        for (int64_t i = 0; i < dc; i += 8) {
-            DCAT(dvec8, SFX) a;
-            memcpy(&a, q1 + i, sizeof a);
-            for (int j = 0; j < 8; j++) {
-                DCAT(dvec8, SFX) b;
-                memcpy(&b, c + (t0 + j) * dc + i, sizeof b);
-                acc[j] += a * b;
-            }
-        }
-        for (int64_t i = 0; i < dr; i += 8) {
-            DCAT(dvec8, SFX) a;
-            memcpy(&a, q2 + i, sizeof a);
-            for (int j = 0; j < 8; j++) {
-                DCAT(dvec8, SFX) b;
-                memcpy(&b, k + (t0 + j) * dr + i, sizeof b);
-                acc[j] += a * b;
-            }
-        }
+        DCAT(decode_acc8, SFX)(acc, q1, c + t0 * dc, dc);
+        if (dr) DCAT(decode_acc8, SFX)(acc, q2, k + t0 * dr, dr);
     } else {
         for (int j = 0; j < n; j++) {
             DCAT(decode_acc, SFX)(&acc[j], q1, c + (t0 + j) * dc, dc);
