@@ -80,7 +80,7 @@ local function run(cfg)
   local experts = 0
   for _, pl in ipairs(c.per_layer) do if pl.ffn == "moe" then experts = experts + pl.ffn_params end end
   local lc = dofile("recipes/long_context_1m.lua")
-  local par = lc.parallel
+  local par = lc.dist
   local measured_ratio = 1
   for _, r in ipairs(rows) do
     if r.ranks > 1 and r.zero == 0 and r.analytic > 0 then measured_ratio = r.bytes_mean / r.analytic end

@@ -339,9 +339,18 @@ local function preflight(cfg)
 end
 -- setup: the scale, the checks, the model (its initialisation draws from the RNG seeded here), the sources, the
 -- optimiser, the shared step and run, and the hook context
+-- the layout table was `parallel` (the plan's alone) before it became `dist` (the plan's and the runtime's)
+local function no_parallel(cfg)
+  if cfg.parallel ~= nil then
+    bad("`parallel` is now `dist`: one table for the --dry-run plan and the runtime (dist = {dp, zero, gpus, "
+      .. "gpu_memory, ep, cp, dtype})", 3)
+  end
+end
+
 local function setup(cfg)
   cfg = apply_scale(cfg)
   check_keys(cfg, TOP, "the curriculum config")
+  no_parallel(cfg)
   local tcfg = cfg.train or {}
   check_keys(tcfg, TRAIN, "train")
   step.check_numbers(cfg, "curriculum")
@@ -618,7 +627,7 @@ curriculum.human = human
 
 -- plan(cfg) -> the text --dry-run prints: the model (parameters, active parameters), the stage table (T, tokens
 -- per step, sequences per step, micro-batches, steps, tokens, η segment, mix), activation memory per token and per
--- sequence for the recompute mode, and the parallel layout cfg.parallel asks for, checked against GPU memory
+-- sequence for the recompute mode, and the parallel layout cfg.dist plans (gpus, ep, cp), checked against GPU memory
 function curriculum.plan(cfg)
   cfg = apply_scale(cfg)
   check_keys(cfg, TOP, "the curriculum config")
@@ -649,7 +658,8 @@ function curriculum.plan(cfg)
   end
   add(fmt("total: %s tokens", plan.human_count(total)))
   add("")
-  local par = cfg.parallel or {}
+  no_parallel(cfg)
+  local par = cfg.dist or {}
   local dtype = par.dtype or mc.dtype or "f32"
   local rc = mc.recompute or "layer"
   local static = plan.static_bytes(mc, { dtype = dtype })

@@ -102,8 +102,9 @@ function dist.allreduce_grads(params)
   end)
 end
 
--- the keys of a recipe's `dist` table
-dist.KEYS = { dp = true, zero = true }
+-- the keys of a recipe's `dist` table: the runtime's (dp, zero) and the plan's (gpus, gpu_memory, ep, cp = {stage =
+-- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
+dist.KEYS = { dp = true, zero = true, gpus = true, gpu_memory = true, ep = true, cp = true, dtype = true }
 
 -- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
 -- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.
@@ -117,6 +118,19 @@ function dist.layout(dcfg, who)
       .. tostring(zero))
   end
   local world, rank = dist.world(), dist.rank()
+  if world > 1 and dcfg then
+    -- the plan's keys describe the job this run is: they must agree with it
+    local cp_max = 1
+    for _, v in pairs(type(dcfg.cp) == "table" and dcfg.cp or {}) do if type(v) == "number" and v > cp_max then cp_max = v end end
+    if (dcfg.ep or 1) > 1 or cp_max > 1 then
+      options.fail(who, string.format("dist plans ep = %s, cp up to %d: expert and context parallelism are planned by "
+        .. "--dry-run but not run yet; this job runs data parallelism only (dist.ep = 1, no cp)", tostring(dcfg.ep or 1),
+        cp_max))
+    end
+    if dcfg.gpus and dcfg.gpus ~= world then
+      options.fail(who, string.format("dist.gpus = %s but the job has %d ranks", tostring(dcfg.gpus), world))
+    end
+  end
   local dp = (dcfg and dcfg.dp) or world
   options.pos_int(dp, "dist.dp", who)
   if dp ~= world then

@@ -108,6 +108,13 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/one/metrics.jsonl"
 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/one" \
     --resume="$tmp/one/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/one" "f64: dp 2 checkpoint resumed on one rank (2 micro-batches) == dp 2 uninterrupted"
+# the dist table's plan keys under mpirun: a planned ep (or cp) is refused, and gpus must be the ranks
+for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks"; do
+    if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then
+        echo "FAIL ${bad%%|*} under dp 2 must be an error"; exit 1; fi
+    grep -q "${bad#*|}" <<< "$out" || { echo "FAIL ${bad%%|*}: $out"; exit 1; }
+    echo "ok   ${bad%%|*} under mpirun -np 2: $(grep -m1 "${bad#*|}" <<< "$out")"
+done
 # errors: dist.dp against the ranks; a failing rank ends the job, naming itself
 if out=$("$tide" run recipes/dense.lua "${small[@]}" --dist.dp=2 --out="$tmp/bad" 2>&1); then
     echo "FAIL dist.dp = 2 on one rank must be an error"; exit 1; fi

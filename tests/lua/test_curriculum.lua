@@ -177,6 +177,14 @@ T.test("val.mix = \"stage\": the stage's own mix over held-out twins of its sour
     'curriculum: sources.text has no held-out split for val.mix = "stage" (val_fraction = nil; give it val_fraction > 0)')
   bad.val = { mix = "stage", batchez = 1 }
   T.raises(function() curriculum.train(bad) end, "unknown key 'batchez' in val; known keys: batches, mix, seed")
+  -- the layout table is `dist` (the plan's and the runtime's); the old name says so
+  local old = load({ ["train.out"] = "" })
+  old.parallel = { gpus = 8 }
+  T.raises(function() curriculum.train(old) end, "`parallel` is now `dist`")
+  T.raises(function() curriculum.plan(old) end, "`parallel` is now `dist`")
+  local typo = load({ ["train.out"] = "" })
+  typo.dist = { gpu = 8 }
+  T.raises(function() curriculum.train(typo) end, "unknown key 'gpu' in dist")
 end)
 
 T.test("expect: bounds checked by name and range; every miss is one line naming the stage, layer or length", function()
