@@ -1,6 +1,6 @@
 -- dp_compare.lua — compares two runs of tests/dist/dp_check.sh: every tensor of the final checkpoints (the model and
 -- AdamW's moments) and every step's loss, bitwise, or within --rel (relative to the tensor's max |value|).
---   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT]
+--   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true]
 local tide = require "tide"
 local checkpoint = require "tide.checkpoint"
 local json = require "tide.json"
@@ -48,9 +48,37 @@ local function run(cfg)
     steps = steps + 1
   end
   if steps == 0 or n == 0 then error(what .. ": nothing compared", 0) end
-  print(string.format("ok   %s: %d tensors and %d step losses %s", what, n, steps,
-    worst == 0 and "bitwise equal" or string.format("within %.3g relative", worst)))
+  -- --moe=true: the MoE metrics of every step too (the routing batch's: the loads' metrics exactly, the routing
+  -- entropy, a mean summed in another order across ranks, to 1e-12)
+  local n_moe = 0
+  if cfg.moe == true or cfg.moe == "true" then
+    local function recs(run)
+      local out = {}
+      for line in assert(tide.read_file(run .. "/metrics.jsonl")):gmatch("[^\n]+") do
+        local r = json.decode(line)
+        if r.step and r.step_time then out[r.step] = r end
+      end
+      return out
+    end
+    local ra, rb = recs(cfg.a), recs(cfg.b)
+    for st, r in pairs(ra) do
+      for key, v in pairs(r) do
+        if type(key) == "string" and key:match("^moe/") and type(v) == "number" then
+          local w = rb[st] and rb[st][key]
+          local tol = key:match("route_entropy") and 1e-12 or 0
+          if type(w) ~= "number" or math.abs(v - w) > tol * math.max(1, math.abs(v)) then
+            error(string.format("%s: step %d %s: %s vs %s", what, st, key, tostring(v), tostring(w)), 0)
+          end
+          n_moe = n_moe + 1
+        end
+      end
+    end
+    if n_moe == 0 then error(what .. ": no MoE metrics to compare", 0) end
+  end
+  print(string.format("ok   %s: %d tensors and %d step losses %s%s", what, n, steps,
+    worst == 0 and "bitwise equal" or string.format("within %.3g relative", worst),
+    n_moe > 0 and string.format("; %d MoE metrics equal", n_moe) or ""))
   return 0
 end
 
-return { a = "", b = "", rel = 0, what = "", run = run }
+return { a = "", b = "", rel = 0, what = "", moe = false, run = run }

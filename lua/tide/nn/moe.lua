@@ -279,11 +279,23 @@ local function gather_records(self)
 end
 
 -- §5 metrics of one routed batch; advances the dead-expert window and the top-k-change reference when `advance`
-local function batch_metrics(self, s, sel, m, dropped, advance)
+local function batch_metrics(self, s, sel, m, dropped, advance, group)
   local n, k = self.n, self.k
   local load = {}
   for j = 1, n do load[j] = 0 end
   for i = 0, m * k - 1 do local e = sel[i] + 1; load[e] = load[e] + 1 end
+  local m_local, load_local = m, load
+  -- the routing batch spans the ranks (data parallelism): its loads, token count and drops are summed first, so
+  -- MaxVio, the load entropy and the dead experts are the global batch's, on every rank alike
+  if group and group.size > 1 then
+    local all = ffi.new("int64_t[?]", n + 2)
+    for j = 1, n do all[j - 1] = load[j] end
+    all[n], all[n + 1] = m, dropped or 0
+    group.sum_i64(all, n + 2)
+    load = {}
+    for j = 1, n do load[j] = tonumber(all[j - 1]) end
+    m, dropped = tonumber(all[n]), dropped and tonumber(all[n + 1]) or nil
+  end
   local q = m * k / n
   local maxload, ent = 0, 0
   for j = 1, n do
@@ -291,9 +303,11 @@ local function batch_metrics(self, s, sel, m, dropped, advance)
     local f = load[j] / (m * k)
     if f > 0 then ent = ent - f * math.log(f) end
   end
+  -- the per-token metrics run over this rank's m_local tokens; their sums are combined over the ranks
+  local ml = m_local
   local rent = 0
   if k > 1 then
-    for t = 0, m - 1 do
+    for t = 0, ml - 1 do
       local tot, h = 0, 0
       for i = 0, k - 1 do tot = tot + s[t * n + sel[t * k + i]] end
       for i = 0, k - 1 do
@@ -302,29 +316,42 @@ local function batch_metrics(self, s, sel, m, dropped, advance)
       end
       rent = rent + h / math.log(k)
     end
-    rent = rent / m
   end
   -- top-k change: the share of positions whose selection (as a set) differs from the previous step's, compared
   -- only when the previous step routed the same number of positions (a fixed batch shape)
-  local sorted = F64A(m * k)
-  for t = 0, m - 1 do
+  local sorted = F64A(ml * k)
+  for t = 0, ml - 1 do
     for i = 0, k - 1 do
       local v, a = sel[t * k + i], i
       while a > 0 and sorted[t * k + a - 1] > v do sorted[t * k + a] = sorted[t * k + a - 1]; a = a - 1 end
       sorted[t * k + a] = v
     end
   end
-  local changed
+  local c, compared = 0, 0
   local prev = self._prev_sel
-  if prev and prev.m == m then
-    local c = 0
-    for t = 0, m - 1 do
+  if prev and prev.m == ml then
+    compared = 1
+    for t = 0, ml - 1 do
       for i = 0, k - 1 do
         if prev.sel[t * k + i] ~= sorted[t * k + i] then c = c + 1; break end
       end
     end
-    changed = c / m
   end
+  if group and group.size > 1 then
+    local ints = ffi.new("int64_t[2]", c, compared)
+    group.sum_i64(ints, 2)
+    c, compared = tonumber(ints[0]), tonumber(ints[1]) == group.size and 1 or 0
+    if group.gather_f64 then
+      local r = ffi.new("double[1]", rent)
+      local all, n_all = group.gather_f64(r, 1)
+      rent = 0
+      for i = 0, n_all - 1 do rent = rent + all[i] end
+    else
+      rent = rent * m / ml    -- (a group that sums integers only: this rank's mean)
+    end
+  end
+  if k > 1 then rent = rent / m end
+  local changed = compared == 1 and c / m or nil
   local steps = self._steps + (advance and 1 or 0)
   local dead = 0
   for j = 1, n do
@@ -333,28 +360,29 @@ local function batch_metrics(self, s, sel, m, dropped, advance)
     if steps - last >= math.min(self.dead_window, math.max(steps, 1)) then dead = dead + 1 end
     if advance then self._last_used[j] = last end
   end
-  if advance then self._steps = steps; self._prev_sel = { sel = sorted, m = m } end
+  if advance then self._steps = steps; self._prev_sel = { sel = sorted, m = ml } end
   return {
     tokens = m, load = load, maxvio_batch = (maxload - q) / q, load_entropy = ent / math.log(n),
     route_entropy = k > 1 and rent or nil, dead_experts = dead, topk_changed = changed, dropped = dropped,
     aux_loss = self.aux_loss and self.aux_loss:item() or nil,
-  }
+  }, load_local
 end
 
 -- balance_step(opts): after the optimiser step — computes the step's metrics and writes the new selection bias
 -- from the step's recorded routing (used from the next forward only: no leakage, §4.1). opts.discard = true
 -- drops the records (a skipped step); opts.group = the ranks sharing the routing batch (balance.lua,
--- qb.update_arrays: {size, sum_i64, gather_f64}). Returns the metrics (this rank's share of the batch).
+-- qb.update_arrays: {size, sum_i64, gather_f64}). Returns the metrics, of the whole routing batch (every rank's).
 function MoE:balance_step(opts)
   if opts and opts.discard then self._records = {}; return nil end
   if #self._records == 0 then return self._metrics end
   local s, sel, m, dropped = gather_records(self)
   self._records = {}
-  local mt = batch_metrics(self, s, sel, m, dropped, true)
+  local group = opts and opts.group
+  local mt, load_local = batch_metrics(self, s, sel, m, dropped, true, group)
   local n, k = self.n, self.k
   local bias = self.gate.e_score_correction_bias
   local b = read_f64(bias)
-  local nb, clamped = self.balancer:update(s, b, m, n, k, mt.load, opts and opts.group)
+  local nb, clamped = self.balancer:update(s, b, m, n, k, load_local, group)
   mt.qb_clamped = clamped
   if nb then
     local list = {}
