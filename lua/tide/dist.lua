@@ -11,6 +11,7 @@
 --   dist.send_(t, dst), dist.recv_(t, src)
 --   dist.allreduce_(t)            t summed over the ranks, in place (a contiguous CPU f32/f64 tensor)
 --   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
+--   dist.sums(list)               several numbers summed at once (one all-reduce)
 --   dist.broadcast_(t, root)      root's t on every rank
 --   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
 --   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
@@ -66,6 +67,15 @@ function dist.sum(x)
 end
 
 function dist.any(flag) return dist.sum(flag and 1 or 0) > 0 end
+
+-- sums(list) -> the Lua numbers of list, each summed over the ranks in rank order: one all-reduce for all of them
+function dist.sums(list)
+  if dist.world() == 1 then return list end
+  local a = dist.allreduce_(tide.tensor(list, { dtype = "f64" })):f64_array()
+  local out = {}
+  for i = 1, #list do out[i] = a[i - 1] end
+  return out
+end
 
 -- the gradients of params ({param = tensor} entries or tensors) summed over the ranks: one flat buffer per dtype (a
 -- parameter without a gradient on this rank contributes zeros and gets the sum), summed in rank order, copied back

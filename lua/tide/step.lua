@@ -235,7 +235,10 @@ function Stepper:run(batches, lr, t)
   -- data parallelism: the normaliser is the step's GLOBAL target count; an objective's mean is over every rank's
   -- micro-batches
   local n_mean = n_micro
-  if group then N, tokens, n_mean = group.sum(N), group.sum(tokens), group.sum(n_micro) end
+  if group then
+    local t = group.sums({ N, tokens, n_micro })
+    N, tokens, n_mean = t[1], t[2], t[3]
+  end
   local sum, aux_sum, bad = 0, nil, nil
   for i = 1, n_micro do
     local b = batches[i]
@@ -257,9 +260,10 @@ function Stepper:run(batches, lr, t)
   end
   if group then
     -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks
-    if group.any(bad ~= nil) and not bad then bad = "loss" end   -- (the same record on every rank)
-    sum = group.sum(sum)
-    if group.any(aux_sum ~= nil) then aux_sum = group.sum(aux_sum or 0) end   -- (every rank calls each collective)
+    local t = group.sums({ bad and 1 or 0, sum, aux_sum and 1 or 0, aux_sum or 0 })
+    if t[1] > 0 and not bad then bad = "loss" end   -- (the same record on every rank)
+    sum = t[2]
+    if t[3] > 0 then aux_sum = t[4] end
     if not bad then
       local tc = tide.time()
       group.allreduce_grads(opt.params)
