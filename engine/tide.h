@@ -213,6 +213,8 @@ tide_tensor *tide_logsumexp(tide_tensor *x, int dim, int keepdim);
 /* a [..., M, K] (or [..., K, M] when ta), b [..., K, N] (or [..., N, K] when tb); batch dims of a and b
    must be equal, or b may be 2-D (shared across the batch: a Linear layer is matmul(x, W, 0, 1)) */
 tide_tensor *tide_matmul(tide_tensor *a, tide_tensor *b, int ta, int tb);
+/* x [..., in] Wᵀ + bias: weight [out, in] (HuggingFace layout), bias [out] or NULL; the bias rides in the GEMM */
+tide_tensor *tide_linear(tide_tensor *x, tide_tensor *weight, tide_tensor *bias);
 
 /* ---- ops: neural network ------------------------------------------------------------------------- */
 tide_tensor *tide_embedding(tide_tensor *weight, tide_tensor *ids);        /* weight [V, d], ids int */

@@ -90,3 +90,88 @@ tide_tensor *tide_matmul(tide_tensor *a, tide_tensor *b, int ta, int tb)
     tide_tensor *in[2] = {a, b};
     return tide_op_run1(TIDE_OP_MATMUL, 2, in, &at);
 }
+
+/* ---- linear: y = x Wᵀ + b with W [out, in] (HuggingFace layout), b [out] optional, x [..., in] ----------------
+   One GEMM: with a bias, C starts as the bias rows and the product is added onto them (beta 1), as BLAS addmm
+   does, instead of a product followed by a broadcast add over a second [rows, out] tensor. The backward is the
+   matmul's (dX = g W, dW = gᵀ X over the rows folded into one GEMM) and db = the column sums of g. */
+static int64_t rows_of(const tide_tensor *x)
+{
+    int64_t m = 1;
+    for (int i = 0; i < x->ndim - 1; i++) m *= x->shape[i];
+    return m;
+}
+
+int tide_linear_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int has_b = n->n_in == 3;
+    tide_tensor *x = tide_contiguous_nograd(in[0]), *w = x ? tide_contiguous_nograd(in[1]) : NULL;
+    tide_tensor *b = (w && has_b) ? tide_contiguous_nograd(in[2]) : NULL;
+    if (!w || (has_b && !b)) { tide_tensor_release(x); tide_tensor_release(w); return -1; }
+    int64_t K = x->shape[x->ndim - 1], N = w->shape[0], M = rows_of(x), shape[TIDE_MAX_DIMS];
+    for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = N;
+    tide_tensor *c = tide_empty(x->dtype, x->ndim, shape, x->device);
+    int rc = c ? 0 : -1;
+    if (!rc && c->numel > 0) {
+        if (b)
+            rc = TIDE_DISPATCH(x->device, copy, "linear", tide_data(c), c->dtype, (int64_t[]){N, 1}, tide_data(b),
+                               b->dtype, (int64_t[]){0, 1}, 2, (int64_t[]){M, N});
+        if (!rc)
+            rc = TIDE_DISPATCH(x->device, gemm, "linear", x->dtype, 0, 1, M, N, K, 1.0, tide_data(x), K > 0 ? K : 1,
+                               tide_data(w), K > 0 ? K : 1, b ? 1.0 : 0.0, tide_data(c), N);
+    }
+    if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, w);
+    tide_tensor_release(x); tide_tensor_release(w); tide_tensor_release(b);
+    if (rc) { tide_tensor_release(c); return -1; }
+    out[0] = c;
+    return 0;
+}
+
+int tide_linear_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor *x = n->saved[0], *w = n->saved[1];
+    int64_t K = x->shape[x->ndim - 1], N = w->shape[0], M = rows_of(x);
+    tide_tensor *g2 = tide_reshape(gout[0], 2, (int64_t[]){M, N});   /* the rows folded: one GEMM per gradient */
+    if (!g2) return -1;
+    int rc = 0;
+    if (n->in_needs_grad[0]) {
+        tide_tensor *dx = tide_matmul(g2, w, 0, 0);
+        gin[0] = dx ? tide_reshape(dx, x->ndim, x->shape) : NULL;
+        tide_tensor_release(dx);
+        rc |= gin[0] ? 0 : -1;
+    }
+    if (!rc && n->in_needs_grad[1]) {
+        tide_tensor *x2 = tide_reshape(x, 2, (int64_t[]){M, K});
+        gin[1] = x2 ? tide_matmul(g2, x2, 1, 0) : NULL;
+        tide_tensor_release(x2);
+        rc |= gin[1] ? 0 : -1;
+    }
+    if (!rc && n->n_in == 3 && n->in_needs_grad[2]) {
+        gin[2] = tide_sum(g2, 1, (int[]){0}, 0);
+        rc |= gin[2] ? 0 : -1;
+    }
+    tide_tensor_release(g2);
+    return rc;
+}
+
+tide_tensor *tide_linear(tide_tensor *x, tide_tensor *weight, tide_tensor *bias)
+{
+    if (tide_check_float(x, "linear", "x") || tide_check_float(weight, "linear", "weight") ||
+        tide_check_same_device(x, weight, "linear") || tide_check_same_dtype(x, weight, "linear")) return NULL;
+    if (bias && (tide_check_float(bias, "linear", "bias") || tide_check_same_device(x, bias, "linear") ||
+                 tide_check_same_dtype(x, bias, "linear"))) return NULL;
+    char s1[128], s2[128];
+    TIDE_CHECK(x->ndim >= 1, "linear: x is a scalar; it needs at least 1 dim (the in_features)");
+    TIDE_CHECK(weight->ndim == 2, "linear: weight is %s; it must be 2-D [out_features, in_features]",
+               tide_shape_str(weight->ndim, weight->shape, s1, sizeof s1));
+    TIDE_CHECK(weight->shape[1] == x->shape[x->ndim - 1],
+               "linear: x is %s but weight is %s: in_features differ (%lld vs %lld)",
+               tide_shape_str(x->ndim, x->shape, s1, sizeof s1), tide_shape_str(weight->ndim, weight->shape, s2, sizeof s2),
+               (long long)x->shape[x->ndim - 1], (long long)weight->shape[1]);
+    TIDE_CHECK(!bias || (bias->ndim == 1 && bias->shape[0] == weight->shape[0]),
+               "linear: bias is %s but weight is %s (bias must be [out_features])",
+               bias ? tide_shape_str(bias->ndim, bias->shape, s1, sizeof s1) : "", tide_shape_str(weight->ndim, weight->shape, s2, sizeof s2));
+    tide_tensor *in[3] = {x, weight, bias};
+    return tide_op_run1(TIDE_OP_LINEAR, bias ? 3 : 2, in, NULL);
+}

@@ -53,6 +53,7 @@
     X(LOGSUMEXP, logsumexp, dimreduce, dimreduce)                      \
     /* matmul.c */                                                     \
     X(MATMUL, matmul, matmul, matmul)                                  \
+    X(LINEAR, linear, linear, linear)                                  \
     /* embedding.c */                                                  \
     X(EMBEDDING, embedding, embedding, embedding)                      \
     /* norm.c */                                                       \

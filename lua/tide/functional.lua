@@ -61,9 +61,8 @@ end
 
 -- F.linear(x, weight[, bias]): x @ weight^T + bias, weight [out, in]
 function F.linear(x, w, b)
-  local y = check(C.tide_matmul(want_tensor(x, "linear", "x"), want_tensor(w, "linear", "weight"), 0, 1))
-  if b ~= nil then y = check(C.tide_add(raw(y), want_tensor(b, "linear", "bias"))) end
-  return y
+  return check(C.tide_linear(want_tensor(x, "linear", "x"), want_tensor(w, "linear", "weight"),
+                             opt_tensor(b, "linear", "bias")))
 end
 
 -- F.embedding(weight [V, d], ids int [...]) -> [..., d]; ids are 0-based token ids

@@ -116,6 +116,8 @@ RUN(r_matmul_tb, tide_matmul(x[0], x[1], 0, 1))
 RUN(r_matmul_ta, tide_matmul(x[0], x[1], 1, 0))
 RUN(r_matmul_tt, tide_matmul(x[0], x[1], 1, 1))
 RUN(r_matmul_bshared, tide_matmul(x[0], x[1], 1, 0))
+RUN(r_linear, tide_linear(x[0], x[1], x[2]))
+RUN(r_linear_nob, tide_linear(x[0], x[1], NULL))
 RUN(r_embedding, tide_embedding(x[0], x[1]))
 RUN(r_rmsnorm, tide_rmsnorm(x[0], x[1], 1e-5))
 RUN(r_layernorm, tide_layernorm(x[0], x[1], x[2], 1e-5))
@@ -282,6 +284,19 @@ static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N,
                 out[(p * M + i) * N + j] = s;
             }
     free(a); free(b);
+}
+
+static void ref_linear(tide_tensor **in, double *out)    /* x [..., K], w [N, K], b [N] -> [..., N] */
+{
+    double *x = host(in[0]), *w = host(in[1]), *b = host(in[2]);
+    int64_t K = in[1]->shape[1], N = in[1]->shape[0], M = in[0]->numel / K;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = b[j];
+            for (int64_t k = 0; k < K; k++) s += x[i * K + k] * w[j * K + k];
+            out[i * N + j] = s;
+        }
+    free(x); free(w); free(b);
 }
 
 static void ref_softmax(tide_tensor **in, double *out)
@@ -558,6 +573,9 @@ static void build_cases(void)
     add(TIDE_OP_MATMUL, "[2,4,3]^T x [2,4,5]", r_matmul_ta, NULL, 0, 2, RANDN(2, 4, 3), RANDN(2, 4, 5), 0, 0);
     add(TIDE_OP_MATMUL, "[4,3]^T x [5,4]^T", r_matmul_tt, NULL, 0, 2, RANDN(4, 3), RANDN(5, 4), 0, 0);
     add(TIDE_OP_MATMUL, "[2,4,3]^T x [4,5] (shared b)", r_matmul_bshared, NULL, 0, 2, RANDN(2, 4, 3), RANDN(4, 5), 0, 0);
+    add(TIDE_OP_LINEAR, "[2,3,4] W [5,4] + b [5]", r_linear, ref_linear, 0, 3, RANDN(2, 3, 4), RANDN(5, 4), RANDN(5), 0);
+    add(TIDE_OP_LINEAR, "[3,4] W [5,4], no bias", r_linear_nob, NULL, 0, 2, RANDN(3, 4), RANDN(5, 4), 0, 0);
+    add(TIDE_OP_LINEAR, "[4] W [2,4] + b (a vector x)", r_linear, NULL, 0, 3, RANDN(4), RANDN(2, 4), RANDN(2), 0);
     add(TIDE_OP_EMBEDDING, "V=6 d=4 ids [2,3]", r_embedding, NULL, 0, 2, RANDN(6, 4), ints(TIDE_I64, 2, SHAPE(2, 3), 6, 1, 1), 0, 0);
     add(TIDE_OP_RMSNORM, "[2,3,8]", r_rmsnorm, ref_rmsnorm, 0, 2, RANDN(2, 3, 8), RANDN(8), 0, 0);
     add(TIDE_OP_LAYERNORM, "with bias", r_layernorm, NULL, 0, 3, RANDN(3, 6), RANDN(6), RANDN(6), 0);

@@ -388,18 +388,19 @@ int main(void)
     tide_manual_seed(29);
     printf("gradient checks (fp64, central differences, h 1e-6)\n");
     test_gradcheck("T 9, images 4, 1, 4 (every element)", (int64_t[]){0, 4, 5, 9}, 4, 2, 3, 1);
-    test_gradcheck("T 210, images 1, 140, 69 (multi-tile)", (int64_t[]){0, 1, 141, 210}, 4, 2, 5, 0);
+    test_gradcheck("T 210, images 1, 140, 69", (int64_t[]){0, 1, 141, 210}, 4, 2, 5, 0);
+    test_gradcheck("T 600, images 530, 70 (query blocks of 256: 3 in the first)", (int64_t[]){0, 530, 600}, 3, 1, 4, 0);
     printf("tiled == definition\n");
     static const int64_t ones[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
-    static const int64_t mixed[4] = {0, 1, 71, 200};                 /* 1, 70 and 129 tokens: tiles of 64 */
-    static const int64_t edges[5] = {0, 64, 128, 129, 257};          /* boundaries on tile edges */
+    static const int64_t mixed[4] = {0, 1, 71, 200};                 /* 1, 70 and 129 tokens */
+    static const int64_t edges[5] = {0, 256, 768, 769, 1025};        /* images of 1 and 2 query blocks (256), 1, 256 */
     static const int64_t empty[6] = {0, 10, 10, 75, 75, 90};         /* two empty images (repeated boundaries) */
     static const int64_t one[2] = {0, 300};
     for (int dt = 0; dt < 2; dt++) {
         int dtype = dt ? TIDE_F32 : TIDE_F64;
         test_reference("8 images of 1 token", ones, 9, 2, 8, dtype);
         test_reference("images 1, 70, 129 (D 72, MoonViT)", mixed, 4, 3, 72, dtype);
-        test_reference("images 64, 64, 1, 128 (tile edges)", edges, 5, 2, 16, dtype);
+        test_reference("images 256, 512, 1, 256 (block edges)", edges, 5, 2, 16, dtype);
         test_reference("images 10, 0, 65, 0, 15 (empty ones)", empty, 6, 2, 12, dtype);
         test_reference("one image of 300", one, 2, 1, 16, dtype);
     }

@@ -156,6 +156,8 @@ static tide_tensor *f_mm(tide_tensor **in) { return tide_matmul(in[0], in[1], 0,
 static tide_tensor *f_mm_ta(tide_tensor **in) { return tide_matmul(in[0], in[1], 1, 0); }
 static tide_tensor *f_mm_tb(tide_tensor **in) { return tide_matmul(in[0], in[1], 0, 1); }
 static tide_tensor *f_mm_tatb(tide_tensor **in) { return tide_matmul(in[0], in[1], 1, 1); }
+static tide_tensor *f_linear(tide_tensor **in) { return tide_linear(in[0], in[1], in[2]); }
+static tide_tensor *f_linear_nob(tide_tensor **in) { return tide_linear(in[0], in[1], NULL); }
 
 static tide_tensor *f_rmsnorm(tide_tensor **in) { return tide_rmsnorm(in[0], in[1], 1e-5); }
 static tide_tensor *f_layernorm(tide_tensor **in) { return tide_layernorm(in[0], in[1], in[2], 1e-5); }
@@ -324,6 +326,9 @@ static const op_case cases[] = {
     {"matmul [64,128]x[128,96]", f_mm, 2, {NORMAL(S2(64, 128)), NORMAL(S2(128, 96))}, 3, 1e-4, 1e-4, 1e-4, 1e-4, 0},
     {"matmul bf16 [64,128]x[128,96]", f_mm, 2, {NORMAL(S2(64, 128)), NORMAL(S2(128, 96))}, 3, 1e-1, 2e-2, 1e-1, 2e-2, 1},
     {"matmul bf16 linear", f_mm_tb, 2, {NORMAL(S3(2, 4, 16)), NORMAL(S2(8, 16))}, 3, 5e-2, 2e-2, 5e-2, 2e-2, 1},
+    {"linear bias", f_linear, 3, {NORMAL(S3(2, 4, 16)), NORMAL(S2(8, 16)), NORMAL(S1(8))}, 7, 1e-5, 1e-5, 1e-5, 1e-5, 0},
+    {"linear no bias [64,128]", f_linear_nob, 2, {NORMAL(S2(64, 128)), NORMAL(S2(96, 128))}, 3, 1e-4, 1e-4, 1e-4, 1e-4, 0},
+    {"linear bf16 bias", f_linear, 3, {NORMAL(S3(2, 4, 16)), NORMAL(S2(8, 16)), NORMAL(S1(8))}, 7, 5e-2, 2e-2, 5e-2, 2e-2, 1},
     /* normalisation, softmax, losses */
     {"rmsnorm", f_rmsnorm, 2, {NORMAL(S2(6, 64)), NORMAL(S1(64))}, 3, 1e-5, 1e-5, 1e-5, 1e-5, 0},
     {"rmsnorm [37,1000]", f_rmsnorm, 2, {NORMAL(S2(37, 1000)), NORMAL(S1(1000))}, 3, 1e-5, 1e-5, 1e-4, 1e-5, 0},
@@ -1754,6 +1759,7 @@ static const op_coverage coverage[] = {
     {"argmax", "argmax dim 2|argmax dim 0 keepdim", NULL},
     {"logsumexp", "logsumexp dim 0|logsumexp last [3,50000]", NULL},
     {"matmul", "matmul|matmul ta|matmul tb|matmul ta tb|matmul batched|matmul bf16 [64,128]x[128,96]", NULL},
+    {"linear", "linear bias|linear no bias [64,128]|linear bf16 bias", NULL},
     {"embedding", "embedding i64 ids|embedding i32 ids [2,9]", NULL},
     {"rmsnorm", "rmsnorm|rmsnorm [37,1000]|rmsnorm bf16", NULL},
     {"layernorm", "layernorm|layernorm [37,1000]", NULL},

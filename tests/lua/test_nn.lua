@@ -73,6 +73,31 @@ T.test("initialisation: N(0, 0.02²), output projections N(0, 0.02²/(2L)), gain
   T.eq(m.model.layers:get(4).input_layernorm.weight:sum():item(), 64)
 end)
 
+T.test("F.linear: the bias in the GEMM equals matmul + add (values and gradients); bad shapes name both", function()
+  tide.manual_seed(11)
+  local x = tide.randn({ 3, 7, 6 }):requires_grad_(true)
+  local w = tide.randn({ 5, 6 }):requires_grad_(true)
+  local b = tide.randn({ 5 }):requires_grad_(true)
+  local g = tide.randn({ 3, 7, 5 })
+  F.linear(x, w, b):backward(g)
+  local y1, gx1, gw1, gb1 = F.linear(x, w, b):tolist(), x:grad():tolist(), w:grad():tolist(), b:grad():tolist()
+  x:zero_grad(); w:zero_grad(); b:zero_grad()
+  local y2 = F.matmul(x, w, false, true) + b
+  y2:backward(g)
+  local function close(a, c, what)
+    local worst = 0
+    for i = 1, #a do worst = math.max(worst, math.abs(a[i] - c[i])) end
+    T.ok(#a == #c and worst < 1e-5, what .. " differs by " .. worst)
+  end
+  close(y1, y2:tolist(), "y")
+  close(gx1, x:grad():tolist(), "dx")
+  close(gw1, w:grad():tolist(), "dW")
+  close(gb1, b:grad():tolist(), "db")
+  T.raises(function() F.linear(x, tide.randn({ 5, 4 })) end, "linear: x is [3, 7, 6] but weight is [5, 4]: in_features differ (6 vs 4)")
+  T.raises(function() F.linear(x, w, tide.randn({ 6 })) end, "linear: bias is [6] but weight is [5, 6]")
+  T.raises(function() F.linear(x, tide.randn({ 30 })) end, "weight is [30]; it must be 2-D")
+end)
+
 T.test("Linear, RMSNorm, LayerNorm and the SwiGLU MLP equal their formulas", function()
   tide.manual_seed(5)
   local x = tide.randn({ 2, 3, 4 }, { dtype = "f64" })
