@@ -325,6 +325,13 @@ local function bench_config(cfg, c, tmp)
     end
     r.torch.threads, r.torch.step_s_median, r.torch.patches_per_s = best.threads, best.step_s_median, best.patches_per_s
     r.tide_over_torch = r.tide.patches_per_s / r.torch.patches_per_s
+    -- the spread: the rounds interleave, so round i pairs tide's and PyTorch's i-th steps (each at its fastest threads)
+    local ts, ps = r.tide.by_threads, best.step_s
+    for _, e in ipairs(ts) do if e.threads == r.tide.threads then ts = e.step_s end end
+    for i = 1, math.min(#ts, #ps) do
+      local q = ps[i] / ts[i]
+      r.ratio_min, r.ratio_max = math.min(r.ratio_min or q, q), math.max(r.ratio_max or q, q)
+    end
     if cfg.profile then
       r.torch_profile = torch:ask(fmt("profile %d", r.torch.threads))
       r.torch_gemm = torch:ask(fmt("gemm %d 3", r.torch.threads))
@@ -392,7 +399,7 @@ local function markdown(rec)
   L[#L + 1] = "- memory: tide's engine peak above what exists before the step; PyTorch: ru_maxrss after one step minus "
     .. "the RSS before it, fresh process per size (process RSS, not tensor bytes: not the same measure as tide's)."
   L[#L + 1] = ""
-  L[#L + 1] = "| config | images | patches | tide patches/s | torch patches/s | tide / torch | threads tide / torch "
+  L[#L + 1] = "| config | images | patches | tide patches/s | torch patches/s | tide / torch: medians (min-max of paired rounds) | threads tide / torch "
     .. "| y max abs delta | worst rel delta (y, grads) | tide peak B/patch 1x / 2x / 4x | torch RSS B/patch 1x / 2x / 4x |"
   L[#L + 1] = "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
   for _, r in ipairs(rec.configs) do
@@ -402,7 +409,7 @@ local function markdown(rec)
       rp[i] = num(e.torch_rss_bytes_per_patch, "%.0f")
     end
     L[#L + 1] = fmt("| %s | %s | %d | %.1f | %s | %s | %d / %s | %s | %s | %s | %s |", r.name, r.images, r.patches,
-      r.tide.patches_per_s, num(r.torch and r.torch.patches_per_s, "%.1f"), num(r.tide_over_torch, "%.2fx"),
+      r.tide.patches_per_s, num(r.torch and r.torch.patches_per_s, "%.1f"), num(r.tide_over_torch, "%.2fx") .. (r.ratio_min and fmt(" (%.2fx-%.2fx)", r.ratio_min, r.ratio_max) or ""),
       r.tide.threads, num(r.torch and r.torch.threads, "%d"), num(r.check and r.check.y_max_abs_delta, "%.2e"),
       r.check and fmt("%.2e (%s)", r.check.max_rel_delta, r.check.worst) or "-", table.concat(tp, " / "),
       table.concat(rp, " / "))
