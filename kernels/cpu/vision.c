@@ -2,8 +2,9 @@
  * vision.c — the ViT position kernels (spec/vision.md §4; kernels/backend.h documents the entries).
  *
  * rope2d: complex slot j of a head rotates the adjacent pair (x[2j], x[2j+1]) by φ = p · θ^(−4⌊j/2⌋/hd), p = col
- * for even j and row for odd j (MoonViT's layout). Angles, cosines and sines in double, once per token for all
- * heads. Each pair is read before it is written, so out may alias x.
+ * for even j and row for odd j (MoonViT's layout). Angles, cosines and sines in double, once per distinct position
+ * value (a table [max p + 1, hd/2, 2]) when positions are small and repeat, else once per token, for all heads.
+ * Each pair is read before it is written, so out may alias x.
  *
  * pos_interp: PyTorch's bicubic upsample (aten upsample_bicubic2d, align_corners = False, sizes given so the scale
  * is in/out): source index s = (o + 0.5)·in/out − 0.5 (not clamped for cubic), i0 = min(⌊s⌋, in − 1),
@@ -14,25 +15,39 @@
  * sum in a fixed order (taps listed by output index), images in order: bitwise reproducible, no atomics.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include "cpu.h"
 
 /* ---- rope2d ---------------------------------------------------------------------------------------------------- */
+/* tab (when not NULL): cos, sin of sign · p · freq[j/2] for every position value p in [0, np) and slot j,
+   [np, half, 2], so the angles are computed once per distinct row or column value rather than once per token (the
+   same doubles either way: the results do not depend on which path ran) */
 #define DEFINE_ROPE2D(T, SFX)                                                                                      \
-static void rope2d_##SFX(T *out, const T *x, const void *pos, int pos64, const double *freq, int64_t Tn,        \
-                         int64_t H, int64_t hd, double sign)                                                     \
+static void rope2d_##SFX(T *out, const T *x, const void *pos, int pos64, const double *freq, const double *tab,  \
+                         int64_t Tn, int64_t H, int64_t hd, double sign)                                         \
 {                                                                                                                  \
     int64_t half = hd / 2;                                                                                         \
     _Pragma("omp parallel for if(Tn * H * hd > TIDE_OMP_MIN)")                                                     \
     for (int64_t t = 0; t < Tn; t++) {                                                                             \
-        double row = pos64 ? (double)((const int64_t *)pos)[2 * t] : (double)((const int32_t *)pos)[2 * t];       \
-        double col = pos64 ? (double)((const int64_t *)pos)[2 * t + 1] : (double)((const int32_t *)pos)[2 * t + 1]; \
+        int64_t prow = pos64 ? ((const int64_t *)pos)[2 * t] : ((const int32_t *)pos)[2 * t];                      \
+        int64_t pcol = pos64 ? ((const int64_t *)pos)[2 * t + 1] : ((const int32_t *)pos)[2 * t + 1];              \
+        double row = (double)prow, col = (double)pcol;                                                            \
         double cs[2 * 256];   /* hd/2 <= 256 slots on the stack; larger heads use the loop below */              \
         int64_t nslot = half < 256 ? half : 256;                                                                   \
-        for (int64_t j = 0; j < nslot; j++) {                                                                      \
-            double phi = sign * (j % 2 ? row : col) * freq[j / 2];                                                 \
-            cs[2 * j] = cos(phi);                                                                                  \
-            cs[2 * j + 1] = sin(phi);                                                                              \
+        if (tab) {                                                                                                 \
+            const double *tr = tab + prow * half * 2, *tc = tab + pcol * half * 2;                                 \
+            for (int64_t j = 0; j < nslot; j++) {                                                                  \
+                const double *src = j % 2 ? tr : tc;                                                               \
+                cs[2 * j] = src[2 * j];                                                                            \
+                cs[2 * j + 1] = src[2 * j + 1];                                                                    \
+            }                                                                                                      \
+        } else {                                                                                                   \
+            for (int64_t j = 0; j < nslot; j++) {                                                                  \
+                double phi = sign * (j % 2 ? row : col) * freq[j / 2];                                             \
+                cs[2 * j] = cos(phi);                                                                              \
+                cs[2 * j + 1] = sin(phi);                                                                          \
+            }                                                                                                      \
         }                                                                                                          \
         for (int64_t h = 0; h < H; h++) {                                                                          \
             const T *xr = x + (t * H + h) * hd;                                                                    \
@@ -69,8 +84,28 @@ int tide_cpu_rope2d(int dtype, void *out, const void *x, const void *pos, int po
     if (!freq) return tide_set_error("rope2d: out of memory");
     for (int64_t i = 0; i < nf; i++) freq[i] = pow(theta, -4.0 * (double)i / (double)hd);
     double sign = inverse ? -1.0 : 1.0;
-    if (dtype == TIDE_F32) rope2d_f32(out, x, pos, pos_dtype == TIDE_I64, freq, T, H, hd, sign);
-    else rope2d_f64(out, x, pos, pos_dtype == TIDE_I64, freq, T, H, hd, sign);
+    /* the angle table, when every position is in [0, 4096) and there are fewer distinct values than tokens */
+    int pos64 = pos_dtype == TIDE_I64;
+    int64_t lo = INT64_MAX, hi = INT64_MIN, half = hd / 2;
+    for (int64_t i = 0; i < 2 * T; i++) {
+        int64_t p = pos64 ? ((const int64_t *)pos)[i] : ((const int32_t *)pos)[i];
+        lo = p < lo ? p : lo;
+        hi = p > hi ? p : hi;
+    }
+    double *tab = NULL;
+    if (lo >= 0 && hi < 4096 && hi + 1 < T) {
+        int64_t nslot = half < 256 ? half : 256;
+        tab = malloc((size_t)(hi + 1) * (size_t)half * 2 * sizeof *tab);
+        for (int64_t p = 0; tab && p <= hi; p++)
+            for (int64_t j = 0; j < nslot; j++) {
+                double phi = sign * (double)p * freq[j / 2];
+                tab[(p * half + j) * 2] = cos(phi);
+                tab[(p * half + j) * 2 + 1] = sin(phi);
+            }
+    }
+    if (dtype == TIDE_F32) rope2d_f32(out, x, pos, pos64, freq, tab, T, H, hd, sign);
+    else rope2d_f64(out, x, pos, pos64, freq, tab, T, H, hd, sign);
+    free(tab);
     free(freq);
     return 0;
 }

@@ -173,6 +173,32 @@ static void test_rope2d(void)
         tide_tensor_release(y32);
     }
 
+    /* a grid's positions repeat: the kernel takes its angle table (one row per distinct value). The first 20 of the
+       tokens alone (20 distinct values for 20 tokens) take the per-token path: both agree bitwise on those tokens,
+       f32 and f64, and with the formula */
+    {
+        int64_t T = 300, T0 = 20, H = 2, hd = 72;
+        double pv[2 * 300];
+        for (int64_t t = 0; t < T; t++) { pv[2 * t] = (double)(t / 30); pv[2 * t + 1] = (double)(t % 30); }
+        tide_tensor *pt = tensor(TIDE_I64, 2, (int64_t[]){T, 2}, pv), *p0 = tensor(TIDE_I64, 2, (int64_t[]){T0, 2}, pv);
+        for (int f64 = 0; f64 < 2; f64++) {
+            tide_tensor *x = randn_tensor(f64 ? TIDE_F64 : TIDE_F32, 3, (int64_t[]){T, H, hd});
+            tide_tensor *x0 = tide_slice(x, 0, 0, T0, 1), *x0c = tide_contiguous(x0);
+            tide_tensor *yt = tide_rope2d(x, pt, 10000.0), *y0 = tide_rope2d(x0c, p0, 10000.0);
+            if (!yt || !y0) { printf("rope2d: %s\n", tide_last_error()); exit(2); }
+            double *xv = host(x), *ytv = host(yt), *y0v = host(y0), *rv = malloc((size_t)(T * H * hd) * sizeof *rv);
+            ref_rope2d(rv, xv, pv, T, H, hd, 10000.0);
+            double e = max_abs_diff(ytv, rv, T * H * hd);
+            report(!memcmp(ytv, y0v, (size_t)(T0 * H * hd) * sizeof *ytv) && e <= (f64 ? 1e-13 : 1e-5),
+                   "rope2d %s [300,2,72] on a 10x30 grid: the angle table and the per-token path agree bitwise; "
+                   "max |diff| from the formula %.2e", f64 ? "f64" : "f32", e);
+            free(xv); free(ytv); free(y0v); free(rv);
+            tide_tensor_release(x); tide_tensor_release(x0); tide_tensor_release(x0c); tide_tensor_release(yt);
+            tide_tensor_release(y0);
+        }
+        tide_tensor_release(pt); tide_tensor_release(p0);
+    }
+
     /* oracle 2, fp32, MoonViT's head_dim 72 */
     {
         int64_t T = 40, H = 2, hd = 72;
