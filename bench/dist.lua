@@ -1,8 +1,9 @@
 -- bench/dist.lua — data parallelism over MPI on this machine (DESIGN.md §9): recipes/dense.lua trained for `steps`
--- steps at dp = 1, 2, 4 (mpirun --oversubscribe: 2 and 4 ranks share the machine's cores), unsharded and with
--- ZeRO-1, one thread per rank. Per step (the median over the steps after the first): the bytes each rank handed to
--- the network (measured by the process group: tide_dist_bytes_sent), against the ring all-reduce's analytic
--- 2(N−1)/N · params · 4 bytes; the step time, as a ratio to dp = 1; the gradient all-reduce's share of the step (it
+-- steps at dp = 1, 2, 4 (mpirun --oversubscribe: 2 and 4 ranks share the machine's cores), unsharded, with ZeRO-1
+-- and with ZeRO-2, one thread per rank. Per step (the median over the steps after the first): the bytes each rank
+-- handed to the network (measured by the process group: tide_dist_bytes_sent), against the analytic volume of each
+-- layout (analytic() below: the all-reduce's 2(N−1)/N · params · 4 bytes, ZeRO's weight broadcasts, ZeRO-2's
+-- reduce-scatter); the step time, as a ratio to dp = 1; the gradient all-reduce's share of the step (it
 -- runs after the backward: nothing overlaps yet). Then the same formula at the K3 config on 4,096 ranks (the layout
 -- of recipes/long_context_1m.lua), scaled by the measured/analytic ratio. Writes <results>/dist.json and dist.md.
 --
@@ -32,6 +33,16 @@ local function median_of(recs, key)
   return #xs > 0 and results.median(xs) or nil
 end
 
+-- the bytes a rank sends per step, averaged over the ranks, for a gradient of `bytes`: the rank-order all-reduce (a
+-- chain there and back: 2(N−1)/N), plus under ZeRO the owners' weight broadcasts (counted at the root: bytes/N a
+-- rank); ZeRO-2 replaces the all-reduce by the chain to the last rank ((N−1)/N) and its sends of the other owners'
+-- parts ((N−1)/N² on average)
+local function analytic(n, zero, bytes)
+  if n == 1 then return 0 end
+  local grads = zero == 2 and ((n - 1) / n + (n - 1) / (n * n)) * bytes or 2 * (n - 1) / n * bytes
+  return grads + (zero > 0 and bytes / n or 0)
+end
+
 local function run(cfg)
   local tide_bin = cli.exe_path()
   local tmp = os.tmpname()
@@ -51,6 +62,7 @@ local function run(cfg)
     else
       variants[#variants + 1] = { n = n, zero = 0, threads = 1 }
       variants[#variants + 1] = { n = n, zero = 1, threads = 1 }
+      variants[#variants + 1] = { n = n, zero = 2, threads = 1 }
     end
   end
   for _, v in ipairs(variants) do
@@ -59,7 +71,7 @@ local function run(cfg)
       local out = fmt("%s/dp%d_z%d_t%d", tmp, n, zero, v.threads)
       local cmd = fmt("%s %s run recipes/dense.lua %s --train.threads=%d --out=%s%s > %s/log_%d_%d_%d 2>&1",
         n > 1 and fmt("mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -np %d", n) or "",
-        cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero == 1 and " --dist.zero=1" or "", tmp,
+        cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero > 0 and (" --dist.zero=" .. zero) or "", tmp,
         n, zero, v.threads)
       io.stderr:write("dist: " .. cmd .. "\n")
       if os.execute(cmd) ~= 0 then error("dist bench: the run failed: " .. cmd, 0) end
@@ -67,7 +79,7 @@ local function run(cfg)
       rows[#rows + 1] = { ranks = n, zero = zero, threads = v.threads, step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
         allreduce_s = median_of(recs, "dist/allreduce_s") or 0,
-        analytic = n > 1 and 2 * (n - 1) / n * P * 4 or 0 }
+        analytic = analytic(n, zero, P * 4) }
     end
   end
   os.execute("rm -rf " .. cli.shell_quote(tmp))
@@ -104,7 +116,7 @@ local function run(cfg)
       .. "rank; 2 and 4 ranks share this machine's 2 cores (mpirun --oversubscribe), so the step times measure the "
       .. "extra work and waiting, not a speed-up. Load average %s at the end.", record.date, P, dense.data.batch_size,
       dense.data.seq_len, steps, steps, tostring(record.loadavg)), "",
-    "| ranks | threads per rank | ZeRO | bytes sent per rank per step (rank 0) | mean over ranks | analytic ring all-reduce 2(N−1)/N·P·4 | measured / analytic | step s | step / dp 1 (1 thread) | gradient all-reduce share of the step |",
+    "| ranks | threads per rank | ZeRO | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient reduction share of the step |",
     "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
   for _, r in ipairs(rows) do
     L[#L + 1] = fmt("| %d | %d | %d | %d | %.0f | %.0f | %s | %.3f | %.2f | %s |", r.ranks, r.threads, r.zero, r.bytes, r.bytes_mean,
@@ -120,8 +132,12 @@ local function run(cfg)
   L[#L + 1] = "The gradient sum is a chain in rank order (0 → 1 → … → N−1, then the sum on from N−1 through 0 … N−2), "
     .. "so its volume per rank averages the ring's 2(N−1)/N·P·4 bytes (the ranks differ: the two chain ends send "
     .. "once, the others twice); the rest are the step's scalar sums (targets, losses, the non-finite decision). "
-    .. "ZeRO-1 adds the owners' weight broadcasts (counted at the root: P·4/N a rank). Overlap of the all-reduce with "
-    .. "the backward: 0 (the sum starts after the backward; buckets are not built yet)."
+    .. "ZeRO-1 adds the owners' weight broadcasts (counted at the root: P·4/N a rank; MPI_Bcast's own forwarding "
+    .. "between ranks is not counted). ZeRO-2 reduce-scatters instead of all-reducing: the same chain to rank N−1, "
+    .. "which then sends each owner only its part, (N−1)/N + (N−1)/N² of P·4 on average, so its total is about the "
+    .. "plain all-reduce's and ~2/3 of ZeRO-1's at large N; the sums are the all-reduce's bit for bit "
+    .. "(tests/dist/dp_check.sh). Overlap of the reduction with the backward: 0 (it starts after the backward; "
+    .. "buckets are not built yet)."
   L[#L + 1] = ""
   L[#L + 1] = fmt("K3 projection (%s parameters, %s of them routed experts; %d GPUs, ep %d, bf16 gradients; a dp group "
     .. "all-reduces the dense parameters and its ep-shard of the experts; scaled by the measured/analytic ratio %.3f):",

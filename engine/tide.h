@@ -502,6 +502,7 @@ int tide_dist_world_size(void);
 /* in-place sum across ranks of a contiguous CPU float tensor, in rank order (((x_0 + x_1) + x_2) + ...: bitwise
    reproducible, and equal to accumulating the ranks' parts in order in one process); a no-op with one rank */
 int tide_dist_allreduce_sum_(tide_tensor *t);
+int tide_dist_reduce_to_last_(tide_tensor *t);   /* the rank-order sum on the last rank only (reduce-scatter's half) */
 /* bytes this rank has handed to the network since the start (sends, and broadcasts at their root) */
 int64_t tide_dist_bytes_sent(void);
 /* in-place copy of root's tensor to every rank */

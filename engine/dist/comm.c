@@ -71,6 +71,80 @@ static void add_into(int dtype, void *acc, const void *prev, int64_t n)
 }
 #endif
 
+#ifdef TIDE_HAVE_MPI
+/* the first half of the rank-order sum: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks (each rank
+   adds its values to what arrives and passes it on, pipelined); the whole sum is then on rank N-1 alone */
+static int chain_sum_to_last(tide_tensor *t, const char *op)
+{
+    size_t es = t->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
+    char *data = tide_data(t);
+    int64_t n = t->numel;
+    void *tmp = g_rank > 0 ? malloc((size_t)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK) * es) : NULL;
+    if (g_rank > 0 && !tmp) return tide_set_error("%s: out of memory for %lld values", op, (long long)n);
+    for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
+        int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
+        char *chunk = data + (size_t)k0 * es;
+        if (g_rank > 0) {
+            if (MPI_Recv(tmp, (int)((size_t)m * es), MPI_BYTE, g_rank - 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                free(tmp);
+                return tide_set_error("%s: receiving from rank %d failed", op, g_rank - 1);
+            }
+            add_into(t->dtype, chunk, tmp, m);
+        }
+        if (g_rank < g_world - 1) {
+            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, g_rank + 1, 7, MPI_COMM_WORLD) != MPI_SUCCESS) {
+                free(tmp);
+                return tide_set_error("%s: sending to rank %d failed", op, g_rank + 1);
+            }
+            g_bytes_sent += (int64_t)((size_t)m * es);
+        }
+    }
+    free(tmp);
+    return 0;
+}
+#endif
+
+/* the same chain for a device tensor, through its backend's send / recv (one message per rank, not pipelined): the
+   partial sum of the ranks before arrives in a scratch tensor and is added (IEEE addition commutes, so
+   acc + prev has the bits of prev + acc) */
+static int device_chain_sum_to_last(tide_tensor *t, const char *op)
+{
+    int rc = 0;
+    if (g_rank > 0) {
+        tide_tensor *prev = tide_empty(t->dtype, t->ndim, t->shape, t->device);
+        if (!prev) return -1;
+        rc = TIDE_DISPATCH(t->device, dist_recv, op, tide_data(prev), tide_tensor_nbytes(t), g_rank - 1);
+        if (!rc) rc = tide_axpy_(t, 1.0, prev);
+        tide_tensor_release(prev);
+    }
+    if (!rc && g_rank < g_world - 1) {
+        rc = TIDE_DISPATCH(t->device, dist_send, op, tide_data(t), tide_tensor_nbytes(t), g_rank + 1);
+        if (!rc) g_bytes_sent += tide_tensor_nbytes(t);
+    }
+    return rc;
+}
+
+/* The rank-order sum ((x_0 + x_1) + x_2) + ... on rank N-1 alone (the other ranks' t is left partial): a
+   reduce-scatter in rank order is this, then rank N-1 hands each rank its part (lua/tide/dist.lua); every rank but
+   the last sends the buffer once, the last none. */
+int tide_dist_reduce_to_last_(tide_tensor *t)
+{
+    int rc = 0;
+    if (device_tensor(t, "reduce", &rc)) {
+        if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
+        return device_chain_sum_to_last(t, "reduce");
+    }
+    if (check_cpu_tensor(t, "reduce")) return -1;
+    if (t->dtype != TIDE_F32 && t->dtype != TIDE_F64)
+        return tide_set_error("reduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
+    if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
+#ifdef TIDE_HAVE_MPI
+    return chain_sum_to_last(t, "reduce");
+#else
+    return 0;
+#endif
+}
+
 /* The sum in rank order, ((x_0 + x_1) + x_2) + ...: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks
    (each rank adds its values to what arrives and passes it on, pipelined), then the sum travels on from rank N-1
    through 0, 1, ..., N-2 (every rank sends the buffer once or twice: 2(N-1)/N times on average, a ring's volume). The
@@ -93,27 +167,7 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
     size_t es = t->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     char *data = tide_data(t);
     int64_t n = t->numel;
-    void *tmp = g_rank > 0 ? malloc((size_t)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK) * es) : NULL;
-    if (g_rank > 0 && !tmp) return tide_set_error("allreduce: out of memory for %lld values", (long long)n);
-    for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
-        int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
-        char *chunk = data + (size_t)k0 * es;
-        if (g_rank > 0) {
-            if (MPI_Recv(tmp, (int)((size_t)m * es), MPI_BYTE, g_rank - 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-                free(tmp);
-                return tide_set_error("allreduce: receiving from rank %d failed", g_rank - 1);
-            }
-            add_into(t->dtype, chunk, tmp, m);
-        }
-        if (g_rank < g_world - 1) {
-            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, g_rank + 1, 7, MPI_COMM_WORLD) != MPI_SUCCESS) {
-                free(tmp);
-                return tide_set_error("allreduce: sending to rank %d failed", g_rank + 1);
-            }
-            g_bytes_sent += (int64_t)((size_t)m * es);
-        }
-    }
-    free(tmp);
+    if (chain_sum_to_last(t, "allreduce")) return -1;
     /* the sum from rank N-1 along the chain N-1 -> 0 -> 1 -> ... -> N-2, in the same chunks (each rank receives it
        once and passes it on once: the bytes every rank sends are its own, counted where they leave) */
     int prev = g_rank == 0 ? g_world - 1 : g_rank - 1, next = g_rank == g_world - 1 ? 0 : g_rank + 1;

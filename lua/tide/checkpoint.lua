@@ -1,6 +1,17 @@
 -- checkpoint.lua — the checkpoint directory of formats.md §6:
 --   <run>/ckpt/step_00001234/{model.safetensors, optim.safetensors, state.json}
 --   <run>/ckpt/latest          the current directory name
+-- A run of several ranks (data parallelism, DESIGN.md §9) writes the weights and the AdamW moments as shards, each
+-- rank its own, with HuggingFace's index files beside them:
+--   model-00001-of-00004.safetensors ...  rank r−1's share of the weights and buffers (dist.owners of their sizes)
+--   model.safetensors.index.json          {"metadata": {"total_size": bytes, "tide.shards": 4}, "weight_map": {name: file}}
+--   optim-00001-of-00004.safetensors ...  the moments of the parameters rank r−1 owns (ZeRO-1: the ones it holds)
+--   optim.safetensors.index.json
+-- Every rank writes its shards into the one step_XXXXXXXX.tmp/ (a file system all ranks see); when all of them are
+-- complete (one collective decision), rank 0 writes the indexes and state.json and renames the directory: it becomes
+-- visible only whole. Readers (load, resume, load_model, sample, eval, export) take either layout, and a sharded
+-- checkpoint loads under any number of ranks: each tensor is read from the shard the index names.
+-- consolidate(dir, out) writes a sharded checkpoint as a single-file one (`tide ckpt consolidate`).
 -- Files are written into step_XXXXXXXX.tmp/ (each fsynced by the engine), the directory is fsynced and
 -- renamed, then `latest` is replaced atomically: a run killed at any instant leaves the last good
 -- checkpoint readable. A step saved again (after resuming from an older checkpoint) swaps directories: the old
@@ -26,11 +37,15 @@ local checkpoint = {}
 
 local function last_error() return ffi.string(C.tide_last_error()) end
 
--- TIDE_TEST_CKPT_KILL=<point> sends this process SIGKILL at that point of a save ("tmp": model.safetensors written,
--- "swap": the old copy renamed away, the new one not yet in place): the fault tests' window into a real kill
+-- TIDE_TEST_CKPT_KILL=<point> sends this process SIGKILL at that point of a save ("tmp": model.safetensors or this
+-- rank's model shard written, "swap": the old copy renamed away, the new one not yet in place): the fault tests'
+-- window into a real kill. TIDE_TEST_CKPT_KILL_RANK=r: only the process of that MPI rank (OMPI_COMM_WORLD_RANK)
 pcall(ffi.cdef, "int getpid(void); int kill(int pid, int sig);")
 function checkpoint.kill_point(point)
-  if os.getenv("TIDE_TEST_CKPT_KILL") == point then ffi.C.kill(ffi.C.getpid(), 9) end
+  if os.getenv("TIDE_TEST_CKPT_KILL") ~= point then return end
+  local only = os.getenv("TIDE_TEST_CKPT_KILL_RANK")
+  if only and only ~= (os.getenv("OMPI_COMM_WORLD_RANK") or "0") then return end
+  ffi.C.kill(ffi.C.getpid(), 9)
 end
 
 local function check(rc, what)
@@ -73,45 +88,52 @@ function checkpoint.list(run_dir)
   return out
 end
 
--- save(run_dir, step, {model =, optim =, state = {...}, metadata = {...}, keep = n}) -> directory path
--- keep: how many step directories to leave (older ones are removed after `latest` moves); nil keeps all
-local function write_tmp(tmp, step, parts)
-  check(C.tide_mkdir_p(tmp), "creating " .. tmp)
-  local meta = { format = "pt", ["tide.step"] = step, ["tide.version"] = ffi.string(C.tide_version()) }
-  for k, v in pairs(parts.metadata or {}) do meta[k] = v end
-  local names = parts.model:state_names()
-  local sd = parts.model:state_dict()
+-- save(run_dir, step, {model =, optim =, state = {...}, metadata = {...}, keep = n, files = fn(dir), group =})
+-- -> directory path. keep: how many step directories to leave (older ones are removed after `latest` moves); nil
+-- keeps all. group (tide.dist with several ranks): the sharded layout, a collective (every rank calls it).
+local function model_tensors(model)
+  local names = model:state_names()
+  local sd = model:state_dict()
   local tensors = {}
   for i, n in ipairs(names) do tensors[i] = sd[n] end
-  save_tensors(tmp .. "/model.safetensors", names, tensors, meta)
-  checkpoint.kill_point("tmp")
+  return names, tensors
+end
+
+local function base_meta(step, parts)
+  local meta = { format = "pt", ["tide.step"] = step, ["tide.version"] = ffi.string(C.tide_version()) }
+  for k, v in pairs(parts.metadata or {}) do meta[k] = v end
+  return meta
+end
+
+-- the run's extra files, then state.json last: a directory holding it is complete (recover relies on that)
+local function write_state(tmp, step, parts, extra)
   if parts.files then parts.files(tmp) end       -- the run's extra files (the tokenizer), before state.json
-  if parts.optim then
-    local onames, otensors = parts.optim:state_tensors()
-    save_tensors(tmp .. "/optim.safetensors", onames, otensors, { format = "pt", ["tide.step"] = step })
-  end
   local state = {}
   for k, v in pairs(parts.state or {}) do state[k] = v end
+  for k, v in pairs(extra or {}) do state[k] = v end
   state.step = step
   if parts.optim then state.optim = parts.optim:state() end
-  -- state.json last: a directory holding it is complete (recover relies on that)
   check(C.tide_file_write_text_atomic(tmp .. "/state.json", json.encode(state, { first = { "step" } }) .. "\n"),
     "writing state.json")
   check(C.tide_fsync_dir(tmp), "syncing " .. tmp)
 end
 
-function checkpoint.save(run_dir, step, parts)
-  local ckdir = run_dir .. "/ckpt"
-  check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
-  local name = checkpoint.dir_name(step)
-  local final = ckdir .. "/" .. name
-  local tmp, old = final .. ".tmp", final .. ".old"
-  check(C.tide_remove_tree(tmp), "clearing " .. tmp)
-  local ok, err = pcall(write_tmp, tmp, step, parts)
-  if not ok then
-    C.tide_remove_tree(tmp)    -- a half-written copy is of no use; the previous checkpoints are untouched
-    error(err, 2)
+local function write_tmp(tmp, step, parts)
+  check(C.tide_mkdir_p(tmp), "creating " .. tmp)
+  local names, tensors = model_tensors(parts.model)
+  save_tensors(tmp .. "/model.safetensors", names, tensors, base_meta(step, parts))
+  checkpoint.kill_point("tmp")
+  if parts.optim then
+    local onames, otensors = parts.optim:state_tensors()
+    save_tensors(tmp .. "/optim.safetensors", onames, otensors, { format = "pt", ["tide.step"] = step })
   end
+  write_state(tmp, step, parts)
+end
+
+-- the finished tmp directory into place, `latest` moved to it, older checkpoints pruned
+local function publish(run_dir, ckdir, name, tmp, keep)
+  local final = ckdir .. "/" .. name
+  local old = final .. ".old"
   if C.tide_path_exists(final) == 1 then
     -- the same step saved again: swap, so that a kill at any instant leaves a complete copy under a known name
     check(C.tide_remove_tree(old), "clearing " .. old)
@@ -124,15 +146,117 @@ function checkpoint.save(run_dir, step, parts)
     check(C.tide_rename_atomic(tmp, final), "renaming " .. tmp)
     check(C.tide_file_write_text_atomic(ckdir .. "/latest", name .. "\n"), "updating latest")
   end
-  if parts.keep then
+  if keep then
     -- the newest `keep` up to this step stay; checkpoints past it (a run resumed from an earlier step) are not pruned
     local upto = {}
     for _, n in ipairs(checkpoint.list(run_dir)) do if n <= name then upto[#upto + 1] = n end end
-    for i = 1, #upto - parts.keep do
+    for i = 1, #upto - keep do
       check(C.tide_remove_tree(ckdir .. "/" .. upto[i]), "removing old " .. upto[i])
     end
   end
   return final
+end
+
+-- shard file names, HuggingFace's: model-00001-of-00004.safetensors (i from 1)
+function checkpoint.shard_name(kind, i, n) return fmt("%s-%05d-of-%05d.safetensors", kind, i, n) end
+
+-- the index of one kind: every name to its shard, the total bytes
+local function write_index(path, names, tensors, owners, kind, world)
+  local map, total = {}, 0
+  for i, n in ipairs(names) do
+    map[n] = checkpoint.shard_name(kind, owners[i] + 1, world)
+    total = total + tensors[i]:nbytes()
+  end
+  local text = json.encode({ metadata = { total_size = total, ["tide.shards"] = world }, weight_map = map },
+    { first = { "metadata" } })
+  check(C.tide_file_write_text_atomic(path, text .. "\n"), "writing " .. path)
+end
+
+-- the moments' names and shapes for the optim index: every parameter's two, in order, with their owners
+local function optim_layout(opt, world)
+  local owners = opt:shard_owners(world)
+  local names, tensors, own = {}, {}, {}
+  for i, p in ipairs(opt.params) do
+    for _, slot in ipairs({ "m", "v" }) do
+      names[#names + 1] = p.name .. ".adam_" .. slot
+      tensors[#tensors + 1] = p.param      -- (a moment has its parameter's shape and dtype: only nbytes is read)
+      own[#own + 1] = owners[i]
+    end
+  end
+  return names, tensors, own
+end
+
+local function save_sharded(run_dir, step, parts)
+  local g = parts.group
+  local world, rank = g.world(), g.rank()
+  local ckdir = run_dir .. "/ckpt"
+  local name = checkpoint.dir_name(step)
+  local tmp = ckdir .. "/" .. name .. ".tmp"
+  local what = fmt("checkpoint: step %d was not saved", step)
+  -- rank 0 prepares the directory; then every rank writes its shards into it
+  local ok, err = true, nil
+  if rank == 0 then
+    ok, err = pcall(function()
+      check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
+      check(C.tide_remove_tree(tmp), "clearing " .. tmp)
+      check(C.tide_mkdir_p(tmp), "creating " .. tmp)
+    end)
+  end
+  g.agree(ok, what, err)
+  local names, tensors = model_tensors(parts.model)
+  local sizes = {}
+  for i, t in ipairs(tensors) do sizes[i] = t:numel() end
+  local owners = require("tide.dist").owners(sizes, world)
+  ok, err = pcall(function()
+    local mine_n, mine_t = {}, {}
+    for i, n in ipairs(names) do
+      if owners[i] == rank then mine_n[#mine_n + 1] = n; mine_t[#mine_t + 1] = tensors[i] end
+    end
+    save_tensors(tmp .. "/" .. checkpoint.shard_name("model", rank + 1, world), mine_n, mine_t, base_meta(step, parts))
+    checkpoint.kill_point("tmp")
+    if parts.optim then
+      local on, ot = parts.optim:shard_tensors(world, rank)
+      save_tensors(tmp .. "/" .. checkpoint.shard_name("optim", rank + 1, world), on, ot,
+        { format = "pt", ["tide.step"] = step })
+    end
+  end)
+  local agreed, aerr = pcall(g.agree, ok, what, err)
+  if not agreed then
+    if rank == 0 then C.tide_remove_tree(tmp) end   -- the previous checkpoints are untouched
+    error(aerr, 2)
+  end
+  -- every shard is complete: rank 0 writes the indexes and state.json (last) and publishes the directory
+  local final = ckdir .. "/" .. name
+  ok, err = true, nil
+  if rank == 0 then
+    ok, err = pcall(function()
+      write_index(tmp .. "/model.safetensors.index.json", names, tensors, owners, "model", world)
+      if parts.optim then
+        local on, ot, oo = optim_layout(parts.optim, world)
+        write_index(tmp .. "/optim.safetensors.index.json", on, ot, oo, "optim", world)
+      end
+      write_state(tmp, step, parts)
+      publish(run_dir, ckdir, name, tmp, parts.keep)
+    end)
+    if not ok then C.tide_remove_tree(tmp) end
+  end
+  g.agree(ok, what, err)
+  return final
+end
+
+function checkpoint.save(run_dir, step, parts)
+  if parts.group and parts.group.world() > 1 then return save_sharded(run_dir, step, parts) end
+  local ckdir = run_dir .. "/ckpt"
+  check(C.tide_mkdir_p(ckdir), "creating " .. ckdir)
+  local name = checkpoint.dir_name(step)
+  local tmp = ckdir .. "/" .. name .. ".tmp"
+  check(C.tide_remove_tree(tmp), "clearing " .. tmp)
+  local ok, err = pcall(write_tmp, tmp, step, parts)
+  if not ok then
+    C.tide_remove_tree(tmp)    -- a half-written copy is of no use; the previous checkpoints are untouched
+    error(err, 2)
+  end
+  return publish(run_dir, ckdir, name, tmp, parts.keep)
 end
 
 -- every name in <run>/ckpt (nil when there is no such directory)
@@ -227,7 +351,8 @@ local function open_file(path)
   return ffi.gc(h, C.tide_safetensors_close)
 end
 
--- open(dir) -> reader with :tensors(file) -> {name = tensor}, :get(file, name), .state (state.json)
+-- open(dir) -> reader with :tensors(file) -> {name = tensor}, :get(file, name), .state (state.json). A file name
+-- ("model.safetensors", "optim.safetensors") stands for the file, or for the shards its index names.
 function checkpoint.open(dir)
   local path = dir .. "/state.json"
   if C.tide_path_exists(path) ~= 1 then error("checkpoint: " .. path .. " is missing", 2) end
@@ -235,33 +360,102 @@ function checkpoint.open(dir)
   if not text then error("checkpoint: " .. err, 2) end
   local ok, state = pcall(json.decode, text)
   if not ok then error("checkpoint: " .. dir .. "/state.json: " .. tostring(state), 2) end
-  return setmetatable({ dir = dir, state = state, files = {} }, Reader)
+  return setmetatable({ dir = dir, state = state, files = {}, layouts = {} }, Reader)
 end
+
+local INDEX_LIMIT = 256 * 1024 * 1024
+
+-- layout(file) -> {files = {shard names, sorted}, map = {tensor name = shard} or nil, index = path or nil}: the file
+-- itself when it exists, else the shards of <file>.index.json (checked: every entry a .safetensors file name of the
+-- directory, no path)
+function Reader:layout(file)
+  if self.layouts[file] then return self.layouts[file] end
+  local single = self.dir .. "/" .. file
+  local L
+  if C.tide_path_exists(single) == 1 then
+    L = { files = { file } }
+  else
+    local index = single .. ".index.json"
+    if C.tide_path_exists(index) ~= 1 then
+      error(fmt("checkpoint: %s has neither %s nor %s.index.json", self.dir, file, file), 0)
+    end
+    local text, err = tide.read_file(index, INDEX_LIMIT)
+    if not text then error("checkpoint: " .. err, 0) end
+    local ok, t = pcall(json.decode, text)
+    if not ok then error(fmt("checkpoint: %s: %s", index, tostring(t)), 0) end
+    if type(t) ~= "table" or type(t.weight_map) ~= "table" then
+      error(fmt("checkpoint: %s has no weight_map object", index), 0)
+    end
+    local map, files, seen = {}, {}, {}
+    for name, f in pairs(t.weight_map) do
+      if type(name) ~= "string" or type(f) ~= "string" or f:find("/", 1, true) or f:sub(1, 1) == "."
+          or not f:match("^[%w_.-]+%.safetensors$") then
+        error(fmt("checkpoint: %s: weight_map[%s] = %s is not a .safetensors file of the directory", index,
+          json.encode(name), json.encode(f)), 0)
+      end
+      map[name] = f
+      if not seen[f] then seen[f] = true; files[#files + 1] = f end
+    end
+    table.sort(files)
+    L = { files = files, map = map, index = index }
+  end
+  self.layouts[file] = L
+  return L
+end
+
+-- is `file` stored as shards (an index) rather than one file?
+function Reader:sharded(file) return self:layout(file).map ~= nil end
 
 function Reader:file(name)
   if not self.files[name] then self.files[name] = open_file(self.dir .. "/" .. name) end
   return self.files[name]
 end
 
+-- the shard holding `name` of the logical `file` and the tensor's position in it, or nil
+function Reader:locate(file, name)
+  local L = self:layout(file)
+  local f = L.map and L.map[name] or (not L.map and file or nil)
+  if not f then return nil end
+  local h = self:file(f)
+  local i = C.tide_safetensors_find(h, name)
+  if i < 0 then
+    if L.map then error(fmt("checkpoint: %s puts '%s' in %s, which does not hold it", L.index, name, f), 0) end
+    return nil
+  end
+  return h, i, f
+end
+
 -- get(file, name) -> a CPU tensor, or nil when the file has no such name
 function Reader:get(file, name, device)
-  local h = self:file(file)
-  local i = C.tide_safetensors_find(h, name)
-  if i < 0 then return nil end
+  local h, i, f = self:locate(file, name)
+  if not h then return nil end
   local t = C.tide_safetensors_get(h, i, device or 0)
-  if t == nil then error("checkpoint: " .. self.dir .. "/" .. file .. ": " .. last_error(), 2) end
+  if t == nil then error("checkpoint: " .. self.dir .. "/" .. f .. ": " .. last_error(), 2) end
   return tide.wrap(t)
 end
 
--- every tensor of one file as {name = tensor}
+-- every tensor of one (logical) file as {name = tensor}; a shard's tensor must be where the index puts it, once
 function Reader:tensors(file, device)
-  local h = self:file(file)
+  local L = self:layout(file)
   local out = {}
-  for i = 0, C.tide_safetensors_count(h) - 1 do
-    local name = ffi.string(C.tide_safetensors_name(h, i))
-    local t = C.tide_safetensors_get(h, i, device or 0)
-    if t == nil then error("checkpoint: " .. self.dir .. "/" .. file .. ": " .. last_error(), 2) end
-    out[name] = tide.wrap(t)
+  for _, f in ipairs(L.files) do
+    local h = self:file(f)
+    for i = 0, C.tide_safetensors_count(h) - 1 do
+      local name = ffi.string(C.tide_safetensors_name(h, i))
+      if L.map and L.map[name] ~= f then
+        error(fmt("checkpoint: %s/%s holds '%s', which %s puts %s", self.dir, f, name, L.index,
+          L.map[name] and ("in " .. L.map[name]) or "in no shard"), 0)
+      end
+      if out[name] then error(fmt("checkpoint: tensor '%s' appears twice (again in %s/%s)", name, self.dir, f), 0) end
+      local t = C.tide_safetensors_get(h, i, device or 0)
+      if t == nil then error("checkpoint: " .. self.dir .. "/" .. f .. ": " .. last_error(), 2) end
+      out[name] = tide.wrap(t)
+    end
+  end
+  if L.map then
+    for name, f in pairs(L.map) do
+      if not out[name] then error(fmt("checkpoint: %s puts '%s' in %s, which does not hold it", L.index, name, f), 0) end
+    end
   end
   return out
 end
@@ -277,15 +471,17 @@ local function refuse(where, name, stored, float, whose)
 end
 
 function Reader:check_dtypes(file, want)
-  local h = self:file(file)
-  for i = 0, C.tide_safetensors_count(h) - 1 do
-    local name = ffi.string(C.tide_safetensors_name(h, i))
-    local dtype = want[name]
-    if dtype then
-      local stored = ffi.string(C.tide_safetensors_dtype(h, i))
-      local ok = FLOAT_DTYPES[dtype] and FLOAT_STORED[stored] or (not FLOAT_DTYPES[dtype] and INT_STORED[stored])
-      if not ok then
-        refuse(self.dir .. "/" .. file, name, stored, FLOAT_DTYPES[dtype], "the model's tensor is " .. dtype)
+  for _, f in ipairs(self:layout(file).files) do
+    local h = self:file(f)
+    for i = 0, C.tide_safetensors_count(h) - 1 do
+      local name = ffi.string(C.tide_safetensors_name(h, i))
+      local dtype = want[name]
+      if dtype then
+        local stored = ffi.string(C.tide_safetensors_dtype(h, i))
+        local ok = FLOAT_DTYPES[dtype] and FLOAT_STORED[stored] or (not FLOAT_DTYPES[dtype] and INT_STORED[stored])
+        if not ok then
+          refuse(self.dir .. "/" .. f, name, stored, FLOAT_DTYPES[dtype], "the model's tensor is " .. dtype)
+        end
       end
     end
   end
@@ -293,16 +489,16 @@ end
 
 -- get(file, name) for a tensor that must be float (optimiser state)
 function Reader:get_float(file, name, device)
-  local h = self:file(file)
-  local i = C.tide_safetensors_find(h, name)
-  if i < 0 then return nil end
+  local h, i, f = self:locate(file, name)
+  if not h then return nil end
   local stored = ffi.string(C.tide_safetensors_dtype(h, i))
-  if not FLOAT_STORED[stored] then refuse(self.dir .. "/" .. file, name, stored, true, "optimiser state is float") end
+  if not FLOAT_STORED[stored] then refuse(self.dir .. "/" .. f, name, stored, true, "optimiser state is float") end
   return self:get(file, name, device)
 end
 
+-- the __metadata__ of a (logical) file: a sharded file's first shard's (every shard carries the same)
 function Reader:metadata(file)
-  return json.decode(ffi.string(C.tide_safetensors_metadata(self:file(file))))
+  return json.decode(ffi.string(C.tide_safetensors_metadata(self:file(self:layout(file).files[1]))))
 end
 
 function Reader:close()
@@ -332,6 +528,78 @@ function checkpoint.load(dir, parts)
   end
   r:close()
   return r.state
+end
+
+-- ---- consolidate: a sharded checkpoint as a single-file one -----------------------------------------------------
+local function entries(dir)
+  local n = ffi.new("size_t[1]")
+  local raw = C.tide_list_dir(dir, n)
+  if raw == nil then error("checkpoint: cannot list " .. dir .. ": " .. last_error(), 0) end
+  local names = ffi.string(raw, n[0])
+  C.tide_free(raw)
+  local out = {}
+  for name in names:gmatch("([^%z]+)%z") do out[#out + 1] = name end
+  table.sort(out)
+  return out
+end
+
+-- consolidate(path, out[, {overwrite}]) -> {dir, out, step, files = {logical file = {shards, tensors, bytes}}}: the
+-- checkpoint at path (a step directory or a run directory's latest) rewritten as model.safetensors (+
+-- optim.safetensors) in a new step directory out: every tensor as stored (the same bytes), in shard order, the
+-- first shard's metadata; state.json and the run's other files (tokenizer.json) copied. out is written as out.tmp and
+-- renamed (hf.write_dir): absent, the old one or complete. It resumes, samples and exports like any checkpoint.
+function checkpoint.consolidate(path, out, opts)
+  opts = opts or {}
+  path = run_of_pointer(path) or path
+  if C.tide_is_dir(path) ~= 1 then error(fmt("checkpoint: '%s' is not a directory (a run or a checkpoint)", path), 0) end
+  local dir = checkpoint.resolve(path)
+  local r = checkpoint.open(dir)
+  local kinds = { "model.safetensors" }
+  if C.tide_path_exists(dir .. "/optim.safetensors") == 1 or C.tide_path_exists(dir .. "/optim.safetensors.index.json") == 1 then
+    kinds[2] = "optim.safetensors"
+  end
+  local ok_sharded, sharded = pcall(r.sharded, r, "model.safetensors")
+  if not ok_sharded then r:close(); error(sharded, 0) end
+  if not sharded then
+    r:close()
+    error(fmt("checkpoint: %s is already single-file (model.safetensors): nothing to consolidate", dir), 0)
+  end
+  local shard_files, info = {}, { dir = dir, out = out, step = r.state.step, files = {} }
+  local hf = require "tide.hf"
+  local ok, err = pcall(hf.write_dir, out, opts.overwrite, "consolidate", function(tmp)
+    for _, kind in ipairs(kinds) do
+      local L = r:layout(kind)
+      for _, f in ipairs(L.files) do shard_files[f] = true end
+      shard_files[kind .. ".index.json"] = true
+      local all = r:tensors(kind)                    -- (checks the index against the shards)
+      local names, tensors, bytes = {}, {}, 0
+      for _, f in ipairs(L.files) do
+        local h = r:file(f)
+        for i = 0, C.tide_safetensors_count(h) - 1 do
+          local name = ffi.string(C.tide_safetensors_name(h, i))
+          names[#names + 1] = name
+          tensors[#tensors + 1] = all[name]
+          bytes = bytes + all[name]:nbytes()
+        end
+      end
+      save_tensors(tmp .. "/" .. kind, names, tensors, r:metadata(kind))
+      info.files[kind] = { shards = #L.files, tensors = #names, bytes = bytes }
+    end
+    -- every other file of the directory (state.json, tokenizer.json) as it is; shard files the index does not name
+    -- (a rank's empty shard) are left out
+    for _, name in ipairs(entries(dir)) do
+      local src = dir .. "/" .. name
+      if not shard_files[name] and not name:match("^model%-%d+%-of%-%d+%.safetensors$")
+          and not name:match("^optim%-%d+%-of%-%d+%.safetensors$") and C.tide_is_dir(src) ~= 1 then
+        local text, rerr = tide.read_file(src, 4 * 1024 * 1024 * 1024)
+        if not text then error("checkpoint: " .. rerr, 0) end
+        check(C.tide_file_write_atomic(tmp .. "/" .. name, text, #text), "writing " .. tmp .. "/" .. name)
+      end
+    end
+  end)
+  r:close()
+  if not ok then error(err, 0) end
+  return info
 end
 
 -- ---- a model from a checkpoint alone ------------------------------------------------------------------------

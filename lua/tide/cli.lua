@@ -321,6 +321,7 @@ M.register("sample", "tide.cmd.sample", "CKPT --prompt TEXT: generate text from 
 M.register("eval", "tide.cmd.eval", "CKPT [--task ...]: evaluate a checkpoint (tables + results JSON)")
 M.register("export", "tide.cmd.export", "CKPT DIR: write a HuggingFace model directory")
 M.register("import", "tide.cmd.import", "DIR OUT: read a HuggingFace Llama directory into a tide checkpoint")
+M.register("ckpt", "tide.cmd.ckpt", "info | consolidate CKPT: a checkpoint's layout; shards as one file")
 M.register("plot", "tide.cmd.plot", "RUN [-o report.html]: one self-contained HTML page of a run's metrics")
 
 -- subcommand(args, handlers, who): runs handlers[args[1]] on the remaining arguments (tide data prepare ...,

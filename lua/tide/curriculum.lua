@@ -385,7 +385,7 @@ local function setup(cfg)
   local model = nn.build(cfg.model or {})
   local tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", "curriculum")
   local opt = optim.build(cfg.optim or {}, model)
-  if dp.zero == 1 then opt:shard(require("tide.dist")) end
+  if dp.zero >= 1 then opt:shard(require("tide.dist"), dp.zero) end
   local C = { cfg = cfg, tcfg = tcfg, stages = stages, by_name = by_name, hooks = hooks, seed = seed, model = model,
     tok = tok, si = 1, stage_step = 0 }
   C.sources = sources.build(cfg.sources, tok, seed, "curriculum", (cfg.model or {}).vision)

@@ -14,7 +14,10 @@
 --   dist.sums(list)               several numbers summed at once (one all-reduce)
 --   dist.broadcast_(t, root)      root's t on every rank
 --   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
+--   dist.reduce_scatter_grads(params, owners)  each rank gets the sums of the gradients it owns, drops the rest
 --   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
+--   dist.owners(sizes, world)     the rank that owns each of a list of tensors (ZeRO-1, checkpoint shards)
+--   dist.agree(ok, what)          one decision from every rank's ok (a collective): raises on all ranks, naming the failed
 --   dist.barrier(), dist.bytes_sent()
 local ffi = require "ffi"
 local tide = require "tide"
@@ -112,7 +115,104 @@ function dist.allreduce_grads(params)
   end)
 end
 
--- the keys of a recipe's `dist` table: the runtime's (dp, zero) and the plan's (gpus, gpu_memory, ep, cp = {stage =
+-- owners(sizes, world) -> {rank of entry 1, ...}: entries by size, largest first, each to the least loaded rank (the
+-- lower rank on ties), so every rank computes the same map and each holds about 1/world of the elements
+function dist.owners(sizes, world)
+  local order = {}
+  for i = 1, #sizes do order[i] = i end
+  table.sort(order, function(a, b)
+    if sizes[a] ~= sizes[b] then return sizes[a] > sizes[b] end
+    return a < b
+  end)
+  local load, out = {}, {}
+  for r = 0, world - 1 do load[r] = 0 end
+  for _, i in ipairs(order) do
+    local best = 0
+    for r = 1, world - 1 do if load[r] < load[best] then best = r end end
+    out[i] = best
+    load[best] = load[best] + sizes[i]
+  end
+  return out
+end
+
+-- agree(ok, what[, err]) -> true when ok on every rank; otherwise raises on every rank (a collective): the failed
+-- rank with its own error err, the others naming the failed ranks
+function dist.agree(ok, what, err)
+  local world, rank = dist.world(), dist.rank()
+  local flags = {}
+  for r = 1, world do flags[r] = 0 end
+  if not ok then flags[rank + 1] = 1 end
+  local all = world == 1 and flags or dist.sums(flags)
+  local bad = {}
+  for r = 1, world do if all[r] > 0 then bad[#bad + 1] = tostring(r - 1) end end
+  if #bad == 0 then return true end
+  if not ok and err then error(err, 0) end
+  error(string.format("%s: rank%s %s failed%s", what, #bad > 1 and "s" or "", table.concat(bad, ", "),
+    ok and " (its error is shown with its rank)" or ""), 0)
+end
+
+-- reduce_scatter_grads(params, owners): the gradients summed over the ranks in rank order, each sum kept only by the
+-- rank that owns its parameter (owners[i]: the rank of params[i]; ZeRO-2). Per dtype one flat buffer, the gradients
+-- grouped by owner: the chain sum of the all-reduce's first half leaves the whole sum on the last rank
+-- (tide_dist_reduce_to_last_), which sends every other owner its one contiguous part. The sums are the all-reduce's
+-- bit for bit; every rank but the last sends the buffer once, the last (N−1)/N of it, against 2(N−1)/N on average for
+-- the all-reduce. A rank's gradients of parameters it does not own are dropped (their memory freed).
+function dist.reduce_scatter_grads(params, owners)
+  local world, rank = dist.world(), dist.rank()
+  if world == 1 then return end
+  local last = world - 1
+  tide.no_grad(function()
+    local by_dtype, order = {}, {}
+    for i, p in ipairs(params) do
+      local t = p.param or p
+      local g = t:grad()
+      if not g then
+        t:set_grad(tide.zeros(t:shape(), { dtype = t:dtype(), device = t:device() }))
+        g = t:grad()
+      end
+      local dt = g:dtype()
+      if not by_dtype[dt] then
+        by_dtype[dt] = {}
+        for r = 0, last do by_dtype[dt][r] = {} end
+        order[#order + 1] = dt
+      end
+      local l = by_dtype[dt][owners[i]]
+      l[#l + 1] = { t = t, g = g }
+    end
+    for _, dt in ipairs(order) do
+      local groups = by_dtype[dt]
+      local flat, off, len = {}, {}, {}
+      local n = 0
+      for r = 0, last do
+        off[r], len[r] = n, 0
+        for _, e in ipairs(groups[r]) do
+          flat[#flat + 1] = e.g:reshape(e.g:numel())
+          len[r] = len[r] + e.g:numel()
+        end
+        n = n + len[r]
+      end
+      local buf = #flat == 1 and flat[1]:clone() or tide.F.concat(flat, 1)
+      check(C.tide_dist_reduce_to_last_(raw(buf)), "reduce")
+      if rank == last then
+        for r = 0, last - 1 do
+          if len[r] > 0 then dist.send_(buf:narrow(1, off[r] + 1, len[r]), r) end
+        end
+      elseif len[rank] > 0 then
+        dist.recv_(buf:narrow(1, off[rank] + 1, len[rank]), last)
+      end
+      for r = 0, last do
+        local o = off[r]
+        for _, e in ipairs(groups[r]) do
+          local m = e.g:numel()
+          if r == rank then e.g:copy_(buf:narrow(1, o + 1, m):reshape(e.g:shape())) else C.tide_zero_grad(raw(e.t)) end
+          o = o + m
+        end
+      end
+    end
+  end)
+end
+
+-- the keys of a recipe's `dist` table: the runtime's (dp, zero = 0 | 1 | 2) and the plan's (gpus, gpu_memory, ep, cp = {stage =
 -- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
 dist.KEYS = { dp = true, zero = true, gpus = true, gpu_memory = true, ep = true, cp = true, dtype = true }
 
@@ -123,9 +223,9 @@ function dist.layout(dcfg, who)
   if dcfg ~= nil and type(dcfg) ~= "table" then options.fail(who, "dist must be a table ({dp = N}), got " .. type(dcfg)) end
   options.check(dcfg or {}, dist.KEYS, "dist", who)
   local zero = (dcfg and dcfg.zero) or 0
-  if zero ~= 0 and zero ~= 1 then
-    options.fail(who, "dist.zero must be 0 (replicated AdamW state) or 1 (ZeRO-1: each rank owns 1/dp of it), got "
-      .. tostring(zero))
+  if zero ~= 0 and zero ~= 1 and zero ~= 2 then
+    options.fail(who, "dist.zero must be 0 (replicated AdamW state), 1 (ZeRO-1: each rank owns 1/dp of it) or 2 "
+      .. "(ZeRO-2: and of the summed gradients, a reduce-scatter in place of the all-reduce), got " .. tostring(zero))
   end
   local world, rank = dist.world(), dist.rank()
   if world > 1 and dcfg then
@@ -155,8 +255,16 @@ function dist.memory_line(opt, dp)
   local w = 0
   for _, p in ipairs(opt.params) do w = w + p.param:nbytes() end
   local function mb(x) return string.format("%.2f MB", x / 2 ^ 20) end
-  return string.format("memory per rank: weights %s, gradients %s, AdamW moments %s%s", mb(w), mb(w),
-    mb(opt:moment_bytes()), (dp.zero == 1 and string.format(" (ZeRO-1: this rank's share of %d)", dp.n)) or "")
+  local g = w
+  if dp.zero == 2 then
+    -- after the step's reduce-scatter a rank keeps the gradients it owns (backward still makes all of them)
+    local owners = opt:shard_owners(dp.n)
+    g = 0
+    for i, p in ipairs(opt.params) do if owners[i] == dp.rank then g = g + p.param:nbytes() end end
+  end
+  return string.format("memory per rank: weights %s, gradients %s%s, AdamW moments %s%s", mb(w), mb(g),
+    dp.zero == 2 and string.format(" after the reduce-scatter (%s during backward)", mb(w)) or "", mb(opt:moment_bytes()),
+    (dp.zero >= 1 and string.format(" (ZeRO-%d: this rank's share of %d)", dp.zero, dp.n)) or "")
 end
 
 -- the ranks sharing an MoE routing batch, as the balancers read them (nn/balance.lua, qb.update_arrays): size;

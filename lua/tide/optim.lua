@@ -118,33 +118,54 @@ end
 -- shard(group): owners by size (largest first, each to the least loaded rank, the lower rank on ties: the same on
 -- every rank); the moments of the parameters this rank does not own are dropped. step() then updates the owned
 -- parameters (from the full, all-reduced gradients: the same arithmetic as unsharded, so the same bits) and
--- broadcasts each owner's weights; state_tensors() gathers the moments to rank 0 for the checkpoint (a collective:
--- every rank calls it), load_state() keeps the owned ones, so a checkpoint resumes under any number of ranks.
-function AdamW:shard(group)
+-- broadcasts each owner's weights; each owner writes its moments into its shard of the checkpoint (shard_tensors;
+-- state_tensors() gathers them all to rank 0, a collective), load_state() keeps the owned ones, so a checkpoint
+-- resumes under any number of ranks.
+function AdamW:shard(group, level)
   local world = group.world()
   if world == 1 then return self end
-  local order = {}
-  for i = 1, #self.params do order[i] = i end
+  self.zero = level or 1   -- 2: the step reduce-scatters the gradients (each owner keeps its sums; Stepper:run)
   local ps = self.params
-  table.sort(order, function(a, b)
-    local na, nb = ps[a].param:numel(), ps[b].param:numel()
-    if na ~= nb then return na > nb end
-    return a < b
-  end)
-  local load = {}
-  for r = 0, world - 1 do load[r] = 0 end
-  for _, i in ipairs(order) do
-    local best = 0
-    for r = 1, world - 1 do if load[r] < load[best] then best = r end end
-    ps[i].owner = best
-    load[best] = load[best] + ps[i].param:numel()
-  end
+  local owners = require("tide.dist").owners(self:sizes(), world)
+  for i, p in ipairs(ps) do p.owner = owners[i] end
   local rank = group.rank()
   for _, p in ipairs(ps) do
     if p.owner ~= rank then p.m, p.v = nil, nil end
   end
   self.group, self.sharded = group, true
   return self
+end
+
+-- the element count of every parameter, in order (what the owner assignment balances)
+function AdamW:sizes()
+  local n = {}
+  for i, p in ipairs(self.params) do n[i] = p.param:numel() end
+  return n
+end
+
+-- shard_owners(world) -> the rank that writes each parameter's moments into its optim shard of a sharded checkpoint:
+-- ZeRO-1's owner (the rank that holds them); unsharded the same assignment (dist.owners of the sizes), so every rank
+-- writes about 1/world of the bytes. shard_tensors(world, rank) -> names, tensors: the moments rank writes. Neither
+-- is a collective.
+function AdamW:shard_owners(world)
+  if self.sharded then
+    local o = {}
+    for i, p in ipairs(self.params) do o[i] = p.owner end
+    return o
+  end
+  return require("tide.dist").owners(self:sizes(), world)
+end
+
+function AdamW:shard_tensors(world, rank)
+  local owners = self:shard_owners(world)
+  local names, tensors = {}, {}
+  for i, p in ipairs(self.params) do
+    if owners[i] == rank then
+      names[#names + 1] = p.name .. ".adam_m"; tensors[#tensors + 1] = p.m
+      names[#names + 1] = p.name .. ".adam_v"; tensors[#tensors + 1] = p.v
+    end
+  end
+  return names, tensors
 end
 
 -- the bytes of this rank's AdamW moments (all of them when unsharded)
@@ -269,9 +290,28 @@ local function each_grad(params, fn, who)
   end
 end
 
--- grad_norm(list) -> global L2 norm of the gradients (double accumulation); params without a grad count 0
-function optim.grad_norm(params)
+-- grad_norm(list[, group]) -> global L2 norm of the gradients (double accumulation); params without a grad count 0.
+-- group (ZeRO-2: each rank holds the gradients it owns): every parameter's sum of squares in its own slot (0 where
+-- this rank has no gradient), the slots summed over the ranks (one nonzero per slot: exact) and then added in
+-- parameter order, as one rank adds them: the norm of the unsharded gradients, bit for bit
+function optim.grad_norm(params, group)
   local total, out = 0, ffi.new("double[1]")
+  if group then
+    local sq = {}
+    for i, p in ipairs(params) do
+      sq[i] = 0
+      local g = C.tide_grad(raw(p.param or p))
+      if g ~= nil then
+        local rc = C.tide_sum_squares(g, out)
+        C.tide_tensor_release(g)
+        if rc ~= 0 then error("optim.grad_norm: " .. last_error(), 2) end
+        sq[i] = out[0]
+      end
+    end
+    sq = group.sums(sq)
+    for i = 1, #params do total = total + sq[i] end
+    return math.sqrt(total)
+  end
   each_grad(params, function(g)
     local rc = C.tide_sum_squares(g, out)
     if rc == 0 then total = total + out[0] end
@@ -280,10 +320,11 @@ function optim.grad_norm(params)
   return math.sqrt(total)
 end
 
--- clip_grad_norm(params, max_norm) -> the norm before clipping. g ← g · min(1, c / (‖g‖ + 1e-6));
--- gradients stay bitwise unchanged when the factor is 1, and are left alone when the norm is not finite
-function optim.clip_grad_norm(params, max_norm)
-  local norm = optim.grad_norm(params)
+-- clip_grad_norm(params, max_norm[, group]) -> the norm before clipping. g ← g · min(1, c / (‖g‖ + 1e-6));
+-- gradients stay bitwise unchanged when the factor is 1, and are left alone when the norm is not finite (group: as
+-- grad_norm; each rank scales the gradients it holds)
+function optim.clip_grad_norm(params, max_norm, group)
+  local norm = optim.grad_norm(params, group)
   if norm ~= norm or norm == math.huge then return norm end
   local factor = max_norm / (norm + 1e-6)
   if factor < 1 then

@@ -266,15 +266,33 @@ function Stepper:run(batches, lr, t)
     if t[3] > 0 then aux_sum = t[4] end
     if not bad then
       local tc = tide.time()
-      group.allreduce_grads(opt.params)
+      -- ZeRO-2: each rank keeps the summed gradients of the parameters it owns (a reduce-scatter in rank order)
+      if opt.zero == 2 then group.reduce_scatter_grads(opt.params, opt:shard_owners(group.world()))
+      else group.allreduce_grads(opt.params) end
       self.comm_s = tide.time() - tc
     end
   end
   local loss = self.objective and sum / n_mean or sum / math.max(N, 1)
   local norm
   if not bad then
-    norm = (self.clip and self.clip > 0) and optim.clip_grad_norm(opt.params, self.clip) or optim.grad_norm(opt.params)
-    if not is_finite(norm) then bad = "gradient of " .. (optim.first_nonfinite(opt.params) or "?") end
+    local shards = opt.zero == 2 and group or nil
+    norm = (self.clip and self.clip > 0) and optim.clip_grad_norm(opt.params, self.clip, shards)
+      or optim.grad_norm(opt.params, shards)
+    if not is_finite(norm) then
+      local name = optim.first_nonfinite(opt.params)
+      if shards then
+        -- the first in parameter order over every rank's owned gradients: one answer for all ranks
+        local idx = {}
+        for i, p in ipairs(opt.params) do if p.name == name then idx = { i } end end
+        local firsts = {}
+        for r = 1, group.world() do firsts[r] = (r - 1 == group.rank() and idx[1]) or 0 end
+        firsts = group.sums(firsts)
+        local best
+        for r = 1, #firsts do if firsts[r] > 0 and (not best or firsts[r] < best) then best = firsts[r] end end
+        name = best and opt.params[best].name or nil
+      end
+      bad = "gradient of " .. (name or "?")
+    end
   end
   -- a skipped step's loss is NaN when the loss itself was non-finite, the loss when only a gradient was
   local rec = { loss = bad == "loss" and (0 / 0) or loss, lr = lr, grad_norm = norm, targets = N, aux_loss = aux_sum }
@@ -395,6 +413,7 @@ function Run:state()
     tokenizer = tok and { kind = tok.kind, vocab_size = tok.vocab_size } or nil,
     data = self.get_data(), schedule = { step = self.step },
     curriculum = self.get_position and self.get_position() or nil,
+    dist = self.dist and { dp = self.dist.world(), zero = self.optim.zero or 0 } or nil,
   }
 end
 
@@ -460,6 +479,7 @@ local STATE_SCHEMA = {
   data = tbl({}),
   schedule = tbl({ step = NONNEG }),
   optim = tbl({ kind = STRING, t = NONNEG }),
+  dist = tbl({ dp = POS, zero = opt(NONNEG) }, true),    -- the layout that wrote it (absent: one rank)
   -- the driver's position: a curriculum's stage, an RL recipe's phase and iteration (and where RL started)
   curriculum = tbl({ stage = opt(POS), stage_step = opt(NONNEG), stage_name = opt(STRING), phase = opt(STRING),
     iteration = opt(NONNEG), rl_start = opt(STRING) }, true),
@@ -528,20 +548,14 @@ end
 -- write a checkpoint of the current step (no-op without a run directory)
 function Run:save()
   if not self.out then return end
-  if not self.writer then
-    -- rank 0 writes the replicated state (ZeRO-1: the moments gathered to it); the others know where it went (a
-    -- rollback reads it back)
-    if self.optim.sharded then self.optim:state_tensors() end
-    self.last_ckpt = self.out .. "/ckpt/" .. checkpoint.dir_name(self.step)
-    return
-  end
   if not self.meta then
     self.meta = checkpoint.describe(self.model, self.tokenizer, self.cfg, plain)
     self.meta["tide.format"] = step.FORMAT
   end
   local tok = self.tokenizer
+  -- several ranks: every rank writes its shards of the weights and the moments (a collective), rank 0 the rest
   self.last_ckpt = checkpoint.save(self.out, self.step, { model = self.model, optim = self.optim, state = self:state(),
-    keep = self.keep_ckpts or 2, metadata = self.meta,
+    keep = self.keep_ckpts or 2, metadata = self.meta, group = self.dist,
     files = tok and tok.save and function(dir) tok:save(dir .. "/tokenizer.json") end or nil })
 end
 

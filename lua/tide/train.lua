@@ -184,7 +184,7 @@ local function setup(cfg)
     end
   end
   local opt = optim.build(cfg.optim or {}, model)
-  if dp.zero == 1 then opt:shard(dist) end
+  if dp.zero >= 1 then opt:shard(dist, dp.zero) end
   local loss_fn = cfg.loss
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
     on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group,

@@ -6,7 +6,9 @@
 # the gradient sum runs in rank order like gradient accumulation; two dp = 2 runs bitwise alike; resuming a dp = 2
 # run from its step-3 checkpoint (under dp = 2, and on one rank with 2 micro-batches) bitwise the uninterrupted run; a
 # rank that raises or is SIGKILLed ends the job within a minute (the raise names its rank) and the checkpoint it leaves
-# resumes to the uninterrupted run; dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
+# resumes to the uninterrupted run; ZeRO-1 and ZeRO-2 == unsharded (ZeRO-2 with fewer bytes); the sharded checkpoint layout (each rank its shards, the index files), `tide ckpt
+# consolidate` of it (== the shards, and resumed on one rank == dp 2), a rank killed inside a save (the step never
+# appears, latest stays); dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -51,7 +53,7 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
 # ZeRO-1 (dist.zero = 1: each rank owns the AdamW moments of its share of the parameters) == unsharded, bitwise; its
-# checkpoint (the moments gathered to rank 0) resumed under dp 4 == one rank resuming the same step with 4 micro-batches
+# checkpoint (each owner wrote its moments into its shard) resumed under dp 4 == one rank resuming the same step with 4 micro-batches
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/z2" > /dev/null
 cmp "$tmp/f64-m2" "$tmp/z2" "f64: dp 2 with ZeRO-1 == one rank, 2 micro-batches"
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/z4" > /dev/null
@@ -66,6 +68,24 @@ done
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/zres" \
     --resume="$tmp/zres/ckpt/step_00000003" > /dev/null
 cmp "$tmp/ref4" "$tmp/zres" "f64: a dp 2 ZeRO-1 checkpoint resumed under dp 4 ZeRO-1 == one rank with 4 micro-batches"
+# ZeRO-2 (dist.zero = 2: the gradients reduce-scattered in rank order, each owner keeps its sums, the global norm from
+# every parameter's sum of squares): == one rank bitwise at dp 2 and dp 4, with fewer bytes than ZeRO-1; resumed
+# from its own step-3 checkpoint under dp 2 ZeRO-2 == uninterrupted
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --out="$tmp/zz2" > /dev/null
+cmp "$tmp/f64-m2" "$tmp/zz2" "f64: dp 2 with ZeRO-2 == one rank, 2 micro-batches"
+"${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --out="$tmp/zz4" > /dev/null
+cmp "$tmp/m4" "$tmp/zz4" "f64: dp 4 with ZeRO-2 == one rank, 4 micro-batches"
+b1=$(grep -m1 -o '"dist/bytes_sent_mean":[0-9.]*' "$tmp/z4/metrics.jsonl" | cut -d: -f2)
+b2=$(grep -m1 -o '"dist/bytes_sent_mean":[0-9.]*' "$tmp/zz4/metrics.jsonl" | cut -d: -f2)
+awk -v a="$b1" -v b="$b2" 'BEGIN { exit !(b > 0 && b < 0.75 * a) }' \
+    || { echo "FAIL dp 4 ZeRO-2 sends $b2 bytes a rank per step, ZeRO-1 $b1: expected under 3/4"; exit 1; }
+echo "ok   dp 4 bytes per rank per step: ZeRO-2 $b2, ZeRO-1 $b1"
+mkdir -p "$tmp/zzres"
+cp -r "$tmp/zz2/ckpt" "$tmp/zzres/" && cp "$tmp/zz2/config.json" "$tmp/zzres/"
+head -3 "$tmp/zz2/metrics.jsonl" > "$tmp/zzres/metrics.jsonl"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --out="$tmp/zzres" \
+    --resume="$tmp/zzres/ckpt/step_00000003" > /dev/null
+cmp "$tmp/zz2" "$tmp/zzres" "f64: dp 2 ZeRO-2 resumed at step 3 == uninterrupted"
 # MoE (tests/dist/dp_moe.lua, f64): the balancers' routing batch spans the ranks — QB with the exact estimator
 # (margins gathered in rank order) and the histogram one (counts summed), and the sign rule (loads summed): the
 # selection biases, weights, moments and losses of dp 2 == one rank with 2 micro-batches, bitwise
@@ -89,6 +109,9 @@ done
 "${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --dist.zero=1 \
     --out="$tmp/cur-z2" > /dev/null
 cmp "$tmp/cur-one-exact" "$tmp/cur-z2" "curriculum, QB exact: dp 2 with ZeRO-1 == one rank"
+"${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --dist.zero=2 \
+    --out="$tmp/cur-zz2" > /dev/null
+cmp "$tmp/cur-one-exact" "$tmp/cur-zz2" "curriculum, QB exact: dp 2 with ZeRO-2 == one rank"
 mkdir -p "$tmp/cur-res"
 cp -r "$tmp/cur-dp2-exact/ckpt" "$tmp/cur-res/" && cp "$tmp/cur-dp2-exact/config.json" "$tmp/cur-res/"
 grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-res/metrics.jsonl"
@@ -109,6 +132,49 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/one/metrics.jsonl"
 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/one" \
     --resume="$tmp/one/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/one" "f64: dp 2 checkpoint resumed on one rank (2 micro-batches) == dp 2 uninterrupted"
+# the sharded layout: each of the 2 ranks wrote its shard of the weights and of the moments, with the two index files,
+# and no single file; the index names every tensor, and each shard holds between a third and two thirds of the bytes
+s3="$tmp/f64-dp2/ckpt/step_00000003"
+for f in model-00001-of-00002 model-00002-of-00002 optim-00001-of-00002 optim-00002-of-00002; do
+    [ -s "$s3/$f.safetensors" ] || { echo "FAIL $s3/$f.safetensors is missing"; exit 1; }; done
+[ -s "$s3/model.safetensors.index.json" ] && [ -s "$s3/optim.safetensors.index.json" ] && [ ! -e "$s3/model.safetensors" ] \
+    || { echo "FAIL $s3 is not the sharded layout: $(ls "$s3")"; exit 1; }
+for kind in model optim; do
+    a=$(stat -c %s "$s3/$kind-00001-of-00002.safetensors"); b=$(stat -c %s "$s3/$kind-00002-of-00002.safetensors")
+    [ $((3 * a)) -ge $((a + b)) ] && [ $((3 * a)) -le $((2 * (a + b))) ] \
+        || { echo "FAIL $kind shards of $a and $b bytes are not balanced"; exit 1; }
+done
+info=$("$tide" ckpt info "$s3")
+grep -q "written by 2 ranks" <<< "$info" && grep -q "model.safetensors  21 tensors, .* 2 shards" <<< "$info" \
+    || { echo "FAIL tide ckpt info: $info"; exit 1; }
+echo "ok   a dp 2 checkpoint is 2 model + 2 optim shards with their indexes ($(stat -c %s "$s3/model-00001-of-00002.safetensors") + $(stat -c %s "$s3/model-00002-of-00002.safetensors") model bytes)"
+# tide ckpt consolidate: the shards as single files, the same tensors bitwise; resumed on one rank with 2 micro-batches
+# (dp 2 -> dp 1) == the dp 2 run uninterrupted
+"$tide" ckpt consolidate "$s3" --out="$tmp/cons/ckpt/step_00000003" > /dev/null
+[ -s "$tmp/cons/ckpt/step_00000003/model.safetensors" ] && [ ! -e "$tmp/cons/ckpt/step_00000003/model.safetensors.index.json" ] \
+    || { echo "FAIL consolidate wrote $(ls "$tmp/cons/ckpt/step_00000003")"; exit 1; }
+"$tide" run tests/dist/dp_compare.lua --a="$s3" --b="$tmp/cons/ckpt/step_00000003" --losses=false \
+    --what="tide ckpt consolidate: one file == the 2 shards"
+cp "$tmp/f64-dp2/config.json" "$tmp/cons/" && head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/cons/metrics.jsonl"
+"$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/cons" \
+    --resume="$tmp/cons/ckpt/step_00000003" > /dev/null
+cmp "$tmp/f64-dp2" "$tmp/cons" "f64: the consolidated dp 2 checkpoint resumed on one rank == dp 2 uninterrupted"
+# rank 1 SIGKILLed inside a save (its model shard written, the step not yet complete): the job ends, the step
+# directory never appears (only its .tmp), latest still names step 3, and the next start resumes from it to the
+# uninterrupted run
+mkdir -p "$tmp/ckill"
+cp -r "$tmp/f64-dp2/ckpt" "$tmp/ckill/" && cp "$tmp/f64-dp2/config.json" "$tmp/ckill/"
+rm -rf "$tmp/ckill/ckpt/step_00000006" && echo step_00000003 > "$tmp/ckill/ckpt/latest"
+head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/ckill/metrics.jsonl"
+if out=$("${mp[@]}" -np 2 -x TIDE_TEST_CKPT_KILL=tmp -x TIDE_TEST_CKPT_KILL_RANK=1 "$tide" run recipes/dense.lua \
+        "${small[@]}" --model.dtype=f64 --out="$tmp/ckill" --resume 2>&1); then
+    echo "FAIL a rank killed inside a save must end the job"; exit 1; fi
+[ ! -e "$tmp/ckill/ckpt/step_00000006" ] && [ -d "$tmp/ckill/ckpt/step_00000006.tmp" ] \
+    && [ "$(cat "$tmp/ckill/ckpt/latest")" = step_00000003 ] \
+    || { echo "FAIL after the kill: $(ls "$tmp/ckill/ckpt"), latest $(cat "$tmp/ckill/ckpt/latest")"; exit 1; }
+echo "ok   rank 1 killed inside the step-6 save: only step_00000006.tmp was left, latest names step 3"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/ckill" --resume > /dev/null
+cmp "$tmp/f64-dp2" "$tmp/ckill" "f64: dp 2 resumed after a rank died inside a save == uninterrupted"
 # the dist table's plan keys under mpirun: a planned ep (or cp) is refused, and gpus must be the ranks
 for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks"; do
     if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then

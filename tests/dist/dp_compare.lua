@@ -1,6 +1,7 @@
 -- dp_compare.lua — compares two runs of tests/dist/dp_check.sh: every tensor of the final checkpoints (the model and
 -- AdamW's moments) and every step's loss, bitwise, or within --rel (relative to the tensor's max |value|).
---   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true]
+--   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true] [--losses=false]
+-- (RUN_A / RUN_B: run directories, or step directories with --losses=false: the tensors alone)
 local tide = require "tide"
 local checkpoint = require "tide.checkpoint"
 local json = require "tide.json"
@@ -34,7 +35,8 @@ local function run(cfg)
       worst, n = math.max(worst, r), n + 1
     end
   end
-  local la, lb = losses(cfg.a), losses(cfg.b)
+  local no_losses = cfg.losses == false or cfg.losses == "false"
+  local la, lb = no_losses and {} or losses(cfg.a), no_losses and {} or losses(cfg.b)
   local steps = 0
   for s in pairs(lb) do
     if la[s] == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.a, s), 0) end
@@ -47,7 +49,7 @@ local function run(cfg)
     if r > rel then error(string.format("%s: step %d loss %.17g vs %.17g", what, s, v, w), 0) end
     steps = steps + 1
   end
-  if steps == 0 or n == 0 then error(what .. ": nothing compared", 0) end
+  if (steps == 0 and not no_losses) or n == 0 then error(what .. ": nothing compared", 0) end
   -- --moe=true: the MoE metrics of every step too (the routing batch's: the loads' metrics exactly, the routing
   -- entropy, a mean summed in another order across ranks, to 1e-12)
   local n_moe = 0
@@ -81,4 +83,4 @@ local function run(cfg)
   return 0
 end
 
-return { a = "", b = "", rel = 0, what = "", moe = false, run = run }
+return { a = "", b = "", rel = 0, what = "", moe = false, losses = true, run = run }

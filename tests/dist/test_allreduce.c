@@ -1,6 +1,6 @@
 /* test-dist-allreduce — run under `mpirun -np 2`: N ranks compute what one rank computes (DESIGN.md §9).
    Each rank holds a different tensor; after the all-reduce every rank holds the exact sum, and a
-   broadcast from rank 1 reaches every rank. Also passes (trivially, world size 1) without mpirun. */
+   broadcast from rank 1 reaches every rank; the reduce to the last rank leaves the same sum there. Also passes (trivially, world size 1) without mpirun. */
 #include <stdio.h>
 #include <stdlib.h>
 #include "tide.h"
@@ -40,8 +40,24 @@ int main(void)
     ok = 1;
     for (int i = 0; i < 5; i++) ok &= out[i] == 7.0 * i;
     ok ? pass++ : (fail++, printf("rank %d: broadcast wrong\n", r));
+    /* reduce to the last rank (ZeRO-2's reduce-scatter): the rank-order sum there, bitwise the all-reduce's; every
+       rank but the last sends the 8 bytes once, the last none */
+    {
+        double y = 0.1;
+        for (int e = 0; e < r; e++) y *= 3;
+        tide_tensor *q = tide_from_f64(TIDE_F64, 1, (int64_t[]){1}, 0, &y);
+        int64_t before = tide_dist_bytes_sent();
+        if (tide_dist_reduce_to_last_(q)) { printf("reduce failed: %s\n", tide_last_error()); return 1; }
+        double gq = 0;
+        tide_to_f64_buffer(q, &gq, 1);
+        if (r == w - 1) gq == acc ? pass++ : (fail++, printf("rank %d: reduce gave %.17g, expected %.17g\n", r, gq, acc));
+        int64_t d = tide_dist_bytes_sent() - before, dw = (w > 1 && r < w - 1) ? 8 : 0;
+        d == dw ? pass++ : (fail++, printf("rank %d: reduce sent %lld bytes, expected %lld\n", r, (long long)d, (long long)dw));
+        tide_tensor_release(q);
+    }
     tide_tensor *i32 = tide_zeros(TIDE_I32, 1, (int64_t[]){2}, 0);
     (tide_dist_allreduce_sum_(i32) != 0) ? pass++ : (fail++, printf("allreduce of i32 must be an error\n"));
+    (tide_dist_reduce_to_last_(i32) != 0) ? pass++ : (fail++, printf("reduce of i32 must be an error\n"));
     tide_tensor_release(t); tide_tensor_release(b); tide_tensor_release(i32);
     tide_dist_barrier();
     tide_dist_finalize();
