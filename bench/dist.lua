@@ -33,15 +33,9 @@ local function median_of(recs, key)
   return #xs > 0 and results.median(xs) or nil
 end
 
--- the bytes a rank sends per step, averaged over the ranks, for a gradient of `bytes`: the rank-order all-reduce (a
--- chain there and back: 2(N−1)/N), plus under ZeRO the owners' weight broadcasts (counted at the root: bytes/N a
--- rank); ZeRO-2 replaces the all-reduce by the chain to the last rank ((N−1)/N) and its sends of the other owners'
--- parts ((N−1)/N² on average)
-local function analytic(n, zero, bytes)
-  if n == 1 then return 0 end
-  local grads = zero == 2 and ((n - 1) / n + (n - 1) / (n * n)) * bytes or 2 * (n - 1) / n * bytes
-  return grads + (zero > 0 and bytes / n or 0)
-end
+-- the bytes a rank sends per step, averaged over the ranks, for a gradient of `bytes` (dist.step_bytes: the formula
+-- --dry-run plans with)
+local function analytic(n, zero, bytes) return require("tide.dist").step_bytes(bytes, n, zero) end
 
 local function run(cfg)
   local tide_bin = cli.exe_path()

@@ -76,7 +76,7 @@ local cfg = {
   -- long_context.md §5); data parallel takes the rest. Weights, gradients and AdamW state are sharded over
   -- all ranks (ZeRO-3 / FSDP style: each layer's weights are gathered when it runs). cp keeps one sequence's
   -- activation slice under ~80 GB with recompute = "layer" (the plan prints the bytes per token it assumes).
-  dist = { gpus = 4096, gpu_memory = 141e9, ep = 64, dtype = "bf16",
+  dist = { gpus = 4096, gpu_memory = 141e9, ep = 64, dtype = "bf16", zero = 3,
     cp = { S0_8k = 1, S1_64k = 4, S2_256k = 16, S3_1m = 32 } },
   train = { out = "runs/long_context_1m", seed = 1, ckpt_every = 250, log_every = 10, keep_ckpts = 3 },
   scale = "full",

@@ -667,29 +667,47 @@ function curriculum.plan(cfg)
     (static.weights_bf16 or 0)), human(static.grads), human(static.moments), human(static.total)))
   add("")
   if par.gpus then
-    -- one rank holds 1/GPUs of the static state (ZeRO-3 / FSDP sharding of weights, gradients and moments over
-    -- dp × cp × ep, each layer's weights gathered while it runs: the largest layer, its experts split over ep) plus
-    -- the activations of one sequence's 1/cp slice (one sequence in flight per rank, the recompute mode's checkpoints)
-    local ep = par.ep or 1
-    local largest = 0
-    for _, pl in ipairs(count.per_layer or {}) do largest = math.max(largest, pl.total) end
+    -- per rank: the static state of the parameters it holds (the dense ones and 1/ep of the routed experts) as
+    -- dist.zero divides it over the dp ranks (0: replicated; 1: the AdamW moments / dp; 2: the gradients too, after
+    -- the reduce-scatter; 3, FSDP, planned: everything / (dp · cp · ep), each layer's weights gathered while it runs),
+    -- plus the activations of one sequence's 1/cp slice (one sequence in flight per rank, the recompute mode's
+    -- checkpoints); and the bytes one rank sends per step for the dp group's gradients and ZeRO's weights
+    -- (dist.step_bytes: the runtime's count, tests/dist/dp_check.sh), gradients and weights in the master dtype
+    local dist = require "tide.dist"
+    local ep, zero = par.ep or 1, par.zero or 0
+    local largest, experts = 0, 0
+    for _, pl in ipairs(count.per_layer or {}) do
+      largest = math.max(largest, pl.total)
+      if pl.ffn == "moe" then experts = experts + (pl.ffn_params or 0) end
+    end
     local gathered = largest * (dtype == "bf16" and 2 or 4) / ep
-    add(fmt("parallel layout: %d GPUs of %s, ep %d, cp per stage, dp = GPUs / (ep·cp); activations with recompute = %s",
-      par.gpus, human(par.gpu_memory or 0), ep, rc))
-    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits |")
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    local per_rank = (count.total - experts) + experts / ep            -- parameters a rank holds (zero 0-2)
+    local master = dtype == "f64" and 8 or 4
+    local P = math.max(count.total, 1)
+    local wb, gb, mb = (static.weights + (static.weights_bf16 or 0)) / P, static.grads / P, static.moments / P
+    local names = { [0] = "replicated", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3, planned)" }
+    add(fmt("parallel layout: %d GPUs of %s, ep %d, cp per stage, dp = GPUs / (ep·cp), dist.zero = %d (%s); "
+      .. "activations with recompute = %s", par.gpus, human(par.gpu_memory or 0), ep, zero, names[zero] or "?", rc))
+    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits | dp bytes sent per rank per step |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for _, st in ipairs(stages) do
       local est = plan.activation_bytes(mc, st.seq_len, { recompute = rc, dtype = dtype })
       local cp = (par.cp or {})[st.name] or 1
       local dp = par.gpus / (ep * cp)
       local act = est.total / cp
-      local stat = static.total / par.gpus + gathered
+      local stat
+      if zero == 3 then stat = static.total / par.gpus + gathered
+      else
+        stat = per_rank * (wb + (zero >= 2 and gb / dp or gb) + (zero >= 1 and mb / dp or mb))
+      end
       local tot = act + stat
-      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
+      local comm = dist.step_bytes(master * per_rank, math.max(dp, 1), zero)
+      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
         dp == math.floor(dp) and tostring(dp) or fmt("%.2f (GPUs not divisible)", dp), fmt("%.3g", st.rows / dp),
         human(est.per_token), human(act), human(stat), human(tot),
-        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?"))
+        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?", human(comm)))
     end
+    add("(the expert all-to-all of ep and the context-parallel exchanges come on top: they are not run yet)")
   else
     add(fmt("activation memory (recompute = %s, %s; one sequence per micro-batch row):", rc, dtype))
     add("| stage | T | bytes/token | per sequence | per micro-batch |")

@@ -17,6 +17,8 @@
 --   dist.reduce_scatter_grads(params, owners)  each rank gets the sums of the gradients it owns, drops the rest
 --   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
 --   dist.owners(sizes, world)     the rank that owns each of a list of tensors (ZeRO-1, checkpoint shards)
+--   dist.step_bytes(g, n, zero, w) the bytes a rank sends per step for the gradients and ZeRO's weights (the plan's
+--                                 and bench/dist's formula; tests/dist/dp_check.sh holds the runtime's count to it)
 --   dist.agree(ok, what)          one decision from every rank's ok (a collective): raises on all ranks, naming the failed
 --   dist.barrier(), dist.bytes_sent()
 local ffi = require "ffi"
@@ -135,6 +137,26 @@ function dist.owners(sizes, world)
   return out
 end
 
+-- step_bytes(g, n, zero[, w]) -> the mean over the n ranks of a data-parallel group of the bytes one rank sends per
+-- step, as tide_dist_bytes_sent counts them (sends, and a broadcast's payload at its root), for g bytes of gradients
+-- and w bytes of weights (default g):
+--   zero 0: the rank-order all-reduce (a chain to rank n−1 and back): 2(n−1)/n · g
+--   zero 1: the same, plus each owner's broadcast of its updated weights: + w/n
+--   zero 2: the reduce-scatter (the chain to rank n−1, which sends each owner its part): (n−1)/n · g + (n−1)/n² · g,
+--           plus the broadcasts: + w/n
+--   zero 3: (planned by --dry-run, not run: FSDP) zero 2's reduce-scatter, the weights gathered for the forward and
+--           again for the recomputed backward: + 2 w/n
+-- The step's scalar sums (targets, losses, the non-finite decision) add a few hundred bytes.
+function dist.step_bytes(g, n, zero, w)
+  w = w or g
+  if n <= 1 then return 0 end
+  if zero == 0 then return 2 * (n - 1) / n * g end
+  local rs = ((n - 1) / n + (n - 1) / (n * n)) * g
+  if zero == 1 then return 2 * (n - 1) / n * g + w / n end
+  if zero == 2 then return rs + w / n end
+  return rs + 2 * w / n
+end
+
 -- agree(ok, what[, err]) -> true when ok on every rank; otherwise raises on every rank (a collective): the failed
 -- rank with its own error err, the others naming the failed ranks
 function dist.agree(ok, what, err)
@@ -223,9 +245,10 @@ function dist.layout(dcfg, who)
   if dcfg ~= nil and type(dcfg) ~= "table" then options.fail(who, "dist must be a table ({dp = N}), got " .. type(dcfg)) end
   options.check(dcfg or {}, dist.KEYS, "dist", who)
   local zero = (dcfg and dcfg.zero) or 0
-  if zero ~= 0 and zero ~= 1 and zero ~= 2 then
-    options.fail(who, "dist.zero must be 0 (replicated AdamW state), 1 (ZeRO-1: each rank owns 1/dp of it) or 2 "
-      .. "(ZeRO-2: and of the summed gradients, a reduce-scatter in place of the all-reduce), got " .. tostring(zero))
+  if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
+    options.fail(who, "dist.zero must be 0 (replicated AdamW state), 1 (ZeRO-1: each rank owns 1/dp of it), 2 "
+      .. "(ZeRO-2: and of the summed gradients, a reduce-scatter in place of the all-reduce) or 3 (FSDP: planned by "
+      .. "--dry-run, not run), got " .. tostring(zero))
   end
   local world, rank = dist.world(), dist.rank()
   if world > 1 and dcfg then
@@ -236,6 +259,10 @@ function dist.layout(dcfg, who)
       options.fail(who, string.format("dist plans ep = %s, cp up to %d: expert and context parallelism are planned by "
         .. "--dry-run but not run yet; this job runs data parallelism only (dist.ep = 1, no cp)", tostring(dcfg.ep or 1),
         cp_max))
+    end
+    if zero == 3 then
+      options.fail(who, "dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet; "
+        .. "this job runs dist.zero = 0, 1 or 2")
     end
     if dcfg.gpus and dcfg.gpus ~= world then
       options.fail(who, string.format("dist.gpus = %s but the job has %d ranks", tostring(dcfg.gpus), world))

@@ -80,6 +80,11 @@ b2=$(grep -m1 -o '"dist/bytes_sent_mean":[0-9.]*' "$tmp/zz4/metrics.jsonl" | cut
 awk -v a="$b1" -v b="$b2" 'BEGIN { exit !(b > 0 && b < 0.75 * a) }' \
     || { echo "FAIL dp 4 ZeRO-2 sends $b2 bytes a rank per step, ZeRO-1 $b1: expected under 3/4"; exit 1; }
 echo "ok   dp 4 bytes per rank per step: ZeRO-2 $b2, ZeRO-1 $b1"
+# the process group's count of every step's bytes == dist.step_bytes (the formula --dry-run plans with) within 1%
+for r in "dp4 4" "z4 4" "zz4 4" "f64-dp2 2" "zz2 2"; do
+    set -- $r
+    "$tide" run tests/dist/dp_bytes.lua --dir="$tmp/$1" --ranks=$2
+done
 mkdir -p "$tmp/zzres"
 cp -r "$tmp/zz2/ckpt" "$tmp/zzres/" && cp "$tmp/zz2/config.json" "$tmp/zzres/"
 head -3 "$tmp/zz2/metrics.jsonl" > "$tmp/zzres/metrics.jsonl"
@@ -176,7 +181,8 @@ echo "ok   rank 1 killed inside the step-6 save: only step_00000006.tmp was left
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/ckill" --resume > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/ckill" "f64: dp 2 resumed after a rank died inside a save == uninterrupted"
 # the dist table's plan keys under mpirun: a planned ep (or cp) is refused, and gpus must be the ranks
-for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks"; do
+for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
+        "--dist.zero=3|dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet"; do
     if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then
         echo "FAIL ${bad%%|*} under dp 2 must be an error"; exit 1; fi
     grep -q "${bad#*|}" <<< "$out" || { echo "FAIL ${bad%%|*}: $out"; exit 1; }

@@ -369,5 +369,50 @@ T.test("config errors name the problem", function()
   T.raises(function() curriculum.train(big) end, "more than the")
 end)
 
+T.test("--dry-run's layout: memory per rank by dist.zero and the dp bytes per step from dist.step_bytes", function()
+  local dist = require "tide.dist"
+  local plan = require "tide.nn.plan"
+  local function rows(zero)
+    local c = cli.load_recipe("recipes/long_context_1m.lua", { { key = "dist.zero", text = tostring(zero) } })
+    local text = curriculum.plan(c)
+    local out = {}
+    for line in text:gmatch("[^\n]+") do
+      local name, cp, dp = line:match("^| (S%d_%w+) | %d+ | (%d+) | (%d+) |")
+      if name then
+        local cells = {}
+        for cell in line:gmatch("|([^|]*)") do cells[#cells + 1] = cell:match("^%s*(.-)%s*$") end
+        out[name] = { cp = tonumber(cp), dp = tonumber(dp), static = cells[8], fits = cells[10], bytes = cells[11] }
+      end
+    end
+    return out, text, c
+  end
+  local r3, text, c = rows(3)
+  T.ok(text:find("dist.zero = 3 (FSDP (ZeRO-3, planned))", 1, true), text)
+  T.ok(r3.S0_8k and r3.S3_1m, "four stage rows")
+  -- the bytes column is dist.step_bytes of the parameters a rank holds (dense + experts / ep), fp32 masters
+  local mc = c.model
+  local count = plan.count(mc)
+  local experts = 0
+  for _, pl in ipairs(count.per_layer) do if pl.ffn == "moe" then experts = experts + pl.ffn_params end end
+  local per_rank = (count.total - experts) + experts / c.dist.ep
+  for zero = 0, 3 do
+    local rz = rows(zero)
+    for name, row in pairs(rz) do
+      T.eq(row.bytes, plan.human_bytes(dist.step_bytes(4 * per_rank, row.dp, zero)), name .. " zero " .. zero)
+    end
+  end
+  -- ZeRO-1 divides the moments over dp, ZeRO-2 the gradients too: the static state per rank falls; only FSDP fits
+  local r1, r2 = rows(1), rows(2)
+  T.eq(r3.S0_8k.fits, "yes")
+  T.eq(r1.S0_8k.fits, "NO")
+  local function gb(s) local v, u = s:match("^([%d.]+) ([GT])B$"); return tonumber(v) * (u == "T" and 1000 or 1) end
+  T.ok(gb(r2.S0_8k.static) < gb(r1.S0_8k.static), r2.S0_8k.static .. " vs " .. r1.S0_8k.static)
+  -- the formula: the all-reduce's 2(n-1)/n, the owners' broadcasts, the reduce-scatter
+  T.near(dist.step_bytes(100, 4, 0), 150, 1e-12)
+  T.near(dist.step_bytes(100, 4, 1), 175, 1e-12)
+  T.near(dist.step_bytes(100, 4, 2), 75 + 75 / 4 + 25, 1e-12)
+  T.eq(dist.step_bytes(100, 1, 2), 0)
+end)
+
 local _, failed = T.run({ exit = false })
 os.exit(failed == 0 and 0 or 1)
