@@ -378,6 +378,16 @@ static int replay_region(tide_region *r)
     return 0;
 }
 
+static tide_grad_ready_fn g_ready_fn;
+static void *g_ready_ctx;
+void tide_set_grad_ready_hook(tide_grad_ready_fn fn, void *ctx) { g_ready_fn = fn; g_ready_ctx = ctx; }
+
+/* the watched leaves a node reads with a gradient (the reducer's parameters) */
+static int watched_input(const tide_node *m, int i)
+{
+    return m->in_needs_grad[i] && !m->in_src[i] && m->in[i] && m->in[i]->grad_slot > 0;
+}
+
 int tide_backward(tide_tensor *loss, const tide_tensor *grad)
 {
     if (!loss) return tide_set_error("backward: loss is NULL");
@@ -437,6 +447,15 @@ int tide_backward(tide_tensor *loss, const tide_tensor *grad)
     }
     free(stack);
     if (!rc) qsort(nodes, (size_t)n, sizeof *nodes, cmp_seq_desc);
+    /* a reducer watches leaves: count each one's uses in this graph, so that the node that runs its last use reports
+       its gradient final */
+    tide_grad_ready_fn ready = g_ready_fn;
+    if (!rc && ready) {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < nodes[j]->n_in; i++) if (watched_input(nodes[j], i)) nodes[j]->in[i]->grad_pending = 0;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < nodes[j]->n_in; i++) if (watched_input(nodes[j], i)) nodes[j]->in[i]->grad_pending++;
+    }
 
     int prev = g_grad_enabled;
     g_grad_enabled = 0;
@@ -472,6 +491,9 @@ int tide_backward(tide_tensor *loss, const tide_tensor *grad)
             }
             if (gin && gin != gins) free(gin);
         }
+        if (!rc && ready)
+            for (int i = 0; i < m->n_in; i++)
+                if (watched_input(m, i) && --m->in[i]->grad_pending == 0) ready(g_ready_ctx, m->in[i]);
         node_clear_buffers(m);
         node_drop_inputs(m);
         m->consumed = 1;

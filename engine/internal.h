@@ -210,4 +210,9 @@ int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const cha
 int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op);
 int tide_norm_dim(int dim, int ndim, const char *op, int *out);                   /* negative dims */
 
+/* the gradient reducer's view of a backward (engine/dist/reducer.c): called on the backward's thread when a
+   watched leaf (grad_slot > 0) has its final gradient of that backward */
+typedef void (*tide_grad_ready_fn)(void *ctx, tide_tensor *leaf);
+int tide_dist_thread_serialized(void);   /* comm.c: 1 when MPI may be called from a helper thread */
+void tide_set_grad_ready_hook(tide_grad_ready_fn fn, void *ctx);
 #endif

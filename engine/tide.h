@@ -58,6 +58,8 @@ typedef struct tide_tensor {
     struct tide_storage *storage;
     struct tide_tensor *grad;     /* accumulated gradient of a leaf (owned), or NULL */
     struct tide_node *node;       /* the op that made it (owned reference), NULL for leaves */
+    int32_t grad_slot;            /* a leaf watched by a gradient reducer: its index + 1 there (0: none) */
+    int32_t grad_pending;         /* during a backward: the graph's uses of this watched leaf not yet run */
 } tide_tensor;
 
 void tide_tensor_retain(tide_tensor *t);
@@ -513,6 +515,20 @@ int tide_dist_recv_(tide_tensor *t, int src);
 int tide_dist_barrier(void);
 /* 1 once tide_dist_init has joined a job of more than one rank (it never initialises MPI itself) */
 int tide_dist_active(void);
+/* ---- gradient buckets reduced while the backward runs (engine/dist/reducer.c; DESIGN.md §9) ----
+   new(n, params, bucket_bytes): CPU f32/f64 leaves, in buckets of about bucket_bytes in reverse order (the backward
+   finishes the last parameters first); arm(): the next backward reports each parameter's gradient as final when
+   the last node that uses it has run, a full bucket is copied and summed over the ranks in rank order on a helper
+   thread while the backward goes on; finish(): every bucket left (parameters without a gradient count zeros) is
+   summed, the thread joined, the sums written into the gradients (a missing one created). Every rank calls
+   arm/finish once per step, whatever its loss. The sums are tide_dist_allreduce_sum_'s bit for bit.
+   stats[5]: [0] seconds of reduction, [1] of it before the backward ended, [2] buckets, [3] 1 when a helper thread
+   ran, [4] buckets whose gradients were all final before the backward ended (the rest filled at finish) */
+typedef struct tide_reducer tide_reducer;
+tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes);
+int tide_reducer_arm(tide_reducer *r);
+int tide_reducer_finish(tide_reducer *r, double *stats);
+void tide_reducer_free(tide_reducer *r);
 /* ends every rank of the job at once (MPI_Abort): a rank that failed, so the others do not wait on it */
 void tide_dist_abort(int code);
 void tide_dist_finalize(void);

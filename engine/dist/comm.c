@@ -10,7 +10,7 @@
 #include <mpi.h>
 #endif
 
-static int g_rank = 0, g_world = 1, g_inited;
+static int g_rank = 0, g_world = 1, g_inited, g_serialized;
 
 static int launched_by_mpirun(void)
 {
@@ -23,9 +23,13 @@ int tide_dist_init(void)
     g_inited = 1;
 #ifdef TIDE_HAVE_MPI
     if (!launched_by_mpirun()) return 0;
-    int ready = 0;
+    int ready = 0, provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&ready);
-    if (!ready && MPI_Init(NULL, NULL) != MPI_SUCCESS) return tide_set_error("dist: MPI_Init failed");
+    /* SERIALIZED: the gradient reducer's helper thread calls MPI while the backward runs (never two threads at once) */
+    if (!ready && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        return tide_set_error("dist: MPI_Init failed");
+    if (ready) MPI_Query_thread(&provided);
+    g_serialized = provided >= MPI_THREAD_SERIALIZED;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
 #endif
@@ -33,6 +37,7 @@ int tide_dist_init(void)
 }
 
 int tide_dist_rank(void) { tide_dist_init(); return g_rank; }
+int tide_dist_thread_serialized(void) { tide_dist_init(); return g_serialized; }
 int tide_dist_world_size(void) { tide_dist_init(); return g_world; }
 
 static int check_cpu_tensor(const tide_tensor *t, const char *op)

@@ -15,6 +15,7 @@
 --   dist.broadcast_(t, root)      root's t on every rank
 --   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
 --   dist.reduce_scatter_grads(params, owners)  each rank gets the sums of the gradients it owns, drops the rest
+--   dist.reducer(params, bytes)   gradient buckets summed while the backward runs (arm before it, finish after)
 --   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
 --   dist.owners(sizes, world)     the rank that owns each of a list of tensors (ZeRO-1, checkpoint shards)
 --   dist.step_bytes(g, n, zero, w) the bytes a rank sends per step for the gradients and ZeRO's weights (the plan's
@@ -173,6 +174,32 @@ function dist.agree(ok, what, err)
     ok and " (its error is shown with its rank)" or ""), 0)
 end
 
+-- reducer(params, bucket_bytes) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
+-- all-reduce (engine/dist/reducer.c): armed before the step's last backward, each bucket of about bucket_bytes (in
+-- reverse parameter order) is summed over the ranks on a helper thread as soon as its gradients are final; finish()
+-- sums what is left, waits and writes the sums into the gradients. The sums are allreduce_grads' bit for bit. Every
+-- rank calls arm and finish once per step (one whose loss was not finite too: it sends zeros).
+function dist.reducer(params, bucket_bytes)
+  local n = #params
+  local arr = ffi.new("tide_tensor *[?]", n)
+  for i, p in ipairs(params) do arr[i - 1] = raw(p.param or p) end
+  local h = C.tide_reducer_new(n, arr, bucket_bytes)
+  if h == nil then error("dist: " .. ffi.string(C.tide_last_error()), 0) end
+  h = ffi.gc(h, C.tide_reducer_free)
+  local r = { armed = false, params = params }
+  local stats = ffi.new("double[5]")
+  function r.arm()
+    check(C.tide_reducer_arm(h), "reducer")
+    r.armed = true
+  end
+  function r.finish()
+    r.armed = false
+    check(C.tide_reducer_finish(h, stats), "reducer")
+    return { comm_s = stats[0], overlap_s = stats[1], buckets = stats[2], threaded = stats[3] == 1, early = stats[4] }
+  end
+  return r
+end
+
 -- reduce_scatter_grads(params, owners): the gradients summed over the ranks in rank order, each sum kept only by the
 -- rank that owns its parameter (owners[i]: the rank of params[i]; ZeRO-2). Per dtype one flat buffer, the gradients
 -- grouped by owner: the chain sum of the all-reduce's first half leaves the whole sum on the last rank
@@ -236,7 +263,9 @@ end
 
 -- the keys of a recipe's `dist` table: the runtime's (dp, zero = 0 | 1 | 2) and the plan's (gpus, gpu_memory, ep, cp = {stage =
 -- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
-dist.KEYS = { dp = true, zero = true, gpus = true, gpu_memory = true, ep = true, cp = true, dtype = true }
+dist.KEYS = { dp = true, zero = true, bucket_mb = true, gpus = true, gpu_memory = true, ep = true, cp = true,
+  dtype = true }
+dist.BUCKET_MB = 8   -- the default bucket of the gradient sum overlapped with the backward
 
 -- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
 -- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.
@@ -268,13 +297,20 @@ function dist.layout(dcfg, who)
       options.fail(who, string.format("dist.gpus = %s but the job has %d ranks", tostring(dcfg.gpus), world))
     end
   end
+  local bucket_mb = dcfg and dcfg.bucket_mb
+  if bucket_mb == nil then bucket_mb = dist.BUCKET_MB end
+  if type(bucket_mb) ~= "number" or bucket_mb ~= bucket_mb or bucket_mb < 0 or bucket_mb == math.huge then
+    options.fail(who, "dist.bucket_mb must be a number >= 0 (MB per gradient bucket, summed while the backward runs; "
+      .. "0: one sum after the backward), got " .. tostring(bucket_mb))
+  end
   local dp = (dcfg and dcfg.dp) or world
   options.pos_int(dp, "dist.dp", who)
   if dp ~= world then
     options.fail(who, string.format("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s",
       dp, world, world == 1 and "" or "s", dp, world > 1 and string.format(" or set --dist.dp=%d", world) or ""))
   end
-  return { n = dp, rank = rank, zero = dp > 1 and zero or 0, group = dp > 1 and dist or nil }
+  return { n = dp, rank = rank, zero = dp > 1 and zero or 0, group = dp > 1 and dist or nil,
+    bucket_bytes = math.floor(bucket_mb * 2 ^ 20) }
 end
 
 -- the memory line of a run's start: what one rank holds of the weights, the gradients and the AdamW moments

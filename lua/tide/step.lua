@@ -155,13 +155,15 @@ local Stepper = {}
 Stepper.__index = Stepper
 
 local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = true, jitter_window = true,
-  objective = true, dist = true }
+  objective = true, dist = true, bucket_bytes = true }
 
 -- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
 --   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them),
 --   dist = nil | tide.dist (data parallelism: each rank runs its own micro-batches of the step; the target count,
 --   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
---   norm, clipping and the update, so every rank applies the same update)}
+--   norm, clipping and the update, so every rank applies the same update),
+--   bucket_bytes = nil | n (with dist: the gradients summed in buckets of about n bytes while the last backward runs,
+--   dist.reducer; 0 or nil: one sum after it; ZeRO-2's reduce-scatter always runs after it)}
 function step.stepper(o)
   options.check(o, STEPPER_KEYS, nil, "step.stepper")
   local policy = o.on_nonfinite or "skip"
@@ -175,8 +177,29 @@ function step.stepper(o)
   local bgroup = group and group.balance_group() or nil
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
     jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group,
-    balance_group = bgroup },
+    balance_group = bgroup, bucket_bytes = o.bucket_bytes },
     Stepper)
+end
+
+-- the optimiser's gradient reducer (one per optimiser: the steppers of a run share it), or nil: without several
+-- ranks or buckets, under ZeRO-2, or when a parameter is not a CPU f32/f64 tensor (those sum after the backward)
+function Stepper:reducer()
+  if self.red == nil then
+    self.red = false
+    local opt = self.optim
+    if self.dist and (self.bucket_bytes or 0) > 0 and opt.zero ~= 2 then
+      local ok = true
+      for _, p in ipairs(opt.params) do
+        local dt = p.param:dtype()
+        if p.param:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") then ok = false end
+      end
+      if ok then
+        opt.reducer = opt.reducer or self.dist.reducer(opt.params, self.bucket_bytes)
+        self.red = opt.reducer
+      end
+    end
+  end
+  return self.red or nil
 end
 
 -- std / mean of the global gradient norm over the last jitter_window good steps (routing churn shows as a jumpy norm)
@@ -240,6 +263,7 @@ function Stepper:run(batches, lr, t)
     N, tokens, n_mean = t[1], t[2], t[3]
   end
   local sum, aux_sum, bad = 0, nil, nil
+  local red = group and self:reducer()
   for i = 1, n_micro do
     local b = batches[i]
     local l, value, aux, lv
@@ -255,8 +279,15 @@ function Stepper:run(batches, lr, t)
     if not (is_finite(lv) and is_finite(value)) then bad = "loss"; break end
     sum = sum + value
     if aux then aux_sum = (aux_sum or 0) + aux end
+    if red and i == n_micro then red.arm() end   -- the last backward makes the gradients final: buckets sum meanwhile
     l:backward()
     batches[i] = nil
+  end
+  if red then
+    -- every rank takes its part in every bucket's sum, also one that stopped at a non-finite loss (zeros)
+    if not red.armed then red.arm() end
+    local st = red.finish()
+    self.comm_s, self.overlap_s, self.buckets, self.buckets_early = st.comm_s, st.overlap_s, st.buckets, st.early
   end
   if group then
     -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks
@@ -264,7 +295,7 @@ function Stepper:run(batches, lr, t)
     if t[1] > 0 and not bad then bad = "loss" end   -- (the same record on every rank)
     sum = t[2]
     if t[3] > 0 then aux_sum = t[4] end
-    if not bad then
+    if not bad and not red then
       local tc = tide.time()
       -- ZeRO-2: each rank keeps the summed gradients of the parameters it owns (a reduce-scatter in rank order)
       if opt.zero == 2 then group.reduce_scatter_grads(opt.params, opt:shard_owners(group.world()))
@@ -339,11 +370,17 @@ function Stepper:run(batches, lr, t)
   local dt = tide.time() - t0
   rec.tokens_step, rec.step_time, rec.tok_per_s = tokens, dt, tokens / math.max(dt, 1e-9)
   if group then
-    -- what this rank handed to the network in the step (the gradient all-reduce, ZeRO's weight broadcasts, the
-    -- scalars), the mean over the ranks, and the gradient all-reduce's share of the step (no overlap with backward)
+    -- what this rank handed to the network in the step (the gradient sum, ZeRO's weight broadcasts, the scalars),
+    -- the mean over the ranks, the seconds of the gradient sum, and with buckets the share of them that ran while
+    -- the backward was still running
     local b = group.bytes_sent() - bytes0
     rec["dist/bytes_sent"], rec["dist/bytes_sent_mean"] = b, group.sum(b) / group.world()
     rec["dist/allreduce_s"], self.comm_s = self.comm_s, nil
+    if self.overlap_s then
+      rec["dist/overlap"] = rec["dist/allreduce_s"] > 0 and self.overlap_s / rec["dist/allreduce_s"] or 0
+      rec["dist/buckets"], rec["dist/buckets_early"] = self.buckets, self.buckets_early
+      self.overlap_s = nil
+    end
   end
   return rec
 end

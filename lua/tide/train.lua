@@ -187,7 +187,7 @@ local function setup(cfg)
   if dp.zero >= 1 then opt:shard(dist, dp.zero) end
   local loss_fn = cfg.loss
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
-    on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group,
+    on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group, bucket_bytes = dp.bucket_bytes,
     objective = loss_fn and function(m, b, t) return loss_fn(m, b.ids, b.targets, t) end })
   local out = cfg.out or tcfg.out
   local run = step.run({ driver = "train", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,

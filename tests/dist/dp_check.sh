@@ -52,6 +52,21 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
+# gradient buckets summed while the backward runs (dist.bucket_mb; the runs above use the default 8 MB, one bucket for
+# these models): 0.05 MB cuts the dense model into 7 buckets, filled as the backward finishes their parameters and
+# summed on the helper thread: == one rank bitwise at dp 2 and 4, and every bucket was full before the backward ended;
+# bucket_mb = 0 sums after the backward (no bucket records)
+for n in 2 4; do
+    "${mp[@]}" -np $n "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=0.05 --out="$tmp/bk$n" > /dev/null
+    ref="$tmp/f64-m2"; [ $n = 4 ] && ref="$tmp/m4"
+    cmp "$ref" "$tmp/bk$n" "f64: dp $n, gradients in 0.05 MB buckets during the backward == one rank, $n micro-batches"
+done
+grep -q '"dist/buckets":7' "$tmp/bk2/metrics.jsonl" && grep -q '"dist/buckets_early":7' "$tmp/bk2/metrics.jsonl" \
+    || { echo "FAIL the bucketed run does not report 7 buckets full during the backward: $(head -1 "$tmp/bk2/metrics.jsonl")"; exit 1; }
+echo "ok   dp 2, 0.05 MB buckets: 7 buckets, all 7 full before the backward ended (overlap share of the sum per step: $(grep -o '"dist/overlap":[0-9.e-]*' "$tmp/bk2/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '))"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=0 --out="$tmp/bk0" > /dev/null
+cmp "$tmp/f64-m2" "$tmp/bk0" "f64: dp 2, one sum after the backward (bucket_mb = 0) == one rank"
+! grep -q '"dist/buckets"' "$tmp/bk0/metrics.jsonl" || { echo "FAIL bucket_mb = 0 still reports buckets"; exit 1; }
 # ZeRO-1 (dist.zero = 1: each rank owns the AdamW moments of its share of the parameters) == unsharded, bitwise; its
 # checkpoint (each owner wrote its moments into its shard) resumed under dp 4 == one rank resuming the same step with 4 micro-batches
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=1 --out="$tmp/z2" > /dev/null
@@ -94,7 +109,8 @@ cmp "$tmp/zz2" "$tmp/zzres" "f64: dp 2 ZeRO-2 resumed at step 3 == uninterrupted
 # MoE (tests/dist/dp_moe.lua, f64): the balancers' routing batch spans the ranks — QB with the exact estimator
 # (margins gathered in rank order) and the histogram one (counts summed), and the sign rule (loads summed): the
 # selection biases, weights, moments and losses of dp 2 == one rank with 2 micro-batches, bitwise
-for bal in "quantile --model.moe.estimator=exact" "quantile --model.moe.estimator=histogram" "sign"; do
+for bal in "quantile --model.moe.estimator=exact" "quantile --model.moe.estimator=histogram" "sign" \
+        "quantile --dist.bucket_mb=0.01"; do
     set -- $bal
     name=$(tr ' =' '__' <<< "$bal")
     "$tide" run tests/dist/dp_moe.lua --model.moe.balance=$1 ${2:-} --train.micro_batches=2 --out="$tmp/moe-m2-$name" \
@@ -126,10 +142,10 @@ cmp "$tmp/cur-dp2-exact" "$tmp/cur-res" "curriculum: dp 2 resumed at step 8 (sta
 # a non-finite loss on one rank skips the step on every rank (tests/dist/dp_nan.lua): dp 2 == one rank whose second
 # micro-batch of step 3 is the non-finite one
 "$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/nan-m2" > /dev/null
-"${mp[@]}" -np 2 "$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --out="$tmp/nan-dp2" > /dev/null
+"${mp[@]}" -np 2 "$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=0.05 --out="$tmp/nan-dp2" > /dev/null
 grep -q '"step":3,.*"skipped":true' "$tmp/nan-dp2/metrics.jsonl" || grep -q '"skipped":true.*"step":3,' "$tmp/nan-dp2/metrics.jsonl" \
     || { echo "FAIL step 3 of the dp 2 run is not recorded as skipped"; exit 1; }
-cmp "$tmp/nan-m2" "$tmp/nan-dp2" "f64: a NaN loss on rank 1 at step 3: the step skipped on both ranks == one rank"
+cmp "$tmp/nan-m2" "$tmp/nan-dp2" "f64: a NaN loss on rank 1 at step 3 (7 buckets: rank 1 sends zeros): the step skipped on both ranks == one rank"
 # a dp 2 checkpoint resumed on one rank with 2 micro-batches (the state is replicated, the data cursor global)
 mkdir -p "$tmp/one"
 cp -r "$tmp/f64-dp2/ckpt" "$tmp/one/" && cp "$tmp/f64-dp2/config.json" "$tmp/one/"

@@ -1,0 +1,264 @@
+/*
+ * reducer.c — data parallelism's gradient sum overlapped with the backward (DESIGN.md §9; tide.h documents the API).
+ *
+ * The parameters are cut into buckets of about bucket_bytes, in reverse order and one dtype each: the backward
+ * reaches the last parameters (the head) first. During an armed backward the autograd engine reports each watched
+ * parameter when the last node that uses it has run (autograd.c: a count of its uses in the graph); its gradient is
+ * copied into its bucket's flat buffer, and a bucket whose parameters are all in is handed to a helper thread, which
+ * sums the buckets over the ranks in bucket order with tide_dist_allreduce_sum_ (the rank-order chain) while the
+ * backward goes on. Every rank takes the buckets in the same order, whatever order its own become full in (an MoE
+ * rank whose tokens missed an expert fills that bucket only at finish), so the messages always pair up. The sums are
+ * elementwise the flat all-reduce's, so the result does not depend on the bucket size, the timing, or whether the
+ * thread ran: bit for bit the unbucketed step.
+ *
+ * MPI is initialised with MPI_THREAD_SERIALIZED (comm.c): between arm and finish only the helper thread calls MPI.
+ * Where the library gives less, or there is no MPI, finish sums the buckets on the calling thread (no overlap).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "../internal.h"
+
+typedef struct {
+    int dtype;
+    int64_t numel;
+    tide_tensor *flat;       /* [numel] CPU buffer the bucket is summed in */
+    int n_params, n_ready;
+    int full;                /* every parameter copied in: the helper may sum it */
+    int early;               /* it became full during the backward (not at finish) */
+    double t0, t1;           /* when the helper summed it */
+} bucket;
+
+struct tide_reducer {
+    int n;
+    tide_tensor **params;    /* retained */
+    int *bucket_of;
+    int64_t *offset_of;      /* element offset in the bucket */
+    char *in;                /* this backward: copied into its bucket */
+    int nb;
+    bucket *b;
+    int armed, threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;                /* buckets summed by the helper */
+    int failed;
+    char err[256];
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+
+void tide_reducer_free(tide_reducer *r)
+{
+    if (!r) return;
+    if (r->armed) tide_set_grad_ready_hook(NULL, NULL);
+    for (int i = 0; i < r->n; i++) {
+        if (r->params[i]) { r->params[i]->grad_slot = 0; tide_tensor_release(r->params[i]); }
+    }
+    for (int k = 0; k < r->nb; k++) tide_tensor_release(r->b[k].flat);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->params); free(r->bucket_of); free(r->offset_of); free(r->in); free(r->b);
+    free(r);
+}
+
+tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes)
+{
+    if (n <= 0 || !params) { tide_set_error("reducer: no parameters"); return NULL; }
+    if (bucket_bytes <= 0) { tide_set_error("reducer: bucket size must be positive, got %lld", (long long)bucket_bytes); return NULL; }
+    for (int i = 0; i < n; i++) {
+        tide_tensor *p = params[i];
+        if (!p) { tide_set_error("reducer: parameter %d is NULL", i); return NULL; }
+        if (p->device != TIDE_CPU || (p->dtype != TIDE_F32 && p->dtype != TIDE_F64)) {
+            tide_set_error("reducer: parameter %d is %s on %s; buckets take CPU f32/f64 tensors", i,
+                           tide_dtype_name(p->dtype), p->device == TIDE_CPU ? "cpu" : "a GPU");
+            return NULL;
+        }
+        if (p->node) { tide_set_error("reducer: parameter %d is not a leaf", i); return NULL; }
+        if (p->grad_slot) { tide_set_error("reducer: parameter %d is already watched by a reducer", i); return NULL; }
+    }
+    tide_reducer *r = calloc(1, sizeof *r);
+    if (!r) { tide_set_error("reducer: out of memory"); return NULL; }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->params = calloc((size_t)n, sizeof *r->params);
+    r->bucket_of = calloc((size_t)n, sizeof *r->bucket_of);
+    r->offset_of = calloc((size_t)n, sizeof *r->offset_of);
+    r->in = calloc((size_t)n, 1);
+    r->b = calloc((size_t)n, sizeof *r->b);
+    if (!r->params || !r->bucket_of || !r->offset_of || !r->in || !r->b) {
+        tide_reducer_free(r);
+        tide_set_error("reducer: out of memory");
+        return NULL;
+    }
+    r->n = n;
+    /* buckets in reverse parameter order; a new one when the next would pass bucket_bytes or changes dtype */
+    int k = -1;
+    int64_t bytes = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        tide_tensor *p = params[i];
+        int64_t nb = tide_tensor_nbytes(p);
+        if (k < 0 || r->b[k].dtype != p->dtype || (bytes > 0 && bytes + nb > bucket_bytes)) {
+            k++;
+            r->b[k].dtype = p->dtype;
+            bytes = 0;
+        }
+        r->bucket_of[i] = k;
+        r->offset_of[i] = r->b[k].numel;
+        r->b[k].numel += p->numel;
+        r->b[k].n_params++;
+        bytes += nb;
+    }
+    r->nb = k + 1;
+    for (k = 0; k < r->nb; k++) {
+        r->b[k].flat = tide_empty(r->b[k].dtype, 1, (int64_t[]){r->b[k].numel}, TIDE_CPU);
+        if (!r->b[k].flat) { tide_reducer_free(r); return NULL; }
+    }
+    for (int i = 0; i < n; i++) {
+        tide_tensor_retain(params[i]);
+        r->params[i] = params[i];
+        params[i]->grad_slot = i + 1;
+    }
+    return r;
+}
+
+/* parameter i's gradient (zeros when it has none) into its bucket; the bucket marked full when it is the last */
+static void take(tide_reducer *r, int i)
+{
+    if (r->in[i]) return;
+    r->in[i] = 1;
+    tide_tensor *p = r->params[i];
+    bucket *b = &r->b[r->bucket_of[i]];
+    size_t es = p->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
+    char *dst = (char *)tide_data(b->flat) + (size_t)r->offset_of[i] * es;
+    tide_tensor *g = p->grad;
+    if (g && tide_is_contiguous(g) && g->numel == p->numel && g->dtype == p->dtype && g->device == TIDE_CPU)
+        memcpy(dst, tide_data(g), (size_t)p->numel * es);
+    else if (g) {
+        int64_t stride[TIDE_MAX_DIMS];
+        tide_contiguous_strides(p->ndim, p->shape, stride);
+        tide_tensor *view = tide_view_of(b->flat, p->ndim, p->shape, stride, b->flat->offset + r->offset_of[i]);
+        if (!view || tide_copy_(view, g)) {
+            if (!r->failed) {
+                r->failed = 1;
+                snprintf(r->err, sizeof r->err, "reducer: copying a gradient into its bucket: %s", tide_last_error());
+            }
+        }
+        tide_tensor_release(view);
+    } else
+        memset(dst, 0, (size_t)p->numel * es);
+    if (++b->n_ready == b->n_params) {
+        b->early = r->armed == 1;
+        pthread_mutex_lock(&r->mu);
+        b->full = 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+static void on_ready(void *ctx, tide_tensor *leaf)
+{
+    tide_reducer *r = ctx;
+    int i = leaf->grad_slot - 1;
+    if (r->armed == 1 && i >= 0 && i < r->n && r->params[i] == leaf) take(r, i);
+}
+
+/* the buckets in order, each as soon as it is full */
+static void *helper(void *arg)
+{
+    tide_reducer *r = arg;
+    for (int k = 0; k < r->nb; k++) {
+        pthread_mutex_lock(&r->mu);
+        while (!r->b[k].full) pthread_cond_wait(&r->cv, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+        double t0 = now_s();
+        int rc = tide_dist_allreduce_sum_(r->b[k].flat);
+        double t1 = now_s();
+        pthread_mutex_lock(&r->mu);
+        r->b[k].t0 = t0;
+        r->b[k].t1 = t1;
+        if (rc && !r->failed) {
+            r->failed = 1;
+            snprintf(r->err, sizeof r->err, "%s", tide_last_error());
+        }
+        r->done = k + 1;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (rc) break;
+    }
+    return NULL;
+}
+
+int tide_reducer_arm(tide_reducer *r)
+{
+    if (!r) return tide_set_error("reducer: NULL");
+    if (r->armed) return tide_set_error("reducer: armed twice without finish");
+    memset(r->in, 0, (size_t)r->n);
+    for (int k = 0; k < r->nb; k++) {
+        r->b[k].n_ready = 0; r->b[k].full = 0; r->b[k].early = 0; r->b[k].t0 = r->b[k].t1 = 0;
+    }
+    r->done = 0;
+    r->failed = 0;
+    r->err[0] = '\0';
+    r->armed = 1;
+    r->threaded = tide_dist_world_size() > 1 && tide_dist_thread_serialized() &&
+                  pthread_create(&r->thread, NULL, helper, r) == 0;
+    tide_set_grad_ready_hook(on_ready, r);
+    return 0;
+}
+
+int tide_reducer_finish(tide_reducer *r, double *stats)
+{
+    if (!r) return tide_set_error("reducer: NULL");
+    if (!r->armed) return tide_set_error("reducer: finish without arm");
+    double t_end = now_s();
+    tide_set_grad_ready_hook(NULL, NULL);
+    r->armed = 2;   /* finishing: what take() fills now was not reported by the backward */
+    /* what the backward did not report (no gradient on this rank, or no backward at all) goes in now, in order */
+    for (int i = r->n - 1; i >= 0; i--) take(r, i);
+    if (r->threaded) pthread_join(r->thread, NULL);
+    else {
+        for (int k = 0; k < r->nb && !r->failed; k++) {
+            r->b[k].t0 = now_s();
+            if (tide_dist_allreduce_sum_(r->b[k].flat)) {
+                r->failed = 1;
+                snprintf(r->err, sizeof r->err, "%s", tide_last_error());
+            }
+            r->b[k].t1 = now_s();
+        }
+    }
+    r->armed = 0;
+    double comm = 0, before = 0;
+    int early = 0;
+    for (int k = 0; k < r->nb; k++) {
+        early += r->b[k].early;
+        comm += r->b[k].t1 - r->b[k].t0;
+        double e = r->b[k].t1 < t_end ? r->b[k].t1 : t_end;
+        if (e > r->b[k].t0) before += e - r->b[k].t0;
+    }
+    if (stats) { stats[0] = comm; stats[1] = before; stats[2] = r->nb; stats[3] = r->threaded; stats[4] = early; }
+    if (r->failed) return tide_set_error("%s", r->err);
+    /* the sums into the gradients (created where a parameter had none) */
+    for (int i = 0; i < r->n; i++) {
+        tide_tensor *p = r->params[i];
+        bucket *b = &r->b[r->bucket_of[i]];
+        size_t es = p->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
+        const char *src = (const char *)tide_data(b->flat) + (size_t)r->offset_of[i] * es;
+        if (!p->grad || !tide_is_contiguous(p->grad) || p->grad->dtype != p->dtype) {
+            tide_tensor *g = tide_empty(p->dtype, p->ndim, p->shape, TIDE_CPU);
+            if (!g) return -1;
+            tide_tensor_release(p->grad);
+            p->grad = g;
+        }
+        memcpy(tide_data(p->grad), src, (size_t)p->numel * es);
+    }
+    return 0;
+}
