@@ -5,15 +5,20 @@
 -- layout (analytic() below: the all-reduce's 2(N−1)/N · params · 4 bytes, ZeRO's weight broadcasts, ZeRO-2's
 -- reduce-scatter); the step time, as a ratio to dp = 1; the gradient all-reduce's share of the step (it
 -- runs after the backward: nothing overlaps yet). Then the same formula at the K3 config on 4,096 ranks (the layout
--- of recipes/long_context_1m.lua), scaled by the measured/analytic ratio. Writes <results>/dist.json and dist.md.
+-- of recipes/long_context_1m.lua), scaled by the measured/analytic ratio. The baseline, in the same run: the same
+-- model in PyTorch eager (bench/torch_dense.py) on one process and under DistributedDataParallel on gloo at
+-- dp = 2, 4 (one thread per rank, the same rows per rank, DDP's buckets of the same size), its step time beside
+-- tide's. Writes <results>/dist.json and dist.md.
 --
---   tide run bench/dist.lua [--ranks=1,2,4] [--steps=8] [--results=DIR]
+--   tide run bench/dist.lua [--ranks=1,2,4] [--steps=8] [--baseline=true] [--python=/usr/bin/python3] [--results=DIR]
 local tide = require "tide"
 local json = require "tide.json"
 local results = require "tide.results"
 local cli = require "tide.cli"
 local fmt = string.format
 
+-- buckets of 0.5 MB cut the dense model's 3.5 MB of gradients into 7, summed while the backward runs
+local BUCKET_MB = 0.5
 local SMALL = { "--train.eval_every=0", "--train.ckpt_every=0", "--train.log_every=1", "--sample.max_new_tokens=0",
   "--schedule.warmup=2", "--train.quiet=true" }
 
@@ -54,26 +59,53 @@ local function run(cfg)
       variants[#variants + 1] = { n = 1, zero = 0, threads = 1 }
       variants[#variants + 1] = { n = 1, zero = 0, threads = 2 }   -- one rank on both cores
     else
-      variants[#variants + 1] = { n = n, zero = 0, threads = 1 }
-      variants[#variants + 1] = { n = n, zero = 1, threads = 1 }
-      variants[#variants + 1] = { n = n, zero = 2, threads = 1 }
+      variants[#variants + 1] = { n = n, zero = 0, threads = 1, bucket_mb = 0 }
+      variants[#variants + 1] = { n = n, zero = 0, threads = 1, bucket_mb = BUCKET_MB }
+      variants[#variants + 1] = { n = n, zero = 1, threads = 1, bucket_mb = BUCKET_MB }
+      variants[#variants + 1] = { n = n, zero = 2, threads = 1, bucket_mb = 0 }
     end
   end
   for _, v in ipairs(variants) do
     local n, zero = v.n, v.zero
     do
-      local out = fmt("%s/dp%d_z%d_t%d", tmp, n, zero, v.threads)
-      local cmd = fmt("%s %s run recipes/dense.lua %s --train.threads=%d --out=%s%s > %s/log_%d_%d_%d 2>&1",
+      local out = fmt("%s/dp%d_z%d_t%d_b%s", tmp, n, zero, v.threads, tostring(v.bucket_mb or 0))
+      local cmd = fmt("%s %s run recipes/dense.lua %s --train.threads=%d --out=%s%s%s > %s.log 2>&1",
         n > 1 and fmt("mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -np %d", n) or "",
-        cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero > 0 and (" --dist.zero=" .. zero) or "", tmp,
-        n, zero, v.threads)
+        cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero > 0 and (" --dist.zero=" .. zero) or "",
+        n > 1 and (" --dist.bucket_mb=" .. tostring(v.bucket_mb)) or "", out)
       io.stderr:write("dist: " .. cmd .. "\n")
       if os.execute(cmd) ~= 0 then error("dist bench: the run failed: " .. cmd, 0) end
       local recs = records(out)
-      rows[#rows + 1] = { ranks = n, zero = zero, threads = v.threads, step_s = median_of(recs, "step_time"),
+      rows[#rows + 1] = { ranks = n, zero = zero, threads = v.threads, bucket_mb = n > 1 and v.bucket_mb or nil,
+        step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
-        allreduce_s = median_of(recs, "dist/allreduce_s") or 0,
+        allreduce_s = median_of(recs, "dist/allreduce_s") or 0, overlap = median_of(recs, "dist/overlap"),
+        buckets = median_of(recs, "dist/buckets"),
         analytic = analytic(n, zero, P * 4) }
+    end
+  end
+  -- PyTorch: the same model and rows per rank, one process and DDP (gloo) at each rank count
+  local torch_rows = {}
+  if cfg.baseline == true or cfg.baseline == "true" then
+    local m = tide.nn.build(dense.model)
+    for _, n in ipairs(results.numbers(cfg.ranks)) do
+      local rows_per_rank = dense.data.batch_size / n
+      local cmd = fmt("OMP_WAIT_POLICY=PASSIVE %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d --seq %d "
+        .. "--batch %d --threads 1 --warmup 1 --steps %d%s 2> %s/torch_%d.err", cli.shell_quote(cfg.python),
+        cli.shell_quote("bench/torch_dense.py"), dense.model.vocab_size, dense.model.dim, dense.model.n_layers,
+        dense.model.n_heads, m.cfg.ffn_dim, dense.data.seq_len, rows_per_rank, steps - 1,
+        n > 1 and fmt(" --ddp %d --bucket-mb %g", n, BUCKET_MB) or "", tmp, n)
+      io.stderr:write("dist: " .. cmd .. "\n")
+      local p = io.popen(cmd)
+      local text = p:read("*a")
+      p:close()
+      local ok, obj = pcall(json.decode, text:match("(%b{})%s*$") or "")
+      if ok and type(obj) == "table" and obj.step_s_median then
+        torch_rows[#torch_rows + 1] = { ranks = n, step_s = obj.step_s_median, framework = obj.framework }
+      else
+        io.stderr:write(fmt("dist bench: the PyTorch run for %d rank(s) failed: %s\n", n,
+          (tide.read_file(fmt("%s/torch_%d.err", tmp, n)) or ""):sub(-400)))
+      end
     end
   end
   os.execute("rm -rf " .. cli.shell_quote(tmp))
@@ -103,6 +135,7 @@ local function run(cfg)
     proj[#proj + 1] = { stage = name, cp = cp, dp = dp, params_per_rank = params_rank, bytes_per_step = bytes }
   end
   local record = { benchmark = "dist", date = os.date("!%Y-%m-%d %H:%M UTC"), params = P, steps = steps, rows = rows,
+    torch = torch_rows,
     k3 = { total_params = c.total, expert_params = experts, gpus = par.gpus, ep = par.ep, measured_ratio = measured_ratio,
       stages = proj }, loadavg = results.loadavg() }
   local L = { "# bench/dist — data parallelism over MPI (CPU, this machine)", "",
@@ -110,12 +143,34 @@ local function run(cfg)
       .. "rank; 2 and 4 ranks share this machine's 2 cores (mpirun --oversubscribe), so the step times measure the "
       .. "extra work and waiting, not a speed-up. Load average %s at the end.", record.date, P, dense.data.batch_size,
       dense.data.seq_len, steps, steps, tostring(record.loadavg)), "",
-    "| ranks | threads per rank | ZeRO | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient reduction share of the step |",
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
+    "| ranks | threads per rank | ZeRO | buckets (MB) | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient sum s (share of the step) | share of the sum during the backward |",
+    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" }
   for _, r in ipairs(rows) do
-    L[#L + 1] = fmt("| %d | %d | %d | %d | %.0f | %.0f | %s | %.3f | %.2f | %s |", r.ranks, r.threads, r.zero, r.bytes, r.bytes_mean,
-      r.analytic, r.analytic > 0 and fmt("%.3f", r.bytes_mean / r.analytic) or "-", r.step_s, r.step_s / base,
-      r.ranks > 1 and fmt("%.0f%%", 100 * r.allreduce_s / r.step_s) or "-")
+    L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %.0f | %.0f | %s | %.3f | %.2f | %s | %s |", r.ranks, r.threads, r.zero,
+      r.ranks == 1 and "-" or ((r.buckets and r.buckets > 0) and fmt("%d x %g", r.buckets, r.bucket_mb) or "after the backward"),
+      r.bytes, r.bytes_mean, r.analytic, r.analytic > 0 and fmt("%.3f", r.bytes_mean / r.analytic) or "-", r.step_s,
+      r.step_s / base, r.ranks > 1 and fmt("%.4f (%.0f%%)", r.allreduce_s, 100 * r.allreduce_s / r.step_s) or "-",
+      r.overlap and fmt("%.0f%%", 100 * r.overlap) or "-")
+  end
+  if #torch_rows > 0 then
+    -- tide's like-for-like row per rank count: one thread per rank, ZeRO 0, buckets of the same size (dp 1: 1 thread)
+    local function tide_row(n)
+      for _, r in ipairs(rows) do
+        if r.ranks == n and r.threads == 1 and r.zero == 0 and (n == 1 or r.bucket_mb == BUCKET_MB) then return r end
+      end
+    end
+    L[#L + 1] = ""
+    L[#L + 1] = fmt("PyTorch in the same run (%s; one thread per rank, OMP_WAIT_POLICY=PASSIVE, %d rows of %d per "
+      .. "rank at dp N as tide, DDP buckets of %g MB):", torch_rows[1].framework or "?", dense.data.batch_size,
+      dense.data.seq_len, BUCKET_MB)
+    L[#L + 1] = ""
+    L[#L + 1] = "| ranks | PyTorch step s | tide step s (ZeRO 0, buckets) | PyTorch / tide step time |"
+    L[#L + 1] = "|---:|---:|---:|---:|"
+    for _, t in ipairs(torch_rows) do
+      local r = tide_row(t.ranks)
+      L[#L + 1] = fmt("| %d | %.3f | %s | %s |", t.ranks, t.step_s, r and fmt("%.3f", r.step_s) or "-",
+        r and fmt("%.2fx", t.step_s / r.step_s) or "-")
+    end
   end
   L[#L + 1] = ""
   L[#L + 1] = "Oversubscription: this machine has 2 cores, so dp 2 (one thread per rank) uses the cores one rank with two "
@@ -130,8 +185,11 @@ local function run(cfg)
     .. "between ranks is not counted). ZeRO-2 reduce-scatters instead of all-reducing: the same chain to rank N−1, "
     .. "which then sends each owner only its part, (N−1)/N + (N−1)/N² of P·4 on average, so its total is about the "
     .. "plain all-reduce's and ~2/3 of ZeRO-1's at large N; the sums are the all-reduce's bit for bit "
-    .. "(tests/dist/dp_check.sh). Overlap of the reduction with the backward: 0 (it starts after the backward; "
-    .. "buckets are not built yet)."
+    .. "(tests/dist/dp_check.sh). With buckets the sum runs on a helper thread as the backward finishes each bucket's "
+    .. "parameters; the last column is the median share of the sum's seconds that fell before the backward ended. "
+    .. "On this machine the ranks' main threads already take both cores, so a helper thread mostly waits for a "
+    .. "core until its rank's backward is over: the overlap measured here is what oversubscription leaves, not what "
+    .. "a rank with a core to spare would get."
   L[#L + 1] = ""
   L[#L + 1] = fmt("K3 projection (%s parameters, %s of them routed experts; %d GPUs, ep %d, bf16 gradients; a dp group "
     .. "all-reduces the dense parameters and its ep-shard of the experts; scaled by the measured/analytic ratio %.3f):",
@@ -149,4 +207,4 @@ local function run(cfg)
   return 0
 end
 
-return { ranks = "1,2,4", steps = 8, results = "bench/results", run = run }
+return { ranks = "1,2,4", steps = 8, baseline = true, python = "/usr/bin/python3", results = "bench/results", run = run }

@@ -13,7 +13,12 @@ Run it with OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP loops and OpenBLAS's threa
 against each other for the cores.
 
   torch_dense.py --vocab 50304 --dim 768 --layers 12 --heads 12 --ffn 2048 --seq 64 --batch 4 \
-                 [--warmup 2] [--steps 5] [--threads N] [--foreach 0|1]
+                 [--warmup 2] [--steps 5] [--threads N] [--foreach 0|1] [--ddp N --bucket-mb MB]
+
+--ddp N: the baseline of bench/dist.lua: N processes (torch.multiprocessing) under DistributedDataParallel on the
+gloo backend (rendezvous through a file, traffic over loopback), --batch rows and --threads threads each, gradients
+summed in buckets of --bucket-mb MB overlapped with the backward (DDP's own scheme); rank 0's step times are
+reported.
 """
 import argparse
 import json
@@ -129,6 +134,63 @@ def token_ids(n, mult, vocab):
     return torch.tensor([(i * mult) % vocab for i in range(1, n + 1)], dtype=torch.long)
 
 
+def run_rank(rank, a, init_file, out_file):
+    import torch.distributed as dist
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=a.ddp)
+    torch.manual_seed(1)
+    model = TransformerLM(a)
+    # the constant buffers (RoPE tables, the bool causal mask gloo cannot broadcast) are the same on every rank
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["cos", "sin", "mask"])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
+    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and not n.startswith("embed_tokens")]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2 or n.startswith("embed_tokens")]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(a.foreach))
+    n_tok = a.batch * a.seq
+    ids = token_ids(n_tok * (rank + 1), 7919, a.vocab)[-n_tok:].view(a.batch, a.seq)
+    targets = token_ids(n_tok * (rank + 1), 104729, a.vocab)[-n_tok:].view(a.batch, a.seq)
+    times, losses = [], []
+    for s in range(a.warmup + a.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = ddp(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if s >= a.warmup:
+            times.append(dt)
+    if rank == 0:
+        with open(out_file, "w") as f:
+            json.dump({"times": times, "losses": losses,
+                       "params": sum(p_.numel() for p_ in model.parameters())}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main_ddp(a):
+    import tempfile
+    import torch.multiprocessing as mp
+    d = tempfile.mkdtemp()
+    init_file, out_file = os.path.join(d, "rendezvous"), os.path.join(d, "out.json")
+    mp.spawn(run_rank, args=(a, init_file, out_file), nprocs=a.ddp, join=True)
+    with open(out_file) as f:
+        r = json.load(f)
+    times = r["times"]
+    out = {
+        "framework": "pytorch " + torch.__version__ + " DistributedDataParallel (gloo)",
+        "ranks": a.ddp, "threads": a.threads, "bucket_mb": a.bucket_mb,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "params": r["params"], "tokens_per_step_per_rank": a.batch * a.seq,
+        "warmup": a.warmup, "steps": a.steps, "step_s": times,
+        "step_s_median": statistics.median(times), "losses": r["losses"],
+    }
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name in ("vocab", "dim", "layers", "heads", "ffn", "seq", "batch"):
@@ -137,12 +199,16 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--foreach", type=int, default=0, help="1: AdamW's multi-tensor (foreach) implementation")
+    p.add_argument("--ddp", type=int, default=0, help="N > 1: N processes under DistributedDataParallel (gloo)")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     a = p.parse_args()
     if a.dim % a.heads or (a.dim // a.heads) % 2:
         p.error(f"dim {a.dim} must split into {a.heads} heads of an even size")
     if a.steps < 1 or a.warmup < 0 or a.threads < 1:
         p.error("steps and threads must be >= 1, warmup >= 0")
 
+    if a.ddp > 1:
+        return main_ddp(a)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     model = TransformerLM(a)

@@ -505,6 +505,9 @@ int tide_dist_world_size(void);
    reproducible, and equal to accumulating the ranks' parts in order in one process); a no-op with one rank */
 int tide_dist_allreduce_sum_(tide_tensor *t);
 int tide_dist_reduce_to_last_(tide_tensor *t);   /* the rank-order sum on the last rank only (reduce-scatter's half) */
+/* the communicator of a device's tensors set up now (CUDA: NCCL bootstrapped over MPI; CPU: MPI itself); *world: its
+   ranks. Without the backend's collectives (a build without NCCL) an error naming the device */
+int tide_dist_device_init(int device, int *world);
 /* bytes this rank has handed to the network since the start (sends, and broadcasts at their root) */
 int64_t tide_dist_bytes_sent(void);
 /* in-place copy of root's tensor to every rank */

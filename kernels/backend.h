@@ -305,8 +305,10 @@ typedef struct tide_backend {
     /* collectives over the ranks of an MPI job for this device's tensors (engine/dist/comm.c calls them for
        non-CPU tensors; the CPU's own path is MPI in comm.c, so the CPU table leaves them NULL). dist_allreduce_sum:
        data [n] of dtype f32/f64 summed in place in rank order (the chain of comm.c: ((x_0 + x_1) + x_2) + ...);
-       dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to / from one rank. */
+       dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to / from one rank; dist_init: the
+       device's communicator set up now (the others set it up on first use), *world its rank count. */
     int (*dist_allreduce_sum)(int dtype, void *data, int64_t n);
+    int (*dist_init)(int *world);
     int (*dist_broadcast)(void *data, int64_t nbytes, int root);
     int (*dist_send)(const void *data, int64_t nbytes, int peer);
     int (*dist_recv)(void *data, int64_t nbytes, int peer);

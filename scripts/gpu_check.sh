@@ -66,6 +66,7 @@ dense_cmd="$tide run recipes/dense.lua --model.device=cuda --train.steps=20 --tr
 --schedule.decay_end=20 --sample.max_new_tokens=32 --expect.final_loss_below=100"
 stages=(
     "parity|180|$build_dir/gpu-test-parity"
+    "nccl|60|$build_dir/gpu-test-nccl"
     "step_dense|150|$(bench step_dense "--only=gpt2-small --baseline=false $dense_opts")"
     "kda|150|$(bench kda "$kda_opts")"
     "mla|120|$(bench mla "$mla_opts")"

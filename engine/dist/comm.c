@@ -192,6 +192,20 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
     return 0;
 }
 
+/* the device's communicator (CUDA: NCCL over MPI) set up now; *world: its rank count, which must be MPI's */
+int tide_dist_device_init(int device, int *world)
+{
+    int w = 0;
+    if (device == TIDE_CPU) { if (world) *world = tide_dist_world_size(); return 0; }
+    if (tide_dist_init()) return -1;
+    int rc = TIDE_DISPATCH(device, dist_init, "dist init", &w);
+    if (rc) return rc;
+    if (w != tide_dist_world_size())
+        return tide_set_error("dist init: the device communicator has %d ranks, MPI %d", w, tide_dist_world_size());
+    if (world) *world = w;
+    return 0;
+}
+
 int tide_dist_broadcast_(tide_tensor *t, int root)
 {
     int rc = 0;

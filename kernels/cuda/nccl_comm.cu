@@ -130,8 +130,18 @@ static int nccl_recv(void *data, int64_t nbytes, int peer)
     return 0;
 }
 
+static int nccl_init(int *world)
+{
+    if (nccl_comm("init (nccl)")) return -1;
+    int n = 0;
+    NCCL_CHECK(ncclCommCount(g_comm, &n), "init (nccl): ncclCommCount");
+    *world = n;
+    return 0;
+}
+
 void tide_cuda_dist_entries(tide_backend *t)
 {
+    t->dist_init = nccl_init;
     t->dist_allreduce_sum = chain_allreduce;
     t->dist_broadcast = nccl_broadcast;
     t->dist_send = nccl_send;
