@@ -80,7 +80,8 @@ local function run(cfg)
         step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
         allreduce_s = median_of(recs, "dist/allreduce_s") or 0, overlap = median_of(recs, "dist/overlap"),
-        buckets = median_of(recs, "dist/buckets"),
+        buckets = median_of(recs, "dist/buckets"), mem_current = median_of(recs, "mem_current"),
+        mem_peak = median_of(recs, "mem_peak"),
         analytic = analytic(n, zero, P * 4) }
     end
   end
@@ -111,7 +112,8 @@ local function run(cfg)
   os.execute("rm -rf " .. cli.shell_quote(tmp))
   local base = rows[1].step_s
   -- K3 projection: the parameters a dp group all-reduces (every dense parameter; an expert's only within its ep
-  -- group, 1/ep of the experts per rank), bf16 gradients, at each stage's dp = 4096 / (ep · cp)
+  -- group, 1/ep of the experts per rank), fp32 gradients (the masters' dtype, as the runtime sends them), at each
+  -- stage's dp = 4096 / (ep · cp): dist.step_bytes of the all-reduce, as --dry-run plans it
   local plan = require "tide.nn.plan"
   local k3 = plan.configs.k3
   local c = plan.count(k3)
@@ -131,7 +133,7 @@ local function run(cfg)
     local cp = par.cp[name]
     local dp = par.gpus / (par.ep * cp)
     local params_rank = (c.total - experts) + experts / par.ep
-    local bytes = 2 * (dp - 1) / dp * params_rank * 2 * measured_ratio
+    local bytes = require("tide.dist").step_bytes(4 * params_rank, dp, 0) * measured_ratio
     proj[#proj + 1] = { stage = name, cp = cp, dp = dp, params_per_rank = params_rank, bytes_per_step = bytes }
   end
   local record = { benchmark = "dist", date = os.date("!%Y-%m-%d %H:%M UTC"), params = P, steps = steps, rows = rows,
@@ -143,14 +145,14 @@ local function run(cfg)
       .. "rank; 2 and 4 ranks share this machine's 2 cores (mpirun --oversubscribe), so the step times measure the "
       .. "extra work and waiting, not a speed-up. Load average %s at the end.", record.date, P, dense.data.batch_size,
       dense.data.seq_len, steps, steps, tostring(record.loadavg)), "",
-    "| ranks | threads per rank | ZeRO | buckets (MB) | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient sum s (share of the step) | share of the sum during the backward |",
-    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" }
+    "| ranks | threads per rank | ZeRO | buckets (MB) | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient sum s (share of the step) | share of the sum during the backward | rank 0 memory after the step / peak MB |",
+    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
   for _, r in ipairs(rows) do
-    L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %.0f | %.0f | %s | %.3f | %.2f | %s | %s |", r.ranks, r.threads, r.zero,
+    L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %.0f | %.0f | %s | %.3f | %.2f | %s | %s | %.2f / %.2f |", r.ranks, r.threads, r.zero,
       r.ranks == 1 and "-" or ((r.buckets and r.buckets > 0) and fmt("%d x %g", r.buckets, r.bucket_mb) or "after the backward"),
       r.bytes, r.bytes_mean, r.analytic, r.analytic > 0 and fmt("%.3f", r.bytes_mean / r.analytic) or "-", r.step_s,
       r.step_s / base, r.ranks > 1 and fmt("%.4f (%.0f%%)", r.allreduce_s, 100 * r.allreduce_s / r.step_s) or "-",
-      r.overlap and fmt("%.0f%%", 100 * r.overlap) or "-")
+      r.overlap and fmt("%.0f%%", 100 * r.overlap) or "-", (r.mem_current or 0) / 2 ^ 20, (r.mem_peak or 0) / 2 ^ 20)
   end
   if #torch_rows > 0 then
     -- tide's like-for-like row per rank count: one thread per rank, ZeRO 0, buckets of the same size (dp 1: 1 thread)
@@ -160,8 +162,8 @@ local function run(cfg)
       end
     end
     L[#L + 1] = ""
-    L[#L + 1] = fmt("PyTorch in the same run (%s; one thread per rank, OMP_WAIT_POLICY=PASSIVE, %d rows of %d per "
-      .. "rank at dp N as tide, DDP buckets of %g MB):", torch_rows[1].framework or "?", dense.data.batch_size,
+    L[#L + 1] = fmt("PyTorch in the same run (%s; one thread per rank, OMP_WAIT_POLICY=PASSIVE, %d/N rows of %d per "
+      .. "rank at dp N as tide, DDP (gloo) buckets of %g MB):", torch_rows[1].framework or "?", dense.data.batch_size,
       dense.data.seq_len, BUCKET_MB)
     L[#L + 1] = ""
     L[#L + 1] = "| ranks | PyTorch step s | tide step s (ZeRO 0, buckets) | PyTorch / tide step time |"
@@ -186,12 +188,15 @@ local function run(cfg)
     .. "which then sends each owner only its part, (N−1)/N + (N−1)/N² of P·4 on average, so its total is about the "
     .. "plain all-reduce's and ~2/3 of ZeRO-1's at large N; the sums are the all-reduce's bit for bit "
     .. "(tests/dist/dp_check.sh). With buckets the sum runs on a helper thread as the backward finishes each bucket's "
-    .. "parameters; the last column is the median share of the sum's seconds that fell before the backward ended. "
-    .. "On this machine the ranks' main threads already take both cores, so a helper thread mostly waits for a "
-    .. "core until its rank's backward is over: the overlap measured here is what oversubscription leaves, not what "
-    .. "a rank with a core to spare would get."
+    .. "parameters (its MPI waits sleep between tests instead of spinning, which took a core from the backward and "
+    .. "cost 35% of the dp 2 step); the sum-seconds column then counts the waits for the other ranks' buckets, and "
+    .. "the next column is the median share of them that fell before the backward ended. On this machine the "
+    .. "ranks' main threads already take both cores, so the overlap has nothing to hide the sum behind: the bucketed "
+    .. "and unbucketed step times differ by no more than this machine's run-to-run noise (about ±20% between runs "
+    .. "of this bench), and the buckets cost their copies in and out of the bucket buffers (the extra memory in the "
+    .. "last column); the gain needs a core, or a network, that is idle during the backward."
   L[#L + 1] = ""
-  L[#L + 1] = fmt("K3 projection (%s parameters, %s of them routed experts; %d GPUs, ep %d, bf16 gradients; a dp group "
+  L[#L + 1] = fmt("K3 projection (%s parameters, %s of them routed experts; %d GPUs, ep %d, fp32 gradients; a dp group "
     .. "all-reduces the dense parameters and its ep-shard of the experts; scaled by the measured/analytic ratio %.3f):",
     plan.human_count and plan.human_count(c.total) or tostring(c.total), plan.human_count and plan.human_count(experts)
     or tostring(experts), par.gpus, par.ep, measured_ratio)

@@ -5,6 +5,7 @@
  * collective is the identity.
  */
 #include <stdlib.h>
+#include <time.h>
 #include "../internal.h"
 #ifdef TIDE_HAVE_MPI
 #include <mpi.h>
@@ -60,8 +61,41 @@ static int device_tensor(const tide_tensor *t, const char *op, int *rc)
 static int64_t g_bytes_sent;
 int64_t tide_dist_bytes_sent(void) { return g_bytes_sent; }
 
+/* a thread that sums while another computes (the gradient reducer's helper) waits politely: a blocking MPI call
+   polls the network on its core, which on a machine whose cores all compute takes them from the backward */
+static __thread int t_polite;
+void tide_dist_set_polite(int on) { t_polite = on; }
+
 #ifdef TIDE_HAVE_MPI
 enum { CHAIN_CHUNK = 1 << 18 };   /* elements per message of the chain */
+
+/* MPI_Recv / MPI_Send; polite: started non-blocking and tested every 20 µs, sleeping in between */
+static int wait_polite(MPI_Request *rq)
+{
+    struct timespec nap = {0, 20000};
+    for (;;) {
+        int done = 0;
+        if (MPI_Test(rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return MPI_ERR_OTHER;
+        if (done) return MPI_SUCCESS;
+        nanosleep(&nap, NULL);
+    }
+}
+
+static int chain_recv(void *buf, size_t n, int src, int tag)
+{
+    if (!t_polite) return MPI_Recv(buf, (int)n, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Request rq;
+    int rc = MPI_Irecv(buf, (int)n, MPI_BYTE, src, tag, MPI_COMM_WORLD, &rq);
+    return rc != MPI_SUCCESS ? rc : wait_polite(&rq);
+}
+
+static int chain_send(const void *buf, size_t n, int dst, int tag)
+{
+    if (!t_polite) return MPI_Send(buf, (int)n, MPI_BYTE, dst, tag, MPI_COMM_WORLD);
+    MPI_Request rq;
+    int rc = MPI_Isend(buf, (int)n, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &rq);
+    return rc != MPI_SUCCESS ? rc : wait_polite(&rq);
+}
 
 /* acc[i] = prev[i] + acc[i]: the partial sum of the ranks before this one, then this rank's values */
 static void add_into(int dtype, void *acc, const void *prev, int64_t n)
@@ -90,14 +124,14 @@ static int chain_sum_to_last(tide_tensor *t, const char *op)
         int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
         char *chunk = data + (size_t)k0 * es;
         if (g_rank > 0) {
-            if (MPI_Recv(tmp, (int)((size_t)m * es), MPI_BYTE, g_rank - 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+            if (chain_recv(tmp, (size_t)m * es, g_rank - 1, 7) != MPI_SUCCESS) {
                 free(tmp);
                 return tide_set_error("%s: receiving from rank %d failed", op, g_rank - 1);
             }
             add_into(t->dtype, chunk, tmp, m);
         }
         if (g_rank < g_world - 1) {
-            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, g_rank + 1, 7, MPI_COMM_WORLD) != MPI_SUCCESS) {
+            if (chain_send(chunk, (size_t)m * es, g_rank + 1, 7) != MPI_SUCCESS) {
                 free(tmp);
                 return tide_set_error("%s: sending to rank %d failed", op, g_rank + 1);
             }
@@ -180,10 +214,10 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
     for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
         int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
         char *chunk = data + (size_t)k0 * es;
-        if (recv && MPI_Recv(chunk, (int)((size_t)m * es), MPI_BYTE, prev, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        if (recv && chain_recv(chunk, (size_t)m * es, prev, 8) != MPI_SUCCESS)
             return tide_set_error("allreduce: receiving the sum from rank %d failed", prev);
         if (send) {
-            if (MPI_Send(chunk, (int)((size_t)m * es), MPI_BYTE, next, 8, MPI_COMM_WORLD) != MPI_SUCCESS)
+            if (chain_send(chunk, (size_t)m * es, next, 8) != MPI_SUCCESS)
                 return tide_set_error("allreduce: passing the sum to rank %d failed", next);
             g_bytes_sent += (int64_t)((size_t)m * es);
         }

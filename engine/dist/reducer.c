@@ -175,6 +175,7 @@ static void on_ready(void *ctx, tide_tensor *leaf)
 static void *helper(void *arg)
 {
     tide_reducer *r = arg;
+    tide_dist_set_polite(1);   /* the backward computes on the cores meanwhile */
     for (int k = 0; k < r->nb; k++) {
         pthread_mutex_lock(&r->mu);
         while (!r->b[k].full) pthread_cond_wait(&r->cv, &r->mu);

@@ -265,7 +265,10 @@ end
 -- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
 dist.KEYS = { dp = true, zero = true, bucket_mb = true, gpus = true, gpu_memory = true, ep = true, cp = true,
   dtype = true }
-dist.BUCKET_MB = 8   -- the default bucket of the gradient sum overlapped with the backward
+-- the default bucket of the gradient sum overlapped with the backward: 0, one sum after the backward. The buckets
+-- pay off where a rank has a core (or a network) idle during its backward; on a machine whose cores all compute,
+-- bench/dist measured them slower (their copies, and the helper thread's share of a core): dist.bucket_mb = 25 opts in
+dist.BUCKET_MB = 0
 
 -- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
 -- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.

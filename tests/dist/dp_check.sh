@@ -52,10 +52,10 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
-# gradient buckets summed while the backward runs (dist.bucket_mb; the runs above use the default 8 MB, one bucket for
-# these models): 0.05 MB cuts the dense model into 7 buckets, filled as the backward finishes their parameters and
+# gradient buckets summed while the backward runs (dist.bucket_mb; the runs above use the default 0, one sum after the
+# backward): 0.05 MB cuts the dense model into 7 buckets, filled as the backward finishes their parameters and
 # summed on the helper thread: == one rank bitwise at dp 2 and 4, and every bucket was full before the backward ended;
-# bucket_mb = 0 sums after the backward (no bucket records)
+# 8 MB (one bucket here) too; bucket_mb = 0 sums after the backward (no bucket records)
 for n in 2 4; do
     "${mp[@]}" -np $n "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=0.05 --out="$tmp/bk$n" > /dev/null
     ref="$tmp/f64-m2"; [ $n = 4 ] && ref="$tmp/m4"
@@ -64,6 +64,8 @@ done
 grep -q '"dist/buckets":7' "$tmp/bk2/metrics.jsonl" && grep -q '"dist/buckets_early":7' "$tmp/bk2/metrics.jsonl" \
     || { echo "FAIL the bucketed run does not report 7 buckets full during the backward: $(head -1 "$tmp/bk2/metrics.jsonl")"; exit 1; }
 echo "ok   dp 2, 0.05 MB buckets: 7 buckets, all 7 full before the backward ended (overlap share of the sum per step: $(grep -o '"dist/overlap":[0-9.e-]*' "$tmp/bk2/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '))"
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=8 --out="$tmp/bk8" > /dev/null
+cmp "$tmp/f64-m2" "$tmp/bk8" "f64: dp 2, one 8 MB bucket == one rank"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.bucket_mb=0 --out="$tmp/bk0" > /dev/null
 cmp "$tmp/f64-m2" "$tmp/bk0" "f64: dp 2, one sum after the backward (bucket_mb = 0) == one rank"
 ! grep -q '"dist/buckets"' "$tmp/bk0/metrics.jsonl" || { echo "FAIL bucket_mb = 0 still reports buckets"; exit 1; }
