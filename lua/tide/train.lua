@@ -82,9 +82,11 @@ local function validate(cfg)
   end
 end
 
--- the batches of one step: `micro` micro-batches of B / micro rows each
-local function stream_batches(stream, micro, count_targets)
-  local x, y = stream:next()
+-- the batches of one step: `micro` micro-batches of B / micro rows each (rows lo .. hi − 1 of the step's batch
+-- alone when given: a data-parallel rank's share)
+local function stream_batches(stream, micro, count_targets, lo, hi)
+  local x, y
+  if lo then x, y = stream:rows(lo, hi) else x, y = stream:next() end
   local B = x:shape()[1]
   local n = count_targets and function(t)
     local c = 0
@@ -132,7 +134,9 @@ local function build_data(cfg, V, seed)
       d.dataset.val and fmt(", %d val tokens", d.dataset.val.n) or "", #d.dataset.files, stream.B, stream.T),
     train = { B = stream.B, T = stream.T, state = function() return stream:state() end,
       set_state = function(s) stream:set_state(s) end,
-      next_step = function(micro) return stream_batches(stream, micro, count) end } }
+      next_step = function(micro) return stream_batches(stream, micro, count) end,
+      -- a stream whose rows are drawn one by one: rank r of dp reads rows [r B/dp, (r + 1) B/dp) alone
+      next_rows = stream.rows and function(micro, lo, hi) return stream_batches(stream, micro, count, lo, hi) end } }
 end
 
 -- the validation loss over eval_batches fixed batches, and with MoE layers their maxvio_global over the same tokens
@@ -174,13 +178,22 @@ local function setup(cfg)
       or fmt("train.micro_batches %d does not divide the batch of %d rows", micro, d.train.B))
   end
   if dp.n > 1 then
-    -- every rank reads the step's global batch and trains on its own micro-batches of it (rank r: the r-th group of
-    -- `micro`), so the data cursor is the same on every rank and N ranks see what one rank with N x micro sees
-    local all_of = d.train.next_step
-    d.train.next_step = function(m)
-      local all, mine = all_of(m * dp.n), {}
-      for i = 1, m do mine[i] = all[dp.rank * m + i] end
-      return mine
+    -- rank r trains on the r-th group of `micro` micro-batches of the step's global batch, so N ranks see what one rank
+    -- with N x micro sees, and the data cursor (the step's batch) is the same on every rank. A text stream draws each
+    -- row alone: the rank reads only its rows (r B/dp .. (r + 1) B/dp). A packed stream's rows depend on the
+    -- documents packed before them, so there every rank packs the step's batch and keeps its own micro-batches.
+    if d.train.next_rows then
+      local rows_of, per = d.train.next_rows, d.train.B / dp.n
+      d.train.next_step = function(m) return rows_of(m, dp.rank * per, (dp.rank + 1) * per) end
+      d.reads = "only its rows of the stream"
+    else
+      local all_of = d.train.next_step
+      d.train.next_step = function(m)
+        local all, mine = all_of(m * dp.n), {}
+        for i = 1, m do mine[i] = all[dp.rank * m + i] end
+        return mine
+      end
+      d.reads = "the step's packed batch, keeping its micro-batches"
     end
   end
   local opt = optim.build(cfg.optim or {}, model)
@@ -291,7 +304,8 @@ local function train(cfg)
   if st then run.logger:line(fmt("resumed from %s at step %d", run.resumed_from, run.step)) end
   run.logger:line(fmt("model: %s", model:extra_repr()))
   run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or "")
-    .. (run.dp > 1 and fmt("; data parallel over %d ranks (each its 1/%d of every step's batch)", run.dp, run.dp) or ""))
+    .. (run.dp > 1 and fmt("; data parallel over %d ranks (each its 1/%d of every step's batch; a rank reads %s)", run.dp,
+      run.dp, d.reads or "?") or ""))
   if run.memory_line then run.logger:line(run.memory_line) end
   local r = loop(cfg, model, d, run, micro)
   report(cfg, r, d, run.logger)

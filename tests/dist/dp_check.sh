@@ -40,6 +40,9 @@ echo "ok   1 and 2 micro-batches differ (the comparison sees the summation order
 # the ranks really share the work: the run says so
 out=$("${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --train.quiet=false --out="$tmp/say" 2>&1)
 grep -q "data parallel over 2 ranks" <<< "$out" || { echo "FAIL the dp 2 run does not report 2 ranks: $out"; exit 1; }
+# a text stream draws each row alone: a rank reads only its own rows (the comparisons above show they are the rows
+# one rank with 2 micro-batches trains on)
+grep -q "a rank reads only its rows of the stream" <<< "$out" || { echo "FAIL the dp 2 text run does not read disjoint rows: $out"; exit 1; }
 one --train.micro_batches=4 --out="$tmp/m4" > /dev/null
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/dp4" > /dev/null
 cmp "$tmp/m4" "$tmp/dp4" "f64: dp 4 == one rank, 4 micro-batches"

@@ -139,6 +139,26 @@ T.test("batch streams: targets are inputs shifted by one; batch k depends only o
   end
 end)
 
+T.test("rows(lo, hi) of a batch (a data-parallel rank's share) are bitwise those rows of next(), random and sequential", function()
+  local ds = text.load({ path = FIXTURE, doc_separator = "%" }, tokenizer.byte_level())
+  for _, order in ipairs({ "random", "sequential" }) do
+    local full = text.stream(ds.train, { batch_size = 8, seq_len = 16, seed = 3, order = order })
+    local part = text.stream(ds.train, { batch_size = 8, seq_len = 16, seed = 3, order = order })
+    for k = 1, 4 do
+      local x, y = full:next()
+      local lo, hi = (k % 4) * 2, (k % 4) * 2 + 2          -- rows 2-3, 4-5, 6-7, 0-1: one rank of 4 each batch
+      local px, py = part:rows(lo, hi)
+      T.eq(px:shape(), { 2, 16 })
+      T.eq(px:tolist(), x:narrow(1, lo + 1, 2):contiguous():tolist(), order .. " batch " .. k .. " ids")
+      T.eq(py:tolist(), y:narrow(1, lo + 1, 2):contiguous():tolist(), order .. " batch " .. k .. " targets")
+    end
+    T.eq(part:state().cursor, 4, "one batch per call")
+  end
+  local s = text.stream(ds.train, { batch_size = 4, seq_len = 16, seed = 3 })
+  T.raises(function() s:rows(2, 5) end, "data: rows 2 .. 5 of a batch of 4")
+  T.raises(function() s:rows(3, 3) end, "data: rows 3 .. 3 of a batch of 4")
+end)
+
 T.test("sequential streams walk non-overlapping windows; data.build validates keys", function()
   local ds = { buf = ffi.new("int32_t[?]", 41), n = 41 }
   for i = 0, 40 do ds.buf[i] = i end

@@ -229,38 +229,49 @@ function text.stream(tokens, opts)
   return self
 end
 
--- 0-based window starts of batch k
-function Stream:starts(k)
+-- 0-based window starts of rows lo .. hi - 1 of batch k (default: all B): row b's start is a pure function of
+-- (seed, k, b), Philox at counter k·B + b, so any range of rows is drawn alone
+function Stream:starts(k, lo, hi)
+  lo, hi = lo or 0, hi or self.B
   local starts = {}
   if self.order == "random" then
-    C.tide_philox_uniform(self.seed, k * self.B, self.u, self.B)
+    C.tide_philox_uniform(self.seed, k * self.B + lo, self.u, hi - lo)
     local span = self.tokens.n - self.T   -- valid starts: 0 .. n - T - 1
-    for b = 0, self.B - 1 do starts[b + 1] = math.floor(self.u[b] * span) end
+    for b = 0, hi - lo - 1 do starts[b + 1] = math.floor(self.u[b] * span) end
   else
-    for b = 0, self.B - 1 do
-      starts[b + 1] = ((k * self.B + b) % self.n_windows) * self.T
+    for b = lo, hi - 1 do
+      starts[b - lo + 1] = ((k * self.B + b) % self.n_windows) * self.T
     end
   end
   return starts
 end
 
--- next() -> x [B, T], y [B, T] (y = x shifted by one token); advances the cursor
-function Stream:next()
-  local starts = self:starts(self.cursor)
+-- rows(lo, hi) -> x [hi − lo, T], y: rows lo .. hi − 1 of the next batch, bitwise those rows of next(), the others
+-- not read at all (a data-parallel rank takes its own rows this way); advances the cursor by one batch like next()
+function Stream:rows(lo, hi)
+  if not (lo >= 0 and hi <= self.B and lo < hi) then
+    error(string.format("data: rows %s .. %s of a batch of %d", tostring(lo), tostring(hi), self.B), 2)
+  end
+  local starts = self:starts(self.cursor, lo, hi)
   self.cursor = self.cursor + 1
   local src, T, xb, yb = self.tokens.buf, self.T, self.xbuf, self.ybuf
-  for b = 0, self.B - 1 do
+  local R = hi - lo
+  for b = 0, R - 1 do
     local s = starts[b + 1]
     for t = 0, T - 1 do
       xb[b * T + t] = src[s + t]
       yb[b * T + t] = src[s + t + 1]
     end
   end
-  local nbytes = self.B * T * self.esize
-  local x = tide.check(C.tide_from_bytes(self.dtype_id, 2, self.shape, 0, xb, nbytes))
-  local y = tide.check(C.tide_from_bytes(self.dtype_id, 2, self.shape, 0, yb, nbytes))
+  local nbytes = R * T * self.esize
+  local shape = ffi.new("int64_t[2]", R, T)
+  local x = tide.check(C.tide_from_bytes(self.dtype_id, 2, shape, 0, xb, nbytes))
+  local y = tide.check(C.tide_from_bytes(self.dtype_id, 2, shape, 0, yb, nbytes))
   return x, y
 end
+
+-- next() -> x [B, T], y [B, T] (y = x shifted by one token); advances the cursor
+function Stream:next() return self:rows(0, self.B) end
 
 function Stream:state()
   return { seed = self.seed, cursor = self.cursor, order = self.order }
