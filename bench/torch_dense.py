@@ -134,6 +134,32 @@ def token_ids(n, mult, vocab):
     return torch.tensor([(i * mult) % vocab for i in range(1, n + 1)], dtype=torch.long)
 
 
+def adamw(model, a):
+    """AdamW groups as tide's optimiser: weight decay on matrices except the embedding table."""
+    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and not n.startswith("embed_tokens")]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2 or n.startswith("embed_tokens")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(a.foreach))
+
+
+def timed_steps(model, opt, ids, targets, a, before=None):
+    """warmup + steps of forward, backward, AdamW, zero_grad; the times of the steps after the warm-up, every loss"""
+    times, losses = [], []
+    for s in range(a.warmup + a.steps):
+        if before:
+            before()
+        t0 = time.perf_counter()
+        loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if s >= a.warmup:
+            times.append(dt)
+    return times, losses
+
+
 def run_rank(rank, a, init_file, out_file):
     import torch.distributed as dist
     torch.set_num_threads(a.threads)
@@ -143,25 +169,11 @@ def run_rank(rank, a, init_file, out_file):
     # the constant buffers (RoPE tables, the bool causal mask gloo cannot broadcast) are the same on every rank
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["cos", "sin", "mask"])
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_mb)
-    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and not n.startswith("embed_tokens")]
-    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2 or n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(a.foreach))
+    opt = adamw(model, a)
     n_tok = a.batch * a.seq
     ids = token_ids(n_tok * (rank + 1), 7919, a.vocab)[-n_tok:].view(a.batch, a.seq)
     targets = token_ids(n_tok * (rank + 1), 104729, a.vocab)[-n_tok:].view(a.batch, a.seq)
-    times, losses = [], []
-    for s in range(a.warmup + a.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss = ddp(ids, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        losses.append(loss.item())
-        if s >= a.warmup:
-            times.append(dt)
+    times, losses = timed_steps(ddp, opt, ids, targets, a, dist.barrier)
     if rank == 0:
         with open(out_file, "w") as f:
             json.dump({"times": times, "losses": losses,
@@ -212,25 +224,12 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     model = TransformerLM(a)
-    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2 and not n.startswith("embed_tokens")]
-    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2 or n.startswith("embed_tokens")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(a.foreach))
+    opt = adamw(model, a)
     n_tok = a.batch * a.seq
     ids = token_ids(n_tok, 7919, a.vocab).view(a.batch, a.seq)
     targets = token_ids(n_tok, 104729, a.vocab).view(a.batch, a.seq)
 
-    losses, times = [], []
-    for s in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
-        loss = model(ids, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        losses.append(loss.item())
-        if s >= a.warmup:
-            times.append(dt)
+    times, losses = timed_steps(model, opt, ids, targets, a)
 
     n_params = sum(p_.numel() for p_ in model.parameters())
     out = {

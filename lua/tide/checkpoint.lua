@@ -259,18 +259,23 @@ function checkpoint.save(run_dir, step, parts)
   return publish(run_dir, ckdir, name, tmp, parts.keep)
 end
 
--- every name in <run>/ckpt (nil when there is no such directory)
-local function ckpt_names(ckdir)
-  if C.tide_is_dir(ckdir) ~= 1 then return nil end
+-- every name in a directory, sorted
+local function entries(dir)
   local n = ffi.new("size_t[1]")
-  local raw = C.tide_list_dir(ckdir, n)
-  if raw == nil then error("checkpoint: cannot list " .. ckdir .. ": " .. last_error(), 3) end
+  local raw = C.tide_list_dir(dir, n)
+  if raw == nil then error("checkpoint: cannot list " .. dir .. ": " .. last_error(), 0) end
   local names = ffi.string(raw, n[0])
   C.tide_free(raw)
   local out = {}
   for name in names:gmatch("([^%z]+)%z") do out[#out + 1] = name end
   table.sort(out)
   return out
+end
+
+-- every name in <run>/ckpt (nil when there is no such directory)
+local function ckpt_names(ckdir)
+  if C.tide_is_dir(ckdir) ~= 1 then return nil end
+  return entries(ckdir)
 end
 
 -- recover(run_dir) -> a list of lines saying what was repaired: a step directory missing while a complete .tmp
@@ -531,18 +536,6 @@ function checkpoint.load(dir, parts)
 end
 
 -- ---- consolidate: a sharded checkpoint as a single-file one -----------------------------------------------------
-local function entries(dir)
-  local n = ffi.new("size_t[1]")
-  local raw = C.tide_list_dir(dir, n)
-  if raw == nil then error("checkpoint: cannot list " .. dir .. ": " .. last_error(), 0) end
-  local names = ffi.string(raw, n[0])
-  C.tide_free(raw)
-  local out = {}
-  for name in names:gmatch("([^%z]+)%z") do out[#out + 1] = name end
-  table.sort(out)
-  return out
-end
-
 -- consolidate(path, out[, {overwrite}]) -> {dir, out, step, files = {logical file = {shards, tensors, bytes}}}: the
 -- checkpoint at path (a step directory or a run directory's latest) rewritten as model.safetensors (+
 -- optim.safetensors) in a new step directory out: every tensor as stored (the same bytes), in shard order, the

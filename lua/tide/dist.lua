@@ -83,6 +83,14 @@ function dist.sums(list)
   return out
 end
 
+-- t's gradient, a zero one set first when it has none (a rank whose tokens did not reach a parameter)
+local function grad_or_zeros(t)
+  local g = t:grad()
+  if g then return g end
+  t:set_grad(tide.zeros(t:shape(), { dtype = t:dtype(), device = t:device() }))
+  return t:grad()
+end
+
 -- the gradients of params ({param = tensor} entries or tensors) summed over the ranks: one flat buffer per dtype (a
 -- parameter without a gradient on this rank contributes zeros and gets the sum), summed in rank order, copied back
 function dist.allreduce_grads(params)
@@ -91,12 +99,7 @@ function dist.allreduce_grads(params)
     local by_dtype, order = {}, {}
     for _, p in ipairs(params) do
       local t = p.param or p
-      local g = t:grad()
-      if not g then
-        g = tide.zeros(t:shape(), { dtype = t:dtype(), device = t:device() })
-        t:set_grad(g)
-        g = t:grad()
-      end
+      local g = grad_or_zeros(t)
       local dt = g:dtype()
       if not by_dtype[dt] then by_dtype[dt] = {}; order[#order + 1] = dt end
       local list = by_dtype[dt]
@@ -214,11 +217,7 @@ function dist.reduce_scatter_grads(params, owners)
     local by_dtype, order = {}, {}
     for i, p in ipairs(params) do
       local t = p.param or p
-      local g = t:grad()
-      if not g then
-        t:set_grad(tide.zeros(t:shape(), { dtype = t:dtype(), device = t:device() }))
-        g = t:grad()
-      end
+      local g = grad_or_zeros(t)
       local dt = g:dtype()
       if not by_dtype[dt] then
         by_dtype[dt] = {}

@@ -640,6 +640,12 @@ local function progress_line(S, rec)
 end
 
 function loop.run(cfg)
+  -- several ranks would each run the whole loop into the same run directory: refused before anything is written
+  local world = require("tide.dist").world()
+  if world > 1 then
+    bad(fmt("an RL recipe runs on one process: this job has %d ranks (mpirun -np %d), and data parallelism is not "
+      .. "built for the RL driver yet (tide.train and curricula have it); run it without mpirun", world, world), 0)
+  end
   local S = setup(cfg)
   local run = S.run
   local st = run:open(cfg.resume, cfg.overwrite)
