@@ -43,6 +43,9 @@ grep -q "data parallel over 2 ranks" <<< "$out" || { echo "FAIL the dp 2 run doe
 # a text stream draws each row alone: a rank reads only its own rows (the comparisons above show they are the rows
 # one rank with 2 micro-batches trains on)
 grep -q "a rank reads only its rows of the stream" <<< "$out" || { echo "FAIL the dp 2 text run does not read disjoint rows: $out"; exit 1; }
+grep -Eq "memory per rank measured: engine peak [0-9.]+ / [0-9.]+ MB" <<< "$out" \
+    || { echo "FAIL the dp 2 run does not report each rank's measured peak: $out"; exit 1; }
+echo "ok   dp 2 start-up and end lines: $(grep -m1 'memory per rank:' <<< "$out"); $(grep -m1 'memory per rank measured' <<< "$out")"
 one --train.micro_batches=4 --out="$tmp/m4" > /dev/null
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/dp4" > /dev/null
 cmp "$tmp/m4" "$tmp/dp4" "f64: dp 4 == one rank, 4 micro-batches"
