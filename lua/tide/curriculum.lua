@@ -359,11 +359,15 @@ local function setup(cfg)
   local stages, by_name = resolve_stages(cfg)
   -- data parallelism (tide.dist): each rank runs its 1/dp of every step's micro-batches
   local dp = require("tide.dist").layout(cfg.dist, "curriculum")
-  if dp.n > 1 then
+  if dp.n > 1 or dp.lanes > 1 then
     for _, st in ipairs(stages) do
       if st.n_micro % dp.n ~= 0 then
         bad(fmt("stage '%s': its %d micro-batch(es) per step do not split over dist.dp = %d ranks (lower micro_tokens)",
           st.name, st.n_micro, dp.n), 2)
+      end
+      if st.n_micro % dp.lanes ~= 0 then
+        bad(fmt("stage '%s': its %d micro-batch(es) per step do not split over dist.lanes = %d data lanes (lower "
+          .. "micro_tokens, or set dist.lanes to a divisor that dist.dp divides)", st.name, st.n_micro, dp.lanes), 2)
       end
     end
   end
@@ -397,7 +401,8 @@ local function setup(cfg)
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
     optim = opt, stepper = C.stepper, dist = dp.group,
     tokenizer = tok,
-    get_data = function() return { packer = C.packer:state() } end,
+    -- several ranks: every lane's state, gathered (a collective: every rank saves)
+    get_data = function() return { packer = require("tide.dist").lane_states(C.packer) } end,
     set_data = function(cursors) C.pending_packer = cursors.packer end,
     get_position = function()
       return { stage = C.si, stage_name = stages[C.si].name, stage_step = C.stage_step, scale = cfg.scale or "full" }
@@ -422,7 +427,7 @@ local function enter_stage(C, i, pstate, resumed)
   for j = i, #stages do stages[j] = again[j] end
   local st = stages[i]
   ctx.stage = st
-  C.packer = C.packer or sources.packer(sorted_keys(C.sources), C.sources, st.seq_len, C.seed, C.eot)
+  C.packer = C.packer or sources.packer(sorted_keys(C.sources), C.sources, st.seq_len, C.seed, C.eot, C.dp.lane_opts)
   if pstate then C.packer:set_state(pstate) end
   C.packer:set_seq_len(st.seq_len)
   C.packer:set_mix(sources.mix_entries(st.mix))
@@ -525,12 +530,9 @@ end
 local function stage_step(C, total_steps)
   local st, run = C.stages[C.si], C.run
   C.eta_from = C.eta_from or { time = tide.time(), tokens = run.tokens }   -- the ETA's rate: this process's steps
-  -- every rank draws the step's n_micro micro-batches (the packer's stream is one), and trains on its own 1/dp
-  local batches, rank, per = {}, C.dp.rank, st.n_micro / C.dp.n
-  for i = 1, st.n_micro do
-    local b = C.packer:next_rows(st.micro_rows)
-    if i > rank * per and i <= (rank + 1) * per then batches[#batches + 1] = b end
-  end
+  -- each rank packs its 1/dp of the step's micro-batches from the data lanes it hosts (pack.Lanes: lane j reads the
+  -- documents j, j + lanes, ... of each source), n_micro / lanes from each lane in lane order
+  local batches = C.packer:next_step(st.n_micro / C.dp.n, st.micro_rows)
   local rec = run:train_step(batches, curriculum.lr_at(st, C.stage_step))
   C.stage_step = C.stage_step + 1
   st._tok, st._time = (st._tok or 0) + st.tokens_per_step, (st._time or 0) + rec.step_time

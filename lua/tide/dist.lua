@@ -262,7 +262,7 @@ end
 
 -- the keys of a recipe's `dist` table: the runtime's (dp, zero = 0 | 1 | 2) and the plan's (gpus, gpu_memory, ep, cp = {stage =
 -- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
-dist.KEYS = { dp = true, zero = true, bucket_mb = true, gpus = true, gpu_memory = true, ep = true, cp = true,
+dist.KEYS = { dp = true, zero = true, bucket_mb = true, lanes = true, gpus = true, gpu_memory = true, ep = true, cp = true,
   dtype = true }
 -- the default bucket of the gradient sum overlapped with the backward: 0, one sum after the backward. The buckets
 -- pay off where a rank has a core (or a network) idle during its backward; on a machine whose cores all compute,
@@ -307,12 +307,21 @@ function dist.layout(dcfg, who)
   end
   local dp = (dcfg and dcfg.dp) or world
   options.pos_int(dp, "dist.dp", who)
+  -- the data lanes of a packed stream (pack.Lanes): default one per rank; one rank with dist.lanes = L reads what
+  -- L ranks read
+  local lanes = (dcfg and dcfg.lanes) or dp
+  options.pos_int(lanes, "dist.lanes", who)
+  if lanes % dp ~= 0 then
+    options.fail(who, string.format("dist.lanes = %d must be a multiple of dist.dp = %d (each rank hosts lanes / dp of "
+      .. "the data lanes)", lanes, dp))
+  end
   if dp ~= world then
     options.fail(who, string.format("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s",
       dp, world, world == 1 and "" or "s", dp, world > 1 and string.format(" or set --dist.dp=%d", world) or ""))
   end
   return { n = dp, rank = rank, zero = dp > 1 and zero or 0, group = dp > 1 and dist or nil,
-    bucket_bytes = math.floor(bucket_mb * 2 ^ 20) }
+    bucket_bytes = math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
+    lane_opts = { lanes = lanes, first = (dp > 1 and rank or 0) * (lanes / dp), count = lanes / dp } }
 end
 
 -- the memory line of a run's start: what one rank holds of the weights, the gradients and the AdamW moments
@@ -339,6 +348,43 @@ end
 local function from_array(a, n)
   local t = tide.wrap(C.tide_from_f64(C.TIDE_F64, 1, ffi.new("int64_t[1]", n), 0, a))
   return t
+end
+
+-- gather_strings(s) -> {rank 0's s, rank 1's, ...} on every rank (a collective; bytes through one all-reduce of a
+-- buffer where each rank's bytes sit at its offset: exact)
+function dist.gather_strings(s)
+  local world, rank = dist.world(), dist.rank()
+  if world == 1 then return { s } end
+  local lens = {}
+  for r = 1, world do lens[r] = 0 end
+  lens[rank + 1] = #s
+  lens = dist.sums(lens)
+  local off, total = 0, 0
+  for r = 1, world do
+    if r - 1 < rank then off = off + lens[r] end
+    total = total + lens[r]
+  end
+  local buf = ffi.new("double[?]", math.max(total, 1))
+  for i = 1, #s do buf[off + i - 1] = s:byte(i) end
+  local t = dist.allreduce_(from_array(buf, math.max(total, 1))):f64_array()
+  local out, o = {}, 0
+  for r = 1, world do
+    local chars = {}
+    for i = 1, lens[r] do chars[i] = string.char(t[o + i - 1]) end
+    out[r] = table.concat(chars)
+    o = o + lens[r]
+  end
+  return out
+end
+
+-- the data state of every lane (pack.Lanes) on every rank: each rank's hosted lanes' states merged (a collective)
+function dist.lane_states(lanes_obj)
+  local st = lanes_obj:state()
+  if dist.world() == 1 or st.lanes == nil then return st end
+  local json = require "tide.json"
+  local list = {}
+  for r, text in ipairs(dist.gather_strings(json.encode(st))) do list[r] = json.decode(text) end
+  return require("tide.data.pack").merge_lane_states(list)
 end
 
 function dist.balance_group()

@@ -103,7 +103,7 @@ local function stream_batches(stream, micro, count_targets, lo, hi)
 end
 
 -- data: {tokenizer, train = {B, T, next_step (micro) -> batches, state, set_state}, val = factory | nil, about}
-local function build_data(cfg, V, seed)
+local function build_data(cfg, V, seed, lane_opts)
   local dcfg = {}
   for k, v in pairs(cfg.data) do dcfg[k] = v end
   if dcfg.seed == nil then dcfg.seed = seed end
@@ -113,18 +113,16 @@ local function build_data(cfg, V, seed)
     local tok = tokenizer.for_model(dcfg.tokenizer, V, "data.tokenizer", WHO)   -- "byte" or a tokenizer.json
     local built = sources.build(dcfg.sources, tok, dcfg.seed, WHO, (cfg.model or {}).vision)
     local names = options.sorted_keys(built)
-    local packer = sources.packer(names, built, T, dcfg.seed, tok:id("<|endoftext|>"))
+    local packer = sources.packer(names, built, T, dcfg.seed, tok:id("<|endoftext|>"), lane_opts)
     local mix = {}
     for _, n in ipairs(names) do mix[n] = 1 end
     packer:set_mix(sources.mix_entries(sources.mix(dcfg.mix or mix, built, "data", WHO)))
     return { tokenizer = tok, about = fmt("packed documents of %s; batch %d x %d", table.concat(names, ", "), B, T),
-      train = { B = B, T = T, state = function() return packer:state() end,
-        set_state = function(s) packer:set_state(s) end,
-        next_step = function(micro)
-          local out = {}
-          for i = 1, micro do out[i] = packer:next_rows(B / micro) end
-          return out
-        end } }
+      -- (several ranks: every data lane's state, gathered; next_step(micro, n_ranks): this rank's micro-batches of
+      -- B / (micro · n_ranks) rows from the lanes it hosts)
+      train = { B = B, T = T, state = function() return dist.lane_states(packer) end,
+        set_state = function(s) packer:set_state(s) end, laned = true,
+        next_step = function(micro, n_ranks) return packer:next_step(micro, B / (micro * (n_ranks or 1))) end } }
   end
   local d = data.build(dcfg, V)
   local stream = d.train
@@ -164,13 +162,13 @@ local function setup(cfg)
   tide.manual_seed(seed)
   local model = nn.build(cfg.model or {})
   local V = model.cfg.vocab_size
-  local d = build_data(cfg, V, seed)
+  local dp = dist.layout(cfg.dist, WHO)
+  local d = build_data(cfg, V, seed, dp.lane_opts)
   if d.tokenizer.vocab_size ~= V then
     options.fail(WHO, fmt("the tokenizer has %d ids but the model's vocab_size is %d", d.tokenizer.vocab_size, V))
   end
   local micro = tcfg.micro_batches or 1
   options.pos_int(micro, "train.micro_batches", WHO)
-  local dp = dist.layout(cfg.dist, WHO)
   if d.train.B % (micro * dp.n) ~= 0 then
     options.fail(WHO, dp.n > 1
       and fmt("the batch of %d rows does not split into dist.dp x train.micro_batches = %d x %d micro-batches", d.train.B,
@@ -180,12 +178,18 @@ local function setup(cfg)
   if dp.n > 1 then
     -- rank r trains on the r-th group of `micro` micro-batches of the step's global batch, so N ranks see what one rank
     -- with N x micro sees, and the data cursor (the step's batch) is the same on every rank. A text stream draws each
-    -- row alone: the rank reads only its rows (r B/dp .. (r + 1) B/dp). A packed stream's rows depend on the
-    -- documents packed before them, so there every rank packs the step's batch and keeps its own micro-batches.
+    -- row alone: the rank reads only its rows (r B/dp .. (r + 1) B/dp). Packed documents come from the rank's data
+    -- lanes (dist.lanes). A synthetic task stream is drawn whole and the rank keeps its micro-batches.
     if d.train.next_rows then
       local rows_of, per = d.train.next_rows, d.train.B / dp.n
       d.train.next_step = function(m) return rows_of(m, dp.rank * per, (dp.rank + 1) * per) end
       d.reads = "only its rows of the stream"
+    elseif d.train.laned then
+      -- packed documents: the rank's data lanes (pack.Lanes) read documents no other rank reads
+      local step_of = d.train.next_step
+      d.train.next_step = function(m) return step_of(m, dp.n) end
+      d.reads = fmt("only the documents of its %d data lane%s of %d", dp.lanes / dp.n, dp.lanes / dp.n == 1 and "" or "s",
+        dp.lanes)
     else
       local all_of = d.train.next_step
       d.train.next_step = function(m)
@@ -193,7 +197,7 @@ local function setup(cfg)
         for i = 1, m do mine[i] = all[dp.rank * m + i] end
         return mine
       end
-      d.reads = "the step's packed batch, keeping its micro-batches"
+      d.reads = "the step's whole batch, keeping its micro-batches"
     end
   end
   local opt = optim.build(cfg.optim or {}, model)

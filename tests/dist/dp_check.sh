@@ -127,11 +127,13 @@ for bal in "quantile --model.moe.estimator=exact" "quantile --model.moe.estimato
     "$tide" run tests/dist/dp_compare.lua --a="$tmp/moe-m2-$name" --b="$tmp/moe-dp2-$name" --moe=true \
         --what="MoE $bal: dp 2 == one rank, 2 micro-batches (the MoE metrics too: the routing batch is both ranks')"
 done
-# a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, hybrid MoE, 2 micro-batches a step): dp 2 == the same
-# recipe on one rank, for each QB estimator; and a dp 2 run resumed mid-curriculum (stage b, step 8) == uninterrupted
+# a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, hybrid MoE, 2 micro-batches a step, packed documents):
+# under dp 2 each rank packs from its own data lane (documents j, j + 2, ... of each source: rank j reads only those);
+# dp 2 == the same recipe on one rank hosting both lanes (--dist.lanes=2), for each QB estimator; and a dp 2 run
+# resumed mid-curriculum (stage b, step 8) == uninterrupted
 for est in exact histogram; do
     cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=$est --train.keep_ckpts=10)
-    "$tide" run "${cur[@]}" --out="$tmp/cur-one-$est" > /dev/null
+    "$tide" run "${cur[@]}" --dist.lanes=2 --out="$tmp/cur-one-$est" > /dev/null
     "${mp[@]}" -np 2 "$tide" run "${cur[@]}" --out="$tmp/cur-dp2-$est" > /dev/null
     cmp "$tmp/cur-one-$est" "$tmp/cur-dp2-$est" "curriculum, QB $est: dp 2 == one rank"
 done
@@ -147,6 +149,25 @@ grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-res/me
 "${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact \
     --train.keep_ckpts=10 --out="$tmp/cur-res" --resume="$tmp/cur-res/ckpt/step_00000008" > /dev/null
 cmp "$tmp/cur-dp2-exact" "$tmp/cur-res" "curriculum: dp 2 resumed at step 8 (stage b) == uninterrupted"
+# the lanes are disjoint: one lane alone (one rank, dist.lanes = 1) trains on other documents than the two lanes
+"$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --out="$tmp/cur-1lane" > /dev/null
+if "$tide" run tests/dist/dp_compare.lua --a="$tmp/cur-1lane" --b="$tmp/cur-one-exact" > /dev/null 2>&1; then
+    echo "FAIL one data lane and two compare equal: the lanes change nothing"; exit 1; fi
+echo "ok   one data lane and two lanes train on different documents"
+# the dp 2 curriculum checkpoint (both lanes' states in state.json) resumed on one rank hosting both lanes ==
+# uninterrupted; resumed with one lane: one line saying how many lanes it holds
+mkdir -p "$tmp/cur-one-res"
+cp -r "$tmp/cur-dp2-exact/ckpt" "$tmp/cur-one-res/" && cp "$tmp/cur-dp2-exact/config.json" "$tmp/cur-one-res/"
+grep -E '^\{"step":[1-8],' "$tmp/cur-dp2-exact/metrics.jsonl" > "$tmp/cur-one-res/metrics.jsonl"
+"$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --train.keep_ckpts=10 \
+    --dist.lanes=2 --out="$tmp/cur-one-res" --resume="$tmp/cur-one-res/ckpt/step_00000008" > /dev/null
+cmp "$tmp/cur-dp2-exact" "$tmp/cur-one-res" "curriculum: the dp 2 checkpoint resumed on one rank hosting both lanes == dp 2 uninterrupted"
+if out=$("$tide" run tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --out="$tmp/cur-bad" \
+        --resume="$tmp/cur-dp2-exact/ckpt/step_00000008" 2>&1); then
+    echo "FAIL a 2-lane checkpoint resumed with 1 lane must be an error"; exit 1; fi
+grep -q "the checkpoint's data is in 2 lanes, this run reads 1 (set dist.lanes = 2 to resume it)" <<< "$out" \
+    || { echo "FAIL the lane mismatch message: $out"; exit 1; }
+echo "ok   a 2-lane checkpoint on one lane: $(grep -m1 'lanes' <<< "$out")"
 # a non-finite loss on one rank skips the step on every rank (tests/dist/dp_nan.lua): dp 2 == one rank whose second
 # micro-batch of step 3 is the non-finite one
 "$tide" run tests/dist/dp_nan.lua "${small[@]}" --model.dtype=f64 --train.micro_batches=2 --out="$tmp/nan-m2" > /dev/null

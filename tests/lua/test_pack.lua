@@ -441,7 +441,7 @@ T.test("(h) errors name the problem", function()
   T.raises(function() pack.Packer { sources = { ok_entry, { source = fake_source("b", 2, 2, 3), weight = -1 } }, seq_len = 8, eot = EOT } end,
     "pack: sources[2] ('b'): weight must be a finite number > 0, got -1")
   T.raises(function() pack.Packer { sources = { ok_entry }, seq_len = 8, eot = EOT, batch = 4 } end,
-    "pack: unknown key 'batch' in Packer config; known keys: eot, media_pad, pad, seed, seq_len, sources")
+    "pack: unknown key 'batch' in Packer config; known keys: eot, lane, lanes, media_pad, pad, seed, seq_len, sources")
   T.raises(function() pack.Packer { sources = { { source = a, weight = 1, wieght = 2 } }, seq_len = 8, eot = EOT } end,
     "pack: unknown key 'wieght' in sources[1]")
   T.raises(function() pack.text_source(with(FORTUNES, { shuffle = true })) end, "pack: unknown key 'shuffle' in text_source config")
@@ -481,6 +481,59 @@ T.test("(h) errors name the problem", function()
   T.eq(tide.C.tide_shard_write(dir .. "/s.bin", toks, 6, 2), 0)
   T.raises(function() pack.text_source({ path = dir .. "/s.bin" }) end, "pack: text source has no documents in split 'train'")
   tide.C.tide_remove_tree(dir)
+end)
+
+T.test("(i) data lanes: lane 0 of 1 is the packer; lanes read disjoint documents; one rank hosting both == two", function()
+  local a, b = fake_source("a", 1, 2, 40), fake_source("b", 2, 30, 200)
+  local function entries() return { { source = a, weight = 3 }, { source = b, weight = 1 } } end
+  local function packer(lane, lanes) return pack.Packer { sources = entries(), seq_len = 64, seed = 11, eot = EOT, lane = lane, lanes = lanes } end
+  -- lane 0 of 1: the packer's own rows and state, bit for bit
+  local plain, one = pack.Packer { sources = entries(), seq_len = 64, seed = 11, eot = EOT }, packer(0, 1)
+  for k = 1, 3 do T.eq(one:next_rows(3).ids:tolist(), plain:next_rows(3).ids:tolist(), "batch " .. k) end
+  T.eq(json.encode(one:state()), json.encode(plain:state()), "the same state, no lane fields")
+  -- two lanes: lane j's documents are j, j + 2, ... of each source (ids[1] of a document is tag * 1e6 + its index)
+  local lanes = { packer(0, 2), packer(1, 2) }
+  for j = 0, 1 do
+    local n = 0
+    for _ = 1, 4 do
+      for _, id in ipairs(lanes[j + 1]:next_rows(3).ids:tolist()) do
+        if id >= 1000000 then
+          T.eq((id % 1000000) % 2, j, "lane " .. j .. " read document " .. id)
+          n = n + 1
+        end
+      end
+    end
+    T.ok(n > 10, "lane " .. j .. " read " .. n .. " documents")
+  end
+  -- pack.Lanes hosting both: a step of 4 micro-batches is lane 0's next 2, then lane 1's next 2
+  local host = pack.Lanes { lanes = 2, make = packer }
+  local sep = { packer(0, 2), packer(1, 2) }
+  for k = 1, 2 do
+    local got = host:next_step(4, 3)
+    local want = { sep[1]:next_rows(3), sep[1]:next_rows(3), sep[2]:next_rows(3), sep[2]:next_rows(3) }
+    for i = 1, 4 do T.eq(got[i].ids:tolist(), want[i].ids:tolist(), "step " .. k .. " micro-batch " .. i) end
+  end
+  -- its state through JSON (lane indices as keys), into a fresh host, and two half-hosts (two ranks) of it
+  local st = json.decode(json.encode(host:state()))
+  T.eq(st.lanes, 2)
+  local again = pack.Lanes { lanes = 2, make = packer }
+  again:set_state(st)
+  local r0, r1 = pack.Lanes { lanes = 2, first = 0, count = 1, make = packer }, pack.Lanes { lanes = 2, first = 1, count = 1, make = packer }
+  r0:set_state(st); r1:set_state(st)
+  local merged = pack.merge_lane_states({ r0:state(), r1:state() })
+  T.eq(json.encode(merged), json.encode(host:state()), "the two ranks' states merge into the host's")
+  local g, h0, h1 = again:next_step(4, 3), r0:next_step(2, 3), r1:next_step(2, 3)
+  local want = host:next_step(4, 3)
+  for i = 1, 4 do T.eq(g[i].ids:tolist(), want[i].ids:tolist(), "resumed micro-batch " .. i) end
+  T.eq({ h0[1].ids:tolist(), h0[2].ids:tolist(), h1[1].ids:tolist(), h1[2].ids:tolist() },
+       { want[1].ids:tolist(), want[2].ids:tolist(), want[3].ids:tolist(), want[4].ids:tolist() }, "two ranks == one host")
+  -- errors
+  T.raises(function() pack.Lanes { lanes = 1, make = packer }:set_state(st) end,
+    "the checkpoint's data is in 2 lanes, this run reads 1 (set dist.lanes = 2 to resume it)")
+  T.raises(function() host:next_step(3, 3) end, "a step's 3 micro-batches on this rank do not split over its 2 data lanes")
+  T.raises(function() packer(2, 2) end, "lane must be an integer in [0, 2), got 2")
+  T.raises(function() sep[1]:set_state(sep[2]:state()) end, "the state is lane 1 of 2, the packer lane 0 of 2")
+  T.raises(function() host:next_rows(3) end, "2 lanes are hosted here; draw a step with next_step")
 end)
 
 T.run()

@@ -224,7 +224,8 @@ end
 local Packer = {}
 Packer.__index = Packer
 
-local PACKER_KEYS = { sources = true, seq_len = true, seed = true, eot = true, pad = true, media_pad = true }
+local PACKER_KEYS = { sources = true, seq_len = true, seed = true, eot = true, pad = true, media_pad = true,
+  lane = true, lanes = true }
 local ENTRY_KEYS = { source = true, weight = true, min_len = true, max_len = true, name = true }
 
 -- Packer{sources = {{source, weight, min_len, max_len, name}, ...}, seq_len, seed, eot, pad, media_pad}
@@ -245,7 +246,16 @@ function pack.Packer(cfg)
   for _, k in ipairs({ "pad", "media_pad" }) do
     if cfg[k] ~= nil and (not is_int(cfg[k]) or cfg[k] < 0) then bad(fmt("%s must be an integer token id, got %s", k, tostring(cfg[k]))) end
   end
+  -- lane `lane` of `lanes` (data parallelism, pack.Lanes): its draws are the stream's counters lane, lane + lanes, ...
+  -- and its documents of each source the indices lane, lane + lanes, ...: lanes read disjoint documents, and lane 0
+  -- of 1 is the packer itself
+  local lanes, lane = cfg.lanes or 1, cfg.lane or 0
+  if not is_int(lanes) or lanes < 1 then bad(fmt("lanes must be an integer >= 1, got %s", tostring(cfg.lanes))) end
+  if not is_int(lane) or lane < 0 or lane >= lanes then
+    bad(fmt("lane must be an integer in [0, %d), got %s", lanes, tostring(cfg.lane)))
+  end
   local self = setmetatable({
+    lanes = lanes, lane = lane,
     seq_len = T, seed = seed, eot = cfg.eot, key = PACK_KEY * STRIDE + seed, pad = cfg.pad, media_pad = cfg.media_pad,
     sources = {}, by_name = {}, total_weight = 0, draws = 0, carry = nil,
     u = ffi.new("double[1]"), shape = ffi.new("int64_t[2]"), i32 = C.tide_dtype_from_name("i32"),
@@ -374,7 +384,7 @@ end
 
 -- the next document of the mixture: one draw picks the source, its cursor walks past filtered documents
 local function next_document(self)
-  C.tide_philox_uniform(self.key, self.draws, self.u, 1)
+  C.tide_philox_uniform(self.key, self.draws * self.lanes + self.lane, self.u, 1)
   self.draws = self.draws + 1
   local u, s = self.u[0], nil
   for _, c in ipairs(self.sources) do
@@ -383,15 +393,15 @@ local function next_document(self)
   end
   local T = self.seq_len
   for _ = 1, pack.MAX_REJECTIONS do
-    local i = s.cursor
-    s.cursor = i + 1
+    local i = s.cursor * self.lanes + self.lane
+    s.cursor = s.cursor + 1
     local ids, targets, n, images = fetch(self, s, i, T)
     if n >= s.min_len and n <= s.max_len then
       return { s = s, doc = i, ids = ids, targets = targets, n = n, offset = 0, seq_len = T, images = images }
     end
   end
   bad(fmt("source '%s': %d consecutive documents (up to index %d) fell outside min_len %d .. max_len %s at seq_len %d",
-    s.name, pack.MAX_REJECTIONS, s.cursor - 1, s.min_len, tostring(s.max_len), T))
+    s.name, pack.MAX_REJECTIONS, (s.cursor - 1) * self.lanes + self.lane, s.min_len, tostring(s.max_len), T))
 end
 
 -- the batch's images, concatenated in flattened-row order (vision.md §3): {patches [Σ L, 3p²], grids, cu_seqlens,
@@ -537,6 +547,7 @@ function Packer:state()
     cursors[s.name] = s.cursor
   end
   local st = { seed = self.seed, sources = names, draws = self.draws, cursors = cursors, tokens = self:tokens_per_source() }
+  if self.lanes > 1 then st.lane, st.lanes = self.lane, self.lanes end   -- (one lane: the plain packer's state)
   local c = self.carry
   if c then st.carry = { source = c.s.name, doc = c.doc, offset = c.offset, seq_len = c.seq_len } end
   return st
@@ -550,6 +561,10 @@ function Packer:set_state(st)
   if type(st) ~= "table" then bad("set_state: expected a state table, got " .. type(st)) end
   if st.seed ~= self.seed then
     bad(fmt("set_state: the state's seed %s differs from the packer's seed %d", tostring(st.seed), self.seed))
+  end
+  if (st.lanes or 1) ~= self.lanes or (st.lane or 0) ~= self.lane then
+    bad(fmt("set_state: the state is lane %s of %s, the packer lane %d of %d", tostring(st.lane or 0),
+      tostring(st.lanes or 1), self.lane, self.lanes))
   end
   local mine = {}
   for j, s in ipairs(self.sources) do mine[j] = s.name end
@@ -572,8 +587,10 @@ function Packer:set_state(st)
     local c = st.carry
     local s = type(c) == "table" and self.by_name[c.source]
     if not s then bad(fmt("set_state: carry-over names source '%s', which the packer does not have", tostring(type(c) == "table" and c.source))) end
-    if not is_int(c.doc) or c.doc < 0 or c.doc >= st.cursors[s.name] then
-      bad(fmt("set_state: carry-over document %s of source '%s' is not below its cursor %d", tostring(c.doc), s.name, st.cursors[s.name]))
+    local L = self.lanes
+    if not is_int(c.doc) or c.doc < 0 or c.doc >= st.cursors[s.name] * L or (c.doc - self.lane) % L ~= 0 then
+      bad(fmt("set_state: carry-over document %s of source '%s' is not below its cursor %d%s", tostring(c.doc), s.name,
+        st.cursors[s.name], L > 1 and fmt(" (or not one of lane %d's documents)", self.lane) or ""))
     end
     positive_int(c.seq_len, "set_state: carry-over seq_len")
     local ids, targets, n, images = fetch(self, s, c.doc, c.seq_len)
@@ -589,6 +606,92 @@ function Packer:set_state(st)
     s.tokens = type(st.tokens) == "table" and st.tokens[s.name] or 0
   end
   self.carry = carry
+end
+
+-- ---- lanes (data parallelism): L packers, lane j reading the documents j, j + L, ... of each source -----------------
+-- pack.Lanes{make = function(lane, lanes) -> a Packer, lanes = L, first = j0, count = k}: the lanes j0 .. j0 + k − 1
+-- of L that one rank hosts. A step's n micro-batches are n / k from each hosted lane, lane by lane, so rank r of dp = L
+-- (hosting lane r) reads only its own documents, and one rank hosting all L lanes trains on what the L ranks train
+-- on, in the same order (gradient accumulation == the rank-order sum). One lane of one is the plain packer (its
+-- batches and its state are the Packer's).
+local Lanes = {}
+Lanes.__index = Lanes
+
+function pack.Lanes(o)
+  local L, first, k = o.lanes or 1, o.first or 0, o.count or (o.lanes or 1)
+  if not is_int(L) or L < 1 then bad(fmt("lanes must be an integer >= 1, got %s", tostring(o.lanes))) end
+  if not is_int(k) or k < 1 or not is_int(first) or first < 0 or first + k > L then
+    bad(fmt("lanes %s .. %s are not lanes of %d", tostring(first), tostring(first + (k or 0) - 1), L))
+  end
+  local self = setmetatable({ lanes = L, first = first, count = k, packers = {} }, Lanes)
+  for j = first, first + k - 1 do self.packers[#self.packers + 1] = o.make(j, L) end
+  return self
+end
+
+-- next_step(n, R) -> n batches of R rows: n / count from each hosted lane in lane order
+function Lanes:next_step(n, R)
+  if n % self.count ~= 0 then
+    bad(fmt("a step's %d micro-batches on this rank do not split over its %d data lanes", n, self.count))
+  end
+  local out, per = {}, n / self.count
+  for _, p in ipairs(self.packers) do
+    for _ = 1, per do out[#out + 1] = p:next_rows(R) end
+  end
+  return out
+end
+
+-- next_rows(R): the one hosted lane's next rows (recipe hooks and tests that draw rows themselves)
+function Lanes:next_rows(R)
+  if self.count ~= 1 then bad(fmt("next_rows: %d lanes are hosted here; draw a step with next_step", self.count)) end
+  return self.packers[1]:next_rows(R)
+end
+
+function Lanes:set_seq_len(T) for _, p in ipairs(self.packers) do p:set_seq_len(T) end end
+function Lanes:set_mix(entries) for _, p in ipairs(self.packers) do p:set_mix(entries) end end
+
+function Lanes:tokens_per_source()
+  local out = {}
+  for _, p in ipairs(self.packers) do
+    for name, n in pairs(p:tokens_per_source()) do out[name] = (out[name] or 0) + n end
+  end
+  return out
+end
+
+-- state() -> one lane of one: the Packer's state; else {lanes = L, states = {["j"] = lane j's state}} of the hosted
+-- lanes, keyed by the 0-based lane index as a string (a data-parallel checkpoint merges every rank's: merge_states)
+function Lanes:state()
+  if self.lanes == 1 then return self.packers[1]:state() end
+  local states = {}
+  for i, p in ipairs(self.packers) do states[tostring(self.first + i - 1)] = p:state() end
+  return { lanes = self.lanes, states = states }
+end
+
+-- merge_states(list) -> one lanes state from several ranks' (each holding some lanes)
+function pack.merge_lane_states(list)
+  local out
+  for _, st in ipairs(list) do
+    if st.lanes == nil then return st end                 -- one lane of one
+    out = out or { lanes = st.lanes, states = {} }
+    for j, s in pairs(st.states) do out.states[j] = s end
+  end
+  return out
+end
+
+-- set_state(st): the state of the same lane count (a data-parallel run resumes under any rank count that divides
+-- its lanes; one rank hosts them all with dist.lanes = L); every hosted lane's state must be there
+function Lanes:set_state(st)
+  if type(st) ~= "table" then bad("set_state: expected a state table, got " .. type(st)) end
+  local theirs = st.lanes or 1
+  if theirs ~= self.lanes then
+    bad(fmt("set_state: the checkpoint's data is in %d lane%s, this run reads %d (set dist.lanes = %d to resume it)",
+      theirs, theirs == 1 and "" or "s", self.lanes, theirs))
+  end
+  if self.lanes == 1 then return self.packers[1]:set_state(st) end
+  for i, p in ipairs(self.packers) do
+    local s = type(st.states) == "table" and st.states[tostring(self.first + i - 1)]
+    if type(s) ~= "table" then bad(fmt("set_state: the state of data lane %d is missing", self.first + i - 1)) end
+    p:set_state(s)
+  end
 end
 
 return pack

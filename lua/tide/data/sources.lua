@@ -144,11 +144,16 @@ end
 
 -- one packer over the named sources, in the given order; set_mix and set_seq_len then steer it, so every cursor and
 -- the cut-document carry-over continue across changes
-function sources.packer(names, built, T, seed, eot)
-  local data = require "tide.data"
+-- packer(names, built, T, seed, eot[, lanes = {lanes, first, count}]) -> pack.Lanes over the built sources: the
+-- lanes this rank hosts (default: the one lane of one, the plain packer)
+function sources.packer(names, built, T, seed, eot, lanes)
+  local pack = require "tide.data.pack"
   local entries = {}
   for _, name in ipairs(names) do entries[#entries + 1] = { source = built[name], weight = 1, name = name } end
-  return data.pack.Packer{ sources = entries, seq_len = T, seed = seed, eot = eot }
+  lanes = lanes or {}
+  return pack.Lanes{ lanes = lanes.lanes, first = lanes.first, count = lanes.count, make = function(lane, L)
+    return pack.Packer{ sources = entries, seq_len = T, seed = seed, eot = eot, lane = lane, lanes = L }
+  end }
 end
 
 return sources
