@@ -195,7 +195,7 @@ for kind in model optim; do
         || { echo "FAIL $kind shards of $a and $b bytes are not balanced"; exit 1; }
 done
 info=$("$tide" ckpt info "$s3")
-grep -q "written by 2 ranks" <<< "$info" && grep -q "model.safetensors  21 tensors, .* 2 shards" <<< "$info" \
+grep -q "saved by a run of 2 ranks" <<< "$info" && grep -q "model.safetensors  21 tensors, .* 2 shards" <<< "$info" \
     || { echo "FAIL tide ckpt info: $info"; exit 1; }
 echo "ok   a dp 2 checkpoint is 2 model + 2 optim shards with their indexes ($(stat -c %s "$s3/model-00001-of-00002.safetensors") + $(stat -c %s "$s3/model-00002-of-00002.safetensors") model bytes)"
 # tide ckpt consolidate: the shards as single files, the same tensors bitwise; resumed on one rank with 2 micro-batches

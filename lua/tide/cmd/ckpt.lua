@@ -51,8 +51,8 @@ local function info(args)
   if not ok then error(dir, 0) end
   local r = checkpoint.open(dir)
   local st = r.state
-  local layout = st.dist and string.format("written by %d ranks (data parallel%s)", st.dist.dp,
-    (st.dist.zero or 0) > 0 and (", ZeRO-" .. st.dist.zero) or "") or "written by one rank"
+  local layout = st.dist and string.format("saved by a run of %d ranks (data parallel%s)", st.dist.dp,
+    (st.dist.zero or 0) > 0 and (", ZeRO-" .. st.dist.zero) or "") or "saved by a run of one rank"
   print(string.format("%s: step %s, %s", dir, tostring(st.step), layout))
   for _, kind in ipairs({ "model.safetensors", "optim.safetensors" }) do
     local lok, L = pcall(r.layout, r, kind)
