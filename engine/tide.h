@@ -508,6 +508,11 @@ int tide_dist_reduce_to_last_(tide_tensor *t);   /* the rank-order sum on the la
 /* the communicator of a device's tensors set up now (CUDA: NCCL bootstrapped over MPI; CPU: MPI itself); *world: its
    ranks. Without the backend's collectives (a build without NCCL) an error naming the device */
 int tide_dist_device_init(int device, int *world);
+/* every rank's `in` concatenated in rank order into out (world x in's elements; same dtype and device) */
+int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in);
+/* all-to-all with per-rank counts (elements of the tensors' dtype): send_counts[r] elements of send, taken in rank
+   order, go to rank r; recv_counts[r] from rank r land in recv in rank order (expert parallelism's token exchange) */
+int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv, const int64_t *recv_counts);
 /* bytes this rank has handed to the network since the start (sends, and broadcasts at their root) */
 int64_t tide_dist_bytes_sent(void);
 /* in-place copy of root's tensor to every rank */

@@ -309,6 +309,12 @@ typedef struct tide_backend {
        device's communicator set up now (the others set it up on first use), *world its rank count. */
     int (*dist_allreduce_sum)(int dtype, void *data, int64_t n);
     int (*dist_init)(int *world);
+    /* dist_allgather: every rank's nbytes of send, concatenated in rank order into recv (world · nbytes);
+       dist_alltoallv: send_bytes[r] bytes from send + send_off[r] to rank r, recv_bytes[r] from rank r into
+       recv + recv_off[r] (one grouped exchange) */
+    int (*dist_allgather)(const void *send, void *recv, int64_t nbytes);
+    int (*dist_alltoallv)(const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
+                          const int64_t *recv_bytes, const int64_t *recv_off);
     int (*dist_broadcast)(void *data, int64_t nbytes, int root);
     int (*dist_send)(const void *data, int64_t nbytes, int peer);
     int (*dist_recv)(void *data, int64_t nbytes, int peer);

@@ -4,6 +4,7 @@
  * kernels/cuda/nccl_comm.cu); without MPI, or in a process not started by mpirun, there is one rank and every
  * collective is the identity.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 #include "../internal.h"
@@ -259,6 +260,92 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
     if (g_rank == root) g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
 #endif
     return 0;
+}
+
+/* the ranks' tensors concatenated in rank order: out holds world x in's elements, of in's dtype and device */
+int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in)
+{
+    if (!out || !in) return tide_set_error("allgather: tensor is NULL");
+    int w = tide_dist_world_size();
+    if (out->dtype != in->dtype || out->device != in->device || out->numel != (int64_t)w * in->numel)
+        return tide_set_error("allgather: out must hold %d x %lld elements of %s on in's device, got %lld of %s", w,
+                              (long long)in->numel, tide_dtype_name(in->dtype), (long long)out->numel,
+                              tide_dtype_name(out->dtype));
+    if (!tide_is_contiguous(out) || !tide_is_contiguous(in)) return tide_set_error("allgather: tensors must be contiguous");
+    int64_t nb = tide_tensor_nbytes(in);
+    int rc = 0;
+    if (w == 1 || nb == 0) {
+        if (nb) rc = TIDE_DISPATCH(in->device, copy, "allgather", tide_data(out), out->dtype, (int64_t[]){1},
+                                   tide_data(in), in->dtype, (int64_t[]){1}, 1, (int64_t[]){in->numel});
+        return rc;
+    }
+    if (in->device != TIDE_CPU) {
+        rc = TIDE_DISPATCH(in->device, dist_allgather, "allgather", tide_data(in), tide_data(out), nb);
+    } else {
+#ifdef TIDE_HAVE_MPI
+        if (nb > INT32_MAX) return tide_set_error("allgather: %lld bytes a rank is past MPI's int count", (long long)nb);
+        if (MPI_Allgather(tide_data(in), (int)nb, MPI_BYTE, tide_data(out), (int)nb, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
+            rc = tide_set_error("allgather: MPI_Allgather failed");
+#endif
+    }
+    if (!rc) g_bytes_sent += nb * (w - 1);   /* this rank's part, to every other rank */
+    return rc;
+}
+
+/* all-to-all with counts per rank: send_counts[r] elements of send (in rank order) to rank r, recv_counts[r] from
+   rank r into recv (in rank order); counts in elements of the tensors' dtype (the same on both sides) */
+int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv, const int64_t *recv_counts)
+{
+    if (!send || !recv || !send_counts || !recv_counts) return tide_set_error("alltoallv: NULL argument");
+    if (send->dtype != recv->dtype || send->device != recv->device)
+        return tide_set_error("alltoallv: send and recv must share dtype and device");
+    if (!tide_is_contiguous(send) || !tide_is_contiguous(recv)) return tide_set_error("alltoallv: tensors must be contiguous");
+    int w = tide_dist_world_size(), me = tide_dist_rank();
+    int64_t es = tide_dtype_size(send->dtype), ns = 0, nr = 0;
+    int64_t *sb = malloc((size_t)w * 4 * sizeof *sb);
+    if (!sb) return tide_set_error("alltoallv: out of memory");
+    int64_t *so = sb + w, *rb = sb + 2 * w, *ro = sb + 3 * w;
+    for (int r = 0; r < w; r++) {
+        if (send_counts[r] < 0 || recv_counts[r] < 0) {
+            free(sb);
+            return tide_set_error("alltoallv: negative count for rank %d", r);
+        }
+        so[r] = ns * es; sb[r] = send_counts[r] * es; ns += send_counts[r];
+        ro[r] = nr * es; rb[r] = recv_counts[r] * es; nr += recv_counts[r];
+    }
+    if (ns != send->numel || nr != recv->numel) {
+        free(sb);
+        return tide_set_error("alltoallv: the counts sum to %lld sent and %lld received, the tensors hold %lld and %lld",
+                              (long long)ns, (long long)nr, (long long)send->numel, (long long)recv->numel);
+    }
+    int rc = 0;
+    if (w == 1) {
+        if (sb[0] != rb[0]) rc = tide_set_error("alltoallv: one rank sends itself %lld elements but expects %lld",
+                                                 (long long)send_counts[0], (long long)recv_counts[0]);
+        else if (sb[0])
+            rc = TIDE_DISPATCH(send->device, copy, "alltoallv", tide_data(recv), recv->dtype, (int64_t[]){1},
+                               tide_data(send), send->dtype, (int64_t[]){1}, 1, (int64_t[]){send->numel});
+    } else if (send->device != TIDE_CPU) {
+        rc = TIDE_DISPATCH(send->device, dist_alltoallv, "alltoallv", tide_data(send), sb, so, tide_data(recv), rb, ro);
+    } else {
+#ifdef TIDE_HAVE_MPI
+        int *ic = malloc((size_t)w * 4 * sizeof *ic);
+        if (!ic) rc = tide_set_error("alltoallv: out of memory");
+        for (int r = 0; !rc && r < w; r++) {
+            if (so[r] + sb[r] > INT32_MAX || ro[r] + rb[r] > INT32_MAX)
+                rc = tide_set_error("alltoallv: more than %d bytes are past MPI's int counts", INT32_MAX);
+            else { ic[r] = (int)sb[r]; ic[w + r] = (int)so[r]; ic[2 * w + r] = (int)rb[r]; ic[3 * w + r] = (int)ro[r]; }
+        }
+        if (!rc && MPI_Alltoallv(tide_data(send), ic, ic + w, MPI_BYTE, tide_data(recv), ic + 2 * w, ic + 3 * w, MPI_BYTE,
+                                 MPI_COMM_WORLD) != MPI_SUCCESS)
+            rc = tide_set_error("alltoallv: MPI_Alltoallv failed");
+        free(ic);
+#endif
+    }
+    if (!rc)
+        for (int r = 0; r < w; r++) if (r != me) g_bytes_sent += sb[r];
+    free(sb);
+    return rc;
 }
 
 /* point to point: the bytes of a contiguous CPU tensor to rank dst / from rank src into t (same shape and dtype) */

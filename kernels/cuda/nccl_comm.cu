@@ -130,6 +130,38 @@ static int nccl_recv(void *data, int64_t nbytes, int peer)
     return 0;
 }
 
+static int nccl_allgather(const void *send, void *recv, int64_t nbytes)
+{
+    const char *what = "allgather (nccl)";
+    if (nccl_comm(what)) return -1;
+    if (nbytes == 0) return 0;
+    TIDE_STREAM(s);
+    NCCL_CHECK(ncclAllGather(send, recv, (size_t)nbytes, ncclChar, g_comm, s), what);
+    return 0;
+}
+
+/* every pair's send and receive in one group: NCCL matches them without an order to deadlock on */
+static int nccl_alltoallv(const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
+                          const int64_t *recv_bytes, const int64_t *recv_off)
+{
+    const char *what = "alltoallv (nccl)";
+    if (nccl_comm(what)) return -1;
+    TIDE_STREAM(s);
+    NCCL_CHECK(ncclGroupStart(), what);
+    for (int r = 0; r < g_world; r++) {
+        if (send_bytes[r] > 0) {
+            ncclResult_t e = ncclSend((const char *)send + send_off[r], (size_t)send_bytes[r], ncclChar, r, g_comm, s);
+            if (e != ncclSuccess) { ncclGroupEnd(); return tide_set_error("%s: %s", what, ncclGetErrorString(e)); }
+        }
+        if (recv_bytes[r] > 0) {
+            ncclResult_t e = ncclRecv((char *)recv + recv_off[r], (size_t)recv_bytes[r], ncclChar, r, g_comm, s);
+            if (e != ncclSuccess) { ncclGroupEnd(); return tide_set_error("%s: %s", what, ncclGetErrorString(e)); }
+        }
+    }
+    NCCL_CHECK(ncclGroupEnd(), what);
+    return 0;
+}
+
 static int nccl_init(int *world)
 {
     if (nccl_comm("init (nccl)")) return -1;
@@ -142,6 +174,8 @@ static int nccl_init(int *world)
 void tide_cuda_dist_entries(tide_backend *t)
 {
     t->dist_init = nccl_init;
+    t->dist_allgather = nccl_allgather;
+    t->dist_alltoallv = nccl_alltoallv;
     t->dist_allreduce_sum = chain_allreduce;
     t->dist_broadcast = nccl_broadcast;
     t->dist_send = nccl_send;

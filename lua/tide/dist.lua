@@ -13,6 +13,8 @@
 --   dist.sum(x), dist.any(flag)   a Lua number summed over the ranks (f64); a boolean true on any rank
 --   dist.sums(list)               several numbers summed at once (one all-reduce)
 --   dist.broadcast_(t, root)      root's t on every rank
+--   dist.allgather(t)             every rank's t concatenated in rank order along dim 1 (a new tensor)
+--   dist.alltoallv(t, send, recv) rows of t to each rank (send[r] rows to rank r, in rank order), recv[r] rows from r
 --   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
 --   dist.reduce_scatter_grads(params, owners)  each rank gets the sums of the gradients it owns, drops the rest
 --   dist.reducer(params, bytes)   gradient buckets summed while the backward runs (arm before it, finish after)
@@ -58,6 +60,38 @@ function dist.broadcast_(t, root)
 end
 
 function dist.barrier() init(); check(C.tide_dist_barrier(), "barrier") end
+
+-- allgather(t) -> [world · t:shape()[1], ...]: every rank's contiguous t, in rank order
+function dist.allgather(t)
+  init()
+  local shape = t:shape()
+  local out_shape = { (shape[1] or 1) * dist.world() }
+  for i = 2, #shape do out_shape[i] = shape[i] end
+  local out = tide.empty(out_shape, { dtype = t:dtype(), device = t:device() })
+  check(C.tide_dist_allgather_(raw(out), raw(t:contiguous())), "allgather")
+  return out
+end
+
+-- alltoallv(t, send, recv) -> the rows received: send[r] rows of t (rows in rank order) go to rank r, recv[r] rows come
+-- from rank r, stacked in rank order (rows: t's first dim; expert parallelism's dispatch and combine)
+function dist.alltoallv(t, send, recv)
+  init()
+  local w = dist.world()
+  local shape = t:shape()
+  local row = 1
+  for i = 2, #shape do row = row * shape[i] end
+  local sc, rc = ffi.new("int64_t[?]", w), ffi.new("int64_t[?]", w)
+  local n_recv = 0
+  for r = 1, w do
+    sc[r - 1], rc[r - 1] = send[r] * row, recv[r] * row
+    n_recv = n_recv + recv[r]
+  end
+  local out_shape = { n_recv }
+  for i = 2, #shape do out_shape[i] = shape[i] end
+  local out = tide.empty(out_shape, { dtype = t:dtype(), device = t:device() })
+  check(C.tide_dist_alltoallv_(raw(t:contiguous()), sc, raw(out), rc), "alltoallv")
+  return out
+end
 
 -- point to point: t to rank dst; rank src's values into t (contiguous CPU tensors of one size)
 function dist.send_(t, dst) init(); check(C.tide_dist_send_(raw(t), dst), "send"); return t end

@@ -24,6 +24,8 @@ small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --d
        --train.eval_every=0 --train.ckpt_every=3 --train.log_every=1 --sample.max_new_tokens=0 --train.threads=1
        --schedule.warmup=2 --train.quiet=true)
 mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
+# the process group's all-gather and all-to-all-v from Lua (the collectives expert parallelism will dispatch with)
+for n in 2 4; do "${mp[@]}" -np $n "$tide" run tests/dist/dp_collectives.lua; done
 cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --what="$3"; }
 for dt in f64 f32; do
     one() { "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=$dt "$@"; }
