@@ -535,6 +535,9 @@ int tide_dist_active(void);
 typedef struct tide_reducer tide_reducer;
 tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes);
 int tide_reducer_arm(tide_reducer *r);
+/* ZeRO-2: owner[i] the rank that keeps parameter i's sum (the buckets are then reduced to the last rank, which sends
+   each owner its parameters' sums at finish; the others' gradients are dropped); NULL: all-reduce again */
+int tide_reducer_set_owners(tide_reducer *r, const int *owner);
 int tide_reducer_finish(tide_reducer *r, double *stats);
 void tide_reducer_free(tide_reducer *r);
 /* ends every rank of the job at once (MPI_Abort): a rank that failed, so the others do not wait on it */

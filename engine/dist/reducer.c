@@ -33,6 +33,8 @@ typedef struct {
 
 struct tide_reducer {
     int n;
+    int *owner;              /* ZeRO-2 (set_owners): each parameter's owner; the buckets are reduced to the last
+                                rank, which sends every owner its parameters' sums; NULL: all-reduced */
     tide_tensor **params;    /* retained */
     int *bucket_of;
     int64_t *offset_of;      /* element offset in the bucket */
@@ -66,7 +68,7 @@ void tide_reducer_free(tide_reducer *r)
     for (int k = 0; k < r->nb; k++) tide_tensor_release(r->b[k].flat);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
-    free(r->params); free(r->bucket_of); free(r->offset_of); free(r->in); free(r->b);
+    free(r->params); free(r->bucket_of); free(r->offset_of); free(r->in); free(r->b); free(r->owner);
     free(r);
 }
 
@@ -181,7 +183,7 @@ static void *helper(void *arg)
         while (!r->b[k].full) pthread_cond_wait(&r->cv, &r->mu);
         pthread_mutex_unlock(&r->mu);
         double t0 = now_s();
-        int rc = tide_dist_allreduce_sum_(r->b[k].flat);
+        int rc = r->owner ? tide_dist_reduce_to_last_(r->b[k].flat) : tide_dist_allreduce_sum_(r->b[k].flat);
         double t1 = now_s();
         pthread_mutex_lock(&r->mu);
         r->b[k].t0 = t0;
@@ -196,6 +198,21 @@ static void *helper(void *arg)
         if (rc) break;
     }
     return NULL;
+}
+
+int tide_reducer_set_owners(tide_reducer *r, const int *owner)
+{
+    if (!r) return tide_set_error("reducer: NULL");
+    int w = tide_dist_world_size();
+    for (int i = 0; owner && i < r->n; i++)
+        if (owner[i] < 0 || owner[i] >= w) return tide_set_error("reducer: parameter %d's owner %d is not a rank of %d", i, owner[i], w);
+    free(r->owner);
+    r->owner = NULL;
+    if (!owner) return 0;
+    r->owner = malloc((size_t)r->n * sizeof *r->owner);
+    if (!r->owner) return tide_set_error("reducer: out of memory");
+    memcpy(r->owner, owner, (size_t)r->n * sizeof *r->owner);
+    return 0;
 }
 
 int tide_reducer_arm(tide_reducer *r)
@@ -229,7 +246,7 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
     else {
         for (int k = 0; k < r->nb && !r->failed; k++) {
             r->b[k].t0 = now_s();
-            if (tide_dist_allreduce_sum_(r->b[k].flat)) {
+            if (r->owner ? tide_dist_reduce_to_last_(r->b[k].flat) : tide_dist_allreduce_sum_(r->b[k].flat)) {
                 r->failed = 1;
                 snprintf(r->err, sizeof r->err, "%s", tide_last_error());
             }
@@ -247,9 +264,31 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
     }
     if (stats) { stats[0] = comm; stats[1] = before; stats[2] = r->nb; stats[3] = r->threaded; stats[4] = early; }
     if (r->failed) return tide_set_error("%s", r->err);
-    /* the sums into the gradients (created where a parameter had none) */
+    int me = tide_dist_rank(), last = tide_dist_world_size() - 1;
+    if (r->owner && last > 0) {
+        /* ZeRO-2: the sums are on the last rank; it sends each other owner its parameters' sums, in parameter order
+           (the only sender, every pair's messages in order: nothing to deadlock on) */
+        for (int i = 0; i < r->n; i++) {
+            int o = r->owner[i];
+            if (o == last || (me != last && me != o)) continue;
+            tide_tensor *p = r->params[i];
+            bucket *b = &r->b[r->bucket_of[i]];
+            int64_t stride[TIDE_MAX_DIMS];
+            tide_contiguous_strides(1, (int64_t[]){p->numel}, stride);
+            tide_tensor *part = tide_view_of(b->flat, 1, (int64_t[]){p->numel}, stride, b->flat->offset + r->offset_of[i]);
+            int rc = part ? (me == last ? tide_dist_send_(part, o) : tide_dist_recv_(part, last)) : -1;
+            tide_tensor_release(part);
+            if (rc) return -1;
+        }
+    }
+    /* the sums into the gradients (created where a parameter had none); under ZeRO-2 only the owner keeps one */
     for (int i = 0; i < r->n; i++) {
         tide_tensor *p = r->params[i];
+        if (r->owner && r->owner[i] != me) {
+            tide_tensor_release(p->grad);
+            p->grad = NULL;
+            continue;
+        }
         bucket *b = &r->b[r->bucket_of[i]];
         size_t es = p->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
         const char *src = (const char *)tide_data(b->flat) + (size_t)r->offset_of[i] * es;

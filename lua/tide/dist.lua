@@ -211,18 +211,25 @@ function dist.agree(ok, what, err)
     ok and " (its error is shown with its rank)" or ""), 0)
 end
 
--- reducer(params, bucket_bytes) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
+-- reducer(params, bucket_bytes[, owners]) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
 -- all-reduce (engine/dist/reducer.c): armed before the step's last backward, each bucket of about bucket_bytes (in
 -- reverse parameter order) is summed over the ranks on a helper thread as soon as its gradients are final; finish()
 -- sums what is left, waits and writes the sums into the gradients. The sums are allreduce_grads' bit for bit. Every
--- rank calls arm and finish once per step (one whose loss was not finite too: it sends zeros).
-function dist.reducer(params, bucket_bytes)
+-- rank calls arm and finish once per step (one whose loss was not finite too: it sends zeros). owners (ZeRO-2): each
+-- bucket is reduced to the last rank instead, which sends every owner its parameters' sums at finish
+-- (reduce_scatter_grads' result: only owners keep gradients).
+function dist.reducer(params, bucket_bytes, owners)
   local n = #params
   local arr = ffi.new("tide_tensor *[?]", n)
   for i, p in ipairs(params) do arr[i - 1] = raw(p.param or p) end
   local h = C.tide_reducer_new(n, arr, bucket_bytes)
   if h == nil then error("dist: " .. ffi.string(C.tide_last_error()), 0) end
   h = ffi.gc(h, C.tide_reducer_free)
+  if owners then
+    local o = ffi.new("int[?]", n)
+    for i = 1, n do o[i - 1] = owners[i] end
+    check(C.tide_reducer_set_owners(h, o), "reducer")
+  end
   local r = { armed = false, params = params }
   local stats = ffi.new("double[5]")
   function r.arm()

@@ -163,7 +163,7 @@ local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = t
 --   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
 --   norm, clipping and the update, so every rank applies the same update),
 --   bucket_bytes = nil | n (with dist: the gradients summed in buckets of about n bytes while the last backward runs,
---   dist.reducer; 0 or nil: one sum after it; ZeRO-2's reduce-scatter always runs after it)}
+--   dist.reducer, under ZeRO-2 reduced to each parameter's owner; 0 or nil: one sum after it)}
 function step.stepper(o)
   options.check(o, STEPPER_KEYS, nil, "step.stepper")
   local policy = o.on_nonfinite or "skip"
@@ -181,20 +181,22 @@ function step.stepper(o)
     Stepper)
 end
 
--- the optimiser's gradient reducer (one per optimiser: the steppers of a run share it), or nil: without several
--- ranks or buckets, under ZeRO-2, or when a parameter is not a CPU f32/f64 tensor (those sum after the backward)
+-- the optimiser's gradient reducer (one per optimiser: the steppers of a run share it; ZeRO-2: reduced to the owners),
+-- or nil: without several ranks or buckets, or when a parameter is not a CPU f32/f64 tensor (those sum after the
+-- backward)
 function Stepper:reducer()
   if self.red == nil then
     self.red = false
     local opt = self.optim
-    if self.dist and (self.bucket_bytes or 0) > 0 and opt.zero ~= 2 then
+    if self.dist and (self.bucket_bytes or 0) > 0 then
       local ok = true
       for _, p in ipairs(opt.params) do
         local dt = p.param:dtype()
         if p.param:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") then ok = false end
       end
       if ok then
-        opt.reducer = opt.reducer or self.dist.reducer(opt.params, self.bucket_bytes)
+        opt.reducer = opt.reducer or self.dist.reducer(opt.params, self.bucket_bytes,
+          opt.zero == 2 and opt:shard_owners(self.dist.world()) or nil)
         self.red = opt.reducer
       end
     end

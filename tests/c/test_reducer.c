@@ -90,6 +90,10 @@ int main(void)
     report(a->grad_slot == 0, "%s (%g)", "free unwatches the parameters", 0);
     tide_reducer *r2 = tide_reducer_new(4, ps, 1 << 20);
     report(r2 != NULL, "%s (%g)", "a new reducer after free", 0);
+    /* ZeRO-2 owners: every owner must be a rank (one here); with owner 0 everywhere one rank keeps every sum */
+    report(tide_reducer_set_owners(r2, (int[]){0, 1, 0, 0}) != 0 && strstr(tide_last_error(), "owner 1 is not a rank of 1"),
+           "%s (%g)", "an owner that is not a rank is refused", 0);
+    report(tide_reducer_set_owners(r2, (int[]){0, 0, 0, 0}) == 0, "%s (%g)", "owners on one rank", 0);
     tide_reducer_free(r2);
     tide_tensor *all[] = {ab, bb, dd, s1, s2, s3, t12, s3d, loss, a, b, c, d};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);

@@ -100,13 +100,20 @@ cmp "$tmp/ref4" "$tmp/zres" "f64: a dp 2 ZeRO-1 checkpoint resumed under dp 4 Ze
 cmp "$tmp/f64-m2" "$tmp/zz2" "f64: dp 2 with ZeRO-2 == one rank, 2 micro-batches"
 "${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --out="$tmp/zz4" > /dev/null
 cmp "$tmp/m4" "$tmp/zz4" "f64: dp 4 with ZeRO-2 == one rank, 4 micro-batches"
+# ZeRO-2 with buckets during the backward (each reduced to the last rank, which sends the owners their sums)
+"${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --dist.bucket_mb=0.05 \
+    --out="$tmp/zzb2" > /dev/null
+cmp "$tmp/f64-m2" "$tmp/zzb2" "f64: dp 2 with ZeRO-2 and 0.05 MB buckets == one rank, 2 micro-batches"
+"${mp[@]}" -np 4 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --dist.zero=2 --dist.bucket_mb=0.05 \
+    --out="$tmp/zzb4" > /dev/null
+cmp "$tmp/m4" "$tmp/zzb4" "f64: dp 4 with ZeRO-2 and 0.05 MB buckets == one rank, 4 micro-batches"
 b1=$(grep -m1 -o '"dist/bytes_sent_mean":[0-9.]*' "$tmp/z4/metrics.jsonl" | cut -d: -f2)
 b2=$(grep -m1 -o '"dist/bytes_sent_mean":[0-9.]*' "$tmp/zz4/metrics.jsonl" | cut -d: -f2)
 awk -v a="$b1" -v b="$b2" 'BEGIN { exit !(b > 0 && b < 0.75 * a) }' \
     || { echo "FAIL dp 4 ZeRO-2 sends $b2 bytes a rank per step, ZeRO-1 $b1: expected under 3/4"; exit 1; }
 echo "ok   dp 4 bytes per rank per step: ZeRO-2 $b2, ZeRO-1 $b1"
 # the process group's count of every step's bytes == dist.step_bytes (the formula --dry-run plans with) within 1%
-for r in "dp4 4" "z4 4" "zz4 4" "f64-dp2 2" "zz2 2"; do
+for r in "dp4 4" "z4 4" "zz4 4" "f64-dp2 2" "zz2 2" "zzb4 4"; do
     set -- $r
     "$tide" run tests/dist/dp_bytes.lua --dir="$tmp/$1" --ranks=$2
 done
