@@ -80,6 +80,7 @@ local function run(cfg)
         step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
         allreduce_s = median_of(recs, "dist/allreduce_s") or 0, overlap = median_of(recs, "dist/overlap"),
+        backward_overlapped = median_of(recs, "dist/backward_overlapped"),
         buckets = median_of(recs, "dist/buckets"), mem_current = median_of(recs, "mem_current"),
         mem_peak = median_of(recs, "mem_peak"),
         analytic = analytic(n, zero, P * 4) }
@@ -145,14 +146,16 @@ local function run(cfg)
       .. "rank; 2 and 4 ranks share this machine's 2 cores (mpirun --oversubscribe), so the step times measure the "
       .. "extra work and waiting, not a speed-up. Load average %s at the end.", record.date, P, dense.data.batch_size,
       dense.data.seq_len, steps, steps, tostring(record.loadavg)), "",
-    "| ranks | threads per rank | ZeRO | buckets (MB) | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient sum s (share of the step) | share of the sum during the backward | rank 0 memory after the step / peak MB |",
-    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
+    "| ranks | threads per rank | ZeRO | buckets (MB) | bytes sent per rank per step (rank 0) | mean over ranks | analytic mean (below) | measured / analytic | step s | step / dp 1 (1 thread) | gradient sum s (share of the step) | share of the sum during the backward | share of the backward with a sum running | rank 0 memory after the step / peak MB |",
+    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
   for _, r in ipairs(rows) do
-    L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %.0f | %.0f | %s | %.3f | %.2f | %s | %s | %.2f / %.2f |", r.ranks, r.threads, r.zero,
+    L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %.0f | %.0f | %s | %.3f | %.2f | %s | %s | %s | %.2f / %.2f |", r.ranks, r.threads, r.zero,
       r.ranks == 1 and "-" or ((r.buckets and r.buckets > 0) and fmt("%d x %g", r.buckets, r.bucket_mb) or "after the backward"),
       r.bytes, r.bytes_mean, r.analytic, r.analytic > 0 and fmt("%.3f", r.bytes_mean / r.analytic) or "-", r.step_s,
       r.step_s / base, r.ranks > 1 and fmt("%.4f (%.0f%%)", r.allreduce_s, 100 * r.allreduce_s / r.step_s) or "-",
-      r.overlap and fmt("%.0f%%", 100 * r.overlap) or "-", (r.mem_current or 0) / 2 ^ 20, (r.mem_peak or 0) / 2 ^ 20)
+      r.overlap and fmt("%.0f%%", 100 * r.overlap) or "-",
+      r.backward_overlapped and fmt("%.0f%%", 100 * r.backward_overlapped) or "-", (r.mem_current or 0) / 2 ^ 20,
+      (r.mem_peak or 0) / 2 ^ 20)
   end
   if #torch_rows > 0 then
     -- tide's like-for-like row per rank count: one thread per rank, ZeRO 0, buckets of the same size (dp 1: 1 thread)
@@ -190,7 +193,8 @@ local function run(cfg)
     .. "(tests/dist/dp_check.sh). With buckets the sum runs on a helper thread as the backward finishes each bucket's "
     .. "parameters (its MPI waits sleep between tests instead of spinning, which took a core from the backward and "
     .. "cost 35% of the dp 2 step); the sum-seconds column then counts the waits for the other ranks' buckets, and "
-    .. "the next column is the median share of them that fell before the backward ended. On this machine the "
+    .. "the next column is the median share of them that fell before the backward ended, the one after it the share "
+    .. "of the last backward's seconds during which a bucket was being summed. On this machine the "
     .. "ranks' main threads already take both cores, so the overlap has nothing to hide the sum behind: the bucketed "
     .. "and unbucketed step times differ by no more than this machine's run-to-run noise (about ±20% between runs "
     .. "of this bench), and the buckets cost their copies in and out of the bucket buffers (the extra memory in the "

@@ -281,8 +281,10 @@ function Stepper:run(batches, lr, t)
     if not (is_finite(lv) and is_finite(value)) then bad = "loss"; break end
     sum = sum + value
     if aux then aux_sum = (aux_sum or 0) + aux end
-    if red and i == n_micro then red.arm() end   -- the last backward makes the gradients final: buckets sum meanwhile
+    local tb
+    if red and i == n_micro then red.arm(); tb = tide.time() end   -- the last backward: buckets sum meanwhile
     l:backward()
+    if tb then self.backward_s = tide.time() - tb end
     batches[i] = nil
   end
   if red then
@@ -379,9 +381,11 @@ function Stepper:run(batches, lr, t)
     rec["dist/bytes_sent"], rec["dist/bytes_sent_mean"] = b, group.sum(b) / group.world()
     rec["dist/allreduce_s"], self.comm_s = self.comm_s, nil
     if self.overlap_s then
+      -- the share of the sum's seconds that ran during the backward, and of the backward's that had a sum running
       rec["dist/overlap"] = rec["dist/allreduce_s"] > 0 and self.overlap_s / rec["dist/allreduce_s"] or 0
+      rec["dist/backward_overlapped"] = (self.backward_s or 0) > 0 and math.min(1, self.overlap_s / self.backward_s) or 0
       rec["dist/buckets"], rec["dist/buckets_early"] = self.buckets, self.buckets_early
-      self.overlap_s = nil
+      self.overlap_s, self.backward_s = nil, nil
     end
   end
   return rec
