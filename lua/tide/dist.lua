@@ -125,30 +125,36 @@ local function grad_or_zeros(t)
   return t:grad()
 end
 
+-- the gradients of params ({param = tensor} entries or tensors) by dtype, in order of first appearance: order =
+-- {dtype, ...}, by[dtype] = {{t = the parameter, g = its gradient, i = its index}, ...} (a missing gradient: zeros)
+local function grads_by_dtype(params)
+  local by, order = {}, {}
+  for i, p in ipairs(params) do
+    local t = p.param or p
+    local g = grad_or_zeros(t)
+    local dt = g:dtype()
+    if not by[dt] then by[dt] = {}; order[#order + 1] = dt end
+    local l = by[dt]
+    l[#l + 1] = { t = t, g = g, i = i }
+  end
+  return order, by
+end
+
 -- the gradients of params ({param = tensor} entries or tensors) summed over the ranks: one flat buffer per dtype (a
 -- parameter without a gradient on this rank contributes zeros and gets the sum), summed in rank order, copied back
 function dist.allreduce_grads(params)
   if dist.world() == 1 then return end
   tide.no_grad(function()
-    local by_dtype, order = {}, {}
-    for _, p in ipairs(params) do
-      local t = p.param or p
-      local g = grad_or_zeros(t)
-      local dt = g:dtype()
-      if not by_dtype[dt] then by_dtype[dt] = {}; order[#order + 1] = dt end
-      local list = by_dtype[dt]
-      list[#list + 1] = g
-    end
+    local order, by = grads_by_dtype(params)
     for _, dt in ipairs(order) do
-      local grads = by_dtype[dt]
       local flat = {}
-      for i, g in ipairs(grads) do flat[i] = g:reshape(g:numel()) end
+      for k, e in ipairs(by[dt]) do flat[k] = e.g:reshape(e.g:numel()) end
       local buf = #flat == 1 and flat[1]:clone() or tide.F.concat(flat, 1)
       dist.allreduce_(buf)
       local off = 0
-      for _, g in ipairs(grads) do
-        local n = g:numel()
-        g:copy_(buf:narrow(1, off + 1, n):reshape(g:shape()))
+      for _, e in ipairs(by[dt]) do
+        local n = e.g:numel()
+        e.g:copy_(buf:narrow(1, off + 1, n):reshape(e.g:shape()))
         off = off + n
       end
     end
@@ -255,21 +261,14 @@ function dist.reduce_scatter_grads(params, owners)
   if world == 1 then return end
   local last = world - 1
   tide.no_grad(function()
-    local by_dtype, order = {}, {}
-    for i, p in ipairs(params) do
-      local t = p.param or p
-      local g = grad_or_zeros(t)
-      local dt = g:dtype()
-      if not by_dtype[dt] then
-        by_dtype[dt] = {}
-        for r = 0, last do by_dtype[dt][r] = {} end
-        order[#order + 1] = dt
-      end
-      local l = by_dtype[dt][owners[i]]
-      l[#l + 1] = { t = t, g = g }
-    end
+    local order, by = grads_by_dtype(params)
     for _, dt in ipairs(order) do
-      local groups = by_dtype[dt]
+      local groups = {}                    -- this dtype's gradients grouped by owner, in order within each
+      for r = 0, last do groups[r] = {} end
+      for _, e in ipairs(by[dt]) do
+        local l = groups[owners[e.i]]
+        l[#l + 1] = e
+      end
       local flat, off, len = {}, {}, {}
       local n = 0
       for r = 0, last do
@@ -342,10 +341,8 @@ function dist.layout(dcfg, who)
   end
   local bucket_mb = dcfg and dcfg.bucket_mb
   if bucket_mb == nil then bucket_mb = dist.BUCKET_MB end
-  if type(bucket_mb) ~= "number" or bucket_mb ~= bucket_mb or bucket_mb < 0 or bucket_mb == math.huge then
-    options.fail(who, "dist.bucket_mb must be a number >= 0 (MB per gradient bucket, summed while the backward runs; "
-      .. "0: one sum after the backward), got " .. tostring(bucket_mb))
-  end
+  options.finite_number(bucket_mb, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none)", who,
+    nil, 0)
   local dp = (dcfg and dcfg.dp) or world
   options.pos_int(dp, "dist.dp", who)
   -- the data lanes of a packed stream (pack.Lanes): default one per rank; one rank with dist.lanes = L reads what

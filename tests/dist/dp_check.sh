@@ -236,7 +236,8 @@ echo "ok   rank 1 killed inside the step-6 save: only step_00000006.tmp was left
 cmp "$tmp/f64-dp2" "$tmp/ckill" "f64: dp 2 resumed after a rank died inside a save == uninterrupted"
 # the dist table's plan keys under mpirun: a planned ep (or cp) is refused, and gpus must be the ranks
 for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
-        "--dist.zero=3|dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet"; do
+        "--dist.zero=3|dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet" \
+        "--dist.lanes=3|dist.lanes = 3 must be a multiple of dist.dp = 2"; do
     if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then
         echo "FAIL ${bad%%|*} under dp 2 must be an error"; exit 1; fi
     grep -q "${bad#*|}" <<< "$out" || { echo "FAIL ${bad%%|*}: $out"; exit 1; }

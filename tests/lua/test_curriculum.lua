@@ -414,5 +414,22 @@ T.test("--dry-run's layout: memory per rank by dist.zero and the dp bytes per st
   T.eq(dist.step_bytes(100, 1, 2), 0)
 end)
 
+T.test("dist options: each bad value is one line naming the key", function()
+  local dist = require "tide.dist"
+  local cases = {
+    { { bucket_mb = -1 }, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none) must be a finite number >= 0, got -1" },
+    { { bucket_mb = "big" }, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none) must be a finite number >= 0, got big" },
+    { { bucket_mb = 1 / 0 }, "must be a finite number >= 0, got inf" },
+    { { lanes = 0 }, "dist.lanes" },
+    { { lanes = 1.5 }, "dist.lanes" },
+    { { zero = 5 }, "dist.zero must be 0 (replicated AdamW state), 1" },
+    { { dp = 2 }, "dist.dp = 2 but the job has 1 rank" },
+    { { buckets = 4 }, "unknown key 'buckets' in dist" },
+  }
+  for _, c in ipairs(cases) do T.raises(function() dist.layout(c[1], "curriculum") end, c[2]) end
+  local l = dist.layout({ lanes = 3, bucket_mb = 0.5 }, "curriculum")
+  T.eq({ l.lanes, l.lane_opts.first, l.lane_opts.count, l.bucket_bytes }, { 3, 0, 3, 524288 }, "one rank hosts every lane")
+end)
+
 local _, failed = T.run({ exit = false })
 os.exit(failed == 0 and 0 or 1)
