@@ -10,7 +10,8 @@
 -- dp = 2, 4 (one thread per rank, the same rows per rank, DDP's buckets of the same size), its step time beside
 -- tide's. Writes <results>/dist.json and dist.md.
 --
---   tide run bench/dist.lua [--ranks=1,2,4] [--steps=8] [--baseline=true] [--python=/usr/bin/python3] [--results=DIR]
+--   tide run bench/dist.lua [--ranks=1,2,4] [--steps=8] [--baseline=true] [--rounds=3] [--python=/usr/bin/python3]
+--                           [--results=DIR]
 local tide = require "tide"
 local json = require "tide.json"
 local results = require "tide.results"
@@ -65,10 +66,12 @@ local function run(cfg)
       variants[#variants + 1] = { n = n, zero = 2, threads = 1, bucket_mb = 0 }
     end
   end
-  for _, v in ipairs(variants) do
+  local runs = 0
+  local function run_tide(v)
     local n, zero = v.n, v.zero
+    runs = runs + 1
     do
-      local out = fmt("%s/dp%d_z%d_t%d_b%s", tmp, n, zero, v.threads, tostring(v.bucket_mb or 0))
+      local out = fmt("%s/dp%d_z%d_t%d_b%s_%d", tmp, n, zero, v.threads, tostring(v.bucket_mb or 0), runs)
       local cmd = fmt("%s %s run recipes/dense.lua %s --train.threads=%d --out=%s%s%s > %s.log 2>&1",
         n > 1 and fmt("mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 -np %d", n) or "",
         cli.shell_quote(tide_bin), common, v.threads, cli.shell_quote(out), zero > 0 and (" --dist.zero=" .. zero) or "",
@@ -76,7 +79,7 @@ local function run(cfg)
       io.stderr:write("dist: " .. cmd .. "\n")
       if os.execute(cmd) ~= 0 then error("dist bench: the run failed: " .. cmd, 0) end
       local recs = records(out)
-      rows[#rows + 1] = { ranks = n, zero = zero, threads = v.threads, bucket_mb = n > 1 and v.bucket_mb or nil,
+      return { ranks = n, zero = zero, threads = v.threads, bucket_mb = n > 1 and v.bucket_mb or nil,
         step_s = median_of(recs, "step_time"),
         bytes = median_of(recs, "dist/bytes_sent") or 0, bytes_mean = median_of(recs, "dist/bytes_sent_mean") or 0,
         allreduce_s = median_of(recs, "dist/allreduce_s") or 0, overlap = median_of(recs, "dist/overlap"),
@@ -86,12 +89,17 @@ local function run(cfg)
         analytic = analytic(n, zero, P * 4) }
     end
   end
-  -- PyTorch: the same model and rows per rank, one process and DDP (gloo) at each rank count
+  for _, v in ipairs(variants) do rows[#rows + 1] = run_tide(v) end
+  -- PyTorch: the same model and rows per rank, one process and DDP (gloo) at each rank count, in `rounds` rounds,
+  -- each a tide run (one thread per rank, ZeRO 0, the same buckets) and then PyTorch's: the ratio per round paired
   local torch_rows = {}
   if cfg.baseline == true or cfg.baseline == "true" then
     local m = tide.nn.build(dense.model)
     for _, n in ipairs(results.numbers(cfg.ranks)) do
       local rows_per_rank = dense.data.batch_size / n
+      local pairs_, framework = {}, nil
+      for _ = 1, tonumber(cfg.rounds) do
+      local tr = run_tide({ n = n, zero = 0, threads = 1, bucket_mb = n > 1 and BUCKET_MB or nil })
       local cmd = fmt("OMP_WAIT_POLICY=PASSIVE %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d --seq %d "
         .. "--batch %d --threads 1 --warmup 1 --steps %d%s 2> %s/torch_%d.err", cli.shell_quote(cfg.python),
         cli.shell_quote("bench/torch_dense.py"), dense.model.vocab_size, dense.model.dim, dense.model.n_layers,
@@ -103,10 +111,20 @@ local function run(cfg)
       p:close()
       local ok, obj = pcall(json.decode, text:match("(%b{})%s*$") or "")
       if ok and type(obj) == "table" and obj.step_s_median then
-        torch_rows[#torch_rows + 1] = { ranks = n, step_s = obj.step_s_median, framework = obj.framework }
+        pairs_[#pairs_ + 1] = { torch = obj.step_s_median, tide = tr.step_s }
+        framework = obj.framework
       else
         io.stderr:write(fmt("dist bench: the PyTorch run for %d rank(s) failed: %s\n", n,
           (tide.read_file(fmt("%s/torch_%d.err", tmp, n)) or ""):sub(-400)))
+      end
+      end
+      if #pairs_ > 0 then
+        local t_s, d_s, ratio = {}, {}, {}
+        for k, pr in ipairs(pairs_) do t_s[k], d_s[k], ratio[k] = pr.torch, pr.tide, pr.torch / pr.tide end
+        table.sort(ratio)
+        torch_rows[#torch_rows + 1] = { ranks = n, step_s = results.median(t_s), tide_step_s = results.median(d_s),
+          ratio = results.median(ratio), ratio_min = ratio[1], ratio_max = ratio[#ratio], rounds = #pairs_,
+          framework = framework }
       end
     end
   end
@@ -158,23 +176,18 @@ local function run(cfg)
       (r.mem_peak or 0) / 2 ^ 20)
   end
   if #torch_rows > 0 then
-    -- tide's like-for-like row per rank count: one thread per rank, ZeRO 0, buckets of the same size (dp 1: 1 thread)
-    local function tide_row(n)
-      for _, r in ipairs(rows) do
-        if r.ranks == n and r.threads == 1 and r.zero == 0 and (n == 1 or r.bucket_mb == BUCKET_MB) then return r end
-      end
-    end
     L[#L + 1] = ""
-    L[#L + 1] = fmt("PyTorch in the same run (%s; one thread per rank, OMP_WAIT_POLICY=PASSIVE, %d/N rows of %d per "
-      .. "rank at dp N as tide, DDP (gloo) buckets of %g MB):", torch_rows[1].framework or "?", dense.data.batch_size,
-      dense.data.seq_len, BUCKET_MB)
+    L[#L + 1] = fmt("PyTorch in the same run (%s; one thread per rank on both sides, OMP_WAIT_POLICY=PASSIVE, %d/N "
+      .. "rows of %d per rank at dp N as tide, DDP (gloo) buckets of %g MB), in %d rounds, each a tide run (ZeRO 0, the "
+      .. "same buckets) then PyTorch's; step times are the medians over the rounds of each run's median step, the "
+      .. "ratio the median (min-max) of the rounds' paired ratios:", torch_rows[1].framework or "?",
+      dense.data.batch_size, dense.data.seq_len, BUCKET_MB, torch_rows[1].rounds)
     L[#L + 1] = ""
-    L[#L + 1] = "| ranks | PyTorch step s | tide step s (ZeRO 0, buckets) | PyTorch / tide step time |"
+    L[#L + 1] = "| ranks | PyTorch step s | tide step s (ZeRO 0, buckets) | PyTorch / tide step time: median (min-max) |"
     L[#L + 1] = "|---:|---:|---:|---:|"
     for _, t in ipairs(torch_rows) do
-      local r = tide_row(t.ranks)
-      L[#L + 1] = fmt("| %d | %.3f | %s | %s |", t.ranks, t.step_s, r and fmt("%.3f", r.step_s) or "-",
-        r and fmt("%.2fx", t.step_s / r.step_s) or "-")
+      L[#L + 1] = fmt("| %d | %.3f | %.3f | %.2fx (%.2fx-%.2fx) |", t.ranks, t.step_s, t.tide_step_s, t.ratio,
+        t.ratio_min, t.ratio_max)
     end
   end
   L[#L + 1] = ""
@@ -216,4 +229,4 @@ local function run(cfg)
   return 0
 end
 
-return { ranks = "1,2,4", steps = 8, baseline = true, python = "/usr/bin/python3", results = "bench/results", run = run }
+return { ranks = "1,2,4", steps = 8, baseline = true, rounds = 3, python = "/usr/bin/python3", results = "bench/results", run = run }
