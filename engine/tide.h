@@ -345,6 +345,11 @@ enum { TIDE_MOE_SITU = 0, TIDE_MOE_SWIGLU = 1 };
 tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up,
                               tide_tensor *w_down, int activation, double k_gate, double k_lin, double capacity_factor,
                               int64_t *dropped);
+/* the same with the capacity given as a count of assignments per expert (0: dropless): expert parallelism's owner
+   applies the whole expert-parallel batch's capacity to the rows that reached it (spec/moe.md §9) */
+tide_tensor *tide_moe_experts_capacity(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up,
+                                       tide_tensor *w_down, int activation, double k_gate, double k_lin, int64_t capacity,
+                                       int64_t *dropped);
 
 /* ---- optimiser kernels (in place, no graph) -------------------------------------------------------- */
 /* one AdamW update (optim.md §2); step = number of updates done before this one (0-based) */
@@ -521,6 +526,21 @@ int tide_dist_broadcast_(tide_tensor *t, int root);
 int tide_dist_send_(tide_tensor *t, int dst);
 int tide_dist_recv_(tide_tensor *t, int src);
 int tide_dist_barrier(void);
+/* process groups (a layout's dp, ep and cp groups): a collective over the world, where the ranks passing the same
+   color (>= 0) form one group, numbered in world order; returns the group's id (>= 1; 0 is the world) or -1. The
+   *_group_ collectives run over one group: for device tensors the world or a single rank only. */
+int tide_dist_group_split(int color);
+int tide_dist_group_rank(int group);
+int tide_dist_group_size(int group);
+int tide_dist_group_member(int group, int rank);      /* the world rank of the group's rank */
+int tide_dist_allreduce_sum_group_(int group, tide_tensor *t);
+int tide_dist_allgather_group_(int group, tide_tensor *out, const tide_tensor *in);
+int tide_dist_alltoallv_group_(int group, const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv,
+                               const int64_t *recv_counts);
+/* the all-to-all as a differentiable op: rows of x (its first dim) to the group's ranks, send_rows[r] to rank r in
+   rank order; recv_rows[r] rows arrive from rank r, stacked in rank order. Its gradient is the reverse exchange
+   (expert parallelism's dispatch and combine, spec/moe.md §9) */
+tide_tensor *tide_alltoallv(tide_tensor *x, int group, int n_ranks, const int64_t *send_rows, const int64_t *recv_rows);
 /* 1 once tide_dist_init has joined a job of more than one rank (it never initialises MPI itself) */
 int tide_dist_active(void);
 /* ---- gradient buckets reduced while the backward runs (engine/dist/reducer.c; DESIGN.md §9) ----

@@ -14,6 +14,19 @@
 
 static int g_rank = 0, g_world = 1, g_inited, g_serialized;
 
+/* process groups (DESIGN.md §9: the dp, ep and cp groups of a layout): group 0 is the world; tide_dist_group_split
+   makes the others. A group's ranks are numbered in world order; members[r] is group rank r's world rank. */
+enum { MAX_GROUPS = 64 };
+typedef struct dist_group {
+    int rank, size;
+    int *members;                 /* NULL: the world (member r is world rank r) */
+#ifdef TIDE_HAVE_MPI
+    MPI_Comm comm;
+#endif
+} dist_group;
+static dist_group g_groups[MAX_GROUPS];
+static int g_n_groups = 1;
+
 static int launched_by_mpirun(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("TIDE_FORCE_MPI");
@@ -38,6 +51,69 @@ int tide_dist_init(void)
     return 0;
 }
 
+/* the world as group 0 (filled once MPI has answered) */
+static const dist_group *world_group(void)
+{
+    tide_dist_init();
+    g_groups[0].rank = g_rank;
+    g_groups[0].size = g_world;
+#ifdef TIDE_HAVE_MPI
+    g_groups[0].comm = MPI_COMM_WORLD;
+#endif
+    return &g_groups[0];
+}
+
+static const dist_group *find_group(int g, const char *op)
+{
+    const dist_group *w = world_group();
+    if (g == 0) return w;
+    if (g < 1 || g >= g_n_groups) { tide_set_error("%s: %d is not a process group (tide_dist_group_split)", op, g); return NULL; }
+    return &g_groups[g];
+}
+
+/* the world rank of group rank r, for messages */
+static int world_rank_of(const dist_group *G, int r) { return G->members ? G->members[r] : r; }
+
+int tide_dist_group_split(int color)
+{
+    world_group();
+    if (color < 0) return tide_set_error("group split: color %d must be >= 0", color);
+    if (g_n_groups >= MAX_GROUPS) return tide_set_error("group split: more than %d process groups", MAX_GROUPS - 1);
+    dist_group *G = &g_groups[g_n_groups];
+    G->rank = 0;
+    G->size = 1;
+    G->members = malloc(sizeof *G->members * (size_t)(g_world > 0 ? g_world : 1));
+    if (!G->members) return tide_set_error("group split: out of memory");
+    G->members[0] = g_rank;
+#ifdef TIDE_HAVE_MPI
+    G->comm = MPI_COMM_NULL;
+    if (g_world > 1) {
+        /* key = world rank: the group's ranks keep the world's order */
+        if (MPI_Comm_split(MPI_COMM_WORLD, color, g_rank, &G->comm) != MPI_SUCCESS) {
+            free(G->members);
+            return tide_set_error("group split: MPI_Comm_split failed");
+        }
+        MPI_Comm_rank(G->comm, &G->rank);
+        MPI_Comm_size(G->comm, &G->size);
+        if (MPI_Allgather(&g_rank, 1, MPI_INT, G->members, 1, MPI_INT, G->comm) != MPI_SUCCESS) {
+            free(G->members);
+            return tide_set_error("group split: MPI_Allgather failed");
+        }
+    }
+#endif
+    return g_n_groups++;
+}
+
+int tide_dist_group_rank(int g) { const dist_group *G = find_group(g, "group"); return G ? G->rank : -1; }
+int tide_dist_group_size(int g) { const dist_group *G = find_group(g, "group"); return G ? G->size : -1; }
+int tide_dist_group_member(int g, int r)
+{
+    const dist_group *G = find_group(g, "group");
+    if (!G) return -1;
+    if (r < 0 || r >= G->size) return tide_set_error("group: rank %d is not in a group of %d", r, G->size);
+    return world_rank_of(G, r);
+}
+
 int tide_dist_rank(void) { tide_dist_init(); return g_rank; }
 int tide_dist_thread_serialized(void) { tide_dist_init(); return g_serialized; }
 int tide_dist_world_size(void) { tide_dist_init(); return g_world; }
@@ -56,6 +132,15 @@ static int device_tensor(const tide_tensor *t, const char *op, int *rc)
     if (!t || t->device == TIDE_CPU) return 0;
     *rc = tide_is_contiguous(t) ? 0 : tide_set_error("%s: tensor must be contiguous", op);
     return 1;
+}
+
+/* a device tensor's collective over group G: the backend's communicator spans the world, so G must be the world or
+   a single rank */
+static int device_group_ok(const dist_group *G, const char *op)
+{
+    if (G->size == 1 || G->size == g_world) return 0;
+    return tide_set_error("%s: device tensors are summed over the whole world only (a group of %d of %d ranks)", op,
+                          G->size, g_world);
 }
 
 /* bytes this rank handed to the network (sends, and a broadcast's payload at its root) since the start */
@@ -82,19 +167,19 @@ static int wait_polite(MPI_Request *rq)
     }
 }
 
-static int chain_recv(void *buf, size_t n, int src, int tag)
+static int chain_recv(MPI_Comm comm, void *buf, size_t n, int src, int tag)
 {
-    if (!t_polite) return MPI_Recv(buf, (int)n, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (!t_polite) return MPI_Recv(buf, (int)n, MPI_BYTE, src, tag, comm, MPI_STATUS_IGNORE);
     MPI_Request rq;
-    int rc = MPI_Irecv(buf, (int)n, MPI_BYTE, src, tag, MPI_COMM_WORLD, &rq);
+    int rc = MPI_Irecv(buf, (int)n, MPI_BYTE, src, tag, comm, &rq);
     return rc != MPI_SUCCESS ? rc : wait_polite(&rq);
 }
 
-static int chain_send(const void *buf, size_t n, int dst, int tag)
+static int chain_send(MPI_Comm comm, const void *buf, size_t n, int dst, int tag)
 {
-    if (!t_polite) return MPI_Send(buf, (int)n, MPI_BYTE, dst, tag, MPI_COMM_WORLD);
+    if (!t_polite) return MPI_Send(buf, (int)n, MPI_BYTE, dst, tag, comm);
     MPI_Request rq;
-    int rc = MPI_Isend(buf, (int)n, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &rq);
+    int rc = MPI_Isend(buf, (int)n, MPI_BYTE, dst, tag, comm, &rq);
     return rc != MPI_SUCCESS ? rc : wait_polite(&rq);
 }
 
@@ -114,27 +199,28 @@ static void add_into(int dtype, void *acc, const void *prev, int64_t n)
 #ifdef TIDE_HAVE_MPI
 /* the first half of the rank-order sum: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks (each rank
    adds its values to what arrives and passes it on, pipelined); the whole sum is then on rank N-1 alone */
-static int chain_sum_to_last(tide_tensor *t, const char *op)
+static int chain_sum_to_last(tide_tensor *t, const char *op, const dist_group *G)
 {
     size_t es = t->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     char *data = tide_data(t);
     int64_t n = t->numel;
-    void *tmp = g_rank > 0 ? malloc((size_t)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK) * es) : NULL;
-    if (g_rank > 0 && !tmp) return tide_set_error("%s: out of memory for %lld values", op, (long long)n);
+    int me = G->rank, size = G->size;
+    void *tmp = me > 0 ? malloc((size_t)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK) * es) : NULL;
+    if (me > 0 && !tmp) return tide_set_error("%s: out of memory for %lld values", op, (long long)n);
     for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
         int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
         char *chunk = data + (size_t)k0 * es;
-        if (g_rank > 0) {
-            if (chain_recv(tmp, (size_t)m * es, g_rank - 1, 7) != MPI_SUCCESS) {
+        if (me > 0) {
+            if (chain_recv(G->comm, tmp, (size_t)m * es, me - 1, 7) != MPI_SUCCESS) {
                 free(tmp);
-                return tide_set_error("%s: receiving from rank %d failed", op, g_rank - 1);
+                return tide_set_error("%s: receiving from rank %d failed", op, world_rank_of(G, me - 1));
             }
             add_into(t->dtype, chunk, tmp, m);
         }
-        if (g_rank < g_world - 1) {
-            if (chain_send(chunk, (size_t)m * es, g_rank + 1, 7) != MPI_SUCCESS) {
+        if (me < size - 1) {
+            if (chain_send(G->comm, chunk, (size_t)m * es, me + 1, 7) != MPI_SUCCESS) {
                 free(tmp);
-                return tide_set_error("%s: sending to rank %d failed", op, g_rank + 1);
+                return tide_set_error("%s: sending to rank %d failed", op, world_rank_of(G, me + 1));
             }
             g_bytes_sent += (int64_t)((size_t)m * es);
         }
@@ -179,7 +265,7 @@ int tide_dist_reduce_to_last_(tide_tensor *t)
         return tide_set_error("reduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
     if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
 #ifdef TIDE_HAVE_MPI
-    return chain_sum_to_last(t, "reduce");
+    return chain_sum_to_last(t, "reduce", world_group());
 #else
     return 0;
 #endif
@@ -190,11 +276,14 @@ int tide_dist_reduce_to_last_(tide_tensor *t)
    through 0, 1, ..., N-2 (every rank sends the buffer once or twice: 2(N-1)/N times on average, a ring's volume). The
    order of every addition is fixed by the ranks alone, so N ranks reproduce themselves bit for bit whatever the
    message timing, and match one process that accumulates the same N parts in order (gradient accumulation). */
-int tide_dist_allreduce_sum_(tide_tensor *t)
+int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
 {
     int rc = 0;
+    const dist_group *G = find_group(group, "allreduce");
+    if (!G) return -1;
     if (device_tensor(t, "allreduce", &rc)) {
-        if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
+        if (rc || G->size == 1 || t->numel == 0) return rc;
+        if (device_group_ok(G, "allreduce")) return -1;
         rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", t->dtype, tide_data(t), t->numel);
         if (!rc) g_bytes_sent += tide_tensor_nbytes(t) * ((g_rank < g_world - 1) + (g_rank != g_world - 2));
         return rc;
@@ -202,30 +291,33 @@ int tide_dist_allreduce_sum_(tide_tensor *t)
     if (check_cpu_tensor(t, "allreduce")) return -1;
     if (t->dtype != TIDE_F32 && t->dtype != TIDE_F64)
         return tide_set_error("allreduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
-    if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
+    if (G->size == 1 || t->numel == 0) return 0;
 #ifdef TIDE_HAVE_MPI
     size_t es = t->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     char *data = tide_data(t);
     int64_t n = t->numel;
-    if (chain_sum_to_last(t, "allreduce")) return -1;
+    int me = G->rank, size = G->size;
+    if (chain_sum_to_last(t, "allreduce", G)) return -1;
     /* the sum from rank N-1 along the chain N-1 -> 0 -> 1 -> ... -> N-2, in the same chunks (each rank receives it
        once and passes it on once: the bytes every rank sends are its own, counted where they leave) */
-    int prev = g_rank == 0 ? g_world - 1 : g_rank - 1, next = g_rank == g_world - 1 ? 0 : g_rank + 1;
-    int recv = g_rank != g_world - 1, send = g_rank != g_world - 2;
+    int prev = me == 0 ? size - 1 : me - 1, next = me == size - 1 ? 0 : me + 1;
+    int recv = me != size - 1, send = me != size - 2;
     for (int64_t k0 = 0; k0 < n; k0 += CHAIN_CHUNK) {
         int64_t m = n - k0 < CHAIN_CHUNK ? n - k0 : CHAIN_CHUNK;
         char *chunk = data + (size_t)k0 * es;
-        if (recv && chain_recv(chunk, (size_t)m * es, prev, 8) != MPI_SUCCESS)
-            return tide_set_error("allreduce: receiving the sum from rank %d failed", prev);
+        if (recv && chain_recv(G->comm, chunk, (size_t)m * es, prev, 8) != MPI_SUCCESS)
+            return tide_set_error("allreduce: receiving the sum from rank %d failed", world_rank_of(G, prev));
         if (send) {
-            if (chain_send(chunk, (size_t)m * es, next, 8) != MPI_SUCCESS)
-                return tide_set_error("allreduce: passing the sum to rank %d failed", next);
+            if (chain_send(G->comm, chunk, (size_t)m * es, next, 8) != MPI_SUCCESS)
+                return tide_set_error("allreduce: passing the sum to rank %d failed", world_rank_of(G, next));
             g_bytes_sent += (int64_t)((size_t)m * es);
         }
     }
 #endif
     return 0;
 }
+
+int tide_dist_allreduce_sum_(tide_tensor *t) { return tide_dist_allreduce_sum_group_(0, t); }
 
 /* the device's communicator (CUDA: NCCL over MPI) set up now; *world: its rank count, which must be MPI's */
 int tide_dist_device_init(int device, int *world)
@@ -263,10 +355,12 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
 }
 
 /* the ranks' tensors concatenated in rank order: out holds world x in's elements, of in's dtype and device */
-int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in)
+int tide_dist_allgather_group_(int group, tide_tensor *out, const tide_tensor *in)
 {
     if (!out || !in) return tide_set_error("allgather: tensor is NULL");
-    int w = tide_dist_world_size();
+    const dist_group *G = find_group(group, "allgather");
+    if (!G) return -1;
+    int w = G->size;
     if (out->dtype != in->dtype || out->device != in->device || out->numel != (int64_t)w * in->numel)
         return tide_set_error("allgather: out must hold %d x %lld elements of %s on in's device, got %lld of %s", w,
                               (long long)in->numel, tide_dtype_name(in->dtype), (long long)out->numel,
@@ -280,11 +374,12 @@ int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in)
         return rc;
     }
     if (in->device != TIDE_CPU) {
+        if (device_group_ok(G, "allgather")) return -1;
         rc = TIDE_DISPATCH(in->device, dist_allgather, "allgather", tide_data(in), tide_data(out), nb);
     } else {
 #ifdef TIDE_HAVE_MPI
         if (nb > INT32_MAX) return tide_set_error("allgather: %lld bytes a rank is past MPI's int count", (long long)nb);
-        if (MPI_Allgather(tide_data(in), (int)nb, MPI_BYTE, tide_data(out), (int)nb, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
+        if (MPI_Allgather(tide_data(in), (int)nb, MPI_BYTE, tide_data(out), (int)nb, MPI_BYTE, G->comm) != MPI_SUCCESS)
             rc = tide_set_error("allgather: MPI_Allgather failed");
 #endif
     }
@@ -292,15 +387,20 @@ int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in)
     return rc;
 }
 
+int tide_dist_allgather_(tide_tensor *out, const tide_tensor *in) { return tide_dist_allgather_group_(0, out, in); }
+
 /* all-to-all with counts per rank: send_counts[r] elements of send (in rank order) to rank r, recv_counts[r] from
    rank r into recv (in rank order); counts in elements of the tensors' dtype (the same on both sides) */
-int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv, const int64_t *recv_counts)
+int tide_dist_alltoallv_group_(int group, const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv,
+                               const int64_t *recv_counts)
 {
     if (!send || !recv || !send_counts || !recv_counts) return tide_set_error("alltoallv: NULL argument");
+    const dist_group *G = find_group(group, "alltoallv");
+    if (!G) return -1;
     if (send->dtype != recv->dtype || send->device != recv->device)
         return tide_set_error("alltoallv: send and recv must share dtype and device");
     if (!tide_is_contiguous(send) || !tide_is_contiguous(recv)) return tide_set_error("alltoallv: tensors must be contiguous");
-    int w = tide_dist_world_size(), me = tide_dist_rank();
+    int w = G->size, me = G->rank;
     int64_t es = tide_dtype_size(send->dtype), ns = 0, nr = 0;
     int64_t *sb = malloc((size_t)w * 4 * sizeof *sb);
     if (!sb) return tide_set_error("alltoallv: out of memory");
@@ -308,7 +408,7 @@ int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, ti
     for (int r = 0; r < w; r++) {
         if (send_counts[r] < 0 || recv_counts[r] < 0) {
             free(sb);
-            return tide_set_error("alltoallv: negative count for rank %d", r);
+            return tide_set_error("alltoallv: negative count for rank %d", world_rank_of(G, r));
         }
         so[r] = ns * es; sb[r] = send_counts[r] * es; ns += send_counts[r];
         ro[r] = nr * es; rb[r] = recv_counts[r] * es; nr += recv_counts[r];
@@ -326,7 +426,8 @@ int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, ti
             rc = TIDE_DISPATCH(send->device, copy, "alltoallv", tide_data(recv), recv->dtype, (int64_t[]){1},
                                tide_data(send), send->dtype, (int64_t[]){1}, 1, (int64_t[]){send->numel});
     } else if (send->device != TIDE_CPU) {
-        rc = TIDE_DISPATCH(send->device, dist_alltoallv, "alltoallv", tide_data(send), sb, so, tide_data(recv), rb, ro);
+        rc = device_group_ok(G, "alltoallv");
+        if (!rc) rc = TIDE_DISPATCH(send->device, dist_alltoallv, "alltoallv", tide_data(send), sb, so, tide_data(recv), rb, ro);
     } else {
 #ifdef TIDE_HAVE_MPI
         int *ic = malloc((size_t)w * 4 * sizeof *ic);
@@ -337,7 +438,7 @@ int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, ti
             else { ic[r] = (int)sb[r]; ic[w + r] = (int)so[r]; ic[2 * w + r] = (int)rb[r]; ic[3 * w + r] = (int)ro[r]; }
         }
         if (!rc && MPI_Alltoallv(tide_data(send), ic, ic + w, MPI_BYTE, tide_data(recv), ic + 2 * w, ic + 3 * w, MPI_BYTE,
-                                 MPI_COMM_WORLD) != MPI_SUCCESS)
+                                 G->comm) != MPI_SUCCESS)
             rc = tide_set_error("alltoallv: MPI_Alltoallv failed");
         free(ic);
 #endif
@@ -346,6 +447,11 @@ int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, ti
         for (int r = 0; r < w; r++) if (r != me) g_bytes_sent += sb[r];
     free(sb);
     return rc;
+}
+
+int tide_dist_alltoallv_(const tide_tensor *send, const int64_t *send_counts, tide_tensor *recv, const int64_t *recv_counts)
+{
+    return tide_dist_alltoallv_group_(0, send, send_counts, recv, recv_counts);
 }
 
 /* point to point: the bytes of a contiguous CPU tensor to rank dst / from rank src into t (same shape and dtype) */

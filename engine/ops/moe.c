@@ -178,8 +178,9 @@ int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
     return 0;
 }
 
-tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up, tide_tensor *w_down,
-                              int activation, double k_gate, double k_lin, double capacity_factor, int64_t *dropped)
+static tide_tensor *moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up, tide_tensor *w_down,
+                                int activation, double k_gate, double k_lin, double capacity_factor, int64_t capacity,
+                                int64_t *dropped)
 {
     const char *op = "moe_experts";
     if (tide_check_float(x, op, "x") || tide_check_index_dtype(sel, op, "sel") || tide_check_float(p, op, "p") ||
@@ -216,7 +217,8 @@ tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, 
                SHAPE_STR(w_gate_up, a));
     tide_attrs at = {0};
     at.moe_experts.activation = activation;
-    at.moe_experts.capacity = capacity_factor > 0 ? (int64_t)ceil(capacity_factor * (double)A / (double)ne) : -1;
+    at.moe_experts.capacity = capacity > 0 ? capacity
+                              : capacity_factor > 0 ? (int64_t)ceil(capacity_factor * (double)A / (double)ne) : -1;
     at.moe_experts.k_gate = k_gate;
     at.moe_experts.k_lin = k_lin;
     tide_tensor *out[2];
@@ -226,4 +228,18 @@ tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, 
     if (isnan(nd)) { tide_tensor_release(out[MOE_OUT_Y]); return NULL; }
     if (dropped) *dropped = (int64_t)nd;
     return out[MOE_OUT_Y];
+}
+
+tide_tensor *tide_moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up, tide_tensor *w_down,
+                              int activation, double k_gate, double k_lin, double capacity_factor, int64_t *dropped)
+{
+    return moe_experts(x, sel, p, w_gate_up, w_down, activation, k_gate, k_lin, capacity_factor, 0, dropped);
+}
+
+tide_tensor *tide_moe_experts_capacity(tide_tensor *x, tide_tensor *sel, tide_tensor *p, tide_tensor *w_gate_up,
+                                       tide_tensor *w_down, int activation, double k_gate, double k_lin, int64_t capacity,
+                                       int64_t *dropped)
+{
+    TIDE_CHECK(capacity >= 0, "moe_experts: capacity = %lld must be 0 (dropless) or positive", (long long)capacity);
+    return moe_experts(x, sel, p, w_gate_up, w_down, activation, k_gate, k_lin, 0.0, capacity, dropped);
 }

@@ -88,6 +88,8 @@
     /* moe.c */                                                        \
     X(SITU_GLU, situ_glu, situ_glu, situ_glu)                          \
     X(TOPK, topk, topk, topk)                                          \
-    X(MOE_EXPERTS, moe_experts, moe_experts, moe_experts)
+    X(MOE_EXPERTS, moe_experts, moe_experts, moe_experts)              \
+    /* collective.c */                                                 \
+    X(ALLTOALLV, alltoallv, alltoallv, alltoallv)
 
 #endif

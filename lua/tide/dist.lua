@@ -24,6 +24,9 @@
 --                                 and bench/dist's formula; tests/dist/dp_check.sh holds the runtime's count to it)
 --   dist.agree(ok, what)          one decision from every rank's ok (a collective): raises on all ranks, naming the failed
 --   dist.barrier(), dist.bytes_sent()
+--   dist.split(color)             a process group: the ranks passing the same color (a collective), in world order;
+--                                 g.rank, g.size, g.members, g.allreduce_(t), g.sum_f64(list), g.allgather(t),
+--                                 g.alltoallv(t, send, recv) and g.exchange(x, send, recv) (the differentiable one)
 local ffi = require "ffi"
 local tide = require "tide"
 
@@ -91,6 +94,66 @@ function dist.alltoallv(t, send, recv)
   local out = tide.empty(out_shape, { dtype = t:dtype(), device = t:device() })
   check(C.tide_dist_alltoallv_(raw(t:contiguous()), sc, raw(out), rc), "alltoallv")
   return out
+end
+
+-- ---- process groups ----------------------------------------------------------------------------------------------
+-- split(color) -> a group of the ranks that pass the same color (every rank calls it: a collective). Fields: id (the
+-- engine's), rank (this rank's in the group), size, members ({world rank of group rank 0, ...}); collectives over the
+-- group only: allreduce_(t) (rank order, as dist.allreduce_), sums(list), allgather(t), alltoallv(t, send, recv)
+-- (counts in rows, as dist.alltoallv) and exchange(x, send, recv), the all-to-all as an op of the graph (its gradient
+-- the reverse exchange: expert parallelism's dispatch and combine). One rank: a group of one.
+local groups = {}
+function dist.split(color)
+  init()
+  local id = C.tide_dist_group_split(color)
+  if id < 0 then error("dist: " .. ffi.string(C.tide_last_error()), 0) end
+  local g = { id = id, rank = C.tide_dist_group_rank(id), size = C.tide_dist_group_size(id), members = {} }
+  for r = 0, g.size - 1 do g.members[r + 1] = C.tide_dist_group_member(id, r) end
+  function g.allreduce_(t)
+    check(C.tide_dist_allreduce_sum_group_(id, raw(t)), "allreduce")
+    return t
+  end
+  function g.sums(list)
+    if g.size == 1 then return list end
+    local a = g.allreduce_(tide.tensor(list, { dtype = "f64" })):f64_array()
+    local out = {}
+    for i = 1, #list do out[i] = a[i - 1] end
+    return out
+  end
+  function g.allgather(t)
+    local shape = t:shape()
+    local out_shape = { (shape[1] or 1) * g.size }
+    for i = 2, #shape do out_shape[i] = shape[i] end
+    local out = tide.empty(out_shape, { dtype = t:dtype(), device = t:device() })
+    check(C.tide_dist_allgather_group_(id, raw(out), raw(t:contiguous())), "allgather")
+    return out
+  end
+  local function counts(send, recv, row)
+    local sc, rc = ffi.new("int64_t[?]", g.size), ffi.new("int64_t[?]", g.size)
+    local n_recv = 0
+    for r = 1, g.size do
+      sc[r - 1], rc[r - 1] = send[r] * row, recv[r] * row
+      n_recv = n_recv + recv[r]
+    end
+    return sc, rc, n_recv
+  end
+  function g.alltoallv(t, send, recv)
+    local shape = t:shape()
+    local row = 1
+    for i = 2, #shape do row = row * shape[i] end
+    local sc, rc, n_recv = counts(send, recv, row)
+    local out_shape = { n_recv }
+    for i = 2, #shape do out_shape[i] = shape[i] end
+    local out = tide.empty(out_shape, { dtype = t:dtype(), device = t:device() })
+    check(C.tide_dist_alltoallv_group_(id, raw(t:contiguous()), sc, raw(out), rc), "alltoallv")
+    return out
+  end
+  function g.exchange(x, send, recv)
+    local sc, rc = counts(send, recv, 1)
+    return require("tide.tensor").check(C.tide_alltoallv(raw(x), id, g.size, sc, rc))
+  end
+  groups[#groups + 1] = g
+  return g
 end
 
 -- point to point: t to rank dst; rank src's values into t (contiguous CPU tensors of one size)

@@ -542,13 +542,14 @@ function F.topk(x, k)
 end
 
 local MOE_ACTS = { situ = C.TIDE_MOE_SITU, swiglu = C.TIDE_MOE_SWIGLU }
-local MOE_KEYS = { activation = true, k_gate = true, k_lin = true, capacity_factor = true }
+local MOE_KEYS = { activation = true, k_gate = true, k_lin = true, capacity_factor = true, capacity = true }
 
 -- F.moe_experts(x, sel, p, w_gate_up, w_down, opts) -> u [m, d_out], dropped (moe.md §7, §8)
 --   x [m, d_in], sel [m, k] 0-based expert ids (int tensor or Lua table of rows), p [m, k] routing weights,
 --   w_gate_up [n, 2·d_e, d_in] (gate rows, then up rows), w_down [n, d_out, d_e]
 --   opts.activation "situ" (default) | "swiglu"; opts.k_gate (4), opts.k_lin (25);
---   opts.capacity_factor (0 = dropless; > 0 keeps ceil(cf·m·k/n) assignments per expert); dropped = the count lost
+--   opts.capacity_factor (0 = dropless; > 0 keeps ceil(cf·m·k/n) assignments per expert), or opts.capacity (that
+--   count given directly); dropped = the count lost
 function F.moe_experts(x, sel, p, w_gate_up, w_down, opts)
   local op = "moe_experts"
   opts = want_opts(opts, op)
@@ -560,8 +561,16 @@ function F.moe_experts(x, sel, p, w_gate_up, w_down, opts)
   want_tensor(x, op, "x")
   sel = index_tensor(sel, x, op, "sel")
   local dropped = ffi.new("int64_t[1]")
-  local u = check(C.tide_moe_experts(raw(x), raw(sel), want_tensor(p, op, "p"), want_tensor(w_gate_up, op, "w_gate_up"),
-                                     want_tensor(w_down, op, "w_down"), act, kg, kl, cf, dropped))
+  local u
+  if opts.capacity ~= nil and opts.capacity ~= 0 then
+    if opts.capacity_factor ~= nil then raise(op .. ": give capacity or capacity_factor, not both") end
+    local cap = want_number(opts.capacity, op, "capacity")
+    u = check(C.tide_moe_experts_capacity(raw(x), raw(sel), want_tensor(p, op, "p"), want_tensor(w_gate_up, op,
+      "w_gate_up"), want_tensor(w_down, op, "w_down"), act, kg, kl, cap, dropped))
+  else
+    u = check(C.tide_moe_experts(raw(x), raw(sel), want_tensor(p, op, "p"), want_tensor(w_gate_up, op, "w_gate_up"),
+                                 want_tensor(w_down, op, "w_down"), act, kg, kl, cf, dropped))
+  end
   return u, tonumber(dropped[0])
 end
 

@@ -270,6 +270,8 @@ static tide_tensor *r_topk(tide_tensor **x)
 }
 RUN(r_moe_situ, tide_moe_experts(x[0], x[1], x[2], x[3], x[4], TIDE_MOE_SITU, 1.5, 2.0, 0.0, NULL))
 RUN(r_moe_swiglu_cap, tide_moe_experts(x[0], x[1], x[2], x[3], x[4], TIDE_MOE_SWIGLU, 4.0, 25.0, 0.6, NULL))
+/* alltoallv over the world of this one process: every row to itself (the exchange between ranks: tests/dist) */
+RUN(r_alltoallv, tide_alltoallv(x[0], 0, 1, (int64_t[]){5}, (int64_t[]){5}))
 
 /* slow references (plain loops on host copies) */
 static void ref_matmul_tb(tide_tensor **in, double *out)   /* a [B, M, K], b [N, K] -> [B, M, N] */
@@ -644,6 +646,7 @@ static void build_cases(void)
     cases[n_cases - 1].ref = ref_moe_situ;
     add6(TIDE_OP_MOE_EXPERTS, "SwiGLU, capacity 0.6, i32 sel", r_moe_swiglu_cap, 5, RANDN(7, 3),
          ints(TIDE_I32, 2, SHAPE(7, 2), 3, -1, 0), RANDU(0.1, 1.0, 7, 2), RANDN(3, 4, 3), RANDN(3, 2, 2), NULL);
+    add(TIDE_OP_ALLTOALLV, "one rank, [5,3,2]", r_alltoallv, NULL, 0, 1, RANDN(5, 3, 2), 0, 0, 0);
     (void)s4;
 }
 

@@ -26,6 +26,9 @@ small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --d
 mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
 # the process group's all-gather and all-to-all-v from Lua (the collectives expert parallelism will dispatch with)
 for n in 2 4; do "${mp[@]}" -np $n "$tide" run tests/dist/dp_collectives.lua; done
+# expert parallelism of one MoE layer against the whole layer (ep 2 of 2, ep 2 and 4 of 4 ranks)
+"${mp[@]}" -np 2 "$tide" run tests/dist/ep_layer.lua --ep=2
+for e in 2 4; do "${mp[@]}" -np 4 "$tide" run tests/dist/ep_layer.lua --ep=$e; done
 cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --what="$3"; }
 for dt in f64 f32; do
     one() { "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=$dt "$@"; }

@@ -29,8 +29,40 @@ local function run()
       o = o + 1
     end
   end
+  -- process groups: the even and the odd ranks; sums, gathers and exchanges stay inside each
+  local g = dist.split(r % 2)
+  local members = {}
+  for q = r % 2, w - 1, 2 do members[#members + 1] = q end
+  if #g.members ~= #members or g.size ~= #members or g.members[g.rank + 1] ~= r then
+    error(string.format("rank %d: group members %s", r, table.concat(g.members, ",")), 0)
+  end
+  local want = 0
+  for _, q in ipairs(members) do want = want + q + 0.25 end
+  local s = g.allreduce_(tide.tensor({ r + 0.25, 1 }, { dtype = "f64" })):tolist()
+  if s[1] ~= want or s[2] ~= #members then error(string.format("rank %d: group sum %g, want %g", r, s[1], want), 0) end
+  local ga = g.allgather(tide.tensor({ { r } }, { dtype = "f32" })):tolist()
+  for i, q in ipairs(members) do
+    if ga[i] ~= q then error(string.format("rank %d: group allgather entry %d is %g", r, i, ga[i]), 0) end
+  end
+  -- the differentiable exchange: one row to each member, the gradient comes back by the reverse exchange
+  local ones = {}
+  local xr = {}
+  for i = 1, g.size do ones[i] = 1; xr[i] = { 10 * r + i } end
+  local x = tide.tensor(xr, { dtype = "f64" }):requires_grad_(true)
+  local y = g.exchange(x, ones, ones)
+  for i, q in ipairs(members) do
+    if y:tolist()[i] ~= 10 * q + g.rank + 1 then error(string.format("rank %d: exchange row %d wrong", r, i), 0) end
+  end
+  local wts = {}
+  for i, q in ipairs(members) do wts[i] = { q + 1 } end
+  (y * tide.tensor(wts, { dtype = "f64" })):sum():backward()
+  -- d/dx[i] (sent to member i) = the weight member i gives what this rank sent: this rank's own weight
+  for i = 1, g.size do
+    if x:grad():tolist()[i] ~= r + 1 then error(string.format("rank %d: exchange gradient %d wrong", r, i), 0) end
+  end
   if r == 0 then
-    print(string.format("ok   %d ranks: allgather in rank order; alltoallv of uneven parts (%d rows here)", w, o))
+    print(string.format("ok   %d ranks: allgather in rank order; alltoallv of uneven parts (%d rows here); groups of "
+      .. "the even and odd ranks (sum, gather, differentiable exchange)", w, o))
   end
   return 0
 end

@@ -1796,6 +1796,8 @@ static const op_coverage coverage[] = {
     {"topk", "topk 5 of 33 (values, gradient scatter)", NULL},
     {"moe_experts", "moe_experts f32 m 37 n 8 k 2 d 48/32/40|moe_experts bf16 m 37 n 8 k 2 d 48/32/40|"
                     "moe_experts f32 m 700 n 300 k 2 d 16/8/24", NULL},
+    {"alltoallv", NULL, "a collective, no kernel: the exchange is the backend's dist_alltoallv entry (NCCL), tested by "
+                        "gpu-test-nccl; one rank copies"},
 };
 
 /* the checks that report under their own name (see report() calls above) */

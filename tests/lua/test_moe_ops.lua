@@ -82,7 +82,15 @@ T.test("moe_experts == a dense per-token loop (both activations), gradients, cap
   T.eq(dropped, 5)
   T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { activation = "relu" }) end,
            'moe_experts: activation must be "situ" or "swiglu", got "relu"')
-  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { capacity = 1 }) end, "moe_experts: unknown key 'capacity'")
+  -- the capacity as a count: 2 is capacity_factor 0.5's; 4 drops expert 2's last two
+  local u2, d2 = F.moe_experts(x, sel, p, wgu, wd, { capacity = 2 })
+  T.eq(d2, 5)
+  T.near(u2:tolist(), F.moe_experts(x, sel, p, wgu, wd, { capacity_factor = 0.5 }):tolist(), 0)
+  T.eq(select(2, F.moe_experts(x, sel, p, wgu, wd, { capacity = 4 })), 2)
+  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { capacity = 2, capacity_factor = 0.5 }) end,
+           "give capacity or capacity_factor, not both")
+  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { capacity = -1 }) end, "capacity = -1 must be 0")
+  T.raises(function() F.moe_experts(x, sel, p, wgu, wd, { size = 1 }) end, "moe_experts: unknown key 'size'")
   T.raises(function() F.moe_experts(x, { { 0, 4 }, { 0, 0 }, { 0, 0 }, { 0, 0 }, { 0, 0 } }, p, wgu, wd) end,
            "expert id 4, outside [0, 4)")
   T.raises(function() F.moe_experts(x, sel, p, wd, wd) end, "must be [m, d_in], [m, k], [m, k]")

@@ -206,8 +206,13 @@ function MoE:forward(x)
   local sel, p = self.gate:route(s)
   if p:dtype() ~= xf:dtype() then p = p:to(xf:dtype()) end
   local z = self.routed_expert_down_proj and self.routed_expert_down_proj:forward(xf) or xf
-  local u, dropped = F.moe_experts(z, sel, p, self.experts.gate_up_proj, self.experts.down_proj,
-    { activation = self.activation, capacity_factor = self.capacity_factor })
+  local u, dropped
+  if self.ep then
+    u, dropped = self:ep_experts(z, sel, p)
+  else
+    u, dropped = F.moe_experts(z, sel, p, self.experts.gate_up_proj, self.experts.down_proj,
+      { activation = self.activation, capacity_factor = self.capacity_factor })
+  end
   local y = u
   if self.routed_expert_norm then
     -- the norm applies once, to the weighted aggregate (§7)
@@ -252,6 +257,86 @@ function MoE:forward(x)
   end
   shape[#shape] = self.dim
   return y:reshape(shape)
+end
+
+-- ---- expert parallelism (§9) ----------------------------------------------------------------------------------
+-- shard_experts(ep, dp): this rank keeps only the routed experts [r·n/P, (r+1)·n/P) of the fused tensors (r, P: its
+-- rank and the size of the expert-parallel group ep, from dist.split), the rest freed; the router, its bias and
+-- everything else stay whole (replicated). dp: the group of ranks holding the same experts (their gradients are
+-- summed over it), or nil. The parameters' meta names both groups (meta.ep, meta.ep_dp) for the step's reduction
+-- and the global norm. Call it before the optimiser is built.
+function MoE:shard_experts(ep, dp)
+  local P = ep.size
+  if self.n % P ~= 0 then bad(fmt("shard_experts: dist.ep = %d must divide n_experts = %d", P, self.n)) end
+  local nl = self.n / P
+  local first = ep.rank * nl
+  local ex = self.experts
+  for _, name in ipairs({ "gate_up_proj", "down_proj" }) do
+    local part = tide.no_grad(function() return ex[name]:narrow(1, first + 1, nl):clone() end)
+    local meta = ex._param_meta[name]
+    ex[name] = nil
+    ex:param(name, part:detach(), { decay = meta.decay, ep = ep, ep_dp = dp })
+  end
+  ex.n_local, ex.first = nl, first
+  self.ep = ep
+  return self
+end
+
+local function i64_tensor(arr, n, cols)
+  local t = tide.wrap(tide.C.tide_from_f64(tide.C.TIDE_I64, 1, ffi.new("int64_t[1]", n), 0, arr))
+  return cols and t:reshape(n / cols, cols) or t
+end
+
+-- the routed experts across the ranks of self.ep (§9): each (token, slot) assignment goes to the rank owning its
+-- expert (a stable counting sort by owner), the P×P row counts are exchanged, then the rows (in z's width: d_lat
+-- with LatentMoE) with their local expert ids; the owner runs its experts on what arrived (F.moe_experts, one
+-- assignment per row, weight 1), the outputs go back by the reverse exchange and each token sums its k outputs
+-- weighted by p, in slot order. Both row exchanges are ops of the graph, so the backward mirrors them. The capacity
+-- (capacity_factor > 0) is the whole expert-parallel batch's, ⌈cf · A / n⌉ with A its assignments, applied on the
+-- owner to the rows in source-rank order: the rows one rank routing the concatenated batch would keep.
+function MoE:ep_experts(z, sel, p)
+  local ep, k, n = self.ep, self.k, self.n
+  local P, nl = ep.size, self.n / ep.size
+  local m = sel:size(1)
+  local A = m * k
+  local sa = read_f64(sel)
+  local send, off = {}, {}
+  for r = 1, P do send[r] = 0 end
+  for a = 0, A - 1 do local r = math.floor(sa[a] / nl) + 1; send[r] = send[r] + 1 end
+  local o = 0
+  for r = 1, P do off[r] = o; o = o + send[r] end
+  local tok, eid, pos = F64A(math.max(A, 1)), F64A(math.max(A, 1)), F64A(math.max(A, 1))
+  for a = 0, A - 1 do
+    local e = sa[a]
+    local r = math.floor(e / nl)
+    local q = off[r + 1]
+    off[r + 1] = q + 1
+    tok[q], eid[q], pos[a] = math.floor(a / k), e - r * nl, q
+  end
+  -- the count matrix: this rank's row to every rank, their rows back
+  local cnt = F64A(P)
+  for r = 1, P do cnt[r - 1] = send[r] end
+  local ones = {}
+  for r = 1, P do ones[r] = 1 end
+  local rc = ep.alltoallv(i64_tensor(cnt, P), ones, ones):f64_array()
+  local recv, n_recv = {}, 0
+  for r = 1, P do recv[r] = tonumber(rc[r - 1]); n_recv = n_recv + recv[r] end
+  local rows = F.index_select(z, 1, i64_tensor(tok, A))
+  local R = ep.exchange(rows, send, recv)
+  local E = ep.alltoallv(i64_tensor(eid, A, 1), send, recv)
+  local d_out = self.experts.down_proj:size(2)
+  local cap = 0
+  if self.capacity_factor > 0 then
+    local total = ep.sums({ A })[1]
+    cap = math.ceil(self.capacity_factor * total / n)
+  end
+  -- (a rank that receives no rows still runs its experts, on none: their gradients are zeros, as one rank gives an
+  -- expert without tokens)
+  local out, dropped = F.moe_experts(R, E, tide.ones({ n_recv, 1 }, { dtype = R:dtype(), device = R:device() }),
+    self.experts.gate_up_proj, self.experts.down_proj, { activation = self.activation, capacity = cap })
+  local back = ep.exchange(out, recv, send)                        -- [A, d_out], in owner order
+  local u = F.index_select(back, 1, i64_tensor(pos, A)):reshape(m, k, d_out)
+  return (u * p:reshape(m, k, 1)):sum(2), dropped
 end
 
 -- record(s [m, n], sel [m, k], dropped): adds one routed batch to the step's statistics (forward does this in
