@@ -99,6 +99,101 @@ local function model_tensors(model)
   return names, tensors
 end
 
+local expert_index
+
+-- ---- expert parallelism: the routed experts under their per-expert names ------------------------------------------
+-- A layer sharded by MoE:shard_experts holds experts [first, first + count) of the fused tensors
+-- <p>.experts.gate_up_proj [n, 2·d_e, d_in] and <p>.experts.down_proj [n, d_out, d_e]. A run with dist.ep > 1 writes
+-- them under formats.md §2's per-expert names, each expert once (by the first rank of the ranks that hold it):
+--   <p>.experts.{j}.gate_proj.weight = gate_up_proj[j, 0:d_e], .up_proj.weight = gate_up_proj[j, d_e:2·d_e],
+--   <p>.experts.{j}.down_proj.weight = down_proj[j]   (AdamW moments: the same names + .adam_m / .adam_v)
+-- Readers fuse them back (fuse_experts), so every reader, and a run of any layout, loads either form.
+
+-- the sharded expert tensors of model: {fused name = {first, count, n, writer}} (nil when none is sharded)
+local function sharded_experts(model)
+  local info
+  model:walk(function(m, prefix)
+    if m.ep and m.experts and m.experts.n_local then
+      local ex = m.experts
+      local rep = ex._param_meta.gate_up_proj.ep_dp
+      local e = { first = ex.first, count = ex.n_local, n = m.n, size = m.ep.size, writer = rep == nil or rep.rank == 0 }
+      local base = (prefix == "" and "" or prefix .. ".") .. "experts."
+      info = info or {}
+      info[base .. "gate_up_proj"], info[base .. "down_proj"] = e, e
+    end
+  end)
+  return info
+end
+
+-- the per-expert (name, tensor) pairs of the fused tensor t (experts first .. first + count − 1) named fused..suffix
+local function split_experts(fused, suffix, t, first, out_n, out_t)
+  local prefix, which = fused:match("^(.*%.experts)%.([%w_]+)$")
+  local count = t:size(1)
+  for j = 0, count - 1 do
+    local e = t:narrow(1, j + 1, 1)
+    local base = fmt("%s.%d.", prefix, first + j)
+    if which == "gate_up_proj" then
+      local de = t:size(2) / 2
+      out_n[#out_n + 1] = base .. "gate_proj.weight" .. suffix
+      out_t[#out_t + 1] = e:narrow(2, 1, de):reshape(de, t:size(3)):contiguous()
+      out_n[#out_n + 1] = base .. "up_proj.weight" .. suffix
+      out_t[#out_t + 1] = e:narrow(2, de + 1, de):reshape(de, t:size(3)):contiguous()
+    else
+      out_n[#out_n + 1] = base .. "down_proj.weight" .. suffix
+      out_t[#out_t + 1] = e:reshape(t:size(2), t:size(3)):contiguous()
+    end
+  end
+end
+
+-- fuse_experts(dict) -> dict with every complete set of per-expert tensors (<p>.experts.{j}.{gate,up,down}_proj.weight
+-- [+ suffix], j = 0 .. n−1) replaced by the fused tensors; a set with a gap is an error naming the missing expert
+function checkpoint.fuse_experts(dict)
+  local sets = {}
+  for name in pairs(dict) do
+    local prefix, j, which, suffix = name:match("^(.*%.experts)%.(%d+)%.([%w]+_proj)%.weight(.*)$")
+    if prefix and (which == "gate_proj" or which == "up_proj" or which == "down_proj") then
+      local key = prefix .. "\0" .. suffix
+      local st = sets[key] or { prefix = prefix, suffix = suffix, n = 0 }
+      sets[key] = st
+      st.n = math.max(st.n, tonumber(j) + 1)
+    end
+  end
+  for _, st in pairs(sets) do
+    local gu, dn = {}, {}
+    for j = 0, st.n - 1 do
+      local base = fmt("%s.%d.", st.prefix, j)
+      local g, u, d = dict[base .. "gate_proj.weight" .. st.suffix], dict[base .. "up_proj.weight" .. st.suffix],
+        dict[base .. "down_proj.weight" .. st.suffix]
+      if not (g and u and d) then
+        error(fmt("checkpoint: expert %d of %s%s is missing (the per-expert tensors of experts 0 .. %d are expected)", j,
+          st.prefix, st.suffix, st.n - 1), 0)
+      end
+      gu[j + 1] = tide.F.concat({ g, u }, 1):reshape(1, g:size(1) + u:size(1), g:size(2))
+      dn[j + 1] = d:reshape(1, d:size(1), d:size(2))
+      dict[base .. "gate_proj.weight" .. st.suffix], dict[base .. "up_proj.weight" .. st.suffix] = nil, nil
+      dict[base .. "down_proj.weight" .. st.suffix] = nil
+    end
+    dict[st.prefix .. ".gate_up_proj" .. st.suffix] = tide.F.concat(gu, 1)
+    dict[st.prefix .. ".down_proj" .. st.suffix] = tide.F.concat(dn, 1)
+  end
+  return dict
+end
+
+-- the fused expert tensors of dict cut to the experts a sharded model holds (info: sharded_experts; suffix: "" or
+-- a moment's)
+local function narrow_experts(dict, info, suffix)
+  for fused, e in pairs(info or {}) do
+    local t = dict[fused .. suffix]
+    if t and t:size(1) ~= e.count then
+      if t:size(1) ~= e.n then
+        error(fmt("checkpoint: '%s' holds %d experts, the model %d", fused .. suffix, t:size(1), e.n), 0)
+      end
+      dict[fused .. suffix] = t:narrow(1, e.first + 1, e.count):contiguous()
+    end
+  end
+  return dict
+end
+
 local function base_meta(step, parts)
   local meta = { format = "pt", ["tide.step"] = step, ["tide.version"] = ffi.string(C.tide_version()) }
   for k, v in pairs(parts.metadata or {}) do meta[k] = v end
@@ -186,6 +281,32 @@ local function optim_layout(opt, world)
   return names, tensors, own
 end
 
+-- the index entries of every expert of every rank (rank 0 writes the index): expert j of a layer sharded over P
+-- ranks lives on rank ⌊j / (n/P)⌋ (the first of the ranks holding it: rank = d·ep + e with d = 0); sizes from this
+-- rank's slice (every expert has the same shape). Appended to names/tensors/owners (new lists).
+expert_index = function(fnames, ftensors, ex, names, tensors, owners, suffix)
+  local n2, t2, o2 = {}, {}, {}
+  for i = 1, #names do n2[i], t2[i], o2[i] = names[i], tensors[i], owners[i] end
+  for i, fused in ipairs(fnames) do
+    local e = ex[fused]
+    if e then
+      local t = ftensors[i]
+      local one = t:narrow(1, 1, 1)
+      for j = 0, e.n - 1 do
+        local en, et = {}, {}
+        split_experts(fused, suffix, one, j, en, et)
+        for k = 1, #en do
+          n2[#n2 + 1] = en[k]
+          local b = et[k]:nbytes()
+          t2[#t2 + 1] = { nbytes = function() return b end }
+          o2[#o2 + 1] = math.floor(j / e.count)
+        end
+      end
+    end
+  end
+  return n2, t2, o2
+end
+
 local function save_sharded(run_dir, step, parts)
   local g = parts.group
   local world, rank = g.world(), g.rank()
@@ -203,7 +324,13 @@ local function save_sharded(run_dir, step, parts)
     end)
   end
   g.agree(ok, what, err)
-  local names, tensors = model_tensors(parts.model)
+  local all_names, all_tensors = model_tensors(parts.model)
+  local ex = sharded_experts(parts.model)
+  -- the replicated tensors by size over the ranks; a sharded layer's experts by the first rank holding them
+  local names, tensors = {}, {}
+  for i, n in ipairs(all_names) do
+    if not (ex and ex[n]) then names[#names + 1] = n; tensors[#tensors + 1] = all_tensors[i] end
+  end
   local sizes = {}
   for i, t in ipairs(tensors) do sizes[i] = t:numel() end
   local owners = require("tide.dist").owners(sizes, world)
@@ -212,10 +339,30 @@ local function save_sharded(run_dir, step, parts)
     for i, n in ipairs(names) do
       if owners[i] == rank then mine_n[#mine_n + 1] = n; mine_t[#mine_t + 1] = tensors[i] end
     end
+    for i, n in ipairs(all_names) do
+      local e = ex and ex[n]
+      if e and e.writer then split_experts(n, "", all_tensors[i], e.first, mine_n, mine_t) end
+    end
     save_tensors(tmp .. "/" .. checkpoint.shard_name("model", rank + 1, world), mine_n, mine_t, base_meta(step, parts))
     checkpoint.kill_point("tmp")
     if parts.optim then
       local on, ot = parts.optim:shard_tensors(world, rank)
+      if ex then
+        -- the experts' moments: per expert, by the rank that writes the expert
+        local keep_n, keep_t = {}, {}
+        for i, n in ipairs(on) do
+          local fused = n:match("^(.*)%.adam_[mv]$")
+          if not ex[fused] then keep_n[#keep_n + 1] = n; keep_t[#keep_t + 1] = ot[i] end
+        end
+        on, ot = keep_n, keep_t
+        for _, p in ipairs(parts.optim.params) do
+          local e = ex[p.name]
+          if e and e.writer then
+            split_experts(p.name, ".adam_m", p.m, e.first, on, ot)
+            split_experts(p.name, ".adam_v", p.v, e.first, on, ot)
+          end
+        end
+      end
       save_tensors(tmp .. "/" .. checkpoint.shard_name("optim", rank + 1, world), on, ot,
         { format = "pt", ["tide.step"] = step })
     end
@@ -230,9 +377,25 @@ local function save_sharded(run_dir, step, parts)
   ok, err = true, nil
   if rank == 0 then
     ok, err = pcall(function()
-      write_index(tmp .. "/model.safetensors.index.json", names, tensors, owners, "model", world)
+      local mn, mt, mo = names, tensors, owners
+      if ex then mn, mt, mo = expert_index(all_names, all_tensors, ex, names, tensors, owners, "") end
+      write_index(tmp .. "/model.safetensors.index.json", mn, mt, mo, "model", world)
       if parts.optim then
         local on, ot, oo = optim_layout(parts.optim, world)
+        if ex then
+          local dn, dt, dow = {}, {}, {}
+          for i, n in ipairs(on) do
+            if not ex[n:match("^(.*)%.adam_[mv]$")] then dn[#dn + 1] = n; dt[#dt + 1] = ot[i]; dow[#dow + 1] = oo[i] end
+          end
+          local pn, pt = {}, {}
+          for _, p in ipairs(parts.optim.params) do
+            if ex[p.name] then pn[#pn + 1] = p.name; pt[#pt + 1] = p.param end
+          end
+          on, ot, oo = dn, dt, dow
+          for _, suffix in ipairs({ ".adam_m", ".adam_v" }) do
+            on, ot, oo = expert_index(pn, pt, ex, on, ot, oo, suffix)
+          end
+        end
         write_index(tmp .. "/optim.safetensors.index.json", on, ot, oo, "optim", world)
       end
       write_state(tmp, step, parts)
@@ -525,11 +688,28 @@ function checkpoint.load(dir, parts)
     local want = {}
     for name, t in pairs(parts.model:state_dict()) do want[name] = t:dtype() end
     r:check_dtypes("model.safetensors", want)
-    parts.model:load_state_dict(r:tensors("model.safetensors"))
+    local ex = sharded_experts(parts.model)
+    parts.model:load_state_dict(narrow_experts(checkpoint.fuse_experts(r:tensors("model.safetensors")), ex, ""))
   end
   if parts.optim then
     if not r.state.optim then error("checkpoint: " .. dir .. "/state.json has no optimiser state", 2) end
-    parts.optim:load_state(r.state.optim, function(name) return r:get_float("optim.safetensors", name) end)
+    local ex = parts.model and sharded_experts(parts.model)
+    local fused
+    parts.optim:load_state(r.state.optim, function(name)
+      local t = r:get_float("optim.safetensors", name)
+      local base = name:match("^(.*)%.adam_[mv]$")
+      local split = base and base:match("^.*%.experts%.[%w_]+_proj$")
+      if t == nil and split then
+        -- the experts' moments stored per expert (a run with dist.ep > 1): fused once, on first need
+        fused = fused or checkpoint.fuse_experts(r:tensors("optim.safetensors"))
+        t = fused[name]
+      end
+      if t ~= nil and ex and ex[base] then
+        local d = narrow_experts({ [name] = t }, { [base] = ex[base] }, name:sub(#base + 1))
+        t = d[name]
+      end
+      return t
+    end)
   end
   r:close()
   return r.state
@@ -569,11 +749,23 @@ function checkpoint.consolidate(path, out, opts)
       for _, f in ipairs(L.files) do
         local h = r:file(f)
         for i = 0, C.tide_safetensors_count(h) - 1 do
-          local name = ffi.string(C.tide_safetensors_name(h, i))
-          names[#names + 1] = name
-          tensors[#tensors + 1] = all[name]
-          bytes = bytes + all[name]:nbytes()
+          names[#names + 1] = ffi.string(C.tide_safetensors_name(h, i))
         end
+      end
+      -- the experts of an expert-parallel run (stored per expert) fused back: the tensors of a one-rank run
+      checkpoint.fuse_experts(all)
+      local listed, kept = {}, {}
+      for _, name in ipairs(names) do
+        if all[name] then kept[#kept + 1] = name; listed[name] = true end
+      end
+      local extra = {}
+      for name in pairs(all) do if not listed[name] then extra[#extra + 1] = name end end
+      table.sort(extra)
+      for _, name in ipairs(extra) do kept[#kept + 1] = name end
+      names = kept
+      for i, name in ipairs(names) do
+        tensors[i] = all[name]
+        bytes = bytes + all[name]:nbytes()
       end
       save_tensors(tmp .. "/" .. kind, names, tensors, r:metadata(kind))
       info.files[kind] = { shards = #L.files, tensors = #names, bytes = bytes }
@@ -648,7 +840,7 @@ function checkpoint.load_model(path, opts)
   for name, t in pairs(model:state_dict()) do want[name] = t:dtype() end
   local loaded, err = pcall(function()
     r:check_dtypes("model.safetensors", want)
-    model:load_state_dict(r:tensors("model.safetensors"))
+    model:load_state_dict(checkpoint.fuse_experts(r:tensors("model.safetensors")))
   end)
   r:close()
   if not loaded then error(err, 0) end

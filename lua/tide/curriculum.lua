@@ -388,6 +388,7 @@ local function setup(cfg)
   tide.manual_seed(seed)
   local model = nn.build(cfg.model or {})
   local tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", "curriculum")
+  require("tide.dist").shard_model(model, dp)        -- expert parallelism: this rank's experts only
   local opt = optim.build(cfg.optim or {}, model)
   if dp.zero >= 1 then opt:shard(require("tide.dist"), dp.zero) end
   local C = { cfg = cfg, tcfg = tcfg, stages = stages, by_name = by_name, hooks = hooks, seed = seed, model = model,
@@ -484,6 +485,7 @@ local function start(C)
     enter_stage(C, cfg.stage and C.by_name[cfg.stage] or 1, nil, false)
   end
   run.logger:line(fmt("model: %s", C.model:extra_repr()))
+  if C.dp.rank_map then run.logger:line(C.dp.rank_map) end
 end
 
 -- an eval: the held-out loss and MoE maxvio_global into rec, the expert-load line, the on_eval hooks

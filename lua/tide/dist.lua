@@ -15,7 +15,8 @@
 --   dist.broadcast_(t, root)      root's t on every rank
 --   dist.allgather(t)             every rank's t concatenated in rank order along dim 1 (a new tensor)
 --   dist.alltoallv(t, send, recv) rows of t to each rank (send[r] rows to rank r, in rank order), recv[r] rows from r
---   dist.allreduce_grads(params)  the gradients of params (optim's list) summed over the ranks: one flat buffer
+--   dist.allreduce_grads(params[, group])  the gradients of params (optim's list) summed over the ranks (or a group's):
+--                                 one flat buffer per dtype
 --   dist.reduce_scatter_grads(params, owners)  each rank gets the sums of the gradients it owns, drops the rest
 --   dist.reducer(params, bytes)   gradient buckets summed while the backward runs (arm before it, finish after)
 --   dist.balance_group()          the ranks as the MoE balancers read them (summed counts, gathered margins)
@@ -205,15 +206,17 @@ end
 
 -- the gradients of params ({param = tensor} entries or tensors) summed over the ranks: one flat buffer per dtype (a
 -- parameter without a gradient on this rank contributes zeros and gets the sum), summed in rank order, copied back
-function dist.allreduce_grads(params)
-  if dist.world() == 1 then return end
+function dist.allreduce_grads(params, group)
+  local size = group and group.size or dist.world()
+  local allreduce_ = group and group.allreduce_ or dist.allreduce_
+  if size == 1 then return end
   tide.no_grad(function()
     local order, by = grads_by_dtype(params)
     for _, dt in ipairs(order) do
       local flat = {}
       for k, e in ipairs(by[dt]) do flat[k] = e.g:reshape(e.g:numel()) end
       local buf = #flat == 1 and flat[1]:clone() or tide.F.concat(flat, 1)
-      dist.allreduce_(buf)
+      allreduce_(buf)
       local off = 0
       for _, e in ipairs(by[dt]) do
         local n = e.g:numel()
@@ -222,6 +225,12 @@ function dist.allreduce_grads(params)
       end
     end
   end)
+end
+
+-- ensure_grads(params): a zero gradient for every parameter of params without one (a rank whose experts no token
+-- reached: AdamW then updates them as one rank updates an idle expert)
+function dist.ensure_grads(params)
+  for _, p in ipairs(params) do grad_or_zeros(p.param or p) end
 end
 
 -- owners(sizes, world) -> {rank of entry 1, ...}: entries by size, largest first, each to the least loaded rank (the
@@ -389,10 +398,10 @@ function dist.layout(dcfg, who)
     -- the plan's keys describe the job this run is: they must agree with it
     local cp_max = 1
     for _, v in pairs(type(dcfg.cp) == "table" and dcfg.cp or {}) do if type(v) == "number" and v > cp_max then cp_max = v end end
-    if (dcfg.ep or 1) > 1 or cp_max > 1 then
-      options.fail(who, string.format("dist plans ep = %s, cp up to %d: expert and context parallelism are planned by "
-        .. "--dry-run but not run yet; this job runs data parallelism only (dist.ep = 1, no cp)", tostring(dcfg.ep or 1),
-        cp_max))
+    if type(dcfg.cp) == "number" then cp_max = dcfg.cp end
+    if cp_max > 1 then
+      options.fail(who, string.format("dist plans cp up to %d: context parallelism is planned by --dry-run but not run "
+        .. "yet; this job runs data and expert parallelism only (no cp)", cp_max))
     end
     if zero == 3 then
       options.fail(who, "dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet; "
@@ -406,23 +415,83 @@ function dist.layout(dcfg, who)
   if bucket_mb == nil then bucket_mb = dist.BUCKET_MB end
   options.finite_number(bucket_mb, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none)", who,
     nil, 0)
-  local dp = (dcfg and dcfg.dp) or world
+  local ep = (dcfg and dcfg.ep) or 1
+  options.pos_int(ep, "dist.ep", who)
+  -- one process given a plan for a larger job (dist.gpus set): its ep is the plan's, this run has one rank
+  if world == 1 and dcfg and dcfg.gpus then ep = 1 end
+  if world % ep ~= 0 then
+    options.fail(who, string.format("dist.ep = %d does not divide the job's %d rank%s (the ranks are dist.dp x dist.ep)",
+      ep, world, world == 1 and "" or "s"))
+  end
+  local dp = (dcfg and dcfg.dp) or world / ep
   options.pos_int(dp, "dist.dp", who)
+  if ep > 1 and zero ~= 0 then
+    options.fail(who, string.format("dist.zero = %d with dist.ep = %d: ZeRO shards the AdamW state over the whole job, "
+      .. "which expert parallelism does not run yet (the experts' state is already 1/ep per rank); use dist.zero = 0",
+      zero, ep))
+  end
+  if ep > 1 and bucket_mb > 0 then
+    options.fail(who, string.format("dist.bucket_mb = %g with dist.ep = %d: the gradient buckets do not run with expert "
+      .. "parallelism yet (the expert gradients sum over their own ranks after the backward); use dist.bucket_mb = 0",
+      bucket_mb, ep))
+  end
+  -- every rank reads its own data (dp x ep of them: the expert-parallel ranks route different tokens)
+  local n = dp * ep
   -- the data lanes of a packed stream (pack.Lanes): default one per rank; one rank with dist.lanes = L reads what
   -- L ranks read
-  local lanes = (dcfg and dcfg.lanes) or dp
+  local lanes = (dcfg and dcfg.lanes) or n
   options.pos_int(lanes, "dist.lanes", who)
-  if lanes % dp ~= 0 then
-    options.fail(who, string.format("dist.lanes = %d must be a multiple of dist.dp = %d (each rank hosts lanes / dp of "
-      .. "the data lanes)", lanes, dp))
+  if lanes % n ~= 0 then
+    options.fail(who, string.format("dist.lanes = %d must be a multiple of the %d ranks that read data (dist.dp x "
+      .. "dist.ep; each rank hosts lanes / ranks of the data lanes)", lanes, n))
   end
-  if dp ~= world then
-    options.fail(who, string.format("dist.dp = %d but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s",
-      dp, world, world == 1 and "" or "s", dp, world > 1 and string.format(" or set --dist.dp=%d", world) or ""))
+  if n ~= world then
+    local what = ep == 1 and string.format("dist.dp = %d", dp)
+      or string.format("dist.dp x dist.ep = %d x %d = %d", dp, ep, n)
+    options.fail(who, string.format("%s but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s", what,
+      world, world == 1 and "" or "s", n, world > 1 and string.format(" or set --dist.dp=%d", world / ep) or ""))
   end
-  return { n = dp, rank = rank, zero = dp > 1 and zero or 0, group = dp > 1 and dist or nil,
+  local L = { n = n, dp = dp, ep = ep, rank = rank, zero = n > 1 and zero or 0, group = n > 1 and dist or nil,
     bucket_bytes = math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
-    lane_opts = { lanes = lanes, first = (dp > 1 and rank or 0) * (lanes / dp), count = lanes / dp } }
+    lane_opts = { lanes = lanes, first = (n > 1 and rank or 0) * (lanes / n), count = lanes / n } }
+  if ep > 1 then
+    -- the rank map: rank = d·ep + e; the ep consecutive ranks of one d exchange their tokens' rows, the dp ranks of
+    -- one e hold the same experts (their gradients summed over them)
+    L.ep_group = dist.split(math.floor(rank / ep))
+    L.ep_dp = dist.split(rank % ep)
+    local groups, reps = {}, {}
+    for d = 0, dp - 1 do
+      local g = {}
+      for e = 0, ep - 1 do g[#g + 1] = d * ep + e end
+      groups[#groups + 1] = "{" .. table.concat(g, ",") .. "}"
+    end
+    for e = 0, ep - 1 do
+      local g = {}
+      for d = 0, dp - 1 do g[#g + 1] = d * ep + e end
+      reps[#reps + 1] = "{" .. table.concat(g, ",") .. "}"
+    end
+    L.rank_map = string.format("ranks: %d = dp %d x ep %d (rank = d·%d + e); the expert-parallel groups %s exchange "
+      .. "their tokens' rows; the ranks of %s hold the same experts", world, dp, ep, ep, table.concat(groups, " "),
+      table.concat(reps, " "))
+  end
+  return L
+end
+
+-- shard_model(model, layout): expert parallelism (layout.ep > 1): every MoE layer keeps this rank's experts
+-- (MoE:shard_experts); call it before the optimiser is built. Returns the count of layers sharded.
+function dist.shard_model(model, L)
+  if not L.ep_group then return 0 end
+  local n = 0
+  for _, m in ipairs(model:modules()) do
+    if m.shard_experts then
+      m:shard_experts(L.ep_group, L.ep_dp.size > 1 and L.ep_dp or nil)
+      n = n + 1
+    end
+  end
+  if n == 0 then
+    require("tide.options").fail("dist", string.format("dist.ep = %d but the model has no MoE layer to shard", L.ep))
+  end
+  return n
 end
 
 -- the memory line of a run's start: what one rank holds of the weights, the gradients and the AdamW moments

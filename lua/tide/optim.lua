@@ -312,11 +312,21 @@ function optim.grad_norm(params, group)
     for i = 1, #params do total = total + sq[i] end
     return math.sqrt(total)
   end
-  each_grad(params, function(g)
-    local rc = C.tide_sum_squares(g, out)
-    if rc == 0 then total = total + out[0] end
-    return rc
-  end, "optim.grad_norm")
+  -- expert parallelism: each rank holds the gradients of its own experts (meta.ep: MoE:shard_experts); their sum of
+  -- squares is added over the expert-parallel group, then to the replicated parameters' (the same on every rank)
+  local ep_total, ep = 0, nil
+  for _, p in ipairs(params) do
+    local g = C.tide_grad(raw(p.param or p))
+    if g ~= nil then
+      local rc = C.tide_sum_squares(g, out)
+      C.tide_tensor_release(g)
+      if rc ~= 0 then error("optim.grad_norm: " .. last_error(), 2) end
+      if p.meta and p.meta.ep then ep = p.meta.ep; ep_total = ep_total + out[0] else total = total + out[0] end
+    elseif p.meta and p.meta.ep then
+      ep = p.meta.ep
+    end
+  end
+  if ep then total = total + ep.sums({ ep_total })[1] end
   return math.sqrt(total)
 end
 

@@ -175,9 +175,15 @@ function step.stepper(o)
   local group = o.dist
   if group and group.world() == 1 then group = nil end
   local bgroup = group and group.balance_group() or nil
+  -- expert parallelism: the parameters of this rank's experts (meta.ep: MoE:shard_experts) apart from the rest
+  local ep_params, dense_params
+  for _, p in ipairs(o.optim.params) do
+    if p.meta and p.meta.ep then ep_params = ep_params or {}; ep_params[#ep_params + 1] = p
+    else dense_params = dense_params or {}; dense_params[#dense_params + 1] = p end
+  end
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
     jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group,
-    balance_group = bgroup, bucket_bytes = o.bucket_bytes },
+    balance_group = bgroup, bucket_bytes = o.bucket_bytes, ep_params = ep_params, dense_params = dense_params or {} },
     Stepper)
 end
 
@@ -303,6 +309,14 @@ function Stepper:run(batches, lr, t)
       local tc = tide.time()
       -- ZeRO-2: each rank keeps the summed gradients of the parameters it owns (a reduce-scatter in rank order)
       if opt.zero == 2 then group.reduce_scatter_grads(opt.params, opt:shard_owners(group.world()))
+      elseif self.ep_params then
+        -- expert parallelism: the replicated parameters summed over every rank, each rank's experts over the ranks
+        -- that hold the same ones (their tokens arrived through the exchange: the expert-parallel group's sum is
+        -- already in the gradient)
+        group.allreduce_grads(self.dense_params)
+        group.ensure_grads(self.ep_params)
+        local rep = self.ep_params[1].meta.ep_dp
+        if rep then group.allreduce_grads(self.ep_params, rep) end
       else group.allreduce_grads(opt.params) end
       self.comm_s = tide.time() - tc
     end

@@ -200,6 +200,7 @@ local function setup(cfg)
       d.reads = "the step's whole batch, keeping its micro-batches"
     end
   end
+  dist.shard_model(model, dp)                          -- expert parallelism: this rank's experts only
   local opt = optim.build(cfg.optim or {}, model)
   if dp.zero >= 1 then opt:shard(dist, dp.zero) end
   local loss_fn = cfg.loss
@@ -214,6 +215,7 @@ local function setup(cfg)
     get_data = function() return { train = d.train.state() } end,
     set_data = function(cursors) d.train.set_state(cursors.train) end })
   run.dp, run.memory_line = dp.n, dp.n > 1 and dist.memory_line(opt, dp) or nil
+  run.rank_map = dp.rank_map
   return model, d, run, micro
 end
 
@@ -310,6 +312,7 @@ local function train(cfg)
   run.logger:line("data: " .. d.about .. (micro > 1 and fmt(" in %d micro-batches", micro) or "")
     .. (run.dp > 1 and fmt("; data parallel over %d ranks (each its 1/%d of every step's batch; a rank reads %s)", run.dp,
       run.dp, d.reads or "?") or ""))
+  if run.rank_map then run.logger:line(run.rank_map) end
   if run.memory_line then run.logger:line(run.memory_line) end
   local r = loop(cfg, model, d, run, micro)
   if run.dp > 1 then

@@ -26,9 +26,6 @@ small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --d
 mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
 # the process group's all-gather and all-to-all-v from Lua (the collectives expert parallelism will dispatch with)
 for n in 2 4; do "${mp[@]}" -np $n "$tide" run tests/dist/dp_collectives.lua; done
-# expert parallelism of one MoE layer against the whole layer (ep 2 of 2, ep 2 and 4 of 4 ranks)
-"${mp[@]}" -np 2 "$tide" run tests/dist/ep_layer.lua --ep=2
-for e in 2 4; do "${mp[@]}" -np 4 "$tide" run tests/dist/ep_layer.lua --ep=$e; done
 cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --what="$3"; }
 for dt in f64 f32; do
     one() { "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=$dt "$@"; }
@@ -237,10 +234,10 @@ if out=$("${mp[@]}" -np 2 -x TIDE_TEST_CKPT_KILL=tmp -x TIDE_TEST_CKPT_KILL_RANK
 echo "ok   rank 1 killed inside the step-6 save: only step_00000006.tmp was left, latest names step 3"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/ckill" --resume > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/ckill" "f64: dp 2 resumed after a rank died inside a save == uninterrupted"
-# the dist table's plan keys under mpirun: a planned ep (or cp) is refused, and gpus must be the ranks
-for bad in "--dist.ep=2|expert and context parallelism are planned" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
+# the dist table's plan keys under mpirun: a planned cp is refused, and gpus must be the ranks (ep: tests/dist/ep_check.sh)
+for bad in "--dist.cp=2|context parallelism is planned by --dry-run but not run yet" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
         "--dist.zero=3|dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet" \
-        "--dist.lanes=3|dist.lanes = 3 must be a multiple of dist.dp = 2"; do
+        "--dist.lanes=3|dist.lanes = 3 must be a multiple of the 2 ranks that read data"; do
     if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then
         echo "FAIL ${bad%%|*} under dp 2 must be an error"; exit 1; fi
     grep -q "${bad#*|}" <<< "$out" || { echo "FAIL ${bad%%|*}: $out"; exit 1; }
