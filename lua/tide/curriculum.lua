@@ -692,8 +692,15 @@ function curriculum.plan(cfg)
     local names = { [0] = "replicated", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3, planned)" }
     add(fmt("parallel layout: %d GPUs of %s, ep %d, cp per stage, dp = GPUs / (ep·cp), dist.zero = %d (%s); "
       .. "activations with recompute = %s", par.gpus, human(par.gpu_memory or 0), ep, zero, names[zero] or "?", rc))
-    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits | dp bytes sent per rank per step |")
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    -- the expert-parallel exchanges (dist.ep_bytes, the runtime's count: tests/dist/ep_layer.lua), tokens routed
+    -- uniformly: of a rank's tokens · k rows, (ep − 1)/ep leave it and as many arrive, in the plan's dtype
+    local n_moe = 0
+    for _, pl in ipairs(count.per_layer or {}) do if pl.ffn == "moe" then n_moe = n_moe + 1 end end
+    local moe_cfg = mc.moe or {}
+    local d_route = moe_cfg.latent_dim or mc.dim or 0
+    local es = dtype == "bf16" and 2 or (dtype == "f64" and 8 or 4)
+    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits | dp bytes sent per rank per step | ep bytes sent per rank per step |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for _, st in ipairs(stages) do
       local est = plan.activation_bytes(mc, st.seq_len, { recompute = rc, dtype = dtype })
       local cp = (par.cp or {})[st.name] or 1
@@ -706,12 +713,15 @@ function curriculum.plan(cfg)
       end
       local tot = act + stat
       local comm = dist.step_bytes(master * per_rank, math.max(dp, 1), zero)
-      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
+      local rows = st.rows * st.seq_len / par.gpus * (moe_cfg.top_k or 0) * (ep - 1) / ep
+      local ep_comm = n_moe * dist.ep_bytes(rows, rows, d_route, d_route, es, ep)
+      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
         dp == math.floor(dp) and tostring(dp) or fmt("%.2f (GPUs not divisible)", dp), fmt("%.3g", st.rows / dp),
         human(est.per_token), human(act), human(stat), human(tot),
-        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?", human(comm)))
+        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?", human(comm), human(ep_comm)))
     end
-    add("(the expert all-to-all of ep and the context-parallel exchanges come on top: they are not run yet)")
+    add(fmt("(ep bytes: %d MoE layers, top-%d rows of width %d exchanged with uniform routing; the context-parallel "
+      .. "exchanges come on top: cp is not run yet)", n_moe, moe_cfg.top_k or 0, d_route))
   else
     add(fmt("activation memory (recompute = %s, %s; one sequence per micro-batch row):", rc, dtype))
     add("| stage | T | bytes/token | per sequence | per micro-batch |")

@@ -23,6 +23,7 @@
 --   dist.owners(sizes, world)     the rank that owns each of a list of tensors (ZeRO-1, checkpoint shards)
 --   dist.step_bytes(g, n, zero, w) the bytes a rank sends per step for the gradients and ZeRO's weights (the plan's
 --                                 and bench/dist's formula; tests/dist/dp_check.sh holds the runtime's count to it)
+--   dist.ep_bytes(...)            the bytes of one MoE layer's expert-parallel exchanges per step (plan and tests)
 --   dist.agree(ok, what)          one decision from every rank's ok (a collective): raises on all ranks, naming the failed
 --   dist.barrier(), dist.bytes_sent()
 --   dist.split(color)             a process group: the ranks passing the same color (a collective), in world order;
@@ -273,6 +274,17 @@ function dist.step_bytes(g, n, zero, w)
   return rs + 2 * w / n
 end
 
+-- ep_bytes(rows_out, rows_in, d_in, d_out, es, P) -> the bytes one rank sends for one MoE layer's expert-parallel
+-- exchanges in a training step (forward and backward; spec/moe.md §9), as tide_dist_bytes_sent counts them: rows_out of
+-- its (token, slot) rows go to other ranks (d_in values each, and an int64 expert id), rows_in arrive from them and go
+-- back as expert outputs (d_out values); the backward returns the gradients the same ways (rows_out · d_out to the
+-- owners, rows_in · d_in to the sources); plus the count matrix's P − 1 int64 counts. es: bytes per value. With
+-- tokens routed uniformly, rows_out = rows_in = tokens · k · (P − 1)/P (the plan's estimate).
+function dist.ep_bytes(rows_out, rows_in, d_in, d_out, es, P)
+  if P <= 1 then return 0 end
+  return rows_out * (d_in * es + 8) + rows_in * d_out * es + rows_out * d_out * es + rows_in * d_in * es + (P - 1) * 8
+end
+
 -- agree(ok, what[, err]) -> true when ok on every rank; otherwise raises on every rank (a collective): the failed
 -- rank with its own error err, the others naming the failed ranks
 function dist.agree(ok, what, err)
@@ -372,8 +384,8 @@ function dist.reduce_scatter_grads(params, owners)
   end)
 end
 
--- the keys of a recipe's `dist` table: the runtime's (dp, zero = 0 | 1 | 2) and the plan's (gpus, gpu_memory, ep, cp = {stage =
--- ranks}, dtype: what `--dry-run` lays out for a larger job; ep and cp are planned, not run yet)
+-- the keys of a recipe's `dist` table: the runtime's (dp, ep, zero = 0 | 1 | 2, bucket_mb, lanes) and the plan's (gpus,
+-- gpu_memory, cp = {stage = ranks}, dtype: what `--dry-run` lays out for a larger job; cp is planned, not run yet)
 dist.KEYS = { dp = true, zero = true, bucket_mb = true, lanes = true, gpus = true, gpu_memory = true, ep = true, cp = true,
   dtype = true }
 -- the default bucket of the gradient sum overlapped with the backward: 0, one sum after the backward. The buckets
@@ -381,8 +393,10 @@ dist.KEYS = { dp = true, zero = true, bucket_mb = true, lanes = true, gpus = tru
 -- bench/dist measured them slower (their copies, and the helper thread's share of a core): dist.bucket_mb = 25 opts in
 dist.BUCKET_MB = 0
 
--- layout(dcfg, who) -> {n = dp, rank, group = tide.dist or nil}: the data-parallel layout of a recipe's `dist` table
--- (DESIGN.md §9). dist.dp (default: the job's ranks) must equal the ranks mpirun started: one clear error otherwise.
+-- layout(dcfg, who) -> {n = the ranks that read data (dp x ep), dp, ep, rank, group = tide.dist or nil, ep_group and
+-- ep_dp (ep > 1: the rank's expert-parallel group and the ranks holding its experts), rank_map}: the layout of a
+-- recipe's `dist` table (DESIGN.md §9). dist.dp x dist.ep (dp default: the job's ranks / ep) must equal the ranks mpirun
+-- started: one clear error otherwise.
 function dist.layout(dcfg, who)
   local options = require "tide.options"
   if dcfg ~= nil and type(dcfg) ~= "table" then options.fail(who, "dist must be a table ({dp = N}), got " .. type(dcfg)) end

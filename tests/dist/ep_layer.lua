@@ -6,7 +6,7 @@
 -- gradients of the replicated parameters summed over the group (router, shared expert, latent projections), for
 --   f64 SiTU (≤ 1e-12 relative to the largest entry), f32 LatentMoE SwiGLU (≤ 1e-6 rel), capacity factor 0.5 (the
 --   same rows dropped: the dropped counts summed over the group equal the reference's), uneven loads with one expert
---   that no token selects.
+--   that no token selects; the bytes this rank sent equal dist.ep_bytes of the rows that left and reached it.
 local tide = require "tide"
 local dist = require "tide.dist"
 local MoE = require "tide.nn.moe"
@@ -68,9 +68,28 @@ local function run_case(name, o, ep, tol)
   prep(test)
   test:shard_experts(ep)
   local x = all[rank + 1]:detach():requires_grad_(true)
+  local b0 = dist.bytes_sent()
   local y = test:forward(x)
   local dropped = test._records[#test._records].dropped
   ;(y * c[rank + 1]):sum():backward()
+  local sent = dist.bytes_sent() - b0
+  -- the bytes of the exchanges, against dist.ep_bytes of the rows that left and reached this rank
+  local nl0 = 8 / P
+  local rows_out, rows_in = 0, 0
+  local my_first = ep.rank * nl0
+  for _, e in ipairs(test.gate:route(test.gate:scores(x)):reshape(-1):tolist()) do
+    if e < my_first or e >= my_first + nl0 then rows_out = rows_out + 1 end
+  end
+  local gsel = ref.gate:route(ref.gate:scores(X:detach())):reshape(-1):tolist()
+  for i, e in ipairs(gsel) do
+    local row = math.floor((i - 1) / 2)
+    local mine = row >= my_off and row < my_off + m
+    if not mine and e >= my_first and e < my_first + nl0 then rows_in = rows_in + 1 end
+  end
+  local d_in = o.latent_dim or 16
+  local es = o.dtype == "f64" and 8 or 4
+  local want = dist.ep_bytes(rows_out, rows_in, d_in, d_in, es, P)
+  if o.capacity_factor and P > 1 then want = want + (P - 1) / P * 2 * 8 end   -- the batch size summed (one f64)
   local errs = {}
   local function cmp(what, a, b)
     local d = rel_diff(a, b)
@@ -90,6 +109,9 @@ local function run_case(name, o, ep, tol)
       ep.allreduce_(g)
       cmp(pname .. " gradient (summed over the group)", g, refp[pname]:grad())
     end
+  end
+  if P > 1 and math.abs(sent - want) > 16 then
+    errs[#errs + 1] = fmt("sent %d bytes, dist.ep_bytes of %d rows out and %d in: %d", sent, rows_out, rows_in, want)
   end
   if o.capacity_factor then
     local total = ep.sums({ dropped })[1]
