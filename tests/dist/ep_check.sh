@@ -8,7 +8,8 @@
 #   1e-6 in f32; the MoE load metrics exactly: the routing is the same); two ep 2 runs bitwise alike; an ep 2 run
 #   resumed from its step-3 checkpoint bitwise the uninterrupted one, and resumed on one rank (the experts fused back
 #   from their per-expert tensors) == it to 1e-12; `tide ckpt consolidate` of an ep 2 checkpoint == the one-rank
-#   checkpoint's tensors, in the fused names; layouts that do not fit are one clear error.
+#   checkpoint's tensors, in the fused names; the 3-stage curriculum of the tests under ep 2 == one rank; layouts that
+#   do not fit are one clear error.
 # Usage: tests/dist/ep_check.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,17 @@ grep -q "ranks: 4 = dp 2 x ep 2 (rank = d·2 + e); the expert-parallel groups {0
 echo "ok   dp 2 x ep 2 prints its rank map"
 "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.ep=2 --out="$tmp/ep2b" > /dev/null
 cmp "$tmp/f64-ep2" "$tmp/ep2b" 0 "f64: two ep 2 runs (bitwise)"
+
+# a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, packed documents, QB exact) under ep 2 == the same
+# recipe on one rank hosting both data lanes, f64 and f32 (as above)
+for dt in f64 f32; do
+    cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --model.dtype=$dt)
+    "$tide" run "${cur[@]}" --dist.lanes=2 --out="$tmp/cur-one-$dt" > /dev/null
+    "${mp[@]}" -np 2 "$tide" run "${cur[@]}" --dist.ep=2 --out="$tmp/cur-ep2-$dt" > /dev/null
+    if [ $dt = f64 ]; then r=(--rel=1e-12); else r=(--rel=1e-6 --wrel=2e-5); fi
+    "$tide" run tests/dist/dp_compare.lua --a="$tmp/cur-one-$dt" --b="$tmp/cur-ep2-$dt" "${r[@]}" \
+        --what="curriculum $dt: ep 2 == one rank with both lanes"
+done
 
 # the checkpoint: per-expert tensors, each by its rank
 idx="$tmp/f64-ep2/ckpt/step_00000006/model.safetensors.index.json"
