@@ -9,22 +9,12 @@
 # resumes to the uninterrupted run; ZeRO-1 and ZeRO-2 == unsharded (ZeRO-2 with fewer bytes); the sharded checkpoint layout (each rank its shards, the index files), `tide ckpt
 # consolidate` of it (== the shards, and resumed on one rank == dp 2), a rank killed inside a save (the step never
 # appears, latest stays); dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-build=${1:-build}
-tide="$build/tide"
-mpirun=${MPIEXEC:-mpirun}
-if ! command -v "$mpirun" > /dev/null; then echo "dp_check: no mpirun: skipped"; exit 0; fi
-if [ "$("$tide" run tests/dist/dp_mpi.lua 2>&1 | tail -1)" != "mpi available" ]; then
-    echo "dp_check: this build has no MPI: skipped"; exit 0
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+who=dp_check
+source "$(dirname "$0")/setup.sh"
 small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --data.batch_size=8 --train.steps=6
        --train.eval_every=0 --train.ckpt_every=3 --train.log_every=1 --sample.max_new_tokens=0 --train.threads=1
        --schedule.warmup=2 --train.quiet=true)
-mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
-# the process group's all-gather and all-to-all-v from Lua (the collectives expert parallelism will dispatch with)
+# the process group's all-gather and all-to-all-v from Lua (expert parallelism dispatches with them)
 for n in 2 4; do "${mp[@]}" -np $n "$tide" run tests/dist/dp_collectives.lua; done
 cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --what="$3"; }
 for dt in f64 f32; do

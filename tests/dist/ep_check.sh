@@ -11,18 +11,8 @@
 #   checkpoint's tensors, in the fused names; the 3-stage curriculum of the tests under ep 2 == one rank; layouts that
 #   do not fit are one clear error.
 # Usage: tests/dist/ep_check.sh [BUILD_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-build=${1:-build}
-tide="$build/tide"
-mpirun=${MPIEXEC:-mpirun}
-if ! command -v "$mpirun" > /dev/null; then echo "ep_check: no mpirun: skipped"; exit 0; fi
-if [ "$("$tide" run tests/dist/dp_mpi.lua 2>&1 | tail -1)" != "mpi available" ]; then
-    echo "ep_check: this build has no MPI: skipped"; exit 0
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mp=("$mpirun" --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
+who=ep_check
+source "$(dirname "$0")/setup.sh"
 cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --rel="$3" --moe=true --what="$4"; }
 
 # one layer
