@@ -321,9 +321,12 @@ function MoE:ep_experts(z, sel, p)
   local rc = ep.alltoallv(i64_tensor(cnt, P), ones, ones):f64_array()
   local recv, n_recv = {}, 0
   for r = 1, P do recv[r] = tonumber(rc[r - 1]); n_recv = n_recv + recv[r] end
-  local rows = F.index_select(z, 1, i64_tensor(tok, A))
+  -- (the sort runs on the host; a device model gets its indices copied, its rows exchanged by its backend: NCCL)
+  local dev = z:device()
+  local function on_dev(t) return dev == "cpu" and t or t:to(dev) end
+  local rows = F.index_select(z, 1, on_dev(i64_tensor(tok, A)))
   local R = ep.exchange(rows, send, recv)
-  local E = ep.alltoallv(i64_tensor(eid, A, 1), send, recv)
+  local E = on_dev(ep.alltoallv(i64_tensor(eid, A, 1), send, recv))
   local d_out = self.experts.down_proj:size(2)
   local cap = 0
   if self.capacity_factor > 0 then
@@ -335,7 +338,7 @@ function MoE:ep_experts(z, sel, p)
   local out, dropped = F.moe_experts(R, E, tide.ones({ n_recv, 1 }, { dtype = R:dtype(), device = R:device() }),
     self.experts.gate_up_proj, self.experts.down_proj, { activation = self.activation, capacity = cap })
   local back = ep.exchange(out, recv, send)                        -- [A, d_out], in owner order
-  local u = F.index_select(back, 1, i64_tensor(pos, A)):reshape(m, k, d_out)
+  local u = F.index_select(back, 1, on_dev(i64_tensor(pos, A))):reshape(m, k, d_out)
   return (u * p:reshape(m, k, 1)):sum(2), dropped
 end
 
