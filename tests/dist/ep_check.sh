@@ -43,15 +43,13 @@ echo "ok   dp 2 x ep 2 prints its rank map"
 cmp "$tmp/f64-ep2" "$tmp/ep2b" 0 "f64: two ep 2 runs (bitwise)"
 
 # a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, packed documents, QB exact) under ep 2 == the same
-# recipe on one rank hosting both data lanes, f64 and f32 (as above)
-for dt in f64 f32; do
-    cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --model.dtype=$dt)
-    "$tide" run "${cur[@]}" --dist.lanes=2 --out="$tmp/cur-one-$dt" > /dev/null
-    "${mp[@]}" -np 2 "$tide" run "${cur[@]}" --dist.ep=2 --out="$tmp/cur-ep2-$dt" > /dev/null
-    if [ $dt = f64 ]; then r=(--rel=1e-12); else r=(--rel=1e-6 --wrel=2e-5); fi
-    "$tide" run tests/dist/dp_compare.lua --a="$tmp/cur-one-$dt" --b="$tmp/cur-ep2-$dt" "${r[@]}" \
-        --what="curriculum $dt: ep 2 == one rank with both lanes"
-done
+# recipe on one rank hosting both data lanes, in f64. (Not in f32: QB leaves top-k gaps near 1e-8, so the combine's
+# f32 rounding flips a token's experts within the 18 steps, and the runs part, by 1e-5 in the loss at step 16.)
+cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact --model.dtype=f64)
+"$tide" run "${cur[@]}" --dist.lanes=2 --out="$tmp/cur-one" > /dev/null
+"${mp[@]}" -np 2 "$tide" run "${cur[@]}" --dist.ep=2 --out="$tmp/cur-ep2" > /dev/null
+"$tide" run tests/dist/dp_compare.lua --a="$tmp/cur-one" --b="$tmp/cur-ep2" --rel=1e-12 \
+    --what="curriculum f64: ep 2 == one rank with both lanes"
 
 # the checkpoint: per-expert tensors, each by its rank
 idx="$tmp/f64-ep2/ckpt/step_00000006/model.safetensors.index.json"
