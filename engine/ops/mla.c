@@ -89,13 +89,13 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
                    SHAPE_STR(k_n, b));
     }
     TIDE_CHECK(Tq <= Tk, "mla_attention: causal attention needs Tq <= Tk, got %lld > %lld", (long long)Tq, (long long)Tk);
-    TIDE_CHECK(!cu_seqlens || Tq == Tk, "mla_attention: cu_seqlens needs Tq = Tk (a packed row), got %lld and %lld",
-               (long long)Tq, (long long)Tk);
     TIDE_CHECK(isfinite(scale) && scale > 0, "mla_attention: scale must be positive and finite, got %g", scale);
     tide_attrs at = {0};
     at.mla_attention.has_kr = k_r != NULL;
     at.mla_attention.scale = scale;
-    if (cu_seqlens && tide_load_boundaries(op, cu_seqlens, B, Tq, &at)) return NULL;
+    /* the boundaries are over the keys (B·Tk): with Tq < Tk the queries are each row's last Tq tokens (a context-
+       parallel slice against the gathered prefix, long_context.md §5) */
+    if (cu_seqlens && tide_load_boundaries(op, cu_seqlens, B, Tk, &at)) return NULL;
     tide_tensor *in[4] = {q, k_n, k_r ? k_r : v, v};
     tide_tensor *y = tide_op_run1(TIDE_OP_MLA_ATTENTION, k_r ? 4 : 3, in, &at);
     free(at.list);

@@ -52,16 +52,30 @@ static int segment_bounds(const int64_t *cu, int64_t n_seg, int64_t n, int64_t *
     return 0;
 }
 
-static int segment_starts(const int64_t *cu, int64_t n_seg, int64_t n, int64_t **out)
-{
-    return segment_bounds(cu, n_seg, n, out, NULL);
-}
-
 static int check(const char *op, int dtype, const int64_t *cu, int64_t Tq, int64_t Tk)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("%s: dtype %s is not supported on the cpu backend (f32, f64)", op, tide_cpu_dtype_str(dtype));
-    if (cu && Tq != Tk) return tide_set_error("%s: document boundaries need Tq = Tk, got %lld and %lld", op, (long long)Tq, (long long)Tk);
+    if (cu && Tq > Tk) return tide_set_error("%s: document boundaries need Tq <= Tk, got %lld and %lld", op, (long long)Tq, (long long)Tk);
+    return 0;
+}
+
+/* the causal kernels' per-query starts with documents over the KEYS (cu over B·Tk; query i of row b is key
+   position i + Tk − Tq, the last query on the last key): start[b·Tq + i] = b·Tq + (the key-row index where that
+   key's document starts), the form key_range reads; NULL when cu is NULL. */
+static int query_starts(const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t **out)
+{
+    *out = NULL;
+    if (!cu) return 0;
+    int64_t n = B * Tq, off = Tk - Tq;
+    int64_t *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+    if (!s) return tide_set_error("mla_attention: out of memory");
+    for (int64_t g = 0; g < n_seg; g++)
+        for (int64_t p = cu[g]; p < cu[g + 1]; p++) {
+            int64_t b = p / Tk, i = p - b * Tk - off;       /* segments never cross a row start (load_boundaries) */
+            if (i >= 0) s[b * Tq + i] = b * Tq + (cu[g] - b * Tk);
+        }
+    *out = s;
     return 0;
 }
 
@@ -70,7 +84,7 @@ int tide_cpu_mla_attention(int dtype, void *out, void *lse, const void *q, const
                            int64_t dr, int64_t dv, double scale)
 {
     int64_t *start;
-    if (check("mla_attention", dtype, cu, Tq, Tk) || segment_starts(cu, n_seg, B * Tq, &start)) return -1;
+    if (check("mla_attention", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start)) return -1;
     int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale)
                                : forward_f64(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale);
     free(start);
@@ -83,7 +97,7 @@ int tide_cpu_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, v
                                     int64_t dn, int64_t dr, int64_t dv, double scale)
 {
     int64_t *start;
-    if (check("mla_attention backward", dtype, cu, Tq, Tk) || segment_starts(cu, n_seg, B * Tq, &start)) return -1;
+    if (check("mla_attention backward", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start)) return -1;
     int rc = dtype == TIDE_F32
                  ? backward_f32(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale)
                  : backward_f64(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale);

@@ -142,12 +142,15 @@ __device__ __forceinline__ int mla_doc(const int64_t *cu, int n_seg, int64_t n)
 
 /* lo[r] = the first key query i0 + r may see (its document start, row-relative); INT_MAX past the tile's
    rows, so padding rows see nothing. hi (bidir, else NULL): hi[r] = one past its document's last key */
-__device__ void mla_doc_starts(int *lo, int *hi, const int64_t *cu, int n_seg, int64_t row0, int i0, int rows, int R)
+__device__ void mla_doc_starts(int *lo, int *hi, const int64_t *cu, int n_seg, int64_t row0, int qoff, int i0, int rows,
+                               int R)
 {
+    /* row0 = b·Tk: the boundaries are over the keys; query i is key position i + qoff (qoff = Tk − Tq: the last
+       query on the last key) */
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         int v = INT_MAX, e = 0;
         if (r < rows && cu) {
-            int d = mla_doc(cu, n_seg, row0 + i0 + r);
+            int d = mla_doc(cu, n_seg, row0 + qoff + i0 + r);
             v = (int)(cu[d] - row0);
             e = (int)(cu[d + 1] - row0);
         } else if (r < rows) {
@@ -281,7 +284,7 @@ __device__ void mla_load_q_bwd(const mla_args<T> &a, const mla_views<T> &w, int 
         w.lse[r] = r < rows ? a.lse[at] : -INFINITY;
         w.D[r] = r < rows ? a.D[at] : 0.f;
     }
-    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tk, a.Tk - a.Tq, i0, rows, L.BQ);
 }
 
 /* P = exp(S·scale − lse) on the visible pairs (0 elsewhere) and dS = P ⊙ (dP − D) (mla.md §4). fp32: P over
@@ -321,7 +324,7 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
     int64_t t0 = (int64_t)b * a.Tq + i0;
     mla_load_tile(w.Q, L.ldq, L.BQ, L.DQ, rows, a.q + (t0 * a.H + h) * dqk, (int64_t)a.H * dqk, dqk,
                   (const T *)nullptr, 0, 0);
-    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tk, a.Tk - a.Tq, i0, rows, L.BQ);
     mla_zero(w.acc_v, L.ldav, L.BQ, L.DV);
     for (int r = threadIdx.x; r < L.BQ; r += blockDim.x) {
         w.m[r] = -INFINITY;
@@ -456,7 +459,8 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
     int ilo = j0 - a.off > 0 ? j0 - a.off : 0, ihi = a.Tq;
     if (a.cu) {
         int64_t row0 = (int64_t)b * a.Tk;
-        int64_t e = a.cu[mla_doc(a.cu, a.n_seg, row0 + j0 + cols - 1) + 1] - row0;
+        /* the end of the last key's document, as a query index (query i is key i + Tk − Tq) */
+        int64_t e = a.cu[mla_doc(a.cu, a.n_seg, row0 + j0 + cols - 1) + 1] - row0 - (a.Tk - a.Tq);
         if (e < ihi) ihi = (int)e;
         if (a.bidir) ilo = (int)(a.cu[mla_doc(a.cu, a.n_seg, row0 + j0)] - row0);
     }
@@ -576,10 +580,10 @@ static int mla_check(const char *what, int dtype, const void *kr, const int64_t 
                               (long long)dr, (long long)dv);
     if (dr > 0 && !kr) return tide_set_error("%s: k_r is NULL but dr = %lld", what, (long long)dr);
     if (!cu) return 0;
-    if (Tq != Tk)
-        return tide_set_error("%s: document boundaries need Tq = Tk, got Tq %lld and Tk %lld", what, (long long)Tq,
+    if (Tq > Tk)
+        return tide_set_error("%s: document boundaries need Tq <= Tk, got Tq %lld and Tk %lld", what, (long long)Tq,
                               (long long)Tk);
-    int64_t N = B * Tq;
+    int64_t N = B * Tk;     /* the boundaries are over the keys */
     if (n_seg < 1 || n_seg > INT_MAX)
         return tide_set_error("%s: cu_seqlens has %lld segments, expected 1 to %d", what, (long long)n_seg, INT_MAX);
     if (cu[0] != 0 || cu[n_seg] != N)
@@ -590,9 +594,9 @@ static int mla_check(const char *what, int dtype, const void *kr, const int64_t 
         if (e < s)
             return tide_set_error("%s: cu_seqlens decreases at %lld (%lld then %lld)", what, (long long)i,
                                   (long long)s, (long long)e);
-        if (e > s && (e - 1) / Tq != s / Tq)
+        if (e > s && (e - 1) / Tk != s / Tk)
             return tide_set_error("%s: segment [%lld, %lld) crosses the start of row %lld (T = %lld)", what,
-                                  (long long)s, (long long)e, (long long)(s / Tq + 1), (long long)Tq);
+                                  (long long)s, (long long)e, (long long)(s / Tk + 1), (long long)Tk);
     }
     return 0;
 }

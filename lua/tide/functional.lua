@@ -414,7 +414,8 @@ local MLA_KEYS = { cu_seqlens = true, scale = true }
 -- F.mla_attention(q, k_n, k_r, v, opts) -> o [B, Tq, H, dv]
 --   q [B, Tq, H, dn + dr] (rope slot last, never rotated: NoPE), k_n [B, Tk, H, dn], k_r [B, Tk, dr] (one
 --   rope-slot key for every head; nil when dr = 0), v [B, Tk, H, dv]; causal with the last query on the last
---   key. opts.cu_seqlens: document boundaries over B·T (table or int tensor; Tq = Tk); opts.scale
+--   key. opts.cu_seqlens: document boundaries over the keys, B·Tk (table or int tensor); with Tq < Tk the queries
+--   are each row's last Tq tokens (a context-parallel slice against its gathered prefix); opts.scale
 --   (default (dn + dr)^-1/2, mla.md §1). Tiled with an online softmax: memory linear in T.
 function F.mla_attention(q, k_n, k_r, v, opts)
   local op = "mla_attention"

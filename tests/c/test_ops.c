@@ -403,7 +403,7 @@ static void ref_mla(tide_tensor *tq, tide_tensor *tkn, tide_tensor *tkr, tide_te
             for (int64_t i = 0; i < Tq; i++) {
                 double m = -INFINITY, s = 0;
                 for (int64_t j = 0; j < Tk; j++) {
-                    int visible = j <= i + (Tk - Tq) && (!doc || doc[b * Tq + i] == doc[b * Tk + j]);
+                    int visible = j <= i + (Tk - Tq) && (!doc || doc[b * Tk + i + (Tk - Tq)] == doc[b * Tk + j]);
                     if (!visible) { p[j] = -INFINITY; continue; }
                     double d = 0;
                     for (int64_t c = 0; c < dn; c++) d += q[((b * Tq + i) * H + h) * dqk + c] * kn[((b * Tk + j) * H + h) * dn + c];
@@ -426,6 +426,19 @@ static void ref_mla_packed(tide_tensor **in, double *out)
     ref_mla(in[0], in[1], in[2], in[3], 0.45, doc, out);
 }
 static void ref_mla_decode(tide_tensor **in, double *out) { ref_mla(in[0], in[1], in[2], in[3], 0.5, NULL, out); }
+/* a context-parallel slice (long_context.md §5): queries = the last 3 of each row of 7 keys, documents over the keys
+   (B = 2: [0,2) [2,5) [5,7) | [7,12) [12,14)) so one query row starts a document, one sees a document that began
+   before the slice and one is in a later document */
+static const int64_t mla_cp_doc[14] = {0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 4, 4};
+static tide_tensor *r_mla_cp(tide_tensor **x)
+{
+    double v[6] = {0, 2, 5, 7, 12, 14};
+    tide_tensor *cu = tide_from_f64(TIDE_I64, 1, SHAPE(6), 0, v);
+    tide_tensor *y = tide_mla_attention(x[0], x[1], x[2], x[3], cu, 0.4);
+    tide_tensor_release(cu);
+    return y;
+}
+static void ref_mla_cp(tide_tensor **in, double *out) { ref_mla(in[0], in[1], in[2], in[3], 0.4, mla_cp_doc, out); }
 static void ref_mla_nor(tide_tensor **in, double *out) { ref_mla(in[0], in[1], NULL, in[2], 0.6, NULL, out); }
 /* varlen attention by the definition (vision.md §3): q, k, v [T, H, D], every key of the query's image visible */
 static void ref_varlen(tide_tensor **in, double *out)
@@ -623,6 +636,8 @@ static void build_cases(void)
         RANDN(2, 5, 2, 3), RANDN(2, 5, 2), RANDN(2, 5, 2, 4));
     add(TIDE_OP_MLA_ATTENTION, "Tq 2 < Tk 6", r_mla_decode, ref_mla_decode, 0, 4, RANDN(1, 2, 3, 4), RANDN(1, 6, 3, 3),
         RANDN(1, 6, 1), RANDN(1, 6, 3, 2));
+    add(TIDE_OP_MLA_ATTENTION, "Tq 3 < Tk 7 with documents over the keys (a CP slice)", r_mla_cp, ref_mla_cp, 0, 4,
+        RANDN(2, 3, 2, 5), RANDN(2, 7, 2, 3), RANDN(2, 7, 2), RANDN(2, 7, 2, 4));
     add(TIDE_OP_MLA_ATTENTION, "no rope slot", r_mla_nor, ref_mla_nor, 0, 3, RANDN(1, 4, 2, 3), RANDN(1, 4, 2, 3),
         RANDN(1, 4, 2, 3), 0);
     add(TIDE_OP_MLA_DECODE_ROWS, "2 rows, own buffers (forward only: decoding, no gradient)", r_mla_decode_rows, NULL, 0, 4,

@@ -971,6 +971,7 @@ static const mla_case mla_cases[] = {
     {"mla f32 decode Tq 1, Tk 45", 3, 1, 45, 2, 64, 32, 64, 0, {0}, 0},
     {"mla f32 append Tq 20, Tk 83", 2, 20, 83, 2, 64, 32, 64, 0, {0}, 0},
     {"mla f32 dr 0 (k_r NULL), docs", 2, 37, 37, 2, 64, 0, 48, 4, {0, 20, 37, 74}, 0},
+    {"mla f32 CP slice Tq 20 < Tk 83, docs over the keys", 2, 20, 83, 2, 64, 32, 64, 6, {0, 30, 70, 83, 150, 166}, 0},
     {"mla f32 dims 40+24, 40, docs", 1, 50, 50, 3, 40, 24, 40, 3, {0, 21, 50}, 0},
     {"mla bf16 K3 dims, docs", 2, 100, 100, 3, 128, 64, 128, 5, {0, 30, 100, 170, 200}, 1},
     {"mla bf16 tiny dims, T 77", 1, 77, 77, 2, 64, 32, 64, 0, {0}, 1},
@@ -978,6 +979,7 @@ static const mla_case mla_cases[] = {
     {"mla bf16 append Tq 20, Tk 83", 2, 20, 83, 2, 128, 64, 128, 0, {0}, 1},
     {"mla bf16 dr 0 (k_r NULL), docs", 2, 37, 37, 2, 64, 0, 48, 4, {0, 20, 37, 74}, 1},
     {"mla bf16 dims 40+24, 40, docs", 1, 50, 50, 3, 40, 24, 40, 3, {0, 21, 50}, 1},
+    {"mla bf16 CP slice Tq 20 < Tk 83, docs over the keys", 2, 20, 83, 2, 64, 32, 64, 6, {0, 30, 70, 83, 150, 166}, 1},
 };
 
 static int test_mla_case(const mla_case *mc)

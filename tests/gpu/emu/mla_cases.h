@@ -15,7 +15,7 @@ static MlaProb mla_make(int B, int Tq, int Tk, int H, int dn, int dr, int dv, st
 {
     MlaProb p{B, Tq, Tk, H, dn, dr, dv, {}, {}, {}, {}, {}, 1.0 / std::sqrt((double)(dn + dr))};
     if (!docs.empty()) {
-        for (int b = 0; b <= B; b++) p.cu.push_back((int64_t)b * Tq);
+        for (int b = 0; b <= B; b++) p.cu.push_back((int64_t)b * Tk);   // boundaries over the keys
         for (int64_t d : docs) p.cu.push_back(d);
         std::sort(p.cu.begin(), p.cu.end());
         p.cu.erase(std::unique(p.cu.begin(), p.cu.end()), p.cu.end());
@@ -29,14 +29,15 @@ static MlaProb mla_make(int B, int Tq, int Tk, int H, int dn, int dr, int dv, st
     return p;
 }
 
-// first key query i of row b may see (its document start, row-relative)
+// first key query i of row b may see (its document start, row-relative; the documents are over the keys and
+// query i is key i + Tk - Tq)
 static int64_t mla_first_key(const MlaProb &p, int b, int i)
 {
     if (p.cu.empty()) return 0;
-    int64_t n = (int64_t)b * p.Tq + i, s = 0;
+    int64_t n = (int64_t)b * p.Tk + i + (p.Tk - p.Tq), s = 0;
     for (size_t k = 0; k + 1 < p.cu.size(); k++)
         if (p.cu[k] <= n) s = p.cu[k];
-    return s - (int64_t)b * p.Tq;
+    return s - (int64_t)b * p.Tk;
 }
 
 // last key query i of row b may see: causal, or (bidir) its document's last token
@@ -44,9 +45,9 @@ static int64_t mla_last_key(const MlaProb &p, int b, int i)
 {
     int64_t j1 = std::min<int64_t>(i + p.Tk - p.Tq, p.Tk - 1);
     if (!p.bidir) return j1;
-    int64_t n = (int64_t)b * p.Tq + i, e = p.Tk;
+    int64_t n = (int64_t)b * p.Tk + i + (p.Tk - p.Tq), e = p.Tk;
     for (size_t k = p.cu.size(); k-- > 0;)
-        if (p.cu[k] > n) e = p.cu[k] - (int64_t)b * p.Tq;
+        if (p.cu[k] > n) e = p.cu[k] - (int64_t)b * p.Tk;
     return std::min<int64_t>(e, p.Tk) - 1;
 }
 
@@ -393,9 +394,9 @@ static void run_mla_errors()
     std::vector<float> x(4096, 0.f), lse(64);
     std::vector<int64_t> cu = {0, 3, 8}, bad = {0, 5, 16};   // bad: [5, 16) crosses the start of row 1 (T = 8)
     float *p = x.data();
-    mla_expect_error("documents with Tq != Tk",
-                     tide_cuda_mla_attention(TIDE_F32, p, lse.data(), p, p, p, p, cu.data(), 2, 1, 8, 9, 1, 4, 4, 4, 0.5),
-                     "need Tq = Tk");
+    mla_expect_error("documents with Tq > Tk",
+                     tide_cuda_mla_attention(TIDE_F32, p, lse.data(), p, p, p, p, cu.data(), 2, 1, 9, 8, 1, 4, 4, 4, 0.5),
+                     "need Tq <= Tk");
     mla_expect_error("dr > 0 with k_r NULL",
                      tide_cuda_mla_attention(TIDE_F32, p, lse.data(), p, p, nullptr, p, nullptr, 0, 1, 8, 8, 1, 4, 4, 4, 0.5),
                      "k_r is NULL but dr = 4");
@@ -461,6 +462,11 @@ static void run_mla(const std::function<bool(const char *)> &want)
         run_mla_case<float>("mla f32 append Tq 20 < Tk 45", pa, f32o, f32g, MLA_SMALL);
         MlaProb pab = mla_make(1, 20, 45, 2, 16, 8, 16, {}, true);
         run_mla_case<bf>("mla bf16 append Tq 20 < Tk 45", pab, bfo, bfg, MLA_SMALL);
+        // a context-parallel slice (long_context.md §5): documents over the keys, one starting inside the queries
+        MlaProb pc = mla_make(2, 20, 45, 2, 16, 8, 16, {10, 33, 60, 80}, false);
+        run_mla_case<float>("mla f32 CP slice Tq 20 < Tk 45, docs", pc, f32o, f32g, MLA_SMALL);
+        MlaProb pcb = mla_make(2, 20, 45, 2, 16, 8, 16, {10, 33, 60, 80}, true);
+        run_mla_case<bf>("mla bf16 CP slice Tq 20 < Tk 45, docs", pcb, bfo, bfg, MLA_SMALL);
         MlaProb pe = mla_make(1, 9, 5, 2, 16, 8, 16, {}, false);
         run_mla_case<float>("mla f32 Tq 9 > Tk 5 (4 see nothing)", pe, f32o, f32g, 0);
         MlaProb p0 = mla_make(2, 21, 21, 2, 16, 0, 16, {9, 30}, false);
