@@ -120,12 +120,13 @@ end
 function Layer:mix(xn, cache, opts)
   local a = self.self_attn
   if self.mixer == "kda" then
-    local o = { cache = cache, cu_seqlens = opts and opts.cu_seqlens, reset = opts and opts.reset }
+    local o = { cache = cache, cu_seqlens = opts and opts.cu_seqlens, reset = opts and opts.reset, cp = opts and opts.cp }
     if cache and (xn:size(2) == 1 or (opts and opts.exact)) then o.path = "recurrent" end
     return a:forward(xn, o)
   end
   if opts and opts.reset then bad("reset applies to KDA caches; an MLA layer's cache cannot restart a row") end
-  return a:forward(xn, { cache = cache, cu_seqlens = opts and opts.cu_seqlens, exact = opts and opts.exact })
+  return a:forward(xn, { cache = cache, cu_seqlens = opts and opts.cu_seqlens, exact = opts and opts.exact,
+    cp = opts and opts.cp })
 end
 
 local Body = M.Module:extend("HybridBody")

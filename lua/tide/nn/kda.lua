@@ -135,7 +135,7 @@ local function tail_mask(cu, B, T, K1, dtype, device)
   return tide.tensor(vals, { shape = { B, K1, 1 }, dtype = dtype, device = device })
 end
 
-local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true, state_rows = true }
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true, state_rows = true, cp = true }
 
 -- the carried cache of the rows that continue, the rows in `reset` zeroed (a new document starts exactly
 -- at this call); multiplying keeps the graph and gives the dropped rows a zero gradient
@@ -168,6 +168,12 @@ function KDA:forward(x, opts)
       tide.is_tensor(x) and ("[" .. table.concat(x:shape(), ", ") .. "]") or type(x)))
   end
   local cache = opts.cache
+  if opts.cp then
+    if cache or opts.cu_seqlens or opts.reset or opts.state_rows then
+      bad("forward: cp (context parallelism) carries the documents itself and takes no cache, cu_seqlens or reset")
+    end
+    return self:forward_cp(x, opts.cp, opts.path)
+  end
   if cache and cache.rows then return self:forward_rows(x, opts) end
   local B, T = x:size(1), x:size(2)
   local H, dk = self.heads, self.head_dim
@@ -228,6 +234,62 @@ function KDA:forward(x, opts)
     cache.pos = (cache.pos or 0) + T
   end
   return y
+end
+
+-- forward_cp(x [R·B, 2·Tc, d], ctx): the layer on context-parallel slices (cp.lua; long_context.md §5). Each slice
+-- holds two segments of its row; as row-segments [R·B·2, Tc] they run the layer's kernels with
+--   the short convolutions' history: the last K−1 pre-conv inputs of the previous segment (gathered; zero at a
+--     document start), so the convolution reads what the unsplit row would;
+--   the state: each segment's end state from zero h_ext and its transition M (kda.md §4: S_end = M S0 + h_ext) in
+--     ONE kernel call, v widened by dk zero columns and S0 = [0 | I]: the state's columns evolve independently, so
+--     the first dv columns end at h_ext and the last dk at M (M = 0 past a document start inside the segment);
+--     the pairs of every segment are gathered and folded (Ctx:fold, in the state dtype: f32 for bf16 inputs) into
+--     each segment's true start state, and the kernel reruns from it.
+-- The fold and the gathers are ops of the graph: the backward reaches every segment's M and h_ext (the gathers'
+-- gradient is the reduce-scatter), which is the right-to-left fold of the state gradients in long_context.md §5.
+function KDA:forward_cp(x, ctx, path)
+  local RB, T2 = x:size(1), x:size(2)
+  local H, dk, K1, Tc = self.heads, self.head_dim, self.conv_size - 1, ctx.Tc
+  if RB ~= ctx.R * ctx.B or T2 ~= 2 * Tc then
+    bad(fmt("forward: a cp slice must be [R·B, 2·Tc, d] = [%d, %d, %d], got [%s]", ctx.R * ctx.B, 2 * Tc, self.dim,
+      table.concat(x:shape(), ", ")))
+  end
+  local n, inner = RB * 2, H * dk
+  local cu = tide.tensor(ctx.local_cu, { dtype = "i64", device = x:device() })
+  local pre = {
+    q = self.q_proj:forward(x):reshape(n, Tc, inner), k = self.k_proj:forward(x):reshape(n, Tc, inner),
+    v = self.v_proj:forward(x):reshape(n, Tc, inner),
+  }
+  -- the conv halo: every segment's last K−1 pre-conv inputs, gathered; each row-segment reads its predecessor's
+  local prev, mask = ctx:halo(K1, x:dtype(), x:device())
+  local tails = F.concat({ pre.q:narrow(2, Tc - K1 + 1, K1), pre.k:narrow(2, Tc - K1 + 1, K1),
+    pre.v:narrow(2, Tc - K1 + 1, K1) }, 3)
+  local halo = ctx:gather(tails):index_select(1, prev) * mask
+  local hs = { q = halo:narrow(3, 1, inner), k = halo:narrow(3, inner + 1, inner), v = halo:narrow(3, 2 * inner + 1, inner) }
+  local function conv1d(name)
+    return F.causal_conv1d(pre[name], self[name .. "_conv1d"].weight,
+      { cache = hs[name]:contiguous(), cu_seqlens = cu, silu = true })
+  end
+  local q = F.l2norm(conv1d("q"):reshape(n, Tc, H, dk), { eps = 1e-6, scale = 1 / math.sqrt(dk) })
+  local k = F.l2norm(conv1d("k"):reshape(n, Tc, H, dk), { eps = 1e-6 })
+  local v = conv1d("v"):reshape(n, Tc, H, dk)
+  local beta = self.b_proj:forward(x):sigmoid():reshape(n, Tc, H)
+  local z = self.f_b_proj:forward(self.f_a_proj:forward(x)):reshape(n, Tc, H, dk)
+  local g = F.kda_gate(z, self.A_log, self.dt_bias, { gate_form = self.gate_form, gate_lower_bound = self.gate_lower_bound })
+  local kopts = { cu_seqlens = cu, path = path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound }
+  -- (h_ext | M) of every local segment in one call, then gathered and folded into the start states
+  local sd = x:dtype() == "bf16" and "f32" or x:dtype()
+  local eye = tide.zeros({ dk, 2 * dk }, { dtype = sd, device = x:device() })
+  for i = 1, dk do eye:narrow(1, i, 1):narrow(2, dk + i, 1):fill_(1) end
+  local s0p = eye:reshape(1, 1, dk, 2 * dk):expand(n, H, dk, 2 * dk):contiguous()
+  local vz = F.concat({ v, tide.zeros({ n, Tc, H, dk }, { dtype = v:dtype(), device = v:device() }) }, 4)
+  local o0 = { s0 = s0p, cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk, gate_lower_bound = kopts.gate_lower_bound }
+  local _, pairs = F.kda(q, k, vz, g, beta, o0)
+  local s0 = ctx:fold(ctx:gather(pairs), dk)
+  kopts.s0 = s0
+  local o = F.kda(q, k, v, g, beta, kopts)
+  local y = (self.o_norm:forward(o) * self.g_proj:forward(x):reshape(n, Tc, H, dk):sigmoid()):reshape(RB, T2, inner)
+  return self.o_proj:forward(y)
 end
 
 -- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their conv

@@ -164,7 +164,7 @@ local function append_latent(cache, c, kr)
   return c, kr
 end
 
-local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true, exact = true }
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, absorbed = true, exact = true, cp = true }
 
 -- forward(x [B, T, d], opts) -> [B, T, d]
 --   opts.cu_seqlens: packed documents (a token attends only within its document, mla.md §5); no cache
@@ -181,6 +181,12 @@ function MLA:forward(x, opts)
   if cache ~= nil and type(cache) ~= "table" then bad("forward: cache must be a table, got " .. type(cache)) end
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
+  if opts.cp then
+    if cache or opts.cu_seqlens or opts.exact then
+      bad("forward: cp (context parallelism) carries the documents itself and takes no cache, cu_seqlens or exact")
+    end
+    return self:forward_cp(x, opts.cp)
+  end
   if cache and cache.rows then return self:forward_rows(x, cache.rows) end
   if opts.exact then
     if not cache then bad("forward: exact = true runs on a cache (the decode path's arithmetic)") end
@@ -209,6 +215,41 @@ function MLA:forward(x, opts)
   if absorbed and T ~= 1 then bad(fmt("forward: the absorbed path takes one token per row, got T = %d", T)) end
   local o = absorbed and self:attend_absorbed(q, c, kr) or self:attend_expanded(q, c, kr, opts.cu_seqlens)
   return self:output(x, o)
+end
+
+-- forward_cp(x [R·B, 2·Tc, d], ctx): the layer on context-parallel slices (cp.lua; long_context.md §5): the latent
+-- [ĉ | k_r] of every rank is gathered (d_c + d_r values per token; its gradient goes back to the owner, summed: the
+-- reduce-scatter) and put in global order, the keys and values are expanded from it, and each local segment's
+-- queries attend over its row's prefix up to the segment's end with the global document mask (F.mla_attention
+-- with Tq < Tk). Queries, gate and output projection stay local.
+function MLA:forward_cp(x, ctx)
+  local RB, T2, Tc, B = x:size(1), x:size(2), ctx.Tc, ctx.B
+  if RB ~= ctx.R * B or T2 ~= 2 * Tc then
+    bad(fmt("forward: a cp slice must be [R·B, 2·Tc, d] = [%d, %d, %d], got [%s]", ctx.R * B, 2 * Tc, self.dim,
+      table.concat(x:shape(), ", ")))
+  end
+  local H, dn, dr, dc, dv = self.heads, self.nope_dim, self.rope_dim, self.kv_rank, self.v_dim
+  local q = self:queries(x)
+  local c, kr = self:latent(x)
+  local lat = kr and F.concat({ c, kr }, 3) or c
+  local glob = ctx:to_global(ctx:gather(lat))                          -- [B, T, d_c + d_r]
+  local cg = dr > 0 and glob:narrow(3, 1, dc):contiguous() or glob
+  local krg = dr > 0 and glob:narrow(3, dc + 1, dr):contiguous() or nil
+  local kvb = self.kv_b_proj:forward(cg):reshape(B, ctx.T, H, dn + dv)
+  local kn, v = kvb:narrow(4, 1, dn), kvb:narrow(4, dn + 1, dv)
+  local rows = {}
+  for ri, p in ipairs(ctx.ranks) do
+    local two = {}
+    for s = 0, 1 do
+      local seg = ctx:seg(p, s)
+      local Kc = (seg + 1) * Tc
+      local qs = q:narrow(1, (ri - 1) * B + 1, B):narrow(2, s * Tc + 1, Tc)
+      two[s + 1] = F.mla_attention(qs, kn:narrow(2, 1, Kc), krg and krg:narrow(2, 1, Kc), v:narrow(2, 1, Kc),
+        { cu_seqlens = ctx:key_cu(seg), scale = self.scale })
+    end
+    rows[ri] = F.concat(two, 2)
+  end
+  return self:output(x, #rows == 1 and rows[1] or F.concat(rows, 1))
 end
 
 -- one decoding step without gradients (F.mla_decode_rows): the products with the weights run for the B rows at

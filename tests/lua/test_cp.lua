@@ -1,0 +1,244 @@
+-- cp: context parallelism in one process (spec/long_context.md §5, oracles 2-4): the zig-zag layout with every rank's
+-- slice held here (tide.cp, the fake context), KDA state passing with the conv halo, MLA latent gather with the global
+-- document mask, for P = 2 and 4: outputs and every gradient equal the unsplit run (f64 1e-10, f32 1e-5 rel), with
+-- documents that start inside segments, exactly at a segment edge and within the conv history of the next segment;
+-- M = 0 across a document start; the fp32 fold over 64 segments against fp64, and the bf16-cast chain that fails it.
+local T = require "tide.testing"
+local tide = require "tide"
+local nn, F = tide.nn, tide.F
+local cp = require "tide.cp"
+
+local max_abs_diff, max_abs = T.max_abs_diff, T.max_abs
+
+-- B = 2 rows of 32: row 1 has starts at 8 (an edge for P = 2 and 4), 13 (inside); row 2 at 15 (the last token of a
+-- P = 2 segment: the next segment's conv history keeps 1 of 3 slots; for P = 4 inside), 20 (an edge for P = 4)
+local B, TT = 2, 32
+local CU = { 0, 8, 13, 32, 47, 52, 64 }
+
+local function params_of(m)
+  local out = {}
+  for name, p in m:named_parameters() do out[#out + 1] = { name, p } end
+  return out
+end
+
+-- the gradients of x and of every parameter after loss = Σ y ⊙ r
+local function grads(m, x, run, r)
+  m:zero_grad()
+  x:zero_grad()
+  local y = run()
+  local l = (y * r):sum()
+  l:backward()
+  local g = { x = x:grad():clone() }
+  for _, np in ipairs(params_of(m)) do g[np[1]] = np[2]:grad() and np[2]:grad():clone() end
+  return y:detach(), g
+end
+
+-- the layer (or model) on the whole rows vs on the fake cp slices: output and every gradient
+local function compare(m, x, fwd_full, fwd_cp, P, tol, rel, what)
+  local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = CU })
+  local want_y = fwd_full(x)
+  local r = tide.randn(want_y:shape(), { dtype = want_y:dtype() })
+  local y0, g0 = grads(m, x, function() return fwd_full(x) end, r)
+  local y1, g1 = grads(m, x, function() return ctx:unsplit(fwd_cp(ctx:split(x), ctx)) end, r)
+  local function check(a, b, name)
+    local scale = rel and math.max(max_abs(a), 1e-30) or 1
+    local d = max_abs_diff(a, b) / scale
+    T.ok(d <= tol, string.format("%s P = %d: %s differs by %.3g (tolerance %g)", what, P, name, d, tol))
+  end
+  T.ok(max_abs(y0) > 1e-3, what .. ": a non-trivial output")
+  check(y0, y1, "output")
+  local n = 0
+  for name, g in pairs(g0) do
+    T.ok(g1[name], what .. ": no gradient for " .. name .. " under cp")
+    check(g, g1[name], "gradient of " .. name)
+    n = n + 1
+  end
+  return n
+end
+
+local function kda_layer(dtype)
+  tide.manual_seed(11)
+  local m = nn.KDA(12, { heads = 2, head_dim = 4, chunk = 4, std = 0.3, dtype = dtype })
+  tide.no_grad(function()
+    m.A_log:copy_(tide.randn({ 2 }, { dtype = dtype }) * 0.5)
+    m.o_norm.weight:copy_(tide.randn({ 4 }, { dtype = dtype }))
+  end)
+  return m
+end
+
+T.test("KDA on cp slices == the unsplit rows: state fold, conv halo, documents at and inside edges (f64 1e-10)", function()
+  for _, P in ipairs({ 2, 4 }) do
+    local m = kda_layer("f64")
+    local x = tide.randn({ B, TT, 12 }, { dtype = "f64", requires_grad = true })
+    local n = compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
+      function(z, ctx) return m:forward(z, { cp = ctx }) end, P, 1e-10, false, "KDA")
+    T.ok(n >= 14, "every parameter and x compared, got " .. n)
+  end
+end)
+
+T.test("KDA on cp slices in f32 == the unsplit rows (1e-5 rel)", function()
+  for _, P in ipairs({ 2, 4 }) do
+    local m = kda_layer("f32")
+    local x = tide.randn({ B, TT, 12 }, { dtype = "f32", requires_grad = true })
+    compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
+      function(z, ctx) return m:forward(z, { cp = ctx }) end, P, 1e-5, true, "KDA f32")
+  end
+end)
+
+T.test("KDA cp without the fold or without the halo differs (each part is needed)", function()
+  local m = kda_layer("f64")
+  local x = tide.randn({ 1, TT, 12 }, { dtype = "f64" })
+  local ctx = cp.context({ P = 2, B = 1, T = TT })
+  local want = m:forward(x)
+  local got = ctx:unsplit(m:forward(ctx:split(x), { cp = ctx }))
+  T.ok(max_abs_diff(want, got) <= 1e-10, "one document: cp == unsplit")
+  for _, part in ipairs({ "fold", "halo" }) do
+    local c = cp.context({ P = 2, B = 1, T = TT })
+    c.ablate = { [part] = true }
+    local y = c:unsplit(m:forward(c:split(x), { cp = c }))
+    T.ok(max_abs_diff(want:narrow(2, 9, 24), y:narrow(2, 9, 24)) > 1e-3, "without the " .. part .. " the result changes")
+    T.ok(max_abs_diff(want:narrow(2, 1, 8), y:narrow(2, 1, 8)) <= 1e-12, "the first segment is the same either way")
+  end
+  -- a context that believes a document starts at every segment edge: no state, no halo across them
+  local cut = cp.context({ P = 2, B = 1, T = TT, cu_seqlens = { 0, 8, 16, 24, 32 } })
+  local wrong = cut:unsplit(m:forward(cut:split(x), { cp = cut }))
+  T.ok(max_abs_diff(want:narrow(2, 9, 24), wrong:narrow(2, 9, 24)) > 1e-3, "dropping the carried state changes the result")
+  T.ok(max_abs_diff(want:narrow(2, 1, 8), wrong:narrow(2, 1, 8)) <= 1e-12, "the first segment is the same either way")
+end)
+
+T.test("a document start inside a segment makes its transition M = 0; h_ext is the state from the start", function()
+  tide.manual_seed(3)
+  local Tc, H, dk = 8, 2, 4
+  local q = F.l2norm(tide.randn({ 2, Tc, H, dk }, { dtype = "f64" }), { scale = 0.5 })
+  local k = F.l2norm(tide.randn({ 2, Tc, H, dk }, { dtype = "f64" }))
+  local v = tide.randn({ 2, Tc, H, dk }, { dtype = "f64" })
+  local g = F.kda_gate(tide.randn({ 2, Tc, H, dk }, { dtype = "f64" }) * 0.3, tide.zeros({ H }, { dtype = "f64" }),
+    tide.randn({ H * dk }, { dtype = "f64" }) * 0.3 - 5, { gate_lower_bound = -5 })   -- slow decay: M far from 0
+  local beta = tide.randn({ 2, Tc, H }, { dtype = "f64" }):sigmoid()
+  local eye = tide.zeros({ dk, 2 * dk }, { dtype = "f64" })
+  for i = 1, dk do eye:narrow(1, i, 1):narrow(2, dk + i, 1):fill_(1) end
+  local s0 = eye:reshape(1, 1, dk, 2 * dk):expand(2, H, dk, 2 * dk):contiguous()
+  local vz = F.concat({ v, tide.zeros({ 2, Tc, H, dk }, { dtype = "f64" }) }, 4)
+  local cu = { 0, Tc, Tc + 3, 2 * Tc }          -- row 2 has a document start at its 4th token
+  local _, st = F.kda(q, k, vz, g, beta, { s0 = s0, cu_seqlens = cu, chunk = 4 })
+  local M1, M2 = st:narrow(1, 1, 1):narrow(4, dk + 1, dk), st:narrow(1, 2, 1):narrow(4, dk + 1, dk)
+  T.ok(max_abs(M1) > 0.1, "no document start: M is the product of the chunk transitions")
+  T.eq(max_abs(M2), 0, "a document start inside the segment: M = 0")
+  -- h_ext of row 2 = the state of its last document alone, from zero
+  local _, s_alone = F.kda(q:narrow(1, 2, 1):narrow(2, 4, Tc - 3), k:narrow(1, 2, 1):narrow(2, 4, Tc - 3),
+    v:narrow(1, 2, 1):narrow(2, 4, Tc - 3), g:narrow(1, 2, 1):narrow(2, 4, Tc - 3), beta:narrow(1, 2, 1):narrow(2, 4, Tc - 3),
+    { chunk = 4 })
+  T.ok(max_abs_diff(st:narrow(1, 2, 1):narrow(4, 1, dk), s_alone) <= 1e-12, "h_ext = the last document's state")
+end)
+
+T.test("MLA on cp slices == the unsplit rows: latent gather, global document mask (f64 1e-10; f32 1e-5 rel)", function()
+  for _, dt in ipairs({ "f64", "f32" }) do
+    for _, P in ipairs({ 2, 4 }) do
+      tide.manual_seed(5)
+      local m = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
+      local x = tide.randn({ B, TT, 12 }, { dtype = dt, requires_grad = true })
+      compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
+        function(z, ctx) return m:forward(z, { cp = ctx }) end, P, dt == "f64" and 1e-10 or 1e-5, dt == "f32", "MLA " .. dt)
+    end
+  end
+end)
+
+-- a small hybrid in f64 (test_hybrid's), 2 KDA + 2 MLA layers under Block AttnRes
+local function hybrid(dtype, recompute)
+  tide.manual_seed(7)
+  local m = nn.HybridLM({
+    vocab_size = 23, dim = 16, n_layers = 4, mixers = { "kda", "mla", "kda", "mla" }, ffn_dim = 24, dtype = dtype,
+    init_std = 0.2, kda = { heads = 2, head_dim = 4, chunk = 4 },
+    mla = { heads = 2, q_rank = 12, kv_rank = 8, nope_dim = 4, rope_dim = 2, v_dim = 4 },
+    residual = "attnres_block", attnres = { block_layers = 2 }, recompute = recompute,
+  })
+  for name, t in m:named_parameters() do
+    if name:find("_res_proj") then tide.no_grad(function() t:copy_(tide.randn(t:shape(), { dtype = dtype }) * 0.5) end) end
+  end
+  return m
+end
+
+T.test("the hybrid model on cp slices == the unsplit rows: logits and every gradient (f64 1e-10), recompute on and off", function()
+  for _, rc in ipairs({ "none", "layer" }) do
+    for _, P in ipairs({ 2, 4 }) do
+      local m = hybrid("f64", rc)
+      local ids = tide.rand({ B, TT }, { lo = 0, hi = 23 }):to("i32")
+      local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = CU })
+      local targets = tide.rand({ B, TT }, { lo = 0, hi = 23 }):to("i32")
+      local function run(logits, tg)
+        return F.cross_entropy(logits, tg, { reduction = "sum" })
+      end
+      m:zero_grad()
+      local l0 = run(m:forward(ids, nil, { cu_seqlens = CU }), targets)
+      l0:backward()
+      local g0 = {}
+      for name, p in m:named_parameters() do g0[name] = p:grad() and p:grad():clone() end
+      m:zero_grad()
+      local l1 = run(m:forward(ctx:split(ids), nil, { cp = ctx }), ctx:split(targets))
+      l1:backward()
+      T.near(l1:item(), l0:item(), 1e-10 * math.abs(l0:item()), "loss, recompute " .. rc .. ", P " .. P)
+      local n = 0
+      for name, p in m:named_parameters() do
+        T.ok((g0[name] == nil) == (p:grad() == nil), name .. ": a gradient in one run only")
+        local d = g0[name] and max_abs_diff(p:grad(), g0[name]) or 0
+        T.ok(d <= 1e-10, string.format("recompute %s P %d: gradient of %s differs by %.3g", rc, P, name, d))
+        n = n + 1
+      end
+      T.ok(n > 30, "every parameter compared")
+    end
+  end
+end)
+
+T.test("the fp32 fold over 64 segments matches fp64 (1e-5 rel); a bf16-cast M chain does not (oracle 4)", function()
+  tide.manual_seed(9)
+  local P, Tc, H, dk = 32, 16, 2, 8
+  local n = 2 * P
+  local q = F.l2norm(tide.randn({ n, Tc, H, dk }, { dtype = "f64" }), { scale = 1 / math.sqrt(dk) })
+  local k = F.l2norm(tide.randn({ n, Tc, H, dk }, { dtype = "f64" }))
+  local v = tide.randn({ n, Tc, H, dk }, { dtype = "f64" })
+  -- slow decay (the long-memory channels of a trained model): the chain of M matters over many segments
+  local g = F.kda_gate(tide.randn({ n, Tc, H, dk }, { dtype = "f64" }) * 0.3, tide.zeros({ H }, { dtype = "f64" }),
+    tide.randn({ H * dk }, { dtype = "f64" }) * 0.3 - 6, { gate_lower_bound = -5 })
+  local beta = tide.randn({ n, Tc, H }, { dtype = "f64" }):sigmoid() * 0.3
+  local eye = tide.zeros({ dk, 2 * dk }, { dtype = "f64" })
+  for i = 1, dk do eye:narrow(1, i, 1):narrow(2, dk + i, 1):fill_(1) end
+  local s0 = eye:reshape(1, 1, dk, 2 * dk):expand(n, H, dk, 2 * dk):contiguous()
+  local _, pairs_seg = F.kda(q, k, F.concat({ v, tide.zeros({ n, Tc, H, dk }, { dtype = "f64" }) }, 4), g, beta,
+    { s0 = s0, chunk = 16 })
+  -- in gathered order: row-segment (rank p, slot s) holds segment seg(p, s)
+  local ctx = cp.context({ P = P, B = 1, T = n * Tc })
+  local order = {}
+  for p = 0, P - 1 do
+    for s = 0, 1 do order[#order + 1] = ctx:seg(p, s) end
+  end
+  local pairs = pairs_seg:index_select(1, tide.tensor(order, { dtype = "i64" }))
+  local S64 = ctx:fold(pairs, dk)
+  local S32 = ctx:fold(pairs:to("f32"), dk)
+  local last = S64:narrow(1, 2, 1)           -- rank 0 slot 1: segment 63, the end of the chain
+  T.ok(max_abs(last) > 0.1, "the last segment's start state is not trivial")
+  local err32 = max_abs_diff(S32, S64) / max_abs(S64)
+  T.ok(err32 <= 1e-5, "fp32 fold: " .. err32)
+  -- negative control: the chain in bf16 between segments (M and h rounded to bf16 at every step)
+  local function bf(t) return t:to("bf16"):to("f64") end
+  local h
+  for c = 0, n - 2 do
+    local pc = pairs_seg:narrow(1, c + 1, 1)
+    local he, Mc = pc:narrow(4, 1, dk):reshape(H, dk, dk), pc:narrow(4, dk + 1, dk):reshape(H, dk, dk)
+    h = h and bf(bf(Mc):matmul(h) + he) or bf(he)
+  end
+  local errbf = max_abs_diff(h:reshape(1, H, dk, dk), last) / max_abs(S64)
+  T.ok(errbf > 1e-5, "the bf16 chain must miss 1e-5, got " .. errbf)
+end)
+
+T.test("cp contexts reject layouts that do not cut", function()
+  T.raises(function() cp.context({ P = 3, B = 1, T = 32 }) end, "multiple of 6")
+  local m = kda_layer("f64")
+  local ctx = cp.context({ P = 8, B = 1, T = 32 })     -- Tc = 2 < the conv history 3
+  T.raises(function() m:forward(ctx:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = ctx }) end,
+    "shorter than the short convolution")
+  T.raises(function() m:forward(tide.randn({ 1, 8, 12 }, { dtype = "f64" }), { cp = ctx, cu_seqlens = { 0, 8 } }) end,
+    "takes no cache, cu_seqlens")
+  T.raises(function() cp.context({ P = 2, B = 1, T = 32, cu_seqlens = { 0, 5, 40 } }) end, "run from 0 to B")
+end)
+
+T.run()
