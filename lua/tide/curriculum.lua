@@ -397,7 +397,8 @@ local function setup(cfg)
   C.eot = tok:id("<|endoftext|>")
   C.dp = dp
   C.stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
-    jitter_window = tcfg.jitter_window, dist = dp.group, bucket_bytes = dp.bucket_bytes })
+    jitter_window = tcfg.jitter_window, dist = dp.group, bucket_bytes = dp.bucket_bytes,
+    cp = dp.cp_group })
   C.run = step.run({ driver = "curriculum", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
     optim = opt, stepper = C.stepper, dist = dp.group,

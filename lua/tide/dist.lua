@@ -393,9 +393,10 @@ dist.KEYS = { dp = true, zero = true, bucket_mb = true, lanes = true, gpus = tru
 -- bench/dist measured them slower (their copies, and the helper thread's share of a core): dist.bucket_mb = 25 opts in
 dist.BUCKET_MB = 0
 
--- layout(dcfg, who) -> {n = the ranks that read data (dp x ep), dp, ep, rank, group = tide.dist or nil, ep_group and
--- ep_dp (ep > 1: the rank's expert-parallel group and the ranks holding its experts), rank_map}: the layout of a
--- recipe's `dist` table (DESIGN.md §9). dist.dp x dist.ep (dp default: the job's ranks / ep) must equal the ranks mpirun
+-- layout(dcfg, who) -> {n = the ranks that read data (dp x ep), dp, ep, cp, rank, data_rank (rank / cp), group =
+-- tide.dist or nil, ep_group and ep_dp (ep > 1: the rank's expert-parallel group and the ranks holding its experts),
+-- cp_group (cp > 1: the ranks holding the slices of the same rows), rank_map}: the layout of a recipe's `dist` table
+-- (DESIGN.md §9). dist.dp x dist.ep x dist.cp (dp default: the job's ranks / (ep·cp)) must equal the ranks mpirun
 -- started: one clear error otherwise.
 function dist.layout(dcfg, who)
   local options = require "tide.options"
@@ -410,12 +411,9 @@ function dist.layout(dcfg, who)
   local world, rank = dist.world(), dist.rank()
   if world > 1 and dcfg then
     -- the plan's keys describe the job this run is: they must agree with it
-    local cp_max = 1
-    for _, v in pairs(type(dcfg.cp) == "table" and dcfg.cp or {}) do if type(v) == "number" and v > cp_max then cp_max = v end end
-    if type(dcfg.cp) == "number" then cp_max = dcfg.cp end
-    if cp_max > 1 then
-      options.fail(who, string.format("dist plans cp up to %d: context parallelism is planned by --dry-run but not run "
-        .. "yet; this job runs data and expert parallelism only (no cp)", cp_max))
+    if type(dcfg.cp) == "table" then
+      options.fail(who, "dist.cp is a table of stages (the plan of --dry-run); a job runs one context-parallel size "
+        .. "for all its stages: set --dist.cp=N")
     end
     if zero == 3 then
       options.fail(who, "dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet; "
@@ -431,13 +429,15 @@ function dist.layout(dcfg, who)
     nil, 0)
   local ep = (dcfg and dcfg.ep) or 1
   options.pos_int(ep, "dist.ep", who)
-  -- one process given a plan for a larger job (dist.gpus set): its ep is the plan's, this run has one rank
-  if world == 1 and dcfg and dcfg.gpus then ep = 1 end
-  if world % ep ~= 0 then
-    options.fail(who, string.format("dist.ep = %d does not divide the job's %d rank%s (the ranks are dist.dp x dist.ep)",
-      ep, world, world == 1 and "" or "s"))
+  local cp = dcfg and type(dcfg.cp) == "number" and dcfg.cp or 1
+  options.pos_int(cp, "dist.cp", who)
+  -- one process given a plan for a larger job (dist.gpus set): its ep and cp are the plan's, this run has one rank
+  if world == 1 and dcfg and dcfg.gpus then ep, cp = 1, 1 end
+  if world % (ep * cp) ~= 0 then
+    options.fail(who, string.format("dist.ep x dist.cp = %d x %d does not divide the job's %d rank%s (the ranks are "
+      .. "dist.dp x dist.ep x dist.cp)", ep, cp, world, world == 1 and "" or "s"))
   end
-  local dp = (dcfg and dcfg.dp) or world / ep
+  local dp = (dcfg and dcfg.dp) or world / (ep * cp)
   options.pos_int(dp, "dist.dp", who)
   if ep > 1 and zero ~= 0 then
     options.fail(who, string.format("dist.zero = %d with dist.ep = %d: ZeRO shards the AdamW state over the whole job, "
@@ -449,7 +449,13 @@ function dist.layout(dcfg, who)
       .. "parallelism yet (the expert gradients sum over their own ranks after the backward); use dist.bucket_mb = 0",
       bucket_mb, ep))
   end
-  -- every rank reads its own data (dp x ep of them: the expert-parallel ranks route different tokens)
+  if cp > 1 and bucket_mb > 0 then
+    options.fail(who, string.format("dist.bucket_mb = %g with dist.cp = %d: the gradient buckets do not run with context "
+      .. "parallelism yet (its backward exchanges with the cp group while the buckets would sum); use dist.bucket_mb = 0",
+      bucket_mb, cp))
+  end
+  -- every rank reads its own data (dp x ep of them: the expert-parallel ranks route different tokens; the cp ranks of
+  -- one group read the same rows and each keeps its slices)
   local n = dp * ep
   -- the data lanes of a packed stream (pack.Lanes): default one per rank; one rank with dist.lanes = L reads what
   -- L ranks read
@@ -459,34 +465,66 @@ function dist.layout(dcfg, who)
     options.fail(who, string.format("dist.lanes = %d must be a multiple of the %d ranks that read data (dist.dp x "
       .. "dist.ep; each rank hosts lanes / ranks of the data lanes)", lanes, n))
   end
-  if n ~= world then
-    local what = ep == 1 and string.format("dist.dp = %d", dp)
-      or string.format("dist.dp x dist.ep = %d x %d = %d", dp, ep, n)
+  if n * cp ~= world then
+    local what = (ep == 1 and cp == 1) and string.format("dist.dp = %d", dp)
+      or string.format("dist.dp x dist.ep x dist.cp = %d x %d x %d = %d", dp, ep, cp, n * cp)
     options.fail(who, string.format("%s but the job has %d rank%s: start it with `mpirun -np %d tide run ...`%s", what,
-      world, world == 1 and "" or "s", n, world > 1 and string.format(" or set --dist.dp=%d", world / ep) or ""))
+      world, world == 1 and "" or "s", n * cp, world > 1 and world % (ep * cp) == 0
+        and string.format(" or set --dist.dp=%d", world / (ep * cp)) or ""))
   end
-  local L = { n = n, dp = dp, ep = ep, rank = rank, zero = n > 1 and zero or 0, group = n > 1 and dist or nil,
-    bucket_bytes = math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
-    lane_opts = { lanes = lanes, first = (n > 1 and rank or 0) * (lanes / n), count = lanes / n } }
+  -- the rank map: rank = (d·ep + e)·cp + c. The cp consecutive ranks of one (d, e) hold the zig-zag slices of the same
+  -- rows (they read the same data: data rank = rank / cp); the ranks of one (d, c) exchange their tokens' rows for
+  -- the experts; the ranks of one e hold the same experts
+  local data_rank = math.floor(rank / cp)
+  local L = { n = n, dp = dp, ep = ep, cp = cp, rank = rank, data_rank = data_rank, zero = world > 1 and zero or 0,
+    group = world > 1 and dist or nil, bucket_bytes = math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
+    lane_opts = { lanes = lanes, first = (n > 1 and data_rank or 0) * (lanes / n), count = lanes / n } }
+  local function set(list) return "{" .. table.concat(list, ",") .. "}" end
+  local function rank_of(d, e, c) return (d * ep + e) * cp + c end
+  local parts = {}
+  if cp > 1 then
+    L.cp_group = dist.split(data_rank)
+    local groups = {}
+    for r = 0, n - 1 do
+      local g = {}
+      for c = 0, cp - 1 do g[#g + 1] = r * cp + c end
+      groups[#groups + 1] = set(g)
+    end
+    parts[#parts + 1] = string.format("the context-parallel groups %s hold the zig-zag slices of the same rows",
+      table.concat(groups, " "))
+  end
   if ep > 1 then
-    -- the rank map: rank = d·ep + e; the ep consecutive ranks of one d exchange their tokens' rows, the dp ranks of
-    -- one e hold the same experts (their gradients summed over them)
-    L.ep_group = dist.split(math.floor(rank / ep))
-    L.ep_dp = dist.split(rank % ep)
+    local d, e, c = math.floor(rank / (ep * cp)), math.floor(rank / cp) % ep, rank % cp
+    L.ep_group = dist.split(d * cp + c)
+    L.ep_dp = dist.split(e)
     local groups, reps = {}, {}
-    for d = 0, dp - 1 do
-      local g = {}
-      for e = 0, ep - 1 do g[#g + 1] = d * ep + e end
-      groups[#groups + 1] = "{" .. table.concat(g, ",") .. "}"
+    for dd = 0, dp - 1 do
+      for cc = 0, cp - 1 do
+        local g = {}
+        for ee = 0, ep - 1 do g[#g + 1] = rank_of(dd, ee, cc) end
+        groups[#groups + 1] = set(g)
+      end
     end
-    for e = 0, ep - 1 do
+    for ee = 0, ep - 1 do
       local g = {}
-      for d = 0, dp - 1 do g[#g + 1] = d * ep + e end
-      reps[#reps + 1] = "{" .. table.concat(g, ",") .. "}"
+      for dd = 0, dp - 1 do
+        for cc = 0, cp - 1 do g[#g + 1] = rank_of(dd, ee, cc) end
+      end
+      table.sort(g)
+      reps[#reps + 1] = set(g)
     end
-    L.rank_map = string.format("ranks: %d = dp %d x ep %d (rank = d·%d + e); the expert-parallel groups %s exchange "
-      .. "their tokens' rows; the ranks of %s hold the same experts", world, dp, ep, ep, table.concat(groups, " "),
-      table.concat(reps, " "))
+    parts[#parts + 1] = string.format("the expert-parallel groups %s exchange their tokens' rows; the ranks of %s hold "
+      .. "the same experts", table.concat(groups, " "), table.concat(reps, " "))
+  end
+  if #parts > 0 then
+    local dims, formula = { "dp " .. dp }, "d"
+    if ep > 1 then dims[#dims + 1] = "ep " .. ep; formula = "d·" .. ep .. " + e" end
+    if cp > 1 then
+      dims[#dims + 1] = "cp " .. cp
+      formula = (ep > 1 and "(" .. formula .. ")" or formula) .. "·" .. cp .. " + c"
+    end
+    L.rank_map = string.format("ranks: %d = %s (rank = %s); %s", world, table.concat(dims, " x "), formula,
+      table.concat(parts, "; "))
   end
   return L
 end

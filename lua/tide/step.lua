@@ -155,7 +155,7 @@ local Stepper = {}
 Stepper.__index = Stepper
 
 local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = true, jitter_window = true,
-  objective = true, dist = true, bucket_bytes = true }
+  objective = true, dist = true, bucket_bytes = true, cp = true }
 
 -- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
 --   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them),
@@ -163,7 +163,10 @@ local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = t
 --   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
 --   norm, clipping and the update, so every rank applies the same update),
 --   bucket_bytes = nil | n (with dist: the gradients summed in buckets of about n bytes while the last backward runs,
---   dist.reducer, under ZeRO-2 reduced to each parameter's owner; 0 or nil: one sum after it)}
+--   dist.reducer, under ZeRO-2 reduced to each parameter's owner; 0 or nil: one sum after it),
+--   cp = nil | the dist group of the context-parallel ranks (dist.layout's cp_group: they are given the same rows;
+--   each keeps its zig-zag slices of every micro-batch, tide.cp, and the model runs on them; the target count and
+--   the gradients sum over the whole job as with data parallelism)}
 function step.stepper(o)
   options.check(o, STEPPER_KEYS, nil, "step.stepper")
   local policy = o.on_nonfinite or "skip"
@@ -181,7 +184,12 @@ function step.stepper(o)
     if p.meta and p.meta.ep then ep_params = ep_params or {}; ep_params[#ep_params + 1] = p
     else dense_params = dense_params or {}; dense_params[#dense_params + 1] = p end
   end
+  if o.cp and o.objective then
+    options.fail("step", "a custom objective (loss) does not run under context parallelism: the model must see each "
+      .. "batch's cp slices (dist.cp = 1, or the default objective)")
+  end
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
+    cp = o.cp and o.cp.size > 1 and o.cp or nil,
     jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group,
     balance_group = bgroup, bucket_bytes = o.bucket_bytes, ep_params = ep_params, dense_params = dense_params or {} },
     Stepper)
@@ -230,10 +238,27 @@ function step.to_model(model, t)
   return t:to(dev)
 end
 
--- the forward options of a packed batch: its document boundaries and its images (vision.md §7), or nil
+-- the forward options of a packed batch: its document boundaries and its images (vision.md §7), or its
+-- context-parallel slices (b.cp, which carries the documents), or nil
 function step.forward_opts(b)
+  if b.cp then return { cp = b.cp } end
   if not (b.cu_seqlens or b.images) then return nil end
   return { cu_seqlens = b.cu_seqlens, images = b.images }
+end
+
+-- context parallelism: the batch b ({ids [B, T], targets, cu_seqlens}) as this rank's zig-zag slices (tide.cp) and
+-- the count of its targets (those not ignored, -100)
+function step.cp_slice(b, group)
+  if b.images then
+    options.fail("step", "a batch with images does not run under context parallelism yet (dist.cp = 1)")
+  end
+  local B, T = b.ids:size(1), b.ids:size(2)
+  local ctx = require("tide.cp").context({ P = group.size, B = B, T = T, cu_seqlens = b.cu_seqlens, group = group })
+  local out = { cp = ctx, ids = ctx:split(b.ids), targets = ctx:split(b.targets) }
+  local n = 0
+  for _, v in ipairs(out.targets:reshape(-1):tolist()) do if v ~= -100 then n = n + 1 end end
+  out.n_targets = n
+  return out
 end
 
 -- the default objective: Σ token losses / the step's targets, plus each MoE aux term / the micro-batch count
@@ -262,6 +287,9 @@ function Stepper:run(batches, lr, t)
   local model, opt, group = self.model, self.optim, self.dist
   local bytes0 = group and group.bytes_sent()
   local n_micro, N, tokens = #batches, 0, 0
+  if self.cp then
+    for i, b in ipairs(batches) do batches[i] = step.cp_slice(b, self.cp) end
+  end
   for _, b in ipairs(batches) do N, tokens = N + targets_of(b), tokens + b.ids:numel() end
   -- data parallelism: the normaliser is the step's GLOBAL target count; an objective's mean is over every rank's
   -- micro-batches

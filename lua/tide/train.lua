@@ -182,7 +182,7 @@ local function setup(cfg)
     -- lanes (dist.lanes). A synthetic task stream is drawn whole and the rank keeps its micro-batches.
     if d.train.next_rows then
       local rows_of, per = d.train.next_rows, d.train.B / dp.n
-      d.train.next_step = function(m) return rows_of(m, dp.rank * per, (dp.rank + 1) * per) end
+      d.train.next_step = function(m) return rows_of(m, dp.data_rank * per, (dp.data_rank + 1) * per) end
       d.reads = "only its rows of the stream"
     elseif d.train.laned then
       -- packed documents: the rank's data lanes (pack.Lanes) read documents no other rank reads
@@ -194,7 +194,7 @@ local function setup(cfg)
       local all_of = d.train.next_step
       d.train.next_step = function(m)
         local all, mine = all_of(m * dp.n), {}
-        for i = 1, m do mine[i] = all[dp.rank * m + i] end
+        for i = 1, m do mine[i] = all[dp.data_rank * m + i] end
         return mine
       end
       d.reads = "the step's whole batch, keeping its micro-batches"
@@ -206,6 +206,7 @@ local function setup(cfg)
   local loss_fn = cfg.loss
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
     on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group, bucket_bytes = dp.bucket_bytes,
+    cp = dp.cp_group,
     objective = loss_fn and function(m, b, t) return loss_fn(m, b.ids, b.targets, t) end })
   local out = cfg.out or tcfg.out
   local run = step.run({ driver = "train", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,

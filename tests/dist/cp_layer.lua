@@ -1,0 +1,120 @@
+-- cp_layer.lua — context parallelism over MPI (spec/long_context.md §5) against the unsplit rows, under mpirun
+-- (tests/dist/cp_check.sh: 2 and 4 ranks). Every rank builds the same layer, rows and loss weights; the reference is
+-- the whole rows through the layer in this process, the test is the layer on this rank's zig-zag slices (tide.cp with
+-- the world as the cp group: the conv halo, the KDA pairs and the MLA latents exchanged between the ranks). Asserted:
+-- this rank's slices of the output and of the input gradient, and the parameter gradients summed over the ranks, for
+-- a KDA layer, an MLA layer and the small hybrid model (KDA + MLA under Block AttnRes, recompute per layer), in f64
+-- (1e-10) and f32 (1e-5 relative), with documents that start inside segments and exactly at segment edges.
+local tide = require "tide"
+local dist = require "tide.dist"
+local cp = require "tide.cp"
+local nn, F = tide.nn, tide.F
+
+local fmt = string.format
+
+local function max_abs(t)
+  local a = t:to("f64"):abs():reshape(-1)
+  if a:numel() == 0 then return 0 end
+  return a:max(1):item()
+end
+
+local function diff(a, b, rel)
+  local d = max_abs(a:to("f64") - b:to("f64"))
+  return rel and d / math.max(max_abs(b), 1e-30) or d
+end
+
+local P, rank, group
+local B, TT = 2, 64
+-- row 1: starts at 16 (an edge for P = 2 and 4), 27 (inside); row 2: at 31 (the last token of a P = 2 segment: the
+-- next segment's conv history keeps one slot), 40 (an edge for P = 4, inside for P = 2), 57 (inside)
+local CU = { 0, 16, 27, 64, 95, 104, 121, 128 }
+local failures = 0
+
+local function check(ok, msg)
+  if not ok then
+    failures = failures + 1
+    io.stderr:write(fmt("rank %d FAIL %s\n", rank, msg))
+  end
+end
+
+-- one case: build(dtype) -> module; fwd_full(m, x), fwd_cp(m, xs, ctx) -> y; x from make_x()
+local function run_case(name, dtype, build, make_x, fwd_full, fwd_cp)
+  local tol, rel = dtype == "f64" and 1e-10 or 1e-5, dtype == "f32"
+  local m = build(dtype)
+  tide.manual_seed(123)
+  local x = make_x(dtype)
+  local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = CU, group = group })
+  -- the reference: the whole rows
+  local y0 = fwd_full(m, x)
+  local r = tide.randn(y0:shape(), { dtype = y0:dtype() })
+  local l0 = (y0 * r):sum()
+  l0:backward()
+  local g0 = {}
+  for pname, p in m:named_parameters() do g0[pname] = p:grad() and p:grad():clone() end
+  local gx0 = x:dtype() ~= "i32" and x:grad() and x:grad():clone()
+  m:zero_grad()
+  if gx0 then x:zero_grad() end
+  -- this rank's slices
+  local y1 = fwd_cp(m, ctx:split(x), ctx)
+  local l1 = (y1 * ctx:split(r)):sum()
+  l1:backward()
+  check(diff(y1, ctx:split(y0), rel) <= tol, fmt("%s %s: output differs by %.3g", name, dtype, diff(y1, ctx:split(y0), rel)))
+  if gx0 then
+    local d = diff(ctx:split(x:grad()), ctx:split(gx0), rel)
+    check(d <= tol, fmt("%s %s: input gradient differs by %.3g", name, dtype, d))
+  end
+  local n = 0
+  for pname, p in m:named_parameters() do
+    if g0[pname] then
+      local g = p:grad():to("f64"):contiguous()
+      dist.allreduce_(g)
+      local d = diff(g, g0[pname], rel)
+      check(d <= tol, fmt("%s %s: gradient of %s (summed over the ranks) differs by %.3g", name, dtype, pname, d))
+      n = n + 1
+    end
+  end
+  check(n >= 8, fmt("%s: only %d parameter gradients compared", name, n))
+  if rank == 0 and failures == 0 then print(fmt("ok   cp %d %s %s == unsplit (%d parameters)", P, name, dtype, n)) end
+end
+
+local function x_of(d) return function(dtype) return tide.randn({ B, TT, d }, { dtype = dtype, requires_grad = true }) end end
+
+local function run()
+  P, rank = dist.world(), dist.rank()
+  group = dist.split(0)
+  for _, dtype in ipairs({ "f64", "f32" }) do
+    run_case("KDA", dtype, function(dt)
+      tide.manual_seed(11)
+      local m = nn.KDA(12, { heads = 2, head_dim = 4, chunk = 4, std = 0.3, dtype = dt })
+      tide.no_grad(function() m.A_log:copy_(tide.randn({ 2 }, { dtype = dt }) * 0.5) end)
+      return m
+    end, x_of(12), function(m, x) return m:forward(x, { cu_seqlens = CU }) end,
+      function(m, x, ctx) return m:forward(x, { cp = ctx }) end)
+    run_case("MLA", dtype, function(dt)
+      tide.manual_seed(5)
+      return nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
+    end, x_of(12), function(m, x) return m:forward(x, { cu_seqlens = CU }) end,
+      function(m, x, ctx) return m:forward(x, { cp = ctx }) end)
+    run_case("hybrid", dtype, function(dt)
+      tide.manual_seed(7)
+      local m = nn.HybridLM({
+        vocab_size = 23, dim = 16, n_layers = 4, mixers = { "kda", "mla", "kda", "mla" }, ffn_dim = 24, dtype = dt,
+        init_std = 0.2, kda = { heads = 2, head_dim = 4, chunk = 4 },
+        mla = { heads = 2, q_rank = 12, kv_rank = 8, nope_dim = 4, rope_dim = 2, v_dim = 4 },
+        residual = "attnres_block", attnres = { block_layers = 2 }, recompute = "layer",
+      })
+      for pname, t in m:named_parameters() do
+        if pname:find("_res_proj") then tide.no_grad(function() t:copy_(tide.randn(t:shape(), { dtype = dt }) * 0.5) end) end
+      end
+      return m
+    end, function() return tide.rand({ B, TT }, { lo = 0, hi = 23 }):to("i32") end,
+      function(m, ids) return m:forward(ids, nil, { cu_seqlens = CU }) end,
+      function(m, ids, ctx) return m:forward(ids, nil, { cp = ctx }) end)
+  end
+
+  local bad = dist.sum(failures)
+  if bad > 0 and rank == 0 then io.stderr:write(fmt("cp_layer: %d failure(s) over the ranks\n", bad)) end
+  return bad == 0 and 0 or 1
+end
+
+return { run = run }
