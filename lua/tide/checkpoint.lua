@@ -116,7 +116,12 @@ local function sharded_experts(model)
     if m.ep and m.experts and m.experts.n_local then
       local ex = m.experts
       local rep = ex._param_meta.gate_up_proj.ep_dp
-      local e = { first = ex.first, count = ex.n_local, n = m.n, size = m.ep.size, writer = rep == nil or rep.rank == 0 }
+      -- the writer of expert slice k: the first rank holding it, rank (0·ep + k)·cp + 0 of the layout, which is the
+      -- distance between the ep group's members k and 0 (the same whatever (d, c) this rank has)
+      local writers = {}
+      for k = 1, m.ep.size do writers[k] = m.ep.members[k] - m.ep.members[1] end
+      local e = { first = ex.first, count = ex.n_local, n = m.n, size = m.ep.size, writer = rep == nil or rep.rank == 0,
+        writers = writers }
       local base = (prefix == "" and "" or prefix .. ".") .. "experts."
       info = info or {}
       info[base .. "gate_up_proj"], info[base .. "down_proj"] = e, e
@@ -282,7 +287,7 @@ local function optim_layout(opt, world)
 end
 
 -- the index entries of every expert of every rank (rank 0 writes the index): expert j of a layer sharded over P
--- ranks lives on rank ⌊j / (n/P)⌋ (the first of the ranks holding it: rank = d·ep + e with d = 0); sizes from this
+-- ranks lives on the first of the ranks holding slice ⌊j / (n/P)⌋ (rank = (d·ep + e)·cp + c with d = c = 0); sizes from this
 -- rank's slice (every expert has the same shape). Appended to names/tensors/owners (new lists).
 expert_index = function(fnames, ftensors, ex, names, tensors, owners, suffix)
   local n2, t2, o2 = {}, {}, {}
@@ -299,7 +304,7 @@ expert_index = function(fnames, ftensors, ex, names, tensors, owners, suffix)
           n2[#n2 + 1] = en[k]
           local b = et[k]:nbytes()
           t2[#t2 + 1] = { nbytes = function() return b end }
-          o2[#o2 + 1] = math.floor(j / e.count)
+          o2[#o2 + 1] = e.writers[math.floor(j / e.count) + 1]
         end
       end
     end

@@ -429,13 +429,18 @@ function dist.layout(dcfg, who)
     nil, 0)
   local ep = (dcfg and dcfg.ep) or 1
   options.pos_int(ep, "dist.ep", who)
+  if dcfg and dcfg.cp ~= nil and type(dcfg.cp) ~= "number" and type(dcfg.cp) ~= "table" then
+    options.fail(who, "dist.cp must be a count of ranks (or, for --dry-run, a table of stages), got " .. type(dcfg.cp))
+  end
   local cp = dcfg and type(dcfg.cp) == "number" and dcfg.cp or 1
   options.pos_int(cp, "dist.cp", who)
   -- one process given a plan for a larger job (dist.gpus set): its ep and cp are the plan's, this run has one rank
   if world == 1 and dcfg and dcfg.gpus then ep, cp = 1, 1 end
   if world % (ep * cp) ~= 0 then
-    options.fail(who, string.format("dist.ep x dist.cp = %d x %d does not divide the job's %d rank%s (the ranks are "
-      .. "dist.dp x dist.ep x dist.cp)", ep, cp, world, world == 1 and "" or "s"))
+    local what = cp == 1 and string.format("dist.ep = %d", ep) or ep == 1 and string.format("dist.cp = %d", cp)
+      or string.format("dist.ep x dist.cp = %d x %d", ep, cp)
+    options.fail(who, string.format("%s does not divide the job's %d rank%s (the ranks are dist.dp x dist.ep x dist.cp)",
+      what, world, world == 1 and "" or "s"))
   end
   local dp = (dcfg and dcfg.dp) or world / (ep * cp)
   options.pos_int(dp, "dist.dp", who)

@@ -316,20 +316,21 @@ local function train(cfg)
   if run.rank_map then run.logger:line(run.rank_map) end
   if run.memory_line then run.logger:line(run.memory_line) end
   local r = loop(cfg, model, d, run, micro)
-  if run.dp > 1 then
+  local W = dist.world()
+  if W > 1 then
     -- what each rank's engine held at its peak (a collective: every rank's own number in its slot)
     local slots = {}
-    for k = 1, run.dp do slots[k] = 0 end
+    for k = 1, W do slots[k] = 0 end
     slots[dist.rank() + 1] = tide.memory().peak
     slots = dist.sums(slots)
     local parts, top = {}, 0
-    for k = 1, run.dp do
+    for k = 1, W do
       parts[k] = fmt("%.2f", slots[k] / 2 ^ 20)
       top = math.max(top, slots[k])
     end
     r.rank_peak_bytes = slots
     run.logger:line(fmt("memory per rank measured: engine peak %s MB (ranks 0..%d), max %.2f MB", table.concat(parts, " / "),
-      run.dp - 1, top / 2 ^ 20))
+      W - 1, top / 2 ^ 20))
   end
   report(cfg, r, d, run.logger)
   run.logger:close()

@@ -224,8 +224,8 @@ if out=$("${mp[@]}" -np 2 -x TIDE_TEST_CKPT_KILL=tmp -x TIDE_TEST_CKPT_KILL_RANK
 echo "ok   rank 1 killed inside the step-6 save: only step_00000006.tmp was left, latest names step 3"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/ckill" --resume > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/ckill" "f64: dp 2 resumed after a rank died inside a save == uninterrupted"
-# the dist table's plan keys under mpirun: a planned cp is refused, and gpus must be the ranks (ep: tests/dist/ep_check.sh)
-for bad in "--dist.cp=2|context parallelism is planned by --dry-run but not run yet" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
+# the dist table's keys under mpirun: a cp that does not divide the ranks is refused, and gpus must be the ranks (ep: tests/dist/ep_check.sh)
+for bad in "--dist.cp=3|dist.cp = 3 does not divide the job's 2 ranks" "--dist.gpus=4|dist.gpus = 4 but the job has 2 ranks" \
         "--dist.zero=3|dist.zero = 3 (FSDP: the weights sharded too) is planned by --dry-run but not run yet" \
         "--dist.lanes=3|dist.lanes = 3 must be a multiple of the 2 ranks that read data"; do
     if out=$("${mp[@]}" -np 2 "$tide" run tests/fixtures/curriculum_small.lua "${bad%%|*}" --out="$tmp/plan" 2>&1); then
