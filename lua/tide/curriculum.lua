@@ -695,13 +695,20 @@ function curriculum.plan(cfg)
       .. "activations with recompute = %s", par.gpus, human(par.gpu_memory or 0), ep, zero, names[zero] or "?", rc))
     -- the expert-parallel exchanges (dist.ep_bytes, the runtime's count: tests/dist/ep_layer.lua), tokens routed
     -- uniformly: of a rank's tokens · k rows, (ep − 1)/ep leave it and as many arrive, in the plan's dtype
-    local n_moe = 0
-    for _, pl in ipairs(count.per_layer or {}) do if pl.ffn == "moe" then n_moe = n_moe + 1 end end
+    local n_moe, n_kda, n_mla = 0, 0, 0
+    for _, pl in ipairs(count.per_layer or {}) do
+      if pl.ffn == "moe" then n_moe = n_moe + 1 end
+      if pl.mixer == "kda" then n_kda = n_kda + 1 elseif pl.mixer == "mla" then n_mla = n_mla + 1 end
+    end
+    -- the context-parallel exchanges (dist.cp_bytes, the runtime's count: tests/dist/cp_layer.lua)
+    local kc, mlc = mc.kda or {}, mc.mla or {}
+    local kda_shape = n_kda > 0 and { layers = n_kda, heads = kc.heads, head_dim = kc.head_dim, conv_size = kc.conv_size }
+    local mla_shape = n_mla > 0 and { layers = n_mla, kv_rank = mlc.kv_rank, rope_dim = mlc.rope_dim }
     local moe_cfg = mc.moe or {}
     local d_route = moe_cfg.latent_dim or mc.dim or 0
     local es = dtype == "bf16" and 2 or (dtype == "f64" and 8 or 4)
-    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits | dp bytes sent per rank per step | ep bytes sent per rank per step |")
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    add("| stage | T | cp | dp | seqs/step per dp rank | act. bytes/token | activations per rank | static per rank | total per rank | fits | dp bytes sent per rank per step | ep bytes sent per rank per step | cp bytes sent per rank per step |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for _, st in ipairs(stages) do
       local est = plan.activation_bytes(mc, st.seq_len, { recompute = rc, dtype = dtype })
       local cp = (par.cp or {})[st.name] or 1
@@ -716,13 +723,17 @@ function curriculum.plan(cfg)
       local comm = dist.step_bytes(master * per_rank, math.max(dp, 1), zero)
       local rows = st.rows * st.seq_len / par.gpus * (moe_cfg.top_k or 0) * (ep - 1) / ep
       local ep_comm = n_moe * dist.ep_bytes(rows, rows, d_route, d_route, es, ep)
-      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
+      local cp_comm = dist.cp_bytes({ P = cp, B = st.rows / math.max(dp, 1), T = st.seq_len, kda = kda_shape or nil,
+        mla = mla_shape or nil, es = es, state_es = 4, recompute = rc ~= "none" }).total
+      add(fmt("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", st.name, st.seq_len, cp,
         dp == math.floor(dp) and tostring(dp) or fmt("%.2f (GPUs not divisible)", dp), fmt("%.3g", st.rows / dp),
         human(est.per_token), human(act), human(stat), human(tot),
-        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?", human(comm), human(ep_comm)))
+        par.gpu_memory and (tot <= par.gpu_memory and "yes" or "NO") or "?", human(comm), human(ep_comm), human(cp_comm)))
     end
-    add(fmt("(ep bytes: %d MoE layers, top-%d rows of width %d exchanged with uniform routing; the context-parallel "
-      .. "exchanges come on top: cp is not run yet)", n_moe, moe_cfg.top_k or 0, d_route))
+    add(fmt("(ep bytes: %d MoE layers, top-%d rows of width %d exchanged with uniform routing; cp bytes: per KDA layer "
+      .. "(%d) the conv halo and the fp32 (h_ext | M) pairs of the rank's 2 segments, independent of T, per MLA layer (%d) "
+      .. "the latent of its T/cp tokens, each gathered to the other cp − 1 ranks in the forward%s and reduced back in "
+      .. "the backward)", n_moe, moe_cfg.top_k or 0, d_route, n_kda, n_mla, rc ~= "none" and ", again in the recompute," or ""))
   else
     add(fmt("activation memory (recompute = %s, %s; one sequence per micro-batch row):", rc, dtype))
     add("| stage | T | bytes/token | per sequence | per micro-batch |")

@@ -285,6 +285,32 @@ function dist.ep_bytes(rows_out, rows_in, d_in, d_out, es, P)
   return rows_out * (d_in * es + 8) + rows_in * d_out * es + rows_out * d_out * es + rows_in * d_in * es + (P - 1) * 8
 end
 
+-- cp_bytes{P, B (rows per micro-batch), T (the row's tokens), kda = nil | {layers, heads, head_dim, conv_size},
+--   mla = nil | {layers, kv_rank, rope_dim}, es (activation bytes: 4 f32, 2 bf16, 8 f64), state_es (the KDA state's:
+--   4 unless f64), recompute (true: the layer-input checkpoints rerun each layer's forward, and its gathers, in the
+--   backward)} -> {kda =, mla =, total =}: the bytes one rank sends for one micro-batch's forward and backward under
+--   context parallelism (long_context.md §5; tide.cp's gathers, each (P − 1) copies of the rank's part, and their
+--   gradients' reverse exchange the same again). Per KDA layer the conv halo (2 segments · B rows · K−1 tokens · 3·H·dk
+--   values) and the (h_ext | M) pairs (2 · B · H · dk · 2·dk state values): independent of T. Per MLA layer the latent
+--   [ĉ | k_r] of the rank's T/P tokens: linear in T. The same numbers as the runtime's count (tests/dist/cp_layer.lua).
+function dist.cp_bytes(o)
+  local P = o.P
+  local out = { kda = 0, mla = 0, total = 0 }
+  if P <= 1 then return out end
+  local passes = (o.recompute and 3 or 2) * (P - 1)
+  local es, ses = o.es or 4, o.state_es or 4
+  if o.kda and (o.kda.layers or 0) > 0 then
+    local H, dk, K1 = o.kda.heads, o.kda.head_dim, (o.kda.conv_size or 4) - 1
+    local per = 2 * o.B * K1 * 3 * H * dk * es + 2 * o.B * H * dk * 2 * dk * ses
+    out.kda = o.kda.layers * passes * per
+  end
+  if o.mla and (o.mla.layers or 0) > 0 then
+    out.mla = o.mla.layers * passes * (o.T / P) * o.B * (o.mla.kv_rank + (o.mla.rope_dim or 0)) * es
+  end
+  out.total = out.kda + out.mla
+  return out
+end
+
 -- agree(ok, what[, err]) -> true when ok on every rank; otherwise raises on every rank (a collective): the failed
 -- rank with its own error err, the others naming the failed ranks
 function dist.agree(ok, what, err)

@@ -2,7 +2,8 @@
 -- (tests/dist/cp_check.sh: 2 and 4 ranks). Every rank builds the same layer, rows and loss weights; the reference is
 -- the whole rows through the layer in this process, the test is the layer on this rank's zig-zag slices (tide.cp with
 -- the world as the cp group: the conv halo, the KDA pairs and the MLA latents exchanged between the ranks). Asserted:
--- this rank's slices of the output and of the input gradient, and the parameter gradients summed over the ranks, for
+-- this rank's slices of the output and of the input gradient, the parameter gradients summed over the ranks, and the
+-- bytes the rank sent for the forward and backward == dist.cp_bytes (the formula of the plan and bench/dist_cp), for
 -- a KDA layer, an MLA layer and the small hybrid model (KDA + MLA under Block AttnRes, recompute per layer), in f64
 -- (1e-10) and f32 (1e-5 relative), with documents that start inside segments and exactly at segment edges.
 local tide = require "tide"
@@ -38,7 +39,7 @@ local function check(ok, msg)
 end
 
 -- one case: build(dtype) -> module; fwd_full(m, x), fwd_cp(m, xs, ctx) -> y; x from make_x()
-local function run_case(name, dtype, build, make_x, fwd_full, fwd_cp)
+local function run_case(name, dtype, build, make_x, fwd_full, fwd_cp, shape)
   local tol, rel = dtype == "f64" and 1e-10 or 1e-5, dtype == "f32"
   local m = build(dtype)
   tide.manual_seed(123)
@@ -55,9 +56,15 @@ local function run_case(name, dtype, build, make_x, fwd_full, fwd_cp)
   m:zero_grad()
   if gx0 then x:zero_grad() end
   -- this rank's slices
+  local b0 = dist.bytes_sent()
   local y1 = fwd_cp(m, ctx:split(x), ctx)
   local l1 = (y1 * ctx:split(r)):sum()
   l1:backward()
+  local sent = dist.bytes_sent() - b0
+  local es = dtype == "f64" and 8 or 4
+  local want = dist.cp_bytes({ P = P, B = B, T = TT, kda = shape.kda, mla = shape.mla, es = es, state_es = es,
+    recompute = shape.recompute }).total
+  check(sent == want, fmt("%s %s: the rank sent %d bytes, dist.cp_bytes says %d", name, dtype, sent, want))
   check(diff(y1, ctx:split(y0), rel) <= tol, fmt("%s %s: output differs by %.3g", name, dtype, diff(y1, ctx:split(y0), rel)))
   if gx0 then
     local d = diff(ctx:split(x:grad()), ctx:split(gx0), rel)
@@ -83,18 +90,20 @@ local function run()
   P, rank = dist.world(), dist.rank()
   group = dist.split(0)
   for _, dtype in ipairs({ "f64", "f32" }) do
+    local kda1 = { layers = 1, heads = 2, head_dim = 4, conv_size = 4 }
+    local mla1 = { layers = 1, kv_rank = 6, rope_dim = 2 }
     run_case("KDA", dtype, function(dt)
       tide.manual_seed(11)
       local m = nn.KDA(12, { heads = 2, head_dim = 4, chunk = 4, std = 0.3, dtype = dt })
       tide.no_grad(function() m.A_log:copy_(tide.randn({ 2 }, { dtype = dt }) * 0.5) end)
       return m
     end, x_of(12), function(m, x) return m:forward(x, { cu_seqlens = CU }) end,
-      function(m, x, ctx) return m:forward(x, { cp = ctx }) end)
+      function(m, x, ctx) return m:forward(x, { cp = ctx }) end, { kda = kda1 })
     run_case("MLA", dtype, function(dt)
       tide.manual_seed(5)
       return nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
     end, x_of(12), function(m, x) return m:forward(x, { cu_seqlens = CU }) end,
-      function(m, x, ctx) return m:forward(x, { cp = ctx }) end)
+      function(m, x, ctx) return m:forward(x, { cp = ctx }) end, { mla = mla1 })
     run_case("hybrid", dtype, function(dt)
       tide.manual_seed(7)
       local m = nn.HybridLM({
@@ -109,7 +118,9 @@ local function run()
       return m
     end, function() return tide.rand({ B, TT }, { lo = 0, hi = 23 }):to("i32") end,
       function(m, ids) return m:forward(ids, nil, { cu_seqlens = CU }) end,
-      function(m, ids, ctx) return m:forward(ids, nil, { cp = ctx }) end)
+      function(m, ids, ctx) return m:forward(ids, nil, { cp = ctx }) end,
+      { kda = { layers = 2, heads = 2, head_dim = 4, conv_size = 4 }, mla = { layers = 2, kv_rank = 8, rope_dim = 2 },
+        recompute = true })
   end
 
   local bad = dist.sum(failures)

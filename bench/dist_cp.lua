@@ -1,0 +1,160 @@
+-- bench/dist_cp.lua — context parallelism over MPI on this machine (spec/long_context.md §5, tide.cp): ranks
+-- oversubscribed on the cores, so the times say what the exchanges and the split cost here, not what devices do.
+--   bytes: one forward + backward of one KDA layer and of one MLA layer of the `tiny` config (d 128, f32, one row) at
+--     T = 4K, 16K, 64K under cp 2 and cp 4: the bytes a rank sent (tide_dist_bytes_sent, averaged over the ranks)
+--     against dist.cp_bytes; KDA's are independent of T (the conv halo and the (h_ext | M) pairs), MLA's linear in T
+--     (the latent of the rank's T/cp tokens);
+--   memory: one training step (forward + backward of the summed cross-entropy, recompute = "layer") of the `tiny`
+--     hybrid MoE model on one 64K-token row at cp 1, 2, 4: each rank's engine peak, and what is above the weights and
+--     gradients (the activations and the working set), as a ratio to cp 1.
+-- Writes <results>/dist_cp.json and dist_cp.md.
+--
+--   tide run bench/dist_cp.lua [--results=DIR] [--T=65536]   (the workers: --worker=bytes|memory, started by mpirun)
+local tide = require "tide"
+local json = require "tide.json"
+local results = require "tide.results"
+local cli = require "tide.cli"
+local dist = require "tide.dist"
+local cp = require "tide.cp"
+local configs = require "tide.nn.configs"
+local nn, F = tide.nn, tide.F
+local fmt = string.format
+
+local function write(path, text)
+  if tide.C.tide_file_write_text_atomic(path, text) ~= 0 then error("dist_cp: cannot write " .. path, 0) end
+end
+
+local function tiny()
+  local c = {}
+  for k, v in pairs(configs.all.tiny) do c[k] = v end
+  return c
+end
+
+-- one layer of the tiny shapes, one row of T tokens, forward + backward under cp (world = the cp group)
+local function worker_bytes(cfg)
+  local c, T = tiny(), tonumber(cfg.T)
+  local P = dist.world()
+  local group = dist.split(0)
+  tide.manual_seed(1)
+  local layer = cfg.layer == "kda" and nn.KDA(c.dim, c.kda) or nn.MLA(c.dim, c.mla)
+  local ctx = cp.context({ P = P, B = 1, T = T, group = group })
+  local x = ctx:split(tide.randn({ 1, T, c.dim }) * 0.5)
+  x:requires_grad_(true)
+  dist.barrier()
+  local b0, t0 = dist.bytes_sent(), tide.time()
+  local y = layer:forward(x, { cp = ctx })
+  y:sum():backward()
+  local secs, sent = tide.time() - t0, dist.bytes_sent() - b0
+  local s = dist.sums({ sent, secs })
+  local shape = cfg.layer == "kda" and { kda = { layers = 1, heads = c.kda.heads, head_dim = c.kda.head_dim,
+    conv_size = c.kda.conv_size } } or { mla = { layers = 1, kv_rank = c.mla.kv_rank, rope_dim = c.mla.rope_dim } }
+  local want = dist.cp_bytes({ P = P, B = 1, T = T, kda = shape.kda, mla = shape.mla, es = 4, state_es = 4 }).total
+  if dist.rank() == 0 then
+    write(cfg.out, json.encode({ layer = cfg.layer, T = T, cp = P, bytes = s[1] / P, formula = want,
+      seconds = s[2] / P }))
+  end
+  return 0
+end
+
+-- one training step of the tiny model on one row of T tokens (cp = the world, 1 without mpirun)
+local function worker_memory(cfg)
+  local c, T = tiny(), tonumber(cfg.T)
+  c.max_seq_len, c.recompute = math.max(T, c.max_seq_len), "layer"
+  local P, rank = dist.world(), dist.rank()
+  tide.manual_seed(1)
+  local model = nn.build(c)
+  local ids = tide.rand({ 1, T }, { lo = 0, hi = c.vocab_size }):to("i32")
+  local targets = tide.rand({ 1, T }, { lo = 0, hi = c.vocab_size }):to("i32")
+  local static = 0
+  for _, p in pairs(model:state_dict()) do static = static + 2 * p:nbytes() end   -- each weight and its gradient
+  local ctx = P > 1 and cp.context({ P = P, B = 1, T = T, group = dist.split(0) }) or nil
+  if ctx then ids, targets = ctx:split(ids), ctx:split(targets) end
+  tide.collect()
+  tide.reset_peak()
+  local t0 = tide.time()
+  local logits = model:forward(ids, nil, ctx and { cp = ctx } or nil)
+  local loss = F.cross_entropy(logits, targets, { reduction = "sum" })
+  logits = nil
+  loss:backward()
+  local secs = tide.time() - t0
+  local slots = {}
+  for k = 1, P do slots[k] = 0 end
+  slots[rank + 1] = tide.memory().peak
+  if P > 1 then slots = dist.sums(slots) end
+  local total = P > 1 and dist.sums({ loss:item(), secs }) or { loss:item(), secs }
+  if rank == 0 then
+    local top = 0
+    for _, v in ipairs(slots) do top = math.max(top, v) end
+    write(cfg.out, json.encode({ cp = P, T = T, peaks = slots, peak = top, static = static,
+      loss_per_token = total[1] / T, seconds = total[2] / P }))
+  end
+  return 0
+end
+
+local function run(cfg)
+  if cfg.worker == "bytes" then return worker_bytes(cfg) end
+  if cfg.worker == "memory" then return worker_memory(cfg) end
+  local exe, self = cli.exe_path(), "bench/dist_cp.lua"
+  local tmp = os.tmpname()
+  local function launch(np, args)
+    local mp = np > 1 and fmt("mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=%d -np %d ", np >= 2 and 1 or 2, np)
+      or ""
+    local cmd = fmt("%s%s run %s %s --out=%s > %s.log 2>&1", mp, cli.shell_quote(exe), self, args, tmp, tmp)
+    io.stderr:write("dist_cp: " .. cmd .. "\n")
+    if not os.execute(cmd) then error("dist_cp: the run failed: " .. (tide.read_file(tmp .. ".log") or ""):sub(-800), 0) end
+    return json.decode(assert(tide.read_file(tmp)))
+  end
+  local bytes = {}
+  for _, layer in ipairs({ "kda", "mla" }) do
+    for _, P in ipairs({ 2, 4 }) do
+      for _, T in ipairs({ 4096, 16384, 65536 }) do
+        bytes[#bytes + 1] = launch(P, fmt("--worker=bytes --layer=%s --T=%d", layer, T))
+      end
+    end
+  end
+  local mem = {}
+  for _, P in ipairs({ 1, 2, 4 }) do mem[#mem + 1] = launch(P, fmt("--worker=memory --T=%d", tonumber(cfg.T))) end
+  os.remove(tmp)
+  os.remove(tmp .. ".log")
+  local function mb(x) return fmt("%.1f", x / 2 ^ 20) end
+  local L = {}
+  L[#L + 1] = "# context parallelism on this machine (tiny shapes, f32; ranks oversubscribed on 2 cores)"
+  L[#L + 1] = ""
+  L[#L + 1] = "## Bytes a rank sends for one layer's forward + backward (one row)"
+  L[#L + 1] = ""
+  L[#L + 1] = "| layer | T | cp | bytes sent per rank (measured) | dist.cp_bytes | measured / formula | seconds |"
+  L[#L + 1] = "|---|---:|---:|---:|---:|---:|---:|"
+  for _, r in ipairs(bytes) do
+    L[#L + 1] = fmt("| %s | %d | %d | %.0f | %.0f | %.3f | %.3f |", r.layer, r.T, r.cp, r.bytes, r.formula,
+      r.bytes / r.formula, r.seconds)
+  end
+  L[#L + 1] = ""
+  L[#L + 1] = "KDA's traffic is the conv halo (K − 1 = 3 tokens of q, k, v per segment) and the fp32 (h_ext | M) pairs of "
+    .. "the rank's two segments, the same at every T; MLA's is the latent [ĉ | k_r] (96 values per token here) of the "
+    .. "rank's T/cp tokens, linear in T. Each is gathered to the other cp − 1 ranks in the forward and its gradient "
+    .. "comes back the same way in the backward."
+  L[#L + 1] = ""
+  L[#L + 1] = fmt("## One training step of the tiny model on one %d-token row (recompute = layer)", tonumber(cfg.T))
+  L[#L + 1] = ""
+  L[#L + 1] = "| cp | engine peak per rank (MB, max over ranks) | weights + gradients (MB) | above them (MB) | above / cp 1 | 1/cp | loss per token | seconds |"
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  local base = mem[1].peak - mem[1].static
+  for _, r in ipairs(mem) do
+    local above = r.peak - r.static
+    L[#L + 1] = fmt("| %d | %s | %s | %s | %.3f | %.3f | %.6f | %.1f |", r.cp, mb(r.peak), mb(r.static), mb(above),
+      above / base, 1 / r.cp, r.loss_per_token, r.seconds)
+  end
+  L[#L + 1] = ""
+  L[#L + 1] = "Above the weights and gradients a rank holds its layer-input checkpoints (its T/cp tokens) and one "
+    .. "layer's working set during the recompute. What does not fall with cp: the MLA layers expand keys and values "
+    .. "from the gathered latent for the whole row on every rank (T · H · (d_n + d_v) values), and the gathered latent "
+    .. "itself; the KDA layers' working set and every token-local layer fall as 1/cp. The loss per token is the same "
+    .. "at every cp (one row, the same weights)."
+  local md = table.concat(L, "\n") .. "\n"
+  io.write(md)
+  results.write(cfg.results, "dist_cp", { benchmark = "dist_cp", date = os.date("!%Y-%m-%dT%H:%M:%SZ"), bytes = bytes,
+    memory = mem }, md, { "benchmark", "date", "bytes", "memory" })
+  return 0
+end
+
+return { worker = "", layer = "kda", T = 65536, out = "", results = "bench/results", run = run }
