@@ -21,6 +21,12 @@ end
 
 local read = T.read
 
+-- the sanitizer lane (TIDE_SANITIZED, CMakeLists.txt) runs every command of the test on a run of 120 steps, ~10x
+-- slower under ASan; what 600 steps must have learned (readable words of the corpus, the held-out loss) is asserted
+-- in the main lane
+local sanitized = os.getenv("TIDE_SANITIZED") == "1"
+local STEPS = sanitized and 120 or 600
+
 -- the corpus: fortunes of two files as JSONL documents (one per fortune, `text` field)
 local function corpus()
   local path, words = dir .. "/corpus.jsonl", {}
@@ -71,15 +77,15 @@ return {
   data = { path = %q, tokenizer = %q, seq_len = 64, batch_size = 8, val_fraction = 0.05 },
   optim = { lr = 3e-3, weight_decay = 0.1, clip = 1.0 },
   schedule = { kind = "cosine", warmup = 20 },
-  train = { steps = 600, eval_every = 300, eval_batches = 4, ckpt_every = 300, log_every = 100, seed = 1,
+  train = { steps = %d, eval_every = %d, eval_batches = 4, ckpt_every = %d, log_every = 100, seed = 1,
     out = %q, quiet = true },
 }
-]], data, tok, dir .. "/run"))
+]], data, tok, STEPS, STEPS / 2, STEPS / 2, dir .. "/run"))
   f:close()
   out, code = sh("run " .. q(recipe))
   T.eq(code, 0, out)
   local run = dir .. "/run"
-  T.ok(read(run .. "/ckpt/step_00000600/tokenizer.json") == read(tok), "the checkpoint carries the tokenizer")
+  T.ok(read(run .. string.format("/ckpt/step_%08d/tokenizer.json", STEPS)) == read(tok), "the checkpoint carries the tokenizer")
 
   -- sample: readable text from the words of the corpus
   out, code = sh("sample " .. q(run) .. " --prompt 'The ' --max-new 80 --temperature 0.5 --top-k 20 --seed 3 --stop none")
@@ -88,14 +94,14 @@ return {
   T.ok(not out:find("<|reserved", 1, true), "no reserved tokens: " .. out)
   out = out:gsub("<|endoftext|>", "\n")   -- --stop none: documents follow one another
   local letters = select(2, out:gsub("[%a%s%p]", ""))
-  T.ok(letters / #out > 0.95, string.format("%.2f of the characters are letters, spaces or punctuation: %s",
+  T.ok(sanitized or letters / #out > 0.95, string.format("%.2f of the characters are letters, spaces or punctuation: %s",
     letters / #out, out))
   local known, total = 0, 0
   for w in out:lower():gmatch("%a%a+") do
     total = total + 1
     if vocab[w] then known = known + 1 end
   end
-  T.ok(total >= 8 and known / total >= 0.6, string.format("%d of %d words are the corpus's: %s", known, total, out))
+  T.ok(sanitized or (total >= 8 and known / total >= 0.6), string.format("%d of %d words are the corpus's: %s", known, total, out))
   print("  sample: " .. out:gsub("\n", " "):sub(1, 160))
 
   -- eval: the held-out loss, as a table and a results JSON
@@ -104,7 +110,7 @@ return {
   local res = json.decode(assert(read(dir .. "/eval.json")))
   local val = res.results[1]
   T.eq(val.task, "val")
-  T.ok(val.loss and val.loss < 5.0 and val.loss > 0.5, "held-out loss " .. tostring(val.loss) .. " (ln 600 = 6.40)")
+  T.ok(val.loss and val.loss < (sanitized and 6.0 or 5.0) and val.loss > 0.5, "held-out loss " .. tostring(val.loss) .. " (ln 600 = 6.40)")
   T.ok(out:find(string.format("%.4f", val.loss), 1, true), "the table prints the loss:\n" .. out)
 
   -- plot: the page, drawn
