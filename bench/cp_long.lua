@@ -56,7 +56,7 @@ local function worker(cfg)
   if P > 1 then slots, tot = dist.sums(slots), dist.sums(tot) end
   local names, grads = {}, {}
   for name, p in model:named_parameters() do
-    local g = p:grad():to("f64"):contiguous()
+    local g = p:grad() and p:grad():to("f64"):contiguous() or tide.zeros(p:shape(), { dtype = "f64" })
     if P > 1 then dist.allreduce_(g) end
     names[#names + 1], grads[#grads + 1] = name, g
   end

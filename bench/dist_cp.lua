@@ -10,6 +10,7 @@
 -- Writes <results>/dist_cp.json and dist_cp.md.
 --
 --   tide run bench/dist_cp.lua [--results=DIR] [--T=65536]   (the workers: --worker=bytes|memory, started by mpirun)
+--   tide run bench/dist_cp.lua --reuse=bench/results/dist_cp.json   the tables again from a recorded run
 local tide = require "tide"
 local json = require "tide.json"
 local results = require "tide.results"
@@ -91,9 +92,39 @@ local function worker_memory(cfg)
   return 0
 end
 
+-- the k3 config at the shipped long-context recipe's cp layouts: bytes one rank sends per sequence (bf16 activations,
+-- fp32 KDA state, recompute = layer), from the formula the runtime's count is held to
+local function k3_projection()
+  local k3 = configs.all.k3
+  local recipe = dofile("recipes/long_context_1m.lua")
+  local cps = recipe.dist.cp
+  local n_kda, n_mla = 0, 0
+  for _, m in ipairs(require("tide.nn.hybrid").mixer_schedule(k3)) do
+    if m == "kda" then n_kda = n_kda + 1 else n_mla = n_mla + 1 end
+  end
+  local rows = {}
+  for _, st in ipairs(recipe.stages) do
+    local P = cps[st.name] or 1
+    local one_kda = dist.cp_bytes({ P = P, B = 1, T = st.seq_len, kda = { layers = 1, heads = k3.kda.heads,
+      head_dim = k3.kda.head_dim, conv_size = k3.kda.conv_size }, es = 2, state_es = 4, recompute = true }).total
+    local one_mla = dist.cp_bytes({ P = P, B = 1, T = st.seq_len, mla = { layers = 1, kv_rank = k3.mla.kv_rank,
+      rope_dim = k3.mla.rope_dim }, es = 2, recompute = true }).total
+    rows[#rows + 1] = { stage = st.name, T = st.seq_len, cp = P, kda_layer = one_kda, mla_layer = one_mla,
+      total = n_kda * one_kda + n_mla * one_mla, n_kda = n_kda, n_mla = n_mla }
+  end
+  return rows
+end
+
+local render
+
 local function run(cfg)
   if cfg.worker == "bytes" then return worker_bytes(cfg) end
   if cfg.worker == "memory" then return worker_memory(cfg) end
+  if cfg.reuse ~= "" then
+    -- re-render the tables from a recorded dist_cp.json (no measuring)
+    local rec = json.decode(assert(tide.read_file(cfg.reuse)))
+    return render(cfg, rec.bytes, rec.memory, rec.date)
+  end
   local exe, self = cli.exe_path(), "bench/dist_cp.lua"
   local tmp = os.tmpname()
   local function launch(np, args)
@@ -116,6 +147,10 @@ local function run(cfg)
   for _, P in ipairs({ 1, 2, 4 }) do mem[#mem + 1] = launch(P, fmt("--worker=memory --T=%d", tonumber(cfg.T))) end
   os.remove(tmp)
   os.remove(tmp .. ".log")
+  return render(cfg, bytes, mem)
+end
+
+render = function(cfg, bytes, mem, date)
   local function mb(x) return fmt("%.1f", x / 2 ^ 20) end
   local L = {}
   L[#L + 1] = "# context parallelism on this machine (tiny shapes, f32; ranks oversubscribed on 2 cores)"
@@ -150,11 +185,36 @@ local function run(cfg)
     .. "from the gathered latent for the whole row on every rank (T · H · (d_n + d_v) values), and the gathered latent "
     .. "itself; the KDA layers' working set and every token-local layer fall as 1/cp. The loss per token is the same "
     .. "at every cp (one row, the same weights)."
+  L[#L + 1] = ""
+  L[#L + 1] = "## Projected: the k3 config at recipes/long_context_1m.lua's cp layouts (dist.cp_bytes)"
+  L[#L + 1] = ""
+  local k3 = k3_projection()
+  L[#L + 1] = fmt("Bytes one rank sends per sequence (bf16 activations, fp32 KDA pairs, recompute = layer), %d KDA and %d "
+    .. "MLA layers; `--dry-run` of the recipe multiplies them by each stage's sequences per rank.", k3[1].n_kda, k3[1].n_mla)
+  L[#L + 1] = ""
+  L[#L + 1] = "| stage | T | cp | per KDA layer | per MLA layer | all layers | MLA share |"
+  L[#L + 1] = "|---|---:|---:|---:|---:|---:|---:|"
+  local function human(x)
+    for _, u in ipairs({ { 2 ^ 40, "TB" }, { 2 ^ 30, "GB" }, { 2 ^ 20, "MB" }, { 2 ^ 10, "KB" } }) do
+      if x >= u[1] then return fmt("%.2f %s", x / u[1], u[2]) end
+    end
+    return fmt("%d B", x)
+  end
+  for _, r in ipairs(k3) do
+    L[#L + 1] = fmt("| %s | %d | %d | %s | %s | %s | %s |", r.stage, r.T, r.cp, human(r.kda_layer), human(r.mla_layer),
+      human(r.total), r.total > 0 and fmt("%.3f", r.n_mla * r.mla_layer / r.total) or "-")
+  end
+  L[#L + 1] = ""
+  L[#L + 1] = "A KDA layer's exchange does not depend on T (96 heads × a 128 × 256 fp32 pair per segment, 12.6 MB) but "
+    .. "each rank sends its pairs to the other cp − 1, so it grows with cp; at K3's widths it is most of the bytes (an "
+    .. "MLA layer's latent is 1,152 B per token, its gather grows with T/cp per rank and cp − 1). A scan over the "
+    .. "ranks in place of the all-gather would send each pair once or twice (log cp rounds), the next step if the "
+    .. "pairs' bytes matter on a real network."
   local md = table.concat(L, "\n") .. "\n"
   io.write(md)
-  results.write(cfg.results, "dist_cp", { benchmark = "dist_cp", date = os.date("!%Y-%m-%dT%H:%M:%SZ"), bytes = bytes,
-    memory = mem }, md, { "benchmark", "date", "bytes", "memory" })
+  results.write(cfg.results, "dist_cp", { benchmark = "dist_cp", date = date or os.date("!%Y-%m-%dT%H:%M:%SZ"), bytes = bytes,
+    memory = mem, k3 = k3 }, md, { "benchmark", "date", "bytes", "memory", "k3" })
   return 0
 end
 
-return { worker = "", layer = "kda", T = 65536, out = "", results = "bench/results", run = run }
+return { worker = "", layer = "kda", T = 65536, out = "", reuse = "", results = "bench/results", run = run }

@@ -63,12 +63,6 @@ cur=(tests/fixtures/curriculum_small.lua --threads=1 --model.moe.estimator=exact
     --what="curriculum f64: cp 2 == one rank"
 
 # layouts that do not fit: one line each
-bad() {
-    local want=$1; shift
-    local o
-    if o=$("$@" 2>&1); then echo "FAIL accepted: $*"; exit 1; fi
-    grep -qF "$want" <<< "$o" || { echo "FAIL expected '$want', got:"; echo "$o" | head -5; exit 1; }
-}
 bad "dist.cp = 3 does not divide the job's 2 ranks" "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.cp=3 --out="$tmp/b1"
 bad "does not cut into 2·cp = 6 equal segments" "${mp[@]}" -np 3 "$tide" run tests/dist/dp_moe.lua --dist.cp=3 --out="$tmp/b2"
 bad "dist.bucket_mb = 4 with dist.cp = 2" "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.cp=2 --dist.bucket_mb=4 \

@@ -13,11 +13,7 @@ local nn, F = tide.nn, tide.F
 
 local fmt = string.format
 
-local function max_abs(t)
-  local a = t:to("f64"):abs():reshape(-1)
-  if a:numel() == 0 then return 0 end
-  return a:max(1):item()
-end
+local max_abs = require("tide.testing").max_abs
 
 local function diff(a, b, rel)
   local d = max_abs(a:to("f64") - b:to("f64"))

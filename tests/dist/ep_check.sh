@@ -84,12 +84,6 @@ grep -qa 'block_sparse_moe.experts.gate_up_proj' "$tmp/cons/model.safetensors" \
     --what="consolidated ep 2 checkpoint == the one-rank checkpoint"
 
 # layouts that do not fit: one line each
-bad() {
-    local want=$1; shift
-    local o
-    if o=$("$@" 2>&1); then echo "FAIL accepted: $*"; exit 1; fi
-    grep -qF "$want" <<< "$o" || { echo "FAIL expected '$want', got:"; echo "$o" | head -5; exit 1; }
-}
 bad "dist.ep = 3 does not divide the job's 2 ranks" "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.ep=3 --out="$tmp/b1"
 bad "dist.zero = 1 with dist.ep = 2" "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.ep=2 --dist.zero=1 --out="$tmp/b2"
 bad "dist.ep = 4 must divide n_experts = 6" "${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.ep=4 \
