@@ -438,10 +438,21 @@ function M.load_recipe(path, overrides)
   if type(cfg) ~= "table" then
     usage_error(string.format("recipe '%s' must return a config table, got %s", path, type(cfg)))
   end
+  -- --scale=NAME first (a curriculum's recipe-defined scale rewrites stages, data and dist): the other overrides then
+  -- edit the scaled config, so `--scale=tiny --dist.cp=4` or `--stages.S1_1k.steps=5` set what the run uses
+  local rest = {}
+  for _, o in ipairs(overrides or {}) do
+    if o.key == "scale" and type(cfg.scales) == "table" and type(cfg.scales[o.text]) == "function" then
+      M.patch(cfg, o.key, o.text, {})
+      cfg = require("tide.curriculum").apply_scale(cfg)
+    else
+      rest[#rest + 1] = o
+    end
+  end
   -- the paths the command line names (by position: --stages.s128.lr.warmup names stages.<i>.lr.warmup)
   local explicit, notes = {}, {}
-  for _, o in ipairs(overrides or {}) do explicit[M.canonical_key(cfg, o.key)] = true end
-  for _, o in ipairs(overrides or {}) do M.patch(cfg, o.key, o.text, { explicit = explicit, notes = notes }) end
+  for _, o in ipairs(rest) do explicit[M.canonical_key(cfg, o.key)] = true end
+  for _, o in ipairs(rest) do M.patch(cfg, o.key, o.text, { explicit = explicit, notes = notes }) end
   return cfg, notes
 end
 
