@@ -287,6 +287,10 @@ T.test("override UX: stages by name, warmups scaled with steps, schema keys, --h
   T.eq({ cfg.train.quiet, cfg.model.norm_eps }, { true, 1e-6 })
   cfg = cli.load_recipe("recipes/quickstart.lua", { { key = "model.moe.qb_rate", text = "0.5" } })
   T.eq(cfg.model.moe.qb_rate, 0.5)
+  -- --scale first, wherever it stands: the other overrides edit the scaled config (its stage names, its dist table)
+  cfg = cli.load_recipe("recipes/long_context_1m.lua", { { key = "dist.cp", text = "4" },
+    { key = "stages.S1_1k.steps", text = "5" }, { key = "scale", text = "tiny" } })
+  T.eq({ cfg.dist.cp, cfg.stages[2].name, cfg.stages[2].steps, cfg.scale_applied }, { 4, "S1_1k", 5, "tiny" })
   local ok, e = pcall(cli.load_recipe, "recipes/dense.lua", { { key = "train.quite", text = "true" } })
   T.ok(not ok and tostring(e):find("did you mean 'train.quiet'", 1, true), tostring(e))
   ok, e = pcall(cli.load_recipe, "recipes/quickstart.lua", { { key = "stages.s999.steps", text = "2" } })
