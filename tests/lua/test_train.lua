@@ -53,7 +53,12 @@ T.test("a dense run's checkpoint rebuilds its model alone (tide.model metadata),
   T.eq((r.model:forward(x) - model:forward(x)):abs():max():item(), 0)
 end)
 
+-- the sanitizer lane (TIDE_SANITIZED, CMakeLists.txt): the code paths at fewer steps; what training learns is the
+-- main lane's to assert
+local sanitized = os.getenv("TIDE_SANITIZED") == "1"
+
 T.test("the loss falls below 2.0 nats/token on the fixture within 200 steps", function()
+  if sanitized then print("    (the sanitizer lane: a learning bound, asserted in the main lane)") return end
   local r = train(fixture_cfg({
     model = { dim = 64, n_layers = 2, n_heads = 4 },
     data = { seq_len = 64, batch_size = 8 },
@@ -253,7 +258,9 @@ T.test("the dense recipe: its loss falls, and --resume continues with bit-identi
   local function load(extra)
     local overrides = {}
     if not long then
-      for _, o in ipairs({ { "train.steps", "40" }, { "train.eval_every", "20" }, { "train.ckpt_every", "20" },
+      local n = sanitized and 20 or 40
+      for _, o in ipairs({ { "train.steps", tostring(n) }, { "train.eval_every", tostring(n / 2) },
+        { "train.ckpt_every", tostring(n / 2) },
         { "train.eval_batches", "2" }, { "sample.max_new_tokens", "40" } }) do
         overrides[#overrides + 1] = { key = o[1], text = o[2] }
       end
@@ -270,7 +277,7 @@ T.test("the dense recipe: its loss falls, and --resume continues with bit-identi
       string.format("final loss %.4f vs the recipe's bound %.4f", r.final_loss, cfg.expect.final_loss_below))
   else
     -- 40 steps of 1,024 tokens: well below the 5.77 of a uniform guess (measured 2.96)
-    T.ok(r.final_loss < 3.3, string.format("final loss %.4f after 40 steps should be < 3.3", r.final_loss))
+    T.ok(sanitized or r.final_loss < 3.3, string.format("final loss %.4f after 40 steps should be < 3.3", r.final_loss))
   end
   T.ok(#r.samples == 2 and #r.samples[2] > #"The meaning of life is")
   local steps, every = cfg.train.steps, cfg.train.ckpt_every
