@@ -247,6 +247,20 @@ end
 --     each segment's true start state, and the kernel reruns from it.
 -- The fold and the gathers are ops of the graph: the backward reaches every segment's M and h_ext (the gathers'
 -- gradient is the reduce-scatter), which is the right-to-left fold of the state gradients in long_context.md §5.
+-- [0 | I] [1, 1, dk, 2·dk] in the state dtype, built once per (dk, dtype, device)
+local pair_starts = {}
+local function pair_start(dk, dtype, device)
+  local key = dk .. " " .. dtype .. " " .. device
+  if not pair_starts[key] then
+    local vals = {}
+    for i = 1, dk do
+      for j = 1, 2 * dk do vals[#vals + 1] = (j == dk + i) and 1 or 0 end
+    end
+    pair_starts[key] = tide.tensor(vals, { shape = { 1, 1, dk, 2 * dk }, dtype = dtype, device = device })
+  end
+  return pair_starts[key]
+end
+
 function KDA:forward_cp(x, ctx, path)
   local RB, T2 = x:size(1), x:size(2)
   local H, dk, K1, Tc = self.heads, self.head_dim, self.conv_size - 1, ctx.Tc
@@ -278,13 +292,10 @@ function KDA:forward_cp(x, ctx, path)
   local g = F.kda_gate(z, self.A_log, self.dt_bias, { gate_form = self.gate_form, gate_lower_bound = self.gate_lower_bound })
   local kopts = { cu_seqlens = cu, path = path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound }
   -- (h_ext | M) of every local segment in one call, then gathered and folded into the start states
-  local sd = x:dtype() == "bf16" and "f32" or x:dtype()
-  local eye = tide.zeros({ dk, 2 * dk }, { dtype = sd, device = x:device() })
-  for i = 1, dk do eye:narrow(1, i, 1):narrow(2, dk + i, 1):fill_(1) end
-  local s0p = eye:reshape(1, 1, dk, 2 * dk):expand(n, H, dk, 2 * dk):contiguous()
+  local s0p = pair_start(dk, x:dtype() == "bf16" and "f32" or x:dtype(), x:device()):expand(n, H, dk, 2 * dk):contiguous()
   local vz = F.concat({ v, tide.zeros({ n, Tc, H, dk }, { dtype = v:dtype(), device = v:device() }) }, 4)
-  local o0 = { s0 = s0p, cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk, gate_lower_bound = kopts.gate_lower_bound }
-  local _, pairs = F.kda(q, k, vz, g, beta, o0)
+  local _, pairs = F.kda(q, k, vz, g, beta, { s0 = s0p, cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk,
+    gate_lower_bound = kopts.gate_lower_bound })
   local s0 = ctx:fold(ctx:gather(pairs), dk)
   kopts.s0 = s0
   local o = F.kda(q, k, v, g, beta, kopts)
