@@ -153,16 +153,19 @@ local function index(list, device) return tide.tensor(list, { dtype = "i64", dev
 -- the halo map of the short convolutions: for each local row-segment, the gathered row-segment before it (the
 -- previous global segment, same row) and a mask [R·B·2, K−1, 1] that zeroes what the row-segment must not read:
 -- everything at a row start or a document start exactly at its first token, and the previous segment's tokens
--- before a document start in the last K−1 (kda.md §8: a document's conv history begins at zero)
-function Ctx:halo(K1, dtype, device)
-  local key = fmt("%d %s %s", K1, dtype, device)
+-- before a document start in the last K−1 (kda.md §8: a document's conv history begins at zero).
+-- carry = true: the rows continue from an earlier call (a cache): segment 0 reads row b's carried history, the
+-- (P·B·2 + b)-th row of the source (the gathered tails with the B carried tails appended).
+function Ctx:halo(K1, dtype, device, carry)
+  local key = fmt("%d %s %s %s", K1, dtype, device, carry and "carry" or "")
   self.halos = self.halos or {}
   if self.halos[key] then return self.halos[key][1], self.halos[key][2] end
-  local Tc, B = self.Tc, self.B
+  local Tc, B, P = self.Tc, self.B, self.P
   if Tc < K1 then
     bad(fmt("a segment of Tc = %d tokens is shorter than the short convolution's history (%d): use fewer cp ranks or longer rows",
       Tc, K1))
   end
+  local ablated = self.ablate and self.ablate.halo
   local idx, mask = {}, {}
   for ri = 1, self.R do
     for b = 1, B do
@@ -170,11 +173,11 @@ function Ctx:halo(K1, dtype, device)
         local c = self:seg(self.ranks[ri], s)
         local pp, ps = 0, 0
         if c > 0 then pp, ps = self:owner(c - 1) end
-        idx[#idx + 1] = self:gathered_row(pp, b - 1, ps)
+        idx[#idx + 1] = (c == 0 and carry) and P * B * 2 + b - 1 or self:gathered_row(pp, b - 1, ps)
         -- the last document start at or before the segment start (segment-relative to c − 1's end)
         for j = 1, K1 do
           local t = c * Tc - K1 + j - 1          -- the global position this halo slot holds
-          local keep = c > 0 and not (self.ablate and self.ablate.halo)
+          local keep = (c > 0 or carry) and not ablated
           if keep then
             for _, st in ipairs(self.starts[b]) do
               if st > t and st <= c * Tc then keep = false end
@@ -190,18 +193,42 @@ function Ctx:halo(K1, dtype, device)
   return r[1], r[2]
 end
 
+-- the short convolutions' history a later call continues from: the gathered rows of the row's last segment
+-- (2P − 1, rank 0's second slot) [B] and the mask [B, K−1, 1] of its last K−1 tokens that belong to the row's
+-- last document
+function Ctx:row_tail(K1, dtype, device)
+  local key = fmt("%d %s %s", K1, dtype, device)
+  self.tails = self.tails or {}
+  if self.tails[key] then return self.tails[key][1], self.tails[key][2] end
+  local rows, mask = {}, {}
+  for b = 1, self.B do
+    rows[b] = self:gathered_row(0, b - 1, 1)
+    for j = 1, K1 do
+      local t, keep = self.T - K1 + j - 1, true
+      for _, st in ipairs(self.starts[b]) do if st > t then keep = false end end
+      mask[#mask + 1] = keep and 1 or 0
+    end
+  end
+  local r = { index(rows, device), tide.tensor(mask, { shape = { self.B, K1, 1 }, dtype = dtype, device = device }) }
+  self.tails[key] = r
+  return r[1], r[2]
+end
+
 -- the fold of the KDA segment states (long_context.md §5): pairs = the gathered [P·B·2, H, dk, dv + dk] end states
 -- from zero, h_ext (the first dv columns), and transitions M (the last dk); returns the start states of the local
--- row-segments [R·B·2, H, dk, dv] in pairs' dtype: S0 of segment 0 is zero; S0_{c+1} = M_c S0_c + h_c, zero where a
--- document starts at segment c+1's first token. An op of the graph: the gradient reaches every M and h_ext.
-function Ctx:fold(pairs, dv)
+-- row-segments [R·B·2, H, dk, dv] in pairs' dtype: S0 of segment 0 is `init` ([B, H, dk, dv], the state carried
+-- from an earlier call) or zero; S0_{c+1} = M_c S0_c + h_c, zero where a document starts at segment c+1's first
+-- token. With `want_end`, also the rows' end state [B, H, dk, dv] (every rank folds the whole chain: the pairs are
+-- gathered anyway). An op of the graph: the gradient reaches every M, h_ext and init.
+function Ctx:fold(pairs, dv, init, want_end)
   local P, B = self.P, self.B
   local H, dk = pairs:size(2), pairs:size(3)
   local dev, dt = pairs:device(), pairs:dtype()
   local need = 0
   for _, p in ipairs(self.ranks) do need = math.max(need, self:seg(p, 1)) end
+  if want_end then need = 2 * P end
   local S = {}
-  local h = nil                                       -- nil = zero
+  local h = init and init:reshape(B * H, dk, dv) or nil       -- nil = zero
   for c = 0, need do
     S[c] = not (self.ablate and self.ablate.fold) and h or nil
     if c == need then break end
@@ -219,8 +246,9 @@ function Ctx:fold(pairs, dv)
     -- a document starting at segment c + 1 begins from zero
     local keep, any = {}, false
     for b = 1, B do
-      keep[b] = self.reset[c + 1][b] and 0 or 1
-      any = any or self.reset[c + 1][b]
+      local r = c + 1 < 2 * P and self.reset[c + 1][b]
+      keep[b] = r and 0 or 1
+      any = any or r
     end
     if any then
       h = (h:reshape(B, H, dk, dv) * tide.tensor(keep, { shape = { B, 1, 1, 1 }, dtype = dt, device = dev })):reshape(B * H, dk, dv)
@@ -241,7 +269,9 @@ function Ctx:fold(pairs, dv)
     end
     out[#out + 1] = F.concat(two, 2):reshape(B * 2, H, dk, dv)
   end
-  return #out == 1 and out[1] or F.concat(out, 1)
+  local starts = #out == 1 and out[1] or F.concat(out, 1)
+  if not want_end then return starts end
+  return starts, h:reshape(B, H, dk, dv)
 end
 
 -- MLA: the gathered latents [P·B, 2·Tc, n] in global order [B, T, n]

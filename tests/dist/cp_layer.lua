@@ -5,7 +5,8 @@
 -- this rank's slices of the output and of the input gradient, the parameter gradients summed over the ranks, and the
 -- bytes the rank sent for the forward and backward == dist.cp_bytes (the formula of the plan and bench/dist_cp), for
 -- a KDA layer, an MLA layer and the small hybrid model (KDA + MLA under Block AttnRes, recompute per layer), in f64
--- (1e-10) and f32 (1e-5 relative), with documents that start inside segments and exactly at segment edges.
+-- (1e-10) and f32 (1e-5 relative), with documents that start inside segments and exactly at segment edges; and a
+-- KDA-only model's row in two calls through its caches (the carried state costs no extra bytes).
 local tide = require "tide"
 local dist = require "tide.dist"
 local cp = require "tide.cp"
@@ -82,6 +83,73 @@ end
 
 local function x_of(d) return function(dtype) return tide.randn({ B, TT, d }, { dtype = dtype, requires_grad = true }) end end
 
+-- a row of 2·TT tokens in two calls of TT through the model's caches (a KDA-only model: the state and conv history
+-- carried from call to call, the same on every rank), each call on this rank's slices, against the whole row in
+-- one unsplit call; documents start in the first call's last conv window and exactly at the call boundary (reset).
+-- The carry costs no bytes: the row's end state and conv history come from the pairs and tails gathered anyway.
+local function run_carried(dtype)
+  local tol, rel = dtype == "f64" and 1e-10 or 1e-5, dtype == "f32"
+  tide.manual_seed(9)
+  local m = nn.HybridLM({
+    vocab_size = 23, dim = 16, n_layers = 2, mixers = { "kda", "kda" }, ffn_dim = 24, dtype = dtype, init_std = 0.2,
+    kda = { heads = 2, head_dim = 4, chunk = 4 }, residual = "attnres_block", attnres = { block_layers = 2 },
+    recompute = "layer",
+  })
+  local Tr, n = 2 * TT, 2
+  local starts = { { 16, 27, TT - 2 }, { TT, TT + 31 } }
+  local full = { 0 }
+  for b = 1, B do
+    for _, t in ipairs(starts[b]) do full[#full + 1] = (b - 1) * Tr + t end
+    full[#full + 1] = b * Tr
+  end
+  tide.manual_seed(321)
+  local ids = tide.rand({ B, Tr }, { lo = 0, hi = 23 }):to("i32")
+  local y0 = m:forward(ids, nil, { cu_seqlens = full })
+  local r = tide.randn(y0:shape(), { dtype = dtype })
+  ;(y0 * r):sum():backward()
+  local g0 = {}
+  for pname, p in m:named_parameters() do g0[pname] = p:grad() and p:grad():clone() end
+  m:zero_grad()
+  local b0 = dist.bytes_sent()
+  local caches, loss, want = m:new_cache(), nil, 0
+  local es = dtype == "f64" and 8 or 4
+  for i = 0, n - 1 do
+    local cu, reset = { 0 }, {}
+    for b = 1, B do
+      reset[b] = false
+      for _, t in ipairs(starts[b]) do
+        if t == i * TT then reset[b] = true
+        elseif t > i * TT and t < (i + 1) * TT then cu[#cu + 1] = (b - 1) * TT + t - i * TT end
+      end
+      cu[#cu + 1] = b * TT
+    end
+    local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = cu, group = group })
+    local part = function(t) return ctx:split(t:narrow(2, i * TT + 1, TT):contiguous()) end
+    local y1 = m:forward(part(ids), caches, { cp = ctx, reset = reset })
+    local d = diff(y1, part(y0), rel)
+    check(d <= tol, fmt("carried %s: call %d's logits differ by %.3g", dtype, i + 1, d))
+    local l = (y1 * part(r)):sum()
+    loss = loss and loss + l or l
+    want = want + dist.cp_bytes({ P = P, B = B, T = TT, kda = { layers = 2, heads = 2, head_dim = 4, conv_size = 4 },
+      es = es, state_es = es, recompute = true }).total
+  end
+  loss:backward()
+  local sent = dist.bytes_sent() - b0
+  check(sent == want, fmt("carried %s: the rank sent %d bytes, two calls of dist.cp_bytes say %d", dtype, sent, want))
+  local k = 0
+  for pname, p in m:named_parameters() do
+    if g0[pname] then
+      local g = p:grad():to("f64"):contiguous()
+      dist.allreduce_(g)
+      local d = diff(g, g0[pname], rel)
+      check(d <= tol, fmt("carried %s: gradient of %s (summed over the ranks) differs by %.3g", dtype, pname, d))
+      k = k + 1
+    end
+  end
+  check(k >= 20, fmt("carried: only %d parameter gradients compared", k))
+  if rank == 0 and failures == 0 then print(fmt("ok   cp %d a row in 2 calls through the caches %s == unsplit (%d parameters)", P, dtype, k)) end
+end
+
 local function run()
   P, rank = dist.world(), dist.rank()
   group = dist.split(0)
@@ -117,6 +185,7 @@ local function run()
       function(m, ids, ctx) return m:forward(ids, nil, { cp = ctx }) end,
       { kda = { layers = 2, heads = 2, head_dim = 4, conv_size = 4 }, mla = { layers = 2, kv_rank = 8, rope_dim = 2 },
         recompute = true })
+    run_carried(dtype)
   end
 
   local bad = dist.sum(failures)

@@ -2,7 +2,9 @@
 -- slice held here (tide.cp, the fake context), KDA state passing with the conv halo, MLA latent gather with the global
 -- document mask, for P = 2 and 4: outputs and every gradient equal the unsplit run (f64 1e-10, f32 1e-5 rel), with
 -- documents that start inside segments, exactly at a segment edge and within the conv history of the next segment;
--- M = 0 across a document start; the fp32 fold over 64 segments against fp64, and the bf16-cast chain that fails it.
+-- M = 0 across a document start; a long row in calls on cp slices through one cache (the state and conv history
+-- carried, documents at call boundaries) == the unsplit row; the fp32 fold over 64 segments against fp64, and the
+-- bf16-cast chain that fails it.
 local T = require "tide.testing"
 local tide = require "tide"
 local nn, F = tide.nn, tide.F
@@ -104,6 +106,69 @@ T.test("KDA cp without the fold or without the halo differs (each part is needed
   local wrong = cut:unsplit(m:forward(cut:split(x), { cp = cut }))
   T.ok(max_abs_diff(want:narrow(2, 9, 24), wrong:narrow(2, 9, 24)) > 1e-3, "dropping the carried state changes the result")
   T.ok(max_abs_diff(want:narrow(2, 1, 8), wrong:narrow(2, 1, 8)) <= 1e-12, "the first segment is the same either way")
+end)
+
+-- a long row processed call by call, each call on cp slices, through one cache: the state and the conv history
+-- carried from call to call (and the same on every rank); documents start in a call's last conv window, at a
+-- segment edge inside a call and exactly at a call boundary (reset)
+local function carried(P, dtype, tol, rel)
+  local m = kda_layer(dtype)
+  local Tcall, n = 8 * P, 3
+  local Tr = Tcall * n
+  local starts = { { Tcall - 2, Tcall + 4 }, { 2 * Tcall, 2 * Tcall + 5 } }
+  local full_cu = { 0 }
+  for b = 1, B do
+    for _, t in ipairs(starts[b]) do full_cu[#full_cu + 1] = (b - 1) * Tr + t end
+    full_cu[#full_cu + 1] = b * Tr
+  end
+  local x = tide.randn({ B, Tr, 12 }, { dtype = dtype, requires_grad = true })
+  local r = tide.randn({ B, Tr, 12 }, { dtype = dtype })
+  local want_cache = {}
+  local y0, g0 = grads(m, x, function() return m:forward(x, { cu_seqlens = full_cu }) end, r)
+  tide.no_grad(function() m:forward(x, { cache = want_cache, cu_seqlens = full_cu }) end)
+  local cache
+  local y1, g1 = grads(m, x, function()
+    cache = {}
+    local ys = {}
+    for i = 0, n - 1 do
+      local cu, reset = { 0 }, {}
+      for b = 1, B do
+        reset[b] = false
+        for _, t in ipairs(starts[b]) do
+          if t == i * Tcall then reset[b] = true
+          elseif t > i * Tcall and t < (i + 1) * Tcall then cu[#cu + 1] = (b - 1) * Tcall + t - i * Tcall end
+        end
+        cu[#cu + 1] = b * Tcall
+      end
+      local ctx = cp.context({ P = P, B = B, T = Tcall, cu_seqlens = cu })
+      local xi = x:narrow(2, i * Tcall + 1, Tcall)
+      ys[#ys + 1] = ctx:unsplit(m:forward(ctx:split(xi), { cp = ctx, cache = cache, reset = reset }))
+    end
+    return F.concat(ys, 2)
+  end, r)
+  local function check(a, b, name)
+    local scale = rel and math.max(max_abs(a), 1e-30) or 1
+    local d = max_abs_diff(a, b) / scale
+    T.ok(d <= tol, string.format("P = %d %s: %s differs by %.3g (tolerance %g)", P, dtype, name, d, tol))
+  end
+  check(y0, y1, "output")
+  local nn_ = 0
+  for name, g in pairs(g0) do
+    T.ok(g1[name], "no gradient for " .. name .. " through the carried cache")
+    check(g, g1[name], "gradient of " .. name)
+    nn_ = nn_ + 1
+  end
+  T.ok(nn_ >= 14, "every parameter and x compared, got " .. nn_)
+  check(want_cache.state, cache.state:detach(), "the carried end state")
+  for _, s in ipairs({ "q", "k", "v" }) do check(want_cache.conv[s], cache.conv[s]:detach(), "the carried conv " .. s) end
+  T.eq(cache.pos, Tr, "cache.pos")
+end
+
+T.test("KDA cp calls through one cache == the unsplit long row: state and conv history carried (f64 1e-10, f32 1e-5 rel)", function()
+  for _, P in ipairs({ 2, 4 }) do
+    carried(P, "f64", 1e-10, false)
+    carried(P, "f32", 1e-5, true)
+  end
 end)
 
 T.test("a document start inside a segment makes its transition M = 0; h_ext is the state from the start", function()
@@ -237,8 +302,14 @@ T.test("cp contexts reject layouts that do not cut", function()
   T.raises(function() m:forward(ctx:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = ctx }) end,
     "shorter than the short convolution")
   T.raises(function() m:forward(tide.randn({ 1, 8, 12 }, { dtype = "f64" }), { cp = ctx, cu_seqlens = { 0, 8 } }) end,
-    "takes no cache, cu_seqlens")
+    "takes no cu_seqlens")
+  T.raises(function() m:forward(ctx:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = ctx, reset = true }) end,
+    "none was given")
   T.raises(function() cp.context({ P = 2, B = 1, T = 32, cu_seqlens = { 0, 5, 40 } }) end, "run from 0 to B")
+  local mla = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, dtype = "f64" })
+  local c2 = cp.context({ P = 2, B = 1, T = 32 })
+  T.raises(function() mla:forward(c2:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = c2, cache = {} }) end,
+    "carried by KDA layers only")
 end)
 
 T.run()

@@ -169,10 +169,19 @@ function KDA:forward(x, opts)
   end
   local cache = opts.cache
   if opts.cp then
-    if cache or opts.cu_seqlens or opts.reset or opts.state_rows then
-      bad("forward: cp (context parallelism) carries the documents itself and takes no cache, cu_seqlens or reset")
+    if opts.cu_seqlens or opts.state_rows or (cache and cache.rows) then
+      bad("forward: cp (context parallelism) carries the documents itself and takes no cu_seqlens or row caches")
     end
-    return self:forward_cp(x, opts.cp, opts.path)
+    if opts.reset ~= nil then
+      if not cache then bad("forward: reset restarts rows of a cache, and none was given") end
+      if opts.reset ~= true and opts.reset ~= false and type(opts.reset) ~= "table" then
+        bad("forward: reset must be a boolean or a list of B booleans, got " .. type(opts.reset))
+      end
+      if type(opts.reset) == "table" and #opts.reset ~= opts.cp.B then
+        bad(fmt("forward: reset lists %d rows but the cp context has B = %d", #opts.reset, opts.cp.B))
+      end
+    end
+    return self:forward_cp(x, opts.cp, opts.path, cache, opts.reset)
   end
   if cache and cache.rows then return self:forward_rows(x, opts) end
   local B, T = x:size(1), x:size(2)
@@ -247,6 +256,11 @@ end
 --     each segment's true start state, and the kernel reruns from it.
 -- The fold and the gathers are ops of the graph: the backward reaches every segment's M and h_ext (the gathers'
 -- gradient is the reduce-scatter), which is the right-to-left fold of the state gradients in long_context.md §5.
+-- cache ({} or a cache this call filled before, the same on every rank of the group): the rows continue from it
+-- (a long row processed call by call, each call split over the ranks): segment 0 starts from its state and reads
+-- its conv history; the call writes the rows' end state (every rank folds the whole chain) and their last K−1
+-- pre-conv inputs (from the gathered tails) back, so the cache stays the same on every rank. reset (true or a list
+-- of B booleans): those rows start a new document at this call and ignore the cache.
 -- [0 | I] [1, 1, dk, 2·dk] in the state dtype, built once per (dk, dtype, device)
 local pair_starts = {}
 local function pair_start(dk, dtype, device)
@@ -261,7 +275,7 @@ local function pair_start(dk, dtype, device)
   return pair_starts[key]
 end
 
-function KDA:forward_cp(x, ctx, path)
+function KDA:forward_cp(x, ctx, path, cache, reset)
   local RB, T2 = x:size(1), x:size(2)
   local H, dk, K1, Tc = self.heads, self.head_dim, self.conv_size - 1, ctx.Tc
   if RB ~= ctx.R * ctx.B or T2 ~= 2 * Tc then
@@ -275,10 +289,16 @@ function KDA:forward_cp(x, ctx, path)
     v = self.v_proj:forward(x):reshape(n, Tc, inner),
   }
   -- the conv halo: every segment's last K−1 pre-conv inputs, gathered; each row-segment reads its predecessor's
-  local prev, mask = ctx:halo(K1, x:dtype(), x:device())
-  local tails = F.concat({ pre.q:narrow(2, Tc - K1 + 1, K1), pre.k:narrow(2, Tc - K1 + 1, K1),
-    pre.v:narrow(2, Tc - K1 + 1, K1) }, 3)
-  local halo = ctx:gather(tails):index_select(1, prev) * mask
+  local cconv = cache and cache.conv
+  if cconv then
+    local B = ctx.B
+    cconv = { q = reset_rows(cconv.q, reset, B), k = reset_rows(cconv.k, reset, B), v = reset_rows(cconv.v, reset, B) }
+  end
+  local prev, mask = ctx:halo(K1, x:dtype(), x:device(), cconv ~= nil)
+  local tails = ctx:gather(F.concat({ pre.q:narrow(2, Tc - K1 + 1, K1), pre.k:narrow(2, Tc - K1 + 1, K1),
+    pre.v:narrow(2, Tc - K1 + 1, K1) }, 3))
+  local src = cconv and F.concat({ tails, F.concat({ cconv.q, cconv.k, cconv.v }, 3) }, 1) or tails
+  local halo = src:index_select(1, prev) * mask
   local hs = { q = halo:narrow(3, 1, inner), k = halo:narrow(3, inner + 1, inner), v = halo:narrow(3, 2 * inner + 1, inner) }
   local function conv1d(name)
     return F.causal_conv1d(pre[name], self[name .. "_conv1d"].weight,
@@ -296,9 +316,17 @@ function KDA:forward_cp(x, ctx, path)
   local vz = F.concat({ v, tide.zeros({ n, Tc, H, dk }, { dtype = v:dtype(), device = v:device() }) }, 4)
   local _, pairs = F.kda(q, k, vz, g, beta, { s0 = s0p, cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk,
     gate_lower_bound = kopts.gate_lower_bound })
-  local s0 = ctx:fold(ctx:gather(pairs), dk)
+  local init = cache and reset_rows(cache.state, reset, ctx.B)
+  if init and init:dtype() ~= pairs:dtype() then init = init:to(pairs:dtype()) end
+  local s0, s_end = ctx:fold(ctx:gather(pairs), dk, init, cache ~= nil)
   kopts.s0 = s0
   local o = F.kda(q, k, v, g, beta, kopts)
+  if cache then
+    local rows, tmask = ctx:row_tail(K1, x:dtype(), x:device())
+    local t = tails:index_select(1, rows) * tmask
+    cache.conv = { q = t:narrow(3, 1, inner), k = t:narrow(3, inner + 1, inner), v = t:narrow(3, 2 * inner + 1, inner) }
+    cache.state, cache.pos = s_end, (cache.pos or 0) + ctx.T
+  end
   local y = (self.o_norm:forward(o) * self.g_proj:forward(x):reshape(n, Tc, H, dk):sigmoid()):reshape(RB, T2, inner)
   return self.o_proj:forward(y)
 end

@@ -182,8 +182,12 @@ function MLA:forward(x, opts)
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
   if opts.cp then
-    if cache or opts.cu_seqlens or opts.exact then
-      bad("forward: cp (context parallelism) carries the documents itself and takes no cache, cu_seqlens or exact")
+    if cache then
+      bad("forward: a cache under cp (a row continued call by call) is carried by KDA layers only; an MLA layer "
+        .. "takes its row in one cp call")
+    end
+    if opts.cu_seqlens or opts.exact then
+      bad("forward: cp (context parallelism) carries the documents itself and takes no cu_seqlens or exact")
     end
     return self:forward_cp(x, opts.cp)
   end
