@@ -214,6 +214,7 @@ int tide_norm_dim(int dim, int ndim, const char *op, int *out);                 
    watched leaf (grad_slot > 0) has its final gradient of that backward */
 typedef void (*tide_grad_ready_fn)(void *ctx, tide_tensor *leaf);
 int tide_dist_thread_serialized(void);   /* comm.c: 1 when MPI may be called from a helper thread */
+int tide_dist_thread_multiple(void);     /* comm.c: 1 when two threads may call MPI at once */
 void tide_dist_set_polite(int on);       /* comm.c: this thread's chain waits sleep between tests, not spin */
 void tide_set_grad_ready_hook(tide_grad_ready_fn fn, void *ctx);
 #endif

@@ -510,6 +510,7 @@ int tide_dist_world_size(void);
    reproducible, and equal to accumulating the ranks' parts in order in one process); a no-op with one rank */
 int tide_dist_allreduce_sum_(tide_tensor *t);
 int tide_dist_reduce_to_last_(tide_tensor *t);   /* the rank-order sum on the last rank only (reduce-scatter's half) */
+int tide_dist_reduce_to_last_group_(int group, tide_tensor *t);   /* the same over a process group */
 /* the communicator of a device's tensors set up now (CUDA: NCCL bootstrapped over MPI; CPU: MPI itself); *world: its
    ranks. Without the backend's collectives (a build without NCCL) an error naming the device */
 int tide_dist_device_init(int device, int *world);
@@ -558,6 +559,9 @@ int tide_reducer_arm(tide_reducer *r);
 /* ZeRO-2: owner[i] the rank that keeps parameter i's sum (the buckets are then reduced to the last rank, which sends
    each owner its parameters' sums at finish; the others' gradients are dropped); NULL: all-reduce again */
 int tide_reducer_set_owners(tide_reducer *r, const int *owner);
+/* on: the backward itself exchanges with other process groups (expert and context parallelism), so the helper thread
+   runs only where MPI gives MPI_THREAD_MULTIPLE (else finish sums the buckets: the same sums, no overlap) */
+int tide_reducer_set_concurrent(tide_reducer *r, int on);
 int tide_reducer_finish(tide_reducer *r, double *stats);
 void tide_reducer_free(tide_reducer *r);
 /* ends every rank of the job at once (MPI_Abort): a rank that failed, so the others do not wait on it */

@@ -12,7 +12,7 @@
 #include <mpi.h>
 #endif
 
-static int g_rank = 0, g_world = 1, g_inited, g_serialized;
+static int g_rank = 0, g_world = 1, g_inited, g_serialized, g_multiple;
 
 /* process groups (DESIGN.md §9: the dp, ep and cp groups of a layout): group 0 is the world; tide_dist_group_split
    makes the others. A group's ranks are numbered in world order; members[r] is group rank r's world rank. */
@@ -40,11 +40,14 @@ int tide_dist_init(void)
     if (!launched_by_mpirun()) return 0;
     int ready = 0, provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&ready);
-    /* SERIALIZED: the gradient reducer's helper thread calls MPI while the backward runs (never two threads at once) */
-    if (!ready && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    /* MULTIPLE: the gradient reducer's helper thread sums buckets (on its own communicator) while the backward runs,
+       which under expert and context parallelism exchanges with its groups at the same time; SERIALIZED (one thread
+       at a time) is enough for plain data parallelism */
+    if (!ready && MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return tide_set_error("dist: MPI_Init failed");
     if (ready) MPI_Query_thread(&provided);
     g_serialized = provided >= MPI_THREAD_SERIALIZED;
+    g_multiple = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
 #endif
@@ -116,6 +119,7 @@ int tide_dist_group_member(int g, int r)
 
 int tide_dist_rank(void) { tide_dist_init(); return g_rank; }
 int tide_dist_thread_serialized(void) { tide_dist_init(); return g_serialized; }
+int tide_dist_thread_multiple(void) { tide_dist_init(); return g_multiple; }
 int tide_dist_world_size(void) { tide_dist_init(); return g_world; }
 
 static int check_cpu_tensor(const tide_tensor *t, const char *op)
@@ -145,7 +149,9 @@ static int device_group_ok(const dist_group *G, const char *op)
 
 /* bytes this rank handed to the network (sends, and a broadcast's payload at its root) since the start */
 static int64_t g_bytes_sent;
-int64_t tide_dist_bytes_sent(void) { return g_bytes_sent; }
+int64_t tide_dist_bytes_sent(void) { return __atomic_load_n(&g_bytes_sent, __ATOMIC_RELAXED); }
+/* the reducer's helper thread counts too */
+#define SENT(n) __atomic_fetch_add(&g_bytes_sent, (int64_t)(n), __ATOMIC_RELAXED)
 
 /* a thread that sums while another computes (the gradient reducer's helper) waits politely: a blocking MPI call
    polls the network on its core, which on a machine whose cores all compute takes them from the backward */
@@ -222,7 +228,7 @@ static int chain_sum_to_last(tide_tensor *t, const char *op, const dist_group *G
                 free(tmp);
                 return tide_set_error("%s: sending to rank %d failed", op, world_rank_of(G, me + 1));
             }
-            g_bytes_sent += (int64_t)((size_t)m * es);
+            SENT((int64_t)((size_t)m * es));
         }
     }
     free(tmp);
@@ -245,7 +251,7 @@ static int device_chain_sum_to_last(tide_tensor *t, const char *op)
     }
     if (!rc && g_rank < g_world - 1) {
         rc = TIDE_DISPATCH(t->device, dist_send, op, tide_data(t), tide_tensor_nbytes(t), g_rank + 1);
-        if (!rc) g_bytes_sent += tide_tensor_nbytes(t);
+        if (!rc) SENT(tide_tensor_nbytes(t));
     }
     return rc;
 }
@@ -253,23 +259,28 @@ static int device_chain_sum_to_last(tide_tensor *t, const char *op)
 /* The rank-order sum ((x_0 + x_1) + x_2) + ... on rank N-1 alone (the other ranks' t is left partial): a
    reduce-scatter in rank order is this, then rank N-1 hands each rank its part (lua/tide/dist.lua); every rank but
    the last sends the buffer once, the last none. */
-int tide_dist_reduce_to_last_(tide_tensor *t)
+int tide_dist_reduce_to_last_group_(int group, tide_tensor *t)
 {
     int rc = 0;
+    const dist_group *G = find_group(group, "reduce");
+    if (!G) return -1;
     if (device_tensor(t, "reduce", &rc)) {
-        if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
+        if (rc || G->size == 1 || t->numel == 0) return rc;
+        if (device_group_ok(G, "reduce")) return -1;
         return device_chain_sum_to_last(t, "reduce");
     }
     if (check_cpu_tensor(t, "reduce")) return -1;
     if (t->dtype != TIDE_F32 && t->dtype != TIDE_F64)
         return tide_set_error("reduce: dtype %s is not supported (f32, f64)", tide_dtype_name(t->dtype));
-    if (tide_dist_world_size() == 1 || t->numel == 0) return 0;
+    if (G->size == 1 || t->numel == 0) return 0;
 #ifdef TIDE_HAVE_MPI
-    return chain_sum_to_last(t, "reduce", world_group());
+    return chain_sum_to_last(t, "reduce", G);
 #else
     return 0;
 #endif
 }
+
+int tide_dist_reduce_to_last_(tide_tensor *t) { return tide_dist_reduce_to_last_group_(0, t); }
 
 /* The sum in rank order, ((x_0 + x_1) + x_2) + ...: the partial sums travel the chain 0 -> 1 -> ... -> N-1 in chunks
    (each rank adds its values to what arrives and passes it on, pipelined), then the sum travels on from rank N-1
@@ -285,7 +296,7 @@ int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
         if (rc || G->size == 1 || t->numel == 0) return rc;
         if (device_group_ok(G, "allreduce")) return -1;
         rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", t->dtype, tide_data(t), t->numel);
-        if (!rc) g_bytes_sent += tide_tensor_nbytes(t) * ((g_rank < g_world - 1) + (g_rank != g_world - 2));
+        if (!rc) SENT(tide_tensor_nbytes(t) * ((g_rank < g_world - 1) + (g_rank != g_world - 2)));
         return rc;
     }
     if (check_cpu_tensor(t, "allreduce")) return -1;
@@ -310,7 +321,7 @@ int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
         if (send) {
             if (chain_send(G->comm, chunk, (size_t)m * es, next, 8) != MPI_SUCCESS)
                 return tide_set_error("allreduce: passing the sum to rank %d failed", world_rank_of(G, next));
-            g_bytes_sent += (int64_t)((size_t)m * es);
+            SENT((int64_t)((size_t)m * es));
         }
     }
 #endif
@@ -341,7 +352,7 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
     if (device_tensor(t, "broadcast", &rc)) {
         if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
         rc = TIDE_DISPATCH(t->device, dist_broadcast, "broadcast", tide_data(t), tide_tensor_nbytes(t), root);
-        if (!rc && g_rank == root) g_bytes_sent += tide_tensor_nbytes(t);
+        if (!rc && g_rank == root) SENT(tide_tensor_nbytes(t));
         return rc;
     }
     if (check_cpu_tensor(t, "broadcast")) return -1;
@@ -349,7 +360,7 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
 #ifdef TIDE_HAVE_MPI
     if (MPI_Bcast(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
         return tide_set_error("broadcast: MPI_Bcast failed");
-    if (g_rank == root) g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
+    if (g_rank == root) SENT((int64_t)tide_tensor_nbytes(t));
 #endif
     return 0;
 }
@@ -444,7 +455,7 @@ int tide_dist_alltoallv_group_(int group, const tide_tensor *send, const int64_t
 #endif
     }
     if (!rc)
-        for (int r = 0; r < w; r++) if (r != me) g_bytes_sent += sb[r];
+        for (int r = 0; r < w; r++) if (r != me) SENT(sb[r]);
     free(sb);
     return rc;
 }
@@ -462,14 +473,14 @@ int tide_dist_send_(tide_tensor *t, int dst)
         return tide_set_error("send: rank %d is not another rank (world size %d)", dst, tide_dist_world_size());
     if (device_tensor(t, "send", &rc)) {
         if (!rc) rc = TIDE_DISPATCH(t->device, dist_send, "send", tide_data(t), tide_tensor_nbytes(t), dst);
-        if (!rc) g_bytes_sent += tide_tensor_nbytes(t);
+        if (!rc) SENT(tide_tensor_nbytes(t));
         return rc;
     }
     if (check_cpu_tensor(t, "send")) return -1;
 #ifdef TIDE_HAVE_MPI
     if (MPI_Send(tide_data(t), (int)tide_tensor_nbytes(t), MPI_BYTE, dst, 11, MPI_COMM_WORLD) != MPI_SUCCESS)
         return tide_set_error("send: MPI_Send to rank %d failed", dst);
-    g_bytes_sent += (int64_t)tide_tensor_nbytes(t);
+    SENT((int64_t)tide_tensor_nbytes(t));
 #endif
     return 0;
 }

@@ -11,8 +11,11 @@
  * elementwise the flat all-reduce's, so the result does not depend on the bucket size, the timing, or whether the
  * thread ran: bit for bit the unbucketed step.
  *
- * MPI is initialised with MPI_THREAD_SERIALIZED (comm.c): between arm and finish only the helper thread calls MPI.
- * Where the library gives less, or there is no MPI, finish sums the buckets on the calling thread (no overlap).
+ * The helper sums on the reducer's own communicator (a world-sized group made when the reducer is), so its messages
+ * never meet those of the backward itself: under expert and context parallelism the backward exchanges with the ep
+ * and cp groups while the buckets sum (tide_reducer_set_concurrent), which needs MPI_THREAD_MULTIPLE; plain data
+ * parallelism needs MPI_THREAD_SERIALIZED (between arm and finish only the helper calls MPI). Where the library gives
+ * less, or there is no MPI, finish sums the buckets on the calling thread (no overlap, the same sums).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -42,6 +45,8 @@ struct tide_reducer {
     int nb;
     bucket *b;
     int armed, threaded;
+    int group;               /* the communicator of the sums: a world-sized group of the reducers' own */
+    int concurrent;          /* the backward calls MPI itself (ep, cp): a helper thread needs MPI_THREAD_MULTIPLE */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -124,12 +129,35 @@ tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes
         r->b[k].flat = tide_empty(r->b[k].dtype, 1, (int64_t[]){r->b[k].numel}, TIDE_CPU);
         if (!r->b[k].flat) { tide_reducer_free(r); return NULL; }
     }
+    /* the reducers' own group, made by every rank's first reducer (a collective), shared by the later ones (one is
+       armed at a time: the grad-ready hook is the engine's one) */
+    static int sums_group = -1;
+    if (tide_dist_world_size() > 1 && sums_group < 0 && (sums_group = tide_dist_group_split(0)) < 0) {
+        tide_reducer_free(r);
+        return NULL;
+    }
+    r->group = sums_group < 0 ? 0 : sums_group;
     for (int i = 0; i < n; i++) {
         tide_tensor_retain(params[i]);
         r->params[i] = params[i];
         params[i]->grad_slot = i + 1;
     }
     return r;
+}
+
+int tide_reducer_set_concurrent(tide_reducer *r, int on)
+{
+    if (!r) return tide_set_error("reducer: NULL");
+    if (r->armed) return tide_set_error("reducer: set_concurrent while armed");
+    r->concurrent = on != 0;
+    return 0;
+}
+
+/* bucket k summed over the ranks on the reducer's group (reduced to the last rank under ZeRO-2) */
+static int sum_bucket(tide_reducer *r, int k)
+{
+    return r->owner ? tide_dist_reduce_to_last_group_(r->group, r->b[k].flat)
+                    : tide_dist_allreduce_sum_group_(r->group, r->b[k].flat);
 }
 
 /* parameter i's gradient (zeros when it has none) into its bucket; the bucket marked full when it is the last */
@@ -183,7 +211,7 @@ static void *helper(void *arg)
         while (!r->b[k].full) pthread_cond_wait(&r->cv, &r->mu);
         pthread_mutex_unlock(&r->mu);
         double t0 = now_s();
-        int rc = r->owner ? tide_dist_reduce_to_last_(r->b[k].flat) : tide_dist_allreduce_sum_(r->b[k].flat);
+        int rc = sum_bucket(r, k);
         double t1 = now_s();
         pthread_mutex_lock(&r->mu);
         r->b[k].t0 = t0;
@@ -227,8 +255,8 @@ int tide_reducer_arm(tide_reducer *r)
     r->failed = 0;
     r->err[0] = '\0';
     r->armed = 1;
-    r->threaded = tide_dist_world_size() > 1 && tide_dist_thread_serialized() &&
-                  pthread_create(&r->thread, NULL, helper, r) == 0;
+    int level = r->concurrent ? tide_dist_thread_multiple() : tide_dist_thread_serialized();
+    r->threaded = tide_dist_world_size() > 1 && level && pthread_create(&r->thread, NULL, helper, r) == 0;
     tide_set_grad_ready_hook(on_ready, r);
     return 0;
 }
@@ -246,7 +274,7 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
     else {
         for (int k = 0; k < r->nb && !r->failed; k++) {
             r->b[k].t0 = now_s();
-            if (r->owner ? tide_dist_reduce_to_last_(r->b[k].flat) : tide_dist_allreduce_sum_(r->b[k].flat)) {
+            if (sum_bucket(r, k)) {
                 r->failed = 1;
                 snprintf(r->err, sizeof r->err, "%s", tide_last_error());
             }

@@ -327,20 +327,23 @@ function dist.agree(ok, what, err)
     ok and " (its error is shown with its rank)" or ""), 0)
 end
 
--- reducer(params, bucket_bytes[, owners]) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
+-- reducer(params, bucket_bytes[, owners[, concurrent]]) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
 -- all-reduce (engine/dist/reducer.c): armed before the step's last backward, each bucket of about bucket_bytes (in
 -- reverse parameter order) is summed over the ranks on a helper thread as soon as its gradients are final; finish()
 -- sums what is left, waits and writes the sums into the gradients. The sums are allreduce_grads' bit for bit. Every
 -- rank calls arm and finish once per step (one whose loss was not finite too: it sends zeros). owners (ZeRO-2): each
 -- bucket is reduced to the last rank instead, which sends every owner its parameters' sums at finish
 -- (reduce_scatter_grads' result: only owners keep gradients).
-function dist.reducer(params, bucket_bytes, owners)
+-- concurrent = true: the backward itself exchanges with the ep / cp groups (the helper thread then needs MPI's
+-- MPI_THREAD_MULTIPLE; without it finish sums every bucket: the same sums, no overlap).
+function dist.reducer(params, bucket_bytes, owners, concurrent)
   local n = #params
   local arr = ffi.new("tide_tensor *[?]", n)
   for i, p in ipairs(params) do arr[i - 1] = raw(p.param or p) end
   local h = C.tide_reducer_new(n, arr, bucket_bytes)
   if h == nil then error("dist: " .. ffi.string(C.tide_last_error()), 0) end
   h = ffi.gc(h, C.tide_reducer_free)
+  if concurrent then check(C.tide_reducer_set_concurrent(h, 1), "reducer") end
   if owners then
     local o = ffi.new("int[?]", n)
     for i = 1, n do o[i - 1] = owners[i] end
@@ -474,16 +477,6 @@ function dist.layout(dcfg, who)
     options.fail(who, string.format("dist.zero = %d with dist.ep = %d: ZeRO shards the AdamW state over the whole job, "
       .. "which expert parallelism does not run yet (the experts' state is already 1/ep per rank); use dist.zero = 0",
       zero, ep))
-  end
-  if ep > 1 and bucket_mb > 0 then
-    options.fail(who, string.format("dist.bucket_mb = %g with dist.ep = %d: the gradient buckets do not run with expert "
-      .. "parallelism yet (the expert gradients sum over their own ranks after the backward); use dist.bucket_mb = 0",
-      bucket_mb, ep))
-  end
-  if cp > 1 and bucket_mb > 0 then
-    options.fail(who, string.format("dist.bucket_mb = %g with dist.cp = %d: the gradient buckets do not run with context "
-      .. "parallelism yet (its backward exchanges with the cp group while the buckets would sum); use dist.bucket_mb = 0",
-      bucket_mb, cp))
   end
   -- every rank reads its own data (dp x ep of them: the expert-parallel ranks route different tokens; the cp ranks of
   -- one group read the same rows and each keeps its slices)

@@ -209,8 +209,11 @@ function Stepper:reducer()
         if p.param:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") then ok = false end
       end
       if ok then
-        opt.reducer = opt.reducer or self.dist.reducer(opt.params, self.bucket_bytes,
-          opt.zero == 2 and opt:shard_owners(self.dist.world()) or nil)
+        -- expert parallelism: the buckets hold the replicated parameters; the experts' gradients sum over their own
+        -- ranks after finish (Stepper:step)
+        opt.reducer = opt.reducer or self.dist.reducer(self.ep_params and self.dense_params or opt.params,
+          self.bucket_bytes, opt.zero == 2 and opt:shard_owners(self.dist.world()) or nil,
+          self.ep_params ~= nil or self.cp ~= nil)
         self.red = opt.reducer
       end
     end
@@ -326,6 +329,14 @@ function Stepper:run(batches, lr, t)
     if not red.armed then red.arm() end
     local st = red.finish()
     self.comm_s, self.overlap_s, self.buckets, self.buckets_early = st.comm_s, st.overlap_s, st.buckets, st.early
+    if self.ep_params then
+      -- each rank's experts over the ranks that hold the same ones (as without buckets, below)
+      local tc = tide.time()
+      group.ensure_grads(self.ep_params)
+      local rep = self.ep_params[1].meta.ep_dp
+      if rep then group.allreduce_grads(self.ep_params, rep) end
+      self.comm_s = self.comm_s + (tide.time() - tc)
+    end
   end
   if group then
     -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks

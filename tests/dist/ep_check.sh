@@ -5,7 +5,8 @@
 #   uneven loads with an expert no token selects);
 # - the tiny hybrid MoE model (tests/dist/dp_moe.lua: KDA + MLA, 8 experts top-2 + shared, QB) for 6 steps: ep 2, ep 4
 #   and dp 2 x ep 2 == one rank with as many micro-batches (weights, AdamW moments, losses to 1e-12 relative in f64,
-#   1e-6 in f32; the MoE load metrics exactly: the routing is the same); two ep 2 runs bitwise alike; an ep 2 run
+#   1e-6 in f32; the MoE load metrics exactly: the routing is the same); two ep 2 runs bitwise alike; dp 2 x ep 2 with
+#   gradient buckets summed during the backward bitwise the run without; an ep 2 run
 #   resumed from its step-3 checkpoint bitwise the uninterrupted one, and resumed on one rank (the experts fused back
 #   from their per-expert tensors) == it to 1e-12; `tide ckpt consolidate` of an ep 2 checkpoint == the one-rank
 #   checkpoint's tensors, in the fused names; the 3-stage curriculum of the tests under ep 2 == one rank; layouts that
@@ -41,6 +42,12 @@ grep -q "ranks: 4 = dp 2 x ep 2 (rank = d·2 + e); the expert-parallel groups {0
 echo "ok   dp 2 x ep 2 prints its rank map"
 "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua --dist.ep=2 --out="$tmp/ep2b" > /dev/null
 cmp "$tmp/f64-ep2" "$tmp/ep2b" 0 "f64: two ep 2 runs (bitwise)"
+# the replicated gradients in buckets summed during the backward (the helper thread beside the experts' all-to-all),
+# the experts' after it: bitwise the run without buckets
+"${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.ep=2 --dist.dp=2 --dist.bucket_mb=0.05 --out="$tmp/dp2ep2b" > /dev/null
+cmp "$tmp/dp2ep2" "$tmp/dp2ep2b" 0 "f64: dp 2 x ep 2 with 0.05 MB buckets during the backward == without (bitwise)"
+grep -qE '"dist/overlap":(0\.[0-9]*[1-9]|[1-9])' "$tmp/dp2ep2b/metrics.jsonl" \
+    || { echo "FAIL dp 2 x ep 2 with buckets: no bucket summed during the backward: $(head -1 "$tmp/dp2ep2b/metrics.jsonl")"; exit 1; }
 
 # a curriculum (tests/fixtures/curriculum_small.lua: 3 stages, packed documents, QB exact) under ep 2 == the same
 # recipe on one rank hosting both data lanes, in f64. (Not in f32: QB leaves top-k gaps near 1e-8, so the combine's
