@@ -274,6 +274,22 @@ function Ctx:fold(pairs, dv, init, want_end)
   return starts, h:reshape(B, H, dk, dv)
 end
 
+-- the 0-based ordinals (row-major over the full [B, T]) of the positions where ids == value that this process's
+-- slices hold, in slice order (the images of a batch: which image tokens the rank's placeholders take), and the
+-- count over the full tensor
+function Ctx:local_ordinals(ids, value)
+  local flat = ids:to("cpu"):reshape(-1):tolist()
+  local ord, k = {}, 0
+  for t = 1, #flat do
+    if flat[t] == value then ord[t] = k; k = k + 1 else ord[t] = -1 end
+  end
+  local rows = {}
+  for _, v in ipairs(self:split(tide.tensor(ord, { shape = ids:shape(), dtype = "i64" })):reshape(-1):tolist()) do
+    if v >= 0 then rows[#rows + 1] = v end
+  end
+  return rows, k
+end
+
 -- MLA: the gathered latents [P·B, 2·Tc, n] in global order [B, T, n]
 function Ctx:to_global(all)
   local P, B, Tc, T = self.P, self.B, self.Tc, self.T

@@ -244,20 +244,29 @@ end
 -- the forward options of a packed batch: its document boundaries and its images (vision.md §7), or its
 -- context-parallel slices (b.cp, which carries the documents), or nil
 function step.forward_opts(b)
-  if b.cp then return { cp = b.cp } end
+  if b.cp then return { cp = b.cp, images = b.images } end
   if not (b.cu_seqlens or b.images) then return nil end
   return { cu_seqlens = b.cu_seqlens, images = b.images }
 end
 
--- context parallelism: the batch b ({ids [B, T], targets, cu_seqlens}) as this rank's zig-zag slices (tide.cp) and
--- the count of its targets (those not ignored, -100)
-function step.cp_slice(b, group)
-  if b.images then
-    options.fail("step", "a batch with images does not run under context parallelism yet (dist.cp = 1)")
-  end
+-- context parallelism: the batch b ({ids [B, T], targets, cu_seqlens, images}) as this rank's zig-zag slices
+-- (tide.cp) and the count of its targets (those not ignored, -100). With images, every rank of the group encodes all
+-- of them and splices the image tokens its slices' placeholders (pad_id) take (images.rows): each image token's loss
+-- is one rank's, so the encoder's gradients summed over the ranks are the one-rank gradients.
+function step.cp_slice(b, group, pad_id)
   local B, T = b.ids:size(1), b.ids:size(2)
   local ctx = require("tide.cp").context({ P = group.size, B = B, T = T, cu_seqlens = b.cu_seqlens, group = group })
   local out = { cp = ctx, ids = ctx:split(b.ids), targets = ctx:split(b.targets) }
+  if b.images then
+    pad_id = b.images.pad_id or pad_id
+    if not options.is_int(pad_id) then
+      options.fail("step", "a batch with images under context parallelism needs the <|media_pad|> id (model.vision.media_pad)")
+    end
+    local im = {}
+    for k, v in pairs(b.images) do im[k] = v end
+    im.rows = ctx:local_ordinals(b.ids, pad_id)
+    out.images = im
+  end
   local n = 0
   for _, v in ipairs(out.targets:reshape(-1):tolist()) do if v ~= -100 then n = n + 1 end end
   out.n_targets = n
@@ -291,7 +300,8 @@ function Stepper:run(batches, lr, t)
   local bytes0 = group and group.bytes_sent()
   local n_micro, N, tokens = #batches, 0, 0
   if self.cp then
-    for i, b in ipairs(batches) do batches[i] = step.cp_slice(b, self.cp) end
+    local pad_id = model.vision_cfg and model.vision_cfg.media_pad
+    for i, b in ipairs(batches) do batches[i] = step.cp_slice(b, self.cp, pad_id) end
   end
   for _, b in ipairs(batches) do N, tokens = N + targets_of(b), tokens + b.ids:numel() end
   -- data parallelism: the normaliser is the step's GLOBAL target count; an objective's mean is over every rank's
@@ -324,6 +334,14 @@ function Stepper:run(batches, lr, t)
     if tb then self.backward_s = tide.time() - tb end
     batches[i] = nil
   end
+  -- which replicated parameters got a gradient on this rank: after the sum, one that got none on any rank (unused by
+  -- the step's batches: a vision tower in a text-only stage, or frozen) has none, as on one rank, so AdamW leaves it
+  -- alone (no weight decay); the sums below give every parameter one first
+  local has
+  if group then
+    has = {}
+    for i, p in ipairs(self.dense_params) do has[i] = p.param:grad() ~= nil and 1 or 0 end
+  end
   if red then
     -- every rank takes its part in every bucket's sum, also one that stopped at a non-finite loss (zeros)
     if not red.armed then red.arm() end
@@ -340,10 +358,13 @@ function Stepper:run(batches, lr, t)
   end
   if group then
     -- one decision for the step: a non-finite loss on any rank skips it everywhere; then the sums over the ranks
-    local t = group.sums({ bad and 1 or 0, sum, aux_sum and 1 or 0, aux_sum or 0 })
+    local vals = { bad and 1 or 0, sum, aux_sum and 1 or 0, aux_sum or 0 }
+    for i = 1, #has do vals[4 + i] = has[i] end
+    local t = group.sums(vals)
     if t[1] > 0 and not bad then bad = "loss" end   -- (the same record on every rank)
     sum = t[2]
     if t[3] > 0 then aux_sum = t[4] end
+    for i = 1, #has do has[i] = t[4 + i] > 0 end
     if not bad and not red then
       local tc = tide.time()
       -- ZeRO-2: each rank keeps the summed gradients of the parameters it owns (a reduce-scatter in rank order)
@@ -359,6 +380,7 @@ function Stepper:run(batches, lr, t)
       else group.allreduce_grads(opt.params) end
       self.comm_s = tide.time() - tc
     end
+    for i, p in ipairs(self.dense_params) do if not has[i] then p.param:zero_grad() end end
   end
   local loss = self.objective and sum / n_mean or sum / math.max(N, 1)
   local norm

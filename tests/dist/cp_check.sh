@@ -8,6 +8,7 @@
 #   moments, losses to 1e-12 relative in f64, the MoE load metrics exactly); in f32 the losses to 1e-6 and the weights
 #   to 5e-5 (AdamW's first steps, ≈ lr·sign(g), turn rounding into larger differences where a gradient is near zero);
 # - dp 2 x cp 2 and ep 2 x cp 2 with gradient buckets summed during the backward == without them, bitwise;
+# - the tiny VLM recipe (images spliced into the packed rows) under cp 2 == one rank;
 # - a cp 2 run resumed from its step-3 checkpoint == the uninterrupted one, bitwise; and resumed on one rank == it;
 # - the 3-stage curriculum of the tests (packed documents, stage switches) under cp 2 == one rank, f64, 1e-8: the
 #   losses agree to 1e-16 until the stage whose segments hold two KDA chunks, where the fold composes the chunk
@@ -55,6 +56,14 @@ f32=(--model.dtype=f32 --train.steps=5)
 "${mp[@]}" -np 2 "$tide" run tests/dist/dp_moe.lua "${f32[@]}" --dist.cp=2 --out="$tmp/f32-cp2" > /dev/null
 "$tide" run tests/dist/dp_compare.lua --a="$tmp/f32-one" --b="$tmp/f32-cp2" --rel=1e-6 --wrel=5e-5 --moe=true \
     --what="f32: cp 2 == one rank (losses 1e-6, weights 5e-5)"
+
+# images under cp: every rank of the group encodes the batch's images and splices the tokens its slices' placeholders
+# take (recipes/vlm_tiny.lua: images and text in one packed stream, through its text-only and frozen stages)
+vlm=(recipes/vlm_tiny.lua --scale=smoke --model.dtype=f64)
+"$tide" run "${vlm[@]}" --out="$tmp/vlm-one" > /dev/null
+"${mp[@]}" -np 2 "$tide" run "${vlm[@]}" --dist.cp=2 --out="$tmp/vlm-cp2" > /dev/null
+"$tide" run tests/dist/dp_compare.lua --a="$tmp/vlm-one" --b="$tmp/vlm-cp2" --rel=1e-12 \
+    --what="vlm f64: images under cp 2 == one rank"
 
 # resume: under cp 2 (bitwise) and on one rank
 for how in cp2 one; do

@@ -8,7 +8,8 @@
 # rank that raises or is SIGKILLed ends the job within a minute (the raise names its rank) and the checkpoint it leaves
 # resumes to the uninterrupted run; ZeRO-1 and ZeRO-2 == unsharded (ZeRO-2 with fewer bytes); the sharded checkpoint layout (each rank its shards, the index files), `tide ckpt
 # consolidate` of it (== the shards, and resumed on one rank == dp 2), a rank killed inside a save (the step never
-# appears, latest stays); dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
+# appears, latest stays); a parameter no rank's batch reached keeps no gradient (vlm_tiny's text-only and frozen
+# stages); dist.dp that is not the number of ranks is one clear error. Usage: tests/dist/dp_check.sh [BUILD_DIR]
 who=dp_check
 source "$(dirname "$0")/setup.sh"
 small=(--model.dim=32 --model.n_layers=2 --model.n_heads=2 --data.seq_len=32 --data.batch_size=8 --train.steps=6
@@ -50,6 +51,15 @@ head -3 "$tmp/f64-dp2/metrics.jsonl" > "$tmp/res/metrics.jsonl"
 "${mp[@]}" -np 2 "$tide" run recipes/dense.lua "${small[@]}" --model.dtype=f64 --out="$tmp/res" \
     --resume="$tmp/res/ckpt/step_00000003" > /dev/null
 cmp "$tmp/f64-dp2" "$tmp/res" "f64: dp 2 resumed at step 3 == uninterrupted"
+# a parameter no rank's batch reached keeps no gradient, as on one rank: recipes/vlm_tiny.lua's text-only first stage
+# leaves the vision tower unused and its align stage freezes the language model; were they given the zero sum, AdamW
+# would decay them (weight decay) where one rank leaves them alone
+vlm=(recipes/vlm_tiny.lua --scale=smoke --model.dtype=f64 --micro_tokens=1024)
+"$tide" run "${vlm[@]}" --dist.lanes=2 --out="$tmp/vlm-one" > /dev/null
+"${mp[@]}" -np 2 "$tide" run "${vlm[@]}" --out="$tmp/vlm-dp2" > /dev/null
+"$tide" run tests/dist/dp_compare.lua --a="$tmp/vlm-one" --b="$tmp/vlm-dp2" \
+    --what="vlm f64: dp 2 through a text-only and a frozen stage == one rank with both lanes (bitwise)"
+
 # gradient buckets summed while the backward runs (dist.bucket_mb; the runs above use the default 0, one sum after the
 # backward): 0.05 MB cuts the dense model into 7 buckets, filled as the backward finishes their parameters and
 # summed on the helper thread: == one rank bitwise at dp 2 and 4, and every bucket was full before the backward ended;

@@ -254,6 +254,60 @@ T.test("the hybrid model on cp slices == the unsplit rows: logits and every grad
   end
 end)
 
+T.test("images under cp: every slice splices the image tokens its placeholders take (an image across a segment edge) == unsplit (f64 1e-10)", function()
+  for _, P in ipairs({ 2, 4 }) do
+    tide.manual_seed(3)
+    local m = nn.HybridLM({
+      vocab_size = 64, dim = 128, n_layers = 2, mixers = "KM", ffn_dim = 64, dtype = "f64",
+      kda = { heads = 2, head_dim = 16, chunk = 4 }, mla = { heads = 2, kv_rank = 16, nope_dim = 16, rope_dim = 8, v_dim = 16 },
+      vision = { patch = 4, dim = 32, heads = 2, layers = 1, mlp_dim = 64, grid = 4, media_pad = 9 },
+    })
+    -- row 1: an image's 4 placeholders at 14..17 (across the edge at 16), row 2's at 2..5 (across the edge at 4 for
+    -- P = 4): the ranks' slices hold the image tokens out of their global order (rank 0 row 2's, then row 1's)
+    local vals = {}
+    for b = 0, B - 1 do
+      for t = 0, TT - 1 do
+        local s0 = b == 0 and 14 or 2
+        vals[#vals + 1] = (t >= s0 and t < s0 + 4) and 9 or 10 + (t * 7 + b) % 50
+      end
+    end
+    local ids = tide.tensor(vals, { dtype = "i32", shape = { B, TT } })
+    local targets = tide.rand({ B, TT }, { lo = 0, hi = 64 }):to("i32")
+    local patches = tide.randn({ 32, 48 }, { dtype = "f64" })
+    local grids = { { 4, 4 }, { 4, 4 } }
+    local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = CU })
+    m:zero_grad()
+    local l0 = F.cross_entropy(m:forward(ids, nil, { cu_seqlens = CU, images = { patches = patches, grids = grids } }),
+      targets, { reduction = "sum" })
+    l0:backward()
+    local g0 = {}
+    for name, p in m:named_parameters() do g0[name] = p:grad() and p:grad():clone() end
+    m:zero_grad()
+    local rows, k = ctx:local_ordinals(ids, 9)
+    T.eq(k, 8, "placeholders over the batch")
+    T.eq(#rows, 8, "the fake context holds every slice: every image token once")
+    T.eq(rows, { 4, 5, 6, 7, 0, 1, 2, 3 }, "the image tokens in slice order")
+    tide.no_grad(function()
+      local wrong = F.cross_entropy(m:forward(ctx:split(ids), nil, { cp = ctx,
+        images = { patches = patches, grids = grids, rows = { 0, 1, 2, 3, 4, 5, 6, 7 } } }), ctx:split(targets),
+        { reduction = "sum" })
+      T.ok(math.abs(wrong:item() - l0:item()) > 1e-6, "the tokens in global order land on the wrong placeholders")
+    end)
+    local l1 = F.cross_entropy(m:forward(ctx:split(ids), nil, { cp = ctx,
+      images = { patches = patches, grids = grids, rows = rows } }), ctx:split(targets), { reduction = "sum" })
+    l1:backward()
+    T.near(l1:item(), l0:item(), 1e-10 * math.abs(l0:item()), "loss, P " .. P)
+    local n = 0
+    for name, p in m:named_parameters() do
+      T.ok((g0[name] == nil) == (p:grad() == nil), name .. ": a gradient in one run only")
+      local d = g0[name] and max_abs_diff(p:grad(), g0[name]) or 0
+      T.ok(d <= 1e-10, string.format("P %d: gradient of %s differs by %.3g", P, name, d))
+      if name:find("^vision_tower") and g0[name] then n = n + 1 end
+    end
+    T.ok(n > 5, "the encoder's gradients compared: " .. n)
+  end
+end)
+
 T.test("the fp32 fold over 64 segments matches fp64 (1e-5 rel); a bf16-cast M chain does not (oracle 4)", function()
   tide.manual_seed(9)
   local P, Tc, H, dk = 32, 16, 2, 8

@@ -307,14 +307,21 @@ end
 -- opts.exact (with caches, under no_grad): schedule-invariant: each token's logits and the caches are bitwise
 -- what one-token decode steps give, whatever the split of the sequence into calls (prefill T tokens, then decode
 -- one at a time, then feed a tool result == one call over all of it); slower than the chunked prefill
--- opts.images = {patches, grids, pad_id}: the batch's packed images (vision.md §3, §7), spliced at the
--- <|media_pad|> placeholders of ids (pad_id, else model.vision.media_pad)
+-- opts.images = {patches, grids, pad_id, rows}: the batch's packed images (vision.md §3, §7), spliced at the
+-- <|media_pad|> placeholders of ids (pad_id, else model.vision.media_pad); rows (0-based, optional): only these image
+-- tokens, in this order (a cp rank's slices: step.cp_slice)
 function HybridLM:forward(ids, caches, opts)
   if opts and opts.images then
     local im = opts.images
     local o = {}
     for k, v in pairs(opts) do if k ~= "images" then o[k] = v end end
-    o.image_embeds = self:encode_images(im)
+    if not im.rows then o.image_embeds = self:encode_images(im)
+    elseif #im.rows > 0 then
+      -- context parallelism (step.cp_slice): the image tokens this rank's slices hold, in slice order (none: no
+      -- placeholder here, nothing to encode)
+      local e = self:encode_images(im)
+      o.image_embeds = e:index_select(1, tide.tensor(im.rows, { dtype = "i64", device = e:device() }))
+    end
     o.pad_id = im.pad_id or (self.vision_cfg and self.vision_cfg.media_pad)
     opts = o
   end
