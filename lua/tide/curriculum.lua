@@ -230,15 +230,23 @@ local function val_eval(ctx)
   local p = sources.packer(names, built, st.seq_len, vc.seed or 7919, ctx.eot)
   p:set_mix(sources.mix_entries(mix))
   local model = ctx.model
+  -- context parallelism: the ranks of a cp group evaluate their slices of the same rows (step.cp_slice) and sum
+  local cpg = ctx.cp_group and ctx.cp_group.size > 1 and ctx.cp_group or nil
+  local pad_id = model.vision_cfg and model.vision_cfg.media_pad
   local sum, n = 0, 0
   local maxvio = step.with_eval_loads(model, function()
     for _ = 1, vc.batches or 2 do
       local b = p:next_rows(st.micro_rows)
+      if cpg then b = step.cp_slice(b, cpg, pad_id) end
       local logits = model:forward(step.to_model(model, b.ids), nil, step.forward_opts(b))
       sum = sum + F.cross_entropy(logits, step.to_model(model, b.targets), { reduction = "sum" }):item()
       n = n + b.n_targets
     end
-  end)
+  end, cpg)
+  if cpg then
+    local t = cpg.sums({ sum, n })
+    sum, n = t[1], t[2]
+  end
   return { val_loss = n > 0 and sum / n or nil, maxvio_global = maxvio }
 end
 
@@ -412,7 +420,7 @@ local function setup(cfg)
     set_position = function(pos, _, dir) curriculum._set_position(C, pos, dir) end })
   -- the context the hooks see
   C.ctx = { cfg = cfg, seed = seed, model = model, optim = opt, sources = C.sources, tok = tok, eot = C.eot,
-    stages = stages, logger = C.run.logger, out = out }
+    stages = stages, logger = C.run.logger, out = out, cp_group = dp.cp_group }
   function C.ctx.log(msg) C.run.logger:line(msg) end
   return C
 end

@@ -954,7 +954,7 @@ function step.moe_table(model, maxvio_global)
 end
 
 -- the held-out pass's MaxVio per MoE layer (0-based, as model:moe_metrics()): count_eval_loads around fn()
-function step.with_eval_loads(model, fn)
+function step.with_eval_loads(model, fn, group)
   local layers = moe_layers(model)
   for _, m in ipairs(layers) do m:count_eval_loads(true) end
   model:eval()
@@ -962,7 +962,7 @@ function step.with_eval_loads(model, fn)
   model:train()
   local maxvio = {}
   for _, m in ipairs(layers) do
-    local r = m:count_eval_loads(false)
+    local r = m:count_eval_loads(false, ok and group or nil)
     for l = 1, model.cfg.n_layers do
       if r and model.model.layers:get(l).block_sparse_moe == m then maxvio[l - 1] = r.maxvio end
     end

@@ -1,5 +1,5 @@
 -- dp_compare.lua — compares two runs of tests/dist/dp_check.sh: every tensor of the final checkpoints (the model and
--- AdamW's moments) and every step's loss, bitwise, or within --rel (relative to the tensor's max |value|).
+-- AdamW's moments) and every step's loss (and held-out loss), bitwise, or within --rel (relative to the tensor's max |value|).
 --   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true] [--losses=false]
 -- (RUN_A / RUN_B: run directories, or step directories with --losses=false: the tensors alone)
 local tide = require "tide"
@@ -11,8 +11,12 @@ local function losses(run)
   local text = assert(tide.read_file(run .. "/metrics.jsonl"))
   for line in text:gmatch("[^\n]+") do
     local r = json.decode(line)
-    -- a step record's loss; a non-finite one is written as null: NaN here (json.null is its decoded value)
-    if r.step and r.step_time then out[r.step] = type(r.loss) == "number" and r.loss or 0 / 0 end
+    -- a step record's loss; a non-finite one is written as null: NaN here (json.null is its decoded value); a
+    -- held-out loss (the eval steps' val_loss) as step + 0.5
+    if r.step and r.step_time then
+      out[r.step] = type(r.loss) == "number" and r.loss or 0 / 0
+      if type(r.val_loss) == "number" then out[r.step + 0.5] = r.val_loss end
+    end
   end
   return out
 end
@@ -41,15 +45,18 @@ local function run(cfg)
   local la, lb = no_losses and {} or losses(cfg.a), no_losses and {} or losses(cfg.b)
   local steps = 0
   for s in pairs(lb) do
-    if la[s] == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.a, s), 0) end
+    if la[s] == nil then error(string.format("%s: %s has no loss for step %s", what, cfg.a, tostring(s)), 0) end
   end
   for s, v in pairs(la) do
     local w = lb[s]
-    if w == nil then error(string.format("%s: %s has no loss for step %d", what, cfg.b, s), 0) end
+    if w == nil then error(string.format("%s: %s has no loss for step %s", what, cfg.b, tostring(s)), 0) end
     local nan_v, nan_w = v ~= v, w ~= w
     local r = (nan_v or nan_w) and ((nan_v and nan_w) and 0 or math.huge) or math.abs(v - w) / math.max(math.abs(v), 1e-30)
-    if r > rel then error(string.format("%s: step %d loss %.17g vs %.17g", what, s, v, w), 0) end
-    steps = steps + 1
+    if r > rel then
+      error(string.format("%s: step %s %s %.17g vs %.17g", what, tostring(math.floor(s)), s % 1 == 0 and "loss" or "val_loss",
+        v, w), 0)
+    end
+    if s % 1 == 0 then steps = steps + 1 end
   end
   if (steps == 0 and not no_losses) or n == 0 then error(what .. ": nothing compared", 0) end
   -- --moe=true: the MoE metrics of every step too (the routing batch's: the loads' metrics exactly, the routing

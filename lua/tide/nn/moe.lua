@@ -514,7 +514,9 @@ end
 -- count_eval_loads(true) starts counting tokens per expert in eval-mode forwards; count_eval_loads(false) stops
 -- and returns {load = {...}, tokens = m, maxvio = (max_j load_j − q)/q} over everything routed in between (the
 -- §5 maxvio_global when the forwards were a fixed validation set)
-function MoE:count_eval_loads(on)
+-- group (a dist group, optional; a collective): the counts are summed over its ranks first (context parallelism:
+-- each rank routed its slices of the same rows)
+function MoE:count_eval_loads(on, group)
   if on then
     local loads = { m = 0 }
     for j = 1, self.n do loads[j] = 0 end
@@ -523,6 +525,13 @@ function MoE:count_eval_loads(on)
   end
   local loads = self._eval_loads
   self._eval_loads = nil
+  if group and group.size > 1 then
+    local v = { loads and loads.m or 0 }
+    for j = 1, self.n do v[j + 1] = loads and loads[j] or 0 end
+    v = group.sums(v)
+    loads = { m = v[1] }
+    for j = 1, self.n do loads[j] = v[j + 1] end
+  end
   if not loads or loads.m == 0 then return nil end
   local q, mx, load = loads.m * self.k / self.n, 0, {}
   for j = 1, self.n do load[j] = loads[j]; mx = math.max(mx, loads[j]) end
