@@ -11,9 +11,9 @@
 # - the tiny VLM recipe (images spliced into the packed rows) under cp 2 == one rank;
 # - a cp 2 run resumed from its step-3 checkpoint == the uninterrupted one, bitwise; and resumed on one rank == it;
 # - the 3-stage curriculum of the tests (packed documents, stage switches; its held-out loss on the slices) under cp 2
-#   == one rank, f64, 1e-8: the
-#   losses agree to 1e-16 until the stage whose segments hold two KDA chunks, where the fold composes the chunk
-#   path's states in another order (1e-14 in the loss), which AdamW grows to ~4e-10 in the weights over 6 steps;
+#   == one rank, f64, 1e-8: the losses agree to 1e-16 until the stage whose segments hold two KDA chunks, where the
+#   fold composes the chunk path's states in another order (1e-14 in the loss), which AdamW grows to ~4e-10 in the
+#   weights over 6 steps;
 # - layouts that do not fit: one clear line each.
 # Usage: tests/dist/cp_check.sh [BUILD_DIR]
 who=cp_check
