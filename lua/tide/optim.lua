@@ -126,9 +126,16 @@ function AdamW:shard(group, level)
   if world == 1 then return self end
   self.zero = level or 1   -- 2: the step reduce-scatters the gradients (each owner keeps its sums; Stepper:run)
   local ps = self.params
-  local owners = require("tide.dist").owners(self:sizes(), world)
-  for i, p in ipairs(ps) do p.owner = owners[i] end
   local rank = group.rank()
+  -- expert parallelism: a rank's experts (meta.ep) keep their whole state there (it is 1/ep of the experts' already,
+  -- and no other rank of the world holds those weights); the replicated parameters are shared out over the world
+  local idx, sizes = {}, {}
+  for i, p in ipairs(ps) do
+    if p.meta and p.meta.ep then p.owner, p.local_state = rank, true
+    else idx[#idx + 1] = i; sizes[#sizes + 1] = p.param:numel() end
+  end
+  local owners = require("tide.dist").owners(sizes, world)
+  for k, i in ipairs(idx) do ps[i].owner = owners[k] end
   for _, p in ipairs(ps) do
     if p.owner ~= rank then p.m, p.v = nil, nil end
   end
@@ -184,10 +191,12 @@ function AdamW:gather_params()
   tide.no_grad(function()
     local groups, keys = {}, {}
     for _, p in ipairs(self.params) do
+      if p.local_state then goto next_param end      -- a rank's own experts: updated here, held by no other rank
       local key = p.owner .. "|" .. p.param:dtype()
       if not groups[key] then groups[key] = { owner = p.owner, list = {} }; keys[#keys + 1] = key end
       local l = groups[key].list
       l[#l + 1] = p.param
+      ::next_param::
     end
     for _, key in ipairs(keys) do
       local gr = groups[key]
