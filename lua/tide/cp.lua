@@ -220,6 +220,17 @@ end
 -- from an earlier call) or zero; S0_{c+1} = M_c S0_c + h_c, zero where a document starts at segment c+1's first
 -- token. With `want_end`, also the rows' end state [B, H, dk, dv] (every rank folds the whole chain: the pairs are
 -- gathered anyway). An op of the graph: the gradient reaches every M, h_ext and init.
+-- the start of each row's last document after this call, for a cache of Tp earlier tokens whose rows' last
+-- documents started at doc (nil: 0): 0-based positions in the Tp + T tokens
+function Ctx:last_starts(Tp, doc)
+  local out = {}
+  for b = 1, self.B do
+    local st = self.starts[b]
+    out[b] = #st > 0 and Tp + st[#st] or (doc and doc[b] or 0)
+  end
+  return out
+end
+
 function Ctx:fold(pairs, dv, init, want_end)
   local P, B = self.P, self.B
   local H, dk = pairs:size(2), pairs:size(3)
@@ -308,19 +319,25 @@ function Ctx:to_global(all)
   return all:reshape(P * B * 2 * Tc, n):index_select(1, self.global_index):reshape(B, T, n)
 end
 
--- MLA: the documents of the keys of segment c's queries, the prefix [0, (c + 1)·Tc) of every row, over B·(c + 1)·Tc
-function Ctx:key_cu(c)
+-- MLA: the documents of the keys of segment c's queries, the prefix [0, (c + 1)·Tc) of every row, over B·(c + 1)·Tc;
+-- Tp > 0: behind Tp cached keys of an earlier call, over B·(Tp + (c + 1)·Tc); doc[b] (0-based, in the cached keys):
+-- where row b's last cached document starts, which the row's first document here continues
+function Ctx:key_cu(c, Tp, doc)
+  Tp = Tp or 0
+  local key = c .. " " .. Tp .. " " .. (doc and table.concat(doc, ",") or "")
   self.key_cus = self.key_cus or {}
-  if self.key_cus[c] then return self.key_cus[c] end
-  local Kc = (c + 1) * self.Tc
+  if self.key_cus[key] then return self.key_cus[key] end
+  local K = (c + 1) * self.Tc
+  local Kc = Tp + K
   local cu = { 0 }
   for b = 1, self.B do
+    if doc and doc[b] > 0 then cu[#cu + 1] = (b - 1) * Kc + doc[b] end
     for _, t in ipairs(self.starts[b]) do
-      if t < Kc then cu[#cu + 1] = (b - 1) * Kc + t end
+      if t < K then cu[#cu + 1] = (b - 1) * Kc + Tp + t end
     end
     cu[#cu + 1] = b * Kc
   end
-  self.key_cus[c] = cu
+  self.key_cus[key] = cu
   return cu
 end
 

@@ -3,7 +3,8 @@
 -- document mask, for P = 2 and 4: outputs and every gradient equal the unsplit run (f64 1e-10, f32 1e-6 rel), with
 -- documents that start inside segments, exactly at a segment edge and within the conv history of the next segment;
 -- M = 0 across a document start; a long row in calls on cp slices through one cache (the state and conv history
--- carried, documents at call boundaries) == the unsplit row; the fp32 fold over 64 segments against fp64, and the
+-- carried, documents at call boundaries; the hybrid's MLA latents with documents across calls) == the unsplit row;
+-- images under cp; the fp32 fold over 64 segments against fp64, and the
 -- bf16-cast chain that fails it.
 local T = require "tide.testing"
 local tide = require "tide"
@@ -254,6 +255,53 @@ T.test("the hybrid model on cp slices == the unsplit rows: logits and every grad
   end
 end)
 
+T.test("the hybrid model's long row in calls on cp slices through its caches (KDA state, MLA latents) == unsplit (f64 1e-10)", function()
+  for _, P in ipairs({ 2, 4 }) do
+    local m = hybrid("f64", "layer")
+    local Tr, n = 2 * TT, 2
+    -- documents start inside both calls (an MLA cache carries no restart: none at the call boundary)
+    local starts = { { 8, 13, TT + 5 }, { 15, TT + 20 } }
+    local full = { 0 }
+    for b = 1, B do
+      for _, t in ipairs(starts[b]) do full[#full + 1] = (b - 1) * Tr + t end
+      full[#full + 1] = b * Tr
+    end
+    local ids = tide.rand({ B, Tr }, { lo = 0, hi = 23 }):to("i32")
+    local targets = tide.rand({ B, Tr }, { lo = 0, hi = 23 }):to("i32")
+    m:zero_grad()
+    local l0 = F.cross_entropy(m:forward(ids, nil, { cu_seqlens = full }), targets, { reduction = "sum" })
+    l0:backward()
+    local g0 = {}
+    for name, p in m:named_parameters() do g0[name] = p:grad() and p:grad():clone() end
+    m:zero_grad()
+    local caches, l1 = m:new_cache(), nil
+    for i = 0, n - 1 do
+      local cu = { 0 }
+      for b = 1, B do
+        for _, t in ipairs(starts[b]) do
+          if t > i * TT and t < (i + 1) * TT then cu[#cu + 1] = (b - 1) * TT + t - i * TT end
+        end
+        cu[#cu + 1] = b * TT
+      end
+      local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = cu })
+      local part = function(t) return ctx:split(t:narrow(2, i * TT + 1, TT):contiguous()) end
+      local l = F.cross_entropy(m:forward(part(ids), caches, { cp = ctx }), part(targets), { reduction = "sum" })
+      l1 = l1 and l1 + l or l
+    end
+    l1:backward()
+    T.near(l1:item(), l0:item(), 1e-10 * math.abs(l0:item()), "loss, P " .. P)
+    local k = 0
+    for name, p in m:named_parameters() do
+      T.ok((g0[name] == nil) == (p:grad() == nil), name .. ": a gradient in one run only")
+      local d = g0[name] and max_abs_diff(p:grad(), g0[name]) or 0
+      T.ok(d <= 1e-10, string.format("P %d: gradient of %s differs by %.3g", P, name, d))
+      k = k + 1
+    end
+    T.ok(k > 30, "every parameter compared")
+    T.eq(caches[2].c:size(2), Tr, "the MLA cache holds the whole row's latents")
+  end
+end)
+
 T.test("images under cp: every slice splices the image tokens its placeholders take (an image across a segment edge) == unsplit (f64 1e-10)", function()
   for _, P in ipairs({ 2, 4 }) do
     tide.manual_seed(3)
@@ -362,8 +410,8 @@ T.test("cp contexts reject layouts that do not cut", function()
   T.raises(function() cp.context({ P = 2, B = 1, T = 32, cu_seqlens = { 0, 5, 40 } }) end, "run from 0 to B")
   local mla = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, dtype = "f64" })
   local c2 = cp.context({ P = 2, B = 1, T = 32 })
-  T.raises(function() mla:forward(c2:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = c2, cache = {} }) end,
-    "carried by KDA layers only")
+  T.raises(function() mla:forward(c2:split(tide.randn({ 1, 32, 12 }, { dtype = "f64" })), { cp = c2, cu_seqlens = { 0, 32 } }) end,
+    "takes no cu_seqlens")
 end)
 
 T.run()

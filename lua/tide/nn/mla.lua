@@ -182,14 +182,10 @@ function MLA:forward(x, opts)
   if cache and opts.cu_seqlens then bad("forward: cu_seqlens (packed documents) cannot be combined with a cache") end
   local T = x:size(2)
   if opts.cp then
-    if cache then
-      bad("forward: a cache under cp (a row continued call by call) is carried by KDA layers only; an MLA layer "
-        .. "takes its row in one cp call")
+    if opts.cu_seqlens or opts.exact or (cache and cache.rows) then
+      bad("forward: cp (context parallelism) carries the documents itself and takes no cu_seqlens, exact or row caches")
     end
-    if opts.cu_seqlens or opts.exact then
-      bad("forward: cp (context parallelism) carries the documents itself and takes no cu_seqlens or exact")
-    end
-    return self:forward_cp(x, opts.cp)
+    return self:forward_cp(x, opts.cp, cache)
   end
   if cache and cache.rows then return self:forward_rows(x, cache.rows) end
   if opts.exact then
@@ -226,7 +222,11 @@ end
 -- reduce-scatter) and put in global order, the keys and values are expanded from it, and each local segment's
 -- queries attend over its row's prefix up to the segment's end with the global document mask (F.mla_attention
 -- with Tq < Tk). Queries, gate and output projection stay local.
-function MLA:forward_cp(x, ctx)
+-- cache ({} or one this call filled before, the same on every rank): the rows continue from it (a long row call by
+-- call): the queries also attend over the cached latents of the row's last cached document (cache.doc_start: where
+-- it starts), which the row's first document of this call continues (a document starting inside the call does not
+-- see them), and the call appends its global latents, so the cache stays the same on every rank.
+function MLA:forward_cp(x, ctx, cache)
   local RB, T2, Tc, B = x:size(1), x:size(2), ctx.Tc, ctx.B
   if RB ~= ctx.R * B or T2 ~= 2 * Tc then
     bad(fmt("forward: a cp slice must be [R·B, 2·Tc, d] = [%d, %d, %d], got [%s]", ctx.R * B, 2 * Tc, self.dim,
@@ -237,19 +237,30 @@ function MLA:forward_cp(x, ctx)
   local c, kr = self:latent(x)
   local lat = kr and F.concat({ c, kr }, 3) or c
   local glob = ctx:to_global(ctx:gather(lat))                          -- [B, T, d_c + d_r]
+  local Tp = 0
+  if cache and cache.c then
+    -- the cached latents in front: [B, Tp + T, d_c + d_r]
+    Tp = cache.c:size(2)
+    glob = F.concat({ kr and F.concat({ cache.c, cache.k_r }, 3) or cache.c, glob }, 2)
+  end
   local cg = dr > 0 and glob:narrow(3, 1, dc):contiguous() or glob
   local krg = dr > 0 and glob:narrow(3, dc + 1, dr):contiguous() or nil
-  local kvb = self.kv_b_proj:forward(cg):reshape(B, ctx.T, H, dn + dv)
+  local doc = cache and cache.doc_start
+  if cache then
+    cache.c, cache.k_r, cache.pos = cg, krg, (cache.pos or 0) + ctx.T
+    cache.doc_start = ctx:last_starts(Tp, doc)
+  end
+  local kvb = self.kv_b_proj:forward(cg):reshape(B, Tp + ctx.T, H, dn + dv)
   local kn, v = kvb:narrow(4, 1, dn), kvb:narrow(4, dn + 1, dv)
   local rows = {}
   for ri, p in ipairs(ctx.ranks) do
     local two = {}
     for s = 0, 1 do
       local seg = ctx:seg(p, s)
-      local Kc = (seg + 1) * Tc
+      local Kc = Tp + (seg + 1) * Tc
       local qs = q:narrow(1, (ri - 1) * B + 1, B):narrow(2, s * Tc + 1, Tc)
       two[s + 1] = F.mla_attention(qs, kn:narrow(2, 1, Kc), krg and krg:narrow(2, 1, Kc), v:narrow(2, 1, Kc),
-        { cu_seqlens = ctx:key_cu(seg), scale = self.scale })
+        { cu_seqlens = ctx:key_cu(seg, Tp, doc), scale = self.scale })
     end
     rows[ri] = F.concat(two, 2)
   end
