@@ -473,11 +473,6 @@ function dist.layout(dcfg, who)
   end
   local dp = (dcfg and dcfg.dp) or world / (ep * cp)
   options.pos_int(dp, "dist.dp", who)
-  if ep > 1 and zero == 2 then
-    options.fail(who, string.format("dist.zero = 2 with dist.ep = %d: the gradient reduce-scatter does not run with expert "
-      .. "parallelism yet; use dist.zero = 1 (the replicated parameters' AdamW state sharded, each rank's experts' "
-      .. "kept whole) or 0", ep))
-  end
   -- every rank reads its own data (dp x ep of them: the expert-parallel ranks route different tokens; the cp ranks of
   -- one group read the same rows and each keeps its slices)
   local n = dp * ep

@@ -306,19 +306,23 @@ end
 function optim.grad_norm(params, group)
   local total, out = 0, ffi.new("double[1]")
   if group then
-    local sq = {}
+    -- (expert parallelism: each rank's experts' squares are added over the expert-parallel group instead, as below)
+    local sq, ep_total, ep = {}, 0, nil
     for i, p in ipairs(params) do
       sq[i] = 0
       local g = C.tide_grad(raw(p.param or p))
+      local is_ep = p.meta and p.meta.ep
+      if is_ep then ep = p.meta.ep end
       if g ~= nil then
         local rc = C.tide_sum_squares(g, out)
         C.tide_tensor_release(g)
         if rc ~= 0 then error("optim.grad_norm: " .. last_error(), 2) end
-        sq[i] = out[0]
+        if is_ep then ep_total = ep_total + out[0] else sq[i] = out[0] end
       end
     end
     sq = group.sums(sq)
     for i = 1, #params do total = total + sq[i] end
+    if ep then total = total + ep.sums({ ep_total })[1] end
     return math.sqrt(total)
   end
   -- expert parallelism: each rank holds the gradients of its own experts (meta.ep: MoE:shard_experts); their sum of

@@ -212,13 +212,21 @@ function Stepper:reducer()
         -- expert parallelism: the buckets hold the replicated parameters; the experts' gradients sum over their own
         -- ranks after finish (Stepper:step)
         opt.reducer = opt.reducer or self.dist.reducer(self.ep_params and self.dense_params or opt.params,
-          self.bucket_bytes, opt.zero == 2 and opt:shard_owners(self.dist.world()) or nil,
-          self.ep_params ~= nil or self.cp ~= nil)
+          self.bucket_bytes, opt.zero == 2 and self:dense_owners() or nil, self.ep_params ~= nil or self.cp ~= nil)
         self.red = opt.reducer
       end
     end
   end
   return self.red or nil
+end
+
+-- ZeRO-2: the owner of each replicated parameter (self.dense_params' order; without ep, every parameter)
+function Stepper:dense_owners()
+  local all, out = self.optim:shard_owners(self.dist.world()), {}
+  local at = {}
+  for i, p in ipairs(self.optim.params) do at[p] = i end
+  for k, p in ipairs(self.dense_params) do out[k] = all[at[p]] end
+  return out
 end
 
 -- std / mean of the global gradient norm over the last jitter_window good steps (routing churn shows as a jumpy norm)
@@ -368,7 +376,14 @@ function Stepper:run(batches, lr, t)
     if not bad and not red then
       local tc = tide.time()
       -- ZeRO-2: each rank keeps the summed gradients of the parameters it owns (a reduce-scatter in rank order)
-      if opt.zero == 2 then group.reduce_scatter_grads(opt.params, opt:shard_owners(group.world()))
+      if opt.zero == 2 then
+        group.reduce_scatter_grads(self.dense_params, self:dense_owners())
+        if self.ep_params then
+          -- each rank's experts over the ranks holding the same ones, kept whole (their state is the rank's own)
+          group.ensure_grads(self.ep_params)
+          local rep = self.ep_params[1].meta.ep_dp
+          if rep then group.allreduce_grads(self.ep_params, rep) end
+        end
       elseif self.ep_params then
         -- expert parallelism: the replicated parameters summed over every rank, each rank's experts over the ranks
         -- that hold the same ones (their tokens arrived through the exchange: the expert-parallel group's sum is

@@ -47,6 +47,10 @@ cmp "$tmp/m2" "$tmp/ep2cp2" 1e-12 "f64: ep 2 x cp 2 == one rank, 2 micro-batches
 "${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.cp=2 --dist.ep=2 --dist.bucket_mb=0.05 --out="$tmp/ep2cp2b" > /dev/null
 "$tide" run tests/dist/dp_compare.lua --a="$tmp/ep2cp2" --b="$tmp/ep2cp2b" --moe=true \
     --what="f64: ep 2 x cp 2 with 0.05 MB buckets during the backward == without (bitwise)"
+"${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.cp=2 --dist.ep=2 --dist.zero=2 --dist.bucket_mb=0.05 \
+    --out="$tmp/ep2cp2z2" > /dev/null
+"$tide" run tests/dist/dp_compare.lua --a="$tmp/ep2cp2" --b="$tmp/ep2cp2z2" --moe=true \
+    --what="f64: ep 2 x cp 2 with ZeRO-2 and 0.05 MB buckets == without (bitwise)"
 for r in dp2cp2b ep2cp2b; do
     grep -q '"dist/buckets":[1-9]' "$tmp/$r/metrics.jsonl" && grep -qE '"dist/overlap":(0\.[0-9]*[1-9]|[1-9])' "$tmp/$r/metrics.jsonl" \
         || { echo "FAIL $r: no bucket summed during the backward: $(head -1 "$tmp/$r/metrics.jsonl")"; exit 1; }
