@@ -45,6 +45,29 @@ local function row_starts(cu, B, T)
   return rows
 end
 
+-- call_documents(cu, B, T, Tcall, i) -> cu_i, reset_i: the documents of a long row (cu over B·T: what the unsplit
+-- forward takes; nil: one per row) for call i (0-based) of the T / Tcall calls through the caches: cu_i the offsets
+-- over B·Tcall of the documents starting strictly inside the call (a context's cu_seqlens), reset_i the list of B
+-- booleans of rows whose document starts exactly at the call (the forward's reset), nil when there is none
+function cp.call_documents(cu, B, T, Tcall, i)
+  options.pos_int(Tcall, "Tcall", WHO)
+  if T % Tcall ~= 0 then bad(fmt("calls of %d tokens do not cut a row of %d", Tcall, T)) end
+  if not (options.is_int(i) and i >= 0 and i < T / Tcall) then
+    bad(fmt("call %s is not one of the %d calls (0-based)", tostring(i), T / Tcall))
+  end
+  local rows = row_starts(cu, B, T)
+  local out, reset, any = { 0 }, {}, false
+  for b = 1, B do
+    reset[b] = false
+    for _, t in ipairs(rows[b]) do
+      if t == i * Tcall then reset[b], any = true, true
+      elseif t > i * Tcall and t < (i + 1) * Tcall then out[#out + 1] = (b - 1) * Tcall + t - i * Tcall end
+    end
+    out[#out + 1] = b * Tcall
+  end
+  return out, any and reset or nil
+end
+
 -- context{P, B, T, cu_seqlens = nil | offsets over B·T, group = nil (fake: this process holds every slice) |
 --   a dist group of the P cp ranks (real: this process holds group.rank's slice)}
 function cp.context(o)

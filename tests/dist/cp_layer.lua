@@ -117,20 +117,10 @@ local function run_carried(dtype, with_mla)
   local caches, loss, want = m:new_cache(), nil, 0
   local es = dtype == "f64" and 8 or 4
   for i = 0, n - 1 do
-    local cu, reset = { 0 }, {}
-    for b = 1, B do
-      reset[b] = false
-      for _, t in ipairs(starts[b]) do
-        if t == i * TT then reset[b] = true
-        elseif t > i * TT and t < (i + 1) * TT then cu[#cu + 1] = (b - 1) * TT + t - i * TT end
-      end
-      cu[#cu + 1] = b * TT
-    end
+    local cu, reset = cp.call_documents(full, B, Tr, TT, i)
     local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = cu, group = group })
     local part = function(t) return ctx:split(t:narrow(2, i * TT + 1, TT):contiguous()) end
-    local any = false
-    for b = 1, B do any = any or reset[b] end
-    local y1 = m:forward(part(ids), caches, { cp = ctx, reset = any and reset or nil })
+    local y1 = m:forward(part(ids), caches, { cp = ctx, reset = reset })
     local d = diff(y1, part(y0), rel)
     check(d <= tol, fmt("carried %s: call %d's logits differ by %.3g", dtype, i + 1, d))
     local l = (y1 * part(r)):sum()

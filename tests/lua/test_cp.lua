@@ -132,15 +132,7 @@ local function carried(P, dtype, tol, rel)
     cache = {}
     local ys = {}
     for i = 0, n - 1 do
-      local cu, reset = { 0 }, {}
-      for b = 1, B do
-        reset[b] = false
-        for _, t in ipairs(starts[b]) do
-          if t == i * Tcall then reset[b] = true
-          elseif t > i * Tcall and t < (i + 1) * Tcall then cu[#cu + 1] = (b - 1) * Tcall + t - i * Tcall end
-        end
-        cu[#cu + 1] = b * Tcall
-      end
+      local cu, reset = cp.call_documents(full_cu, B, Tr, Tcall, i)
       local ctx = cp.context({ P = P, B = B, T = Tcall, cu_seqlens = cu })
       local xi = x:narrow(2, i * Tcall + 1, Tcall)
       ys[#ys + 1] = ctx:unsplit(m:forward(ctx:split(xi), { cp = ctx, cache = cache, reset = reset }))
@@ -276,13 +268,8 @@ T.test("the hybrid model's long row in calls on cp slices through its caches (KD
     m:zero_grad()
     local caches, l1 = m:new_cache(), nil
     for i = 0, n - 1 do
-      local cu = { 0 }
-      for b = 1, B do
-        for _, t in ipairs(starts[b]) do
-          if t > i * TT and t < (i + 1) * TT then cu[#cu + 1] = (b - 1) * TT + t - i * TT end
-        end
-        cu[#cu + 1] = b * TT
-      end
+      local cu, reset = cp.call_documents(full, B, Tr, TT, i)
+      T.eq(reset, nil, "no document starts at a call boundary here")
       local ctx = cp.context({ P = P, B = B, T = TT, cu_seqlens = cu })
       local part = function(t) return ctx:split(t:narrow(2, i * TT + 1, TT):contiguous()) end
       local l = F.cross_entropy(m:forward(part(ids), caches, { cp = ctx }), part(targets), { reduction = "sum" })
@@ -395,6 +382,22 @@ T.test("the fp32 fold over 64 segments matches fp64 (1e-5 rel); a bf16-cast M ch
   end
   local errbf = max_abs_diff(h:reshape(1, H, dk, dk), last) / max_abs(S64)
   T.ok(errbf > 1e-5, "the bf16 chain must miss 1e-5, got " .. errbf)
+end)
+
+T.test("call_documents: a long row's documents per call (cu over the call, reset at its boundary)", function()
+  -- B = 2 rows of 24 in 3 calls of 8: row 1 starts at 5 and 16 (a boundary), row 2 at 11
+  local cu = { 0, 5, 16, 24, 35, 48 }
+  local c0, r0 = cp.call_documents(cu, 2, 24, 8, 0)
+  T.eq(c0, { 0, 5, 8, 16 }, "call 0")
+  T.eq(r0, nil, "call 0: no reset")
+  local c1, r1 = cp.call_documents(cu, 2, 24, 8, 1)
+  T.eq(c1, { 0, 8, 11, 16 }, "call 1")
+  T.eq(r1, nil, "call 1: no reset")
+  local c2, r2 = cp.call_documents(cu, 2, 24, 8, 2)
+  T.eq(c2, { 0, 8, 16 }, "call 2")
+  T.eq(r2, { true, false }, "call 2: row 1 restarts")
+  T.raises(function() cp.call_documents(cu, 2, 24, 7, 0) end, "do not cut a row of 24")
+  T.raises(function() cp.call_documents(cu, 2, 24, 8, 3) end, "not one of the 3 calls")
 end)
 
 T.test("cp contexts reject layouts that do not cut", function()
