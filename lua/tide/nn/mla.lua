@@ -250,8 +250,12 @@ function MLA:forward_cp(x, ctx, cache)
     cache.c, cache.k_r, cache.pos = cg, krg, (cache.pos or 0) + ctx.T
     cache.doc_start = ctx:last_starts(Tp, doc)
   end
-  local kvb = self.kv_b_proj:forward(cg):reshape(B, Tp + ctx.T, H, dn + dv)
-  local kn, v = kvb:narrow(4, 1, dn), kvb:narrow(4, dn + 1, dv)
+  -- keys and values expanded as two products, each contiguous: a segment's key prefix of one row (B = 1, the long
+  -- rows cp is for) is then a view, not a copy the attention makes and keeps for its backward
+  local W = self.kv_b_proj.weight:reshape(H, dn + dv, dc)
+  local Tk = Tp + ctx.T
+  local kn = F.linear(cg, W:narrow(2, 1, dn):contiguous():reshape(H * dn, dc)):reshape(B, Tk, H, dn)
+  local v = F.linear(cg, W:narrow(2, dn + 1, dv):contiguous():reshape(H * dv, dc)):reshape(B, Tk, H, dv)
   local rows = {}
   for ri, p in ipairs(ctx.ranks) do
     local two = {}
