@@ -1,6 +1,6 @@
 -- cp: context parallelism in one process (spec/long_context.md §5, oracles 2-4): the zig-zag layout with every rank's
 -- slice held here (tide.cp, the fake context), KDA state passing with the conv halo, MLA latent gather with the global
--- document mask, for P = 2 and 4: outputs and every gradient equal the unsplit run (f64 1e-10, f32 1e-6 rel), with
+-- document mask, for P = 2 and 4: outputs and every gradient equal the unsplit run (f64 1e-10, f32 1e-5 rel), with
 -- documents that start inside segments, exactly at a segment edge and within the conv history of the next segment;
 -- M = 0 across a document start; a long row in calls on cp slices through one cache (the state and conv history
 -- carried, documents at call boundaries; the hybrid's MLA latents with documents across calls) == the unsplit row;
@@ -79,12 +79,12 @@ T.test("KDA on cp slices == the unsplit rows: state fold, conv halo, documents a
   end
 end)
 
-T.test("KDA on cp slices in f32 == the unsplit rows (1e-6 rel)", function()
+T.test("KDA on cp slices in f32 == the unsplit rows (1e-5 rel)", function()
   for _, P in ipairs({ 2, 4 }) do
     local m = kda_layer("f32")
     local x = tide.randn({ B, TT, 12 }, { dtype = "f32", requires_grad = true })
     compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
-      function(z, ctx) return m:forward(z, { cp = ctx }) end, P, 1e-6, true, "KDA f32")
+      function(z, ctx) return m:forward(z, { cp = ctx }) end, P, 1e-5, true, "KDA f32")
   end
 end)
 
@@ -157,10 +157,10 @@ local function carried(P, dtype, tol, rel)
   T.eq(cache.pos, Tr, "cache.pos")
 end
 
-T.test("KDA cp calls through one cache == the unsplit long row: state and conv history carried (f64 1e-10, f32 1e-6 rel)", function()
+T.test("KDA cp calls through one cache == the unsplit long row: state and conv history carried (f64 1e-10, f32 1e-5 rel)", function()
   for _, P in ipairs({ 2, 4 }) do
     carried(P, "f64", 1e-10, false)
-    carried(P, "f32", 1e-6, true)
+    carried(P, "f32", 1e-5, true)
   end
 end)
 
@@ -189,14 +189,14 @@ T.test("a document start inside a segment makes its transition M = 0; h_ext is t
   T.ok(max_abs_diff(st:narrow(1, 2, 1):narrow(4, 1, dk), s_alone) <= 1e-12, "h_ext = the last document's state")
 end)
 
-T.test("MLA on cp slices == the unsplit rows: latent gather, global document mask (f64 1e-10; f32 1e-6 rel)", function()
+T.test("MLA on cp slices == the unsplit rows: latent gather, global document mask (f64 1e-10; f32 1e-5 rel)", function()
   for _, dt in ipairs({ "f64", "f32" }) do
     for _, P in ipairs({ 2, 4 }) do
       tide.manual_seed(5)
       local m = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
       local x = tide.randn({ B, TT, 12 }, { dtype = dt, requires_grad = true })
       compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
-        function(z, ctx) return m:forward(z, { cp = ctx }) end, P, dt == "f64" and 1e-10 or 1e-6, dt == "f32", "MLA " .. dt)
+        function(z, ctx) return m:forward(z, { cp = ctx }) end, P, dt == "f64" and 1e-10 or 1e-5, dt == "f32", "MLA " .. dt)
     end
   end
 end)
