@@ -220,6 +220,14 @@ function Stepper:reducer()
   return self.red or nil
 end
 
+-- expert parallelism: each rank's experts' gradients (zeros where no token came) summed over the ranks that hold the
+-- same experts (their tokens arrived through the exchange: the expert-parallel group's sum is already in them)
+function Stepper:sum_experts()
+  self.dist.ensure_grads(self.ep_params)
+  local rep = self.ep_params[1].meta.ep_dp
+  if rep then self.dist.allreduce_grads(self.ep_params, rep) end
+end
+
 -- ZeRO-2: the owner of each replicated parameter (self.dense_params' order; without ep, every parameter)
 function Stepper:dense_owners()
   local all, out = self.optim:shard_owners(self.dist.world()), {}
@@ -358,9 +366,7 @@ function Stepper:run(batches, lr, t)
     if self.ep_params then
       -- each rank's experts over the ranks that hold the same ones (as without buckets, below)
       local tc = tide.time()
-      group.ensure_grads(self.ep_params)
-      local rep = self.ep_params[1].meta.ep_dp
-      if rep then group.allreduce_grads(self.ep_params, rep) end
+      self:sum_experts()
       self.comm_s = self.comm_s + (tide.time() - tc)
     end
   end
@@ -380,18 +386,14 @@ function Stepper:run(batches, lr, t)
         group.reduce_scatter_grads(self.dense_params, self:dense_owners())
         if self.ep_params then
           -- each rank's experts over the ranks holding the same ones, kept whole (their state is the rank's own)
-          group.ensure_grads(self.ep_params)
-          local rep = self.ep_params[1].meta.ep_dp
-          if rep then group.allreduce_grads(self.ep_params, rep) end
+          self:sum_experts()
         end
       elseif self.ep_params then
         -- expert parallelism: the replicated parameters summed over every rank, each rank's experts over the ranks
         -- that hold the same ones (their tokens arrived through the exchange: the expert-parallel group's sum is
         -- already in the gradient)
         group.allreduce_grads(self.dense_params)
-        group.ensure_grads(self.ep_params)
-        local rep = self.ep_params[1].meta.ep_dp
-        if rep then group.allreduce_grads(self.ep_params, rep) end
+        self:sum_experts()
       else group.allreduce_grads(opt.params) end
       self.comm_s = tide.time() - tc
     end
