@@ -1,6 +1,8 @@
 /* runtime.c — version, threads, and what this build and machine can do (`tide info`). */
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "internal.h"
 #include "../kernels/cpu/cpu.h"
 
@@ -56,6 +58,43 @@ const char *tide_cuda_info(void)
     return tide_cuda_runtime_info();
 #else
     return "built without CUDA";
+#endif
+}
+
+/* CPU: MemAvailable (the kernel's estimate of what a new allocation can get without swapping) and MemTotal from
+   /proc/meminfo; where it is absent, the free and total physical pages */
+static int cpu_memory(int64_t *free_bytes, int64_t *total_bytes)
+{
+    int64_t avail = -1, total = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long long kb;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = (int64_t)kb * 1024;
+            else if (sscanf(line, "MemTotal: %lld kB", &kb) == 1) total = (int64_t)kb * 1024;
+        }
+        fclose(f);
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    if (avail < 0 && page > 0) avail = (int64_t)sysconf(_SC_AVPHYS_PAGES) * page;
+    if (total < 0 && page > 0) total = (int64_t)sysconf(_SC_PHYS_PAGES) * page;
+    if (avail < 0 || total < 0) return tide_set_error("device memory: the system does not report the cpu's memory");
+    *free_bytes = avail;
+    *total_bytes = total;
+    return 0;
+}
+
+int tide_device_memory(int device, int64_t *free_bytes, int64_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes) return tide_set_error("device memory: NULL output");
+    if (device == 0) return cpu_memory(free_bytes, total_bytes);
+    if (device < 1 || device - 1 >= tide_cuda_device_count())
+        return tide_set_error("device memory: device cuda:%d is not available (%s)", device - 1, tide_cuda_info());
+#ifdef TIDE_HAVE_CUDA
+    return tide_cuda_runtime_mem_info(device - 1, free_bytes, total_bytes);
+#else
+    return tide_set_error("device memory: built without CUDA");
 #endif
 }
 

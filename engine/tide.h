@@ -145,6 +145,9 @@ int tide_memory_stats_get(int device, tide_memory_stats *out);
 void tide_memory_reset_peak(int device);
 void tide_memory_empty_cache(int device);
 int tide_memory_set_limit(int device, int64_t bytes);
+/* the device's memory as the system reports it: *free_bytes available to a new allocation (CPU: /proc/meminfo's
+   MemAvailable; CUDA: cudaMemGetInfo's free), *total_bytes its size; the engine's cached blocks count as used */
+int tide_device_memory(int device, int64_t *free_bytes, int64_t *total_bytes);
 int64_t tide_live_tensors(void);
 
 /* ---- runtime ---------------------------------------------------------------------------------- */

@@ -326,6 +326,7 @@ extern const tide_backend tide_cpu_backend;
 extern const tide_backend tide_cuda_backend;
 int tide_cuda_runtime_device_count(void);     /* 0 when no driver / GPU */
 const char *tide_cuda_runtime_info(void);
+int tide_cuda_runtime_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes);   /* cudaMemGetInfo */
 #endif
 
 /* set the thread-local error message (engine/error.c); returns -1 so kernels can `return tide_set_error(...)` */

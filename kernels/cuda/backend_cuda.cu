@@ -250,6 +250,24 @@ extern "C" TIDE_CUDA_EXPORT const char *tide_cuda_runtime_info(void)
     return buf;
 }
 
+/* free and total bytes of a device (cudaMemGetInfo reports the current device: switched to it and back) */
+extern "C" TIDE_CUDA_EXPORT int tide_cuda_runtime_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes)
+{
+    int old = 0;
+    TIDE_CU(cudaGetDevice(&old), "device memory");
+    if (old != device) TIDE_CU(cudaSetDevice(device), "device memory");
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    if (old != device) cudaSetDevice(old);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tide_set_error("device memory: cudaMemGetInfo on cuda:%d failed: %s", device, cudaGetErrorString(e));
+    }
+    *free_bytes = (int64_t)fr;
+    *total_bytes = (int64_t)tot;
+    return 0;
+}
+
 /* ---- the table --------------------------------------------------------------------------------
    Filled field by field (C++17 has no designated initialisers); this runs during static
    initialisation and touches no CUDA state. Entries left NULL report "not implemented". */

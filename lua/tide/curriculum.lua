@@ -454,11 +454,21 @@ local function enter_stage(C, i, pstate, resumed)
   logger:line(fmt("stage %d/%d '%s': T %d, %d rows/step in %d micro-batch(es), %d steps (%s tokens), lr %s %.3g -> %.3g",
     i, #stages, st.name, st.seq_len, st.rows, st.n_micro, st.steps, log.si(st.steps * st.tokens_per_step),
     st.lr.kind, st.lr.from, st.lr.to))
-  local ok, est = pcall(nn.plan.activation_bytes, C.model.cfg, st.seq_len, { recompute = C.model.cfg.recompute or "layer",
-    dtype = C.model.cfg.dtype })
+  -- the recompute mode this stage's micro-batches train in: "auto" is decided here, once per shape, by the model
+  -- (nn.HybridLM:recompute_for), so the line says what the steps do
+  local mode, auto = C.model.cfg.recompute or "layer", nil
+  if mode == "auto" and C.model.recompute_for then
+    local B, T = st.micro_rows, st.seq_len
+    local cpg = C.dp.cp_group
+    if cpg and cpg.size > 1 then T = T / cpg.size end
+    mode, auto = C.model:recompute_for(B, T)
+  end
+  local ok, est = pcall(nn.plan.activation_bytes, C.model.cfg, st.seq_len, { recompute = mode, dtype = C.model.cfg.dtype })
   if ok and est then
-    logger:line(fmt("  activation memory estimate: %.1f KB/token, %s per micro-batch of %d x %d", est.per_token / 1024,
-      log.si(est.per_token * st.micro_rows * st.seq_len) .. "B", st.micro_rows, st.seq_len))
+    logger:line(fmt("  activation memory estimate: %.1f KB/token, %s per micro-batch of %d x %d, recompute %s",
+      est.per_token / 1024, log.si(est.per_token * st.micro_rows * st.seq_len) .. "B", st.micro_rows, st.seq_len,
+      auto and fmt("auto -> %s (%sB without recompute, budget %s)", mode, log.si(auto.need),
+        auto.budget and (log.si(auto.budget) .. "B") or "unknown") or mode))
   end
 end
 
@@ -674,7 +684,7 @@ function curriculum.plan(cfg)
   no_parallel(cfg)
   local par = cfg.dist or {}
   local dtype = par.dtype or mc.dtype or "f32"
-  local rc = mc.recompute or "layer"
+  local rc = mc.recompute or require("tide.defaults").recompute.mode
   local static = plan.static_bytes(mc, { dtype = dtype })
   add(fmt("static memory (%s): weights %s, gradients %s, AdamW moments %s; total %s", dtype, human(static.weights +
     (static.weights_bf16 or 0)), human(static.grads), human(static.moments), human(static.total)))

@@ -18,6 +18,12 @@ defaults.kda = {
 -- SiTU-GLU caps (spec/moe.md §6): φ_g(g) = k_gate·tanh(g/k_gate)·σ(g), φ_u(u) = k_lin·tanh(u/k_lin)
 defaults.situ = { k_gate = 4, k_lin = 25 }
 
+-- activation memory (long_context.md §4; nn/hybrid.lua): "auto" trains without recompute when a micro-batch's
+-- activations with none (nn.plan's estimate, allocator classes included) fit in `auto_fraction` of what the device
+-- has free (its free memory plus the engine's cached blocks, under tide.set_memory_limit's cap when one is set),
+-- and with "layer" recompute otherwise. Half leaves room for the estimate's error and whatever else runs.
+defaults.recompute = { mode = "auto", auto_fraction = 0.5 }
+
 -- partial rollouts (spec/rl.md §5): how a paused sample resumes ("prefill": one exact forward over its prefix,
 -- bit-identical to an uninterrupted run; "replay": its forward calls again; "state": its saved caches)
 defaults.rl = { resume_mode = "prefill" }

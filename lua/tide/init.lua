@@ -168,6 +168,9 @@ function tide.set_rng_state(seed, offset) C.tide_rng_set(seed, offset) end
 
 -- engine memory of a device ("cpu" by default): {current=, peak=, cached=, limit=, n_alloc=, n_cache_hits=}
 tide.memory = Tensor.memory
+-- the device's memory as the system reports it ("cpu" by default): {free =, total =} bytes (the engine's cached
+-- blocks count as used: tide.memory().cached)
+tide.device_memory = Tensor.device_memory
 -- full Lua collection, which releases every unreachable tensor; returns tide.memory()
 tide.collect = Tensor.collect
 function tide.reset_peak(device) C.tide_memory_reset_peak(Tensor.device_id(device or "cpu")) end

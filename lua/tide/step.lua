@@ -188,6 +188,8 @@ function step.stepper(o)
     options.fail("step", "a custom objective (loss) does not run under context parallelism: the model must see each "
       .. "batch's cp slices (dist.cp = 1, or the default objective)")
   end
+  -- recompute = "auto" decided once for every rank (nn.HybridLM:set_recompute_group)
+  if group and o.model.set_recompute_group then o.model:set_recompute_group(group) end
   return setmetatable({ model = o.model, optim = o.optim, clip = clip, policy = policy, objective = o.objective,
     cp = o.cp and o.cp.size > 1 and o.cp or nil,
     jitter_window = o.jitter_window or 50, norms = {}, consecutive = 0, skipped = 0, first_bad = nil, dist = group,

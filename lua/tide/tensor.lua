@@ -139,6 +139,14 @@ function M.memory(device)
   }
 end
 
+-- the device's memory as the system reports it: {free = bytes a new allocation can get, total}
+local mem_free, mem_total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+function M.device_memory(device)
+  local d = M.device_id(device or "cpu")
+  if C.tide_device_memory(d, mem_free, mem_total) ~= 0 then raise(last_error()) end
+  return { free = tonumber(mem_free[0]), total = tonumber(mem_total[0]) }
+end
+
 function M.collect(device)
   collect_full()
   return M.memory(device)

@@ -267,7 +267,7 @@ T.test("errors name the field, prefixed plan:", function()
   T.raises(function() plan.count(small({ mixers = "KXM" })) end, "plan: mixers:")
   T.raises(function() plan.count(small({ residual = "dense" })) end, "plan: residual:")
   T.raises(function() plan.activation_bytes(plan.configs.tiny, 4096, { recompute = "full" }) end,
-    "plan: recompute must be \"layer\", \"selective\" or \"none\", got full")
+    "plan: recompute must be \"auto\", \"layer\", \"selective\" or \"none\", got full")
   T.raises(function() plan.activation_bytes(plan.configs.tiny, 0) end, "plan: T must be a positive integer, got 0")
   T.raises(function() plan.activation_bytes(plan.configs.tiny, 64, { dtype = "f16" }) end, "plan: dtype must be")
   T.raises(function() plan.describe(plan.configs.tiny, { seq_len = 4096, tokens_per_step = 5000 }) end,

@@ -4,6 +4,7 @@
 -- shared experts and Block AttnRes; "layer" lowers the peak memory of forward + backward at T = 2048 (f32);
 -- decoding with caches == the full forward, and training segment by segment through caches gives the gradients
 -- of "none"; regions open only while gradients are recorded (not under no_grad, not for one-token decode steps);
+-- "auto" (the default) picks none or layer by the activation estimate against the memory budget, once per shape;
 -- the option is validated by name.
 local T = require "tide.testing"
 local tide = require "tide"
@@ -149,7 +150,7 @@ end)
 
 T.test("caches under recompute = \"layer\": decode == the full forward (1e-11); segments through caches == none bitwise", function()
   local m = model(33)
-  T.eq(m.cfg.recompute, "layer", "the default")
+  m:set_recompute("layer")
   local x = ids(2, 10, 19)
   local full = m:forward(x)
   -- prefill with gradients recorded (every layer a region, the caches written inside it), then decode steps
@@ -188,7 +189,7 @@ T.test("caches under recompute = \"layer\": decode == the full forward (1e-11); 
 end)
 
 T.test("regions open only while gradients are recorded: none under no_grad or for a one-token decode step", function()
-  local m = model(35)
+  local m = model(35, { recompute = "layer" })
   local x = ids(1, 8, 19)
   local orig, calls = tide.recompute, 0
   tide.recompute = function(...) calls = calls + 1; return orig(...) end
@@ -210,12 +211,72 @@ T.test("regions open only while gradients are recorded: none under no_grad or fo
   if not ok then error(err, 0) end
 end)
 
+T.test("auto (the default): none when a micro-batch's activations fit the budget, layer when not; once per shape", function()
+  local m = model(36)
+  T.eq(m.cfg.recompute, "auto", "the default")
+  local plan = nn.plan
+  local need = plan.activation_bytes(m.cfg, 8, { recompute = "none", dtype = "f64" }).allocated * 2
+  T.ok(need > 0, "need")
+  -- the boundary: a budget of exactly the bytes needed trains without recompute, one byte less recomputes
+  T.eq(select(1, plan.auto_recompute(m.cfg, 2, 8, { dtype = "f64", budget = need })), "none", "budget = need")
+  local mode, info = plan.auto_recompute(m.cfg, 2, 8, { dtype = "f64", budget = need - 1 })
+  T.eq(mode, "layer", "budget = need - 1")
+  T.eq(info.need, need, "info.need")
+  T.eq(info.budget, need - 1, "info.budget")
+  -- the device's own budget (half its free memory here) fits this model: no recompute
+  local b = plan.memory_budget("cpu")
+  T.ok(type(b) == "number" and b > need, "the cpu budget " .. tostring(b))
+  T.eq(m:recompute_for(2, 8), "none", "tiny model on the cpu")
+  -- what the model runs: regions counted, and the result bitwise the explicit modes'
+  local x, y = ids(2, 8, 19), ids(2, 8, 19)
+  local orig, calls = tide.recompute, 0
+  tide.recompute = function(...) calls = calls + 1; return orig(...) end
+  local function run(mode, budget)
+    m:set_recompute(mode, budget)
+    m:zero_grad()
+    calls = 0
+    local loss = F.cross_entropy(m:forward(x):reshape(16, 19), y:reshape(16))
+    loss:backward()
+    discard_records(m)
+    return loss:item(), grads(m), calls
+  end
+  local ok, err = pcall(function()
+    local l0, g0, c0 = run("none")
+    local la, ga, ca = run("auto")
+    T.eq(c0, 0, "none: no region")
+    T.eq(ca, 0, "auto with room: no region")
+    local lb, gb, cb = run("auto", need - 1)
+    T.eq(cb, 4, "auto over budget: one region per layer")
+    T.eq(m:recompute_for(2, 8), "layer", "the decision")
+    local lc, _, cc = run("auto", 2 * need)
+    T.eq(cc, 0, "a new budget decides again")
+    T.eq(la, l0, "auto loss"); T.eq(lb, l0, "auto (layer) loss"); T.eq(lc, l0, "loss")
+    for name, g in pairs(g0) do T.eq(ga[name], g, name); T.eq(gb[name], g, name) end
+    -- decided once per shape: the same shape keeps its mode even when the budget would now say otherwise
+    m:set_recompute("auto", need - 1)
+    T.eq(m:recompute_for(2, 8), "layer", "first decision")
+    m.model.auto_budget = 100 * need
+    T.eq(m:recompute_for(2, 8), "layer", "kept for the shape")
+    T.eq(m:recompute_for(1, 8), "none", "another shape decides afresh")
+  end)
+  tide.recompute = orig
+  if not ok then error(err, 0) end
+  -- the plan's summary says what auto chose for the step's sequences
+  local d = plan.describe(m.cfg, { seq_len = 8, tokens_per_step = 16, dtype = "f64", budget = need - 1 })
+  T.ok(d:find("recompute = auto (layer)", 1, true), d)
+  local a = plan.activation_bytes(m.cfg, 8, { recompute = "auto", dtype = "f64", rows = 2, budget = need })
+  T.eq(a.recompute, "none", "activation_bytes resolves auto")
+  T.eq(a.auto.need, need, "and reports the need")
+  T.raises(function() m:set_recompute("auto", -1) end, "recompute budget")
+  T.raises(function() plan.auto_recompute(m.cfg, 0, 8) end, "rows")
+end)
+
 T.test("the recompute option is validated by name", function()
-  T.raises(function() model(34, { recompute = "full" }) end, "recompute must be \"layer\", \"selective\" or \"none\", got \"full\"")
+  T.raises(function() model(34, { recompute = "full" }) end, "recompute must be \"auto\", \"layer\", \"selective\" or \"none\", got \"full\"")
   T.raises(function() model(34, { recompute = true }) end, "recompute must be")
   local m = model(34)
   T.raises(function() m:set_recompute("layers") end, "recompute must be")
-  T.eq(m.cfg.recompute, "layer", "a rejected mode changes nothing")
+  T.eq(m.cfg.recompute, "auto", "a rejected mode changes nothing")
 end)
 
 T.run()

@@ -132,6 +132,7 @@ end
 local Body = M.Module:extend("HybridBody")
 
 function Body:init(cfg, schedule, res)
+  self.cfg, self.auto_modes = cfg, {}
   self:child("embed_tokens", Embedding(cfg.vocab_size, cfg.dim, { std = cfg.init_std, dtype = cfg.dtype, device = cfg.device }))
   local layers = M.ModuleList()
   for l = 1, cfg.n_layers do
@@ -168,7 +169,32 @@ end
 -- decode step (caches, one token per row) runs plainly
 function Body:recompute_mode(ids, caches)
   if not tide.grad_enabled() or (caches and ids:size(2) == 1) then return "none" end
+  if self.recompute == "auto" then return (self:auto_mode(ids:size(1), ids:size(2))) end
   return self.recompute
+end
+
+-- auto_mode(B, T) -> mode, {need, budget}: recompute = "auto" resolved for micro-batches of B rows of T tokens
+-- (nn.plan.auto_recompute against the device's budget now), decided once per shape so that every step of a stage
+-- runs in the mode it started with (and the one the start-up line printed)
+function Body:auto_mode(B, T)
+  local key = B .. "x" .. T
+  local got = self.auto_modes[key]
+  if not got then
+    local c = self.cfg
+    local dtype = (c.dtype == "f64" or c.dtype == "bf16") and c.dtype or "f32"
+    local device = tostring(c.device or "cpu"):match("^cuda") and "cuda" or "cpu"
+    local mode, info = require("tide.nn.plan").auto_recompute(c, B, T,
+      { dtype = dtype, device = device, budget = self.auto_budget })
+    -- several ranks: one decision for all of them (a recompute replays the layer's exchanges: with ep or cp, ranks
+    -- in different modes would wait on different collectives); "layer" when any rank's budget is short
+    if self.auto_group then
+      local short = self.auto_group.sums({ mode == "none" and 0 or 1 })[1]
+      mode = short > 0 and "layer" or "none"
+    end
+    got = { mode = mode, info = info }
+    self.auto_modes[key] = got
+  end
+  return got.mode, got.info
 end
 
 -- forward_layer(st, l, cache, opts, mode): layer l (1-based) on the residual state st = res:begin(embedding), in
@@ -196,7 +222,7 @@ local HybridLM = M.Module:extend("HybridLM")
 local DEFAULTS = {
   vocab_size = 320, dim = 128, n_layers = 8, mixers = "3:1", ffn_dim = 384, activation = "swiglu",
   norm_eps = defaults.norm_eps, init_std = defaults.init_std, max_seq_len = 1048576, residual = "attnres_block", dtype = "f32", device = "cpu",
-  recompute = "layer",
+  recompute = defaults.recompute.mode,
 }
 local KEYS = {
   vocab_size = true, dim = true, n_layers = true, mixers = true, last_mla = true, kda = true, mla = true, ffn_dim = true,
@@ -204,11 +230,11 @@ local KEYS = {
   gamma_chain = true, dtype = true, device = true, kind = true, moe = true, recompute = true, vision = true,
 }
 HybridLM.DEFAULTS, HybridLM.KEYS = DEFAULTS, KEYS
-local RECOMPUTE = { layer = true, selective = true, none = true }
+local RECOMPUTE = { auto = true, layer = true, selective = true, none = true }
 
 local function check_recompute(mode)
   if not RECOMPUTE[mode] then
-    bad(fmt("recompute must be \"layer\", \"selective\" or \"none\", got %s", type(mode) == "string"
+    bad(fmt("recompute must be \"auto\", \"layer\", \"selective\" or \"none\", got %s", type(mode) == "string"
       and ("\"" .. mode .. "\"") or tostring(mode)))
   end
   return mode
@@ -219,7 +245,7 @@ end
 -- attnres = {block_layers = B}) | "attnres_full" | "gamma_chain" (gamma_chain = {mode, layers = {first, last}}:
 -- the chain over a 1-based inclusive range of layers, the others plain PreNorm); moe = nn.MoE options (n_experts,
 -- top_k, expert_dim, latent_dim, ...; first_dense = true keeps layer 0 a dense cfg.ffn_dim FFN, moe.md §1);
--- recompute = "layer" (default) | "selective" | "none" (activation memory, the top of this file).
+-- recompute = "auto" (default) | "layer" | "selective" | "none" (activation memory, the top of this file).
 function HybridLM:init(cfg)
   local c = options.with_defaults(cfg or {}, DEFAULTS, KEYS, "config", WHO)
   if c.residual == "attnres_block" and not c.attnres then c.attnres = { block_layers = 2 } end
@@ -282,19 +308,24 @@ end
 
 -- encode_images(images) -> [Σ N_i, dim]: images = {patches [Σ L, 3p²], grids = {{h, w}, ...}} through the encoder,
 -- merge and projector
-function HybridLM:encode_images(images)
+-- (mode: the recompute mode of the batch's language-model forward, which forward passes; by default the model's,
+-- "auto" counting as "layer")
+function HybridLM:encode_images(images, mode)
   if not self.vision_tower then bad("the batch holds images but the model has no vision encoder (model.vision)") end
   if type(images) ~= "table" then bad("images must be a table {patches, grids}, got " .. type(images)) end
-  local mode = tide.grad_enabled() and self.cfg.recompute or "none"
+  mode = tide.grad_enabled() and (mode or self.cfg.recompute) or "none"
   local x = self.vision_tower:forward(images.patches, images.grids, mode ~= "none" and tide.recompute or nil)
   return self.multi_modal_projector:forward(x, images.grids)
 end
 
--- set_recompute(mode): switch the activation-memory mode ("layer", "selective", "none") of this model; the
--- weights and every result stay the same, only what the backward keeps changes
-function HybridLM:set_recompute(mode)
+-- set_recompute(mode, budget): switch the activation-memory mode ("auto", "layer", "selective", "none") of this model;
+-- the weights and every result stay the same, only what the backward keeps changes. budget (bytes, "auto" only):
+-- what a micro-batch's activations may take instead of nn.plan.memory_budget's share of the device
+function HybridLM:set_recompute(mode, budget)
   check_recompute(mode)
+  if budget ~= nil then options.positive_number(budget, "recompute budget", WHO) end
   self.cfg.recompute, self.model.recompute = mode, mode
+  self.model.auto_modes, self.model.auto_budget = {}, budget
   for l = 1, self.cfg.n_layers do
     local ffn = self.model.layers:get(l).ffn
     local mlp = ffn.shared_experts or (ffn.gate_proj and ffn) or nil    -- the MoE's shared experts, or the dense FFN
@@ -315,11 +346,12 @@ function HybridLM:forward(ids, caches, opts)
     local im = opts.images
     local o = {}
     for k, v in pairs(opts) do if k ~= "images" then o[k] = v end end
-    if not im.rows then o.image_embeds = self:encode_images(im)
+    local mode = self.model:recompute_mode(ids, caches)
+    if not im.rows then o.image_embeds = self:encode_images(im, mode)
     elseif #im.rows > 0 then
       -- context parallelism (step.cp_slice): the image tokens this rank's slices hold, in slice order (none: no
       -- placeholder here, nothing to encode)
-      local e = self:encode_images(im)
+      local e = self:encode_images(im, mode)
       o.image_embeds = e:index_select(1, tide.tensor(im.rows, { dtype = "i64", device = e:device() }))
     end
     o.pad_id = im.pad_id or (self.vision_cfg and self.vision_cfg.media_pad)
@@ -416,6 +448,20 @@ end
 -- batch: rows of equal length run as one [B, T] batch, otherwise row by row); opts: max_new (32),
 -- temperature (0 = greedy), top_k, top_p, stop (an id or a list of ids), seed (0). Decoding runs on the
 -- caches: KDA layers cost the same per token whatever the prompt length, MLA layers attend in the latent.
+-- set_recompute_group(group): the job's dist group (step.stepper sets it with several ranks): recompute = "auto" is
+-- then decided for all ranks at once, a collective at the first training forward of each micro-batch shape
+function HybridLM:set_recompute_group(group)
+  self.model.auto_group = group
+  self.model.auto_modes = {}
+end
+
+-- recompute_for(B, T) -> mode, info: the mode a training forward of B rows of T tokens runs in; for recompute =
+-- "auto" the decision (made once per shape) and info = {need = the activation bytes without recompute, budget}
+function HybridLM:recompute_for(B, T)
+  if self.cfg.recompute == "auto" then return self.model:auto_mode(B, T) end
+  return self.cfg.recompute
+end
+
 function HybridLM:generate(prompts, opts)
   return generate.ids(self, prompts, opts)
 end

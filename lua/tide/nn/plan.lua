@@ -471,7 +471,7 @@ local function size_class(n)
 end
 
 local DTYPE_BYTES = { f32 = 4, bf16 = 2, f64 = 8 }
-local MODES = { layer = true, selective = true, none = true }
+local MODES = { layer = true, selective = true, none = true, auto = true }
 
 -- activation_bytes(cfg, T, opts) -> {per_token = total / T, total = the peak bytes of one training step on one
 --   sequence of T tokens, breakdown = {category = bytes per token live at that peak: residual, kda, mla, ffn, moe,
@@ -485,15 +485,24 @@ function plan.activation_bytes(cfg, T, opts)
   if type(opts) ~= "table" then bad("opts must be a table, got " .. type(opts)) end
   local r = resolve(cfg)
   pos_int(T, "T")
-  local mode = opts.recompute or cfg.recompute or "layer"
+  local mode = opts.recompute or cfg.recompute or defaults.recompute.mode
   if not MODES[mode] then
-    bad(fmt("recompute must be \"layer\", \"selective\" or \"none\", got %s", tostring(mode)))
+    bad(fmt("recompute must be \"auto\", \"layer\", \"selective\" or \"none\", got %s", tostring(mode)))
   end
   local dtype = opts.dtype or "f32"
   local act = DTYPE_BYTES[dtype]
   if not act then bad(fmt("dtype must be \"f32\", \"bf16\" or \"f64\", got %s", tostring(dtype))) end
   local device = opts.device or (dtype == "bf16" and "cuda" or "cpu")
   if device ~= "cpu" and device ~= "cuda" then bad(fmt("device must be \"cpu\" or \"cuda\", got %s", tostring(device))) end
+  if mode == "auto" then
+    local resolved, auto = plan.auto_recompute(cfg, opts.rows or 1, T, opts)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.recompute = resolved
+    local a = plan.activation_bytes(cfg, T, o)
+    a.auto = auto
+    return a
+  end
   local bf16 = dtype == "bf16"
   local size = { act = act, acc = bf16 and 4 or act, i64 = 8 }
   -- CPU KDA keeps a chunk-start state every 16 chunks; the CUDA backward keeps its own (kernels/backend.h)
@@ -570,6 +579,38 @@ function plan.activation_bytes(cfg, T, opts)
            T = T, stored = stored, allocated = allocated, stored_allocated = stored_alloc }
 end
 
+-- memory_budget(device) -> the bytes recompute = "auto" lets a micro-batch's activations take on `device` ("cpu",
+-- "cuda", "cuda:N"): tide.defaults.recompute.auto_fraction of what the device has free plus the engine's cached
+-- blocks (reusable), capped by what tide.set_memory_limit leaves; nil where the system reports no figure
+function plan.memory_budget(device)
+  local tide = require "tide"
+  local ok, m = pcall(tide.device_memory, device)
+  if not ok then return nil end
+  local st = tide.memory(device)
+  local b = m.free + st.cached
+  if st.limit > 0 then b = math.min(b, st.limit - st.current) end
+  return math.max(b, 0) * defaults.recompute.auto_fraction
+end
+
+-- auto_recompute(cfg, rows, T, opts) -> mode, {need, budget}: recompute = "auto" for a micro-batch of `rows`
+-- sequences of T tokens: "none" when its activations without recompute (the allocator's classes included) fit in
+-- opts.budget (bytes; default plan.memory_budget of opts.device or cfg.device), "layer" otherwise (also when the
+-- budget is unknown); opts.dtype and opts.device as activation_bytes
+function plan.auto_recompute(cfg, rows, T, opts)
+  opts = opts or {}
+  pos_int(rows, "rows")
+  local o = {}
+  for k, v in pairs(opts) do o[k] = v end
+  o.recompute, o.rows, o.budget = "none", nil, nil
+  local need = plan.activation_bytes(cfg, T, o).allocated * rows
+  local budget = opts.budget
+  if budget == nil then budget = plan.memory_budget(opts.device or (type(cfg) == "table" and cfg.device) or "cpu") end
+  if budget ~= nil and (type(budget) ~= "number" or budget ~= budget) then
+    bad("budget must be a number of bytes, got " .. tostring(budget))
+  end
+  return (budget and need <= budget) and "none" or "layer", { need = need, budget = budget }
+end
+
 -- static_bytes(cfg, opts) -> {weights (fp32 master), weights_bf16 (the bf16 GEMM copy, bf16 only), grads (fp32),
 --   moments (AdamW m and v, fp32), buffers (the QB selection bias, fp32), total, params}
 function plan.static_bytes(cfg, opts)
@@ -618,7 +659,8 @@ local function thousands(n)
   end
 end
 
--- describe(cfg, {seq_len, tokens_per_step, dtype, recompute}) -> the start-up summary (a multi-line string)
+-- describe(cfg, {seq_len, tokens_per_step, dtype, recompute, budget}) -> the start-up summary (a multi-line string;
+-- recompute = "auto" is resolved for the step's sequences against `budget` bytes, default plan.memory_budget)
 function plan.describe(cfg, opts)
   opts = opts or {}
   if type(opts) ~= "table" then bad("opts must be a table, got " .. type(opts)) end
@@ -627,7 +669,7 @@ function plan.describe(cfg, opts)
   local tokens = pos_int(opts.tokens_per_step or T, "tokens_per_step")
   if tokens % T ~= 0 then bad(fmt("tokens_per_step = %d must be a multiple of seq_len = %d", tokens, T)) end
   local dtype = opts.dtype or cfg.dtype or "f32"
-  local mode = opts.recompute or cfg.recompute or "layer"
+  local mode = opts.recompute or cfg.recompute or defaults.recompute.mode
   local c = plan.count(cfg)
   local n = { kda = 0, mla = 0, moe = 0 }
   for l = 1, r.L do
@@ -651,10 +693,11 @@ function plan.describe(cfg, opts)
     parts[#parts + 1] = fmt("%s %s", m, plan.human_bytes(a.per_token))
   end
   line("activations per token at T = %s (%s): %s", thousands(T), dtype, table.concat(parts, ", "))
-  local a = plan.activation_bytes(cfg, T, { recompute = mode, dtype = dtype })
   local seqs = tokens / T
+  local a = plan.activation_bytes(cfg, T, { recompute = mode, dtype = dtype, rows = seqs, budget = opts.budget })
+  local shown = mode == "auto" and fmt("auto (%s)", a.recompute) or mode
   line("per step: %s tokens = %d x %s, recompute = %s: activations %s + static %s = %s", thousands(tokens), seqs,
-    thousands(T), mode, plan.human_bytes(a.total * seqs), plan.human_bytes(st.total), plan.human_bytes(a.total * seqs + st.total))
+    thousands(T), shown, plan.human_bytes(a.total * seqs), plan.human_bytes(st.total), plan.human_bytes(a.total * seqs + st.total))
   return table.concat(lines, "\n")
 end
 
