@@ -7,8 +7,9 @@
  * A source position before the start of t's document reads 0 (the conv history resets at every document
  * boundary: forgetting it leaks K−1 tokens across documents), except in the first document of a row,
  * where positions before t = 0 read the decode cache [B, K−1, C] (the previous K−1 inputs of the row).
- * The backward recomputes the pre-activation for SiLU instead of storing it. gw is reduced by column
- * ranges per thread, so it does not depend on the thread count.
+ * The backward recomputes the pre-activation for SiLU instead of storing it. Every loop runs over the C
+ * channels of a token row at once (vectorised); tap sums are in double. gw is reduced by channel ranges per
+ * thread, each walking the tokens in order, so it does not depend on the thread count.
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,25 +27,13 @@ static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
     return start;
 }
 
+/* the fused SiLU, σ(a) of the double tap sum in double on both paths: a float SiLU (fastmath.h) rounds differently,
+   and the quickstart's recall row at 4,096 tokens moves with rounding (recipes/quickstart.lua) */
 static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
-/* the fused SiLU of the forward, in double on both paths: a float SiLU (fastmath.h) rounds differently, and the
-   quickstart's recall at 2K-4K tokens moved with it (93% / 84% -> 84% / 77% at the same seed): the recipe's
-   bound sits where rounding decides when recall is learned (recipes/quickstart.lua) */
-static inline float SILU_f32(double a) { return (float)(a * sigm(a)); }
-static inline double SILU_f64(double a) { return a * sigm(a); }
+#define sigm_f32 sigm
+#define sigm_f64 sigm
 
 #define DEFINE_CONV(TT, SFX)                                                                                  \
-/* the input seen by tap j of token p = (b, t), channel c */                                                  \
-static inline double src_##SFX(const TT *x, const TT *cache, const int64_t *start, int64_t p, int64_t j,       \
-                               int64_t c, int64_t T_, int64_t C, int64_t K)                                   \
-{                                                                                                             \
-    int64_t sp = p - (K - 1) + j;                                                                              \
-    if (sp >= start[p]) return (double)x[sp * C + c];                                                         \
-    int64_t b = p / T_, t = p % T_;                                                                           \
-    if (cache && start[p] == b * T_) return (double)cache[(b * (K - 1) + (K - 1) + t - (K - 1) + j) * C + c];  \
-    return 0.0;                                                                                               \
-}                                                                                                             \
-                                                                                                              \
 /* tap j of token p = (b, t) reads one row of C channels: x's row p - (K-1) + j inside the segment, else the   \
    cache's row of the same offset when the segment is the row's first, else zeros (NULL) */                   \
 static inline const TT *tap_row_##SFX(const TT *x, const TT *cache, const int64_t *start, int64_t p, int64_t j, \
@@ -57,14 +46,34 @@ static inline const TT *tap_row_##SFX(const TT *x, const TT *cache, const int64_
     return NULL;                                                                                              \
 }                                                                                                             \
                                                                                                               \
-/* out = Σ_j w[c, j] src_j[c] per token, taps in order, accumulated in double over the channels at once */    \
+/* a[c] = Σ_j w[c, j] src_j[c] for token p, taps in order, in double over the channels at once (wt = w          \
+   transposed to [K, C] in double) */                                                                         \
+static inline void taps_##SFX(double *a, const TT *x, const TT *cache, const int64_t *start, const double *wt, \
+                              int64_t p, int64_t T_, int64_t C, int64_t K)                                    \
+{                                                                                                             \
+    for (int64_t c = 0; c < C; c++) a[c] = 0;                                                                 \
+    for (int64_t j = 0; j < K; j++) {                                                                         \
+        const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                                      \
+        if (!src) continue;                                                                                   \
+        const double *wj = wt + j * C;                                                                        \
+        for (int64_t c = 0; c < C; c++) a[c] += wj[c] * (double)src[c];                                       \
+    }                                                                                                         \
+}                                                                                                             \
+                                                                                                              \
+static double *transposed_##SFX(const TT *w, int64_t C, int64_t K)                                             \
+{                                                                                                             \
+    double *wt = malloc((size_t)(K * C > 0 ? K * C : 1) * sizeof *wt);                                       \
+    if (wt)                                                                                                   \
+        for (int64_t c = 0; c < C; c++)                                                                       \
+            for (int64_t j = 0; j < K; j++) wt[j * C + c] = (double)w[c * K + j];                             \
+    return wt;                                                                                                \
+}                                                                                                             \
+                                                                                                              \
 static int conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const int64_t *start, int64_t n,     \
                       int64_t T_, int64_t C, int64_t K, int silu)                                             \
 {                                                                                                             \
-    double *wt = malloc((size_t)(K * C > 0 ? K * C : 1) * sizeof *wt);                                       \
+    double *wt = transposed_##SFX(w, C, K);                                                                   \
     if (!wt) return tide_set_error("causal_conv1d: out of memory");                                           \
-    for (int64_t c = 0; c < C; c++)                                                                           \
-        for (int64_t j = 0; j < K; j++) wt[j * C + c] = (double)w[c * K + j];                                 \
     int bad = 0;                                                                                              \
     _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
     {                                                                                                         \
@@ -73,15 +82,9 @@ static int conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const 
         _Pragma("omp for schedule(static)")                                                                   \
         for (int64_t p = 0; p < n; p++) {                                                                     \
             if (!a) continue;                                                                                 \
-            for (int64_t c = 0; c < C; c++) a[c] = 0;                                                         \
-            for (int64_t j = 0; j < K; j++) {                                                                 \
-                const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                              \
-                const double *wj = wt + j * C;                                                                \
-                if (src) for (int64_t c = 0; c < C; c++) a[c] += wj[c] * (double)src[c];                      \
-                else for (int64_t c = 0; c < C; c++) a[c] += wj[c] * 0.0;                                     \
-            }                                                                                                 \
+            taps_##SFX(a, x, cache, start, wt, p, T_, C, K);                                                  \
             TT *o = out + p * C;                                                                              \
-            if (silu) for (int64_t c = 0; c < C; c++) o[c] = SILU_##SFX(a[c]);                                \
+            if (silu) for (int64_t c = 0; c < C; c++) o[c] = (TT)(a[c] * sigm_##SFX(a[c]));                   \
             else for (int64_t c = 0; c < C; c++) o[c] = (TT)a[c];                                             \
         }                                                                                                     \
         free(a);                                                                                              \
@@ -94,33 +97,51 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
                                const TT *cache, const int64_t *start, int64_t B, int64_t n, int64_t T_,       \
                                int64_t C, int64_t K, int silu)                                                \
 {                                                                                                             \
-    /* ga = dL/d(pre-activation) */                                                                           \
-    double *ga = malloc((size_t)(n * C > 0 ? n * C : 1) * sizeof *ga);                                        \
-    if (!ga) return tide_set_error("causal_conv1d backward: out of memory");                                  \
-    _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                             \
-    for (int64_t p = 0; p < n; p++)                                                                           \
-        for (int64_t c = 0; c < C; c++) {                                                                     \
-            double d = (double)gout[p * C + c];                                                               \
-            if (silu) {                                                                                       \
-                double a = 0;                                                                                 \
-                for (int64_t j = 0; j < K; j++) a += (double)w[c * K + j] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
-                double s = sigm(a);                                                                           \
-                d *= s + a * s * (1 - s);                                                                     \
-            }                                                                                                 \
-            ga[p * C + c] = d;                                                                                \
-        }                                                                                                     \
-    /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment */                      \
-    if (gx) {                                                                                                 \
-        _Pragma("omp parallel for if(n * C > TIDE_OMP_MIN)")                                                         \
-        for (int64_t p = 0; p < n; p++)                                                                       \
+    /* ga = dL/d(pre-activation), the pre-activation recomputed row by row as in the forward */               \
+    double *ga = malloc((size_t)(n * C > 0 ? n * C : 1) * sizeof *ga), *wt = transposed_##SFX(w, C, K);       \
+    if (!ga || !wt) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }   \
+    int bad = 0;                                                                                              \
+    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
+    {                                                                                                         \
+        double *a = silu ? malloc((size_t)(C > 0 ? C : 1) * sizeof *a) : NULL;                                \
+        if (silu && !a) bad = 1;                                                                              \
+        _Pragma("omp for schedule(static)")                                                                   \
+        for (int64_t p = 0; p < n; p++) {                                                                     \
+            const TT *g = gout + p * C;                                                                       \
+            double *gp = ga + p * C;                                                                          \
+            if (!silu) { for (int64_t c = 0; c < C; c++) gp[c] = (double)g[c]; continue; }                    \
+            if (!a) continue;                                                                                 \
+            taps_##SFX(a, x, cache, start, wt, p, T_, C, K);                                                  \
             for (int64_t c = 0; c < C; c++) {                                                                 \
-                double s = 0;                                                                                 \
+                double s = sigm_##SFX(a[c]);                                                                  \
+                gp[c] = (double)g[c] * (s + a[c] * s * (1 - s));                                              \
+            }                                                                                                 \
+        }                                                                                                     \
+        free(a);                                                                                              \
+    }                                                                                                         \
+    if (bad) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }          \
+    /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment, taps in order */        \
+    if (gx) {                                                                                                 \
+        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
+        {                                                                                                     \
+            double *s = malloc((size_t)(C > 0 ? C : 1) * sizeof *s);                                          \
+            if (!s) bad = 1;                                                                                  \
+            _Pragma("omp for schedule(static)")                                                               \
+            for (int64_t p = 0; p < n; p++) {                                                                 \
+                if (!s) continue;                                                                             \
+                for (int64_t c = 0; c < C; c++) s[c] = 0;                                                     \
                 for (int64_t j = 0; j < K; j++) {                                                             \
                     int64_t r = p + K - 1 - j;                                                                \
-                    if (r < n && start[r] == start[p]) s += (double)w[c * K + j] * ga[r * C + c];             \
+                    if (r >= n || start[r] != start[p]) continue;                                             \
+                    const double *wj = wt + j * C, *gr = ga + r * C;                                          \
+                    for (int64_t c = 0; c < C; c++) s[c] += wj[c] * gr[c];                                    \
                 }                                                                                             \
-                gx[p * C + c] = (TT)s;                                                                        \
+                TT *o = gx + p * C;                                                                           \
+                for (int64_t c = 0; c < C; c++) o[c] = (TT)s[c];                                              \
             }                                                                                                 \
+            free(s);                                                                                          \
+        }                                                                                                     \
+        if (bad) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }      \
     }                                                                                                         \
     /* cache slot m holds time m − (K−1) of row b; token t of the row's first segment reads it at tap j = m − t */ \
     if (gcache) {                                                                                             \
@@ -135,20 +156,31 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
                     gcache[(b * (K - 1) + m) * C + c] = (TT)s;                                                \
                 }                                                                                             \
     }                                                                                                         \
+    /* gw[c, j] = Σ_p ga[p, c] src_j(p)[c]: each thread owns a range of channels and walks the tokens in order   \
+       (so the sums do not depend on the thread count), the channels of a token row at once */                \
     if (gw) {                                                                                                 \
+        double *acc = calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc);                                   \
+        if (!acc) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }     \
         _Pragma("omp parallel if(n * C > TIDE_OMP_MIN)")                                                             \
         {                                                                                                     \
             int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
             int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;                                             \
-            for (int64_t c = c0; c < c1; c++)                                                                 \
+            for (int64_t p = 0; p < n; p++) {                                                                 \
+                const double *gp = ga + p * C;                                                                \
                 for (int64_t j = 0; j < K; j++) {                                                             \
-                    double s = 0;                                                                             \
-                    for (int64_t p = 0; p < n; p++) s += ga[p * C + c] * src_##SFX(x, cache, start, p, j, c, T_, C, K); \
-                    gw[c * K + j] = (TT)s;                                                                    \
+                    const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                          \
+                    if (!src) continue;                                                                       \
+                    double *aj = acc + j * C;                                                                 \
+                    for (int64_t c = c0; c < c1; c++) aj[c] += gp[c] * (double)src[c];                        \
                 }                                                                                             \
+            }                                                                                                 \
         }                                                                                                     \
+        for (int64_t c = 0; c < C; c++)                                                                       \
+            for (int64_t j = 0; j < K; j++) gw[c * K + j] = (TT)acc[j * C + c];                               \
+        free(acc);                                                                                            \
     }                                                                                                         \
     free(ga);                                                                                                 \
+    free(wt);                                                                                                 \
     return 0;                                                                                                 \
 }
 

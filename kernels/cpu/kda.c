@@ -144,24 +144,29 @@ int tide_cpu_kda_unit_lower_inverse(int dtype, void *M, const void *A, int64_t c
 }
 
 /* ---- the decay gate (kda.md §2, derivatives in §6) ---------------------------------------------------- */
-static inline double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
-static inline double softplus(double x) { return x > 30 ? x : log1p(exp(x)); }
+/* in double on libm for both dtypes (exp(A_log) once per channel, not per element) */
+static inline double sigmoid_f64(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+static inline double softplus_f64(double x) { return x > 30 ? x : log1p(exp(x)); }
 
-#define DEFINE_GATE(TT, SFX2)                                                                                 \
-static void gate_##SFX2(TT *g, const TT *z, const TT *A_log, const TT *b, int64_t N, int64_t H, int64_t D,      \
-                        double lb, int form)                                                                  \
+#define DEFINE_GATE(TT, SFX2, SIG, SOFTPLUS)                                                                   \
+static int gate_##SFX2(TT *g, const TT *z, const TT *A_log, const TT *b, int64_t N, int64_t H, int64_t D,       \
+                       double lb, int form)                                                                   \
 {                                                                                                             \
     int64_t HD = H * D;                                                                                       \
+    double *ea = malloc((size_t)(HD > 0 ? HD : 1) * sizeof *ea);        /* exp(A_log) per channel */          \
+    if (!ea) return tide_set_error("kda_gate: out of memory");                                                \
+    for (int64_t c = 0; c < HD; c++) ea[c] = exp((double)A_log[c / D]);                                       \
     _Pragma("omp parallel for if(N * HD > 65536)")                                                            \
-    for (int64_t n = 0; n < N; n++)                                                                           \
-        for (int64_t h = 0; h < H; h++) {                                                                     \
-            double ea = exp((double)A_log[h]);                                                                \
-            for (int64_t d = 0; d < D; d++) {                                                                 \
-                int64_t c = h * D + d;                                                                        \
-                double x = (double)z[n * HD + c] + (double)b[c];                                              \
-                g[n * HD + c] = (TT)(form == TIDE_KDA_GATE_BOUNDED ? lb * sigmoid(ea * x) : -ea * softplus(x)); \
-            }                                                                                                 \
-        }                                                                                                     \
+    for (int64_t n = 0; n < N; n++) {                                                                         \
+        const TT *zr = z + n * HD;                                                                            \
+        TT *gr = g + n * HD;                                                                                  \
+        if (form == TIDE_KDA_GATE_BOUNDED)                                                                    \
+            for (int64_t c = 0; c < HD; c++) gr[c] = (TT)(lb * SIG(ea[c] * ((double)zr[c] + (double)b[c])));  \
+        else                                                                                                  \
+            for (int64_t c = 0; c < HD; c++) gr[c] = (TT)(-ea[c] * SOFTPLUS((double)zr[c] + (double)b[c]));   \
+    }                                                                                                         \
+    free(ea);                                                                                                 \
+    return 0;                                                                                                 \
 }                                                                                                             \
                                                                                                               \
 /* per element: dz = gg ∂g/∂x, and the A_log term gg ∂g/∂A; db and dA are column sums over N, split by     \
@@ -171,22 +176,24 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
 {                                                                                                             \
     int64_t HD = H * D;                                                                                       \
     double *colA = (gA || gb) ? calloc((size_t)(2 * HD), sizeof(double)) : NULL;                              \
-    if ((gA || gb) && !colA) return tide_set_error("kda_gate backward: out of memory");                       \
+    double *ea = malloc((size_t)(HD > 0 ? HD : 1) * sizeof *ea);                                              \
+    if (((gA || gb) && !colA) || !ea) { free(colA); free(ea); return tide_set_error("kda_gate backward: out of memory"); } \
+    for (int64_t c = 0; c < HD; c++) ea[c] = exp((double)A_log[c / D]);                                       \
     _Pragma("omp parallel if(N * HD > 65536)")                                                                \
     {                                                                                                         \
         int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
         int64_t c0 = HD * tid / nth, c1 = HD * (tid + 1) / nth;                                               \
         for (int64_t n = 0; n < N; n++)                                                                       \
             for (int64_t c = c0; c < c1; c++) {                                                               \
-                double ea = exp((double)A_log[c / D]), x = (double)z[n * HD + c] + (double)b[c];              \
+                double x = (double)z[n * HD + c] + (double)b[c];                                              \
                 double dgx, dga, go = (double)gg[n * HD + c];                                                 \
                 if (form == TIDE_KDA_GATE_BOUNDED) {                                                          \
-                    double u = ea * x, s = sigmoid(u), ds = lb * s * (1 - s);                                 \
-                    dgx = ds * ea;                                                                            \
+                    double u = ea[c] * x, s = SIG(u), ds = lb * s * (1 - s);                                  \
+                    dgx = ds * ea[c];                                                                         \
                     dga = ds * u;                                                                             \
                 } else {                                                                                      \
-                    dgx = -ea * sigmoid(x);                                                                   \
-                    dga = -ea * softplus(x);                                                                  \
+                    dgx = -ea[c] * SIG(x);                                                                    \
+                    dga = -ea[c] * SOFTPLUS(x);                                                               \
                 }                                                                                             \
                 if (gz) gz[n * HD + c] = (TT)(go * dgx);                                                      \
                 if (colA) { colA[c] += go * dga; colA[HD + c] += go * dgx; }                                  \
@@ -200,20 +207,20 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
             gA[h] = (TT)s;                                                                                    \
         }                                                                                                     \
     free(colA);                                                                                               \
+    free(ea);                                                                                                 \
     return 0;                                                                                                 \
 }
 
-DEFINE_GATE(float, f32)
-DEFINE_GATE(double, f64)
+DEFINE_GATE(float, f32, sigmoid_f64, softplus_f64)
+DEFINE_GATE(double, f64, sigmoid_f64, softplus_f64)
 
 int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
                       int64_t D, double lb, int form)
 {
     if (form != TIDE_KDA_GATE_BOUNDED && form != TIDE_KDA_GATE_SOFTPLUS) return tide_set_error("kda_gate: unknown form %d", form);
-    if (dtype == TIDE_F32) gate_f32(g, z, A_log, dt_bias, N, H, D, lb, form);
-    else if (dtype == TIDE_F64) gate_f64(g, z, A_log, dt_bias, N, H, D, lb, form);
-    else return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
-    return 0;
+    if (dtype == TIDE_F32) return gate_f32(g, z, A_log, dt_bias, N, H, D, lb, form);
+    if (dtype == TIDE_F64) return gate_f64(g, z, A_log, dt_bias, N, H, D, lb, form);
+    return tide_set_error("kda_gate: dtype %s is not supported on the cpu backend (f32, f64)", tide_cpu_dtype_str(dtype));
 }
 
 int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z, const void *A_log,
