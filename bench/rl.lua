@@ -49,42 +49,12 @@ local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "benc
 local shell_quote = cli.shell_quote
 local median = results.median
 
--- ---- PyTorch: one process, JSON commands through a FIFO, one JSON line back per command ------------------------
+-- ---- PyTorch: one process, JSON commands through a FIFO, one JSON line back per command (tide.results.server) -----
 local Torch = {}
-Torch.__index = Torch
 
 function Torch.start(python, dir)
-  local fifo = dir .. "/cmd"
-  local err = dir .. "/torch.err"
-  os.remove(fifo)
-  if os.execute("mkfifo " .. shell_quote(fifo)) ~= 0 then error("rl bench: mkfifo " .. fifo .. " failed", 0) end
-  local cmd = fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve %s 2>%s", shell_quote(python),
-    shell_quote(bench_dir .. "/torch_rl.py"), shell_quote(fifo), shell_quote(err))
-  local p = assert(io.popen(cmd, "r"))
-  local w = assert(io.open(fifo, "r+"))   -- "r+" opens a FIFO without waiting for the reader
-  return setmetatable({ p = p, w = w, err = err }, Torch)
-end
-
-function Torch:ask(obj)
-  local line = json.encode(obj)
-  self.w:write(line, "\n")
-  self.w:flush()
-  local ans = self.p:read("*l")
-  if not ans then
-    local f = io.open(self.err)
-    local e = f and f:read("*a") or ""
-    if f then f:close() end
-    error("rl bench: torch_rl.py stopped answering (" .. obj.cmd .. "): " .. e:sub(-1200), 0)
-  end
-  local r = json.decode(ans)
-  if r.error then error("rl bench: torch_rl.py: " .. r.error, 0) end
-  return r
-end
-
-function Torch:close()
-  pcall(function() self:ask({ cmd = "quit" }) end)
-  self.w:close()
-  self.p:close()
+  return results.server(fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve {fifo}", shell_quote(python),
+    shell_quote(bench_dir .. "/torch_rl.py")), dir, "torch_rl")
 end
 
 -- ---- tide ---------------------------------------------------------------------------------------------------------

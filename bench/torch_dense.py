@@ -15,6 +15,13 @@ against each other for the cores.
   torch_dense.py --vocab 50304 --dim 768 --layers 12 --heads 12 --ffn 2048 --seq 64 --batch 4 \
                  [--warmup 2] [--steps 5] [--threads N] [--foreach 0|1] [--ddp N --bucket-mb MB]
 
+--serve FIFO: the model and optimiser are built once and the process answers one JSON command per line read from
+FIFO with one JSON line on stdout, so that a benchmark can interleave its rounds with tide's (bench/step_dense.lua):
+  {"cmd": "info"}               -> {"framework", "threads", "omp_wait_policy", "params", "params_embedding"}
+  {"cmd": "steps", "n": N}      -> {"step_s": [N step times], "losses": [...]}
+  {"cmd": "quit"}               -> {"ok": true}, then the process exits
+(--warmup steps run before the first answer; --steps is unused.)
+
 --ddp N: the baseline of bench/dist.lua: N processes (torch.multiprocessing) under DistributedDataParallel on the
 gloo backend (rendezvous through a file, traffic over loopback), --batch rows and --threads threads each, gradients
 summed in buckets of --bucket-mb MB overlapped with the backward (DDP's own scheme); rank 0's step times are
@@ -203,6 +210,39 @@ def main_ddp(a):
     sys.stdout.write("\n")
 
 
+def serve(a, model, opt, ids, targets):
+    """the --serve loop: commands from the FIFO, one JSON answer line each on stdout"""
+    timed_steps(model, opt, ids, targets, argparse.Namespace(warmup=0, steps=a.warmup))
+    info = {"framework": "pytorch " + torch.__version__, "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+            "params": sum(p_.numel() for p_ in model.parameters()),
+            "params_embedding": model.embed_tokens.weight.numel()}
+    with open(a.serve, "r") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            c = {}
+            try:
+                c = json.loads(line)
+                if c.get("cmd") == "quit":
+                    out = {"ok": True}
+                elif c.get("cmd") == "info":
+                    out = info
+                elif c.get("cmd") == "steps":
+                    n = int(c.get("n", 1))
+                    times, losses = timed_steps(model, opt, ids, targets, argparse.Namespace(warmup=0, steps=n))
+                    out = {"step_s": times, "losses": losses}
+                else:
+                    out = {"error": "unknown command " + repr(c.get("cmd"))}
+            except Exception as e:   # one line back whatever happened, so the caller never waits forever
+                out = {"error": f"{type(e).__name__}: {e}"}
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()
+            if c.get("cmd") == "quit":
+                return
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name in ("vocab", "dim", "layers", "heads", "ffn", "seq", "batch"):
@@ -213,6 +253,7 @@ def main():
     p.add_argument("--foreach", type=int, default=0, help="1: AdamW's multi-tensor (foreach) implementation")
     p.add_argument("--ddp", type=int, default=0, help="N > 1: N processes under DistributedDataParallel (gloo)")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    p.add_argument("--serve", default="", help="FIFO: answer JSON commands read from it (see the top of the file)")
     a = p.parse_args()
     if a.dim % a.heads or (a.dim // a.heads) % 2:
         p.error(f"dim {a.dim} must split into {a.heads} heads of an even size")
@@ -229,6 +270,8 @@ def main():
     ids = token_ids(n_tok, 7919, a.vocab).view(a.batch, a.seq)
     targets = token_ids(n_tok, 104729, a.vocab).view(a.batch, a.seq)
 
+    if a.serve:
+        return serve(a, model, opt, ids, targets)
     times, losses = timed_steps(model, opt, ids, targets, a)
 
     n_params = sum(p_.numel() for p_ in model.parameters())

@@ -327,9 +327,9 @@ static int run(lua_State *L, int argc, char **argv)
    on the machine (a second process, or OpenBLAS and the main thread under load): libgomp's default (about
    300,000 spins, a few ms) measured 10x slower training steps on 2 cores. Workers that never spin (PASSIVE)
    sleep in the kernel after every parallel region, and waking them costs more than a small op: the
-   quickstart model's step at 2,048 tokens took 0.108 s passive and 0.084 s with a short spin (GOMP_SPINCOUNT
-   = 3000, tens of microseconds), while two such processes sharing the 2 cores took 0.24 s passive, 0.28 s
-   with that spin and 0.50 s with 20,000. libgomp reads both variables once, when it is loaded, before main
+   quickstart model's step at 2,048 tokens took 0.129 s passive and 0.102 s with a short spin (GOMP_SPINCOUNT
+   = 3000, tens of microseconds), while two such processes sharing the 2 cores took 0.309 s passive and 0.357 s
+   with that spin per 4,096-token step (a spin of 20,000 doubled it). libgomp reads both variables once, when it is loaded, before main
    runs, so when the user has chosen neither we set PASSIVE with the short spin and re-execute ourselves once
    (libgomp also cuts the spin to 100 when it has more threads than CPUs). */
 static void ensure_passive_openmp(char **argv)
@@ -337,14 +337,25 @@ static void ensure_passive_openmp(char **argv)
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("TIDE_NO_REEXEC")) return;
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     setenv("GOMP_SPINCOUNT", "3000", 1);
-    setenv("TIDE_NO_REEXEC", "1", 1);
+    setenv("TIDE_NO_REEXEC", "spin", 1);
     execv("/proc/self/exe", argv);
     /* exec failed (no /proc): carry on with the default policy */
+}
+
+/* after the re-exec libgomp has read the spin: the processes tide starts (a PyTorch baseline, a helper) see
+   PASSIVE alone, as they did before the spin was added, and choose their own */
+static void forget_spin(void)
+{
+    const char *v = getenv("TIDE_NO_REEXEC");
+    if (!v || strcmp(v, "spin") != 0) return;
+    unsetenv("GOMP_SPINCOUNT");
+    setenv("TIDE_NO_REEXEC", "1", 1);
 }
 
 int main(int argc, char **argv)
 {
     ensure_passive_openmp(argv);
+    forget_spin();
     /* past a file-size limit (ulimit -f) write() then fails with EFBIG, reported like a full disk, instead of
        SIGXFSZ killing the process with no message in the middle of a save */
     signal(SIGXFSZ, SIG_IGN);

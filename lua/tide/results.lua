@@ -181,4 +181,126 @@ function results.median(xs)
   return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
 end
 
+-- ---- measuring on a shared machine ------------------------------------------------------------------------------
+-- Timings on a machine others use are only comparable when taken side by side: the helpers below wait for an idle
+-- machine, run the engines being compared in rounds (each round every engine once, the order rotating), and report
+-- each comparison as the median and range of the per-round ratios, so that a slow moment hits both sides of a pair.
+
+-- the /proc/stat totals: busy (user, nice, system, irq, softirq, steal) and all jiffies, and steal alone
+local function cpu_times()
+  local f = io.open("/proc/stat")
+  if not f then return nil end
+  local line = f:read("*l")
+  f:close()
+  local v = {}
+  for n in line:gmatch("%d+") do v[#v + 1] = tonumber(n) end
+  local user, nice, system, idle, iowait, irq, softirq, steal = v[1], v[2], v[3], v[4], v[5] or 0, v[6] or 0,
+    v[7] or 0, v[8] or 0
+  local busy = user + nice + system + irq + softirq + steal
+  return busy, busy + idle + iowait, steal
+end
+
+local function sleep(s) ffi.C.usleep(math.floor(s * 1e6)) end
+pcall(ffi.cdef, "int usleep(unsigned int usec);")
+
+-- cpu_busy(seconds) -> the fraction of all cores' time spent busy over the next `seconds` (steal counted as busy:
+-- the host took it), and the steal fraction alone; nil where /proc is absent
+function results.cpu_busy(seconds)
+  local b0, t0, s0 = cpu_times()
+  if not b0 then return nil end
+  sleep(seconds or 1)
+  local b1, t1, s1 = cpu_times()
+  local dt = math.max(t1 - t0, 1)
+  return (b1 - b0) / dt, (s1 - s0) / dt
+end
+
+-- wait_idle{max_busy = 0.15, timeout = 60, sample = 1} -> {busy, steal, waited}: waits until a sample of the cores
+-- (this process idle meanwhile) is at most max_busy busy, or the timeout passes; what it last saw is returned so
+-- the record can say how quiet the machine was
+function results.wait_idle(o)
+  o = o or {}
+  local max_busy, timeout, sample = o.max_busy or 0.15, o.timeout or 60, o.sample or 1
+  local t0 = tide.time()
+  local busy, steal = results.cpu_busy(sample)
+  while busy and busy > max_busy and tide.time() - t0 < timeout do busy, steal = results.cpu_busy(sample) end
+  return { busy = busy, steal = steal, waited = tide.time() - t0 }
+end
+
+-- interleave(rounds, runners, opts) -> {values = {name = {one number per round}}, idle = {wait_idle per round},
+--   order = {names per round}}: runners = {{name, fn}, ...}; each round waits for an idle machine (opts: wait_idle's
+--   options; opts.wait = false skips it) and calls every fn(round) once, the order rotated by one each round; fn
+--   returns the number compared (seconds per step, say)
+function results.interleave(rounds, runners, opts)
+  opts = opts or {}
+  local out = { values = {}, idle = {}, order = {} }
+  for _, r in ipairs(runners) do out.values[r[1]] = {} end
+  for round = 1, rounds do
+    if opts.wait ~= false then out.idle[round] = results.wait_idle(opts) end
+    local names = {}
+    for k = 0, #runners - 1 do
+      local r = runners[(round - 1 + k) % #runners + 1]
+      names[#names + 1] = r[1]
+      local v = r[2](round)
+      out.values[r[1]][round] = v
+    end
+    out.order[round] = names
+  end
+  return out
+end
+
+-- paired(a, b) -> {median, min, max, n, ratios}: the per-round ratios a[i] / b[i] of two lists from interleave
+function results.paired(a, b)
+  local ratios = {}
+  for i = 1, math.min(#a, #b) do ratios[i] = a[i] / b[i] end
+  local lo, hi = math.huge, -math.huge
+  for _, r in ipairs(ratios) do lo, hi = math.min(lo, r), math.max(hi, r) end
+  return { median = #ratios > 0 and results.median(ratios) or nil, min = lo, max = hi, n = #ratios, ratios = ratios }
+end
+
+-- "1.42x (1.35-1.51x)": a paired ratio for a table
+function results.ratio_str(p)
+  if not p or not p.median then return "-" end
+  return string.format("%.2fx (%.2f-%.2fx)", p.median, p.min, p.max)
+end
+
+-- ---- a helper process: JSON commands through a FIFO, one JSON line back per command -----------------------------
+local Server = {}
+Server.__index = Server
+
+-- server(cmd, dir, who) -> a running process: `cmd` is a shell command that reads its commands from the FIFO whose
+-- path replaces "{fifo}" in it; its stderr goes to <dir>/<who>.err, quoted when it stops answering
+function results.server(cmd, dir, who)
+  local cli = require "tide.cli"
+  local fifo, err = dir .. "/" .. who .. ".cmd", dir .. "/" .. who .. ".err"
+  os.remove(fifo)
+  if os.execute("mkfifo " .. cli.shell_quote(fifo)) ~= 0 then error(who .. ": mkfifo " .. fifo .. " failed", 0) end
+  local full = cmd:gsub("{fifo}", function() return cli.shell_quote(fifo) end) .. " 2>" .. cli.shell_quote(err)
+  local p = assert(io.popen(full, "r"))
+  local w = assert(io.open(fifo, "r+"))   -- "r+" opens a FIFO without waiting for the reader
+  return setmetatable({ p = p, w = w, err = err, who = who, fifo = fifo }, Server)
+end
+
+-- ask(obj) -> the decoded answer; an answer {error = ...} or a process that stopped answering raises one line
+function Server:ask(obj)
+  self.w:write(json.encode(obj), "\n")
+  self.w:flush()
+  local ans = self.p:read("*l")
+  if not ans then
+    local f = io.open(self.err)
+    local e = f and f:read("*a") or ""
+    if f then f:close() end
+    error(self.who .. ": the helper process stopped answering (" .. tostring(obj.cmd) .. "): " .. e:sub(-1200), 0)
+  end
+  local r = json.decode(ans)
+  if r.error then error(self.who .. ": " .. r.error, 0) end
+  return r
+end
+
+function Server:close()
+  pcall(function() self:ask({ cmd = "quit" }) end)
+  self.w:close()
+  self.p:close()
+  os.remove(self.fifo)
+end
+
 return results
