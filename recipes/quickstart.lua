@@ -5,7 +5,7 @@
 -- It ends with the recall accuracy per context length (up to 4x the longest row, 16x the longest recall document),
 -- the expert load balance at the end of every stage, and a checkpoint.
 --
---   tide run recipes/quickstart.lua                     train (about 5 minutes on 2 cores)
+--   tide run recipes/quickstart.lua                     train (about 1.5 minutes on 2 cores)
 --   tide run recipes/quickstart.lua --dry-run           print the plan: parameters, stages, memory, nothing run
 --   tide run recipes/quickstart.lua --resume            continue from runs/quickstart/ckpt/latest, mid-stage
 --   tide run recipes/quickstart.lua --stage=s1024 --resume=runs/quickstart/ckpt/step_00000200
