@@ -134,42 +134,12 @@ local function export(path, m, x, y)
     layers = tostring(m.vc.layers), theta = tostring(m.vc.theta), eps = tostring(m.vc.eps) })
 end
 
--- ---- PyTorch: one process per config, commands through a FIFO, one JSON line back per command --------------------
+-- ---- PyTorch: one process per config, text commands through a FIFO, one JSON line back each (tide.results.server) --
 local Torch = {}
-Torch.__index = Torch
 
 function Torch.start(python, dir)
-  local fifo = dir .. "/cmd"
-  local err = dir .. "/torch.err"
-  os.remove(fifo)
-  if os.execute("mkfifo " .. shell_quote(fifo)) ~= 0 then error("vision bench: mkfifo " .. fifo .. " failed", 0) end
-  local cmd = fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve %s 2>%s", shell_quote(python),
-    shell_quote(bench_dir .. "/torch_vision.py"), shell_quote(fifo), shell_quote(err))
-  local p = assert(io.popen(cmd, "r"))
-  -- "r+" opens a FIFO without waiting for the reader: a Python that dies early cannot hang us here
-  local w = assert(io.open(fifo, "r+"))
-  return setmetatable({ p = p, w = w, err = err }, Torch)
-end
-
-function Torch:ask(line)
-  self.w:write(line, "\n")
-  self.w:flush()
-  local ans = self.p:read("*l")
-  if not ans then
-    local f = io.open(self.err)
-    local e = f and f:read("*a") or ""
-    if f then f:close() end
-    error("vision bench: torch_vision.py stopped answering ('" .. line .. "'): " .. e:sub(-1200), 0)
-  end
-  local obj = json.decode(ans)
-  if obj.error then error("vision bench: torch_vision.py: " .. obj.error, 0) end
-  return obj
-end
-
-function Torch:close()
-  pcall(function() self:ask("quit") end)
-  self.w:close()
-  self.p:close()
+  return results.server(fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve {fifo}", shell_quote(python),
+    shell_quote(bench_dir .. "/torch_vision.py")), dir, "torch_vision", "quit")
 end
 
 -- a fresh PyTorch process: one step at these grids; its peak RSS growth

@@ -267,9 +267,10 @@ end
 local Server = {}
 Server.__index = Server
 
--- server(cmd, dir, who) -> a running process: `cmd` is a shell command that reads its commands from the FIFO whose
--- path replaces "{fifo}" in it; its stderr goes to <dir>/<who>.err, quoted when it stops answering
-function results.server(cmd, dir, who)
+-- server(cmd, dir, who, quit) -> a running process: `cmd` is a shell command that reads its commands from the FIFO
+-- whose path replaces "{fifo}" in it; its stderr goes to <dir>/<who>.err, quoted when it stops answering; `quit` is
+-- what close() sends (default {cmd = "quit"})
+function results.server(cmd, dir, who, quit)
   local cli = require "tide.cli"
   local fifo, err = dir .. "/" .. who .. ".cmd", dir .. "/" .. who .. ".err"
   os.remove(fifo)
@@ -277,19 +278,22 @@ function results.server(cmd, dir, who)
   local full = cmd:gsub("{fifo}", function() return cli.shell_quote(fifo) end) .. " 2>" .. cli.shell_quote(err)
   local p = assert(io.popen(full, "r"))
   local w = assert(io.open(fifo, "r+"))   -- "r+" opens a FIFO without waiting for the reader
-  return setmetatable({ p = p, w = w, err = err, who = who, fifo = fifo }, Server)
+  return setmetatable({ p = p, w = w, err = err, who = who, fifo = fifo, quit = quit or { cmd = "quit" } }, Server)
 end
 
--- ask(obj) -> the decoded answer; an answer {error = ...} or a process that stopped answering raises one line
+-- ask(obj) -> the decoded answer: obj is a table (sent as one JSON line) or a string (sent as the line itself); an
+-- answer {error = ...} or a process that stopped answering raises one line
 function Server:ask(obj)
-  self.w:write(json.encode(obj), "\n")
+  local line = type(obj) == "string" and obj or json.encode(obj)
+  self.w:write(line, "\n")
   self.w:flush()
   local ans = self.p:read("*l")
   if not ans then
     local f = io.open(self.err)
     local e = f and f:read("*a") or ""
     if f then f:close() end
-    error(self.who .. ": the helper process stopped answering (" .. tostring(obj.cmd) .. "): " .. e:sub(-1200), 0)
+    local what = type(obj) == "table" and tostring(obj.cmd) or ("'" .. line .. "'")
+    error(self.who .. ": the helper process stopped answering (" .. what .. "): " .. e:sub(-1200), 0)
   end
   local r = json.decode(ans)
   if r.error then error(self.who .. ": " .. r.error, 0) end
@@ -297,7 +301,7 @@ function Server:ask(obj)
 end
 
 function Server:close()
-  pcall(function() self:ask({ cmd = "quit" }) end)
+  pcall(function() self:ask(self.quit) end)
   self.w:close()
   self.p:close()
   os.remove(self.fifo)
