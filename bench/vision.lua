@@ -250,24 +250,32 @@ local function bench_config(cfg, c, tmp)
   local tt, th = {}, {}
   for _, n in ipairs(tide_threads) do tt[n] = { step_s = {}, forward_s = {}, backward_s = {}, peak = 0 } end
   for _, n in ipairs(threads) do th[n] = {} end
+  r.idle = {}
   for round = 0, cfg.rounds do        -- round 0 is the warm-up
+    -- each timed round after a wait for an idle machine, tide and PyTorch first in turn (tide.results' method)
+    if round > 0 then r.idle[round] = results.wait_idle({ max_busy = cfg.max_busy, timeout = cfg.idle_timeout }) end
     local line = fmt("  round %d%s:", round, round == 0 and " (warm-up)" or "")
-    for _, n in ipairs(tide_threads) do
-      tide.set_num_threads(n)
-      local _, f, b, peak = step(m, x)
-      local e = tt[n]
-      if round > 0 then
-        e.step_s[#e.step_s + 1], e.forward_s[#e.forward_s + 1], e.backward_s[#e.backward_s + 1] = f + b, f, b
-        e.peak = math.max(e.peak, peak)
+    local function run_tide()
+      for _, n in ipairs(tide_threads) do
+        tide.set_num_threads(n)
+        local _, f, b, peak = step(m, x)
+        local e = tt[n]
+        if round > 0 then
+          e.step_s[#e.step_s + 1], e.forward_s[#e.forward_s + 1], e.backward_s[#e.backward_s + 1] = f + b, f, b
+          e.peak = math.max(e.peak, peak)
+        end
+        line = line .. fmt(" tide %dT %.3f s (fwd %.3f, bwd %.3f),", n, f + b, f, b)
       end
-      line = line .. fmt(" tide %dT %.3f s (fwd %.3f, bwd %.3f),", n, f + b, f, b)
+      tide.set_num_threads(default_threads)
     end
-    tide.set_num_threads(default_threads)
-    for _, n in ipairs(threads) do
-      local t = torch:ask(fmt("time %d 1", n)).step_s[1]
-      if round > 0 then th[n][#th[n] + 1] = t end
-      line = line .. fmt(" torch %dT %.3f s,", n, t)
+    local function run_torch()
+      for _, n in ipairs(threads) do
+        local t = torch:ask(fmt("time %d 1", n)).step_s[1]
+        if round > 0 then th[n][#th[n] + 1] = t end
+        line = line .. fmt(" torch %dT %.3f s,", n, t)
+      end
     end
+    if round % 2 == 0 then run_torch(); run_tide() else run_tide(); run_torch() end
     io.stderr:write(line:sub(1, -2) .. "\n")
   end
   r.tide = { by_threads = {}, default_threads = default_threads }
@@ -294,14 +302,13 @@ local function bench_config(cfg, c, tmp)
       if not best or e.step_s_median < best.step_s_median then best = e end
     end
     r.torch.threads, r.torch.step_s_median, r.torch.patches_per_s = best.threads, best.step_s_median, best.patches_per_s
-    r.tide_over_torch = r.tide.patches_per_s / r.torch.patches_per_s
-    -- the spread: the rounds interleave, so round i pairs tide's and PyTorch's i-th steps (each at its fastest threads)
+    r.tide_over_torch_of_medians = r.tide.patches_per_s / r.torch.patches_per_s
+    -- the ratio: round i pairs tide's and PyTorch's i-th steps (each at its fastest threads); the median of the
+    -- per-round ratios is quoted, with their range
     local ts, ps = r.tide.by_threads, best.step_s
     for _, e in ipairs(ts) do if e.threads == r.tide.threads then ts = e.step_s end end
-    for i = 1, math.min(#ts, #ps) do
-      local q = ps[i] / ts[i]
-      r.ratio_min, r.ratio_max = math.min(r.ratio_min or q, q), math.max(r.ratio_max or q, q)
-    end
+    local p = results.paired(ps, ts)
+    r.tide_over_torch, r.ratio_min, r.ratio_max, r.ratios = p.median, p.min, p.max, p.ratios
     if cfg.profile then
       r.torch_profile = torch:ask(fmt("profile %d", r.torch.threads))
       r.torch_gemm = torch:ask(fmt("gemm %d 3", r.torch.threads))
@@ -363,13 +370,15 @@ local function markdown(rec)
     num(rec.loadavg_end, "%.2f"))
   L[#L + 1] = ""
   L[#L + 1] = fmt("- step: y = projector(vit(patches, grids)); loss = sum(y * R); backward. Median of %d rounds after a "
-    .. "warm-up, tide and PyTorch rounds interleaved. patches/s = packed patches / median step.", rec.rounds)
+    .. "warm-up, tide and PyTorch rounds interleaved (each round after a wait for an idle machine, cores at most %.0f%% "
+    .. "busy over 1 s; the engine that goes first alternates). patches/s = packed patches / median step; tide / torch "
+    .. "is the median of the per-round ratios (min-max).", rec.rounds, 100 * (rec.max_busy or 0.15))
   L[#L + 1] = fmt("- check before timing: PyTorch loads tide's weights and inputs; y and every parameter gradient compared, "
     .. "max |delta| / max |torch| per tensor, fail above %g.", TOLERANCE)
   L[#L + 1] = "- memory: tide's engine peak above what exists before the step; PyTorch: ru_maxrss after one step minus "
     .. "the RSS before it, fresh process per size (process RSS, not tensor bytes: not the same measure as tide's)."
   L[#L + 1] = ""
-  L[#L + 1] = "| config | images | patches | tide patches/s | torch patches/s | tide / torch: medians (min-max of paired rounds) | threads tide / torch "
+  L[#L + 1] = "| config | images | patches | tide patches/s | torch patches/s | tide / torch: median of paired rounds (min-max) | threads tide / torch "
     .. "| y max abs delta | worst rel delta (y, grads) | tide peak B/patch 1x / 2x / 4x | torch RSS B/patch 1x / 2x / 4x |"
   L[#L + 1] = "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
   for _, r in ipairs(rec.configs) do
@@ -443,7 +452,7 @@ end
 local function run(cfg)
   local record = {
     benchmark = "vision", date = os.date("!%Y-%m-%d %H:%M UTC"), tide_version = tide.version,
-    threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), rounds = cfg.rounds,
+    threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), rounds = cfg.rounds, max_busy = cfg.max_busy,
     tide_threads = cfg.tide_threads, torch_threads = cfg.torch_threads, tolerance = TOLERANCE, target_vs_torch = TARGET, loadavg_start = results.loadavg(),
     configs = {},
   }
@@ -473,6 +482,8 @@ end
 return {
   only = "",                    -- one config by name ("tiny-vlm", "moonvit-narrow"); "" runs both
   rounds = 5,                   -- timed interleaved rounds after one warm-up round
+  max_busy = 0.15,              -- a round starts once the cores are at most this busy over 1 s ...
+  idle_timeout = 60,            -- ... or after this many seconds of waiting
   tide_threads = "1,2",         -- tide's thread counts tried each round ("" = the engine's default); its fastest counts
   torch_threads = "1,2",        -- PyTorch's thread counts tried each round; its fastest median counts
   scales = "1,2,4",             -- the packed images repeated this many times for the memory column
