@@ -7,7 +7,10 @@
 -- that every loss is finite.
 --
 --   tide run bench/quickstart_step.lua [--device=cpu|cuda] [--stages=s128,s1024] [--steps=3] [--warmup=1]
---                                      [--results=DIR]
+--                                      [--recompute=auto|layer|selective|none] [--results=DIR]
+-- --recompute overrides the recipe's mode (default: the model's own, "auto"); the table says which mode each stage
+-- ran in. OMP_WAIT_POLICY=PASSIVE in the environment turns off the tide executable's short OpenMP spin (README:
+-- Threads), for comparing the two.
 local ffi = require "ffi"
 local tide = require "tide"
 local results = require "tide.results"
@@ -30,10 +33,12 @@ local function run(cfg)
   local recipe = dofile(cfg.recipe)
   local mcfg = copy(recipe.model)
   mcfg.device = cfg.device
+  if cfg.recompute ~= "" then mcfg.recompute = cfg.recompute end
   local want = {}
   for name in tostring(cfg.stages):gmatch("[^,%s]+") do want[name] = true end
   local record = {
     benchmark = "quickstart_step", date = os.date("!%Y-%m-%d %H:%M UTC"), device = cfg.device,
+    omp_wait_policy = os.getenv("OMP_WAIT_POLICY") or "", gomp_spincount = os.getenv("GOMP_SPINCOUNT") or "",
     device_info = cfg.device == "cpu" and string.format("%d threads", tide.num_threads())
       or ffi.string(tide.C.tide_cuda_info()),
     tokens_per_step = recipe.tokens_per_step, warmup = cfg.warmup, steps = cfg.steps, rows = {},
@@ -75,7 +80,8 @@ local function run(cfg)
           cfg.warmup + cfg.steps, t1 - t0, losses[s]))
       end
       local sec = median(times)
-      record.rows[#record.rows + 1] = { stage = st.name, batch = B, seq = T, step_s = sec, tok_per_s = n / sec,
+      record.rows[#record.rows + 1] = { stage = st.name, batch = B, seq = T, recompute = (model:recompute_for(B, T)),
+        step_s = sec, tok_per_s = n / sec,
         losses = losses, memory_peak = tide.memory(cfg.device).peak }
       ids, tgt = nil, nil
       collectgarbage()
@@ -87,11 +93,11 @@ local function run(cfg)
     string.format("%s on %s (%s). %d parameters; %d tokens per step; loss, backward, clip, AdamW, balancer update; "
       .. "median of %d timed steps after %d untimed.", record.date, record.device, record.device_info, record.params,
       record.tokens_per_step, cfg.steps, cfg.warmup), "",
-    "| stage | B x T | step s | tok/s | peak MB | first / last loss |",
-    "|---|---:|---:|---:|---:|---|",
+    "| stage | B x T | recompute | step s | tok/s | peak MB | first / last loss |",
+    "|---|---:|---|---:|---:|---:|---|",
   }
   for _, r in ipairs(record.rows) do
-    L[#L + 1] = string.format("| %s | %d x %d | %.4f | %.0f | %.1f | %.4f / %.4f |", r.stage, r.batch, r.seq, r.step_s,
+    L[#L + 1] = string.format("| %s | %d x %d | %s | %.4f | %.0f | %.1f | %.4f / %.4f |", r.stage, r.batch, r.seq, r.recompute, r.step_s,
       r.tok_per_s, r.memory_peak / 2 ^ 20, r.losses[1], r.losses[#r.losses])
   end
   L[#L + 1] = ""
@@ -107,6 +113,7 @@ return {
   stages = "",                -- stage names to run, comma-separated; "" runs every stage
   warmup = 1,
   steps = 3,
+  recompute = "",             -- "" keeps the recipe's mode; "auto", "layer", "selective" or "none" overrides it
   results = "bench/results",  -- where quickstart_step.json / .md go; "" writes nothing
   run = run,
 }
