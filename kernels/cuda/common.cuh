@@ -19,6 +19,10 @@
 /* the stream every entry uses; 0 on success, else the error is set */
 int tide_cuda_get_stream(cudaStream_t *out);
 int tide_cuda_get_cublas(cublasHandle_t *out);
+/* KDA: chunks (of the op's chunk size) between the forward's state checkpoints (backend.h kda_ckpt_chunks).
+   The CUDA backward recomputes a block's start states from its checkpoint, so this sets its memory, not its
+   work: at K3 heads one checkpoint per 1,024 tokens (6 KiB per token) and a buffer of 64 states. */
+#define TIDE_KDA_CUDA_CKPT_CHUNKS 64
 /* a small device scratch area for reductions and error flags (TIDE_CUDA_SCRATCH_PARTIALS doubles,
    then flags); only valid in stream order between one entry's launches */
 #define TIDE_CUDA_SCRATCH_PARTIALS 1024

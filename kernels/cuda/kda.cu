@@ -13,15 +13,24 @@
  * TIDE_KDA_CHUNK_SAFE forms exp(G_r − G_j) per pair (any g <= 0). U is formed as M diag(β)(V − K̂S₀)
  * (§4), one state product fewer than Ũ − W S₀. The state products (K̂S₀, Q̂S₀, K_rᵀU) are fp32 FMA.
  *
- * Backward (§6): a forward pass stores every chunk's start state in a temporary buffer, then one block per
- * (segment, head) walks the chunks in reverse carrying dS (in shared memory; S₀ is read from the buffer).
- * The recurrent path's backward is the per-pair chunk backward: the same function.
+ * Backward (§6), checkpointed: the training forward writes the start state of every kbc-th chunk of each
+ * segment (kbc from the engine's checkpoint count, backend.h kda_ckpt_chunks; TIDE_KDA_CUDA_CKPT_CHUNKS).
+ * The backward walks each segment's blocks of kbc chunks from the last: one launch recomputes the block's
+ * chunk start states from its checkpoint into a buffer of kbc states, the next walks those chunks in reverse
+ * carrying dS (in shared memory; S₀ read from the buffer; dS handed from block to block through a carry
+ * buffer). The recomputed states are the forward's own bits (the same kernel from the same checkpoint), so the
+ * result equals a backward over every stored state bitwise, in kda_ckpt_chunks / KDA_CT times less memory: at
+ * long T a few states per segment instead of one per 16 tokens. Segments are taken in groups whose state
+ * buffers together hold no more states than the checkpoints do (a long segment: one group of its own).
+ * The recurrent path's backward is the per-pair chunk backward: the same function, with checkpoints it
+ * computes itself first.
  */
 #include "common.cuh"
 #include <mma.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <vector>
 
 #define KDA_CT 16                 /* rows of a chunk tile */
 #define KDA_NT 256                /* threads per block */
@@ -34,7 +43,8 @@ typedef __nv_bfloat16 kda_bf16;
 /* one non-empty segment of the packed batch; blocks are (segment, head) */
 struct kda_seg {
     int64_t start, len;           /* first token (flattened b·T + t) and its token count */
-    int64_t chunk0;               /* index of its first chunk in the backward's state buffer */
+    int64_t ck0, kbc;             /* its first checkpoint; chunks per checkpoint */
+    int64_t buf0;                 /* its first slot in the backward's state buffer (within its group) */
     int64_t s0_row, sout_row;     /* row whose s0 it starts from / whose final state it is, else -1 */
 };
 
@@ -315,8 +325,11 @@ template <bool WMMA> __device__ void kda_solve(const kda_views &w)
 /* ---- forward ---------------------------------------------------------------------------------------- */
 
 template <typename T> struct kda_fwd_args {
-    T *o;                          /* NULL: states only (the backward's forward pass) */
-    float *s_out, *states;         /* states: [n_chunks, H, dk, dv] chunk start states, or NULL */
+    T *o;                          /* NULL: no output (the backward's passes) */
+    float *s_out;
+    float *ckpt;                   /* blk < 0: checkpoints written here (or NULL); blk >= 0: read from here */
+    float *states;                 /* blk >= 0: the block's chunk start states [slot, H, dk, dv], slot buf0 + i */
+    int64_t blk;                   /* -1: whole segments from s0; else block blk of each segment, states only */
     const T *q, *k, *v, *g, *beta;
     const float *s0;
     const kda_seg *seg;
@@ -335,17 +348,29 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
     const int h = blockIdx.x % a.H, dk = a.dk, dv = a.dv, H = a.H;
     const int64_t sz = (int64_t)dk * dv;
 
+    const int64_t nch = (sg.len + a.C - 1) / a.C;
+    int64_t c0 = 0, c1 = nch;
     const float *s0 = (sg.s0_row >= 0 && a.s0) ? a.s0 + (sg.s0_row * H + h) * sz : nullptr;
+    if (a.blk >= 0) {                    /* one block of chunks from its checkpoint */
+        c0 = a.blk * sg.kbc;
+        if (c0 >= nch) return;           /* the whole block: this segment has no such block */
+        c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
+        s0 = a.ckpt + ((sg.ck0 + a.blk) * H + h) * sz;
+    }
     for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[idx] : 0.f;
 
-    const int64_t nch = (sg.len + a.C - 1) / a.C;
-    for (int64_t ch = 0; ch < nch; ch++) {
+    for (int64_t ch = c0; ch < c1; ch++) {
         const int64_t tok0 = sg.start + ch * a.C;
         const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
         __syncthreads();                 /* S is final for this chunk; the buffers are free */
-        if (a.states) {
-            float *st = a.states + ((sg.chunk0 + ch) * H + h) * sz;
+        if (a.blk < 0 && a.ckpt && ch % sg.kbc == 0) {
+            float *st = a.ckpt + ((sg.ck0 + ch / sg.kbc) * H + h) * sz;
             for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[idx] = w.S[idx];
+        }
+        if (a.states) {
+            float *st = a.states + ((sg.buf0 + ch - c0) * H + h) * sz;
+            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[idx] = w.S[idx];
+            if (ch == c1 - 1) return;    /* the block's last start state: its chunk is the backward's */
         }
         kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, dk, dv, a.check, a.lb,
                     a.bad);
@@ -563,7 +588,9 @@ template <typename T> struct kda_bwd_args {
     T *gq, *gk, *gv, *gg, *gbeta;
     float *gs0;
     const T *gout;
-    const float *gs_out, *states;
+    const float *gs_out, *states;  /* states: the block's chunk start states (kda_fwd_args) */
+    float *carry;                  /* dS between blocks: [segment of the group, H, dk, dv] */
+    int64_t blk;
     const T *q, *k, *v, *g, *beta;
     const kda_seg *seg;
     int H, dk, dv, C, safe;
@@ -582,17 +609,21 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
     float *dS = w.S;
     float *dGs = w.R, *KrT = w.dU;   /* R and dU are dead by the time these are written */
 
-    const float *gso = (sg.sout_row >= 0 && a.gs_out) ? a.gs_out + (sg.sout_row * H + h) * sz : nullptr;
+    const int64_t nch = (sg.len + a.C - 1) / a.C, c0 = a.blk * sg.kbc;
+    if (c0 >= nch) return;               /* the whole block: this segment has no such block */
+    const int64_t c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
+    float *carry = a.carry + ((int64_t)blockIdx.x) * sz;   /* (segment of the group, head) */
+    const float *gso = c1 < nch ? carry
+                       : (sg.sout_row >= 0 && a.gs_out) ? a.gs_out + (sg.sout_row * H + h) * sz : nullptr;
     for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
         int i = idx / dv, j = idx - i * dv;
         dS[i * lds + j] = gso ? gso[idx] : 0.f;
     }
 
-    const int64_t nch = (sg.len + a.C - 1) / a.C;
-    for (int64_t ch = nch - 1; ch >= 0; ch--) {
+    for (int64_t ch = c1 - 1; ch >= c0; ch--) {
         const int64_t tok0 = sg.start + ch * a.C;
         const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
-        const float *S0 = a.states + ((sg.chunk0 + ch) * H + h) * sz;
+        const float *S0 = a.states + ((sg.buf0 + ch - c0) * H + h) * sz;
         __syncthreads();
         kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, a.gout, tok0, rows, h, H, dk, dv, 0, 0.0, nullptr);
         __syncthreads();
@@ -785,24 +816,25 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
             }
     }
     __syncthreads();
-    if (sg.s0_row >= 0 && a.gs0) {
-        float *o = a.gs0 + (sg.s0_row * H + h) * sz;
+    float *o = c0 > 0 ? carry : (sg.s0_row >= 0 && a.gs0) ? a.gs0 + (sg.s0_row * H + h) * sz : nullptr;
+    if (o)
         for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
             int i = idx / dv, j = idx - i * dv;
             o[idx] = dS[i * lds + j];
         }
-    }
 }
 
 /* ---- host side -------------------------------------------------------------------------------------- */
 
 /* the non-empty segments of cu (NULL: one per row), checked: boundaries rise from 0 to B·T and no
-   segment crosses a row start (backend.h: every row start is a boundary) */
+   segment crosses a row start (backend.h: every row start is a boundary). Checkpoints: the layout of
+   backend.h (ceil(ceil(len / chunk) / kb) per segment, segments in order; *n_ckpt in all); a segment's
+   kbc chunks of C tokens per checkpoint spread its chunks over the checkpoints it has. */
 static int kda_segments(const char *what, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C,
-                        kda_seg **out, int64_t *n_out, int64_t *n_chunks)
+                        int64_t chunk, int64_t kb, kda_seg **out, int64_t *n_out, int64_t *n_ckpt)
 {
     *out = NULL;
-    *n_out = *n_chunks = 0;
+    *n_out = *n_ckpt = 0;
     int64_t N = B * T, n = cu ? n_seg : B;
     if (cu) {
         if (n_seg < 1) return tide_set_error("%s: cu_seqlens has %lld segments, expected at least 1", what, (long long)n_seg);
@@ -812,7 +844,7 @@ static int kda_segments(const char *what, const int64_t *cu, int64_t n_seg, int6
     }
     kda_seg *s = (kda_seg *)malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
     if (!s) return tide_set_error("%s: out of host memory for %lld segments", what, (long long)n);
-    int64_t m = 0, chunks = 0;
+    int64_t m = 0, cks = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t a = cu ? cu[i] : i * T, e = cu ? cu[i + 1] : (i + 1) * T;
         if (e < a) {
@@ -827,19 +859,60 @@ static int kda_segments(const char *what, const int64_t *cu, int64_t n_seg, int6
             return tide_set_error("%s: segment [%lld, %lld) crosses the start of row %lld (T = %lld)", what,
                                   (long long)a, (long long)e, (long long)(b + 1), (long long)T);
         }
+        int64_t nch = (e - a + C - 1) / C, ncap = ((e - a + chunk - 1) / chunk + kb - 1) / kb;
         s[m].start = a;
         s[m].len = e - a;
-        s[m].chunk0 = chunks;
+        s[m].ck0 = cks;
+        s[m].kbc = (nch + ncap - 1) / ncap;
+        s[m].buf0 = 0;
         s[m].s0_row = a == b * T ? b : -1;
         s[m].sout_row = e == (b + 1) * T ? b : -1;
-        chunks += (e - a + C - 1) / C;
+        cks += ncap;
         m++;
     }
     *out = s;
     *n_out = m;
-    *n_chunks = chunks;
+    *n_ckpt = cks;
     return 0;
 }
+
+/* a segment's state slots in the backward's buffer: one block's chunk start states */
+static int64_t kda_slots(const kda_seg &s, int64_t C)
+{
+    int64_t nch = (s.len + C - 1) / C;
+    return s.kbc < nch ? s.kbc : nch;
+}
+
+/* the backward's groups of consecutive segments: starts[0..n] (starts[n] = nseg); a group's slots together
+   at most `budget` (a segment alone may have more); sets buf0; *slots / *segs: the largest group's slots and
+   segment count (the buffers' sizes) */
+static int kda_groups(kda_seg *s, int64_t nseg, int64_t C, int64_t budget, std::vector<int64_t> &starts,
+                      int64_t *slots, int64_t *segs)
+{
+    starts.clear();
+    *slots = *segs = 0;
+    int64_t used = 0;
+    for (int64_t i = 0; i < nseg; i++) {
+        int64_t n = kda_slots(s[i], C);
+        if (starts.empty() || used + n > budget) {
+            starts.push_back(i);
+            used = 0;
+        }
+        s[i].buf0 = used;
+        used += n;
+        if (used > *slots) *slots = used;
+        int64_t g = i + 1 - starts.back();
+        if (g > *segs) *segs = g;
+    }
+    starts.push_back(nseg);
+    return 0;
+}
+
+/* the CUDA backward's own checkpoints when the forward kept none (the recurrent path, a direct call):
+   every kda_bwd_ckpt_chunks-th chunk; the group budget in state slots (0: the checkpoint count). Tests of the
+   emulator set them. */
+static int64_t kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
+static int64_t kda_bwd_budget = 0;
 
 static int kda_smem_limit(void)
 {
@@ -849,6 +922,19 @@ static int kda_smem_limit(void)
         return 48 * 1024;
     }
     return v;
+}
+
+/* the dynamic shared memory a kernel may take: the opt-in limit less the kernel's own static shared memory
+   (the recurrent kernel's broadcast β) */
+template <typename K> static int kda_dyn_limit(K kernel)
+{
+    int limit = kda_smem_limit();
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return limit;
+    }
+    return limit - (int)fa.sharedSizeBytes;
 }
 
 static int kda_check_sizes(const char *what, int dtype, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv)
@@ -919,7 +1005,7 @@ template <typename T, bool WMMA>
 static int kda_launch_forward(const char *what, const kda_fwd_args<T> &args, int64_t blocks, cudaStream_t s)
 {
     size_t bytes = (size_t)args.L.total * sizeof(float);
-    int limit = kda_smem_limit();
+    int limit = kda_dyn_limit(kda_chunk_kernel<T, WMMA>);
     if (bytes > (size_t)limit)
         return tide_set_error("%s: dk %d x dv %d needs %zu bytes of shared memory per block; the device allows %d",
                               what, args.dk, args.dv, bytes, limit);
@@ -930,9 +1016,11 @@ static int kda_launch_forward(const char *what, const kda_fwd_args<T> &args, int
     return 0;
 }
 
-/* the chunked forward of one dtype: o (may be NULL), s_out (may be NULL), states (may be NULL) */
+/* the chunked forward of one dtype (kda_fwd_args): blk < 0: o, s_out and ckpt (each may be NULL); blk >= 0: the
+   start states of block blk of every segment into states, from ckpt */
 template <typename T>
-static int kda_forward_chunks(const char *what, T *o, float *s_out, float *states, const T *q, const T *k,
+static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt, float *states, int64_t blk,
+                              const T *q, const T *k,
                               const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
                               int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
                               unsigned long long *bad, cudaStream_t s)
@@ -942,7 +1030,9 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *state
     kda_fwd_args<T> args;
     args.o = o;
     args.s_out = s_out;
+    args.ckpt = ckpt;
     args.states = states;
+    args.blk = blk;
     args.q = q;
     args.k = k;
     args.v = v;
@@ -985,7 +1075,7 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
     args.dk = (int)dk;
     args.dv = (int)dv;
     size_t bytes = kda_recurrent_smem((int)dk, (int)dv);
-    int limit = kda_smem_limit();
+    int limit = kda_dyn_limit(kda_recurrent_kernel<T>);
     if (bytes > (size_t)limit)
         return tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
                               what, (long long)dk, (long long)dv, bytes, limit);
@@ -1000,15 +1090,17 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
 template <typename T>
 static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
                              const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
-                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
 {
     const char *what = "kda";
     TIDE_STREAM(s);
     if (B * T_ == 0) return kda_empty_rows(what, (float *)s_out, (const float *)s0, B, H, dk, dv, s);
     int C = kda_chunk_of(path, chunk);
     kda_seg *seg = NULL, *seg_d = NULL;
-    int64_t nseg = 0, nchunks = 0;
-    if (kda_segments(what, cu, n_seg, B, T_, C, &seg, &nseg, &nchunks)) return -1;
+    int64_t nseg = 0, n_ck = 0;
+    if (kda_segments(what, cu, n_seg, B, T_, C, path == TIDE_KDA_RECURRENT ? C : chunk, TIDE_KDA_CUDA_CKPT_CHUNKS,
+                     &seg, &nseg, &n_ck))
+        return -1;
     int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
     free(seg);
     int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
@@ -1023,9 +1115,9 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
             rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
                                           (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
         else
-            rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)NULL, (const T *)q, (const T *)k,
-                                       (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H,
-                                       dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
+            rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (float *)NULL, -1, (const T *)q,
+                                       (const T *)k, (const T *)v, (const T *)g, (const T *)beta, (const float *)s0,
+                                       seg_d, nseg, H, dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
                                        check ? &sc->first : (unsigned long long *)NULL, s);
     }
     tide_cuda_release(seg_d, s);
@@ -1037,21 +1129,76 @@ int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k,
                   const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
                   int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
 {
-    (void)ckpt;   /* kda_ckpt_chunks = 0: the CUDA backward keeps every chunk start state itself */
     if (kda_check_sizes("kda", dtype, B, T, H, dk, dv)) return -1;
     if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
         return tide_set_error("kda: unknown path %d (TIDE_KDA_CHUNK, TIDE_KDA_CHUNK_SAFE, TIDE_KDA_RECURRENT)", path);
     if (path != TIDE_KDA_RECURRENT && chunk < 1) return tide_set_error("kda: chunk %lld must be positive", (long long)chunk);
     if (dtype == TIDE_F32)
-        return kda_forward_typed<float>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb);
-    return kda_forward_typed<kda_bf16>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb);
+        return kda_forward_typed<float>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
+                                        path == TIDE_KDA_RECURRENT ? NULL : ckpt);
+    return kda_forward_typed<kda_bf16>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
+                                       path == TIDE_KDA_RECURRENT ? NULL : ckpt);
+}
+
+/* what the backward runs over: the segments with their checkpoint layout (the forward's, or its own when
+   own), the groups (kda_groups) and per group its segments' most blocks */
+struct kda_bwd_plan {
+    kda_seg *seg;                 /* malloc'ed; the caller frees it */
+    int64_t nseg, n_ck, slots, gsegs, maxblk;
+    int own;
+    std::vector<int64_t> groups, nblk;
+};
+
+static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_, int path,
+                             int64_t chunk, int no_ckpt, kda_bwd_plan &p)
+{
+    int64_t C = kda_chunk_of(path, chunk);
+    /* the forward's checkpoints in the engine's layout, else our own: every kda_bwd_ckpt_chunks-th chunk */
+    p.own = no_ckpt || path == TIDE_KDA_RECURRENT;
+    if (kda_segments(what, cu, n_seg, B, T_, C, p.own ? C : chunk, p.own ? kda_bwd_ckpt_chunks : TIDE_KDA_CUDA_CKPT_CHUNKS,
+                     &p.seg, &p.nseg, &p.n_ck))
+        return -1;
+    kda_groups(p.seg, p.nseg, C, kda_bwd_budget > 0 ? kda_bwd_budget : p.n_ck, p.groups, &p.slots, &p.gsegs);
+    p.nblk.assign(p.groups.size(), 0);
+    p.maxblk = 0;
+    for (size_t gi = 0; gi + 1 < p.groups.size(); gi++) {
+        for (int64_t i = p.groups[gi]; i < p.groups[gi + 1]; i++) {
+            int64_t nb = ((p.seg[i].len + C - 1) / C + p.seg[i].kbc - 1) / p.seg[i].kbc;
+            if (nb > p.nblk[gi]) p.nblk[gi] = nb;
+        }
+        if (p.nblk[gi] > p.maxblk) p.maxblk = p.nblk[gi];
+    }
+    return 0;
+}
+
+/* device bytes the backward allocates (segment table, its own checkpoints, the state and carry buffers) and
+   the forward's checkpoint tensor that the engine keeps for it (*ckpt_bytes; 0 for the recurrent path) */
+static size_t kda_backward_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk, int64_t dv, size_t *ckpt_bytes)
+{
+    const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
+    *ckpt_bytes = p.own ? 0 : (size_t)p.n_ck * sz;
+    return (size_t)p.nseg * sizeof(kda_seg) + (p.own ? (size_t)p.n_ck * sz : 0) + (size_t)p.slots * sz +
+           (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0);
+}
+
+/* one block of chunks of the backward: blk of every segment in the group seg_d[0, nseg) */
+template <typename T>
+static int kda_backward_block(const char *what, kda_bwd_args<T> args, int64_t nseg, size_t bytes, cudaStream_t s)
+{
+    if (nseg * args.H > INT_MAX)
+        return tide_set_error("%s: %lld segments x %d heads is too many blocks", what, (long long)nseg, args.H);
+    kda_chunk_backward_kernel<T><<<(unsigned)(nseg * args.H), KDA_NT, bytes, s>>>(args);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
+    return 0;
 }
 
 template <typename T>
 static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbeta, void *gs0, const void *gout,
                               const void *gs_out, const void *q, const void *k, const void *v, const void *g,
                               const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B,
-                              int64_t T_, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb)
+                              int64_t T_, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb,
+                              const void *ckpt_in)
 {
     const char *what = "kda backward";
     TIDE_STREAM(s);
@@ -1065,68 +1212,86 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     }
     /* the recurrence's gradient is the chunk form's (the same function), on the per-pair path */
     int safe = path != TIDE_KDA_CHUNK, C = kda_chunk_of(path, chunk);
-    kda_seg *seg = NULL, *seg_d = NULL;
-    int64_t nseg = 0, nchunks = 0;
-    if (kda_segments(what, cu, n_seg, B, T_, C, &seg, &nseg, &nchunks)) return -1;
-    int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
-    free(seg);
-    float *states = NULL;
-    if (!rc) {
-        size_t n = (size_t)nchunks * (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
-        cudaError_t e = tide_cuda_alloc((void **)&states, n, s);
-        if (e != cudaSuccess)
-            rc = tide_set_error("cuda %s: %zu bytes for %lld chunk start states: %s", what, n, (long long)nchunks,
-                                cudaGetErrorString(e));
+    kda_bwd_plan pl;
+    if (kda_backward_plan(what, cu, n_seg, B, T_, path, chunk, ckpt_in == NULL, pl)) return -1;
+    const int own = pl.own;
+    const int64_t nseg = pl.nseg, n_ck = pl.n_ck, slots = pl.slots, gsegs = pl.gsegs;
+    const std::vector<int64_t> &groups = pl.groups, &nblk = pl.nblk;
+    kda_seg *seg_d = NULL;
+    int rc = kda_upload_segments(what, pl.seg, nseg, &seg_d, s);
+    free(pl.seg);
+    const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
+    float *ckpt = (float *)ckpt_in, *states = NULL, *carry = NULL;
+    cudaError_t e = cudaSuccess;
+    if (!rc && own) e = tide_cuda_alloc((void **)&ckpt, (size_t)n_ck * sz, s);
+    if (!rc && e == cudaSuccess) e = tide_cuda_alloc((void **)&states, (size_t)slots * sz, s);
+    if (!rc && e == cudaSuccess && pl.maxblk > 1) e = tide_cuda_alloc((void **)&carry, (size_t)gsegs * sz, s);
+    if (!rc && e != cudaSuccess) {
+        size_t ck_bytes;
+        rc = tide_set_error("cuda %s: %zu bytes of scratch (%lld checkpoints%s, %lld chunk start states, %lld carried "
+                            "gradients): %s", what, kda_backward_bytes(pl, H, dk, dv, &ck_bytes), (long long)n_ck,
+                            own ? "" : " kept by the forward", (long long)slots, (long long)gsegs,
+                            cudaGetErrorString(e));
     }
-    int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    /* the bound check rides on the forward that writes the checkpoints: here only when we write them */
+    int check = own && path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
     tide_cuda_scratch *sc = NULL;
     if (!rc && check) {
         rc = tide_cuda_get_scratch(&sc);
         if (!rc && cudaMemsetAsync(&sc->first, 0xff, sizeof sc->first, s) != cudaSuccess)
             rc = tide_set_error("cuda kda backward (bound check memset): %s", cudaGetErrorString(cudaGetLastError()));
     }
-    if (!rc)
-        rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, states, (const T *)q, (const T *)k, (const T *)v,
-                                   (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, safe, C,
-                                   check, lb, check ? &sc->first : (unsigned long long *)NULL, s);
+    if (!rc && own)
+        rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, (float *)NULL, -1, (const T *)q, (const T *)k,
+                                   (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk,
+                                   dv, safe, C, check, lb, check ? &sc->first : (unsigned long long *)NULL, s);
+    kda_bwd_args<T> args;
+    args.gq = (T *)gq;
+    args.gk = (T *)gk;
+    args.gv = (T *)gv;
+    args.gg = (T *)gg;
+    args.gbeta = (T *)gbeta;
+    args.gs0 = (float *)gs0;
+    args.gout = (const T *)gout;
+    args.gs_out = (const float *)gs_out;
+    args.states = states;
+    args.carry = carry;
+    args.q = (const T *)q;
+    args.k = (const T *)k;
+    args.v = (const T *)v;
+    args.g = (const T *)g;
+    args.beta = (const T *)beta;
+    args.H = (int)H;
+    args.dk = (int)dk;
+    args.dv = (int)dv;
+    args.C = C;
+    args.safe = safe;
+    args.L = kda_layout((int)dk, (int)dv, safe, 0, 1);
+    size_t bytes = (size_t)args.L.total * sizeof(float);
     if (!rc) {
-        kda_bwd_args<T> args;
-        args.gq = (T *)gq;
-        args.gk = (T *)gk;
-        args.gv = (T *)gv;
-        args.gg = (T *)gg;
-        args.gbeta = (T *)gbeta;
-        args.gs0 = (float *)gs0;
-        args.gout = (const T *)gout;
-        args.gs_out = (const float *)gs_out;
-        args.states = states;
-        args.q = (const T *)q;
-        args.k = (const T *)k;
-        args.v = (const T *)v;
-        args.g = (const T *)g;
-        args.beta = (const T *)beta;
-        args.seg = seg_d;
-        args.H = (int)H;
-        args.dk = (int)dk;
-        args.dv = (int)dv;
-        args.C = C;
-        args.safe = safe;
-        args.L = kda_layout((int)dk, (int)dv, safe, 0, 1);
-        size_t bytes = (size_t)args.L.total * sizeof(float);
-        int limit = kda_smem_limit();
-        if (bytes > (size_t)limit) {
+        int limit = kda_dyn_limit(kda_chunk_backward_kernel<T>);
+        if (bytes > (size_t)limit)
             rc = tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
                                 what, (long long)dk, (long long)dv, bytes, limit);
-        } else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes) != cudaSuccess) {
+        else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)bytes) != cudaSuccess)
             rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
-        } else {
-            kda_chunk_backward_kernel<T><<<(unsigned)(nseg * H), KDA_NT, bytes, s>>>(args);
-            cudaError_t e = cudaGetLastError();
-            if (e != cudaSuccess) rc = tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
+    }
+    /* each group: its blocks from the last, the start states of a block then its chunks in reverse */
+    for (size_t gi = 0; !rc && gi + 1 < groups.size(); gi++) {
+        int64_t g0 = groups[gi], ng = groups[gi + 1] - g0;
+        for (int64_t blk = nblk[gi] - 1; blk >= 0 && !rc; blk--) {
+            rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, states, blk, (const T *)q, (const T *)k,
+                                       (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d + g0, ng,
+                                       H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, s);
+            args.seg = seg_d + g0;
+            args.blk = blk;
+            if (!rc) rc = kda_backward_block<T>(what, args, ng, bytes, s);
         }
     }
+    tide_cuda_release(carry, s);
     tide_cuda_release(states, s);
+    if (own) tide_cuda_release(ckpt, s);
     tide_cuda_release(seg_d, s);
     if (!rc && check) rc = kda_report_bad<T>(what, &sc->first, g, T_, H, dk, lb, s);
     return rc;
@@ -1137,7 +1302,6 @@ int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, vo
                            const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T,
                            int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, const void *ckpt)
 {
-    (void)ckpt;
     if (kda_check_sizes("kda backward", dtype, B, T, H, dk, dv)) return -1;
     if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
         return tide_set_error("kda backward: unknown path %d", path);
@@ -1145,9 +1309,9 @@ int tide_cuda_kda_backward(int dtype, void *gq, void *gk, void *gv, void *gg, vo
         return tide_set_error("kda backward: chunk %lld must be positive", (long long)chunk);
     if (dtype == TIDE_F32)
         return kda_backward_typed<float>(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, B,
-                                         T, H, dk, dv, path, chunk, lb);
+                                         T, H, dk, dv, path, chunk, lb, ckpt);
     return kda_backward_typed<kda_bf16>(gq, gk, gv, gg, gbeta, gs0, gout, gs_out, q, k, v, g, beta, s0, cu, n_seg, B, T,
-                                        H, dk, dv, path, chunk, lb);
+                                        H, dk, dv, path, chunk, lb, ckpt);
 }
 
 /* ---- the decay gate (kda.md §2; derivatives §6 "Outside the kernel") --------------------------------

@@ -26,6 +26,11 @@ bool is_device(const void *p, size_t n)
 }
 }  // namespace emu
 
+// a kernel's static shared memory: the emulator's __shared__ arrays are host statics, so it reports none
+#ifndef cudaFuncGetAttributes
+#define cudaFuncGetAttributes(a, f) (memset((a), 0, sizeof *(a)), cudaSuccess)
+#endif
+
 static char err_buf[2048];
 int tide_set_error(const char *fmt, ...)
 {
@@ -56,16 +61,26 @@ int tide_cuda_get_scratch(tide_cuda_scratch **out)
     *out = &the_scratch;
     return 0;
 }
+namespace emu {
+size_t live_bytes, peak_bytes;   // what tide_cuda_alloc has out, and its most since a harness reset peak_bytes
+}
 cudaError_t tide_cuda_alloc(void **p, size_t n, cudaStream_t)
 {
     *p = malloc(n ? n : 1);
     memset(*p, 0xff, n);   // NaN: unwritten reads show
     emu::device_blocks[(const char *)*p] = n;
+    emu::live_bytes += n;
+    if (emu::live_bytes > emu::peak_bytes) emu::peak_bytes = emu::live_bytes;
     return cudaSuccess;
 }
 void tide_cuda_release(void *p, cudaStream_t)
 {
-    emu::device_blocks.erase((const char *)p);
+    if (!p) return;
+    auto it = emu::device_blocks.find((const char *)p);
+    if (it != emu::device_blocks.end()) {
+        emu::live_bytes -= it->second;
+        emu::device_blocks.erase(it);
+    }
     free(p);
 }
 int tide_cuda_sm_count(void) { return 2; }

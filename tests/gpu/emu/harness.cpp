@@ -2,7 +2,7 @@
 // against fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints,
 // themselves checked by central differences; softmax attention against the cpu kernel in f64 (attention_cases.h))
 // and against the cpu kernels. Usage:
-// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|bound|mlasmall|mlaedge|mla64|mla128|varlen|attnsmall|attn64]...
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|kdackpt|kdamem|bound|mlasmall|mlaedge|mla64|mla128|varlen|attnsmall|attn64]...
 // Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
 // MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"
@@ -591,6 +591,142 @@ template <class T> static void run_conv(const char *name, bool with_cache, int s
 #include "mla_cases.h"
 #include "attention_cases.h"
 
+// ---- KDA checkpointed backward (issue: memory at long T) --------------------------------------------------
+// The backward recomputes each block's chunk start states from a checkpoint. Every way of placing the
+// checkpoints and grouping the segments must give the bits of the backward that keeps every chunk's start
+// state (one block per segment: kda_bwd_ckpt_chunks above any segment's chunk count), and the device bytes it
+// holds at its peak must be the ones kda_backward_bytes (the memory table's formula) gives.
+template <class T>
+static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk, unsigned which = 15)
+{
+    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
+    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s]\n", name, p.B, p.T, p.H, p.dk, p.dv,
+           p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32");
+    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
+    std::vector<float> s0(p.s0.begin(), p.s0.end());
+    const float *s0p = s0.empty() ? nullptr : s0.data();
+    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
+    int64_t nseg = (int64_t)p.cu.size() - 1, n_ck = 0;
+    for (int64_t i = 0; i < nseg && path != TIDE_KDA_RECURRENT; i++)   // the engine's count (engine/ops/kda.c)
+        n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+    std::vector<float> ck((size_t)n_ck * p.H * p.dk * p.dv, NAN), so(Ns);
+    std::vector<T> o(No);
+    if (tide_cuda_kda(dtype, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), s0p, p.cu.data(),
+                      nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk, -5, path == TIDE_KDA_RECURRENT ? nullptr : ck.data())) {
+        printf("  forward failed: %s\n", err_buf);
+        n_fail++;
+        return;
+    }
+    vd r1(No), r2(Ns);
+    for (auto &x : r1) x = randn();
+    for (auto &x : r2) x = randn();
+    auto gout = to_dev<T>(r1);
+    std::vector<float> gso(r2.begin(), r2.end());
+    struct Out {
+        std::vector<T> gq, gk, gv, gg, gb;
+        std::vector<float> gs0;
+        size_t peak, want;
+        int blocks;
+    };
+    auto run = [&](int64_t every, int64_t budget, const float *ckpt, Out &r) {
+        r.gq.assign(Nk, T(NAN));
+        r.gk = r.gq;
+        r.gg = r.gq;
+        r.gv.assign(No, T(NAN));
+        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
+        r.gs0.assign(Ns, NAN);
+        kda_bwd_ckpt_chunks = every;
+        kda_bwd_budget = budget;
+        kda_bwd_plan pl;
+        int rc = kda_backward_plan("plan", p.cu.data(), nseg, p.B, p.T, path, chunk, ckpt == nullptr, pl);
+        size_t ckb = 0;
+        r.want = rc ? 0 : kda_backward_bytes(pl, p.H, p.dk, p.dv, &ckb);
+        r.blocks = rc ? 0 : (int)pl.maxblk;
+        free(pl.seg);
+        emu::peak_bytes = emu::live_bytes;
+        size_t base = emu::live_bytes;
+        if (!rc)
+            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
+                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
+                                        be.data(), s0p, p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk, -5,
+                                        ckpt);
+        r.peak = emu::peak_bytes - base;
+        kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
+        kda_bwd_budget = 0;
+        if (rc) printf("  backward failed: %s\n", err_buf);
+        return rc;
+    };
+    auto same = [](const auto &a, const auto &b) { return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof a[0]); };
+    Out full;
+    if (run((int64_t)1 << 40, (int64_t)1 << 40, nullptr, full)) {
+        n_fail++;
+        return;
+    }
+    struct Var {
+        const char *what;
+        int64_t every, budget;
+        bool fwd;
+    } vars[] = {{"checkpoint every chunk, a group per segment", 1, 1, false},
+                {"every 2nd chunk, default groups", 2, 0, false},
+                {"every 3rd chunk, groups of 4 slots", 3, 4, false},
+                {"the forward's checkpoints", 0, 0, true}};
+    for (int vi = 0; vi < 4; vi++) {
+        const Var &vr = vars[vi];
+        if ((vr.fwd && path == TIDE_KDA_RECURRENT) || !(which >> vi & 1)) continue;
+        Out r;
+        if (run(vr.every ? vr.every : TIDE_KDA_CUDA_CKPT_CHUNKS, vr.budget, vr.fwd ? ck.data() : nullptr, r)) {
+            n_fail++;
+            continue;
+        }
+        bool bits = same(r.gq, full.gq) && same(r.gk, full.gk) && same(r.gv, full.gv) && same(r.gg, full.gg) &&
+                    same(r.gb, full.gb) && same(r.gs0, full.gs0);
+        bool mem = r.peak == r.want;
+        printf("  %-46s %s  %d blocks, peak %zu bytes (formula %zu; every state: %zu)\n", vr.what,
+               bits && mem ? "ok  " : "FAIL", r.blocks, r.peak, r.want, full.peak);
+        if (!bits) printf("    gradients differ from the backward over every chunk start state\n");
+        if (bits && mem) n_pass++;
+        else n_fail++;
+    }
+}
+
+// the memory table (bench/results/kda_cuda_memory.md): one K3 KDA layer's backward at T = 8K .. 1M, B = 1,
+// from kda_backward_plan / kda_backward_bytes, beside the earlier every-state buffer (chunks x H x dk x dv floats)
+static void kda_memory_table()
+{
+    const int64_t H = 96, dk = 128, dv = 128, chunk = 16;
+    printf("| T | chunks | before: every start state | after: checkpoints (forward) | after: backward scratch | "
+           "after: total | before/after |\n|---|---|---|---|---|---|---|\n");
+    std::string json = "[";
+    for (int64_t T : {8192LL, 65536LL, 262144LL, 1048576LL}) {
+        int64_t cu[2] = {0, T};
+        kda_bwd_plan pl;
+        if (kda_backward_plan("table", cu, 1, 1, T, TIDE_KDA_CHUNK, chunk, 0, pl)) {
+            printf("plan failed: %s\n", err_buf);
+            n_fail++;
+            return;
+        }
+        size_t ckb = 0, bw = kda_backward_bytes(pl, H, dk, dv, &ckb);
+        free(pl.seg);
+        int64_t nch = (T + KDA_CT - 1) / KDA_CT;
+        double before = (double)nch * H * dk * dv * 4, after = (double)(ckb + bw);
+        auto fmt = [](double b, char *o) {
+            const char *u[] = {"B", "KiB", "MiB", "GiB"};
+            int i = 0;
+            while (b >= 1024 && i < 3) b /= 1024, i++;
+            snprintf(o, 32, "%.4g %s", b, u[i]);
+        };
+        char a[32], b[32], c[32], d[32];
+        fmt(before, a), fmt((double)ckb, b), fmt((double)bw, c), fmt(after, d);
+        printf("| %lld | %lld | %s (%.0f KiB/token) | %s | %s | %s (%.2f KiB/token) | %.0fx |\n", (long long)T,
+               (long long)nch, a, before / T / 1024, b, c, d, after / T / 1024, before / after);
+        json += std::string(json.size() > 1 ? "," : "") + "{\"T\": " + std::to_string(T) + ", \"chunks\": " +
+                std::to_string(nch) + ", \"before_bytes\": " + std::to_string((long long)before) +
+                ", \"ckpt_bytes\": " + std::to_string(ckb) + ", \"backward_scratch_bytes\": " + std::to_string(bw) +
+                ", \"after_bytes\": " + std::to_string((long long)after) + "}";
+    }
+    printf("json %s]\n", json.c_str());
+}
+
 int main(int argc, char **argv)
 {
     if (getenv("EMU_SEED")) emu::rng.seed(atoi(getenv("EMU_SEED")));
@@ -672,6 +808,19 @@ int main(int argc, char **argv)
         if (!rc) n_pass++;
         else n_fail++;
     }
+    if (want("kdackpt")) {
+        // segments of 1 to 7 chunks, one row ending mid-chunk, s0 and final-state gradients
+        KdaProb p = make_prob(2, 80, 2, 16, 16, {9, 57, 60, 100, 150}, -5, false, false);
+        run_kda_ckpt<float>("kda checkpointed backward f32", p, TIDE_KDA_CHUNK, 16);
+        run_kda_ckpt<float>("kda checkpointed backward f32 safe", p, TIDE_KDA_CHUNK_SAFE, 16, 4);
+        run_kda_ckpt<float>("kda checkpointed backward f32 recurrent", p, TIDE_KDA_RECURRENT, 0, 4);
+        KdaProb pb = make_prob(1, 100, 2, 16, 32, {33}, -5, false, true);
+        run_kda_ckpt<__nv_bfloat16>("kda checkpointed backward bf16 (wmma)", pb, TIDE_KDA_CHUNK, 16);
+        // long enough that the forward's own checkpoints (every 64 chunks of 2 tokens) come several per segment
+        KdaProb pl = make_prob(1, 140, 1, 8, 8, {}, -5, false, false);
+        run_kda_ckpt<float>("kda checkpointed backward, forward's checkpoints", pl, TIDE_KDA_CHUNK, 2, 8);
+    }
+    if (want("kdamem")) kda_memory_table();
     run_mla(want);
     run_attention(want);
     printf("%d passed, %d failed\n", n_pass, n_fail);

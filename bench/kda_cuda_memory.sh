@@ -1,0 +1,31 @@
+#!/bin/sh
+# kda_cuda_memory.sh — the CUDA KDA backward's device memory at K3 head shapes (H 96, dk = dv 128, chunk 16,
+# one segment of T tokens), T = 8K .. 1M, before and after the checkpointed backward (kernels/cuda/kda.cu).
+# Before: one start state per chunk of 16 tokens (chunks x H x dk x dv floats). After: the forward's checkpoints
+# (every TIDE_KDA_CUDA_CKPT_CHUNKS-th chunk, kept by the engine until the backward) plus the backward's scratch
+# (a block's start states, the carried dS, the segment table), from kda_backward_plan / kda_backward_bytes: the
+# functions the backward sizes its allocations with. The emulator check (tests/gpu/emu/run.sh kdackpt) holds the
+# backward's measured peak to the same formula at small sizes, with gradients bitwise equal to the every-state
+# backward. Runs on the CPU (no GPU needed); writes bench/results/kda_cuda_memory.{md,json} and prints the table.
+# Needs what tests/gpu/emu/run.sh needs (g++, python3, the CUDA headers, a built libtide in BUILD, default build).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-${TMPDIR:-/tmp}/tide-emu}
+log=$(BUILD=${BUILD:-$root/build} OUT=$out sh "$root/tests/gpu/emu/run.sh" kdamem 2>/dev/null)
+table=$(echo "$log" | grep '^|')
+rows=$(echo "$log" | sed -n 's/^json //p')
+[ -n "$table" ] && [ -n "$rows" ] || { echo "kda_cuda_memory: the emulator harness printed no table" >&2; exit 1; }
+res=$root/bench/results
+{
+    echo "# CUDA KDA backward memory at K3 head shapes"
+    echo
+    echo "One KDA layer, H 96, dk = dv 128, chunk 16, B 1 (bench/kda_cuda_memory.sh; formulas of kernels/cuda/kda.cu,"
+    echo "the backward's peak checked against them under the emulator)."
+    echo
+    echo "$table"
+} > "$res/kda_cuda_memory.md.tmp"
+printf '{"benchmark": "kda_cuda_memory", "H": 96, "dk": 128, "dv": 128, "chunk": 16, "B": 1,\n "ckpt_chunks": 64, "rows": %s}\n' \
+    "$rows" > "$res/kda_cuda_memory.json.tmp"
+mv "$res/kda_cuda_memory.md.tmp" "$res/kda_cuda_memory.md"
+mv "$res/kda_cuda_memory.json.tmp" "$res/kda_cuda_memory.json"
+cat "$res/kda_cuda_memory.md"
