@@ -1,11 +1,11 @@
 #!/bin/sh
 # run_one.sh NAME [ARGS]: runs kernels/cuda/NAME.cu on the CPU under emu.h, checked by NAME.cpp (each .cpp says what
 # it checks; ARGS go to it). NAME: attnres, moe, vision, optim (AdamW and its non-finite flag), loss
-# (token_logprobs and cross_entropy), mla_decode (mla_decode_rows), kda_decode (kda_decode_rows; run.sh runs both too); run.sh covers the KDA, conv,
+# (token_logprobs and cross_entropy), index (index_add and scatter_add: deterministic, in index order), mla_decode (mla_decode_rows), kda_decode (kda_decode_rows; run.sh runs both too); run.sh covers the KDA, conv,
 # MLA and attention kernels. Needs g++, python3, the CUDA headers (CUDA_HOME, default /usr/local/cuda) and a built
 # libtide (BUILD, default ./build).
 set -e
-name=${1:?usage: run_one.sh NAME [ARGS] (NAME: attnres, moe, vision, optim, loss, mla_decode, kda_decode)}
+name=${1:?usage: run_one.sh NAME [ARGS] (NAME: attnres, moe, vision, optim, loss, index, mla_decode, kda_decode)}
 shift
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
