@@ -7,6 +7,10 @@
  * storages (the requested sizes' classes), `cached` what sits in free lists, `peak` the max of current.
  * A limit turns allocations past it into an error the recipe can catch (and makes OOM testable).
  *
+ * Kernel scratch (tide_scratch_alloc): the temporaries a kernel holds for the length of one call come from the
+ * same pools, so they reuse cached blocks, count in current / peak, obey the limit and get the retry after
+ * emptying the cache; their sizes are kept here because a kernel frees them by pointer alone.
+ *
  * Guard mode (a test hook, ggml's test-backend-ops idea): every block gets GUARD sentinel bytes before and
  * after the bytes it hands out, written through the backend at each allocation and compared at each release,
  * so a kernel that writes outside its output is counted and named instead of silently corrupting a neighbour.
@@ -223,4 +227,46 @@ int tide_memory_set_limit(int device, int64_t bytes)
     if (bytes < 0) return tide_set_error("memory: limit must be >= 0, got %lld", (long long)bytes);
     g_pool[device].st.limit = bytes;
     return 0;
+}
+
+/* ---- kernel scratch ---------------------------------------------------------------------------- */
+
+typedef struct scratch_rec { void *p; size_t cap, nbytes; int device; struct scratch_rec *next; } scratch_rec;
+static scratch_rec *g_scratch;          /* live scratch blocks: a few per kernel call */
+
+void *tide_scratch_alloc(int device, size_t nbytes)
+{
+    scratch_rec *r = malloc(sizeof *r);
+    if (!r) { tide_set_error("scratch: out of host memory for the block record"); return NULL; }
+    size_t cap = 0;
+    void *p = tide_alloc_block(device, nbytes, &cap);
+    if (!p) { free(r); return NULL; }
+    r->p = p;
+    r->cap = cap;
+    r->nbytes = nbytes;
+    r->device = device;
+    r->next = g_scratch;
+    g_scratch = r;
+    return p;
+}
+
+void tide_scratch_free(int device, void *p)
+{
+    if (!p) return;
+    for (scratch_rec **at = &g_scratch; *at; at = &(*at)->next) {
+        scratch_rec *r = *at;
+        if (r->p != p || r->device != device) continue;
+        *at = r->next;
+        tide_free_block(device, p, r->cap, r->nbytes);
+        free(r);
+        return;
+    }
+    /* not a live scratch block (a caller bug): leaking it is safer than freeing a block of unknown size */
+}
+
+int64_t tide_scratch_live(int device)
+{
+    int64_t n = 0;
+    for (scratch_rec *r = g_scratch; r; r = r->next) n += r->device == device ? (int64_t)r->cap : 0;
+    return n;
 }

@@ -202,7 +202,8 @@ typedef struct tide_backend {
                         int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk,
                         double lb, const void *ckpt);
     /* chunks between the state checkpoints above; 0 = this backend keeps none (its backward recomputes
-       every chunk start state itself) */
+       every chunk start state itself). A backend may place its checkpoints more densely within that count
+       (the CUDA one runs chunks of at most 16 tokens, however large chunk is) but never needs more. */
     int kda_ckpt_chunks;
     /* one KDA decoding step of R rows over their own states, no gradient (spec/kda.md §3, §7): q, k, g [R, H, dk],
        v and o [R, H, dv], beta [R, H]; states: a HOST array of R device pointers, row r's state [H, dk, dv] in the
@@ -331,6 +332,14 @@ int tide_cuda_runtime_mem_info(int device, int64_t *free_bytes, int64_t *total_b
 
 /* set the thread-local error message (engine/error.c); returns -1 so kernels can `return tide_set_error(...)` */
 int tide_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* kernel scratch from the engine's caching allocator (engine/alloc.c): counted in the memory statistics and
+   the limit, served from cached blocks, and retried once after the cache is emptied when the device is full.
+   NULL with the error set on failure. Free by pointer, on the device it came from. tide_scratch_live: the
+   bytes of scratch blocks not yet freed (tests). */
+void *tide_scratch_alloc(int device, size_t nbytes);
+void tide_scratch_free(int device, void *p);
+int64_t tide_scratch_live(int device);
 
 #ifdef __cplusplus
 }

@@ -2,10 +2,14 @@
  * backend_cuda.cu — the CUDA backend table (kernels/backend.h), process state (stream, cuBLAS handle,
  * scratch), raw device memory, copies and runtime information.
  *
- * Memory is stream-ordered (cudaMallocAsync / cudaFreeAsync on the process stream); the engine's
- * caching allocator (engine/alloc.c) keeps blocks above this, so these calls are raw.
+ * Memory is stream-ordered (cudaMallocAsync / cudaFreeAsync on the process stream, from the device's default
+ * pool, which keeps what is freed mapped: the release threshold is the pool's whole size); the engine's caching
+ * allocator (engine/alloc.c) keeps blocks above this. Kernel scratch (tide_cuda_alloc) is taken from the engine's
+ * allocator too, so it is counted, limited and retried like a tensor. A raw allocation that fails trims the
+ * pool (memory freed to it but not yet returned to the driver) and tries once more.
  */
 #include "common.cuh"
+#include "tide.h"
 #include <mutex>
 #include <stdio.h>
 #include <string.h>
@@ -52,11 +56,12 @@ cuda_state make_state()
         cudaGetLastError();
         st.pools = 0;
     }
-    /* keep a little freed memory in the pool across synchronisations, so the per-call scratch of
-       reductions does not map and unmap pages every step; large frees still go back to the driver */
+    /* keep freed memory mapped in the pool across synchronisations (a release threshold of "all"), so the
+       multi-GB temporaries of long sequences are not unmapped and remapped at every call; what the engine
+       frees is handed back to the driver only when an allocation fails (tide_cuda_raw_alloc) */
     cudaMemPool_t pool;
     if (st.pools && cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
-        uint64_t keep = (uint64_t)64 << 20;
+        uint64_t keep = UINT64_MAX;
         if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) cudaGetLastError();
     } else {
         cudaGetLastError();
@@ -80,8 +85,12 @@ blas_state make_blas()
     blas_state b = {CUBLAS_STATUS_SUCCESS, 0};
     b.err = cublasCreate(&b.handle);
     if (b.err == CUBLAS_STATUS_SUCCESS) b.err = cublasSetStream(b.handle, state().stream);
-    /* plain fp32 arithmetic for f32 GEMMs (no TF32), so results match the CPU backend closely */
-    if (b.err == CUBLAS_STATUS_SUCCESS) b.err = cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH);
+    /* plain fp32 arithmetic for f32 GEMMs (no TF32), so results match the CPU backend closely; and no reduced-
+       precision reductions: a split-K bf16 GEMM (a large-K weight gradient) sums its partial products in fp32,
+       not in the output type */
+    if (b.err == CUBLAS_STATUS_SUCCESS)
+        b.err = cublasSetMathMode(b.handle, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     return b;
 }
 
@@ -129,20 +138,46 @@ int tide_cuda_get_scratch(tide_cuda_scratch **out)
 }
 
 /* stream-ordered where the device supports it; plain cudaMalloc / cudaFree otherwise (cudaFree waits
-   for the device, so a buffer still used by queued work is never freed early) */
-cudaError_t tide_cuda_alloc(void **p, size_t nbytes, cudaStream_t s)
+   for the device, so a buffer still used by queued work is never freed early). On failure the pool's unused
+   memory goes back to the driver (after the stream drains, so nothing queued still uses it) and the
+   allocation is tried once more. */
+static cudaError_t tide_cuda_raw_alloc(void **p, size_t nbytes, cudaStream_t s)
 {
     *p = NULL;
-    cudaError_t e = state().pools ? cudaMallocAsync(p, nbytes ? nbytes : 1, s) : cudaMalloc(p, nbytes ? nbytes : 1);
-    if (e != cudaSuccess) cudaGetLastError();   /* out-of-memory is not sticky: clear it */
+    const int pools = state().pools;
+    cudaError_t e = pools ? cudaMallocAsync(p, nbytes ? nbytes : 1, s) : cudaMalloc(p, nbytes ? nbytes : 1);
+    if (e == cudaSuccess) return e;
+    cudaGetLastError();                         /* out-of-memory is not sticky: clear it */
+    cudaMemPool_t pool;
+    if (!pools || cudaStreamSynchronize(s) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess ||
+        cudaMemPoolTrimTo(pool, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return e;
+    }
+    e = cudaMallocAsync(p, nbytes ? nbytes : 1, s);
+    if (e != cudaSuccess) cudaGetLastError();
     return e;
 }
 
-void tide_cuda_release(void *p, cudaStream_t s)
+static void tide_cuda_raw_release(void *p, cudaStream_t s)
 {
     if (!p) return;
     cudaError_t e = state().pools ? cudaFreeAsync(p, s) : cudaFree(p);
     if (e != cudaSuccess) cudaGetLastError();
+}
+
+/* kernel scratch: from the engine's allocator (backend.h tide_scratch_alloc), so it reuses cached blocks, counts in
+   the statistics and the limit, and is retried after the cache is emptied; blocks are stream-ordered on the one
+   process stream, so a block freed here is reused only by later work on that stream */
+cudaError_t tide_cuda_alloc(void **p, size_t nbytes, cudaStream_t)
+{
+    *p = tide_scratch_alloc(TIDE_CUDA0, nbytes);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+void tide_cuda_release(void *p, cudaStream_t)
+{
+    tide_scratch_free(TIDE_CUDA0, p);
 }
 
 int tide_cuda_sm_count(void)
@@ -158,7 +193,7 @@ static void *tide_cuda_malloc(size_t nbytes)
     cudaStream_t s = 0;
     if (tide_cuda_get_stream(&s)) return NULL;
     void *p = NULL;
-    cudaError_t e = tide_cuda_alloc(&p, nbytes, s);
+    cudaError_t e = tide_cuda_raw_alloc(&p, nbytes, s);
     if (e != cudaSuccess) {
         tide_set_error("cuda malloc of %zu bytes: %s", nbytes, cudaGetErrorString(e));
         return NULL;
@@ -170,7 +205,7 @@ static void tide_cuda_free(void *p)
 {
     cudaStream_t s = 0;
     if (!p || tide_cuda_get_stream(&s)) return;
-    tide_cuda_release(p, s);
+    tide_cuda_raw_release(p, s);
 }
 
 /* the host buffer may be reused as soon as we return, so the copy completes first */
@@ -323,6 +358,7 @@ static tide_backend make_table()
     t.attention_backward = tide_cuda_attention_backward;
     t.kda = tide_cuda_kda;
     t.kda_backward = tide_cuda_kda_backward;
+    t.kda_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
     t.kda_decode_rows = tide_cuda_kda_decode_rows;
     t.kda_gate = tide_cuda_kda_gate;
     t.kda_gate_backward = tide_cuda_kda_gate_backward;

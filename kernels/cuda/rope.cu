@@ -5,30 +5,19 @@
 #include <math.h>
 
 /* ---- rotary embedding on [B, T, H, D]: pairs (i, i + D/2), angle (pos0 + t) theta^(-2i/D) --------------
-   Like the CPU backend: a [T, D/2] table of cos and sin computed in double (positions reach 1M tokens,
-   where a float angle keeps no fractional digits), then every (b, h) row rotates in double. Each pair is
-   read before either half is written, so out may alias x. */
+   Like the CPU backend: the angle, its cosine and sine in double (positions reach 1M tokens, where a float
+   angle keeps no fractional digits), the rotation in double. Each thread forms its own pair's angle: no
+   [T, D/2] table (1 GiB of doubles at T = 1M, D = 128) is built or kept; the arithmetic is the table's, so
+   the bits are too. Each pair is read before either half is written, so out may alias x. */
 
-__global__ void rope_table_kernel(double *cs, int64_t Tlen, int64_t half, int64_t D, double theta, int64_t pos0,
-                                  double sign)
-{
-    TIDE_GRID_LOOP(k, Tlen * half) {
-        int64_t t = k / half, i = k % half;
-        double ang = sign * (double)(pos0 + t) * pow(theta, -2.0 * (double)i / (double)D);
-        double sn, c;
-        sincos(ang, &sn, &c);
-        cs[t * 2 * half + i] = c;
-        cs[t * 2 * half + half + i] = sn;
-    }
-}
-
-template <typename T> __global__ void rope_kernel(T *out, const T *x, const double *cs, int64_t Tlen, int64_t H,
-                                                  int64_t half, int64_t npairs)
+template <typename T> __global__ void rope_kernel(T *out, const T *x, int64_t Tlen, int64_t H, int64_t half,
+                                                  int64_t npairs, int64_t D, double theta, int64_t pos0, double sign)
 {
     TIDE_GRID_LOOP(k, npairs) {
         int64_t i = k % half, row = k / half;     /* row = (b, t, h) flattened */
         int64_t t = (row / H) % Tlen;
-        double c = cs[t * 2 * half + i], sn = cs[t * 2 * half + half + i];
+        double ang = sign * (double)(pos0 + t) * pow(theta, -2.0 * (double)i / (double)D), sn, c;
+        sincos(ang, &sn, &c);
         int64_t base = row * 2 * half;
         double x1 = (double)tide_ld(x, base + i), x2 = (double)tide_ld(x, base + i + half);
         out[base + i] = tide_from_f64<T>(x1 * c - x2 * sn);
@@ -50,20 +39,12 @@ int tide_cuda_rope(int dtype, void *out, const void *x, int64_t B, int64_t Tlen,
     int64_t half = D / 2, npairs = B * Tlen * H * half;
     if (npairs == 0) return 0;
     TIDE_STREAM(s);
-    double *cs = NULL;
-    TIDE_CU(tide_cuda_alloc((void **)&cs, (size_t)(Tlen * 2 * half) * sizeof(double), s), "rope table alloc");
-    rope_table_kernel<<<tide_blocks(Tlen * half), TIDE_THREADS, 0, s>>>(cs, Tlen, half, D, theta, pos0,
-                                                                        inverse ? -1.0 : 1.0);
+    const double sign = inverse ? -1.0 : 1.0;
+    TIDE_FLOAT_DISPATCH(dtype, "rope", {
+        rope_kernel<T><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((T *)out, (const T *)x, Tlen, H, half, npairs, D,
+                                                                    theta, pos0, sign);
+    });
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) {
-        switch (dtype) {
-        case TIDE_F32: rope_kernel<float><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((float *)out, (const float *)x, cs, Tlen, H, half, npairs); break;
-        case TIDE_F64: rope_kernel<double><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((double *)out, (const double *)x, cs, Tlen, H, half, npairs); break;
-        case TIDE_BF16: rope_kernel<__nv_bfloat16><<<tide_blocks(npairs), TIDE_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)x, cs, Tlen, H, half, npairs); break;
-        }
-        e = cudaGetLastError();
-    }
-    tide_cuda_release(cs, s);
     if (e != cudaSuccess) return tide_set_error("cuda rope kernel: %s", cudaGetErrorString(e));
     return 0;
 }

@@ -3,6 +3,11 @@
  * jump through NULL (kernels/backend.h, TIDE_DISPATCH in engine/internal.h). The CPU device is routed to a copy
  * of the CPU table with one entry cleared, the op runs, and the message must be exactly the expected one;
  * with the table restored the same op succeeds again (the hook leaves nothing behind).
+ *
+ * Kernel scratch (backend.h tide_scratch_alloc, what the CUDA kernels' temporaries come from): with the CPU
+ * table's malloc replaced by one over a fixed budget, a scratch request that only fits once the allocator's cache
+ * is emptied succeeds through the retry, counts in the statistics, goes back to the cache when freed, and one
+ * past the memory limit fails with the limit's message.
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +21,82 @@ static void expect_msg(int failed, const char *what, const char *want)
     if (failed && !strcmp(got, want)) { g_pass++; printf("ok    %s: %s\n", what, got); return; }
     g_fail++;
     printf("FAIL  %s: %s, message \"%s\", want \"%s\"\n", what, failed ? "failed" : "succeeded", got, want);
+}
+
+/* a device with a fixed budget: the system allocator under a cap on the bytes it has out */
+static size_t g_budget, g_out;
+static void *budget_malloc(size_t n)
+{
+    if (g_out + n > g_budget) { tide_set_error("budget malloc: %zu bytes over the budget", n); return NULL; }
+    void *p = tide_cpu_backend.malloc(n);
+    if (p) g_out += n;
+    return p;
+}
+static void budget_free_sized(void *p, size_t n) { g_out -= n; tide_cpu_backend.free(p); }
+/* the allocator frees by pointer: sizes of what budget_malloc handed out */
+#define N_REC 64
+static void *g_rec_p[N_REC];
+static size_t g_rec_n[N_REC];
+static void *rec_malloc(size_t n)
+{
+    void *p = budget_malloc(n);
+    for (int i = 0; p && i < N_REC; i++)
+        if (!g_rec_p[i]) { g_rec_p[i] = p; g_rec_n[i] = n; break; }
+    return p;
+}
+static void rec_free(void *p)
+{
+    for (int i = 0; i < N_REC; i++)
+        if (g_rec_p[i] == p) { g_rec_p[i] = NULL; budget_free_sized(p, g_rec_n[i]); return; }
+    tide_cpu_backend.free(p);
+}
+
+static void expect(int ok, const char *what)
+{
+    if (ok) { g_pass++; printf("ok    %s\n", what); return; }
+    g_fail++;
+    printf("FAIL  %s (%s)\n", what, tide_last_error());
+}
+
+static void scratch_retry(void)
+{
+    tide_backend t = tide_cpu_backend;
+    t.malloc = rec_malloc;
+    t.free = rec_free;
+    tide_memory_empty_cache(TIDE_CPU);
+    tide_backend_override(TIDE_CPU, &t);
+    g_out = 0;
+    g_budget = (size_t)3 << 20;                       /* 3 MiB */
+    /* fill the cache: two 1 MiB tensors, released */
+    int64_t sh[1] = {(1 << 20) / 4};
+    tide_tensor *a = tide_empty(TIDE_F32, 1, sh, TIDE_CPU), *b = tide_empty(TIDE_F32, 1, sh, TIDE_CPU);
+    expect(a && b, "two 1 MiB tensors under a 3 MiB device budget");
+    tide_tensor_release(a);
+    tide_tensor_release(b);
+    tide_memory_stats st0, st1, st2;
+    tide_memory_stats_get(TIDE_CPU, &st0);
+    expect(st0.cached >= (2 << 20), "their blocks sit in the cache");
+    /* 2 MiB of scratch: not in any cached class, and only fits once the cache is given back */
+    void *p = tide_scratch_alloc(TIDE_CPU, (size_t)2 << 20);
+    tide_memory_stats_get(TIDE_CPU, &st1);
+    expect(p != NULL, "a 2 MiB scratch block succeeds by emptying the cache and retrying");
+    expect(st1.cached == 0 && st1.current >= st0.current + (2 << 20) && st1.peak >= st1.current,
+           "the scratch block counts in current and peak; the cache was emptied");
+    expect(tide_scratch_live(TIDE_CPU) >= (2 << 20), "it is a live scratch block");
+    if (p) memset(p, 1, (size_t)2 << 20);
+    tide_scratch_free(TIDE_CPU, p);
+    tide_memory_stats_get(TIDE_CPU, &st2);
+    expect(st2.current == st0.current && st2.cached >= (2 << 20) && tide_scratch_live(TIDE_CPU) == 0,
+           "freed, it goes back to the cache, not to the device");
+    /* the limit covers scratch too */
+    tide_memory_set_limit(TIDE_CPU, st2.current + (1 << 20));
+    void *q = tide_scratch_alloc(TIDE_CPU, (size_t)2 << 20);
+    expect(q == NULL && strstr(tide_last_error(), "exceeds the limit"), "scratch past the memory limit fails naming the limit");
+    tide_scratch_free(TIDE_CPU, q);
+    tide_memory_set_limit(TIDE_CPU, 0);
+    tide_memory_empty_cache(TIDE_CPU);
+    tide_backend_override(TIDE_CPU, NULL);
+    expect(g_out == 0, "every budgeted byte went back");
 }
 
 static tide_tensor *randn(int ndim, const int64_t *shape, int requires_grad)
@@ -76,6 +157,8 @@ int main(void)
     else { g_fail++; printf("FAIL  rope/mean after restoring the table: %s\n", tide_last_error()); }
     tide_tensor_release(r);
     tide_tensor_release(m);
+
+    scratch_retry();
 
     /* the hook refuses a device it cannot hold */
     expect_msg(tide_backend_override(99, &t) != 0, "override of device 99", "backend_override: device 99 is outside [0, 9)");
