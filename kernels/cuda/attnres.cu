@@ -2,7 +2,8 @@
  * attnres.cu — the Attention Residuals mix (spec/attnres.md §1, §4; kernels/backend.h: attnres), f32, bf16 and
  * f64 storage with the arithmetic in fp32 (f64 for f64).
  *
- * One block per row (token); each thread holds VPT channels in registers. The forward is the online-softmax
+ * One block per row (token) of at most TIDE_AR_THREADS threads (launch.h: its __launch_bounds__ keep the registers
+ * of a block within an SM's for every d up to 16,384); each thread holds VPT channels in registers. The forward is the online-softmax
  * form (§3, as vLLM mixes): ONE pass over the n sources, each source's score r_i (a·v_i) from one pair block
  * reduction, the running max and denominator rescaling the accumulator, so no source is read twice and no
  * [n, d] buffer exists. The backward reads each source twice (scores and dp_i first, because ds_i needs
@@ -13,7 +14,6 @@
 #include "common.cuh"
 #include <stdlib.h>
 
-#define AR_MAX_VPT 16        /* channels per thread: d <= 16 · 1024 */
 #define AR_MAX_SOURCES 2048  /* the backward keeps 2n scores in shared memory */
 
 /* x, y summed over the block; every thread gets the same values (warps summed in a fixed order) */
@@ -40,7 +40,7 @@ template <typename A> __device__ __forceinline__ void ar_block_sum2(A &x, A &y, 
 
 /* P, R: the stats [n, rows] each (p and r) */
 template <typename T, int VPT>
-__global__ void attnres_fwd_kernel(T *out, TIDE_ACC(T) *P, TIDE_ACC(T) *R, const T *const *v, int64_t n, int64_t rows,
+__global__ void __launch_bounds__(TIDE_AR_THREADS) attnres_fwd_kernel(T *out, TIDE_ACC(T) *P, TIDE_ACC(T) *R, const T *const *v, int64_t n, int64_t rows,
                                    int64_t d, const T *w, const T *nu, TIDE_ACC(T) eps)
 {
     typedef TIDE_ACC(T) A;
@@ -85,7 +85,7 @@ __global__ void attnres_fwd_kernel(T *out, TIDE_ACC(T) *P, TIDE_ACC(T) *R, const
 
 /* gv[i] (entries may be NULL) and coef[i, t] = ds_i r_i (NULL: not wanted); dynamic shared memory 2n of A */
 template <typename T, int VPT>
-__global__ void attnres_bwd_kernel(T *const *gv, TIDE_ACC(T) *coef, const T *gout, const T *const *v,
+__global__ void __launch_bounds__(TIDE_AR_THREADS) attnres_bwd_kernel(T *const *gv, TIDE_ACC(T) *coef, const T *gout, const T *const *v,
                                    const TIDE_ACC(T) *P, const TIDE_ACC(T) *R, int64_t n, int64_t rows, int64_t d,
                                    const T *w, const T *nu)
 {
@@ -174,18 +174,6 @@ __global__ void attnres_rowsum_final_kernel(T *gw, T *gnu, const TIDE_ACC(T) *pa
 
 /* ---- host side -------------------------------------------------------------------------------------- */
 
-/* threads per row block and channels per thread (a template size) for rows of d channels; 0 when too wide */
-static int ar_shape(int64_t d, unsigned *threads)
-{
-    unsigned t = tide_row_threads(d);
-    int64_t per = (d + t - 1) / t;
-    int vpt = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : per <= 8 ? 8 : per <= 16 ? 16 : 0;
-    if (!vpt) return 0;
-    int64_t need = (d + vpt - 1) / vpt;
-    *threads = (unsigned)((need + 31) / 32 * 32);
-    return vpt;
-}
-
 static int ar_check(const char *what, int dtype, int64_t n, int64_t rows, int64_t d)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
@@ -197,9 +185,9 @@ static int ar_check(const char *what, int dtype, int64_t n, int64_t rows, int64_
     if (n > AR_MAX_SOURCES)
         return tide_set_error("%s: %lld sources, the cuda kernel takes at most %d", what, (long long)n, AR_MAX_SOURCES);
     unsigned th;
-    if (!ar_shape(d, &th))
+    if (!tide_attnres_shape(d, &th))
         return tide_set_error("%s: d = %lld is wider than the cuda kernel's %d channels", what, (long long)d,
-                              AR_MAX_VPT * 1024);
+                              TIDE_AR_MAX_VPT * TIDE_AR_THREADS);
     return 0;
 }
 
@@ -228,12 +216,13 @@ static cudaError_t ar_forward_typed(T *out, void *stats, const T *const *v, int6
     typedef TIDE_ACC(T) A;
     A *P = (A *)stats, *R = P + n * rows;
     unsigned th = 32;
-    switch (ar_shape(d, &th)) {
+    switch (tide_attnres_shape(d, &th)) {
     case 1: ar_launch_fwd<T, 1>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
     case 2: ar_launch_fwd<T, 2>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
     case 4: ar_launch_fwd<T, 4>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
     case 8: ar_launch_fwd<T, 8>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
-    default: ar_launch_fwd<T, 16>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
+    case 16: ar_launch_fwd<T, 16>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
+    default: ar_launch_fwd<T, 32>(th, s, out, P, R, v, n, rows, d, w, nu, (A)eps); break;
     }
     return cudaGetLastError();
 }
@@ -279,24 +268,19 @@ static cudaError_t ar_backward_typed(T *const *gv, T *gw, T *gnu, const T *gout,
     unsigned th = 32;
     size_t smem = (size_t)(2 * n) * sizeof(A);
     if (e == cudaSuccess) {
-        switch (ar_shape(d, &th)) {
+        switch (tide_attnres_shape(d, &th)) {
         case 1: ar_launch_bwd<T, 1>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
         case 2: ar_launch_bwd<T, 2>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
         case 4: ar_launch_bwd<T, 4>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
         case 8: ar_launch_bwd<T, 8>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
-        default: ar_launch_bwd<T, 16>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
+        case 16: ar_launch_bwd<T, 16>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
+        default: ar_launch_bwd<T, 32>(th, smem, s, gv, coef, gout, v, P, R, n, rows, d, w, nu); break;
         }
         e = cudaGetLastError();
     }
     if (e == cudaSuccess && want_u) {
-        /* about 4 blocks per SM; a chunk of at least 32 rows */
-        int64_t colblocks = (d + 31) / 32, want = 4 * (int64_t)tide_cuda_sm_count();
-        int64_t nchunks = (want + colblocks - 1) / colblocks, maxc = (rows + 31) / 32;
-        if (nchunks > maxc) nchunks = maxc;
-        if (nchunks > 1024) nchunks = 1024;
-        if (nchunks < 1) nchunks = 1;
-        int64_t rows_per = (rows + nchunks - 1) / nchunks;
-        nchunks = (rows + rows_per - 1) / rows_per;
+        int64_t colblocks = (d + 31) / 32, rows_per = 1;
+        int64_t nchunks = tide_colsum_chunks(d, rows, tide_cuda_sm_count(), &rows_per);
         e = tide_cuda_alloc((void **)&part, (size_t)(nchunks * d) * sizeof(A), s);
         if (e == cudaSuccess) {
             attnres_rowsum_partial_kernel<T><<<dim3((unsigned)colblocks, (unsigned)nchunks), dim3(32, 8), 0, s>>>(

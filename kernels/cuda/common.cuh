@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <type_traits>
 #include "../backend.h"
+#include "launch.h"
 
 /* ---- process state (backend_cuda.cu) --------------------------------------------------------- */
 /* the stream every entry uses; 0 on success, else the error is set */
@@ -143,28 +144,9 @@ static inline int tide_cuda_check_index_dtype(int idx_dtype, const char *what)
     return tide_set_error("%s: index dtype %s is not supported (i32, i64)", what, tide_cuda_dtype_str(idx_dtype));
 }
 
-/* ---- launch sizes ---------------------------------------------------------------------------- */
-#define TIDE_THREADS 256
+/* ---- launch sizes (the shapes themselves: launch.h) ----------------------------------------- */
 /* blocks for a grid-stride loop over n elements (at most a few waves; loops cover the rest) */
-static inline unsigned tide_blocks(int64_t n)
-{
-    int64_t b = (n + TIDE_THREADS - 1) / TIDE_THREADS;
-    int64_t cap = (int64_t)tide_cuda_sm_count() * 32;
-    if (b > cap) b = cap;
-    return (unsigned)(b < 1 ? 1 : b);
-}
-/* threads for a block that owns one row of C elements: a power of two in [32, 1024], ~4 per thread */
-static inline unsigned tide_row_threads(int64_t C)
-{
-    unsigned t = 32;
-    while (t < 1024 && (int64_t)t * 4 < C) t <<= 1;
-    return t;
-}
-/* rows are spread over a grid-stride loop so any count fits in gridDim.x */
-static inline unsigned tide_row_blocks(int64_t N)
-{
-    return (unsigned)(N < 65535 * 16 ? (N < 1 ? 1 : N) : 65535 * 16);
-}
+static inline unsigned tide_blocks(int64_t n) { return tide_grid_blocks(n, tide_cuda_sm_count()); }
 
 #define TIDE_GRID_LOOP(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)

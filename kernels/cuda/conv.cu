@@ -244,13 +244,7 @@ static int conv_backward_typed(T *gx, T *gw, T *gcache, const T *gout, const T *
     }
     if (e == cudaSuccess && gw) {
         int64_t colblocks = (C * K + 31) / 32;
-        int64_t want = 4 * (int64_t)tide_cuda_sm_count();
-        int64_t nchunks = (want + colblocks - 1) / colblocks, maxc = (N + 31) / 32;
-        if (nchunks > maxc) nchunks = maxc;
-        if (nchunks > 1024) nchunks = 1024;
-        if (nchunks < 1) nchunks = 1;
-        int64_t rows_per = (N + nchunks - 1) / nchunks;
-        nchunks = (N + rows_per - 1) / rows_per;
+        int64_t rows_per = 1, nchunks = tide_colsum_chunks(C * K, N, tide_cuda_sm_count(), &rows_per);
         if (colblocks > INT_MAX) e = cudaErrorInvalidValue;
         if (e == cudaSuccess) e = tide_cuda_alloc((void **)&part, (size_t)(nchunks * C * K) * sizeof(A), s);
         if (e == cudaSuccess) {

@@ -372,7 +372,20 @@ struct moe_prod {
    they go to dptr (3·np slots) by a stream-ordered copy whose host source may be freed once cudaMemcpyAsync
    returns (pageable memory is staged first). K = 0 products are zero fills and M or N = 0 ones empty: cuBLAS gets
    neither. bf16 grouped GEMMs need 16-byte aligned matrix pointers (a segment starts r0·ld elements in; with an ld
-   that is not a multiple of 8 it may not be): then the stage runs as one tide_cuda_gemm per product instead. */
+   that is not a multiple of 8 it may not be): then the stage runs as one tide_cuda_gemm per product instead. So it
+   does when cuBLAS has no grouped GEMM: it came with cuBLAS 12.5, and the library loaded at run time may be older
+   than the headers the backend was built with. */
+#define MOE_GROUPED_CUBLAS 120500   /* cublasGetVersion's encoding of 12.5.0 */
+static int moe_grouped_cublas(cublasHandle_t h)
+{
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= MOE_GROUPED_CUBLAS
+    int v = 0;
+    return cublasGetVersion(h, &v) == CUBLAS_STATUS_SUCCESS && v >= MOE_GROUPED_CUBLAS;
+#else
+    return 0;
+#endif
+}
+
 static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dptr, cudaStream_t s, const char *what)
 {
     size_t es = moe_esz(dtype);
@@ -392,7 +405,9 @@ static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dp
         g++;
     }
     if (g == 0) return 0;
-    if (!aligned) {
+    cublasHandle_t h;
+    if (tide_cuda_get_cublas(&h)) return -1;
+    if (!aligned || !moe_grouped_cublas(h)) {
         for (int64_t i = 0; i < np; i++) {
             const moe_prod *q = pr + i;
             if (q->M && q->N && q->K &&
@@ -401,6 +416,7 @@ static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dp
         }
         return 0;
     }
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= MOE_GROUPED_CUBLAS
     /* host arrays in one block: pointers [3g] (B, A, C: cuBLAS's order), scalars [2g] (alpha | beta; float or
        double, as the compute type), ops [2g], ints [7g] (m, n, k, lda, ldb, ldc, group size) */
     char *hb = (char *)malloc((size_t)g * (3 * sizeof(void *) + 2 * sizeof(double) + 2 * sizeof(cublasOperation_t) +
@@ -435,11 +451,9 @@ static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dp
     cublasComputeType_t compute = dtype == TIDE_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
     const void *alpha = dtype == TIDE_F64 ? (const void *)sd : (const void *)sf;
     const void *beta = dtype == TIDE_F64 ? (const void *)(sd + g) : (const void *)(sf + g);
-    cublasHandle_t h;
     int rc = 0;
     cudaError_t ce = cudaMemcpyAsync(dptr, ptr, (size_t)(3 * g) * sizeof(void *), cudaMemcpyHostToDevice, s);
     if (ce != cudaSuccess) rc = tide_set_error("cuda %s pointer arrays: %s", what, cudaGetErrorString(ce));
-    else if (tide_cuda_get_cublas(&h)) rc = -1;
     else {
         cublasStatus_t st = cublasGemmGroupedBatchedEx(h, op, op + g, iv, iv + g, iv + 2 * g, alpha,
                                                        (const void *const *)dptr, type, iv + 3 * g,
@@ -450,6 +464,9 @@ static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dp
     }
     free(hb);
     return rc;
+#else
+    return 0;   /* not reached: without the grouped GEMM every stage runs as the loop above */
+#endif
 }
 
 /* one allocation for an entry's scratch: `rows_bytes` of row buffers, then 2 stages x 3·per_stage device pointers */

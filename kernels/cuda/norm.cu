@@ -163,14 +163,7 @@ template <typename T> static int norm_dw(const char *what, T *dw, T *db, const T
     if (!dw && !db) return 0;
     int64_t colblocks = (C + 31) / 32;
     if (colblocks > INT_MAX) return tide_set_error("%s: C %lld too large", what, (long long)C);
-    int64_t want = 4 * (int64_t)tide_cuda_sm_count();
-    int64_t nchunks = (want + colblocks - 1) / colblocks;
-    int64_t maxc = (N + 31) / 32;   /* at least ~32 rows per chunk */
-    if (nchunks > maxc) nchunks = maxc;
-    if (nchunks > 1024) nchunks = 1024;
-    if (nchunks < 1) nchunks = 1;
-    int64_t rows_per = (N + nchunks - 1) / nchunks;
-    nchunks = (N + rows_per - 1) / rows_per;
+    int64_t rows_per = 1, nchunks = tide_colsum_chunks(C, N, tide_cuda_sm_count(), &rows_per);
     A *part = NULL;
     size_t per = (size_t)(nchunks * C);
     TIDE_CU(tide_cuda_alloc((void **)&part, per * (db ? 2 : 1) * sizeof(A), s), "norm backward scratch alloc");

@@ -123,12 +123,12 @@ template <typename T> __global__ void reduce_finalize_kernel(int op, void *out, 
     }
 }
 
-/* block shape for a given inner size: x over inner (up to a warp), y over the reduced axis */
+/* block shape for a given inner size: x over inner (up to a warp), y over the reduced axis (launch.h) */
 static dim3 reduce_block(int64_t inner)
 {
-    unsigned bx = 1;
-    while (bx < 32 && (int64_t)bx < inner) bx <<= 1;
-    return dim3(bx, 256 / bx, 1);
+    unsigned bx, by;
+    tide_reduce_block(inner, &bx, &by);
+    return dim3(bx, by, 1);
 }
 
 template <typename T> static int reduce_launch(int op, void *out, const void *x, int64_t outer, int64_t red,
@@ -136,22 +136,10 @@ template <typename T> static int reduce_launch(int op, void *out, const void *x,
 {
     typedef rstate<TIDE_ACC(T)> S;
     dim3 block = reduce_block(inner);
-    int64_t gx = (inner + block.x - 1) / block.x;
+    /* too few blocks for the machine and a long reduced axis: the axis is split into chunks (launch.h) */
+    int64_t gx, gy, nchunks, rchunk;
+    tide_reduce_grid(outer, red, inner, tide_cuda_sm_count(), &gx, &gy, &nchunks, &rchunk);
     if (gx > INT_MAX) return tide_set_error("reduce: inner size %lld too large", (long long)inner);
-    int64_t gy = outer < 65535 ? outer : 65535;
-    /* too few blocks for the machine and a long reduced axis: split the axis into chunks */
-    int64_t want = 4 * (int64_t)tide_cuda_sm_count(), have = gx * gy;
-    int64_t nchunks = 1;
-    if (have < want && red >= 4096) {
-        nchunks = (want + have - 1) / have;
-        int64_t maxc = red / 1024;   /* at least ~1024 elements per chunk */
-        if (nchunks > maxc) nchunks = maxc;
-        if (nchunks > 1024) nchunks = 1024;
-        if (nchunks < 1) nchunks = 1;
-    }
-    int64_t rchunk = (red + nchunks - 1) / nchunks;
-    if (rchunk < 1) rchunk = 1;
-    nchunks = red > 0 ? (red + rchunk - 1) / rchunk : 1;
     dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)nchunks);
     if (nchunks == 1) {
         reduce_kernel<T><<<grid, block, 0, s>>>(op, out, (const T *)x, outer, red, inner, rchunk, (S *)NULL);
@@ -252,7 +240,7 @@ template <typename T> __global__ void sum_squares_kernel(const T *x, int64_t n, 
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void sum_partials_kernel(const double *partial, int np, double *result)
+__global__ void __launch_bounds__(TIDE_SUM_PARTIALS_THREADS) sum_partials_kernel(const double *partial, int np, double *result)
 {
     __shared__ double sh[32];
     double acc = 0.0;
@@ -274,7 +262,7 @@ int tide_cuda_sum_squares(int dtype, const void *x, int64_t n, double *out)
         sum_squares_kernel<T><<<nb, TIDE_THREADS, 0, s>>>((const T *)x, n, sc->partial);
         TIDE_CU_LAUNCH("sum_squares kernel");
     });
-    sum_partials_kernel<<<1, 1024, 0, s>>>(sc->partial, (int)nb, &sc->result);
+    sum_partials_kernel<<<1, TIDE_SUM_PARTIALS_THREADS, 0, s>>>(sc->partial, (int)nb, &sc->result);
     TIDE_CU_LAUNCH("sum_squares final kernel");
     TIDE_CU(cudaMemcpyAsync(out, &sc->result, sizeof(double), cudaMemcpyDeviceToHost, s), "sum_squares copy");
     TIDE_CU(cudaStreamSynchronize(s), "sum_squares (synchronize)");

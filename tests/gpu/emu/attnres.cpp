@@ -270,6 +270,8 @@ int main()
     run_case<float>("attnres block sizes", 9, 3, 300, 0.2, 1e-5, 1e-5);
     run_case<float>("attnres full sizes", 17, 2, 64, 0.5, 1e-5, 1e-5);
     run_case<float>("attnres wide", 2, 1, 5000, 0.05, 1e-5, 1e-5);
+    run_case<float>("attnres k3 width (7,168: 448 threads x 16)", 2, 1, 7168, 0.05, 1e-5, 1e-5);
+    run_case<float>("attnres widest (16,384: 512 threads x 32)", 2, 1, 16384, 0.01, 1e-5, 1e-5);
     run_case<float>("attnres many rows", 3, 70, 16, 1.0, 1e-5, 1e-5);
     // bf16 storage, fp32 math: one bf16 step of the output scale (2^-7), gradients 2^-6
     run_case<__nv_bfloat16>("attnres bf16", 3, 5, 40, 0.5, 1.0 / 128, 1.0 / 64);

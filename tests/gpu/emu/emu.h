@@ -3,6 +3,9 @@
 // switches at barriers; the run order between barriers is shuffled, so a missing __syncthreads shows up as
 // wrong results. Warp-level ops (__syncwarp, shuffles, __match_any_sync, wmma) are warp barriers; wmma checks its
 // alignment rules. A barrier some threads never reach (divergence) aborts. Shared memory starts as NaN.
+// A launch is held to the device's limits (block and grid dimensions; static + dynamic shared memory against 48 KiB
+// or the kernel's cudaFuncSetAttribute limit; registers x threads from ptxas's report, kernel_resources.h, which
+// run.sh / run_one.sh generate from the build): a launch a GPU would refuse aborts with one line.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -10,12 +13,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdarg>
 #include <cmath>
 #include <climits>
 #include <vector>
 #include <algorithm>
 #include <random>
 #include <functional>
+#include <map>
+#include <string>
 #include <math.h>
 
 #undef __global__
@@ -141,20 +147,103 @@ inline void run_block(int nthreads)
     }
 }
 
+// ptxas's registers and static shared memory per kernel (the most over the target architectures), by demangled name
+struct kres {
+    const char *name;
+    int regs, smem;
+};
+#include "kernel_resources.h"   // emu_kernel_resources[], emu_kernel_resources_n: generated (kernel_resources.py)
+
+// a kernel's name as the report spells it ("attnres_fwd_kernel<float, 16>"), from the compiler's own text
+inline std::string demangled_spelling(std::string s)
+{
+    static const char *from[] = {"long long unsigned int", "long unsigned int", "short unsigned int", "long long int",
+                                 "long int", "short int"};
+    static const char *to[] = {"unsigned long long", "unsigned long", "unsigned short", "long long", "long", "short"};
+    for (int i = 0; i < 6; i++)
+        for (size_t at; (at = s.find(from[i])) != std::string::npos;) s.replace(at, strlen(from[i]), to[i]);
+    return s;
+}
+template <auto F> const char *kname()
+{
+    static std::string n;
+    if (n.empty()) {
+        std::string p = __PRETTY_FUNCTION__;
+        size_t a = p.find("F = ") + 4, e = p.rfind(']');
+        n = demangled_spelling(p.substr(a, e - a));
+    }
+    return n.c_str();
+}
+inline const kres *find_kres(const char *name)
+{
+    for (int i = 0; i < emu_kernel_resources_n; i++)
+        if (!strcmp(emu_kernel_resources[i].name, name)) return &emu_kernel_resources[i];
+    return nullptr;
+}
+// the dynamic shared memory each kernel was allowed with cudaFuncSetAttribute (none: 48 KiB less its static)
+extern std::map<const void *, int> smem_optin;
+template <class F> cudaError_t func_set_attr(F f, cudaFuncAttribute attr, int v)
+{
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) smem_optin[(const void *)f] = v;
+    return cudaSuccess;
+}
+
+[[noreturn]] inline void refuse(const char *name, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "emu: launch of %s refused: ", name);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+// what a GPU would refuse at the launch of `name` (grid g, block b, sm bytes of dynamic shared memory)
+inline void check_launch(const char *name, const void *fn, dim3 g, dim3 b, size_t sm)
+{
+    long long nt = (long long)b.x * b.y * b.z;
+    if (nt < 1 || nt > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64)
+        refuse(name, "block %u x %u x %u = %lld threads (at most 1,024; x, y <= 1,024, z <= 64)", b.x, b.y, b.z, nt);
+    if (g.x < 1 || g.x > 2147483647u || g.y < 1 || g.y > 65535 || g.z < 1 || g.z > 65535)
+        refuse(name, "grid %u x %u x %u (x <= 2^31 - 1, y, z <= 65,535)", g.x, g.y, g.z);
+    if (sm > (size_t)smem_limit)
+        refuse(name, "%zu bytes of dynamic shared memory > the device's %d", sm, smem_limit);
+    const kres *r = find_kres(name);
+    if (!r && emu_kernel_resources_n > 0)
+        refuse(name, "not in ptxas's report (kernel_resources.h is older than the sources: rebuild libtide_cuda)");
+    int st = r ? r->smem : 0;
+    auto it = smem_optin.find(fn);
+    if (it == smem_optin.end()) {
+        if (st + sm > 48 * 1024)
+            refuse(name, "%d static + %zu dynamic bytes of shared memory > 48 KiB without cudaFuncSetAttribute", st, sm);
+    } else {
+        if (sm > (size_t)it->second)
+            refuse(name, "%zu bytes of dynamic shared memory > the %d its cudaFuncSetAttribute allowed", sm, it->second);
+        if (st + it->second > smem_limit)
+            refuse(name, "%d static + %d opted-in dynamic bytes of shared memory > the device's %d", st, it->second,
+                   smem_limit);
+    }
+    if (r) {
+        long long warps = (nt + 31) / 32, alloc = warps * ((r->regs * 32 + 255) / 256 * 256);
+        if (alloc > 65536)
+            refuse(name, "%d registers x %lld threads = %lld (allocated %lld) > 65,536 registers per block", r->regs, nt,
+                   (long long)r->regs * nt, alloc);
+    }
+}
+
 template <class F> struct Launch {
     dim3 g, b;
     size_t sm;
     F f;
+    const char *name;
     template <class... A> void operator()(A... args)
     {
         body = [&]() { f(args...); };
         gridDim = g;
         blockDim = b;
         int nt = b.x * b.y * b.z;
-        if (sm > (size_t)smem_limit) {
-            fprintf(stderr, "emu: launch with %zu bytes of dynamic smem > limit %d\n", sm, smem_limit);
-            abort();
-        }
+        check_launch(name, (const void *)f, g, b, sm);
         for (unsigned z = 0; z < g.z; z++)
             for (unsigned y = 0; y < g.y; y++)
                 for (unsigned x = 0; x < g.x; x++) {
@@ -169,7 +258,10 @@ template <class F> struct Launch {
                 }
     }
 };
-template <class F> Launch<F> launch(dim3 g, dim3 b, size_t sm, cudaStream_t, F f) { return Launch<F>{g, b, sm, f}; }
+template <class F> Launch<F> launch(dim3 g, dim3 b, size_t sm, cudaStream_t, F f, const char *name)
+{
+    return Launch<F>{g, b, sm, f, name};
+}
 
 inline cudaError_t memcpy_async(void *d, const void *s, size_t n)
 {
@@ -294,6 +386,6 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float, void> &d, const fr
 #define cudaStreamSynchronize(s) cudaSuccess
 #define cudaGetLastError() cudaSuccess
 #define cudaGetErrorString(e) "emu error"
-#define cudaFuncSetAttribute(...) cudaSuccess
+#define cudaFuncSetAttribute(...) emu::func_set_attr(__VA_ARGS__)
 #define cudaGetDevice(p) (*(p) = 0, cudaSuccess)
 #define cudaDeviceGetAttribute(p, a, d) (*(p) = emu::smem_limit, cudaSuccess)

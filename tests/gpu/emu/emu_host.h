@@ -11,6 +11,7 @@ int my_tid;
 std::vector<char *> stacks;
 void *dyn_smem;
 int smem_limit = 232448;   // sm_90 opt-in
+std::map<const void *, int> smem_optin;
 double xch[1024];
 std::mt19937 rng(12345);
 std::function<void()> body;

@@ -10,6 +10,7 @@ build=${BUILD:-$root/build}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 out=${OUT:-${TMPDIR:-/tmp}/tide-emu}
 mkdir -p "$out"
+python3 "$here/kernel_resources.py" "$build" "$out/kernel_resources.h"
 python3 "$here/transform.py" "$root/kernels/cuda/kda.cu" "$out/kda_emu.inc"
 python3 "$here/transform.py" "$root/kernels/cuda/conv.cu" "$out/conv_emu.inc"
 python3 "$here/transform.py" "$root/kernels/cuda/mla.cu" "$out/mla_emu.inc"

@@ -15,6 +15,7 @@ build=${BUILD:-$root/build}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 out=${OUT:-${TMPDIR:-/tmp}/tide-emu}
 mkdir -p "$out"
+python3 "$here/kernel_resources.py" "$build" "$out/kernel_resources.h"
 python3 "$here/transform.py" "$root/kernels/cuda/$name.cu" "$out/${name}_emu.inc"
 g++ -std=c++20 -O1 -w -I"$out" -I"$here" -I"$root/kernels/cuda" -I"$root/kernels" -I"$root/engine" -I"$cuda/include" \
     -DTIDE_HAVE_CUDA=1 "$here/$name.cpp" -o "$out/$name" -L"$build" -ltide \
