@@ -81,6 +81,7 @@ emu_cmds=(
     "emu_vision|env $emu_env sh tests/gpu/emu/run_one.sh vision"
     "emu_optim|env $emu_env sh tests/gpu/emu/run_one.sh optim"
     "emu_loss|env $emu_env sh tests/gpu/emu/run_one.sh loss"
+    "emu_index|env $emu_env sh tests/gpu/emu/run_one.sh index"
 )
 
 # the CUDA architectures the build targets (CMakeLists.txt: CUDA_ARCHITECTURES "80;90")
@@ -282,7 +283,13 @@ def counts(log):
     return {"passed": sum(int(a) for a, _ in m), "failed": sum(int(b) for _, b in m)} if m else {}
 def key(name, log):
     r = load(name)
-    if name == "parity" or name.startswith("emu_"): return counts(log)
+    if name == "parity":   # the pass counts, and the peak device memory of the K3 KDA backward case
+        c = counts(log)
+        try: m = re.search(r"kda backward memory K3 T 64K\s+\S+\s+peak ([0-9.]+) GiB; the backward's own \+(-?[0-9]+) MiB", open(log).read())
+        except Exception: m = None
+        if m: c.update({"kda_k3_64k_peak_gib": float(m.group(1)), "kda_k3_64k_backward_extra_mib": int(m.group(2))})
+        return c
+    if name.startswith("emu_"): return counts(log)
     if not r: return {}
     if name == "step_dense":
         c = r["configs"][0]; t = c["tide"]

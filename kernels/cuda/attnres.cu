@@ -196,8 +196,8 @@ static int ar_upload_ptrs(const char *what, const void *const *h, int64_t n, voi
 {
     *dev = NULL;
     cudaError_t e = tide_cuda_alloc(dev, (size_t)n * sizeof(void *), s);
-    /* pageable source: staged before the call returns, so the caller may free h */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(*dev, h, (size_t)n * sizeof(void *), cudaMemcpyHostToDevice, s);
+    /* staged (tide_cuda_upload): the caller may free h */
+    if (e == cudaSuccess) e = tide_cuda_upload(*dev, h, (size_t)n * sizeof(void *), s);
     if (e != cudaSuccess) return tide_set_error("cuda %s source pointers: %s", what, cudaGetErrorString(e));
     return 0;
 }

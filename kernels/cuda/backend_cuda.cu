@@ -166,6 +166,56 @@ static void tide_cuda_raw_release(void *p, cudaStream_t s)
     if (e != cudaSuccess) cudaGetLastError();
 }
 
+/* ---- uploads of small host tables: a ring of pinned slots, each reused once the copy behind it has run ---- */
+#define TIDE_UPLOAD_SLOTS 64
+#define TIDE_UPLOAD_SLOT_BYTES ((size_t)64 << 10)
+
+namespace {
+struct upload_ring {
+    std::mutex mu;
+    int ready;                    /* 1: pinned ring in use; -1: unavailable (uploads go pageable) */
+    char *buf;
+    cudaEvent_t ev[TIDE_UPLOAD_SLOTS];
+    int used[TIDE_UPLOAD_SLOTS];
+    int next;
+};
+upload_ring g_ring;
+
+int ring_init(void)
+{
+    if (cudaHostAlloc((void **)&g_ring.buf, TIDE_UPLOAD_SLOTS * TIDE_UPLOAD_SLOT_BYTES, cudaHostAllocDefault) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    for (int i = 0; i < TIDE_UPLOAD_SLOTS; i++)
+        if (cudaEventCreateWithFlags(&g_ring.ev[i], cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            return -1;
+        }
+    return 1;
+}
+}  // namespace
+
+cudaError_t tide_cuda_upload(void *dst, const void *src, size_t n, cudaStream_t s)
+{
+    if (n == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(g_ring.mu);
+    if (!g_ring.ready) g_ring.ready = ring_init();
+    if (g_ring.ready < 0 || n > TIDE_UPLOAD_SLOT_BYTES) return cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s);
+    int k = g_ring.next;
+    g_ring.next = (k + 1) % TIDE_UPLOAD_SLOTS;
+    cudaError_t e = g_ring.used[k] ? cudaEventSynchronize(g_ring.ev[k]) : cudaSuccess;   /* its last copy has run */
+    char *slot = g_ring.buf + (size_t)k * TIDE_UPLOAD_SLOT_BYTES;
+    if (e == cudaSuccess) {
+        memcpy(slot, src, n);
+        e = cudaMemcpyAsync(dst, slot, n, cudaMemcpyHostToDevice, s);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(g_ring.ev[k], s);
+    g_ring.used[k] = e == cudaSuccess;
+    return e;
+}
+
 /* kernel scratch: from the engine's allocator (backend.h tide_scratch_alloc), so it reuses cached blocks, counts in
    the statistics and the limit, and is retried after the cache is emptied; blocks are stream-ordered on the one
    process stream, so a block freed here is reused only by later work on that stream */

@@ -20,6 +20,10 @@
 /* the stream every entry uses; 0 on success, else the error is set */
 int tide_cuda_get_stream(cudaStream_t *out);
 int tide_cuda_get_cublas(cublasHandle_t *out);
+/* a small host table (segment boundaries, pointer arrays, flags) to the device in stream order, through a pinned
+   staging ring (backend_cuda.cu): the host copy may be freed or reused as soon as this returns, and the upload
+   does not wait on the driver's pageable staging. Tables over the ring's slot size go pageable. */
+cudaError_t tide_cuda_upload(void *dst, const void *src, size_t n, cudaStream_t s);
 /* KDA: chunks (of the op's chunk size) between the forward's state checkpoints (backend.h kda_ckpt_chunks).
    The CUDA backward recomputes a block's start states from its checkpoint, so this sets its memory, not its
    work: at K3 heads one checkpoint per 1,024 tokens (6 KiB per token) and a buffer of 64 states. */

@@ -175,8 +175,8 @@ static int conv_upload_cu(const char *what, const int64_t *cu, int64_t n_seg, in
                               (long long)last, (long long)n, (long long)N, bad);
     }
     cudaError_t e = tide_cuda_alloc((void **)d, (size_t)(n + 1) * sizeof(int64_t), s);
-    /* pageable source: staged before the call returns, so h may be freed */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(*d, h, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyHostToDevice, s);
+    /* staged (tide_cuda_upload): h may be freed */
+    if (e == cudaSuccess) e = tide_cuda_upload(*d, h, (size_t)(n + 1) * sizeof(int64_t), s);
     free(h);
     if (e != cudaSuccess) return tide_set_error("cuda %s boundaries: %s", what, cudaGetErrorString(e));
     *n_out = n;

@@ -151,8 +151,7 @@ int tide_cuda_index_add(int dtype, void *gx, const void *gy, const void *idx, in
         return tide_set_error("index_add: %lld destination rows; the cuda backend takes at most 2^31 - 1",
                               (long long)n_dst);
     TIDE_STREAM(s);
-    int64_t n_pad = 1;
-    while (n_pad < n_idx) n_pad <<= 1;
+    const int64_t n_pad = tide_index_sort_len(n_idx);
     unsigned long long *keys = NULL;
     TIDE_CU(tide_cuda_alloc((void **)&keys, (size_t)n_pad * sizeof *keys, s), "index_add (sort keys alloc)");
     index_add_keys_kernel<<<tide_blocks(n_pad), TIDE_THREADS, 0, s>>>(keys, idx, idx_dtype == TIDE_I64, n_idx, n_pad,
@@ -163,8 +162,7 @@ int tide_cuda_index_add(int dtype, void *gx, const void *gy, const void *idx, in
             bitonic_step_kernel<<<tide_blocks(n_pad), TIDE_THREADS, 0, s>>>(keys, n_pad, k, j);
             e = cudaGetLastError();
         }
-    int64_t cols = outer * inner;
-    int threads = cols >= TIDE_THREADS ? TIDE_THREADS : (int)((cols + 31) / 32 * 32);
+    const unsigned threads = tide_index_rows_threads(outer * inner);
     if (e == cudaSuccess) {
         TIDE_FLOAT_DISPATCH(dtype, "index_add", {
             index_add_rows_kernel<T><<<(unsigned)n_idx, threads, 0, s>>>((T *)gx, (const T *)gy, keys, n_idx, outer,

@@ -955,8 +955,8 @@ static int kda_upload_segments(const char *what, const kda_seg *s, int64_t n, kd
     *d = NULL;
     cudaError_t e = tide_cuda_alloc((void **)d, (size_t)n * sizeof(kda_seg), st);
     if (e != cudaSuccess) return tide_set_error("cuda %s segment table alloc: %s", what, cudaGetErrorString(e));
-    /* pageable source: the copy is staged before the call returns, so the host table may be freed */
-    e = cudaMemcpyAsync(*d, s, (size_t)n * sizeof(kda_seg), cudaMemcpyHostToDevice, st);
+    /* staged (tide_cuda_upload): the host table may be freed */
+    e = tide_cuda_upload(*d, s, (size_t)n * sizeof(kda_seg), st);
     if (e != cudaSuccess) return tide_set_error("cuda %s segment table copy: %s", what, cudaGetErrorString(e));
     return 0;
 }

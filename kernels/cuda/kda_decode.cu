@@ -85,8 +85,8 @@ int tide_cuda_kda_decode_rows(int dtype, void *o, const void *q, const void *k, 
     size_t n = (size_t)R * sizeof(void *);
     void *d = NULL;
     cudaError_t e = tide_cuda_alloc(&d, n, s);
-    /* pageable source: staged before the call returns */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(d, states, n, cudaMemcpyHostToDevice, s);
+    /* staged (tide_cuda_upload) */
+    if (e == cudaSuccess) e = tide_cuda_upload(d, states, n, s);
     int rc = e == cudaSuccess ? 0 : tide_set_error("cuda %s state upload (%zu bytes): %s", what, n, cudaGetErrorString(e));
     if (!rc) {
         if (dtype == TIDE_F32) rc = kdec_typed<float>(o, q, k, v, g, beta, (float *const *)d, R, H, dk, dv, s);

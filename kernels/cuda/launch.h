@@ -99,4 +99,17 @@ static inline void tide_reduce_grid(int64_t outer, int64_t red, int64_t inner, i
     *rchunk = rc;
     *chunks = red > 0 ? (red + rc - 1) / rc : 1;
 }
+/* index_add (index.cu): positions sorted by a bitonic sort over n rounded up to a power of two, then one block per
+   sorted position, its threads over the row's cols = outer x inner columns */
+static inline int64_t tide_index_sort_len(int64_t n)
+{
+    int64_t p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+static inline unsigned tide_index_rows_threads(int64_t cols)
+{
+    return cols >= TIDE_THREADS ? TIDE_THREADS : (unsigned)((cols + 31) / 32 * 32);
+}
+
 #endif

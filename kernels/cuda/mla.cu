@@ -609,8 +609,8 @@ static int mla_upload_cu(const char *what, const int64_t *cu, int64_t n_seg, int
     size_t n = (size_t)(n_seg + 1) * sizeof(int64_t);
     cudaError_t e = tide_cuda_alloc((void **)d, n, s);
     if (e != cudaSuccess) return tide_set_error("cuda %s boundaries alloc: %s", what, cudaGetErrorString(e));
-    /* pageable source: the copy is staged before the call returns, so the caller's array may go */
-    e = cudaMemcpyAsync(*d, cu, n, cudaMemcpyHostToDevice, s);
+    /* staged (tide_cuda_upload): the caller's array may go */
+    e = tide_cuda_upload(*d, cu, n, s);
     if (e != cudaSuccess) return tide_set_error("cuda %s boundaries copy: %s", what, cudaGetErrorString(e));
     return 0;
 }

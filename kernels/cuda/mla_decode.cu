@@ -159,8 +159,8 @@ int tide_cuda_mla_decode_rows(int dtype, void *out, const void *qt, const void *
     memcpy(h + 2 * R, lens, (size_t)R * sizeof(int64_t));
     void *d = NULL;
     cudaError_t e = tide_cuda_alloc(&d, n, s);
-    /* pageable source: staged before the call returns, so h may go */
-    if (e == cudaSuccess) e = cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s);
+    /* staged (tide_cuda_upload): h may go */
+    if (e == cudaSuccess) e = tide_cuda_upload(d, h, n, s);
     free(h);
     int rc = e == cudaSuccess ? 0 : tide_set_error("cuda %s row upload (%zu bytes): %s", what, n, cudaGetErrorString(e));
     dec_rows rows = {(void *const *)d, (void *const *)d + R, (const int64_t *)((void *const *)d + 2 * R)};

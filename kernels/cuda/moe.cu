@@ -452,7 +452,7 @@ static int moe_gemm_grouped(int dtype, const moe_prod *pr, int64_t np, void **dp
     const void *alpha = dtype == TIDE_F64 ? (const void *)sd : (const void *)sf;
     const void *beta = dtype == TIDE_F64 ? (const void *)(sd + g) : (const void *)(sf + g);
     int rc = 0;
-    cudaError_t ce = cudaMemcpyAsync(dptr, ptr, (size_t)(3 * g) * sizeof(void *), cudaMemcpyHostToDevice, s);
+    cudaError_t ce = tide_cuda_upload(dptr, ptr, (size_t)(3 * g) * sizeof(void *), s);
     if (ce != cudaSuccess) rc = tide_set_error("cuda %s pointer arrays: %s", what, cudaGetErrorString(ce));
     else {
         cublasStatus_t st = cublasGemmGroupedBatchedEx(h, op, op + g, iv, iv + g, iv + 2 * g, alpha,

@@ -365,8 +365,8 @@ int tide_cuda_first_nonfinite(int n, const int *dtypes, const void *const *ptrs,
         tide_set_error("first_nonfinite: cuda malloc of %lld chunk entries: %s", nchunks, cudaGetErrorString(e));
         goto done;
     }
-    e = cudaMemcpyAsync(dev, host, (size_t)nchunks * sizeof *dev, cudaMemcpyHostToDevice, s);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(&sc->first, &found, sizeof found, cudaMemcpyHostToDevice, s);
+    e = tide_cuda_upload(dev, host, (size_t)nchunks * sizeof *dev, s);
+    if (e == cudaSuccess) e = tide_cuda_upload(&sc->first, &found, sizeof found, s);
     if (e == cudaSuccess) {
         long long blocks = nchunks < 4LL * tide_cuda_sm_count() ? nchunks : 4LL * tide_cuda_sm_count();
         first_nonfinite_kernel<<<(unsigned)blocks, TIDE_THREADS, 0, s>>>(dev, nchunks, &sc->first);

@@ -242,7 +242,7 @@ int tide_cuda_pos_interp_backward(int dtype, void *dtable, const void *dout, con
     cudaError_t e = tide_cuda_alloc((void **)&dev, ibytes + wbytes + 1, s);
     if (e == cudaSuccess) e = tide_cuda_alloc((void **)&acc, (size_t)cells * sizeof(double), s);
     if (e == cudaSuccess) e = tide_cuda_alloc((void **)&tmp, tbytes, s);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(dev, host, ibytes + wbytes, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = tide_cuda_upload(dev, host, ibytes + wbytes, s);
     if (e == cudaSuccess) e = cudaMemsetAsync(acc, 0, (size_t)cells * sizeof(double), s);
     /* a pageable source: the copy has left host memory when cudaMemcpyAsync returns */
     free(host);

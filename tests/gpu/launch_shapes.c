@@ -134,12 +134,17 @@ static void one_config(const config *c, int64_t T, int sms)
     static const char *elementwise[] = {
         "fill_kernel<*>", "copy_kernel<*>", "random_kernel<*>", "unary_kernel<*>", "unary_backward_kernel<*>",
         "binary_flat_kernel<*>", "binary_kernel<*>", "swiglu_kernel<*>", "swiglu_backward_kernel<*>", "axpy_kernel<*>",
-        "scale_rows_kernel<*>", "index_select_kernel<*>", "index_add_kernel<*>", "gather_kernel<*>",
+        "scale_rows_kernel<*>", "index_select_kernel<*>", "gather_kernel<*>", "bf16_to_f32_kernel",
+        "f32_to_bf16_kernel",
         "scatter_add_kernel<*>", "check_index_kernel", "all_finite_kernel<*>", "sum_squares_kernel<*>",
-        "first_nonfinite_kernel", "situ_kernel<*>", "situ_backward_kernel<*>", "rope_table_kernel", "rope_kernel<*>",
+        "first_nonfinite_kernel", "situ_kernel<*>", "situ_backward_kernel<*>", "rope_kernel<*>",
         "chain_add_kernel<*>", "norm_dw_final_kernel<*>", "conv_gw_final_kernel<*>", "mla_sum_groups_kernel<*>",
         "kda_gate_kernel<*>", "kda_gate_final_kernel<*>", NULL};
     for (int i = 0; elementwise[i]; i++) grid_stride(elementwise[i], c, shape, act, sms);
+    /* index_add's sort over the tokens (rounded up to a power of two), then a block per token over the row's d columns */
+    grid_stride("index_add_keys_kernel", c, shape, tide_index_sort_len(N), sms);
+    grid_stride("bitonic_step_kernel", c, shape, tide_index_sort_len(N), sms);
+    emit("index_add_rows_kernel<*>", c->name, shape, N, 1, 1, tide_index_rows_threads(c->d), 1, 1, 0, 0, N * c->d);
     grid_stride("adamw_kernel<*>", c, shape, params, sms);
     emit("sum_partials_kernel", c->name, shape, 1, 1, 1, TIDE_SUM_PARTIALS_THREADS, 1, 1, 0, 0,
          tide_grid_blocks(act, sms));
