@@ -112,8 +112,12 @@ typedef struct tide_backend {
     /* out[o, idx[o, j, i], i] += src[o, j, i];  out [outer, n_out, inner] */
     int (*scatter_add)(int dtype, void *out, const void *src, const void *idx, int idx_dtype,
                        int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner);
-    /* every index in [0, n); *bad gets the first offending value when not */
-    int (*check_index)(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+    /* every index in [0, n); *bad gets the first offending value when not. defer = 1: the kernels that read these
+       indices are safe with any value (they read 0 and write nowhere out of range), so a backend may record a
+       problem on the device and report it, named by `what`, at its next synchronisation instead of waiting here
+       (*ok = 1 then); defer = 0 (the indices address memory, as MoE's expert ids do): answer now */
+    int (*check_index)(const char *what, const void *idx, int idx_dtype, int64_t count, int64_t n, int defer,
+                       int64_t *bad, int *ok);
 
     /* normalisation over the last dim of x [N, C]; rstd (and mean) [N] saved for backward;
        backward writes dx and ACCUMULATES into dw (and db) */

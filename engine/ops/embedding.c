@@ -49,8 +49,9 @@ tide_tensor *tide_embedding(tide_tensor *weight, tide_tensor *ids)
         if (!c) return NULL;
         int64_t bad = 0;
         int ok = 1;
-        int rc = TIDE_DISPATCH(c->device, check_index, "embedding", tide_data(c), c->dtype, c->numel, weight->shape[0],
-                               &bad, &ok);
+        /* deferrable: the lookup reads zeros for an id out of range (kernels/backend.h check_index) */
+        int rc = TIDE_DISPATCH(c->device, check_index, "embedding", "embedding", tide_data(c), c->dtype, c->numel,
+                               weight->shape[0], 1, &bad, &ok);
         tide_tensor_release(c);
         if (rc) return NULL;
         TIDE_CHECK(ok, "embedding: token id %lld is out of range for a vocabulary of %lld", (long long)bad,

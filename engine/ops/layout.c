@@ -338,7 +338,8 @@ static int check_indices(const tide_tensor *idx, int64_t n, const char *op)
     if (!c) return -1;
     int64_t bad = 0;
     int ok = 1;
-    int rc = TIDE_DISPATCH(c->device, check_index, op, tide_data(c), c->dtype, c->numel, n, &bad, &ok);
+    /* deferrable: index_select, gather and scatter_add read 0 and write nowhere out of range */
+    int rc = TIDE_DISPATCH(c->device, check_index, op, op, tide_data(c), c->dtype, c->numel, n, 1, &bad, &ok);
     tide_tensor_release(c);
     if (rc) return -1;
     if (!ok) return tide_set_error("%s: index %lld is out of range [0, %lld)", op, (long long)bad, (long long)n);

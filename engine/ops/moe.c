@@ -209,8 +209,8 @@ static tide_tensor *moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p
     int64_t bad = 0;
     int good = 1;
     if (!sc) return NULL;
-    int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", tide_data(sc), sc->dtype, A, ne, &bad,
-                                   &good) : 0;
+    int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", "moe_experts", tide_data(sc), sc->dtype, A,
+                                   ne, 0, &bad, &good) : 0;
     tide_tensor_release(sc);
     if (rc) return NULL;
     TIDE_CHECK(good, "moe_experts: sel holds expert id %lld, outside [0, %lld) (w_gate_up %s)", (long long)bad, (long long)ne,

@@ -62,8 +62,8 @@ tide_tensor *tide_rope2d(tide_tensor *x, tide_tensor *pos, double theta)
     if (pc->numel > 0) {
         int64_t bad = 0;
         int ok = 1;
-        if (TIDE_DISPATCH(pc->device, check_index, "rope2d", tide_data(pc), pc->dtype, pc->numel, ROPE2D_MAX_POS, &bad,
-                          &ok)) { tide_tensor_release(pc); return NULL; }
+        if (TIDE_DISPATCH(pc->device, check_index, "rope2d", "rope2d", tide_data(pc), pc->dtype, pc->numel, ROPE2D_MAX_POS,
+                          0, &bad, &ok)) { tide_tensor_release(pc); return NULL; }
         if (!ok) {
             tide_tensor_release(pc);
             tide_set_error("rope2d: position %lld in pos %s is outside [0, %d) (the 2D RoPE table limit, vision.md §4)",

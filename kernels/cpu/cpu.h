@@ -37,7 +37,8 @@ int tide_cpu_index_select(int dtype, void *out, const void *x, const void *idx, 
 int tide_cpu_index_add(int dtype, void *gx, const void *gy, const void *idx, int idx_dtype, int64_t outer, int64_t n_dst, int64_t inner, int64_t n_idx);
 int tide_cpu_gather(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer, int64_t n_x, int64_t n_idx, int64_t inner);
 int tide_cpu_scatter_add(int dtype, void *out, const void *src, const void *idx, int idx_dtype, int64_t outer, int64_t n_out, int64_t n_idx, int64_t inner);
-int tide_cpu_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+int tide_cpu_check_index(const char *what, const void *idx, int idx_dtype, int64_t count, int64_t n, int defer,
+                         int64_t *bad, int *ok);
 int tide_cpu_rmsnorm(int dtype, void *out, void *rstd, const void *x, const void *w, int64_t N, int64_t C, double eps);
 int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, const void *x, const void *w, const void *rstd, int64_t N, int64_t C);
 int tide_cpu_layernorm(int dtype, void *out, void *mean, void *rstd, const void *x, const void *w, const void *b, int64_t N, int64_t C, double eps);

@@ -11,6 +11,7 @@
 #include "common.cuh"
 #include "tide.h"
 #include <mutex>
+#include "defer_impl.h"   /* the deferred checks' host side, defined once here */
 #include <stdio.h>
 #include <string.h>
 
@@ -103,6 +104,8 @@ scratch_state make_scratch()
 {
     scratch_state s = {cudaSuccess, 0};
     s.err = cudaMalloc((void **)&s.p, sizeof(tide_cuda_scratch));
+    /* the deferred record starts clean (all ones) */
+    if (s.err == cudaSuccess) s.err = cudaMemset(&s.p->defer_key, 0xff, sizeof s.p->defer_key);
     if (s.err != cudaSuccess) cudaGetLastError();
     return s;
 }
@@ -274,7 +277,7 @@ static int tide_cuda_memcpy_d2h(void *dst, const void *src, size_t n)
     TIDE_STREAM(s);
     TIDE_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s), "memcpy device to host");
     TIDE_CU(cudaStreamSynchronize(s), "memcpy device to host (synchronize)");
-    return 0;
+    return tide_cuda_deferred_report();   /* what the kernels before found, now that the host reads (common.cuh) */
 }
 
 static int tide_cuda_memcpy_d2d(void *dst, const void *src, size_t n)
@@ -289,7 +292,7 @@ static int tide_cuda_synchronize(void)
 {
     TIDE_STREAM(s);
     TIDE_CU(cudaStreamSynchronize(s), "synchronize");
-    return 0;
+    return tide_cuda_deferred_report();
 }
 
 /* ---- runtime information ---------------------------------------------------------------------- */

@@ -12,6 +12,8 @@
 #include <cublas_v2.h>
 #include <stdint.h>
 #include <limits.h>
+#include <stdio.h>
+#include <string.h>
 #include <type_traits>
 #include "../backend.h"
 #include "launch.h"
@@ -36,7 +38,37 @@ struct tide_cuda_scratch {
     double result;
     unsigned long long first;     /* smallest offending position (atomicMin), ULLONG_MAX when none */
     int flag;
+    /* the deferred record (below): persistent across entries, ULLONG_MAX when clean */
+    unsigned long long defer_key;
+    double defer_value;
 };
+
+/* ---- deferred checks ---------------------------------------------------------------------------
+   A kernel that finds a bad input (an index or a target out of range, a KDA gate outside its bound) records it
+   without the host waiting: atomicMin of key = (call << TIDE_DEFER_SHIFT) | position into the scratch area's
+   defer_key, so the earliest call's first position wins, and a one-thread capture kernel behind the check stores
+   the offending value. The host keeps what each call was (op, sizes) in a ring. The next entry that waits for the
+   device anyway (a copy to the host, synchronize, a reduction the host reads) reports the record as that entry's
+   error and clears it (tide_cuda_deferred_report): the message is the one the synchronous check gave, and says it
+   was found on the device. The kernels that read the bad input stay memory-safe (an index out of range reads 0
+   and writes nowhere; the KDA chunk path computes on, its result unused once the error is raised). */
+#define TIDE_DEFER_SHIFT 40
+#define TIDE_DEFER_RING 4096
+enum { TIDE_DEFER_INDEX = 1, TIDE_DEFER_TARGET = 2, TIDE_DEFER_KDA = 3 };
+struct tide_cuda_defer_ctx {
+    int kind;
+    char what[48];                /* the op */
+    int64_t n;                    /* INDEX, TARGET: the range [0, n); KDA: T */
+    int64_t ignore;               /* TARGET: the ignore index */
+    int64_t H, dk;                /* KDA */
+    double lb;                    /* KDA */
+};
+/* the base key of a new deferred check, its context kept; 0 with the error set when the scratch area is missing */
+int tide_cuda_defer_begin(const tide_cuda_defer_ctx *ctx, unsigned long long *base);
+/* 0 when the record is clean, else -1 with its message (and the record cleared); one synchronisation */
+int tide_cuda_deferred_report(void);
+
+
 int tide_cuda_get_scratch(tide_cuda_scratch **out);
 /* device memory for an entry's temporary buffers, stream ordered: free it right after the last launch
    that uses it (the free is ordered after that work) */
@@ -96,6 +128,22 @@ template <typename T> __device__ __forceinline__ TIDE_ACC(T) tide_ld(const T *p,
 template <typename T> __device__ __forceinline__ void tide_st(T *p, int64_t i, TIDE_ACC(T) v)
 {
     p[i] = tide_tr<T>::store(v);
+}
+
+/* behind a deferred check's kernel (one thread): the value at the recorded position, when the record's key is this
+   call's. I: an index type (int32_t, int64_t) or a storage type (float, __nv_bfloat16) */
+template <typename I> __device__ __forceinline__ double tide_defer_load(const I *v, unsigned long long k)
+{
+    if constexpr (std::is_integral<I>::value) return (double)v[k];
+    else return (double)tide_tr<I>::load(v[k]);
+}
+template <typename I>
+__global__ void __launch_bounds__(32) tide_defer_capture_kernel(tide_cuda_scratch *sc, unsigned long long base,
+                                                                const I *vals)
+{
+    unsigned long long k = sc->defer_key;
+    if (threadIdx.x == 0 && k != ~0ull && k >> TIDE_DEFER_SHIFT == base >> TIDE_DEFER_SHIFT)
+        sc->defer_value = tide_defer_load(vals, k & ((1ull << TIDE_DEFER_SHIFT) - 1));
 }
 
 /* a double as storage type D (the CPU backend's conversions: float -> integer rounds toward zero and
@@ -238,7 +286,8 @@ int tide_cuda_first_nonfinite(int n, const int *dtypes, const void *const *ptrs,
 int tide_cuda_reduce(int op, int dtype, void *out, const void *x, int64_t outer, int64_t red, int64_t inner);
 int tide_cuda_reduce_max_backward(int dtype, void *gx, const void *gy, const void *x, const void *y,
                                   int64_t outer, int64_t red, int64_t inner);
-int tide_cuda_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok);
+int tide_cuda_check_index(const char *what, const void *idx, int idx_dtype, int64_t count, int64_t n, int defer,
+                          int64_t *bad, int *ok);
 
 int tide_cuda_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                    int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);

@@ -235,33 +235,53 @@ int tide_cuda_scatter_add(int dtype, void *out, const void *src, const void *idx
     }
 }
 
-/* ---- index range check: the first offending position wins (atomicMin) -------------------------------- */
+/* ---- index range check: the first offending position wins (atomicMin), its key (base | k) ------------------- */
 
-__global__ void check_index_kernel(const void *idx, int is64, int64_t count, int64_t n, unsigned long long *first)
+__global__ void check_index_kernel(const void *idx, int is64, int64_t count, int64_t n, unsigned long long *first,
+                                   unsigned long long base)
 {
     TIDE_GRID_LOOP(k, count) {
         int64_t v = tide_ld_index(idx, is64, k);
-        if (v < 0 || v >= n) atomicMin(first, (unsigned long long)k);
+        if (v < 0 || v >= n) atomicMin(first, base | (unsigned long long)k);
     }
 }
 
-int tide_cuda_check_index(const void *idx, int idx_dtype, int64_t count, int64_t n, int64_t *bad, int *ok)
+int tide_cuda_check_index(const char *what, const void *idx, int idx_dtype, int64_t count, int64_t n, int defer,
+                          int64_t *bad, int *ok)
 {
     *ok = 1;
     if (tide_cuda_check_index_dtype(idx_dtype, "check_index")) return -1;
     if (count <= 0) return 0;
+    if (count >= (1ll << TIDE_DEFER_SHIFT))
+        return tide_set_error("%s: %lld indices; the cuda check takes fewer than 2^%d", what, (long long)count,
+                              TIDE_DEFER_SHIFT);
     TIDE_STREAM(s);
     tide_cuda_scratch *sc;
     if (tide_cuda_get_scratch(&sc)) return -1;
+    const int is64 = idx_dtype == TIDE_I64;
+    if (defer) {   /* recorded on the device, reported at the next synchronisation (common.cuh) */
+        tide_cuda_defer_ctx c = {};
+        c.kind = TIDE_DEFER_INDEX;
+        snprintf(c.what, sizeof c.what, "%s", what ? what : "index");
+        c.n = n;
+        unsigned long long base = 0;
+        if (tide_cuda_defer_begin(&c, &base)) return -1;
+        check_index_kernel<<<tide_blocks(count), TIDE_THREADS, 0, s>>>(idx, is64, count, n, &sc->defer_key, base);
+        TIDE_CU_LAUNCH("check_index kernel");
+        if (is64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)idx);
+        else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)idx);
+        TIDE_CU_LAUNCH("check_index capture kernel");
+        return 0;
+    }
     TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "check_index (memset)");
-    check_index_kernel<<<tide_blocks(count), TIDE_THREADS, 0, s>>>(idx, idx_dtype == TIDE_I64, count, n, &sc->first);
+    check_index_kernel<<<tide_blocks(count), TIDE_THREADS, 0, s>>>(idx, is64, count, n, &sc->first, 0);
     TIDE_CU_LAUNCH("check_index kernel");
     unsigned long long first = 0;
     TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "check_index copy");
     TIDE_CU(cudaStreamSynchronize(s), "check_index (synchronize)");
     if (first == ULLONG_MAX) return 0;
     *ok = 0;
-    if (idx_dtype == TIDE_I64) {
+    if (is64) {
         TIDE_CU(cudaMemcpyAsync(bad, (const int64_t *)idx + first, sizeof(int64_t), cudaMemcpyDeviceToHost, s),
                 "check_index copy");
     } else {

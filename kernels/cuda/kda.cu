@@ -172,7 +172,7 @@ __device__ __forceinline__ float kda_warp_sum(float v)
 template <typename T>
 __device__ void kda_load(const kda_views &w, const T *q, const T *k, const T *v, const T *g, const T *beta,
                          const T *gout, int64_t tok0, int rows, int h, int H, int dk, int dv, int check, double lb,
-                         unsigned long long *bad)
+                         unsigned long long *bad, unsigned long long base = 0)
 {
     float *qd = w.q ? w.q : w.Qh, *kd = w.k ? w.k : w.Kh, *gd = w.G ? w.G : w.Kc;
     for (int idx = threadIdx.x; idx < KDA_CT * dk; idx += KDA_NT) {
@@ -183,7 +183,7 @@ __device__ void kda_load(const kda_views &w, const T *q, const T *k, const T *v,
             qv = tide_ld(q, off);
             kv = tide_ld(k, off);
             gv = tide_ld(g, off);
-            if (check && ((double)gv < lb || gv > 0.f)) atomicMin(bad, (unsigned long long)off);
+            if (check && ((double)gv < lb || gv > 0.f)) atomicMin(bad, base | (unsigned long long)off);
         }
         qd[idx] = qv;
         kd[idx] = kv;
@@ -335,7 +335,7 @@ template <typename T> struct kda_fwd_args {
     const kda_seg *seg;
     int H, dk, dv, C, safe, check;
     double lb;
-    unsigned long long *bad;
+    unsigned long long *bad, bad_base;   /* the deferred record and this call's key (common.cuh) */
     kda_smem L;
 };
 
@@ -373,7 +373,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
             if (ch == c1 - 1) return;    /* the block's last start state: its chunk is the backward's */
         }
         kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, dk, dv, a.check, a.lb,
-                    a.bad);
+                    a.bad, a.bad_base);
         __syncthreads();
         kda_prep<WMMA>(w, rows, dk);
         __syncthreads();
@@ -961,27 +961,29 @@ static int kda_upload_segments(const char *what, const kda_seg *s, int64_t n, kd
     return 0;
 }
 
-static inline float kda_host_float(float v) { return v; }
-static inline float kda_host_float(kda_bf16 v) { return __bfloat162float(v); }
 
-/* after the kernels: name the first g outside [lb, 0] (kda.md §5), if any */
-template <typename T>
-static int kda_report_bad(const char *what, unsigned long long *bad_dev, const void *g, int64_t T_, int64_t H, int64_t dk,
-                          double lb, cudaStream_t s)
+/* the bound check (g outside [lb, 0], kda.md §5) is deferred (common.cuh): the record's key for this call, the
+   message's context kept; after the kernels, the capture of the offending g */
+static int kda_check_begin(const char *what, int64_t T_, int64_t H, int64_t dk, double lb, tide_cuda_scratch **sc,
+                           unsigned long long *base)
 {
-    unsigned long long first = 0;
-    TIDE_CU(cudaMemcpyAsync(&first, bad_dev, sizeof first, cudaMemcpyDeviceToHost, s), "kda bound check copy");
-    TIDE_CU(cudaStreamSynchronize(s), "kda bound check (synchronize)");
-    if (first == ULLONG_MAX) return 0;
-    T gv;
-    TIDE_CU(cudaMemcpyAsync(&gv, (const T *)g + first, sizeof gv, cudaMemcpyDeviceToHost, s), "kda bound check copy");
-    TIDE_CU(cudaStreamSynchronize(s), "kda bound check (synchronize)");
-    double val = (double)kda_host_float(gv);
-    int64_t tok = (int64_t)first / (H * dk), hh = ((int64_t)first / dk) % H, c = (int64_t)first % dk;
-    return tide_set_error("%s: g = %g at [b %lld, t %lld, head %lld, channel %lld] is outside [%g, 0]: the chunk path "
-                          "factorises the decay and needs the lower-bounded gate (kda.md §5); use the bounded gate or "
-                          "the chunk_safe path", what, val, (long long)(tok / T_), (long long)(tok % T_), (long long)hh,
-                          (long long)c, lb);
+    if (tide_cuda_get_scratch(sc)) return -1;
+    tide_cuda_defer_ctx c = {};
+    c.kind = TIDE_DEFER_KDA;
+    snprintf(c.what, sizeof c.what, "%s", what);
+    c.n = T_;
+    c.H = H;
+    c.dk = dk;
+    c.lb = lb;
+    return tide_cuda_defer_begin(&c, base);
+}
+
+template <typename T>
+static int kda_check_end(tide_cuda_scratch *sc, unsigned long long base, const void *g, cudaStream_t s)
+{
+    tide_defer_capture_kernel<T><<<1, 32, 0, s>>>(sc, base, (const T *)g);
+    TIDE_CU_LAUNCH("kda bound check capture kernel");
+    return 0;
 }
 
 /* states s_out of rows without tokens (T = 0): the initial state itself */
@@ -1023,7 +1025,7 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
                               const T *q, const T *k,
                               const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
                               int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
-                              unsigned long long *bad, cudaStream_t s)
+                              unsigned long long *bad, unsigned long long bad_base, cudaStream_t s)
 {
     /* tensor cores for bf16 on the factorised path (kda.md §5); f32 and the per-pair path use FMA */
     bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && dv % 16 == 0;
@@ -1048,6 +1050,7 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
     args.check = check;
     args.lb = lb;
     args.bad = bad;
+    args.bad_base = bad_base;
     args.L = kda_layout((int)dk, (int)dv, safe, wmma, 0);
     if (nseg * H > INT_MAX) return tide_set_error("%s: %lld segments x %lld heads is too many blocks", what, (long long)nseg, (long long)H);
     if constexpr (sizeof(T) == 2) {
@@ -1104,12 +1107,10 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
     int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
     free(seg);
     int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    if (B * T_ * H * dk >= (1ll << TIDE_DEFER_SHIFT)) check = 0;   /* past the record's position bits (2^40) */
     tide_cuda_scratch *sc = NULL;
-    if (!rc && check) {
-        rc = tide_cuda_get_scratch(&sc);
-        if (!rc && cudaMemsetAsync(&sc->first, 0xff, sizeof sc->first, s) != cudaSuccess)
-            rc = tide_set_error("cuda kda (bound check memset): %s", cudaGetErrorString(cudaGetLastError()));
-    }
+    unsigned long long base = 0;
+    if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
     if (!rc) {
         if (path == TIDE_KDA_RECURRENT)
             rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
@@ -1118,10 +1119,10 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
             rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (float *)NULL, -1, (const T *)q,
                                        (const T *)k, (const T *)v, (const T *)g, (const T *)beta, (const float *)s0,
                                        seg_d, nseg, H, dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
-                                       check ? &sc->first : (unsigned long long *)NULL, s);
+                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, s);
     }
     tide_cuda_release(seg_d, s);
-    if (!rc && check) rc = kda_report_bad<T>(what, &sc->first, g, T_, H, dk, lb, s);
+    if (!rc && check) rc = kda_check_end<T>(sc, base, g, s);
     return rc;
 }
 
@@ -1235,16 +1236,15 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     }
     /* the bound check rides on the forward that writes the checkpoints: here only when we write them */
     int check = own && path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    if (B * T_ * H * dk >= (1ll << TIDE_DEFER_SHIFT)) check = 0;
     tide_cuda_scratch *sc = NULL;
-    if (!rc && check) {
-        rc = tide_cuda_get_scratch(&sc);
-        if (!rc && cudaMemsetAsync(&sc->first, 0xff, sizeof sc->first, s) != cudaSuccess)
-            rc = tide_set_error("cuda kda backward (bound check memset): %s", cudaGetErrorString(cudaGetLastError()));
-    }
+    unsigned long long base = 0;
+    if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
     if (!rc && own)
         rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, (float *)NULL, -1, (const T *)q, (const T *)k,
                                    (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk,
-                                   dv, safe, C, check, lb, check ? &sc->first : (unsigned long long *)NULL, s);
+                                   dv, safe, C, check, lb, check ? &sc->defer_key : (unsigned long long *)NULL, base,
+                                   s);
     kda_bwd_args<T> args;
     args.gq = (T *)gq;
     args.gk = (T *)gk;
@@ -1283,7 +1283,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
         for (int64_t blk = nblk[gi] - 1; blk >= 0 && !rc; blk--) {
             rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, states, blk, (const T *)q, (const T *)k,
                                        (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d + g0, ng,
-                                       H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, s);
+                                       H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, 0, s);
             args.seg = seg_d + g0;
             args.blk = blk;
             if (!rc) rc = kda_backward_block<T>(what, args, ng, bytes, s);
@@ -1293,7 +1293,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     tide_cuda_release(states, s);
     if (own) tide_cuda_release(ckpt, s);
     tide_cuda_release(seg_d, s);
-    if (!rc && check) rc = kda_report_bad<T>(what, &sc->first, g, T_, H, dk, lb, s);
+    if (!rc && check) rc = kda_check_end<T>(sc, base, g, s);
     return rc;
 }
 

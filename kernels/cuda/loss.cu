@@ -9,7 +9,7 @@
 template <typename T> __global__ void cross_entropy_kernel(T *loss, T *valid, T *lse, const T *logits,
                                                            const void *targets, int t64, const T *weights,
                                                            int64_t N, int64_t V, int64_t ignore,
-                                                           unsigned long long *first_bad)
+                                                           unsigned long long *first_bad, unsigned long long base)
 {
     typedef TIDE_ACC(T) A;
     __shared__ A sh[32];
@@ -23,7 +23,7 @@ template <typename T> __global__ void cross_entropy_kernel(T *loss, T *valid, T 
             A lv = A(0), vv = A(0);
             if (t == ignore) {
             } else if (t < 0 || t >= V) {
-                atomicMin(first_bad, (unsigned long long)row);
+                atomicMin(first_bad, base | (unsigned long long)row);
             } else {
                 lv = w * (l - tide_ld(xr, t));
                 vv = w;
@@ -65,32 +65,28 @@ int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const
     TIDE_STREAM(s);
     tide_cuda_scratch *sc;
     if (tide_cuda_get_scratch(&sc)) return -1;
-    TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "cross_entropy (memset)");
+    /* a target outside [0, V) is the caller's error: recorded on the device and reported, by row and value, at the
+       next synchronisation (common.cuh, deferred checks); its row's loss is 0 meanwhile */
+    if (N >= (1ll << TIDE_DEFER_SHIFT))
+        return tide_set_error("cross_entropy: %lld rows; the cuda kernel takes fewer than 2^%d", (long long)N,
+                              TIDE_DEFER_SHIFT);
+    tide_cuda_defer_ctx c = {};
+    c.kind = TIDE_DEFER_TARGET;
+    snprintf(c.what, sizeof c.what, "cross_entropy");
+    c.n = V;
+    c.ignore = ignore;
+    unsigned long long base = 0;
+    if (tide_cuda_defer_begin(&c, &base)) return -1;
     TIDE_FLOAT_DISPATCH(dtype, "cross_entropy", {
         cross_entropy_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
             (T *)loss, (T *)valid, (T *)lse, (const T *)logits, targets, tdtype == TIDE_I64, (const T *)weights, N,
-            V, ignore, &sc->first);
+            V, ignore, &sc->defer_key, base);
         TIDE_CU_LAUNCH("cross_entropy kernel");
     });
-    /* a target outside [0, V) is the caller's error: report it by row and value */
-    unsigned long long first = 0;
-    TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "cross_entropy copy");
-    TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-    if (first == ULLONG_MAX) return 0;
-    int64_t t = 0;
-    if (tdtype == TIDE_I64) {
-        TIDE_CU(cudaMemcpyAsync(&t, (const int64_t *)targets + first, sizeof t, cudaMemcpyDeviceToHost, s),
-                "cross_entropy copy");
-    } else {
-        int32_t t32 = 0;
-        TIDE_CU(cudaMemcpyAsync(&t32, (const int32_t *)targets + first, sizeof t32, cudaMemcpyDeviceToHost, s),
-                "cross_entropy copy");
-        TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-        t = t32;
-    }
-    TIDE_CU(cudaStreamSynchronize(s), "cross_entropy (synchronize)");
-    return tide_set_error("cross_entropy: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
-                          (long long)t, (long long)first, (long long)V, (long long)ignore);
+    if (tdtype == TIDE_I64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)targets);
+    else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)targets);
+    TIDE_CU_LAUNCH("cross_entropy capture kernel");
+    return 0;
 }
 
 int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse,
@@ -114,7 +110,8 @@ int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss
    fp64 for f64); logp, entropy and lse are stored as A (f32 for bf16 logits). */
 template <typename T> __global__ void token_logprobs_kernel(TIDE_ACC(T) *logp, TIDE_ACC(T) *ent, TIDE_ACC(T) *lse,
                                                             const T *logits, const void *targets, int t64, int64_t N,
-                                                            int64_t V, int64_t ignore, unsigned long long *first_bad)
+                                                            int64_t V, int64_t ignore, unsigned long long *first_bad,
+                                                            unsigned long long base)
 {
     typedef TIDE_ACC(T) A;
     __shared__ A sh[32];
@@ -137,7 +134,7 @@ template <typename T> __global__ void token_logprobs_kernel(TIDE_ACC(T) *logp, T
             A ls = log(s), l = shift + ls, lv = A(0), hv = A(0);
             if (t == ignore) {
             } else if (t < 0 || t >= V) {
-                atomicMin(first_bad, (unsigned long long)row);
+                atomicMin(first_bad, base | (unsigned long long)row);
             } else {
                 lv = tide_ld(xr, t) - l;
                 hv = ls - u / s;
@@ -181,30 +178,28 @@ int tide_cuda_token_logprobs(int dtype, void *logp, void *entropy, void *lse, co
     TIDE_STREAM(s);
     tide_cuda_scratch *sc;
     if (tide_cuda_get_scratch(&sc)) return -1;
-    TIDE_CU(cudaMemsetAsync(&sc->first, 0xff, sizeof(unsigned long long), s), "token_logprobs (memset)");
+    /* a target outside [0, V): deferred like cross_entropy's */
+    if (N >= (1ll << TIDE_DEFER_SHIFT))
+        return tide_set_error("token_logprobs: %lld rows; the cuda kernel takes fewer than 2^%d", (long long)N,
+                              TIDE_DEFER_SHIFT);
+    tide_cuda_defer_ctx c = {};
+    c.kind = TIDE_DEFER_TARGET;
+    snprintf(c.what, sizeof c.what, "token_logprobs");
+    c.n = V;
+    c.ignore = ignore;
+    unsigned long long base = 0;
+    if (tide_cuda_defer_begin(&c, &base)) return -1;
     TIDE_FLOAT_DISPATCH(dtype, "token_logprobs", {
         typedef TIDE_ACC(T) A;
         token_logprobs_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
-            (A *)logp, (A *)entropy, (A *)lse, (const T *)logits, targets, tdtype == TIDE_I64, N, V, ignore, &sc->first);
+            (A *)logp, (A *)entropy, (A *)lse, (const T *)logits, targets, tdtype == TIDE_I64, N, V, ignore,
+            &sc->defer_key, base);
         TIDE_CU_LAUNCH("token_logprobs kernel");
     });
-    /* a target outside [0, V) is the caller's error: report it by row and value */
-    unsigned long long first = 0;
-    TIDE_CU(cudaMemcpyAsync(&first, &sc->first, sizeof first, cudaMemcpyDeviceToHost, s), "token_logprobs copy");
-    TIDE_CU(cudaStreamSynchronize(s), "token_logprobs (synchronize)");
-    if (first == ULLONG_MAX) return 0;
-    int64_t t = 0;
-    int32_t t32 = 0;
-    if (tdtype == TIDE_I64)
-        TIDE_CU(cudaMemcpyAsync(&t, (const int64_t *)targets + first, sizeof t, cudaMemcpyDeviceToHost, s),
-                "token_logprobs copy");
-    else
-        TIDE_CU(cudaMemcpyAsync(&t32, (const int32_t *)targets + first, sizeof t32, cudaMemcpyDeviceToHost, s),
-                "token_logprobs copy");
-    TIDE_CU(cudaStreamSynchronize(s), "token_logprobs (synchronize)");
-    if (tdtype != TIDE_I64) t = t32;
-    return tide_set_error("token_logprobs: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
-                          (long long)t, (long long)first, (long long)V, (long long)ignore);
+    if (tdtype == TIDE_I64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)targets);
+    else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)targets);
+    TIDE_CU_LAUNCH("token_logprobs capture kernel");
+    return 0;
 }
 
 int tide_cuda_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy,

@@ -266,6 +266,7 @@ int tide_cuda_sum_squares(int dtype, const void *x, int64_t n, double *out)
     TIDE_CU_LAUNCH("sum_squares final kernel");
     TIDE_CU(cudaMemcpyAsync(out, &sc->result, sizeof(double), cudaMemcpyDeviceToHost, s), "sum_squares copy");
     TIDE_CU(cudaStreamSynchronize(s), "sum_squares (synchronize)");
+    if (tide_cuda_deferred_report()) return -1;   /* a check the kernels before deferred (common.cuh) */
     return 0;
 }
 
@@ -295,6 +296,7 @@ int tide_cuda_all_finite(int dtype, const void *x, int64_t n, int *out)
     int flag = 0;
     TIDE_CU(cudaMemcpyAsync(&flag, &sc->flag, sizeof(int), cudaMemcpyDeviceToHost, s), "all_finite copy");
     TIDE_CU(cudaStreamSynchronize(s), "all_finite (synchronize)");
+    if (tide_cuda_deferred_report()) return -1;
     *out = flag ? 0 : 1;
     return 0;
 }

@@ -866,8 +866,8 @@ static void test_index(void)
 
     int ok = -1;
     int64_t bad = 0;
-    CHECK(tide_cpu_check_index(idx32, TIDE_I32, NIDX, 5, &bad, &ok) == 0 && ok == 1, "check_index in range: ok = %d", ok);
-    CHECK(tide_cpu_check_index(gi, TIDE_I64, OUT * NI * IN, NX, &bad, &ok) == 0 && ok == 0 && bad == NX,
+    CHECK(tide_cpu_check_index("t", idx32, TIDE_I32, NIDX, 5, 0, &bad, &ok) == 0 && ok == 1, "check_index in range: ok = %d", ok);
+    CHECK(tide_cpu_check_index("t", gi, TIDE_I64, OUT * NI * IN, NX, 1, &bad, &ok) == 0 && ok == 0 && bad == NX,
           "check_index finds %lld", (long long)bad);
 }
 

@@ -41,7 +41,7 @@ def defines(src_dir):
 def kernel_sources(src_dir):
     """{kernel base name: (file, signature + body text, launch-bounds expression or None)}"""
     out = {}
-    for p in sorted(glob.glob(os.path.join(src_dir, "*.cu"))):
+    for p in sorted(glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh"))):
         s = open(p).read()
         for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\(([^)]*)\)\s*)?(\w+)\s*\(", s):
             i = s.find("{", m.end())

@@ -145,6 +145,8 @@ static void one_config(const config *c, int64_t T, int sms)
     grid_stride("index_add_keys_kernel", c, shape, tide_index_sort_len(N), sms);
     grid_stride("bitonic_step_kernel", c, shape, tide_index_sort_len(N), sms);
     emit("index_add_rows_kernel<*>", c->name, shape, N, 1, 1, tide_index_rows_threads(c->d), 1, 1, 0, 0, N * c->d);
+    /* behind each deferred check (common.cuh): one warp reads the recorded position */
+    emit("tide_defer_capture_kernel<*>", c->name, shape, 1, 1, 1, 32, 1, 1, 0, 0, act);
     grid_stride("adamw_kernel<*>", c, shape, params, sms);
     emit("sum_partials_kernel", c->name, shape, 1, 1, 1, TIDE_SUM_PARTIALS_THREADS, 1, 1, 0, 0,
          tide_grid_blocks(act, sms));

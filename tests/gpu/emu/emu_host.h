@@ -56,7 +56,12 @@ int tide_cuda_get_stream(cudaStream_t *out)
     *out = 0;
     return 0;
 }
-static tide_cuda_scratch the_scratch;
+static tide_cuda_scratch the_scratch = [] {
+    tide_cuda_scratch s;
+    memset(&s, 0, sizeof s);
+    s.defer_key = ~0ull;   // the deferred record starts clean, as backend_cuda.cu's make_scratch leaves it
+    return s;
+}();
 int tide_cuda_get_scratch(tide_cuda_scratch **out)
 {
     *out = &the_scratch;
@@ -86,3 +91,6 @@ void tide_cuda_release(void *p, cudaStream_t)
 }
 int tide_cuda_sm_count(void) { return 2; }
 cudaError_t tide_cuda_upload(void *d, const void *s, size_t n, cudaStream_t) { return cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, 0); }
+
+// the deferred checks' host side (common.cuh), as the real backend has it
+#include "defer_impl.h"

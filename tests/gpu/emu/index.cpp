@@ -4,7 +4,8 @@
 // repeating: a few hot rows take most positions, as padding tokens do), two runs with the emulated threads in
 // different orders give the same bits, bf16 equals the f32 sum in index order rounded once (the atomics this
 // replaces rounded the running sum at every add, so a row touched by many tokens lost increments), and an index
-// outside its range adds nothing. Usage: tests/gpu/emu/run_one.sh index (EMU_SEED=n reorders threads).
+// outside its range adds nothing; and the index range check, deferred (reported at the next synchronisation) and
+// not. Usage: tests/gpu/emu/run_one.sh index (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
@@ -172,6 +173,32 @@ int main()
     scatter_add_case<double>(2, 7, 5, 40, 0);
     scatter_add_case<float>(2, 7, 5, 40, 5);
     scatter_add_case<__nv_bfloat16>(2, 5, 8, 600, 0);
+    // the range check: deferred (defer = 1: recorded on the device, the call says ok, the next synchronisation
+    // reports the first bad position of the earliest call with its op and value), or answered now (defer = 0)
+    printf("check_index\n");
+    {
+        std::vector<int64_t> good = {0, 3, 4, 1}, bad = {2, 9, 4, -1};
+        std::vector<int32_t> bad32 = {1, 1, 7};
+        int64_t v = 0;
+        int ok = 0;
+        int rc = tide_cuda_check_index("embedding", bad.data(), TIDE_I64, 4, 5, 1, &v, &ok);
+        int rc2 = tide_cuda_check_index("gather", bad32.data(), TIDE_I32, 3, 5, 1, &v, &ok);
+        int rep = tide_cuda_deferred_report();
+        std::string e = err_buf;
+        check_true("deferred: the calls return ok, the report names the first: " + e,
+                   !rc && !rc2 && ok && rep && e.find("embedding: token id 9 at position 1") != std::string::npos);
+        check_true("the record is clean after its report", tide_cuda_deferred_report() == 0);
+        rc = tide_cuda_check_index("gather", good.data(), TIDE_I64, 4, 5, 1, &v, &ok);
+        rc2 = tide_cuda_check_index("gather", bad32.data(), TIDE_I32, 3, 5, 1, &v, &ok);
+        rep = tide_cuda_deferred_report();
+        e = err_buf;
+        check_true("a clean call then a bad one: the bad one's op and value: " + e,
+                   !rc && !rc2 && rep && e.find("gather: index 7 at position 2 is out of range [0, 5)") != std::string::npos);
+        ok = 1;
+        rc = tide_cuda_check_index("moe_experts", bad.data(), TIDE_I64, 4, 5, 0, &v, &ok);
+        check_true("defer = 0: answered now (ok 0, the value 9), nothing left to report",
+                   !rc && !ok && v == 9 && tide_cuda_deferred_report() == 0);
+    }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -148,17 +148,37 @@ int main()
     token_logprobs_case<__nv_bfloat16>(9, 300, true, 1e-6, 1.0 / 128);
     cross_entropy_case<double>(7, 300, 1e-12);
     cross_entropy_case<float>(7, 300, 1e-6);
-    // a target outside [0, V): an error naming the row on both
+    // a target outside [0, V): an error naming the row on both; on the GPU recorded on the device and reported at
+    // the next synchronisation (the deferred record, common.cuh): the call itself returns 0
     {
         std::vector<float> x(3 * 5, 0.5f), lp(3), h(3), lse(3);
         std::vector<int64_t> t = {1, 7, 2};
         int rg = tide_cuda_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5,
                                           -100);
+        int rep = tide_cuda_deferred_report();
         std::string eg = err_buf;
         int rc = tide_cpu_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t.data(), TIDE_I64, 3, 5,
                                          -100);
         check_true("token_logprobs target 7 of V 5 at row 1: an error on both (" + eg + ")",
-                   rg && rc && eg.find("target 7 at row 1") != std::string::npos);
+                   !rg && rep && rc && eg.find("target 7 at row 1") != std::string::npos);
+        check_true("the record is clean after its report", tide_cuda_deferred_report() == 0);
+        // two bad calls: the earlier one is reported (its first row), with its own op and value
+        std::vector<int32_t> t1 = {4, 2, 9}, t2 = {-3, 1, 1};
+        std::vector<float> l3(3), v3(3);
+        int r1 = tide_cuda_cross_entropy(TIDE_F32, l3.data(), v3.data(), lse.data(), x.data(), t1.data(), TIDE_I32,
+                                         nullptr, 3, 5, -100);
+        int r2 = tide_cuda_token_logprobs(TIDE_F32, lp.data(), h.data(), lse.data(), x.data(), t2.data(), TIDE_I32, 3, 5,
+                                          -100);
+        rep = tide_cuda_deferred_report();
+        eg = err_buf;
+        check_true("of two bad calls the first is reported: " + eg,
+                   !r1 && !r2 && rep && eg.find("cross_entropy: target 9 at row 2") != std::string::npos &&
+                       tide_cuda_deferred_report() == 0);
+        // a clean call after them leaves nothing to report
+        std::vector<int64_t> ok = {0, 4, -100};
+        r1 = tide_cuda_cross_entropy(TIDE_F32, l3.data(), v3.data(), lse.data(), x.data(), ok.data(), TIDE_I64, nullptr,
+                                     3, 5, -100);
+        check_true("a clean call: nothing reported", !r1 && tide_cuda_deferred_report() == 0);
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
