@@ -77,20 +77,56 @@ int tide_cuda_situ_glu_backward(int dtype, void *dg, void *du, const void *dout,
     return 0;
 }
 
-/* ---- top-k: one thread per row, insertion into the sorted prefix (strictly greater displaces) ------------------ */
-template <typename T> __global__ void topk_kernel(T *val, int64_t *ind, const T *x, int64_t rows, int64_t C, int64_t k)
+/* ---- top-k: one warp per row (coalesced loads), k rounds of a warp argmax -------------------------------------
+   The order is the CPU insertion's: larger value first, the earlier index first among equal values; a NaN ranks
+   below every number (the CPU's insertion keeps a NaN that arrives while its prefix is not yet full: rows with NaN
+   may differ there). Round j takes the best element ranked after round j-1's pick; every lane ends the butterfly
+   with the same winner (the order is total). */
+template <typename A> __device__ __forceinline__ bool topk_better(A av, int64_t ai, A bv, int64_t bi)
+{
+    if (ai < 0) return false;
+    if (bi < 0) return true;
+    bool an = av != av, bn = bv != bv;
+    if (an != bn) return bn;
+    if (!an && av != bv) return av > bv;
+    return ai < bi;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(TIDE_THREADS) topk_kernel(T *val, int64_t *ind, const T *x, int64_t rows, int64_t C,
+                                                            int64_t k)
 {
     typedef TIDE_ACC(T) A;
-    TIDE_GRID_LOOP(r, rows) {
-        T *v = val + r * k;
-        int64_t *id = ind + r * k, have = 0;
-        for (int64_t c = 0; c < C; c++) {
-            A xc = tide_ld(x, r * C + c);
-            if (have == k && !(xc > tide_ld(v, k - 1))) continue;
-            int64_t j = have < k ? have++ : k - 1;
-            while (j > 0 && xc > tide_ld(v, j - 1)) { v[j] = v[j - 1]; id[j] = id[j - 1]; j--; }
-            v[j] = x[r * C + c];
-            id[j] = c;
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+        const T *xr = x + r * C;
+        A pv = A(0);
+        int64_t pi = -1;                  /* the previous round's pick; none yet */
+        for (int64_t j = 0; j < k; j++) {
+            A bv = A(0);
+            int64_t bi = -1;
+            for (int64_t c = lane; c < C; c += 32) {
+                A xc = tide_ld(xr, c);
+                if ((pi < 0 || topk_better(pv, pi, xc, c)) && topk_better(xc, c, bv, bi)) {
+                    bv = xc;
+                    bi = c;
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                A ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (topk_better(ov, oi, bv, bi)) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            if (lane == 0) {
+                val[r * k + j] = xr[bi];
+                ind[r * k + j] = bi;
+            }
+            pv = bv;
+            pi = bi;
         }
     }
 }
@@ -99,7 +135,7 @@ int tide_cuda_topk(int dtype, void *values, int64_t *indices, const void *x, int
 {
     TIDE_STREAM(s);
     TIDE_FLOAT_DISPATCH(dtype, "topk", {
-        topk_kernel<T><<<tide_blocks(rows), TIDE_THREADS, 0, s>>>((T *)values, indices, (const T *)x, rows, C, k);
+        topk_kernel<T><<<tide_blocks(rows * 32), TIDE_THREADS, 0, s>>>((T *)values, indices, (const T *)x, rows, C, k);
         TIDE_CU_LAUNCH("topk kernel");
     });
     return 0;
@@ -323,15 +359,22 @@ __global__ void moe_dy_kernel(T *dy, const T *du, const T *p, const int64_t *per
         tide_st(dy, i, (A)(tide_ld(p, a) * tide_ld(du, (a / k) * d + i % d)));
     }
 }
+/* dp[a] = du[a / k] · y[pos[a]]: one warp per assignment, its lanes over the d channels (coalesced rows), the
+   lanes' partial sums combined by a fixed butterfly (every lane gets the same sum) */
 template <typename T>
-__global__ void moe_dp_kernel(T *dp, const T *du, const T *y, const int64_t *pos, int64_t A_, int64_t k, int64_t d)
+__global__ void __launch_bounds__(TIDE_THREADS) moe_dp_kernel(T *dp, const T *du, const T *y, const int64_t *pos,
+                                                              int64_t A_, int64_t k, int64_t d)
 {
     typedef TIDE_ACC(T) A;
-    TIDE_GRID_LOOP(a, A_) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t a = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); a < A_; a += warps) {
         int64_t r = pos[a];
         A acc = 0;
-        if (r >= 0) for (int64_t c = 0; c < d; c++) acc += tide_ld(du, (a / k) * d + c) * tide_ld(y, r * d + c);
-        tide_st(dp, a, acc);
+        if (r >= 0)
+            for (int64_t c = lane; c < d; c += 32) acc += tide_ld(du, (a / k) * d + c) * tide_ld(y, r * d + c);
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) tide_st(dp, a, acc);
     }
 }
 template <typename T> __global__ void moe_dx_kernel(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)
@@ -628,7 +671,8 @@ int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_
                                                                                   k, d_out);
         }
         if (!rc && dp && A_ > 0)
-            moe_dp_kernel<T><<<tide_blocks(A_), TIDE_THREADS, 0, s>>>((T *)dp, (const T *)du, (const T *)y, pos, A_, k, d_out);
+            moe_dp_kernel<T><<<tide_blocks(A_ * 32), TIDE_THREADS, 0, s>>>((T *)dp, (const T *)du, (const T *)y, pos, A_, k,
+                                                                       d_out);
         if (!rc) rc = moe_gemm_grouped(dtype, pr, g1, dptr, s, "moe_experts backward dw_down/dh");
         if (!rc && need_dh && R > 0)
             moe_act_backward_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)dpre, (const T *)dh, (const T *)pre, R,

@@ -331,6 +331,15 @@ int main()
         tide_cpu_backend.topk(TIDE_F32, vc.data(), ic.data(), x.data(), rows, C, kk);
         tide_cuda_topk(TIDE_F32, vg.data(), ig.data(), x.data(), rows, C, kk);
         check_exact("topk values and indices == cpu", vc == vg && ic == ig);
+        // a row wider than a warp (K3's 384 experts, top-8), with ties across lanes: the warp argmax's order
+        int64_t rows2 = 9, C2 = 384, k2 = 8;
+        auto x2 = rv(rows2 * C2);
+        for (int64_t c = 5; c < C2; c += 37) x2[3 * C2 + c] = 2.5f;   // ties in row 3 on different lanes
+        std::vector<float> vc2(rows2 * k2), vg2(rows2 * k2, NAN);
+        std::vector<int64_t> ic2(rows2 * k2), ig2(rows2 * k2, -1);
+        tide_cpu_backend.topk(TIDE_F32, vc2.data(), ic2.data(), x2.data(), rows2, C2, k2);
+        tide_cuda_topk(TIDE_F32, vg2.data(), ig2.data(), x2.data(), rows2, C2, k2);
+        check_exact("topk 384 wide, top-8, ties across lanes == cpu", vc2 == vg2 && ic2 == ig2);
     }
     sort_cases();
     run_moe<float>("dropless, one expert in every token, two idle", 29, 2, 8, 12, 8, 10, TIDE_MOE_SITU, 0, 3, 1e-5, true);
