@@ -169,44 +169,56 @@ end
 -- ---- correctness --------------------------------------------------------------------------------------------------
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-300) end
 
-local function check_f64(cfg, c, torch, tmp)
-  local model, opt = build(c.model, "f64")
-  local ids, tgt = batch(model.cfg.vocab_size, 2, 64, 11)
-  local path = tmp .. "/" .. c.name .. "_f64.safetensors"
-  local loss, _, nd = export(path, model, opt, ids, tgt, "f64")
+-- compare(mcfg, dtype, B, T, steps, ask, tmp, name) -> the comparison of tide and torch_hybrid.py on one model: tide
+-- builds it (seed 1), exports its weights, a random batch [B, T], its loss and gradients, then trains `steps` steps;
+-- ask(path, steps) runs torch_hybrid.py's check on the file (a server's "check" or a --check process) and returns
+-- its answer, to which this adds tide's training losses, the worst relative delta of those losses, the worst
+-- absolute delta of the QB biases after the steps and whether both sides put the same parameters in AdamW's
+-- no-decay group
+local function compare(mcfg, dtype, B, T, steps, ask, tmp, name)
+  local model, opt = build(mcfg, dtype)
+  local ids, tgt = batch(model.cfg.vocab_size, B, T, 11)
+  local path = tmp .. "/" .. name .. "_" .. dtype .. ".safetensors"
+  local _, _, nd = export(path, model, opt, ids, tgt, dtype)
   local losses, norms = {}, {}
-  for s = 1, cfg.check_steps do losses[s], norms[s] = train_step(model, opt, ids, tgt) end
-  local r = torch:ask({ cmd = "check", path = path, steps = cfg.check_steps })
-  r.tide_train_losses, r.tide_train_grad_norms = losses, norms
-  local worst = 0
-  for s = 1, cfg.check_steps do worst = math.max(worst, rel(r.train_losses[s], losses[s])) end
-  r.train_max_rel_delta = worst
-  r.B, r.T = 2, 64
-  local bias = {}
-  for i, m in ipairs(model:moe_layers()) do bias[i] = m.gate.e_score_correction_bias:tolist() end
-  local bw = 0
-  for i, b in ipairs(bias) do
-    for j, v in ipairs(b) do bw = math.max(bw, math.abs(v - r.bias_after[i][j])) end
+  for s = 1, steps do losses[s], norms[s] = train_step(model, opt, ids, tgt) end
+  local r = ask(path, steps)
+  os.remove(path)
+  r.tide_train_losses, r.tide_train_grad_norms, r.B, r.T = losses, norms, B, T
+  local worst, bw = 0, 0
+  for s = 1, steps do worst = math.max(worst, rel(r.train_losses[s], losses[s])) end
+  for i, m in ipairs(steps > 0 and model:moe_layers() or {}) do
+    for j, v in ipairs(m.gate.e_score_correction_bias:tolist()) do bw = math.max(bw, math.abs(v - r.bias_after[i][j])) end
   end
-  r.bias_max_abs_delta = bw
-  r.bias_after = nil
-  -- tide's AdamW groups against the ones torch_hybrid.py derives by rule
+  local n = 0
+  for _ in model:named_parameters() do n = n + 1 end
+  r.tide_tensors = n
+  r.train_max_rel_delta, r.bias_max_abs_delta, r.bias_after = worst, bw, nil
   local same = #nd == #r.no_decay
   local set = {}
   for _, n in ipairs(nd) do set[n] = true end
   for _, n in ipairs(r.no_decay) do same = same and set[n] == true end
   r.no_decay_same, r.no_decay = same, nil
+  return r
+end
+
+local function check_f64(cfg, c, torch, tmp)
+  local r = compare(c.model, "f64", 2, 64, cfg.check_steps, function(path, steps)
+    return torch:ask({ cmd = "check", path = path, steps = steps })
+  end, tmp, c.name)
   io.stderr:write(fmt("hybrid: %s f64 check (B 2 x T 64): loss %.15g vs torch %.15g (rel %.2g), grad norm rel %.2g, "
-    .. "worst gradient rel %.2g (%s); %d training steps: worst loss rel %.2g, QB bias max |delta| %.2g\n", c.name, loss,
-    r.loss, r.loss_rel_delta, r.grad_norm_rel_delta, r.grad_max_rel_delta, tostring(r.grad_worst), cfg.check_steps,
-    worst, bw))
+    .. "worst gradient rel %.2g (%s); %d training steps: worst loss rel %.2g, QB bias max |delta| %.2g\n", c.name,
+    r.tide_loss, r.loss, r.loss_rel_delta, r.grad_norm_rel_delta, r.grad_max_rel_delta, tostring(r.grad_worst),
+    cfg.check_steps, r.train_max_rel_delta, r.bias_max_abs_delta))
   local bad = {}
   if r.loss_rel_delta > TOL.f64_loss then bad[#bad + 1] = fmt("loss rel delta %.3g > %g", r.loss_rel_delta, TOL.f64_loss) end
   if r.grad_max_rel_delta > TOL.f64_grad then
     bad[#bad + 1] = fmt("gradient of %s rel delta %.3g > %g", r.grad_worst, r.grad_max_rel_delta, TOL.f64_grad)
   end
-  if worst > TOL.f64_train then bad[#bad + 1] = fmt("training-step loss rel delta %.3g > %g", worst, TOL.f64_train) end
-  if not same then bad[#bad + 1] = "the AdamW no-decay groups differ" end
+  if r.train_max_rel_delta > TOL.f64_train then
+    bad[#bad + 1] = fmt("training-step loss rel delta %.3g > %g", r.train_max_rel_delta, TOL.f64_train)
+  end
+  if not r.no_decay_same then bad[#bad + 1] = "the AdamW no-decay groups differ" end
   if #bad > 0 then error(fmt("hybrid bench: %s: tide and PyTorch differ in f64: %s", c.name, table.concat(bad, "; ")), 0) end
   return r
 end
@@ -568,6 +580,7 @@ local function run(cfg)
 end
 
 return {
+  configs = CONFIGS, compare = compare, tolerances = TOL,   -- for tests/lua/test_torch_hybrid.lua
   only = "",                    -- one model by name ("tiny-hybrid", "quickstart"); "" runs both
   shapes = "256x16,1024x4",     -- T x B pairs
   rounds = 5,                   -- interleaved rounds per shape (tide.results.interleave)
