@@ -256,8 +256,11 @@ local function kernel_names()
       local fh = io.open(root .. "/kernels/cpu/" .. f)
       if fh then
         for line in fh:lines() do
-          local name = line:match("^[%a_][%w_%s%*]-[%s%*]([%a_][%w_#]*)%s*%(") or line:match("^([%a_][%w_]*)%s*%(")
-          if name then
+          -- plain definitions, macro-made ones (`static void conv_##SFX(`, also indented) and F(name) helpers
+          local name = line:match("^%s*[%a_][%w_%s%*]-[%s%*]([%a_][%w_#]*)%s*%(") or line:match("^([%a_][%w_]*)%s*%(")
+          local fname = line:match("^%s*static[%w_%s%*]-F%(([%a_][%w_]*)%)%s*%(")
+          if fname then prefixes[#prefixes + 1] = fname .. "_"
+          elseif name and not line:match("^%s*return") and not line:match("^%s*if") then
             local pre = name:match("^(.-)##")
             if pre then prefixes[#prefixes + 1] = pre else exact[name] = true end
           end
@@ -340,7 +343,8 @@ local function bench_shape(cfg, c, shape, torch, tmp)
   local B, T = shape.B, shape.T
   local model, opt = build(c.model, "f32")
   local ids, tgt = batch(model.cfg.vocab_size, B, T, 7)
-  local r = { config = c.name, B = B, T = T, tokens = B * T, params = model:num_parameters(),
+  local r = { config = c.name, date = os.date("!%Y-%m-%d %H:%M UTC"), B = B, T = T, tokens = B * T,
+    params = model:num_parameters(),
     recompute = model:recompute_for(B, T) }
   io.stderr:write(fmt("hybrid: %s at B %d x T %d (%d params, recompute %s)\n", c.name, B, T, r.params, r.recompute))
   local path = tmp .. "/" .. c.name .. "_" .. T .. ".safetensors"
@@ -433,9 +437,11 @@ local function markdown(rec)
     .. "fixed batch of uniform random tokens; both engines from the same weights (tide's, loaded into PyTorch).",
     OPTIM.clip or 0, OPTIM.lr, OPTIM.weight_decay)
   L[#L + 1] = fmt("- method: %d interleaved rounds per shape (tide.results.interleave: each after a wait for an idle "
-    .. "machine, cores at most %.0f%% busy over 1 s; the engine order rotating), %d timed steps per engine per round "
-    .. "after %d warm-up steps; tok/s = B x T over the median of the per-round median steps; tide / torch = median "
-    .. "(min-max) of the per-round ratios.", rec.rounds, 100 * rec.max_busy, rec.steps, rec.warmup)
+    .. "machine, cores at most %.0f%% busy over 1 s, or %d s of waiting, after which it runs anyway: the busy column "
+    .. "below says how quiet each round found the machine; the engine order rotating), %d timed steps per engine per "
+    .. "round after %d warm-up steps; tok/s = B x T over the median of the per-round median steps; tide / torch = "
+    .. "median (min-max) of the per-round ratios.", rec.rounds, 100 * rec.max_busy, rec.idle_timeout or 60, rec.steps,
+    rec.warmup)
   L[#L + 1] = fmt("- correctness before timing: f64 at B 2 x T 64 (loss, every gradient, %d training steps with AdamW "
     .. "and QB), f32 at each benchmark shape on its batch (loss, gradient norm); tolerances: f64 loss %g, gradients %g "
     .. "(max |delta| / max |tide| per tensor), training losses %g; f32 loss %g, gradient norm %g (relative).",
@@ -454,8 +460,9 @@ local function markdown(rec)
       num(r.check and r.check.loss_rel_delta, "%.1e"), num(r.check and r.check.grad_norm_rel_delta, "%.1e"))
   end
   L[#L + 1] = ""
-  L[#L + 1] = "| model | B x T | recompute | tide step s per round | torch default step s per round | torch PASSIVE step s per round |"
-  L[#L + 1] = "|---|---|---|---|---|---|"
+  L[#L + 1] = "| model | B x T | measured | recompute | cores busy before each round | tide step s per round | torch default "
+    .. "step s per round | torch PASSIVE step s per round |"
+  L[#L + 1] = "|---|---|---|---|---|---|---|---|"
   local function list(xs)
     local s = {}
     for i, x in ipairs(xs or {}) do s[i] = fmt("%.3f", x) end
@@ -464,8 +471,11 @@ local function markdown(rec)
   for _, r in ipairs(rec.rows) do
     local by = {}
     for _, t in ipairs(r.torch_settings) do by[t.setting] = t end
-    L[#L + 1] = fmt("| %s | %d x %d | %s | %s | %s | %s |", r.config, r.B, r.T, r.recompute, list(r.tide.round_s),
-      list(by.default and by.default.round_s), list(by.PASSIVE and by.PASSIVE.round_s))
+    local busy = {}
+    for i, w in ipairs(r.idle or {}) do busy[i] = w.busy or 0 end
+    L[#L + 1] = fmt("| %s | %d x %d | %s | %s | %s | %s | %s | %s |", r.config, r.B, r.T, r.date or rec.date, r.recompute,
+      list(busy):gsub("(%d%.%d%d)%d", "%1"), list(r.tide.round_s), list(by.default and by.default.round_s),
+      list(by.PASSIVE and by.PASSIVE.round_s))
   end
   local any = false
   for _, r in ipairs(rec.rows) do any = any or (r.profile and r.profile.groups ~= nil) end
@@ -536,7 +546,7 @@ local function run(cfg)
   local record = {
     benchmark = "hybrid", date = os.date("!%Y-%m-%d %H:%M UTC"), tide_version = tide.version,
     threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), rounds = cfg.rounds, steps = cfg.steps,
-    warmup = cfg.warmup, max_busy = cfg.max_busy, check_steps = cfg.check_steps, profile_steps = cfg.profile_steps,
+    warmup = cfg.warmup, max_busy = cfg.max_busy, idle_timeout = cfg.idle_timeout, check_steps = cfg.check_steps, profile_steps = cfg.profile_steps,
     tolerances = TOL, target_vs_torch = TARGET, loadavg_start = results.loadavg(), rows = {}, checks = {},
     optim = OPTIM,
   }
@@ -573,6 +583,26 @@ local function run(cfg)
   tide.C.tide_remove_tree(tmp)
   if not ok then error(err, 0) end
   record.loadavg_end = results.loadavg()
+  if cfg.only ~= "" and cfg.results ~= "" then
+    -- one model measured: the other model's rows of the results file stay, each with the date it was measured
+    local f = io.open(cfg.results .. "/hybrid.json")
+    local ok, old = pcall(json.decode, f and f:read("*a") or "")
+    if f then f:close() end
+    if ok and type(old) == "table" and type(old.rows) == "table" then
+      local rows, checks = {}, {}
+      for _, r in ipairs(old.rows) do
+        if r.config ~= cfg.only then r.date = r.date or old.date; rows[#rows + 1] = r end
+      end
+      for _, r in ipairs(record.rows) do rows[#rows + 1] = r end
+      for _, ch in ipairs(old.checks or {}) do if ch.config ~= cfg.only then checks[#checks + 1] = ch end end
+      for _, ch in ipairs(record.checks) do checks[#checks + 1] = ch end
+      table.sort(rows, function(a, b)
+        if a.config ~= b.config then return a.config > b.config end   -- tiny-hybrid first
+        return a.T < b.T
+      end)
+      record.rows, record.checks = rows, checks
+    end
+  end
   local md = markdown(record)
   io.write(md)
   results.write(cfg.results, "hybrid", record, md, { "benchmark", "date", "config", "tide", "torch", "check", "profile" })
