@@ -6,6 +6,9 @@
 #               [--only=gpt2-small] [--steps=N] [--baseline=false] [...]
 #   vision      the ViT encoder + projector forward + backward: the output check, interleaved rounds, memory at
 #               1x/2x/4x packed images, the per-op profile [--only=tiny-vlm|moonvit-narrow] [--rounds=N] [...]
+#   hybrid      training steps of the hybrid model (tiny-hybrid and the quickstart model) at T 256 x B 16 and
+#               T 1,024 x B 4: the f64/f32 check against bench/torch_hybrid.py, interleaved rounds against both OpenMP
+#               settings, the perf profile of tide's step [--only=tiny-hybrid|quickstart] [--rounds=N] [...]
 #   rl          rollout tokens/s with the calc tool at G = 8 and 32, one iteration's split between sampling, scoring
 #               and update, the batched-forward probe, the pause/resume ratios [--rounds=N] [--Gs=8,32] [...]
 #
@@ -14,12 +17,12 @@
 # build), PYTHON (default /usr/bin/python3, the interpreter with Debian's python3-torch), JOBS (default 2).
 set -eu
 
-name=${1:?usage: bench/run_torch.sh step_dense|vision|rl [ARGS]}
+name=${1:?usage: bench/run_torch.sh step_dense|vision|hybrid|rl [ARGS]}
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 case $name in
-    step_dense|vision|rl) ;;
-    *) echo "run_torch.sh: no benchmark '$name' with a PyTorch baseline (step_dense, vision, rl)" >&2; exit 2 ;;
+    step_dense|vision|hybrid|rl) ;;
+    *) echo "run_torch.sh: no benchmark '$name' with a PyTorch baseline (step_dense, vision, hybrid, rl)" >&2; exit 2 ;;
 esac
 build=${BUILD_DIR:-"$root/build"}
 python=${PYTHON:-/usr/bin/python3}
