@@ -17,6 +17,13 @@
 #include <string.h>
 #include <cblas.h>
 #include "cpu.h"
+#include "fastmath.h"
+
+/* the softmax exponentials in double: f32 on exp_f64 (fastmath.h: libm's float results, in loops that vectorise; the
+   sums a block at a time, in order), f64 on libm */
+#define ATT_BLOCK 64
+static inline double att_exp_f32(double x) { return exp_f64(x); }
+static inline double att_exp_f64(double x) { return exp(x); }
 
 /* index of the last key query i may see (−1: none) */
 static inline int64_t last_key(int64_t i, int64_t Tq, int64_t Tk, int causal)
@@ -62,13 +69,18 @@ static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int
         } else {                                                                                        \
             double mx = -INFINITY, sum = 0.0;                                                           \
             for (int64_t j = 0; j <= last; j++) if ((double)sr[j] > mx) mx = (double)sr[j];             \
-            for (int64_t j = 0; j <= last; j++) sum += exp((double)sr[j] - mx);                         \
+            double e[ATT_BLOCK];                                                                        \
+            for (int64_t j0 = 0; j0 <= last; j0 += ATT_BLOCK) {                                         \
+                int64_t m = last + 1 - j0 < ATT_BLOCK ? last + 1 - j0 : ATT_BLOCK;                      \
+                for (int64_t jj = 0; jj < m; jj++) e[jj] = att_exp_##SFX((double)sr[j0 + jj] - mx);     \
+                for (int64_t jj = 0; jj < m; jj++) sum += e[jj];                                        \
+            }                                                                                           \
             l = mx + log(sum);                                                                          \
         }                                                                                               \
         if (lse) lse[i] = (T)l;                                                                         \
         int64_t j = 0;                                                                                  \
         if (l != -INFINITY)                                                                             \
-            for (; j <= last; j++) sr[j] = (T)exp((double)sr[j] - l);                                   \
+            for (; j <= last; j++) sr[j] = (T)att_exp_##SFX((double)sr[j] - l);                         \
         for (; j < Tk; j++) sr[j] = 0;                                                                  \
     }                                                                                                   \
 }                                                                                                       \

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <omp.h>
 #include "cpu.h"
+#include "fastmath.h"
 
 /* start[p] = flattened index where token p's segment starts (cu: segment boundaries, host) */
 static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
@@ -28,9 +29,11 @@ static int64_t *segment_starts(const int64_t *cu, int64_t n_seg, int64_t n)
 }
 
 /* the fused SiLU, σ(a) of the double tap sum in double on both paths: a float SiLU (fastmath.h) rounds differently,
-   and the quickstart's recall row at 4,096 tokens moves with rounding (recipes/quickstart.lua) */
+   and the quickstart's recall row at 4,096 tokens moves with rounding (recipes/quickstart.lua). The f32 path takes
+   σ from exp_f64 (fastmath.h: within an ulp of libm's double, so the float results are libm's) so its channel
+   loops vectorise; f64 stays on libm. */
 static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
-#define sigm_f32 sigm
+#define sigm_f32 sigmoid_f64x
 #define sigm_f64 sigm
 
 #define DEFINE_CONV(TT, SFX)                                                                                  \

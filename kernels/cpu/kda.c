@@ -144,7 +144,8 @@ int tide_cpu_kda_unit_lower_inverse(int dtype, void *M, const void *A, int64_t c
 }
 
 /* ---- the decay gate (kda.md §2, derivatives in §6) ---------------------------------------------------- */
-/* in double on libm for both dtypes (exp(A_log) once per channel, not per element) */
+/* in double for both dtypes (exp(A_log) once per channel, not per element); the f32 bounded gate's σ on exp_f64
+   (fastmath.h: libm's float results, in loops that vectorise), f64 and the softplus form on libm */
 static inline double sigmoid_f64(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
 static inline double softplus_f64(double x) { return x > 30 ? x : log1p(exp(x)); }
 
@@ -211,7 +212,7 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
     return 0;                                                                                                 \
 }
 
-DEFINE_GATE(float, f32, sigmoid_f64, softplus_f64)
+DEFINE_GATE(float, f32, sigmoid_f64x, softplus_f64)
 DEFINE_GATE(double, f64, sigmoid_f64, softplus_f64)
 
 int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
