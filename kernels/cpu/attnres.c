@@ -14,6 +14,11 @@
 #include <stdlib.h>
 #include <omp.h>
 #include "cpu.h"
+#include "fastmath.h"
+
+/* the source softmax's exponentials in double: f32 on exp_f64 (fastmath.h: libm's float results), f64 on libm */
+static inline double ar_exp_f32(double x) { return exp_f64(x); }
+static inline double ar_exp_f64(double x) { return exp(x); }
 
 #define DEFINE_ATTNRES(TT, SFX)                                                                               \
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
@@ -31,7 +36,7 @@ static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t
             R[i * rows + t] = (TT)r;                                                                          \
             m = s[i] > m ? s[i] : m;                                                                          \
         }                                                                                                     \
-        for (int64_t i = 0; i < n; i++) { s[i] = exp(s[i] - m); z += s[i]; }                                  \
+        for (int64_t i = 0; i < n; i++) { s[i] = ar_exp_##SFX(s[i] - m); z += s[i]; }                         \
         for (int64_t i = 0; i < n; i++) { s[i] /= z; P[i * rows + t] = (TT)s[i]; }                            \
         for (int64_t c = 0; c < d; c++) {                                                                     \
             double o = 0;                                                                                     \

@@ -355,7 +355,9 @@ static inline double gelu_erf_grad_double(double x)
     return cdf + x * 0.39894228040143267794 * exp(-0.5 * x * x);
 }
 
-/* float: the vectorising forms above */
+/* float: the vectorising forms above; exp as the float of exp_f64 (fastmath.h): libm's expf result, vectorised */
+static inline float exp_float(float x) { return (float)exp_f64((double)x); }
+static inline double exp_double(double x) { return exp(x); }
 static inline float tanh_float(float x) { return tanh_f32(x); }
 static inline double tanh_double(double x) { return tanh(x); }
 static inline float sigmoid_float(float x) { return sigmoid_f32(x); }
@@ -385,7 +387,7 @@ SCALAR_FUNCS(double)
     {                                                                                              \
         switch (op) {                                                                              \
         case TIDE_UN_NEG: EW_CHEAP(y[i] = -x[i]); break;                                           \
-        case TIDE_UN_EXP: EW_MATH(y[i] = exp(x[i])); break;                                        \
+        case TIDE_UN_EXP: EW_MATH(y[i] = exp_##T(x[i])); break;                                    \
         case TIDE_UN_LOG: EW_MATH(y[i] = log(x[i])); break;                                        \
         case TIDE_UN_SQRT: EW_CHEAP(y[i] = sqrt(x[i])); break;                                     \
         case TIDE_UN_RSQRT: EW_CHEAP(y[i] = (T)1 / sqrt(x[i])); break;                             \
