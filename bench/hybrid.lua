@@ -43,12 +43,7 @@ local root = bench_dir:match("^(.*)/bench$") or "."
 local shell_quote = cli.shell_quote
 local median = results.median
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local o = {}
-  for k, v in pairs(t) do o[k] = copy(v) end
-  return o
-end
+local copy = require("tide.options").deep_copy
 
 local recipe = dofile(root .. "/recipes/quickstart.lua")
 

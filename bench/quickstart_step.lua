@@ -21,12 +21,7 @@ local sync = results.sync
 
 local median = results.median
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local o = {}
-  for k, v in pairs(t) do o[k] = copy(v) end
-  return o
-end
+local copy = require("tide.options").deep_copy
 
 local function run(cfg)
   tide.device(cfg.device, "quickstart_step --device")

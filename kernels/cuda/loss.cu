@@ -56,6 +56,31 @@ template <typename T> __global__ void cross_entropy_backward_kernel(T *dlogits, 
     }
 }
 
+/* a target outside [0, V) is the caller's error: recorded on the device and reported, by row and value, at the next
+   synchronisation (common.cuh, deferred checks); its row's loss is 0 meanwhile. The record's key for this call: */
+static int loss_defer_begin(const char *what, int64_t N, int64_t V, int64_t ignore, unsigned long long *base)
+{
+    if (N >= (1ll << TIDE_DEFER_SHIFT))
+        return tide_set_error("%s: %lld rows; the cuda kernel takes fewer than 2^%d", what, (long long)N,
+                              TIDE_DEFER_SHIFT);
+    tide_cuda_defer_ctx c = {};
+    c.kind = TIDE_DEFER_TARGET;
+    snprintf(c.what, sizeof c.what, "%s", what);
+    c.n = V;
+    c.ignore = ignore;
+    return tide_cuda_defer_begin(&c, base);
+}
+
+/* behind the kernel: the offending target's value, when this call's key is the record's */
+static int loss_defer_capture(tide_cuda_scratch *sc, unsigned long long base, const void *targets, int tdtype,
+                              cudaStream_t s)
+{
+    if (tdtype == TIDE_I64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)targets);
+    else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)targets);
+    TIDE_CU_LAUNCH("target check capture kernel");
+    return 0;
+}
+
 int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets,
                             int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore)
 {
@@ -65,28 +90,16 @@ int tide_cuda_cross_entropy(int dtype, void *loss, void *valid, void *lse, const
     TIDE_STREAM(s);
     tide_cuda_scratch *sc;
     if (tide_cuda_get_scratch(&sc)) return -1;
-    /* a target outside [0, V) is the caller's error: recorded on the device and reported, by row and value, at the
-       next synchronisation (common.cuh, deferred checks); its row's loss is 0 meanwhile */
-    if (N >= (1ll << TIDE_DEFER_SHIFT))
-        return tide_set_error("cross_entropy: %lld rows; the cuda kernel takes fewer than 2^%d", (long long)N,
-                              TIDE_DEFER_SHIFT);
-    tide_cuda_defer_ctx c = {};
-    c.kind = TIDE_DEFER_TARGET;
-    snprintf(c.what, sizeof c.what, "cross_entropy");
-    c.n = V;
-    c.ignore = ignore;
+    /* a target outside [0, V): deferred (loss_defer_begin) */
     unsigned long long base = 0;
-    if (tide_cuda_defer_begin(&c, &base)) return -1;
+    if (loss_defer_begin("cross_entropy", N, V, ignore, &base)) return -1;
     TIDE_FLOAT_DISPATCH(dtype, "cross_entropy", {
         cross_entropy_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
             (T *)loss, (T *)valid, (T *)lse, (const T *)logits, targets, tdtype == TIDE_I64, (const T *)weights, N,
             V, ignore, &sc->defer_key, base);
         TIDE_CU_LAUNCH("cross_entropy kernel");
     });
-    if (tdtype == TIDE_I64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)targets);
-    else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)targets);
-    TIDE_CU_LAUNCH("cross_entropy capture kernel");
-    return 0;
+    return loss_defer_capture(sc, base, targets, tdtype, s);
 }
 
 int tide_cuda_cross_entropy_backward(int dtype, void *dlogits, const void *dloss, const void *logits, const void *lse,
@@ -179,16 +192,8 @@ int tide_cuda_token_logprobs(int dtype, void *logp, void *entropy, void *lse, co
     tide_cuda_scratch *sc;
     if (tide_cuda_get_scratch(&sc)) return -1;
     /* a target outside [0, V): deferred like cross_entropy's */
-    if (N >= (1ll << TIDE_DEFER_SHIFT))
-        return tide_set_error("token_logprobs: %lld rows; the cuda kernel takes fewer than 2^%d", (long long)N,
-                              TIDE_DEFER_SHIFT);
-    tide_cuda_defer_ctx c = {};
-    c.kind = TIDE_DEFER_TARGET;
-    snprintf(c.what, sizeof c.what, "token_logprobs");
-    c.n = V;
-    c.ignore = ignore;
     unsigned long long base = 0;
-    if (tide_cuda_defer_begin(&c, &base)) return -1;
+    if (loss_defer_begin("token_logprobs", N, V, ignore, &base)) return -1;
     TIDE_FLOAT_DISPATCH(dtype, "token_logprobs", {
         typedef TIDE_ACC(T) A;
         token_logprobs_kernel<T><<<tide_row_blocks(N), tide_row_threads(V), 0, s>>>(
@@ -196,10 +201,7 @@ int tide_cuda_token_logprobs(int dtype, void *logp, void *entropy, void *lse, co
             &sc->defer_key, base);
         TIDE_CU_LAUNCH("token_logprobs kernel");
     });
-    if (tdtype == TIDE_I64) tide_defer_capture_kernel<int64_t><<<1, 32, 0, s>>>(sc, base, (const int64_t *)targets);
-    else tide_defer_capture_kernel<int32_t><<<1, 32, 0, s>>>(sc, base, (const int32_t *)targets);
-    TIDE_CU_LAUNCH("token_logprobs capture kernel");
-    return 0;
+    return loss_defer_capture(sc, base, targets, tdtype, s);
 }
 
 int tide_cuda_token_logprobs_backward(int dtype, void *dlogits, const void *dlogp, const void *dentropy,
