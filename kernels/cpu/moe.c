@@ -176,43 +176,52 @@ static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, cons
 GATHER(float)
 GATHER(double)
 
-/* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region */
+/* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region. The
+   activation is chosen outside the loops, so each inner loop is one function over a row (it vectorises) */
 #define ACT(T)                                                                                              \
     static void act_fw_##T(T *h, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)                  \
     {                                                                                                       \
-        for (int64_t r = 0; r < R; r++)                                                                     \
-            for (int64_t j = 0; j < de; j++) {                                                              \
-                T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j];                                    \
-                h[r * de + j] = act == TIDE_MOE_SITU ? situ_h_##T(g, u, k1, k2) : swiglu_h_##T(g, u);       \
-            }                                                                                               \
+        for (int64_t r = 0; r < R; r++) {                                                                   \
+            const T *g = pre + r * 2 * de, *u = g + de;                                                     \
+            T *hr = h + r * de;                                                                             \
+            if (act == TIDE_MOE_SITU)                                                                       \
+                for (int64_t j = 0; j < de; j++) hr[j] = situ_h_##T(g[j], u[j], k1, k2);                    \
+            else                                                                                            \
+                for (int64_t j = 0; j < de; j++) hr[j] = swiglu_h_##T(g[j], u[j]);                          \
+        }                                                                                                   \
     }                                                                                                       \
     static void act_bw_##T(T *dpre, const T *dh, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)  \
     {                                                                                                       \
-        for (int64_t r = 0; r < R; r++)                                                                     \
-            for (int64_t j = 0; j < de; j++) {                                                              \
-                T g = pre[r * 2 * de + j], u = pre[r * 2 * de + de + j], d = dh[r * de + j];                \
-                if (act == TIDE_MOE_SITU) situ_grad_##T(d, g, u, k1, k2, &dpre[r * 2 * de + j], &dpre[r * 2 * de + de + j]); \
-                else swiglu_grad_##T(d, g, u, &dpre[r * 2 * de + j], &dpre[r * 2 * de + de + j]);          \
-            }                                                                                               \
+        for (int64_t r = 0; r < R; r++) {                                                                   \
+            const T *g = pre + r * 2 * de, *u = g + de, *d = dh + r * de;                                   \
+            T *dg = dpre + r * 2 * de, *du = dg + de;                                                       \
+            if (act == TIDE_MOE_SITU)                                                                       \
+                for (int64_t j = 0; j < de; j++) situ_grad_##T(d[j], g[j], u[j], k1, k2, &dg[j], &du[j]);   \
+            else                                                                                            \
+                for (int64_t j = 0; j < de; j++) swiglu_grad_##T(d[j], g[j], u[j], &dg[j], &du[j]);         \
+        }                                                                                                   \
     }
 ACT(float)
 ACT(double)
 
-/* combine (§8 step 3): out[t] = Σ_slot p[t, slot] Y[pos(t, slot)], slots in order, dropped ones skipped */
+/* combine (§8 step 3): out[t] = Σ_slot p[t, slot] Y[pos(t, slot)], slots in order, dropped ones skipped. Each
+   element's sum is the same sequence of adds from 0 as an element-by-element loop; the slot loop is outside, so
+   the channel loop is a plain vector update */
 #define COMBINE(T)                                                                                          \
     static void combine_##T(T *out, const T *y, const T *p, const int64_t *pos, int64_t m, int64_t k,        \
                             int64_t d)                                                                      \
     {                                                                                                       \
         _Pragma("omp parallel for if(m * d > TIDE_OMP_MIN) schedule(static)")                                      \
-        for (int64_t t = 0; t < m; t++)                                                                     \
-            for (int64_t c = 0; c < d; c++) {                                                               \
-                T acc = 0;                                                                                  \
-                for (int64_t s = 0; s < k; s++) {                                                           \
-                    int64_t r = pos[t * k + s];                                                             \
-                    if (r >= 0) acc += p[t * k + s] * y[r * d + c];                                         \
-                }                                                                                           \
-                out[t * d + c] = acc;                                                                       \
+        for (int64_t t = 0; t < m; t++) {                                                                   \
+            T *o = out + t * d;                                                                             \
+            for (int64_t c = 0; c < d; c++) o[c] = 0;                                                       \
+            for (int64_t s = 0; s < k; s++) {                                                               \
+                int64_t r = pos[t * k + s];                                                                 \
+                if (r < 0) continue;                                                                        \
+                const T ps = p[t * k + s], *yr = y + r * d;                                                 \
+                for (int64_t c = 0; c < d; c++) o[c] += ps * yr[c];                                         \
             }                                                                                               \
+        }                                                                                                   \
     }
 COMBINE(float)
 COMBINE(double)
@@ -321,15 +330,16 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     static void dx_rows_##T(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)        \
     {                                                                                                       \
         _Pragma("omp parallel for if(m * d > TIDE_OMP_MIN) schedule(static)")                                      \
-        for (int64_t t = 0; t < m; t++)                                                                     \
-            for (int64_t c = 0; c < d; c++) {                                                               \
-                T acc = 0;                                                                                  \
-                for (int64_t s = 0; s < k; s++) {                                                           \
-                    int64_t r = pos[t * k + s];                                                             \
-                    if (r >= 0) acc += dxg[r * d + c];                                                      \
-                }                                                                                           \
-                dx[t * d + c] = acc;                                                                        \
+        for (int64_t t = 0; t < m; t++) {                                                                   \
+            T *o = dx + t * d;                                                                              \
+            for (int64_t c = 0; c < d; c++) o[c] = 0;                                                       \
+            for (int64_t s = 0; s < k; s++) {                                                               \
+                int64_t r = pos[t * k + s];                                                                 \
+                if (r < 0) continue;                                                                        \
+                const T *xr = dxg + r * d;                                                                  \
+                for (int64_t c = 0; c < d; c++) o[c] += xr[c];                                              \
             }                                                                                               \
+        }                                                                                                   \
     }
 MOE_BW(float)
 MOE_BW(double)
