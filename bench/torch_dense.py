@@ -38,6 +38,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_serve import serve_fifo
 
 
 class RMSNorm(nn.Module):
@@ -217,31 +218,16 @@ def serve(a, model, opt, ids, targets):
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
             "params": sum(p_.numel() for p_ in model.parameters()),
             "params_embedding": model.embed_tokens.weight.numel()}
-    with open(a.serve, "r") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            c = {}
-            try:
-                c = json.loads(line)
-                if c.get("cmd") == "quit":
-                    out = {"ok": True}
-                elif c.get("cmd") == "info":
-                    out = info
-                elif c.get("cmd") == "steps":
-                    n = int(c.get("n", 1))
-                    times, losses = timed_steps(model, opt, ids, targets, argparse.Namespace(warmup=0, steps=n))
-                    out = {"step_s": times, "losses": losses}
-                else:
-                    out = {"error": "unknown command " + repr(c.get("cmd"))}
-            except Exception as e:   # one line back whatever happened, so the caller never waits forever
-                out = {"error": f"{type(e).__name__}: {e}"}
-            sys.stdout.write(json.dumps(out) + "\n")
-            sys.stdout.flush()
-            if c.get("cmd") == "quit":
-                return
+    def handle(c):
+        if c.get("cmd") == "info":
+            return info
+        if c.get("cmd") == "steps":
+            n = int(c.get("n", 1))
+            times, losses = timed_steps(model, opt, ids, targets, argparse.Namespace(warmup=0, steps=n))
+            return {"step_s": times, "losses": losses}
+        return {"error": "unknown command " + repr(c.get("cmd"))}
 
+    serve_fifo(a.serve, handle)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -53,6 +53,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch_serve import serve_fifo
 
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
 SITU_GATE, SITU_LIN = 4.0, 25.0     # kappa1, kappa2 (moe.md §6)
@@ -597,39 +598,25 @@ class Timer:
 def serve(a):
     info = {"framework": "pytorch " + torch.__version__, "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
-    timer = None
-    with open(a.serve, "r") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            c = {}
-            try:
-                c = json.loads(line)
-                cmd = c.get("cmd")
-                if cmd == "quit":
-                    out = {"ok": True}
-                elif cmd == "info":
-                    out = info
-                elif cmd == "check":
-                    out = check(c["path"], int(c.get("steps", 0)))
-                elif cmd == "setup":
-                    timer = None
-                    timer = Timer(c["path"], int(c.get("warmup", 1)))
-                    out = {"ok": True, "params": sum(p.numel() for p in timer.model.parameters())}
-                elif cmd == "steps":
-                    if timer is None:
-                        raise RuntimeError("steps before setup")
-                    out = timer.steps(int(c.get("n", 1)))
-                else:
-                    out = {"error": "unknown command " + repr(cmd)}
-            except Exception as e:   # one line back whatever happened, so the caller never waits forever
-                out = {"error": f"{type(e).__name__}: {e}"}
-            sys.stdout.write(json.dumps(out) + "\n")
-            sys.stdout.flush()
-            if c.get("cmd") == "quit":
-                return
+    state = {"timer": None}
 
+    def handle(c):
+        cmd = c.get("cmd")
+        if cmd == "info":
+            return info
+        if cmd == "check":
+            return check(c["path"], int(c.get("steps", 0)))
+        if cmd == "setup":
+            state["timer"] = None
+            state["timer"] = Timer(c["path"], int(c.get("warmup", 1)))
+            return {"ok": True, "params": sum(p.numel() for p in state["timer"].model.parameters())}
+        if cmd == "steps":
+            if state["timer"] is None:
+                raise RuntimeError("steps before setup")
+            return state["timer"].steps(int(c.get("n", 1)))
+        return {"error": "unknown command " + repr(cmd)}
+
+    serve_fifo(a.serve, handle)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
