@@ -50,17 +50,20 @@ end
 
 function step.rng_set(r) tide.C.tide_rng_set(str_u64(r.seed), str_u64(r.offset)) end
 
--- keep only the records of steps <= n (a resumed run rewrites what follows). The kept lines go to a new file that is
--- renamed over the old one (tide_atomic_*): a kill during the rewrite leaves the old history whole.
+-- keep only the records of steps <= n (a resumed run rewrites what follows), and with `iterations` set only the
+-- records of RL iterations <= iterations (an iteration whose groups were all held back trains no step, so the step
+-- alone cannot tell it from the iterations before it). The kept lines go to a new file that is renamed over the old
+-- one (tide_atomic_*): a kill during the rewrite leaves the old history whole.
 -- TIDE_TEST_CKPT_KILL=metrics kills the process halfway through (the fault tests' window).
-function step.truncate_metrics(path, n)
+function step.truncate_metrics(path, n, iterations)
   if tide.C.tide_path_exists(path) ~= 1 then return end
   local text, err = tide.read_file(path)
   if not text then options.fail("metrics", err, 0) end
   local keep = {}
   for line in text:gmatch("[^\n]+") do
     local s = tonumber(line:match('^{"step":(%d+)'))
-    if s == nil or s <= n then keep[#keep + 1] = line .. "\n" end
+    local it = iterations and tonumber(line:match('"iteration":(%d+)'))
+    if (s == nil or s <= n) and (it == nil or it <= iterations) then keep[#keep + 1] = line .. "\n" end
   end
   local C = tide.C
   local f = C.tide_atomic_open(path)
@@ -158,7 +161,8 @@ local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = t
   objective = true, dist = true, bucket_bytes = true, cp = true }
 
 -- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
---   objective = nil | function(model, batch, i) -> loss tensor (the micro-batch's mean; the step averages them),
+--   objective = nil | function(model, batch, i, ctx) -> loss tensor (the micro-batch's mean; the step averages them;
+--   ctx = {targets = the step's target count over every micro-batch and rank, micro = the count of those micro-batches}),
 --   dist = nil | tide.dist (data parallelism: each rank runs its own micro-batches of the step; the target count,
 --   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
 --   norm, clipping and the update, so every rank applies the same update),
@@ -329,13 +333,16 @@ function Stepper:run(batches, lr, t)
     local t = group.sums({ N, tokens, n_micro })
     N, tokens, n_mean = t[1], t[2], t[3]
   end
+  -- what an objective may need of the whole step: the global target count and micro-batch count (its value is
+  -- divided by `micro`, so an objective that sums over the step's samples scales its part by it)
+  local ctx = { targets = N, micro = n_mean }
   local sum, aux_sum, bad = 0, nil, nil
   local red = group and self:reducer()
   for i = 1, n_micro do
     local b = batches[i]
     local l, value, aux, lv
     if self.objective then
-      l = self.objective(model, b, t)
+      l = self.objective(model, b, t, ctx)
       value = l:item()
       lv = value
       if n_mean > 1 then l = l * (1 / n_mean) end
@@ -851,7 +858,8 @@ function Run:open(resume, overwrite)
         self.logger:line(fmt("note: resuming at step %d of a run that went further (%s): those checkpoints are kept "
           .. "and replaced as this run reaches their steps", self.step, table.concat(later, ", ")))
       end
-      step.truncate_metrics(out .. "/metrics.jsonl", self.step)
+      local pos = self.driver == "rl" and self.get_position and self.get_position() or nil
+      step.truncate_metrics(out .. "/metrics.jsonl", self.step, pos and pos.iteration)
     end
   elseif out then
     claim(self, out, overwrite)

@@ -243,12 +243,6 @@ for bad in "--dist.cp=3|dist.cp = 3 does not divide the job's 2 ranks" "--dist.g
     grep -q "${bad#*|}" <<< "$out" || { echo "FAIL ${bad%%|*}: $out"; exit 1; }
     echo "ok   ${bad%%|*} under mpirun -np 2: $(grep -m1 "${bad#*|}" <<< "$out")"
 done
-# an RL recipe under mpirun is refused before it writes anything (its driver has no data parallelism yet)
-if out=$("${mp[@]}" -np 2 "$tide" run recipes/agent_rl.lua --sft.steps=3 --rl.iterations=2 --out="$tmp/rl2" 2>&1); then
-    echo "FAIL an RL recipe under mpirun -np 2 must be refused"; exit 1; fi
-grep -q "an RL recipe runs on one process: this job has 2 ranks" <<< "$out" && [ ! -e "$tmp/rl2" ] \
-    || { echo "FAIL the RL refusal: $out; $(ls "$tmp/rl2" 2>&1)"; exit 1; }
-echo "ok   an RL recipe under mpirun -np 2: $(grep -m1 'an RL recipe runs on one process' <<< "$out")"
 # errors: dist.dp against the ranks; a failing rank ends the job, naming itself
 if out=$("$tide" run recipes/dense.lua "${small[@]}" --dist.dp=2 --out="$tmp/bad" 2>&1); then
     echo "FAIL dist.dp = 2 on one rank must be an error"; exit 1; fi

@@ -1,6 +1,6 @@
 -- dp_compare.lua — compares two runs of tests/dist/dp_check.sh: every tensor of the final checkpoints (the model and
 -- AdamW's moments) and every step's loss (and held-out loss), bitwise, or within --rel (relative to the tensor's max |value|).
---   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true] [--losses=false]
+--   tide run tests/dist/dp_compare.lua --a=RUN_A --b=RUN_B [--rel=0] [--what=TEXT] [--moe=true] [--rl=true] [--losses=false]
 -- (RUN_A / RUN_B: run directories, or step directories with --losses=false: the tensors alone)
 local tide = require "tide"
 local checkpoint = require "tide.checkpoint"
@@ -12,8 +12,8 @@ local function losses(run)
   for line in text:gmatch("[^\n]+") do
     local r = json.decode(line)
     -- a step record's loss; a non-finite one is written as null: NaN here (json.null is its decoded value); a
-    -- held-out loss (the eval steps' val_loss) as step + 0.5
-    if r.step and r.step_time then
+    -- held-out loss (the eval steps' val_loss) as step + 0.5; an RL iteration's record (phase "rl") by its step
+    if r.step and (r.step_time or r.phase == "rl") then
       out[r.step] = type(r.loss) == "number" and r.loss or 0 / 0
       if type(r.val_loss) == "number" then out[r.step + 0.5] = r.val_loss end
     end
@@ -89,10 +89,47 @@ local function run(cfg)
     end
     if n_moe == 0 then error(what .. ": no MoE metrics to compare", 0) end
   end
-  print(string.format("ok   %s: %d tensors and %d step losses %s%s", what, n, steps,
+  -- --rl=true: every RL iteration's statistics too (rewards, format rate, lengths, tool calls, the objective's
+  -- token means, staleness, paused samples, the gradient norm), within --rel; both runs must have them (not the step's
+  -- tokens: each rank pads its rows to its own longest)
+  local n_rl = 0
+  if cfg.rl == true or cfg.rl == "true" then
+    local KEYS = { "reward_mean", "reward_std", "format_rate", "accuracy", "response_len", "tool_calls_per_sample",
+      "truncated_rate", "zero_var_groups", "entropy", "clip_frac", "kl", "ratio", "tis_mean", "tis_clip_rate",
+      "ptx_loss", "staleness", "paused", "updates", "malformed_calls", "tool_errors", "grad_norm" }
+    local function recs(run)
+      local out = {}
+      for line in assert(tide.read_file(run .. "/metrics.jsonl")):gmatch("[^\n]+") do
+        local r = json.decode(line)
+        if r.phase == "rl" and r.iteration then out[r.iteration] = r end
+      end
+      return out
+    end
+    local ra, rb = recs(cfg.a), recs(cfg.b)
+    for it, r in pairs(ra) do
+      local q = rb[it]
+      if not q then error(string.format("%s: %s has no record of iteration %d", what, cfg.b, it), 0) end
+      for _, key in ipairs(KEYS) do
+        local v, w = r[key], q[key]
+        if (v == nil) ~= (w == nil) then
+          error(string.format("%s: iteration %d %s: %s vs %s", what, it, key, tostring(v), tostring(w)), 0)
+        end
+        if v ~= nil then
+          if math.abs(v - w) > rel * math.max(1, math.abs(v)) then
+            error(string.format("%s: iteration %d %s: %.17g vs %.17g", what, it, key, v, w), 0)
+          end
+          n_rl = n_rl + 1
+        end
+      end
+    end
+    for it in pairs(rb) do if not ra[it] then error(string.format("%s: %s has no record of iteration %d", what, cfg.a, it), 0) end end
+    if n_rl == 0 then error(what .. ": no RL statistics to compare", 0) end
+  end
+  print(string.format("ok   %s: %d tensors and %d step losses %s%s%s", what, n, steps,
     worst == 0 and "bitwise equal" or string.format("within %.3g relative", worst),
-    n_moe > 0 and string.format("; %d MoE metrics equal", n_moe) or ""))
+    n_moe > 0 and string.format("; %d MoE metrics equal", n_moe) or "",
+    n_rl > 0 and string.format("; %d RL statistics equal", n_rl) or ""))
   return 0
 end
 
-return { a = "", b = "", rel = 0, wrel = 0, what = "", moe = false, losses = true, run = run }
+return { a = "", b = "", rel = 0, wrel = 0, what = "", moe = false, rl = false, losses = true, run = run }

@@ -31,6 +31,7 @@ local rollout = require "tide.rl.rollout"
 local update = require "tide.rl.update"
 local objectives = require "tide.rl.objectives"
 local rewards = require "tide.rl.rewards"
+local dist = require "tide.dist"
 
 local loop = {}
 local fmt = string.format
@@ -39,7 +40,7 @@ local function bad(msg, level) options.fail(WHO, msg, level) end
 
 local TOP = { kind = true, run = true, plan = true, name = true, description = true, model = true, init = true,
   tokenizer = true, sft = true, rl = true, optim = true, train = true, expect = true, resume = true, dry_run = true,
-  out = true, seed = true, threads = true, overwrite = true, check = true, on_nonfinite = true }
+  out = true, seed = true, threads = true, overwrite = true, check = true, on_nonfinite = true, dist = true }
 local SFT = { steps = true, rows = true, lr = true, seed = true, data = true }
 local RL = { env = true, env_cfg = true, objective = true, iterations = true, prompts = true, G = true, max_new = true,
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
@@ -50,7 +51,7 @@ local RL = { env = true, env_cfg = true, objective = true, iterations = true, pr
 local TRAIN = { out = true, ckpt_every = true, log_every = true, seed = true, quiet = true, tensorboard = true,
   keep_ckpts = true, threads = true, collect_every = true }
 local EXPECT = { format_rate_above = true, reward_rises = true, reward_above = true }
-loop.KEYS = { top = TOP, sft = SFT, rl = RL, train = TRAIN, expect = EXPECT }
+loop.KEYS = { top = TOP, sft = SFT, rl = RL, train = TRAIN, expect = EXPECT, dist = dist.KEYS }
 
 ---------------------------------------------------------------------------------------------------
 -- demonstrations: an environment's demo() actions written as the policy would write them (SFT warm-up data)
@@ -264,7 +265,7 @@ end
 ---------------------------------------------------------------------------------------------------
 -- the run
 
-local complete_groups, pick_from_pool
+local complete_groups, pick_from_pool, update_stats
 
 local function setup(cfg)
   local o, sft = resolve(cfg)
@@ -283,13 +284,24 @@ local function setup(cfg)
     model = nn.build(cfg.model or {})
     tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", WHO)
   end
+  -- data parallelism (dist.dp = N, under mpirun): each rank samples its share of every iteration's prompts, the
+  -- ranks exchange the ended samples (so every rank holds the iteration's whole batch, its statistics and the
+  -- state a checkpoint keeps, as one process would), and each trains on its share of the groups of every update,
+  -- the gradients summed by the shared step
+  local L = dist.layout(cfg.dist, WHO)
+  if L.ep > 1 or L.cp > 1 then
+    bad(fmt("an RL recipe runs data parallel only (dist.dp): dist.ep = %d and dist.cp = %d are the pretraining "
+      .. "drivers' (tide.train, curricula)", L.ep, L.cp), 0)
+  end
   local opt = optim.build(cfg.optim or {}, model)
+  if L.zero >= 1 then opt:shard(dist, L.zero) end
   local S = { cfg = cfg, o = o, sft = sft, tcfg = tcfg, seed = seed, model = model, tok = tok, opt = opt,
+    group = L.group, rank = L.group and L.rank or 0, world = L.n, layout = L,
     phase = (sft and sft.steps > 0) and "sft" or "rl", iteration = 0, rl_start = nil, history = {},
     replay = {}, held = {}, pool = { attempts = {}, correct = {} } }
   local function make_stepper(objective)
     return step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip, on_nonfinite = cfg.on_nonfinite,
-      objective = objective })
+      objective = objective, dist = L.group, bucket_bytes = L.group and L.bucket_bytes or nil })
   end
   S.sft_stepper = make_stepper(nil)
   S.rl_stepper = make_stepper(update.objective(o.objective, o.obj_opts))
@@ -298,15 +310,25 @@ local function setup(cfg)
   S.out = out
   S.run = step.run({ driver = "rl", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,
-    optim = opt, stepper = S.phase == "sft" and S.sft_stepper or S.rl_stepper, tokenizer = tok,
+    optim = opt, stepper = S.phase == "sft" and S.sft_stepper or S.rl_stepper, tokenizer = tok, dist = L.group,
     -- the replay buffer (paused samples, without their caches: a resumed run re-prefills) and the ended samples
     -- waiting for their groups
+    -- (several ranks: each holds its own paused samples; the checkpoint keeps every rank's, each with its rank, a
+    -- collective like the save itself)
     get_data = function()
       local replay = {}
       for i, e in ipairs(S.replay) do
         local c = {}
         for k, v in pairs(e) do if k ~= "state" then c[k] = v end end
+        c.rank = S.group and S.rank or nil
         replay[i] = c
+      end
+      if S.group then
+        local all = {}
+        for _, text in ipairs(dist.gather_strings(json.encode(json.array(replay)))) do
+          for _, e in ipairs(json.decode(text)) do all[#all + 1] = e end
+        end
+        replay = all
       end
       local held = {}
       for _, g in ipairs(S.held) do
@@ -317,7 +339,15 @@ local function setup(cfg)
       return { replay = replay, held = held, pool = S.pool }
     end,
     set_data = function(d)
-      S.replay, S.held = d.replay or {}, {}
+      -- each rank resumes the paused samples of its rank (of rank mod the job's ranks, when their count changed)
+      S.replay, S.held = {}, {}
+      for _, e in ipairs(d.replay or {}) do
+        if ((e.rank or 0) % S.world) == S.rank then
+          local c = {}
+          for k, v in pairs(e) do if k ~= "rank" then c[k] = v end end
+          S.replay[#S.replay + 1] = c
+        end
+      end
       S.pool = type(d.pool) == "table" and d.pool or { attempts = {}, correct = {} }
       S.pool.attempts, S.pool.correct = S.pool.attempts or {}, S.pool.correct or {}
       for _, g in ipairs(d.held or {}) do
@@ -352,9 +382,13 @@ local function sft_phase(S)
   local log_every = S.tcfg.log_every or 10
   local ckpt_every = S.tcfg.ckpt_every or 0
   while run.step < sft.steps do
+    -- several ranks: row i of the step trains on rank (i - 1) mod ranks (the loss is normalised by the step's
+    -- targets over every rank)
     local rows = {}
-    for i = 1, sft.rows do rows[i] = row(run.step * sft.rows + i - 1) end
-    local rec = run:train_step({ update.sft_batch(rows) }, sft.lr)
+    for i = 1, sft.rows do
+      if (i - 1) % S.world == S.rank then rows[#rows + 1] = row(run.step * sft.rows + i - 1) end
+    end
+    local rec = run:train_step(#rows > 0 and { update.sft_batch(rows) } or {}, sft.lr)
     rec.phase = "sft"
     run:record(rec)
     if run.step % log_every == 0 or run.step == sft.steps then
@@ -372,8 +406,12 @@ local function save_reference(S)
   if not S.out then return end
   if not run.meta then run:save() end
   local dir = S.out .. "/reference"
-  checkpoint.save(dir, run.step, { model = S.model, keep = 1, metadata = run.meta,
-    state = { format = step.FORMAT, driver = "rl", note = "the reference model of the KL term" } })
+  -- (several ranks: the weights are the same on every rank; rank 0 writes them, the others wait for the files)
+  if run.writer then
+    checkpoint.save(dir, run.step, { model = S.model, keep = 1, metadata = run.meta,
+      state = { format = step.FORMAT, driver = "rl", note = "the reference model of the KL term" } })
+  end
+  if S.group then S.group.barrier() end
   S.rl_start = dir
 end
 
@@ -457,6 +495,55 @@ local function score(S, t, st)
   if o.overlong then t.reward_terminal = t.reward_terminal + rewards.overlong(t:n_policy(), o.overlong.max, o.overlong.cache) end
 end
 
+-- the counts of a rollout call (rollout.run's stats), summed over the ranks under data parallelism
+local ROLL_STATS = { "samples", "tokens", "tool_calls", "tool_errors", "tool_timeouts", "malformed_calls", "env_errors",
+  "nonfinite_rewards", "truncated", "finished", "forwards", "t_forward", "t_tools", "paused", "resumed", "reward_errors" }
+
+-- this rank's share of a call's prompts: prompt k (1-based) goes to rank (k - 1) mod ranks, and keeps k as its
+-- index, so its rows draw from the sampler streams they would in one process
+local function my_prompts(S, prompts)
+  for k, pr in ipairs(prompts) do pr.index = k end
+  if not S.group then return prompts end
+  local mine = {}
+  for k, pr in ipairs(prompts) do if (k - 1) % S.world == S.rank then mine[#mine + 1] = pr end end
+  return mine
+end
+
+-- every rank's ended samples of a call, on every rank, in one process's order (by row: uid), and the call's counts
+-- summed over the ranks. A sample travels as its record (formats.md §5: the log-probs are fp32 values, the rewards
+-- doubles written exactly) with the verdict the statistics read (formatted, correct, tool calls).
+local function gather(S, trajs, st)
+  if not S.group then return trajs, st end
+  local recs = {}
+  for i, t in ipairs(trajs) do
+    local r = t:record()
+    r.formatted, r.correct, r.calls = t.formatted, t.correct, t.calls
+    recs[i] = r
+  end
+  local all = {}
+  for r, text in ipairs(dist.gather_strings(json.encode(json.array(recs)))) do
+    for j, rec in ipairs(json.decode(text)) do
+      local t = traj_m.from_record(rec, fmt("rl: a sample of rank %d", r - 1))
+      t.formatted, t.correct, t.calls = rec.formatted, rec.correct, rec.calls
+      all[#all + 1] = { t = t, key = { t.uid or 0, r, j } }
+    end
+  end
+  table.sort(all, function(a, b)
+    local x, y = a.key, b.key
+    if x[1] ~= y[1] then return x[1] < y[1] end
+    if x[2] ~= y[2] then return x[2] < y[2] end
+    return x[3] < y[3]
+  end)
+  local out = {}
+  for i, e in ipairs(all) do out[i] = e.t end
+  local vals = {}
+  for i, k in ipairs(ROLL_STATS) do vals[i] = st[k] or 0 end
+  vals = S.group.sums(vals)
+  local sum = {}
+  for i, k in ipairs(ROLL_STATS) do sum[k] = vals[i] end
+  return out, sum
+end
+
 -- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
 local function sample(S, it)
   local o = S.o
@@ -474,12 +561,20 @@ local function sample(S, it)
     for j = 1, need do prompts[j] = prompts_at(drawn + j - 1) end
     drawn = drawn + need
     if o.budget then prompts = {} for j = 1, o.prompts do prompts[j] = prompts_at(j - 1) end end
-    local trajs, st, paused = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = prompts,
-      G = o.G, max_new = o.max_new, max_turns = o.max_turns, temperature = loop.temperature_at(o, it), top_k = o.top_k,
-      top_p = o.top_p, seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
-      tool_timeout = o.tool_timeout, budget = o.budget, resume = round == 0 and S.replay or nil,
-      resume_mode = o.resume_mode })
+    -- several ranks: each samples its share; under partial rollouts each pauses at its share of the budget and
+    -- resumes its own paused samples
+    local mine = my_prompts(S, prompts)
+    local resume = round == 0 and S.replay or nil
+    local trajs, st, paused = {}, {}, {}
+    if #mine > 0 or (resume and #resume > 0) then
+      trajs, st, paused = rollout.run(S.model, S.tok, { env = o.env, env_cfg = o.env_cfg, prompts = mine,
+        G = o.G, max_new = o.max_new, max_turns = o.max_turns, temperature = loop.temperature_at(o, it), top_k = o.top_k,
+        top_p = o.top_p, seed = (S.seed * 1000003 + it * 7919 + round) % 4294967296, policy_version = it % 32768,
+        tool_timeout = o.tool_timeout, budget = o.budget and math.ceil(o.budget / S.world), resume = resume,
+        resume_mode = o.resume_mode })
+    end
     for _, t in ipairs(trajs) do score(S, t, st) end
+    trajs, st = gather(S, trajs, st)
     if st_all then
       for k, v in pairs(st) do if type(v) == "number" then st_all[k] = (st_all[k] or 0) + v end end
     else
@@ -530,7 +625,9 @@ function loop.temperature_at(o, it)
 end
 
 -- the PTX batch of iteration it: rows of the chat records or of the environment's demonstrations
-local function ptx_batch(S, it)
+-- (several ranks: the rows are dealt over the `active` ranks that train groups of the update, and each part keeps
+-- the whole batch's target count as its normaliser)
+local function ptx_batch(S, it, active)
   local p = S.o.ptx
   if not p then return nil end
   S.ptx_records = S.ptx_records or (p.data and loop.read_chat(S.tok, p.data)) or false
@@ -542,7 +639,35 @@ local function ptx_batch(S, it)
   end
   local b = update.sft_batch(rows)
   b.weight = p.weight
+  if S.group and active > 1 then
+    local mine = {}
+    for i, t in ipairs(rows) do if (i - 1) % active == S.rank then mine[#mine + 1] = t end end
+    if #mine == 0 then return nil end
+    local n = b.n_targets
+    b = update.sft_batch(mine)
+    b.weight, b.n_targets = p.weight, n
+  end
   return b
+end
+
+-- an update's statistics over every rank's share (a collective): the policy-token means weighted by each rank's
+-- tokens, the PTX loss summed (each rank's part already has the whole batch's normaliser)
+local MEAN_STATS = { "entropy", "clip_frac", "kl", "tis_mean", "tis_clip_rate", "ratio" }
+update_stats = function(S, b)
+  local st = b and b.stats or {}
+  local n = b and b.n_targets or 0
+  local vals = { n, (b and b.ptx and st.ptx_loss) or 0, b and b.ptx and 1 or 0 }
+  for i, k in ipairs(MEAN_STATS) do
+    local v = k == "tis_clip_rate" and b and b.tis_clip_rate or st[k]
+    vals[3 + 2 * i - 1], vals[3 + 2 * i] = (v or 0) * n, v ~= nil and 1 or 0
+  end
+  vals = S.group.sums(vals)
+  local out = {}
+  if vals[3] > 0 then out.ptx_loss = vals[2] end
+  for i, k in ipairs(MEAN_STATS) do
+    if vals[3 + 2 * i] > 0 then out[k] = vals[1] > 0 and vals[3 + 2 * i - 1] / vals[1] or 0 end
+  end
+  return out
 end
 
 -- the length reward (K1.5) added to each group's terminal rewards
@@ -565,7 +690,7 @@ local function rl_iteration(S)
   local rec = traj_stats(st.all_trajs)
   count_success(S, st.all_trajs)
   -- every sample of the iteration, as JSONL (formats.md §5): <run>/trajectories/iter_NNNNNN.jsonl
-  if o.save_trajectories and S.out then
+  if o.save_trajectories and S.out and S.run.writer then
     local dir = S.out .. "/trajectories"
     if tide.C.tide_mkdir_p(dir) ~= 0 then bad("cannot create " .. dir, 0) end
     traj_m.write(fmt("%s/iter_%06d.jsonl", dir, it + 1), st.all_trajs)
@@ -576,30 +701,48 @@ local function rl_iteration(S)
   rec.nonfinite_rewards, rec.tool_timeouts = st.nonfinite_rewards, st.tool_timeouts
   rec.reward_errors = st.reward_errors
   rec.staleness = 0
-  rec.paused = #S.replay
+  rec.paused = S.group and S.group.sum(#S.replay) or #S.replay
   shape_rewards(S, groups)
   local t1 = tide.time()
   local loss_sum, n_up, stats = 0, 0, {}
   if #groups > 0 then
-    -- the U minibatches: groups dealt round-robin
+    -- the U minibatches: groups dealt round-robin; several ranks: the j-th group of a minibatch trains on rank
+    -- (j - 1) mod ranks (a rank left without a group joins the step with no micro-batch)
     local mbs = {}
     for u = 1, math.min(o.updates, #groups) do mbs[u] = {} end
     for i, g in ipairs(groups) do
       local mb = mbs[(i - 1) % #mbs + 1]
-      for _, t in ipairs(g) do mb[#mb + 1] = t end
+      mb[#mb + 1] = g
     end
-    local batches = {}
+    local batches, age, age_n = {}, 0, 0
     for u, mb in ipairs(mbs) do
-      batches[u] = update.batch(mb, { credit = o.credit, stale = o.stale, max_staleness = o.max_staleness,
-        version = it % 32768 })
+      local mine, all_n = {}, 0
+      for j, g in ipairs(mb) do
+        if (j - 1) % S.world == S.rank then for _, t in ipairs(g) do mine[#mine + 1] = t end end
+        all_n = all_n + 1
+      end
+      if #mine > 0 then
+        batches[u] = update.batch(mine, { credit = o.credit, stale = o.stale, max_staleness = o.max_staleness,
+          version = it % 32768 })
+        batches[u].active = math.min(all_n, S.world)   -- the ranks that hold groups of this update
+        age, age_n = age + batches[u].staleness * batches[u].n_targets, age_n + batches[u].n_targets
+      else
+        batches[u] = false
+      end
     end
-    local age = 0
-    for _, b in ipairs(batches) do age = age + b.staleness / #batches end
-    rec.staleness = age
+    if S.group then local t = S.group.sums({ age, age_n }); age, age_n = t[1], t[2] end
+    -- the mean age over the policy tokens (one process: the mean of the minibatches' means, as before)
+    if S.group then
+      rec.staleness = age_n > 0 and age / age_n or 0
+    else
+      local a = 0
+      for _, b in ipairs(batches) do a = a + b.staleness / #batches end
+      rec.staleness = a
+    end
     local ref = reference(S)
     for _, b in ipairs(batches) do
-      if ref then update.set_ref(b, update.score(ref, b)) end
-      if o.tis then stats.tis_clip_rate = update.set_tis(b, update.score(S.model, b), o.C_tis) end
+      if b and ref then update.set_ref(b, update.score(ref, b)) end
+      if b and o.tis then b.tis_clip_rate = update.set_tis(b, update.score(S.model, b), o.C_tis) end
     end
     run.stepper = S.rl_stepper
     -- K1.5 resets the optimiser every iteration (rl.reset_optimizer): AdamW's moments and step count start over
@@ -610,12 +753,15 @@ local function rl_iteration(S)
       end
       S.opt.t = 0
     end
-    local ptx = ptx_batch(S, it)
     for _, b in ipairs(batches) do
-      b.ptx = ptx
-      local r = run:train_step({ b }, o.lr)
+      if b then b.ptx = ptx_batch(S, it, b.active) end
+      local r = run:train_step(b and { b } or {}, o.lr)
       loss_sum, n_up = loss_sum + r.loss, n_up + 1
-      for k, v in pairs(b.stats or {}) do stats[k] = v end
+      if b then
+        for k, v in pairs(b.stats or {}) do stats[k] = v end
+        stats.tis_clip_rate = b.tis_clip_rate
+      end
+      if S.group then stats = update_stats(S, b) end
       rec.grad_norm, rec.lr, rec.step, rec.time, rec.tokens = r.grad_norm, r.lr, r.step, r.time, r.tokens
       rec.mem_current, rec.mem_peak, rec.skipped = r.mem_current, r.mem_peak, r.skipped
       rec.stop = r.stop
@@ -641,19 +787,16 @@ end
 
 function loop.run(cfg)
   -- several ranks would each run the whole loop into the same run directory: refused before anything is written
-  local world = require("tide.dist").world()
-  if world > 1 then
-    bad(fmt("an RL recipe runs on one process: this job has %d ranks (mpirun -np %d), and data parallelism is not "
-      .. "built for the RL driver yet (tide.train and curricula have it); run it without mpirun", world, world), 0)
-  end
   local S = setup(cfg)
   local run = S.run
   local st = run:open(cfg.resume, cfg.overwrite)
   local logger = run.logger
   if st then logger:line(fmt("resumed from %s at step %d (%s, iteration %d)", run.resumed_from, run.step, S.phase, S.iteration)) end
   logger:line(fmt("model: %s", S.model:extra_repr()))
-  logger:line(fmt("rl: %s on %s, %d prompts x G %d per iteration, %d iterations", S.o.objective,
-    type(S.o.env) == "string" and S.o.env or "a recipe environment", S.o.prompts, S.o.G, S.o.iterations))
+  logger:line(fmt("rl: %s on %s, %d prompts x G %d per iteration, %d iterations%s", S.o.objective,
+    type(S.o.env) == "string" and S.o.env or "a recipe environment", S.o.prompts, S.o.G, S.o.iterations,
+    S.group and fmt("; data parallel over %d ranks (each samples and trains its share of the prompts)", S.world) or ""))
+  if S.group then logger:line(dist.memory_line(S.opt, S.layout)) end
   local stopped = false
   if S.phase == "sft" then
     stopped = not sft_phase(S)
@@ -714,7 +857,10 @@ function loop.new(spec)
     local r = loop.run(cfg)
     if r.stopped then return 1 end
     local miss = loop.check(cfg, r)
-    for _, line in ipairs(miss) do io.stderr:write(cfg.check and "" or "warning: ", line, "\n") end
+    -- (every rank holds the same history: rank 0 alone says what was missed)
+    if dist.is_root() then
+      for _, line in ipairs(miss) do io.stderr:write(cfg.check and "" or "warning: ", line, "\n") end
+    end
     return (#miss > 0 and cfg.check) and 1 or 0
   end
   return spec

@@ -10,6 +10,8 @@
 -- batch's tokens in order (group by group, sample by sample). Every objective returns the loss (to minimise), its
 -- gradient with respect to each logp entry (the same layout), and statistics (rl.md §7). The model's backward takes
 -- that gradient (the surrogate loss Σ_t grad_t · logp_t has it), so one data path serves all three objectives.
+-- GRPO and Kimi sum over the batch's groups; DAPO's token-level mean divides by batch.norm_tokens when it is set (the
+-- policy tokens of the whole step when a step's groups are split over ranks), else by the batch's own count.
 local options = require "tide.options"
 
 local objectives = {}
@@ -87,7 +89,7 @@ local function clipped(batch, logp, o, who)
     if flat then st.zero_groups = st.zero_groups + 1 end
     for _, s in ipairs(g.samples) do
       local n = n_tokens(s)
-      local denom = o.norm == "token" and total or G * n
+      local denom = o.norm == "token" and (batch.norm_tokens or total) or G * n
       local A_s = flat and 0 or (s.reward - mean) / (std + 1e-6)
       for t = 1, n do
         k = k + 1

@@ -2,7 +2,7 @@
 --
 --   local trajs, stats = rollout.run(model, tok, {
 --     env = "countdown" | table | function() -> env, env_cfg = {...},
---     prompts = {{seed = 17, prompt_id = 0}, ...}, G = 8,
+--     prompts = {{seed = 17, prompt_id = 0, index = nil | k}, ...}, G = 8,
 --     max_new = 256, max_turns = 16, temperature = 1, top_k, top_p, seed = 0, policy_version = 0,
 --     tool_timeout = 10, slots = 64, budget = nil | tokens, resume = entries, resume_mode = "prefill"})
 --
@@ -15,7 +15,9 @@
 -- or answers with an observation) or its budget. Tools run as Lua coroutines: a tool may coroutine.yield() while it
 -- waits (rollout.wait(seconds) does), and the other rows keep decoding; a row whose call takes longer than
 -- tool_timeout gets an error result. At most `slots` rows are live; a finished row's slot takes the next sample.
--- Each row draws from its own Philox stream (seed, row), so a row's tokens do not depend on the others.
+-- Each row draws from its own Philox stream (seed, row), so a row's tokens do not depend on the others. Row g of
+-- prompt k is row (k - 1) G + g - 1, k the prompt's place in the list or its `index` (a call given a share of a
+-- larger list: its rows draw what they would in one call of the whole list).
 --
 -- What goes wrong is recorded, never raised: an environment that raises, a tool that raises or returns non-text, a
 -- malformed call, a non-finite reward — each lands in the trajectory's errors and in the counts of stats. A malformed
@@ -251,7 +253,7 @@ function rollout.run(model, tok, o)
     local pr = item.pr
     local t = traj_m.new { prompt_id = pr.prompt_id or (item.p - 1), group_id = pr.group_id or (item.p - 1),
       env = type(o.env) == "string" and o.env or "custom", seed = pr.seed or 0 }
-    local row = { traj = t, uid = item.uid or ((item.p - 1) * G + (item.g - 1)), draws = 0, n_new = 0, turn = 0,
+    local row = { traj = t, uid = item.uid or (((pr.index or item.p) - 1) * G + (item.g - 1)), draws = 0, n_new = 0, turn = 0,
       calls = 0, seed = item.seed or seed, env_seed = pr.seed or 0, prompt = pr, schedule = {}, actions = {} }
     t.uid = row.uid
     out[#out + 1] = t
@@ -622,7 +624,7 @@ function rollout.run(model, tok, o)
   -- samples the budget left unstarted: entries that start afresh
   for k = next_pending, #pending do
     local it = pending[k]
-    paused[#paused + 1] = { fresh = true, prompt = it.pr, p = it.p, g = it.g, uid = (it.p - 1) * G + (it.g - 1),
+    paused[#paused + 1] = { fresh = true, prompt = it.pr, p = it.p, g = it.g, uid = ((it.pr.index or it.p) - 1) * G + (it.g - 1),
       seed = seed }
   end
   -- the samples that ended (finished, truncated or failed); the paused ones are entries of `paused`

@@ -177,9 +177,18 @@ function update.objective(name, opts)
   local with_entropy = not (opts and opts.entropy == false)
   local o = {}
   for k, v in pairs(opts or {}) do if k ~= "entropy" then o[k] = v end end
-  return function(model, b)
+  return function(model, b, _, ctx)
     local logp, flat, ent = policy_logp(model, b)
+    -- a step whose groups are split over micro-batches or ranks (ctx: the shared step's): the objective is the one
+    -- of the whole step's batch. GRPO and Kimi sum over groups, so each part's sum counts whole; DAPO's token mean
+    -- divides by the step's policy tokens. The step divides each part by ctx.micro: the part is scaled back by it.
+    local micro = ctx and ctx.micro or 1
+    if micro > 1 then b.norm_tokens = ctx.targets end
     local loss, grad, st = f(b, flat, o)
+    if micro > 1 then
+      loss = loss * micro
+      for i = 1, #grad do grad[i] = grad[i] * micro end
+    end
     local g = {}
     local B, L = #b.positions, b.L
     for i = 1, B * L do g[i] = 0 end
@@ -193,12 +202,13 @@ function update.objective(name, opts)
     b.stats = st
     -- the surrogate carries the gradient; the constant makes its value the objective's loss
     local l = surrogate + (loss - surrogate:item())
-    -- the PTX term (K2): + λ · cross-entropy of an SFT batch (mean over its targets)
+    -- the PTX term (K2): + λ · cross-entropy of an SFT batch (mean over its targets: p.n_targets, the whole PTX
+    -- batch's count when its rows are split over ranks)
     if b.ptx then
       local p = b.ptx
       local ce = F.cross_entropy(model:forward(p.ids), p.targets, { reduction = "sum" }) * (p.weight / math.max(p.n_targets, 1))
       st.ptx_loss = ce:item() / p.weight
-      l = l + ce
+      l = l + (micro > 1 and ce * micro or ce)
     end
     return l
   end
