@@ -45,6 +45,16 @@ for obj in dapo kimi; do
     par 2 --rl.objective=$obj --out="$tmp/$obj-2"
     cmp "$tmp/$obj-1" "$tmp/$obj-2" "$obj: dp 2 == one process" 1e-11
 done
+# DAPO's dynamic sampling drawing more rounds: recipes/agent_rl.lua's own rewards after a 4-step warm-up are all 0,
+# so every group is flat and each iteration draws max_resample more rounds of prompts (shared out anew each round)
+plain=(recipes/agent_rl.lua --model.dtype=f64 --sft.steps=4 --sft.rows=6 --rl.iterations=2 --rl.prompts=3 --rl.G=4
+       --rl.max_new=24 --train.quiet=true --rl.objective=dapo --rl.max_resample=2)
+"$tide" run "${plain[@]}" --out="$tmp/dyn-1" > /dev/null 2>&1 || { echo "FAIL one rank: ${plain[*]}"; exit 1; }
+"${mp[@]}" -np 2 "$tide" run "${plain[@]}" --out="$tmp/dyn-2" > /dev/null 2>&1 || { echo "FAIL dp 2: ${plain[*]}"; exit 1; }
+cmp "$tmp/dyn-1" "$tmp/dyn-2" "dapo, every group flat (3 rounds of prompts an iteration): dp 2 == one process" 1e-11
+n=$(cat "$tmp"/dyn-2/trajectories/iter_000001.jsonl | wc -l)
+[ "$n" = 36 ] || { echo "FAIL dynamic sampling drew $n samples in iteration 1, not 3 rounds x 3 prompts x 4"; exit 1; }
+echo "ok   dynamic sampling under dp 2 drew its 3 rounds (36 samples in iteration 1's file)"
 # resume mid-RL: the checkpoint of step 8 (after the warm-up's 4 steps, iteration 2 of 3 with 2 updates each)
 resume_dir "$tmp/g2" "$tmp/gr" 00000008
 par 2 "${grpo[@]}" --out="$tmp/gr" --resume="$tmp/gr/ckpt/step_00000008"
