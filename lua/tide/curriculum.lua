@@ -394,7 +394,7 @@ local function setup(cfg)
 
   preflight(cfg)
   tide.manual_seed(seed)
-  local model = nn.build(cfg.model or {})
+  local model = nn.build(cfg.model or {}, require("tide.dist").build_opts(dp))   -- (ep: this rank's experts only)
   local tok = tokenizer.for_model(cfg.tokenizer, model.cfg.vocab_size, "tokenizer", "curriculum")
   require("tide.dist").shard_model(model, dp)        -- expert parallelism: this rank's experts only
   local opt = optim.build(cfg.optim or {}, model)

@@ -548,6 +548,13 @@ function dist.layout(dcfg, who)
   return L
 end
 
+-- build_opts(layout) -> nn.build's opts for this rank: under expert parallelism its slice of the experts (the
+-- model never holds the others' experts), else nil
+function dist.build_opts(L)
+  if not L.ep_group then return nil end
+  return { experts = { rank = L.ep_group.rank, size = L.ep_group.size } }
+end
+
 -- shard_model(model, layout): expert parallelism (layout.ep > 1): every MoE layer keeps this rank's experts
 -- (MoE:shard_experts); call it before the optimiser is built. Returns the count of layers sharded.
 function dist.shard_model(model, L)

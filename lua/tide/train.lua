@@ -159,10 +159,10 @@ local function setup(cfg)
   local threads = cfg.threads or tcfg.threads
   if threads then tide.set_num_threads(threads) end
   step.preflight(cfg.model, WHO)
-  tide.manual_seed(seed)
-  local model = nn.build(cfg.model or {})
-  local V = model.cfg.vocab_size
   local dp = dist.layout(cfg.dist, WHO)
+  tide.manual_seed(seed)
+  local model = nn.build(cfg.model or {}, dist.build_opts(dp))   -- (expert parallelism: this rank's experts only)
+  local V = model.cfg.vocab_size
   local d = build_data(cfg, V, seed, dp.lane_opts)
   if d.tokenizer.vocab_size ~= V then
     options.fail(WHO, fmt("the tokenizer has %d ids but the model's vocab_size is %d", d.tokenizer.vocab_size, V))

@@ -11,7 +11,9 @@
 #   resumed from its step-3 checkpoint bitwise the uninterrupted one, and resumed on one rank (the experts fused back
 #   from their per-expert tensors) == it to 1e-12; `tide ckpt consolidate` of an ep 2 checkpoint == the one-rank
 #   checkpoint's tensors, in the fused names; the 3-stage curriculum of the tests under ep 2 == one rank; layouts that
-#   do not fit are one clear error.
+#   do not fit are one clear error;
+# - a model built with each rank's slice of the experts (tests/dist/ep_init.lua) == the whole build sharded, bitwise,
+#   with a build peak lower by the other ranks' experts.
 # Usage: tests/dist/ep_check.sh [BUILD_DIR]
 who=ep_check
 source "$(dirname "$0")/setup.sh"
@@ -20,6 +22,8 @@ cmp() { "$tide" run tests/dist/dp_compare.lua --a="$1" --b="$2" --rel="$3" --moe
 # one layer
 "${mp[@]}" -np 2 "$tide" run tests/dist/ep_layer.lua --ep=2
 for e in 2 4; do "${mp[@]}" -np 4 "$tide" run tests/dist/ep_layer.lua --ep=$e; done
+# the build with this rank's experts only (what the drivers do) == the whole build sharded, at a lower peak
+for n in 2 4; do "${mp[@]}" -np $n "$tide" run tests/dist/ep_init.lua; done
 
 # the model, f64 (6 steps) and f32 (5 steps). f32: the losses to 1e-6 and the loads exactly, the weights and moments
 # to 2e-5 — the combine adds in another order than the fused kernel, and AdamW's first steps (≈ lr·sign(g)) turn

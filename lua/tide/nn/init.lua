@@ -31,11 +31,19 @@ local nn = {
 }
 
 -- build(cfg) -> a model from a recipe's `model` table (kind "dense" for now)
-function nn.build(cfg)
+-- opts.experts = {rank = r, size = P} (expert parallelism): every MoE layer allocates only the routed experts of
+-- rank r of P, with the weights a whole build gives them (nn.MoE.with_expert_slice); dist.shard_model then names
+-- their groups
+function nn.build(cfg, opts)
   local kind = cfg and cfg.kind or "dense"
-  if kind == "dense" then return nn.TransformerLM(cfg) end
-  if kind == "hybrid" then return nn.HybridLM(cfg) end
-  error("nn.build: unknown model kind '" .. tostring(kind) .. "' (known: dense, hybrid)", 2)
+  local function make()
+    if kind == "dense" then return nn.TransformerLM(cfg) end
+    if kind == "hybrid" then return nn.HybridLM(cfg) end
+    error("nn.build: unknown model kind '" .. tostring(kind) .. "' (known: dense, hybrid)", 0)
+  end
+  local ex = opts and opts.experts
+  if ex and ex.size > 1 then return nn.MoE.with_expert_slice(ex, make) end
+  return make()
 end
 
 return nn

@@ -101,9 +101,53 @@ end
 -- ---- the routed experts (fused storage) ------------------------------------------------------------------
 local Experts = M.Module:extend("MoEExperts")
 
+-- the expert slice the model being built keeps (MoE.with_expert_slice: expert parallelism), else nil
+local build_slice = nil
+
+-- with_expert_slice({rank = r, size = P}, fn) -> fn()'s results: the MoE layers built inside fn allocate only the
+-- routed experts [r·n/P, (r+1)·n/P) of each fused tensor, drawn from the counters the whole tensor's draw gives
+-- them (the random stream is counter-based: element i of a draw of N takes counter offset + i), so every weight is
+-- the one a whole model's build and MoE:shard_experts leave, every later draw takes the counters it would, and no
+-- rank ever holds the other ranks' experts
+local function MoE_with_expert_slice(slice, fn)
+  local prev = build_slice
+  build_slice = slice
+  local r = { pcall(fn) }
+  build_slice = prev
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2)
+end
+
+-- a [n, ...] parameter of which only rows [first, first + count) are drawn: counters of the whole tensor's draw
+local function slice_param(shape, init, po, first, count)
+  local per = 1
+  for i = 2, #shape do per = per * shape[i] end
+  local local_shape = { count }
+  for i = 2, #shape do local_shape[i] = shape[i] end
+  local C = tide.C
+  local seed, off = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  C.tide_rng_get(seed, off)
+  local s0, o0 = seed[0], off[0]
+  C.tide_rng_set(s0, o0 + ffi.cast("uint64_t", first) * per)
+  local t = M.Module.new_param(local_shape, init, po)
+  C.tide_rng_set(s0, o0 + ffi.cast("uint64_t", shape[1]) * per)
+  return t
+end
+
 function Experts:init(n, d_in, d_e, d_out, o)
   self.n, self.d_in, self.d_e, self.d_out = n, d_in, d_e, d_out
   local po = { dtype = o.dtype, device = o.device }
+  local sl = build_slice
+  if sl then
+    if n % sl.size ~= 0 then
+      options.fail("nn.MoE", fmt("shard_experts: dist.ep = %d must divide n_experts = %d", sl.size, n))
+    end
+    local nl = n / sl.size
+    self.n_local, self.first, self.built_slice = nl, sl.rank * nl, true
+    self:param("gate_up_proj", slice_param({ n, 2 * d_e, d_in }, { "normal", o.std }, po, self.first, nl))
+    self:param("down_proj", slice_param({ n, d_out, d_e }, { "normal", o.out_std }, po, self.first, nl))
+    return
+  end
   self:param("gate_up_proj", M.Module.new_param({ n, 2 * d_e, d_in }, { "normal", o.std }, po))
   self:param("down_proj", M.Module.new_param({ n, d_out, d_e }, { "normal", o.out_std }, po))
 end
@@ -200,6 +244,10 @@ function MoE:forward(x)
   local shape = x:shape()
   local d = shape[#shape]
   if d ~= self.dim then bad(fmt("forward: x has last dim %d, expected %d", d, self.dim)) end
+  if self.experts.built_slice then
+    bad("forward: the layer was built with one rank's experts (nn.build's experts slice); shard it over its "
+      .. "expert-parallel group first (dist.shard_model)")
+  end
   local xf = x:reshape(-1, d)
   local m = xf:size(1)
   local s = self.gate:scores(xf)
@@ -271,13 +319,19 @@ function MoE:shard_experts(ep, dp)
   local nl = self.n / P
   local first = ep.rank * nl
   local ex = self.experts
+  if ex.built_slice and (ex.first ~= first or ex.n_local ~= nl) then
+    bad(fmt("shard_experts: the layer was built with experts [%d, %d) but this rank of dist.ep = %d owns [%d, %d)",
+      ex.first, ex.first + ex.n_local, P, first, first + nl))
+  end
   for _, name in ipairs({ "gate_up_proj", "down_proj" }) do
-    local part = tide.no_grad(function() return ex[name]:narrow(1, first + 1, nl):clone() end)
+    -- (a layer built with its slice holds it already: its parameters only take the groups' names)
+    local part = ex.built_slice and ex[name]
+      or tide.no_grad(function() return ex[name]:narrow(1, first + 1, nl):clone() end)
     local meta = ex._param_meta[name]
     ex[name] = nil
     ex:param(name, part:detach(), { decay = meta.decay, ep = ep, ep_dp = dp })
   end
-  ex.n_local, ex.first = nl, first
+  ex.n_local, ex.first, ex.built_slice = nl, first, nil
   self.ep = ep
   return self
 end
@@ -561,4 +615,5 @@ function MoE:extra_repr()
     self.d_e, self.shared_dim, tostring(self.latent_dim or "off"), self.rho, self.activation, self.balance)
 end
 
+MoE.with_expert_slice = MoE_with_expert_slice
 return MoE
