@@ -162,7 +162,8 @@ local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = t
 
 -- stepper{model, optim, clip = 1.0 (0 or false: none), on_nonfinite = "skip" | "stop", jitter_window = 50,
 --   objective = nil | function(model, batch, i, ctx) -> loss tensor (the micro-batch's mean; the step averages them;
---   ctx = {targets = the step's target count over every micro-batch and rank, micro = the count of those micro-batches}),
+--   ctx = {targets = the step's target count over every micro-batch and rank, micro = the count of those micro-batches};
+--   model's forward takes the batch's document boundaries, images or cp slices: step.model_view),
 --   dist = nil | tide.dist (data parallelism: each rank runs its own micro-batches of the step; the target count,
 --   the losses, the non-finite decision and the gradients are summed over the ranks, in rank order, before the
 --   norm, clipping and the update, so every rank applies the same update),
@@ -170,7 +171,8 @@ local STEPPER_KEYS = { model = true, optim = true, clip = true, on_nonfinite = t
 --   dist.reducer, under ZeRO-2 reduced to each parameter's owner; 0 or nil: one sum after it),
 --   cp = nil | the dist group of the context-parallel ranks (dist.layout's cp_group: they are given the same rows;
 --   each keeps its zig-zag slices of every micro-batch, tide.cp, and the model runs on them; the target count and
---   the gradients sum over the whole job as with data parallelism)}
+--   the gradients sum over the whole job as with data parallelism; an objective sees the slices, each cp rank's
+--   micro-batch one of the step's ctx.micro)}
 function step.stepper(o)
   options.check(o, STEPPER_KEYS, nil, "step.stepper")
   local policy = o.on_nonfinite or "skip"
@@ -187,10 +189,6 @@ function step.stepper(o)
   for _, p in ipairs(o.optim.params) do
     if p.meta and p.meta.ep then ep_params = ep_params or {}; ep_params[#ep_params + 1] = p
     else dense_params = dense_params or {}; dense_params[#dense_params + 1] = p end
-  end
-  if o.cp and o.objective then
-    options.fail("step", "a custom objective (loss) does not run under context parallelism: the model must see each "
-      .. "batch's cp slices (dist.cp = 1, or the default objective)")
   end
   -- recompute = "auto" decided once for every rank (nn.HybridLM:set_recompute_group)
   if group and o.model.set_recompute_group then o.model:set_recompute_group(group) end
@@ -271,6 +269,15 @@ function step.forward_opts(b)
   return { cu_seqlens = b.cu_seqlens, images = b.images }
 end
 
+-- the model as an objective sees it: a forward (and so the model's loss) given no options takes the batch's
+-- (forward_opts: document boundaries, images, context-parallel slices), so an objective that calls m:forward(ids) or
+-- m:loss(ids, targets) runs the batch as the default objective does; nil opts: the model itself
+function step.model_view(model, opts)
+  if not opts then return model end
+  return setmetatable({ forward = function(_, ids, caches, o) return model:forward(ids, caches, o or opts) end },
+    { __index = model })
+end
+
 -- context parallelism: the batch b ({ids [B, T], targets, cu_seqlens, images}) as this rank's zig-zag slices
 -- (tide.cp) and the count of its targets (those not ignored, -100). With images, every rank of the group encodes all
 -- of them and splices the image tokens its slices' placeholders (pad_id) take (images.rows): each image token's loss
@@ -342,7 +349,7 @@ function Stepper:run(batches, lr, t)
     local b = batches[i]
     local l, value, aux, lv
     if self.objective then
-      l = self.objective(model, b, t, ctx)
+      l = self.objective(step.model_view(model, step.forward_opts(b)), b, t, ctx)
       value = l:item()
       lv = value
       if n_mean > 1 then l = l * (1 / n_mean) end

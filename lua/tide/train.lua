@@ -207,7 +207,7 @@ local function setup(cfg)
   local stepper = step.stepper({ model = model, optim = opt, clip = (cfg.optim or {}).clip,
     on_nonfinite = cfg.on_nonfinite, jitter_window = tcfg.jitter_window, dist = dp.group, bucket_bytes = dp.bucket_bytes,
     cp = dp.cp_group,
-    objective = loss_fn and function(m, b, t) return loss_fn(m, b.ids, b.targets, t) end })
+    objective = loss_fn and function(m, b, t, ctx) return loss_fn(m, b.ids, b.targets, t, ctx) end })
   local out = cfg.out or tcfg.out
   local run = step.run({ driver = "train", name = cfg.name, cfg = cfg, out = out, quiet = tcfg.quiet,
     tensorboard = tcfg.tensorboard, keep_ckpts = tcfg.keep_ckpts, collect_every = tcfg.collect_every, model = model,

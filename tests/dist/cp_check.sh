@@ -34,6 +34,10 @@ grep -q "memory per rank measured: engine peak .* (ranks 0..1)" <<< "$out" \
 echo "ok   cp 2 prints its rank map and each rank's peak"
 "${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.cp=4 --out="$tmp/cp4" > /dev/null
 cmp "$tmp/one" "$tmp/cp4" 1e-12 "f64: cp 4 == one rank"
+# a recipe's own loss (tests/dist/cp_loss.lua: Σ cross-entropy over the step's targets, from the loss's ctx) sees
+# each rank's slices, its forward the slices' context: cp 2 == the one-rank default objective
+"${mp[@]}" -np 2 "$tide" run tests/dist/cp_loss.lua --dist.cp=2 --out="$tmp/own-cp2" > /dev/null
+cmp "$tmp/one" "$tmp/own-cp2" 1e-12 "f64: a recipe's own loss at cp 2 == one rank's default objective"
 "$tide" run tests/dist/dp_moe.lua --train.micro_batches=2 --out="$tmp/m2" > /dev/null
 "${mp[@]}" -np 4 "$tide" run tests/dist/dp_moe.lua --dist.cp=2 --dist.dp=2 --out="$tmp/dp2cp2" > /dev/null
 cmp "$tmp/m2" "$tmp/dp2cp2" 1e-12 "f64: dp 2 x cp 2 == one rank, 2 micro-batches"

@@ -40,6 +40,32 @@ local function train_cfg(over)
   return cfg
 end
 
+T.test("a recipe's own loss over packed documents runs the batch as the default objective does (document boundaries)", function()
+  -- f64, one micro-batch: the default objective's Σ/N and the model's mean cross-entropy differ only in rounding; a
+  -- loss whose forward saw no document boundaries (attention across documents) is off by far more
+  local base = { model = model("f64"), train = { steps = 3, seed = 5, quiet = true, log_every = 1000, micro_batches = 1 } }
+  local a = train(train_cfg(base))
+  local seen
+  local own = train_cfg(base)
+  own.loss = function(m, x, y, t, ctx)
+    seen = ctx
+    return m:loss(x, y)
+  end
+  local b = train(own)
+  for s = 1, 3 do
+    T.ok(math.abs(a.losses[s] - b.losses[s]) <= 1e-12 * a.losses[s],
+      string.format("step %d: default %.17g vs own loss %.17g", s, a.losses[s], b.losses[s]))
+  end
+  T.eq(seen.micro, 1)
+  T.ok(seen.targets > 0, "the step's target count reaches the loss")
+  -- the same loss on the model itself (no boundaries): the packed rows' documents attend to each other
+  local cross = train_cfg(base)
+  cross.loss = function(m, x, y) return rawget(m, "forward") and getmetatable(m).__index:loss(x, y) or m:loss(x, y) end
+  local c = train(cross)
+  T.ok(math.abs(a.losses[2] - c.losses[2]) > 1e-6 * a.losses[2],
+    string.format("attention across the documents changes the loss: %.17g vs %.17g", a.losses[2], c.losses[2]))
+end)
+
 T.test("tide.train and a one-stage curriculum over the same data: the same losses bit for bit", function()
   local a = train(train_cfg())
   local c = curriculum.train(curriculum.new({
