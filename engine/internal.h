@@ -97,6 +97,7 @@ typedef struct tide_attrs {
         struct { int silu, has_cache; } causal_conv1d;                                 /* list: boundaries */
         struct { double eps, scale; } l2norm;
         struct { int has_kr; double scale; } mla_attention;                            /* list: boundaries */
+        struct { int has_kr; int64_t dn, chunk; double scale; } mla_latent;            /* list: boundaries */
         struct { int64_t R; int has_kr, appended; double scale; } mla_decode_rows;     /* list: lengths */
         struct { int64_t R; } kda_decode_rows;
         struct { int n; double eps; } attnres;                                         /* n sources */

@@ -295,6 +295,14 @@ tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
    [B, Tq, H, dv]; the gradient of k_r is summed over heads. */
 tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k_r, tide_tensor *v, tide_tensor *cu_seqlens,
                                 double scale);
+/* tide_mla_attention of the keys and values expanded from the latent c [B, Tk, dc]: k_n^h = W_UK^h c, v^h =
+   W_UV^h c, with w [H, dn + dv, dc] (each head's W_UK^h rows, then its W_UV^h rows: the kv up-projection's weight
+   [H·(dn + dv), dc] viewed as [H, dn + dv, dc]); q [B, Tq, H, dn + dr], k_r [B, Tk, dr] or NULL, cu_seqlens over
+   the keys, scale as there. The keys and values are expanded `chunk` keys at a time (chunk >= 1) and never
+   exist whole, forward or backward (memory: the inputs, the output and one chunk's expansion); gradients reach q,
+   c, k_r and w. The cpu backend has it (f32, f64). */
+tide_tensor *tide_mla_latent_attention(tide_tensor *q, tide_tensor *c, tide_tensor *k_r, tide_tensor *w,
+                                       tide_tensor *cu_seqlens, double scale, int64_t chunk);
 /* one KDA decoding step of R rows over their own states (kda.md §3, §7), no gradient: q, k, g [R, H, dk], v
    [R, H, dv], beta [R, H] (one token per row); states[r] [1, H, dk, dv] or [H, dk, dv], contiguous, in the state
    dtype (f32 for bf16), each row's own memory, advanced IN PLACE -> o [R, H, dv]. Row r's output and new state are

@@ -248,6 +248,20 @@ typedef struct tide_backend {
                                   const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                   const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                   int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+    /* mla_attention read from the latent: q [B, Tq, H, dn + dr], c [B, Tk, dc], kr [B, Tk, dr] (NULL when dr = 0),
+       w [H, dn + dv, dc] (per head W_UK^h then W_UV^h: k_n^h = W_UK^h c, v^h = W_UV^h c) -> out [B, Tq, H, dv] and
+       lse [B, H, Tq], the mla_attention of the expanded keys and values (same masks: query i on key i + Tk − Tq, cu
+       over the keys), expanding `chunk` keys at a time so no [B, Tk, H, dn + dv] tensor exists. backward: gq, gc,
+       gkr, gw (any may be NULL) from gout, out and lse, re-expanding chunk by chunk. NULL on a backend without it
+       (the caller expands the keys and values itself). */
+    int (*mla_latent_attention)(int dtype, void *out, void *lse, const void *q, const void *c, const void *kr,
+                                const void *w, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                                int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc, int64_t chunk, double scale);
+    int (*mla_latent_attention_backward)(int dtype, void *gq, void *gc, void *gkr, void *gw, const void *gout,
+                                         const void *q, const void *c, const void *kr, const void *w, const void *out,
+                                         const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                                         int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc,
+                                         int64_t chunk, double scale);
     /* one absorbed MLA decoding step of R rows over their own latent caches (spec/mla.md §6), no gradient. c_bufs,
        kr_bufs: HOST arrays of R device pointers, row r's latent buffer [cap_r, dc] and rope-key buffer [cap_r, dr]
        (kr_bufs NULL when dr = 0); lens: HOST int64 [R], the tokens each row has cached. Row r's new latent

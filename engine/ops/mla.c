@@ -102,6 +102,104 @@ tide_tensor *tide_mla_attention(tide_tensor *q, tide_tensor *k_n, tide_tensor *k
     return y;
 }
 
+/* ---- mla_attention read from the latent: keys and values expanded a chunk at a time --------------------------- */
+
+/* saved slots (k_r empty when the heads share no rotary key) */
+enum { MLAL_SAVED_Q, MLAL_SAVED_C, MLAL_SAVED_W, MLAL_SAVED_OUT, MLAL_SAVED_LSE, MLAL_SAVED_KR };
+
+int tide_mla_latent_attention_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int has_kr = n->attr.mla_latent.has_kr;
+    tide_tensor *q = tide_contiguous_nograd(in[0]), *c = q ? tide_contiguous_nograd(in[1]) : NULL;
+    tide_tensor *kr = c && has_kr ? tide_contiguous_nograd(in[2]) : NULL;
+    tide_tensor *w = c && (kr || !has_kr) ? tide_contiguous_nograd(in[2 + has_kr]) : NULL;
+    if (!w) { tide_tensor_release(q); tide_tensor_release(c); tide_tensor_release(kr); return -1; }
+    int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], dqk = q->shape[3], Tk = c->shape[1], dc = c->shape[2];
+    int64_t dn = n->attr.mla_latent.dn, dv = w->shape[1] - dn, oshape[4] = {B, Tq, H, dv}, lshape[3] = {B, H, Tq};
+    tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
+    tide_tensor *lse = o ? tide_empty(lse_dtype(q->dtype), 3, lshape, q->device) : NULL;
+    int rc = lse ? 0 : -1;
+    if (!rc && o->numel > 0)
+        rc = TIDE_DISPATCH(q->device, mla_latent_attention, "mla_latent_attention", q->dtype, tide_data(o),
+                           tide_data(lse), tide_data(q), tide_data(c), kr ? tide_data(kr) : NULL, tide_data(w),
+                           n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq, Tk, H,
+                           dn, dqk - dn, dv, dc, n->attr.mla_latent.chunk, n->attr.mla_latent.scale);
+    if (!rc) rc = tide_node_save(n, q) || tide_node_save(n, c) || tide_node_save(n, w) || tide_node_save(n, o) ||
+                  tide_node_save(n, lse) || tide_node_save(n, kr);
+    tide_tensor_release(q); tide_tensor_release(c); tide_tensor_release(kr); tide_tensor_release(w); tide_tensor_release(lse);
+    if (rc) { tide_tensor_release(o); return -1; }
+    out[0] = o;
+    return 0;
+}
+
+int tide_mla_latent_attention_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    int has_kr = n->attr.mla_latent.has_kr;
+    tide_tensor *q = n->saved[MLAL_SAVED_Q], *c = n->saved[MLAL_SAVED_C], *w = n->saved[MLAL_SAVED_W];
+    tide_tensor *o = n->saved[MLAL_SAVED_OUT], *lse = n->saved[MLAL_SAVED_LSE], *kr = n->saved[MLAL_SAVED_KR];
+    int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], dqk = q->shape[3], Tk = c->shape[1], dc = c->shape[2];
+    int64_t dn = n->attr.mla_latent.dn, dv = w->shape[1] - dn;
+    tide_tensor *g = tide_contiguous_nograd(gout[0]);
+    /* inputs in order: q, c, [k_r], w */
+    tide_tensor *src[4] = {q, c, kr ? kr : w, w}, *grads[4] = {0};
+    int n_in = 3 + has_kr, rc = g ? 0 : -1;
+    for (int i = 0; i < n_in && !rc; i++)
+        if (n->in_needs_grad[i] && !(grads[i] = tide_zeros(src[i]->dtype, src[i]->ndim, src[i]->shape, src[i]->device))) rc = -1;
+    tide_tensor *gkr = has_kr ? grads[2] : NULL, *gw = grads[2 + has_kr];
+    if (!rc && o->numel > 0)
+        rc = TIDE_DISPATCH(q->device, mla_latent_attention_backward, "mla_latent_attention", q->dtype,
+                           grads[0] ? tide_data(grads[0]) : NULL, grads[1] ? tide_data(grads[1]) : NULL,
+                           gkr ? tide_data(gkr) : NULL, gw ? tide_data(gw) : NULL, tide_data(g), tide_data(q),
+                           tide_data(c), kr ? tide_data(kr) : NULL, tide_data(w), tide_data(o), tide_data(lse),
+                           n->attr.n_list ? n->attr.list : NULL, n->attr.n_list ? n->attr.n_list - 1 : 0, B, Tq, Tk, H,
+                           dn, dqk - dn, dv, dc, n->attr.mla_latent.chunk, n->attr.mla_latent.scale);
+    tide_tensor_release(g);
+    if (rc) { for (int i = 0; i < 4; i++) tide_tensor_release(grads[i]); return -1; }
+    for (int i = 0; i < n_in; i++) gin[i] = grads[i];
+    return 0;
+}
+
+tide_tensor *tide_mla_latent_attention(tide_tensor *q, tide_tensor *c, tide_tensor *k_r, tide_tensor *w,
+                                       tide_tensor *cu_seqlens, double scale, int64_t chunk)
+{
+    const char *op = "mla_latent_attention";
+    if (tide_check_float(q, op, "q") || tide_check_float(c, op, "c") || tide_check_float(w, op, "w") ||
+        tide_check_same_device(q, c, op) || tide_check_same_device(q, w, op) || tide_check_same_dtype(q, c, op) ||
+        tide_check_same_dtype(q, w, op)) return NULL;
+    char a[128], b[128], d[128], e[128];
+    int64_t dr = k_r && k_r->ndim == 3 ? k_r->shape[2] : 0;
+    int ok = q->ndim == 4 && c->ndim == 3 && w->ndim == 3 && c->shape[0] == q->shape[0] && w->shape[0] == q->shape[2] &&
+             w->shape[2] == c->shape[2] && q->shape[3] > dr && w->shape[1] > q->shape[3] - dr;
+    TIDE_CHECK(ok, "mla_latent_attention: q %s, c %s, w %s must be [B, Tq, H, dn + dr], [B, Tk, dc], [H, dn + dv, dc] "
+               "(dn, dv >= 1)", SHAPE_STR(q, a), SHAPE_STR(c, b), SHAPE_STR(w, d));
+    int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], Tk = c->shape[1], dn = q->shape[3] - dr;
+    if (k_r) {
+        if (tide_check_float(k_r, op, "k_r") || tide_check_same_device(q, k_r, op) || tide_check_same_dtype(q, k_r, op)) return NULL;
+        TIDE_CHECK(k_r->ndim == 3 && k_r->shape[0] == B && k_r->shape[1] == Tk && dr > 0,
+                   "mla_latent_attention: k_r is %s but c %s needs it [B, Tk, dr] = [%lld, %lld, dr]", SHAPE_STR(k_r, a),
+                   SHAPE_STR(c, e), (long long)B, (long long)Tk);
+    }
+    TIDE_CHECK(Tq <= Tk, "mla_latent_attention: causal attention needs Tq <= Tk, got %lld > %lld", (long long)Tq,
+               (long long)Tk);
+    TIDE_CHECK(isfinite(scale) && scale > 0, "mla_latent_attention: scale must be positive and finite, got %g", scale);
+    TIDE_CHECK(chunk >= 1, "mla_latent_attention: chunk must be at least 1 key, got %lld", (long long)chunk);
+    /* the expansion's GEMMs take 32-bit sizes */
+    TIDE_CHECK(H * w->shape[1] <= INT32_MAX && c->shape[2] <= INT32_MAX && chunk <= INT32_MAX &&
+               H * w->shape[1] * (chunk < Tk ? chunk : Tk) <= INT32_MAX,
+               "mla_latent_attention: H·(dn + dv) = %lld with a chunk of %lld keys is beyond 32-bit GEMM sizes",
+               (long long)(H * w->shape[1]), (long long)chunk);
+    tide_attrs at = {0};
+    at.mla_latent.has_kr = k_r != NULL;
+    at.mla_latent.dn = dn;
+    at.mla_latent.chunk = chunk;
+    at.mla_latent.scale = scale;
+    if (cu_seqlens && tide_load_boundaries(op, cu_seqlens, B, Tk, &at)) return NULL;
+    tide_tensor *in[4] = {q, c, k_r ? k_r : w, w};
+    tide_tensor *y = tide_op_run1(TIDE_OP_MLA_LATENT_ATTENTION, k_r ? 4 : 3, in, &at);
+    free(at.list);
+    return y;
+}
+
 /* ---- one decoding step of R rows over their own latent caches (no gradient) ------------------------------------ */
 
 /* inputs: qt, qr (or qt again when dr = 0), c_new (or qt again when appended), kr_new (or c_new), then the R

@@ -80,6 +80,7 @@
     X(L2NORM, l2norm, l2norm, l2norm)                                  \
     /* mla.c */                                                        \
     X(MLA_ATTENTION, mla_attention, mla_attention, mla_attention)      \
+    X(MLA_LATENT_ATTENTION, mla_latent_attention, mla_latent_attention, mla_latent_attention) \
     N(MLA_DECODE_ROWS, mla_decode_rows, mla_decode_rows)               \
     /* vision_attention.c */                                           \
     X(VARLEN_ATTENTION, varlen_attention, varlen_attention, varlen_attention) \

@@ -17,21 +17,27 @@
 #define T float
 #define SFX f32
 #define EXP exp_f32
+#define GEMM cblas_sgemm
 #include "mla_impl.h"
 #include "varlen_impl.h"
 #include "mla_decode_impl.h"
+#include "mla_latent_impl.h"
 #undef T
 #undef SFX
 #undef EXP
+#undef GEMM
 #define T double
 #define SFX f64
 #define EXP exp
+#define GEMM cblas_dgemm
 #include "mla_impl.h"
 #include "varlen_impl.h"
 #include "mla_decode_impl.h"
+#include "mla_latent_impl.h"
 #undef T
 #undef SFX
 #undef EXP
+#undef GEMM
 
 /* start[p] = flattened index of the segment start of token p, or NULL when cu is NULL; with end, also
    end[p] = the segment's end (one past its last token) */
@@ -85,8 +91,8 @@ int tide_cpu_mla_attention(int dtype, void *out, void *lse, const void *q, const
 {
     int64_t *start;
     if (check("mla_attention", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start)) return -1;
-    int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale)
-                               : forward_f64(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale);
+    int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, Tk - Tq, scale)
+                               : forward_f64(out, lse, q, kn, kr, v, start, NULL, B, Tq, Tk, H, dn, dr, dv, Tk - Tq, scale);
     free(start);
     return rc;
 }
@@ -99,8 +105,42 @@ int tide_cpu_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, v
     int64_t *start;
     if (check("mla_attention backward", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start)) return -1;
     int rc = dtype == TIDE_F32
-                 ? backward_f32(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale)
-                 : backward_f64(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv, scale);
+                 ? backward_f32(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv,
+                                Tk - Tq, scale)
+                 : backward_f64(gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, start, NULL, B, Tq, Tk, H, dn, dr, dv,
+                                Tk - Tq, scale);
+    free(start);
+    return rc;
+}
+
+/* ---- mla_latent_attention: the keys and values expanded from the latent a chunk at a time (mla_latent_impl.h) ---- */
+
+int tide_cpu_mla_latent_attention(int dtype, void *out, void *lse, const void *q, const void *c, const void *kr,
+                                  const void *w, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                                  int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc, int64_t chunk, double scale)
+{
+    int64_t *start;
+    if (check("mla_latent_attention", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start)) return -1;
+    int rc = dtype == TIDE_F32
+                 ? latent_forward_f32(out, lse, q, c, kr, w, start, B, Tq, Tk, H, dn, dr, dv, dc, chunk, scale)
+                 : latent_forward_f64(out, lse, q, c, kr, w, start, B, Tq, Tk, H, dn, dr, dv, dc, chunk, scale);
+    free(start);
+    return rc;
+}
+
+int tide_cpu_mla_latent_attention_backward(int dtype, void *gq, void *gc, void *gkr, void *gw, const void *gout,
+                                           const void *q, const void *c, const void *kr, const void *w, const void *out,
+                                           const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                                           int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc,
+                                           int64_t chunk, double scale)
+{
+    int64_t *start;
+    if (check("mla_latent_attention backward", dtype, cu, Tq, Tk) || query_starts(cu, n_seg, B, Tq, Tk, &start))
+        return -1;
+    int rc = dtype == TIDE_F32 ? latent_backward_f32(gq, gc, gkr, gw, gout, q, c, kr, w, out, lse, start, B, Tq, Tk, H,
+                                                     dn, dr, dv, dc, chunk, scale)
+                               : latent_backward_f64(gq, gc, gkr, gw, gout, q, c, kr, w, out, lse, start, B, Tq, Tk, H,
+                                                     dn, dr, dv, dc, chunk, scale);
     free(start);
     return rc;
 }
@@ -170,8 +210,8 @@ int tide_cpu_varlen_attention(int dtype, void *out, void *lse, const void *q, co
     }
     int64_t *start, *end;
     if (segment_bounds(cu, n_seg, T, &start, &end)) return -1;
-    int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, scale)
-                               : forward_f64(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, scale);
+    int rc = dtype == TIDE_F32 ? forward_f32(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, 0, scale)
+                               : forward_f64(out, lse, q, k, NULL, v, start, end, 1, T, T, H, D, 0, D, 0, scale);
     free(start);
     free(end);
     return rc;
@@ -195,8 +235,8 @@ int tide_cpu_varlen_attention_backward(int dtype, void *gq, void *gk, void *gv, 
     int64_t *start, *end;
     if (segment_bounds(cu, n_seg, T, &start, &end)) return -1;
     int rc = dtype == TIDE_F32
-                 ? backward_f32(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, scale)
-                 : backward_f64(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, scale);
+                 ? backward_f32(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, 0, scale)
+                 : backward_f64(gq, gk, NULL, gv, gout, q, k, NULL, v, out, lse, start, end, 1, T, T, H, D, 0, D, 0, scale);
     free(start);
     free(end);
     return rc;

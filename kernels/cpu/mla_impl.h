@@ -19,13 +19,14 @@
 #define MLA_BK 64      /* keys per tile */
 #endif
 
-/* the visible key range [lo, hi] of query i (0-based in its row): causal with the last query on the last
-   key, and within i's segment when seg_start is given (Tq = Tk then); with seg_end (the flattened end of i's
-   segment; only with seg_start) not causal: every key of the segment */
+/* the visible key range [lo, hi] of query i (0-based in its row): causal, query i on key i + off (off = Tk − Tq:
+   the last query on the last key; a chunk of the keys starting at k0: Tk − Tq − k0), and within i's segment when
+   seg_start is given (its key index, flattened as b·Tq + j); with seg_end (the flattened end of i's segment; only
+   with seg_start) not causal: every key of the segment */
 static inline void F(key_range)(const int64_t *seg_start, const int64_t *seg_end, int64_t b, int64_t i, int64_t Tq,
-                                int64_t Tk, int64_t *lo, int64_t *hi)
+                                int64_t off, int64_t *lo, int64_t *hi)
 {
-    *hi = seg_end ? seg_end[b * Tq + i] - b * Tq - 1 : i + (Tk - Tq);
+    *hi = seg_end ? seg_end[b * Tq + i] - b * Tq - 1 : i + off;
     *lo = seg_start ? seg_start[b * Tq + i] - b * Tq : 0;
 }
 
@@ -56,7 +57,7 @@ static void F(scores)(T *S, const T *Qt, const T *KT, int64_t bq, int64_t bk, in
 /* forward of one (row, head, query tile) */
 static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr, const T *v, const int64_t *seg_start,
                             const int64_t *seg_end, int64_t b, int64_t h, int64_t i0, int64_t Tq, int64_t Tk, int64_t H,
-                            int64_t dn, int64_t dr, int64_t dv, double scale, T *buf)
+                            int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale, T *buf)
 {
     int64_t dqk = dn + dr, bq = Tq - i0 < MLA_BQ ? Tq - i0 : MLA_BQ;
     T *Qt = buf, *Kt = Qt + MLA_BQ * dqk, *KT = Kt + MLA_BK * dqk, *Vt = KT + MLA_BK * dqk, *S = Vt + MLA_BK * dv;
@@ -64,7 +65,7 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
     int64_t lo[MLA_BQ], hi[MLA_BQ], kmin = INT64_MAX, kmax = -1;
     for (int64_t r = 0; r < bq; r++) {
         F(copy)(Qt + r * dqk, q + ((b * Tq + i0 + r) * H + h) * dqk, dqk);
-        F(key_range)(seg_start, seg_end, b, i0 + r, Tq, Tk, &lo[r], &hi[r]);
+        F(key_range)(seg_start, seg_end, b, i0 + r, Tq, off, &lo[r], &hi[r]);
         if (hi[r] > Tk - 1) hi[r] = Tk - 1;
         if (lo[r] < kmin) kmin = lo[r];
         if (hi[r] > kmax) kmax = hi[r];
@@ -109,7 +110,7 @@ static int64_t F(tile_buf)(int64_t dn, int64_t dr, int64_t dv)
 
 static int F(forward)(T *out, T *lse, const T *q, const T *kn, const T *kr, const T *v, const int64_t *seg_start,
                       const int64_t *seg_end, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
-                      int64_t dv, double scale)
+                      int64_t dv, int64_t off, double scale)
 {
     int64_t nqt = (Tq + MLA_BQ - 1) / MLA_BQ, items = B * H * nqt;
     int failed = 0;
@@ -125,7 +126,7 @@ static int F(forward)(T *out, T *lse, const T *q, const T *kn, const T *kr, cons
             if (!buf) continue;
             int64_t t = it % nqt, bh = it / nqt;
             F(forward_tile)(out, lse, q, kn, kr, v, seg_start, seg_end, bh / H, bh % H, t * MLA_BQ, Tq, Tk, H, dn, dr,
-                            dv, scale, buf);
+                            dv, off, scale, buf);
         }
         free(buf);
     }
@@ -140,9 +141,9 @@ static int F(forward)(T *out, T *lse, const T *q, const T *kn, const T *kr, cons
 static void F(backward_bh)(T *gq, T *gkn, T *gkr_h, T *gv, const T *gout, const T *q, const T *kn, const T *kr,
                            const T *v, const T *lse, const T *Dsum, const int64_t *seg_start, const int64_t *seg_end,
                            int64_t b, int64_t h, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv,
-                           double scale, T *buf)
+                           int64_t off, double scale, T *buf)
 {
-    int64_t dqk = dn + dr, off = Tk - Tq;
+    int64_t dqk = dn + dr;
     T *Qt = buf, *dOt = Qt + MLA_BQ * dqk, *Kt = dOt + MLA_BQ * dv, *KT = Kt + MLA_BK * dqk, *VT = KT + MLA_BK * dqk;
     T *Vt = VT + MLA_BK * dv, *S = Vt + MLA_BK * dv, *dP = S + MLA_BQ * MLA_BK, *dKt = dP + MLA_BQ * MLA_BK;
     T *dVt = dKt + MLA_BK * dqk;
@@ -162,7 +163,7 @@ static void F(backward_bh)(T *gq, T *gkn, T *gkr_h, T *gv, const T *gout, const 
         int64_t istart = seg_end ? seg_start[b * Tk + j0] - b * Tk : j0 - off > 0 ? j0 - off : 0;
         for (int64_t i0 = istart - istart % MLA_BQ; i0 < Tq; i0 += MLA_BQ) {
             int64_t bq = Tq - i0 < MLA_BQ ? Tq - i0 : MLA_BQ, lo[MLA_BQ], hi[MLA_BQ];
-            for (int64_t r = 0; r < bq; r++) F(key_range)(seg_start, seg_end, b, i0 + r, Tq, Tk, &lo[r], &hi[r]);
+            for (int64_t r = 0; r < bq; r++) F(key_range)(seg_start, seg_end, b, i0 + r, Tq, off, &lo[r], &hi[r]);
             if (lo[0] > j0 + bk - 1) break;              /* lo is non-decreasing: no later query sees the tile */
             for (int64_t r = 0; r < bq; r++) {
                 int64_t row = (b * Tq + i0 + r) * H + h;
@@ -196,7 +197,7 @@ static void F(backward_bh)(T *gq, T *gkn, T *gkr_h, T *gv, const T *gout, const 
 
 static int F(backward)(T *gq, T *gkn, T *gkr, T *gv, const T *gout, const T *q, const T *kn, const T *kr, const T *v,
                        const T *out, const T *lse, const int64_t *seg_start, const int64_t *seg_end, int64_t B,
-                       int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale)
+                       int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t off, double scale)
 {
     int64_t dqk = dn + dr, items = B * H;
     /* D_i = Σ dO_i O_i per (row, head, query); the per-head k_r gradients, reduced over heads in order below */
@@ -230,7 +231,7 @@ static int F(backward)(T *gq, T *gkn, T *gkr, T *gv, const T *gout, const T *q, 
             if (!buf) continue;
             int64_t b = it / H, h = it % H;
             F(backward_bh)(gq, gkn, gkr_h ? gkr_h + h * B * Tk * dr : NULL, gv, gout, q, kn, kr, v, lse,
-                           Dsum + (b * H + h) * Tq, seg_start, seg_end, b, h, Tq, Tk, H, dn, dr, dv, scale, buf);
+                           Dsum + (b * H + h) * Tq, seg_start, seg_end, b, h, Tq, Tk, H, dn, dr, dv, off, scale, buf);
         }
         free(buf);
         if (gkr_h) {

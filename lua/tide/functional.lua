@@ -428,6 +428,27 @@ function F.mla_attention(q, k_n, k_r, v, opts)
                                     want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
 end
 
+local MLA_LATENT_KEYS = { cu_seqlens = true, scale = true, chunk = true }
+F.MLA_LATENT_CHUNK = 1024   -- keys expanded at a time by default
+
+-- F.mla_latent_attention(q, c, k_r, w, opts) -> o [B, Tq, H, dv]: F.mla_attention of the keys and values expanded
+--   from the latent c [B, Tk, dc] (k_n^h = W_UK^h c, v^h = W_UV^h c) with w [H, dn + dv, dc] (the kv
+--   up-projection's weight as [H, dn + dv, dc]), q and k_r as there; opts.cu_seqlens, opts.scale as there;
+--   opts.chunk: keys expanded at a time (default F.MLA_LATENT_CHUNK). The expansion never exists whole, forward or
+--   backward; gradients reach q, c, k_r and w. CPU backend (f32, f64).
+function F.mla_latent_attention(q, c, k_r, w, opts)
+  local op = "mla_latent_attention"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, MLA_LATENT_KEYS)
+  want_tensor(q, op, "q")
+  local scale = opts.scale == nil and 1 / math.sqrt(q:size(-1)) or want_number(opts.scale, op, "scale")
+  local chunk = opts.chunk == nil and F.MLA_LATENT_CHUNK or want_number(opts.chunk, op, "chunk")
+  if chunk % 1 ~= 0 then error(op .. ": chunk must be a whole number of keys, got " .. tostring(chunk), 2) end
+  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return check(C.tide_mla_latent_attention(raw(q), want_tensor(c, op, "c"), opt_tensor(k_r, op, "k_r"),
+                                           want_tensor(w, op, "w"), cu and raw(cu) or nil, scale, chunk))
+end
+
 -- F.kda_decode_rows(q, k, v, g, beta, states) -> o [R, H, dv]: one KDA decoding step of R rows over their own
 -- states (kda.md §3, §7), no gradient. q, k, g [R, H, dk], v [R, H, dv], beta [R, H]; states: a list of R tensors
 -- [1, H, dk, dv] (contiguous, each row's own memory, the state dtype) advanced IN PLACE. Row r's bits are what

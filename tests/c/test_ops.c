@@ -440,6 +440,54 @@ static tide_tensor *r_mla_cp(tide_tensor **x)
 }
 static void ref_mla_cp(tide_tensor **in, double *out) { ref_mla(in[0], in[1], in[2], in[3], 0.4, mla_cp_doc, out); }
 static void ref_mla_nor(tide_tensor **in, double *out) { ref_mla(in[0], in[1], NULL, in[2], 0.6, NULL, out); }
+/* mla_latent_attention by the definition: the keys and values expanded from the latent (k_n^h = W_UK^h c, v^h =
+   W_UV^h c, w [H, dn + dv, dc]), then ref_mla */
+static void ref_mla_latent(tide_tensor **in, int has_kr, double scale, const int64_t *doc, double *out)
+{
+    tide_tensor *tq = in[0], *tc = in[1], *tkr = has_kr ? in[2] : NULL, *tw = in[2 + has_kr];
+    double *c = host(tc), *w = host(tw);
+    int64_t B = tc->shape[0], Tk = tc->shape[1], dc = tc->shape[2], H = tw->shape[0], E = tw->shape[1];
+    int64_t dr = tkr ? tkr->shape[2] : 0, dn = tq->shape[3] - dr, dv = E - dn;
+    double *kn = malloc((size_t)(B * Tk * H * dn) * sizeof *kn), *v = malloc((size_t)(B * Tk * H * dv) * sizeof *v);
+    for (int64_t t = 0; t < B * Tk; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < E; r++) {
+                double x = 0;
+                for (int64_t e = 0; e < dc; e++) x += w[(h * E + r) * dc + e] * c[t * dc + e];
+                if (r < dn) kn[(t * H + h) * dn + r] = x; else v[(t * H + h) * dv + r - dn] = x;
+            }
+    tide_tensor *tkn = tide_from_f64(TIDE_F64, 4, SHAPE(B, Tk, H, dn), 0, kn), *tv = tide_from_f64(TIDE_F64, 4, SHAPE(B, Tk, H, dv), 0, v);
+    ref_mla(tq, tkn, tkr, tv, scale, doc, out);
+    tide_tensor_release(tkn); tide_tensor_release(tv);
+    free(c); free(w); free(kn); free(v);
+}
+/* a CP slice (Tq 3 of Tk 7, documents over the keys as r_mla_cp) expanded 2 keys at a time: 4 chunks, the last
+   ragged, a document starting inside a chunk and one before it */
+static tide_tensor *r_mla_latent_cp(tide_tensor **x)
+{
+    double v[6] = {0, 2, 5, 7, 12, 14};
+    tide_tensor *cu = tide_from_f64(TIDE_I64, 1, SHAPE(6), 0, v);
+    tide_tensor *y = tide_mla_latent_attention(x[0], x[1], x[2], x[3], cu, 0.4, 2);
+    tide_tensor_release(cu);
+    return y;
+}
+static void ref_mla_latent_cp(tide_tensor **in, double *out) { ref_mla_latent(in, 1, 0.4, mla_cp_doc, out); }
+RUN(r_mla_latent_nor, tide_mla_latent_attention(x[0], x[1], NULL, x[2], NULL, 0.6, 3))
+static void ref_mla_latent_nor(tide_tensor **in, double *out) { ref_mla_latent(in, 0, 0.6, NULL, out); }
+/* packed documents, Tq = Tk, one chunk holding every key */
+static tide_tensor *r_mla_latent_one(tide_tensor **x)
+{
+    double v[4] = {0, 4, 6, 10};
+    tide_tensor *cu = tide_from_f64(TIDE_I64, 1, SHAPE(4), 0, v);
+    tide_tensor *y = tide_mla_latent_attention(x[0], x[1], x[2], x[3], cu, 0.45, 64);
+    tide_tensor_release(cu);
+    return y;
+}
+static void ref_mla_latent_one(tide_tensor **in, double *out)
+{
+    static const int64_t doc[10] = {0, 0, 0, 0, 1, 2, 3, 3, 3, 3};
+    ref_mla_latent(in, 1, 0.45, doc, out);
+}
 /* varlen attention by the definition (vision.md §3): q, k, v [T, H, D], every key of the query's image visible */
 static void ref_varlen(tide_tensor **in, double *out)
 {
@@ -640,6 +688,13 @@ static void build_cases(void)
         RANDN(2, 3, 2, 5), RANDN(2, 7, 2, 3), RANDN(2, 7, 2), RANDN(2, 7, 2, 4));
     add(TIDE_OP_MLA_ATTENTION, "no rope slot", r_mla_nor, ref_mla_nor, 0, 3, RANDN(1, 4, 2, 3), RANDN(1, 4, 2, 3),
         RANDN(1, 4, 2, 3), 0);
+    /* mla_latent_attention: q [B, Tq, H, dn + dr], c [B, Tk, dc], k_r [B, Tk, dr], w [H, dn + dv, dc] */
+    add(TIDE_OP_MLA_LATENT_ATTENTION, "CP slice Tq 3 < Tk 7, documents over the keys, chunks of 2", r_mla_latent_cp,
+        ref_mla_latent_cp, 0, 4, RANDN(2, 3, 2, 5), RANDN(2, 7, 4), RANDN(2, 7, 2), RANDN(2, 7, 4));
+    add(TIDE_OP_MLA_LATENT_ATTENTION, "no rope slot, chunks of 3", r_mla_latent_nor, ref_mla_latent_nor, 0, 3,
+        RANDN(1, 5, 2, 3), RANDN(1, 5, 3), RANDN(2, 5, 3), 0);
+    add(TIDE_OP_MLA_LATENT_ATTENTION, "packed documents, one chunk", r_mla_latent_one, ref_mla_latent_one, 0, 4,
+        RANDN(2, 5, 2, 5), RANDN(2, 5, 3), RANDN(2, 5, 2), RANDN(2, 6, 3));
     add(TIDE_OP_MLA_DECODE_ROWS, "2 rows, own buffers (forward only: decoding, no gradient)", r_mla_decode_rows, NULL, 0, 4,
         RANDN(2, 3, 4), RANDN(2, 1, 4), RANDN(1, 4, 4), RANDN(1, 2, 4));
     add(TIDE_OP_KDA_DECODE_ROWS, "2 rows, own states (forward only: decoding, no gradient)", r_kda_decode_rows,

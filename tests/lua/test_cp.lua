@@ -8,6 +8,7 @@
 -- bf16-cast chain that fails it.
 local T = require "tide.testing"
 local tide = require "tide"
+local fmt = string.format
 local nn, F = tide.nn, tide.F
 local cp = require "tide.cp"
 
@@ -190,13 +191,19 @@ T.test("a document start inside a segment makes its transition M = 0; h_ext is t
 end)
 
 T.test("MLA on cp slices == the unsplit rows: latent gather, global document mask (f64 1e-10; f32 1e-5 rel)", function()
-  for _, dt in ipairs({ "f64", "f32" }) do
-    for _, P in ipairs({ 2, 4 }) do
-      tide.manual_seed(5)
-      local m = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
-      local x = tide.randn({ B, TT, 12 }, { dtype = dt, requires_grad = true })
-      compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
-        function(z, ctx) return m:forward(z, { cp = ctx }) end, P, dt == "f64" and 1e-10 or 1e-5, dt == "f32", "MLA " .. dt)
+  -- the attention read from the latent (the CPU path: keys and values expanded 3 at a time, and by the default chunk
+  -- that holds every key here), and the keys and values expanded whole (the other backends' path)
+  for _, path in ipairs({ { latent = true, chunk = 3 }, { latent = true }, { latent = false } }) do
+    for _, dt in ipairs({ "f64", "f32" }) do
+      for _, P in ipairs({ 2, 4 }) do
+        tide.manual_seed(5)
+        local m = nn.MLA(12, { heads = 2, q_rank = 8, kv_rank = 6, nope_dim = 4, rope_dim = 2, v_dim = 3, std = 0.3, dtype = dt })
+        m.cp_latent, m.cp_chunk = path.latent, path.chunk
+        local x = tide.randn({ B, TT, 12 }, { dtype = dt, requires_grad = true })
+        compare(m, x, function(z) return m:forward(z, { cu_seqlens = CU }) end,
+          function(z, ctx) return m:forward(z, { cp = ctx }) end, P, dt == "f64" and 1e-10 or 1e-5, dt == "f32",
+          fmt("MLA %s, %s", dt, path.latent and ("latent, chunk " .. tostring(path.chunk or "default")) or "expanded"))
+      end
     end
   end
 end)

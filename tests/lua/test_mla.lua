@@ -130,4 +130,83 @@ T.test("F.mla_attention and nn.MLA reject bad input with the reason", function()
   T.raises(function() m:forward(randn({ 1, 3, 16 }), { cache = {}, absorbed = true }) end, "one token per row")
 end)
 
+-- the attention read from the latent: keys and values expanded chunk by chunk, never whole
+local function expand(c, w, dn)
+  local B, Tk, dc, H, E = c:size(1), c:size(2), c:size(3), w:size(1), w:size(2)
+  local kn = F.linear(c, w:narrow(2, 1, dn):contiguous():reshape(H * dn, dc)):reshape(B, Tk, H, dn)
+  local v = F.linear(c, w:narrow(2, dn + 1, E - dn):contiguous():reshape(H * (E - dn), dc)):reshape(B, Tk, H, E - dn)
+  return kn, v
+end
+
+T.test("F.mla_latent_attention == F.mla_attention of the expanded keys and values, forward and gradients (f64 1e-13, f32 1e-5)", function()
+  for _, dt in ipairs({ "f64", "f32" }) do
+    tide.manual_seed(11)
+    local B, Tq, Tk, H, dn, dr, dv, dc = 2, 6, 11, 3, 4, 2, 5, 7
+    local function rn(shape) return tide.randn(shape, { dtype = dt }) end
+    local q, c, kr, w = rn({ B, Tq, H, dn + dr }), rn({ B, Tk, dc }), rn({ B, Tk, dr }), rn({ H, dn + dv, dc })
+    local r = rn({ B, Tq, H, dv })
+    local cu = { 0, 4, 11, 12, 22 }        -- a document starts inside the queries, and one row is 2 documents
+    local function grads(fn)
+      local x = { q:clone():requires_grad_(), c:clone():requires_grad_(), kr:clone():requires_grad_(), w:clone():requires_grad_() }
+      local o = fn(x[1], x[2], x[3], x[4])
+      ;(o * r):sum():backward()
+      return o, { x[1]:grad(), x[2]:grad(), x[3]:grad(), x[4]:grad() }
+    end
+    local o_ref, g_ref = grads(function(a, b, k, ww)
+      local kn, v = expand(b, ww, dn)
+      return F.mla_attention(a, kn, k, v, { cu_seqlens = cu, scale = 0.37 })
+    end)
+    local tol = dt == "f64" and 1e-13 or 1e-5
+    for _, chunk in ipairs({ 1, 3, 4, 11, 64 }) do
+      local o, g = grads(function(a, b, k, ww)
+        return F.mla_latent_attention(a, b, k, ww, { cu_seqlens = cu, scale = 0.37, chunk = chunk })
+      end)
+      T.ok(max_abs_diff(o, o_ref) <= tol * max_abs(o_ref), string.format("%s chunk %d: output", dt, chunk))
+      for i, name in ipairs({ "q", "c", "k_r", "w" }) do
+        T.ok(max_abs_diff(g[i], g_ref[i]) <= tol * max_abs(g_ref[i]),
+          string.format("%s chunk %d: gradient of %s off by %.3g", dt, chunk, name, max_abs_diff(g[i], g_ref[i])))
+      end
+    end
+  end
+end)
+
+T.test("F.mla_latent_attention holds one chunk of the expansion, never the whole (engine peak, forward + backward)", function()
+  -- a CP-like slice: 512 queries against 8192 keys, H·(dn + dv) = 512 values per key against a latent of 16
+  local B, Tq, Tk, H, dn, dr, dv, dc = 1, 512, 8192, 8, 32, 8, 32, 16
+  tide.manual_seed(2)
+  local q, c, kr = tide.randn({ B, Tq, H, dn + dr }), tide.randn({ B, Tk, dc }), tide.randn({ B, Tk, dr })
+  local w = tide.randn({ H, dn + dv, dc }, { std = 0.2 })
+  local expansion = B * Tk * H * (dn + dv) * 4
+  local function peak(fn)
+    local x = { q:clone():requires_grad_(), c:clone():requires_grad_(), kr:clone():requires_grad_(), w:clone():requires_grad_() }
+    tide.collect()
+    local base = tide.memory().current
+    tide.reset_peak()
+    fn(x[1], x[2], x[3], x[4]):sum():backward()
+    local p = tide.memory().peak - base
+    return p
+  end
+  local p_exp = peak(function(a, b, k, ww)
+    local kn, v = expand(b, ww, dn)
+    return F.mla_attention(a, kn, k, v)
+  end)
+  local p_lat = peak(function(a, b, k, ww) return F.mla_latent_attention(a, b, k, ww, { chunk = 512 }) end)
+  if os.getenv("TIDE_TEST_VERBOSE") then print(string.format("    peaks: expanded %.2f MB, latent %.2f MB, one expansion %.2f MB", p_exp / 2 ^ 20, p_lat / 2 ^ 20, expansion / 2 ^ 20)) end
+  -- the expanded path holds the keys and values and, in its backward, their gradients: two expansions
+  T.ok(p_exp >= 1.5 * expansion, string.format("the expanded path's peak %.1f MB holds its expansion (%.1f MB)", p_exp / 2 ^ 20, expansion / 2 ^ 20))
+  T.ok(p_lat <= p_exp - 1.5 * expansion, string.format("the latent path's peak %.1f MB against the expanded path's %.1f MB (an expansion: %.1f MB)",
+    p_lat / 2 ^ 20, p_exp / 2 ^ 20, expansion / 2 ^ 20))
+  T.ok(p_lat <= expansion / 2, string.format("the latent path's peak %.1f MB is below half an expansion (%.1f MB)", p_lat / 2 ^ 20, expansion / 2 ^ 20))
+end)
+
+T.test("F.mla_latent_attention rejects bad input with the reason", function()
+  local q, c, kr, w = randn({ 1, 4, 2, 6 }), randn({ 1, 5, 3 }), randn({ 1, 5, 2 }), randn({ 2, 7, 3 })
+  T.raises(function() F.mla_latent_attention(q, c, kr, randn({ 2, 7, 4 })) end, "must be [B, Tq, H, dn + dr], [B, Tk, dc], [H, dn + dv, dc]")
+  T.raises(function() F.mla_latent_attention(q, c, randn({ 1, 4, 2 }), w) end, "needs it [B, Tk, dr]")
+  T.raises(function() F.mla_latent_attention(randn({ 1, 6, 2, 6 }), c, kr, w) end, "needs Tq <= Tk")
+  T.raises(function() F.mla_latent_attention(q, c, kr, w, { chunk = 0 }) end, "chunk must be at least 1")
+  T.raises(function() F.mla_latent_attention(q, c, kr, w, { chunk = 2.5 }) end, "whole number")
+  T.raises(function() F.mla_latent_attention(q, c, kr, w, { bogus = 1 }) end, "unknown key 'bogus'")
+end)
+
 T.run()

@@ -250,12 +250,19 @@ function MLA:forward_cp(x, ctx, cache)
     cache.c, cache.k_r, cache.pos = cg, krg, (cache.pos or 0) + ctx.T
     cache.doc_start = ctx:last_starts(Tp, doc)
   end
-  -- keys and values expanded as two products, each contiguous: a segment's key prefix of one row (B = 1, the long
-  -- rows cp is for) is then a view, not a copy the attention makes and keeps for its backward
   local W = self.kv_b_proj.weight:reshape(H, dn + dv, dc)
   local Tk = Tp + ctx.T
-  local kn = F.linear(cg, W:narrow(2, 1, dn):contiguous():reshape(H * dn, dc)):reshape(B, Tk, H, dn)
-  local v = F.linear(cg, W:narrow(2, dn + 1, dv):contiguous():reshape(H * dv, dc)):reshape(B, Tk, H, dv)
+  -- on the CPU the attention reads the gathered latent itself (F.mla_latent_attention): the keys and values are
+  -- expanded a chunk of keys at a time, forward and backward, so a rank holds the row's latent (d_c + d_r values per
+  -- token) and never its expansion (H·(d_n + d_v) per token). Elsewhere they are expanded as two products, each
+  -- contiguous: a segment's key prefix of one row (B = 1, the long rows cp is for) is then a view, not a copy the
+  -- attention makes and keeps for its backward.
+  local latent = x:device() == "cpu" and self.cp_latent ~= false
+  local kn, v
+  if not latent then
+    kn = F.linear(cg, W:narrow(2, 1, dn):contiguous():reshape(H * dn, dc)):reshape(B, Tk, H, dn)
+    v = F.linear(cg, W:narrow(2, dn + 1, dv):contiguous():reshape(H * dv, dc)):reshape(B, Tk, H, dv)
+  end
   local rows = {}
   for ri, p in ipairs(ctx.ranks) do
     local two = {}
@@ -263,8 +270,13 @@ function MLA:forward_cp(x, ctx, cache)
       local seg = ctx:seg(p, s)
       local Kc = Tp + (seg + 1) * Tc
       local qs = q:narrow(1, (ri - 1) * B + 1, B):narrow(2, s * Tc + 1, Tc)
-      two[s + 1] = F.mla_attention(qs, kn:narrow(2, 1, Kc), krg and krg:narrow(2, 1, Kc), v:narrow(2, 1, Kc),
-        { cu_seqlens = ctx:key_cu(seg, Tp, doc), scale = self.scale })
+      local o = { cu_seqlens = ctx:key_cu(seg, Tp, doc), scale = self.scale }
+      if latent then
+        o.chunk = self.cp_chunk
+        two[s + 1] = F.mla_latent_attention(qs, cg:narrow(2, 1, Kc), krg and krg:narrow(2, 1, Kc), W, o)
+      else
+        two[s + 1] = F.mla_attention(qs, kn:narrow(2, 1, Kc), krg and krg:narrow(2, 1, Kc), v:narrow(2, 1, Kc), o)
+      end
     end
     rows[ri] = F.concat(two, 2)
   end
