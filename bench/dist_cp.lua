@@ -9,7 +9,10 @@
 --     gradients (the activations and the working set), as a ratio to cp 1.
 -- Writes <results>/dist_cp.json and dist_cp.md.
 --
+--     The MLA layers under cp read the gathered latent (F.mla_latent_attention, the CPU path); the rows marked
+--     "expanded" expand its keys and values for the whole row first (the path of backends without that kernel).
 --   tide run bench/dist_cp.lua [--results=DIR] [--T=65536]   (the workers: --worker=bytes|memory, started by mpirun)
+--   tide run bench/dist_cp.lua --part=memory      the memory rows only (the bytes table from <results>/dist_cp.json)
 --   tide run bench/dist_cp.lua --reuse=bench/results/dist_cp.json   the tables again from a recorded run
 local tide = require "tide"
 local json = require "tide.json"
@@ -64,6 +67,8 @@ local function worker_memory(cfg)
   local P, rank = dist.world(), dist.rank()
   tide.manual_seed(1)
   local model = nn.build(c)
+  local expanded = cfg.mla == "expanded"
+  if expanded then for _, m in ipairs(model:modules()) do if m.forward_cp and m.kv_b_proj then m.cp_latent = false end end end
   local ids = tide.rand({ 1, T }, { lo = 0, hi = c.vocab_size }):to("i32")
   local targets = tide.rand({ 1, T }, { lo = 0, hi = c.vocab_size }):to("i32")
   local static = 0
@@ -87,7 +92,7 @@ local function worker_memory(cfg)
     local top = 0
     for _, v in ipairs(slots) do top = math.max(top, v) end
     write(cfg.out, json.encode({ cp = P, T = T, peaks = slots, peak = top, static = static,
-      loss_per_token = total[1] / T, seconds = total[2] / P }))
+      loss_per_token = total[1] / T, seconds = total[2] / P, mla = P > 1 and (expanded and "expanded" or "latent") or "-" }))
   end
   return 0
 end
@@ -136,15 +141,22 @@ local function run(cfg)
     return json.decode(assert(tide.read_file(tmp)))
   end
   local bytes = {}
-  for _, layer in ipairs({ "kda", "mla" }) do
-    for _, P in ipairs({ 2, 4 }) do
-      for _, T in ipairs({ 4096, 16384, 65536 }) do
-        bytes[#bytes + 1] = launch(P, fmt("--worker=bytes --layer=%s --T=%d", layer, T))
+  if cfg.part == "memory" then
+    bytes = json.decode(assert(tide.read_file(cfg.results .. "/dist_cp.json"))).bytes
+  elseif cfg.part ~= "all" then
+    error("dist_cp: --part must be all or memory, got " .. tostring(cfg.part), 0)
+  else
+    for _, layer in ipairs({ "kda", "mla" }) do
+      for _, P in ipairs({ 2, 4 }) do
+        for _, T in ipairs({ 4096, 16384, 65536 }) do
+          bytes[#bytes + 1] = launch(P, fmt("--worker=bytes --layer=%s --T=%d", layer, T))
+        end
       end
     end
   end
   local mem = {}
   for _, P in ipairs({ 1, 2, 4 }) do mem[#mem + 1] = launch(P, fmt("--worker=memory --T=%d", tonumber(cfg.T))) end
+  for _, P in ipairs({ 2, 4 }) do mem[#mem + 1] = launch(P, fmt("--worker=memory --mla=expanded --T=%d", tonumber(cfg.T))) end
   os.remove(tmp)
   os.remove(tmp .. ".log")
   return render(cfg, bytes, mem)
@@ -171,20 +183,23 @@ render = function(cfg, bytes, mem, date)
   L[#L + 1] = ""
   L[#L + 1] = fmt("## One training step of the tiny model on one %d-token row (recompute = layer)", tonumber(cfg.T))
   L[#L + 1] = ""
-  L[#L + 1] = "| cp | engine peak per rank (MB, max over ranks) | weights + gradients (MB) | above them (MB) | above / cp 1 | 1/cp | loss per token | seconds |"
-  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  L[#L + 1] = "| cp | MLA attention | engine peak per rank (MB, max over ranks) | weights + gradients (MB) | above them (MB) | above / cp 1 | 1/cp | loss per token | seconds |"
+  L[#L + 1] = "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
   local base = mem[1].peak - mem[1].static
   for _, r in ipairs(mem) do
     local above = r.peak - r.static
-    L[#L + 1] = fmt("| %d | %s | %s | %s | %.3f | %.3f | %.6f | %.1f |", r.cp, mb(r.peak), mb(r.static), mb(above),
-      above / base, 1 / r.cp, r.loss_per_token, r.seconds)
+    L[#L + 1] = fmt("| %d | %s | %s | %s | %s | %.3f | %.3f | %.6f | %.1f |", r.cp, r.mla or (r.cp > 1 and "expanded" or "-"),
+      mb(r.peak), mb(r.static), mb(above), above / base, 1 / r.cp, r.loss_per_token, r.seconds)
   end
   L[#L + 1] = ""
   L[#L + 1] = "Above the weights and gradients a rank holds its layer-input checkpoints (its T/cp tokens) and one "
-    .. "layer's working set during the recompute. What does not fall with cp: the MLA layers expand keys and values "
-    .. "from the gathered latent for the whole row on every rank (T · H · (d_n + d_v) values), and the gathered latent "
-    .. "itself; the KDA layers' working set and every token-local layer fall as 1/cp. The loss per token is the same "
-    .. "at every cp (one row, the same weights)."
+    .. "layer's working set during the recompute. MLA attention \"latent\" (the CPU path under cp): the attention reads "
+    .. "the gathered latent and expands keys and values a chunk of keys at a time (F.mla_latent_attention), so a rank "
+    .. "holds the row's latent (d_c + d_r values per token) but never its expansion; \"expanded\" (the path of a backend "
+    .. "without that kernel): keys and values expanded for the whole row on every rank (T · H · (d_n + d_v) values), "
+    .. "which does not fall with cp. cp 1 runs the layer without cp (its keys and values expanded, as in any "
+    .. "single-rank step). The KDA layers' working set and every token-local layer fall as 1/cp. The loss per token "
+    .. "is the same at every cp (one row, the same weights)."
   L[#L + 1] = ""
   L[#L + 1] = "## Projected: the k3 config at recipes/long_context_1m.lua's cp layouts (dist.cp_bytes)"
   L[#L + 1] = ""
@@ -217,4 +232,5 @@ render = function(cfg, bytes, mem, date)
   return 0
 end
 
-return { worker = "", layer = "kda", T = 65536, out = "", reuse = "", results = "bench/results", run = run }
+return { worker = "", layer = "kda", T = 65536, out = "", reuse = "", results = "bench/results", part = "all", mla = "latent",
+  run = run }
