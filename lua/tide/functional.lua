@@ -417,13 +417,19 @@ local MLA_KEYS = { cu_seqlens = true, scale = true }
 --   key. opts.cu_seqlens: document boundaries over the keys, B·Tk (table or int tensor); with Tq < Tk the queries
 --   are each row's last Tq tokens (a context-parallel slice against its gathered prefix); opts.scale
 --   (default (dn + dr)^-1/2, mla.md §1). Tiled with an online softmax: memory linear in T.
-function F.mla_attention(q, k_n, k_r, v, opts)
-  local op = "mla_attention"
+-- the options both MLA attention ops take: opts checked against keys, the scale (default (dn + dr)^-1/2) and the
+-- document boundaries as an int tensor (or nil)
+local function mla_opts(op, q, opts, keys)
   opts = want_opts(opts, op)
-  check_keys(opts, op, MLA_KEYS)
+  check_keys(opts, op, keys)
   want_tensor(q, op, "q")
   local scale = opts.scale == nil and 1 / math.sqrt(q:size(-1)) or want_number(opts.scale, op, "scale")
-  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return opts, scale, cu_tensor(opts.cu_seqlens, q, op)
+end
+
+function F.mla_attention(q, k_n, k_r, v, opts)
+  local op = "mla_attention"
+  local _, scale, cu = mla_opts(op, q, opts, MLA_KEYS)
   return check(C.tide_mla_attention(raw(q), want_tensor(k_n, op, "k_n"), opt_tensor(k_r, op, "k_r"),
                                     want_tensor(v, op, "v"), cu and raw(cu) or nil, scale))
 end
@@ -438,13 +444,9 @@ F.MLA_LATENT_CHUNK = 1024   -- keys expanded at a time by default
 --   backward; gradients reach q, c, k_r and w. CPU backend (f32, f64).
 function F.mla_latent_attention(q, c, k_r, w, opts)
   local op = "mla_latent_attention"
-  opts = want_opts(opts, op)
-  check_keys(opts, op, MLA_LATENT_KEYS)
-  want_tensor(q, op, "q")
-  local scale = opts.scale == nil and 1 / math.sqrt(q:size(-1)) or want_number(opts.scale, op, "scale")
-  local chunk = opts.chunk == nil and F.MLA_LATENT_CHUNK or want_number(opts.chunk, op, "chunk")
+  local o, scale, cu = mla_opts(op, q, opts, MLA_LATENT_KEYS)
+  local chunk = o.chunk == nil and F.MLA_LATENT_CHUNK or want_number(o.chunk, op, "chunk")
   if chunk % 1 ~= 0 then error(op .. ": chunk must be a whole number of keys, got " .. tostring(chunk), 2) end
-  local cu = cu_tensor(opts.cu_seqlens, q, op)
   return check(C.tide_mla_latent_attention(raw(q), want_tensor(c, op, "c"), opt_tensor(k_r, op, "k_r"),
                                            want_tensor(w, op, "w"), cu and raw(cu) or nil, scale, chunk))
 end
