@@ -598,8 +598,8 @@ local function from_array(a, n)
   return t
 end
 
--- gather_strings(s) -> {rank 0's s, rank 1's, ...} on every rank (a collective; bytes through one all-reduce of a
--- buffer where each rank's bytes sit at its offset: exact)
+-- gather_strings(s) -> {rank 0's s, rank 1's, ...} on every rank (a collective: the lengths summed, then one
+-- all-gather of the bytes, each rank's padded to the longest)
 function dist.gather_strings(s)
   local world, rank = dist.world(), dist.rank()
   if world == 1 then return { s } end
@@ -607,21 +607,15 @@ function dist.gather_strings(s)
   for r = 1, world do lens[r] = 0 end
   lens[rank + 1] = #s
   lens = dist.sums(lens)
-  local off, total = 0, 0
-  for r = 1, world do
-    if r - 1 < rank then off = off + lens[r] end
-    total = total + lens[r]
-  end
-  local buf = ffi.new("double[?]", math.max(total, 1))
-  for i = 1, #s do buf[off + i - 1] = s:byte(i) end
-  local t = dist.allreduce_(from_array(buf, math.max(total, 1))):f64_array()
-  local out, o = {}, 0
-  for r = 1, world do
-    local chars = {}
-    for i = 1, lens[r] do chars[i] = string.char(t[o + i - 1]) end
-    out[r] = table.concat(chars)
-    o = o + lens[r]
-  end
+  local L = 1
+  for r = 1, world do L = math.max(L, lens[r]) end
+  local padded = #s < L and (s .. string.rep("\0", L - #s)) or s
+  local mine = tide.wrap(C.tide_from_bytes(C.TIDE_U8, 1, ffi.new("int64_t[1]", L), 0, padded, L))
+  local all = dist.allgather(mine)
+  local buf = ffi.new("uint8_t[?]", world * L)
+  check(C.tide_read_bytes(raw(all), buf, world * L), "gather_strings")
+  local out = {}
+  for r = 1, world do out[r] = ffi.string(buf + (r - 1) * L, lens[r]) end
   return out
 end
 

@@ -1,6 +1,7 @@
 -- dp_collectives.lua — the process group's all-gather and all-to-all-v from Lua (lua/tide/dist.lua), under mpirun
 -- (tests/dist/dp_check.sh runs it on 2 and 4 ranks): rank r's rows concatenated in rank order on every rank; rows
--- exchanged with uneven counts, empty parts included (rank r sends (r + q) % 3 rows to rank q), landing in rank order.
+-- exchanged with uneven counts, empty parts included (rank r sends (r + q) % 3 rows to rank q), landing in rank order;
+-- gather_strings of uneven strings with NUL bytes.
 local tide = require "tide"
 local dist = require "tide.dist"
 
@@ -60,9 +61,15 @@ local function run()
   for i = 1, g.size do
     if x:grad():tolist()[i] ~= r + 1 then error(string.format("rank %d: exchange gradient %d wrong", r, i), 0) end
   end
+  -- gather_strings: strings of every length (rank 0's empty), NUL bytes inside, in rank order on every rank
+  local function str(q) return q == 0 and "" or (string.rep("ab\0c", 997 * q) .. tostring(q)) end
+  local all = dist.gather_strings(str(r))
+  for q = 0, w - 1 do
+    if all[q + 1] ~= str(q) then error(string.format("rank %d: gather_strings: rank %d's string differs", r, q), 0) end
+  end
   if r == 0 then
     print(string.format("ok   %d ranks: allgather in rank order; alltoallv of uneven parts (%d rows here); groups of "
-      .. "the even and odd ranks (sum, gather, differentiable exchange)", w, o))
+      .. "the even and odd ranks (sum, gather, differentiable exchange); gather_strings (uneven, NUL bytes)", w, o))
   end
   return 0
 end
