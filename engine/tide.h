@@ -273,6 +273,12 @@ enum { TIDE_KDA_CHUNK = 0, TIDE_KDA_CHUNK_SAFE = 1, TIDE_KDA_RECURRENT = 2 };
    One graph node with two outputs; returns 0 or -1. */
 int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta, tide_tensor *s0,
              tide_tensor *cu_seqlens, int path, int chunk, double lower_bound, tide_tensor **o, tide_tensor **state);
+/* each row's (h_ext | M) for context parallelism (long_context.md §5): the final state [B, H, dk, dv + dk] of
+   tide_kda on [v | 0] from s0 = [0 | I] (h_ext: the row's state from zero; M: its transition), q, k, v, g, beta, the
+   boundaries and the options as there. The node keeps only its inputs: the widened v, the start state and the
+   kernel's checkpoints are rebuilt (the call rerun) by the backward, which takes the gradient of the pairs. */
+tide_tensor *tide_kda_pairs(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta,
+                            tide_tensor *cu_seqlens, int path, int chunk, double lower_bound);
 /* the KDA decay gate over z [..., H, D] with A_log [H] and dt_bias [H, D] or [H·D] (kda.md §2):
    form 0 (lower-bounded): g = lower_bound · sigmoid(exp(A_log_h) · (z + dt_bias)), g in [lower_bound, 0];
    form 1 (softplus, Kimi Linear): g = -exp(A_log_h) · softplus(z + dt_bias) (lower_bound unused) */

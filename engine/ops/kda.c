@@ -28,6 +28,24 @@ static int kda_state_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : d
 /* saved: the inputs in their order (s0 empty when not given), then the backend's state checkpoints (or empty) */
 enum { KDA_SAVED_Q, KDA_SAVED_K, KDA_SAVED_V, KDA_SAVED_G, KDA_SAVED_BETA, KDA_SAVED_S0, KDA_SAVED_CKPT };
 
+/* the backend's chunk start-state checkpoints for the backward (backend.h: kda_ckpt_chunks) of a node with state
+   width dv: *ck a new tensor, or NULL when the backend or the path keeps none; -1 when it cannot be allocated */
+static int kda_ckpt_alloc(const tide_node *n, const tide_backend *bk, int64_t H, int64_t dk, int64_t dv, int dtype,
+                          int device, tide_tensor **ck)
+{
+    *ck = NULL;
+    int64_t chunk = n->attr.kda.chunk;
+    if (bk->kda_ckpt_chunks <= 0 || n->attr.kda.path == TIDE_KDA_RECURRENT) return 0;
+    int64_t n_ck = 0;
+    for (int sg = 0; sg + 1 < n->attr.n_list; sg++) {
+        int64_t nch = (n->attr.list[sg + 1] - n->attr.list[sg] + chunk - 1) / chunk;
+        n_ck += (nch + bk->kda_ckpt_chunks - 1) / bk->kda_ckpt_chunks;
+    }
+    int64_t cshape[4] = {n_ck, H, dk, dv};
+    *ck = tide_empty(dtype, 4, cshape, device);
+    return *ck ? 0 : -1;
+}
+
 int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
     tide_tensor *c[6] = {0};
@@ -39,20 +57,10 @@ int tide_kda_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
     tide_tensor *s = o ? tide_empty(kda_state_dtype(q->dtype), 4, sshape, q->device) : NULL;
     const tide_backend *bk = tide_backend_for(q->device);
-    /* the backend's chunk start-state checkpoints for the backward (backend.h: kda_ckpt_chunks) */
-    tide_tensor *ck = NULL;
     int path = n->attr.kda.path;
     int64_t chunk = n->attr.kda.chunk;
-    if (s && bk->kda_ckpt_chunks > 0 && path != TIDE_KDA_RECURRENT) {
-        int64_t n_ck = 0;
-        for (int sg = 0; sg + 1 < n->attr.n_list; sg++) {
-            int64_t nch = (n->attr.list[sg + 1] - n->attr.list[sg] + chunk - 1) / chunk;
-            n_ck += (nch + bk->kda_ckpt_chunks - 1) / bk->kda_ckpt_chunks;
-        }
-        int64_t cshape[4] = {n_ck, H, dk, dv};
-        ck = tide_empty(s->dtype, 4, cshape, q->device);
-    }
-    int rc = s && (ck || bk->kda_ckpt_chunks == 0 || path == TIDE_KDA_RECURRENT) ? 0 : -1;
+    tide_tensor *ck = NULL;
+    int rc = s && !kda_ckpt_alloc(n, bk, H, dk, dv, s->dtype, q->device, &ck) ? 0 : -1;
     if (!rc)
         rc = TIDE_DISPATCH(q->device, kda, "kda", q->dtype, tide_data(o), tide_data(s), tide_data(q), tide_data(c[1]),
                            tide_data(v), tide_data(c[3]), tide_data(c[4]), has_s0 ? tide_data(c[5]) : NULL,
@@ -91,6 +99,168 @@ int tide_kda_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
     if (rc) { release_all(g, 6); return -1; }
     for (int i = 0; i < 5 + has_s0; i++) gin[i] = g[i];
     return 0;
+}
+
+/* the checks of the kda ops' inputs (s0 may be NULL) and their attributes, set in *at */
+static int kda_check(const char *op, tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta,
+                     tide_tensor *s0, int path, int chunk, double lower_bound, tide_attrs *at)
+{
+    tide_tensor *x[5] = {q, k, v, g, beta};
+    const char *names[5] = {"q", "k", "v", "g", "beta"};
+    for (int i = 0; i < 5; i++)
+        if (tide_check_float(x[i], op, names[i]) || tide_check_same_device(q, x[i], op) || tide_check_same_dtype(q, x[i], op))
+            return -1;
+    char a[128], b[128], c[128], d[128], e[128];
+    int ok = q->ndim == 4 && tide_same_shape(q, k) && tide_same_shape(q, g) && v->ndim == 4 && beta->ndim == 3;
+    for (int i = 0; ok && i < 3; i++) ok = v->shape[i] == q->shape[i] && beta->shape[i] == q->shape[i];
+    if (!ok)
+        return tide_set_error("%s: q %s, k %s, g %s, v %s, beta %s must be [B, T, H, dk] x3, [B, T, H, dv], [B, T, H]",
+                              op, SHAPE_STR(q, a), SHAPE_STR(k, b), SHAPE_STR(g, c), SHAPE_STR(v, d), SHAPE_STR(beta, e));
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
+    if (B < 1 || T < 1 || H < 1 || dk < 1 || dv < 1) return tide_set_error("%s: empty input %s", op, SHAPE_STR(q, a));
+    if (s0) {
+        if (tide_check_float(s0, op, "s0") || tide_check_same_device(q, s0, op)) return -1;
+        int64_t want[4] = {B, H, dk, dv};
+        if (s0->ndim != 4 || memcmp(s0->shape, want, sizeof want))
+            return tide_set_error("%s: s0 is %s but must be [B, H, dk, dv] = %s", op, SHAPE_STR(s0, a), tide_shape_str(4, want, b, sizeof b));
+        if (s0->dtype != kda_state_dtype(q->dtype))
+            return tide_set_error("%s: s0 is %s but the state of %s inputs is %s", op, tide_dtype_name(s0->dtype),
+                                  tide_dtype_name(q->dtype), tide_dtype_name(kda_state_dtype(q->dtype)));
+    }
+    if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT)
+        return tide_set_error("%s: path must be 0 (chunk), 1 (chunk_safe) or 2 (recurrent), got %d", op, path);
+    if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
+        return tide_set_error("%s: chunk must be in [1, 1024], got %d", op, chunk);
+    double limit = q->dtype == TIDE_F64 ? 700.0 : 80.0;   /* exp(±G) normal: f32/bf16 80 nats, f64 700 */
+    if (path == TIDE_KDA_CHUNK && !(lower_bound < 0 && (double)chunk * -lower_bound <= limit))
+        return tide_set_error("%s: the chunk path needs a lower bound lb < 0 with chunk·|lb| <= %g for %s so that exp(±G) "
+                              "stay normal floats (kda.md §5), got lb = %g with chunk %d", op, limit, tide_dtype_name(q->dtype),
+                              lower_bound, chunk);
+    (void)T;
+    at->kda.path = path;
+    at->kda.chunk = chunk;
+    at->kda.has_s0 = s0 != NULL;
+    at->kda.lower_bound = lower_bound;
+    return 0;
+}
+
+/* ---- kda_pairs: each row's (h_ext | M), nothing but the inputs kept for the backward ------------------------------ */
+
+/* vz = [v | 0] [B, T, H, dv + dk] and s0 = [0 | I] [B, H, dk, dv + dk] (the state dtype): the kernel's state columns
+   evolve independently, so from s0 its final state is [h_ext | M] (long_context.md §5) */
+static int kda_pairs_inputs(const tide_tensor *v, int64_t dk, int sdtype, tide_tensor **vz, tide_tensor **s0)
+{
+    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2], dv = v->shape[3], W = dv + dk;
+    int64_t zs[4] = {B, T, H, W}, ss[4] = {B, H, dk, W}, st[4];
+    *s0 = NULL;
+    *vz = tide_zeros(v->dtype, 4, zs, v->device);
+    if (!*vz) return -1;
+    tide_contiguous_strides(4, zs, st);
+    tide_tensor *view = tide_view_of(*vz, 4, v->shape, st, 0);
+    int rc = view ? tide_copy_(view, v) : -1;
+    tide_tensor_release(view);
+    double *eye = rc ? NULL : calloc((size_t)(B * H * dk * W), sizeof *eye);
+    if (!rc && !eye) rc = tide_set_error("kda_pairs: out of memory");
+    if (!rc) {
+        for (int64_t bh = 0; bh < B * H; bh++)
+            for (int64_t i = 0; i < dk; i++) eye[(bh * dk + i) * W + dv + i] = 1;
+        *s0 = tide_from_f64(sdtype, 4, ss, v->device, eye);
+        if (!*s0) rc = -1;
+    }
+    free(eye);
+    if (rc) { tide_tensor_release(*vz); *vz = NULL; }
+    return rc;
+}
+
+/* the pairs kernel call: o (scratch) and s [B, H, dk, dv + dk] from vz, s0; ck filled when given */
+static int kda_pairs_run(const tide_node *n, tide_tensor **c, tide_tensor *vz, tide_tensor *s0, tide_tensor *s,
+                         tide_tensor *ck)
+{
+    tide_tensor *q = c[0];
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], W = vz->shape[3];
+    int64_t oshape[4] = {B, T, H, W};
+    tide_tensor *o = tide_empty(q->dtype, 4, oshape, q->device);
+    int rc = o ? TIDE_DISPATCH(q->device, kda, "kda_pairs", q->dtype, tide_data(o), tide_data(s), tide_data(q),
+                               tide_data(c[1]), tide_data(vz), tide_data(c[3]), tide_data(c[4]), tide_data(s0),
+                               n->attr.list, n->attr.n_list - 1, B, T, H, dk, W, n->attr.kda.path, n->attr.kda.chunk,
+                               n->attr.kda.lower_bound, ck ? tide_data(ck) : NULL)
+               : -1;
+    tide_tensor_release(o);
+    return rc;
+}
+
+int tide_kda_pairs_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    tide_tensor *c[5] = {0}, *vz = NULL, *s0 = NULL, *s = NULL, *ck = NULL;
+    if (contiguous_all(in, 5, c)) return -1;
+    tide_tensor *q = c[0];
+    int64_t B = q->shape[0], H = q->shape[2], dk = q->shape[3], W = c[2]->shape[3] + dk, sshape[4] = {B, H, dk, W};
+    int sd = kda_state_dtype(q->dtype);
+    int rc = kda_pairs_inputs(c[2], dk, sd, &vz, &s0);
+    if (!rc && !(s = tide_empty(sd, 4, sshape, q->device))) rc = -1;
+    if (!rc) rc = kda_ckpt_alloc(n, tide_backend_for(q->device), H, dk, W, sd, q->device, &ck);
+    if (!rc) rc = kda_pairs_run(n, c, vz, s0, s, ck);
+    for (int i = 0; i < 5 && !rc; i++) rc = tide_node_save(n, c[i]);
+    release_all(c, 5);
+    tide_tensor_release(vz); tide_tensor_release(s0); tide_tensor_release(ck);
+    if (rc) { tide_tensor_release(s); return -1; }
+    out[0] = s;
+    return 0;
+}
+
+/* the pairs' gradient: the inputs widened again and, when the backend keeps state checkpoints, the call rerun to
+   write them; then the kernel's backward with no output gradient and the pairs' gradient as the final state's */
+int tide_kda_pairs_backward(tide_node *n, tide_tensor **gout, tide_tensor **gin)
+{
+    tide_tensor **c = n->saved, *q = c[0], *v = c[2];
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3], W = dv + dk;
+    int64_t oshape[4] = {B, T, H, W}, sshape[4] = {B, H, dk, W};
+    int sd = kda_state_dtype(q->dtype);
+    tide_tensor *vz = NULL, *s0 = NULL, *ck = NULL, *s = NULL, *go = NULL, *g[5] = {0}, *gvz = NULL;
+    tide_tensor *gs = tide_contiguous_nograd(gout[0]);
+    int rc = gs ? kda_pairs_inputs(v, dk, sd, &vz, &s0) : -1;
+    if (!rc) rc = kda_ckpt_alloc(n, tide_backend_for(q->device), H, dk, W, sd, q->device, &ck);
+    if (!rc && ck) {
+        s = tide_empty(sd, 4, sshape, q->device);
+        rc = s ? kda_pairs_run(n, c, vz, s0, s, ck) : -1;
+    }
+    if (!rc && !(go = tide_zeros(q->dtype, 4, oshape, q->device))) rc = -1;
+    for (int i = 0; i < 5 && !rc; i++)
+        if (n->in_needs_grad[i] && i != 2 && !(g[i] = tide_empty_like(c[i]))) rc = -1;
+    if (!rc && n->in_needs_grad[2] && !(gvz = tide_empty_like(vz))) rc = -1;
+    if (!rc)
+        rc = TIDE_DISPATCH(q->device, kda_backward, "kda_pairs", q->dtype, g[0] ? tide_data(g[0]) : NULL,
+                           g[1] ? tide_data(g[1]) : NULL, gvz ? tide_data(gvz) : NULL, g[3] ? tide_data(g[3]) : NULL,
+                           g[4] ? tide_data(g[4]) : NULL, NULL, tide_data(go), tide_data(gs), tide_data(q),
+                           tide_data(c[1]), tide_data(vz), tide_data(c[3]), tide_data(c[4]), tide_data(s0),
+                           n->attr.list, n->attr.n_list - 1, B, T, H, dk, W, n->attr.kda.path, n->attr.kda.chunk,
+                           n->attr.kda.lower_bound, ck ? tide_data(ck) : NULL);
+    if (!rc && gvz) {
+        /* the gradient of v: the first dv columns of vz's */
+        int64_t st[4];
+        tide_contiguous_strides(4, oshape, st);
+        tide_tensor *view = tide_view_of(gvz, 4, v->shape, st, 0);
+        g[2] = view ? tide_contiguous_nograd(view) : NULL;
+        tide_tensor_release(view);
+        if (!g[2]) rc = -1;
+    }
+    tide_tensor_release(gs); tide_tensor_release(vz); tide_tensor_release(s0); tide_tensor_release(ck);
+    tide_tensor_release(s); tide_tensor_release(go); tide_tensor_release(gvz);
+    if (rc) { release_all(g, 5); return -1; }
+    for (int i = 0; i < 5; i++) gin[i] = g[i];
+    return 0;
+}
+
+tide_tensor *tide_kda_pairs(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tide_tensor *beta,
+                            tide_tensor *cu_seqlens, int path, int chunk, double lower_bound)
+{
+    tide_attrs at = {0};
+    if (kda_check("kda_pairs", q, k, v, g, beta, NULL, path, chunk, lower_bound, &at)) return NULL;
+    if (tide_load_boundaries("kda_pairs", cu_seqlens, q->shape[0], q->shape[1], &at)) return NULL;
+    tide_tensor *in[5] = {q, k, v, g, beta};
+    tide_tensor *y = tide_op_run1(TIDE_OP_KDA_PAIRS, 5, in, &at);
+    free(at.list);
+    return y;
 }
 
 /* ---- one decoding step of R rows over their own states (no gradient) ------------------------------------------ */
@@ -170,43 +340,9 @@ int tide_kda(tide_tensor *q, tide_tensor *k, tide_tensor *v, tide_tensor *g, tid
     const char *op = "kda";
     if (!o || !state) return tide_set_error("kda: o and state output pointers are required");
     *o = *state = NULL;
-    tide_tensor *x[5] = {q, k, v, g, beta};
-    const char *names[5] = {"q", "k", "v", "g", "beta"};
-    for (int i = 0; i < 5; i++)
-        if (tide_check_float(x[i], op, names[i]) || tide_check_same_device(q, x[i], op) || tide_check_same_dtype(q, x[i], op))
-            return -1;
-    char a[128], b[128], c[128], d[128], e[128];
-    int ok = q->ndim == 4 && tide_same_shape(q, k) && tide_same_shape(q, g) && v->ndim == 4 && beta->ndim == 3;
-    for (int i = 0; ok && i < 3; i++) ok = v->shape[i] == q->shape[i] && beta->shape[i] == q->shape[i];
-    if (!ok)
-        return tide_set_error("kda: q %s, k %s, g %s, v %s, beta %s must be [B, T, H, dk] x3, [B, T, H, dv], [B, T, H]",
-                              SHAPE_STR(q, a), SHAPE_STR(k, b), SHAPE_STR(g, c), SHAPE_STR(v, d), SHAPE_STR(beta, e));
-    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], dk = q->shape[3], dv = v->shape[3];
-    if (B < 1 || T < 1 || H < 1 || dk < 1 || dv < 1) return tide_set_error("kda: empty input %s", SHAPE_STR(q, a));
-    if (s0) {
-        if (tide_check_float(s0, op, "s0") || tide_check_same_device(q, s0, op)) return -1;
-        int64_t want[4] = {B, H, dk, dv};
-        if (s0->ndim != 4 || memcmp(s0->shape, want, sizeof want))
-            return tide_set_error("kda: s0 is %s but must be [B, H, dk, dv] = %s", SHAPE_STR(s0, a), tide_shape_str(4, want, b, sizeof b));
-        if (s0->dtype != kda_state_dtype(q->dtype))
-            return tide_set_error("kda: s0 is %s but the state of %s inputs is %s", tide_dtype_name(s0->dtype),
-                                  tide_dtype_name(q->dtype), tide_dtype_name(kda_state_dtype(q->dtype)));
-    }
-    if (path < TIDE_KDA_CHUNK || path > TIDE_KDA_RECURRENT)
-        return tide_set_error("kda: path must be 0 (chunk), 1 (chunk_safe) or 2 (recurrent), got %d", path);
-    if (path != TIDE_KDA_RECURRENT && (chunk < 1 || chunk > 1024))
-        return tide_set_error("kda: chunk must be in [1, 1024], got %d", chunk);
-    double limit = q->dtype == TIDE_F64 ? 700.0 : 80.0;   /* exp(±G) normal: f32/bf16 80 nats, f64 700 */
-    if (path == TIDE_KDA_CHUNK && !(lower_bound < 0 && (double)chunk * -lower_bound <= limit))
-        return tide_set_error("kda: the chunk path needs a lower bound lb < 0 with chunk·|lb| <= %g for %s so that exp(±G) "
-                              "stay normal floats (kda.md §5), got lb = %g with chunk %d", limit, tide_dtype_name(q->dtype),
-                              lower_bound, chunk);
     tide_attrs at = {0};
-    at.kda.path = path;
-    at.kda.chunk = chunk;
-    at.kda.has_s0 = s0 != NULL;
-    at.kda.lower_bound = lower_bound;
-    if (tide_load_boundaries(op, cu_seqlens, B, T, &at)) return -1;
+    if (kda_check(op, q, k, v, g, beta, s0, path, chunk, lower_bound, &at)) return -1;
+    if (tide_load_boundaries(op, cu_seqlens, q->shape[0], q->shape[1], &at)) return -1;
     tide_tensor *in[6] = {q, k, v, g, beta, s0}, *out[2] = {0};
     int rc = tide_op_run(TIDE_OP_KDA, s0 ? 6 : 5, in, 2, out, &at);
     free(at.list);

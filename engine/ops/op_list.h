@@ -74,6 +74,7 @@
     X(ATTENTION, attention, attention, attention)                      \
     /* kda.c */                                                        \
     X(KDA, kda, kda, kda)                                              \
+    X(KDA_PAIRS, kda_pairs, kda_pairs, kda_pairs)                      \
     N(KDA_DECODE_ROWS, kda_decode_rows, kda_decode_rows)               \
     X(KDA_GATE, kda_gate, kda_gate, kda_gate)                          \
     X(CAUSAL_CONV1D, causal_conv1d, causal_conv1d, causal_conv1d)      \

@@ -299,6 +299,23 @@ function F.kda(q, k, v, g, beta, opts)
   return T.wrap(o[0]), T.wrap(s[0])
 end
 
+-- F.kda_pairs(q, k, v, g, beta, opts) -> [B, H, dk, dv + dk]: each row's (h_ext | M) (long_context.md §5): F.kda's
+--   final state on [v | 0] from s0 = [0 | I], the options as F.kda's (no s0); only the inputs are kept for the backward
+function F.kda_pairs(q, k, v, g, beta, opts)
+  local op = "kda_pairs"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, KDA_KEYS)
+  if opts.s0 ~= nil then error(op .. ": the pairs start from [0 | I]; s0 is not an option here", 2) end
+  local pid = choice(opts.path or "chunk", KDA_PATHS, op, "path")
+  local chunk = want_int(opts.chunk or defaults.kda.chunk, op, "chunk")
+  local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
+             or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
+  want_tensor(q, op, "q")
+  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return check(C.tide_kda_pairs(raw(q), want_tensor(k, op, "k"), want_tensor(v, op, "v"), want_tensor(g, op, "g"),
+                                want_tensor(beta, op, "beta"), cu and raw(cu) or nil, pid, chunk, lb))
+end
+
 local GATE_FORMS = { bounded = C.TIDE_KDA_GATE_BOUNDED, softplus = C.TIDE_KDA_GATE_SOFTPLUS }
 local GATE_KEYS = { gate_form = true, gate_lower_bound = true }
 

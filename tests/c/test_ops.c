@@ -175,6 +175,16 @@ static tide_tensor *r_kda_packed(tide_tensor **x)
 }
 static tide_tensor *r_kda_safe(tide_tensor **x) { return kda_run(x, 0, TIDE_KDA_CHUNK_SAFE, 3, NULL, 0); }
 static tide_tensor *r_kda_rec(tide_tensor **x) { return kda_run(x, 1, TIDE_KDA_RECURRENT, 0, NULL, 0); }
+/* kda_pairs: each row's (h_ext | M); packed documents (the last row's first document crosses a chunk edge) */
+static tide_tensor *r_kda_pairs(tide_tensor **x)
+{
+    double v[4] = {0, 3, 12, 18};                  /* B = 2, T = 9: documents [0,3) [3,9) | [9,12) [12,18) */
+    tide_tensor *cu = tide_from_f64(TIDE_I64, 1, SHAPE(4), 0, v);
+    tide_tensor *y = tide_kda_pairs(x[0], x[1], x[2], x[3], x[4], cu, TIDE_KDA_CHUNK_SAFE, 2, 0);
+    tide_tensor_release(cu);
+    return y;
+}
+RUN(r_kda_pairs_rec, tide_kda_pairs(x[0], x[1], x[2], x[3], x[4], NULL, TIDE_KDA_RECURRENT, 0, 0))
 RUN(r_kda_gate, tide_kda_gate(x[0], x[1], x[2], -5.0, TIDE_KDA_GATE_BOUNDED))
 RUN(r_kda_gate_sp, tide_kda_gate(x[0], x[1], x[2], 0.0, TIDE_KDA_GATE_SOFTPLUS))
 static tide_tensor *r_conv(tide_tensor **x)
@@ -674,6 +684,10 @@ static void build_cases(void)
          RANDU(-6.0, -0.01, 1, 8, 2, 3), RANDU(0.05, 0.95, 1, 8, 2), NULL);
     add6(TIDE_OP_KDA, "recurrent, s0", r_kda_rec, 6, RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 2),
          RANDU(-0.9, -0.01, 1, 6, 2, 3), RANDU(0.05, 0.95, 1, 6, 2), RANDN(1, 2, 3, 2));
+    add6(TIDE_OP_KDA_PAIRS, "chunk_safe 2, packed documents", r_kda_pairs, 5, RANDN(2, 9, 2, 3), RANDN(2, 9, 2, 3),
+         RANDN(2, 9, 2, 2), RANDU(-0.9, -0.01, 2, 9, 2, 3), RANDU(0.05, 0.95, 2, 9, 2), NULL);
+    add6(TIDE_OP_KDA_PAIRS, "recurrent", r_kda_pairs_rec, 5, RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 3), RANDN(1, 6, 2, 4),
+         RANDU(-0.9, -0.01, 1, 6, 2, 3), RANDU(0.05, 0.95, 1, 6, 2), NULL);
     add(TIDE_OP_KDA_GATE, "lower-bounded, dt_bias [H, D]", r_kda_gate, NULL, 0, 3, RANDN(3, 2, 4), RANDN(2), RANDN(2, 4), 0);
     add(TIDE_OP_KDA_GATE, "softplus, dt_bias [H·D]", r_kda_gate_sp, NULL, 0, 3, RANDN(3, 2, 4), RANDN(2), RANDN(8), 0);
     add(TIDE_OP_CAUSAL_CONV1D, "K 4, cache, packed, silu", r_conv, NULL, 0, 3, RANDN(2, 5, 3), RANDN(3, 4), RANDN(2, 3, 3), 0);

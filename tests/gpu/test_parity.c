@@ -1806,6 +1806,8 @@ static const op_coverage coverage[] = {
     {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
     {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
+    {"kda_pairs", NULL, "the kda kernels on [v | 0] from [0 | I] (the cases kda ...), with no kernel of its own; "
+                        "the CPU op is held bitwise to kda on the widened inputs by test_cp"},
     {"mla_latent_attention", NULL, "no CUDA kernel yet: the cuda table leaves the entry empty (a call on cuda is one "
                                    "error naming it) and nn.MLA's cp path expands the keys and values for mla_attention "
                                    "there; the CPU kernel is held to mla_attention by test-ops and test_mla"},

@@ -13,6 +13,7 @@ local nn, F = tide.nn, tide.F
 local cp = require "tide.cp"
 
 local max_abs_diff, max_abs = T.max_abs_diff, T.max_abs
+local function randn_f64(shape) return tide.randn(shape, { dtype = "f64" }) end
 
 -- B = 2 rows of 32: row 1 has starts at 8 (an edge for P = 2 and 4), 13 (inside); row 2 at 15 (the last token of a
 -- P = 2 segment: the next segment's conv history keeps 1 of 3 slots; for P = 4 inside), 20 (an edge for P = 4)
@@ -163,6 +164,40 @@ T.test("KDA cp calls through one cache == the unsplit long row: state and conv h
     carried(P, "f64", 1e-10, false)
     carried(P, "f32", 1e-5, true)
   end
+end)
+
+T.test("F.kda_pairs == F.kda on [v | 0] from [0 | I], bitwise, forward and gradients (f64, f32; 75 chunks, documents)", function()
+  for _, dt in ipairs({ "f64", "f32" }) do
+    tide.manual_seed(4)
+    local B, Tn, H, dk, dv = 2, 300, 2, 8, 5
+    local function rn(shape) return tide.randn(shape, { dtype = dt }) end
+    local q, k = F.l2norm(rn({ B, Tn, H, dk }), { eps = 1e-6 }), F.l2norm(rn({ B, Tn, H, dk }), { eps = 1e-6 })
+    local v, g, beta = rn({ B, Tn, H, dv }), rn({ B, Tn, H, dk }):sigmoid() * -4, rn({ B, Tn, H }):sigmoid()
+    local cu, r = { 0, 10, 300, 450, 600 }, rn({ B, H, dk, dv + dk })
+    local eye = tide.zeros({ dk, dv + dk }, { dtype = dt })
+    for i = 1, dk do eye:narrow(1, i, 1):narrow(2, dv + i, 1):fill_(1) end
+    local s0 = eye:reshape(1, 1, dk, dv + dk):expand(B, H, dk, dv + dk):contiguous()
+    local function run(f)
+      local x = { q:clone():requires_grad_(), k:clone():requires_grad_(), v:clone():requires_grad_(), g:clone():requires_grad_(),
+        beta:clone():requires_grad_() }
+      local p = f(x)
+      ;(p * r):sum():backward()
+      local gs = {}
+      for i = 1, 5 do gs[i] = x[i]:grad() end
+      return p, gs
+    end
+    local p1, g1 = run(function(x)
+      local vz = F.concat({ x[3], tide.zeros({ B, Tn, H, dk }, { dtype = dt }) }, 4)
+      return select(2, F.kda(x[1], x[2], vz, x[4], x[5], { s0 = s0, cu_seqlens = cu, chunk = 4 }))
+    end)
+    local p2, g2 = run(function(x) return F.kda_pairs(x[1], x[2], x[3], x[4], x[5], { cu_seqlens = cu, chunk = 4 }) end)
+    T.eq(max_abs_diff(p1, p2), 0, dt .. ": the pairs")
+    for i, name in ipairs({ "q", "k", "v", "g", "beta" }) do T.eq(max_abs_diff(g1[i], g2[i]), 0, dt .. ": the gradient of " .. name) end
+  end
+  T.raises(function() F.kda_pairs(randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 4, 1, 2 }),
+    randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 4, 1 }), { s0 = 1 }) end, "s0 is not an option here")
+  T.raises(function() F.kda_pairs(randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 4, 1, 2 }),
+    randn_f64({ 1, 4, 1, 2 }), randn_f64({ 1, 3, 1 })) end, "kda_pairs: q [1, 4, 1, 2]")
 end)
 
 T.test("a document start inside a segment makes its transition M = 0; h_ext is the state from the start", function()

@@ -261,20 +261,6 @@ end
 -- its conv history; the call writes the rows' end state (every rank folds the whole chain) and their last K−1
 -- pre-conv inputs (from the gathered tails) back, so the cache stays the same on every rank. reset (true or a list
 -- of B booleans): those rows start a new document at this call and ignore the cache.
--- [0 | I] [1, 1, dk, 2·dk] in the state dtype, built once per (dk, dtype, device)
-local pair_starts = {}
-local function pair_start(dk, dtype, device)
-  local key = dk .. " " .. dtype .. " " .. device
-  if not pair_starts[key] then
-    local vals = {}
-    for i = 1, dk do
-      for j = 1, 2 * dk do vals[#vals + 1] = (j == dk + i) and 1 or 0 end
-    end
-    pair_starts[key] = tide.tensor(vals, { shape = { 1, 1, dk, 2 * dk }, dtype = dtype, device = device })
-  end
-  return pair_starts[key]
-end
-
 function KDA:forward_cp(x, ctx, path, cache, reset)
   local RB, T2 = x:size(1), x:size(2)
   local H, dk, K1, Tc = self.heads, self.head_dim, self.conv_size - 1, ctx.Tc
@@ -311,10 +297,9 @@ function KDA:forward_cp(x, ctx, path, cache, reset)
   local z = self.f_b_proj:forward(self.f_a_proj:forward(x)):reshape(n, Tc, H, dk)
   local g = F.kda_gate(z, self.A_log, self.dt_bias, { gate_form = self.gate_form, gate_lower_bound = self.gate_lower_bound })
   local kopts = { cu_seqlens = cu, path = path or self.path, chunk = self.chunk, gate_lower_bound = self.gate_lower_bound }
-  -- (h_ext | M) of every local segment in one call, then gathered and folded into the start states
-  local s0p = pair_start(dk, x:dtype() == "bf16" and "f32" or x:dtype(), x:device()):expand(n, H, dk, 2 * dk):contiguous()
-  local vz = F.concat({ v, tide.zeros({ n, Tc, H, dk }, { dtype = v:dtype(), device = v:device() }) }, 4)
-  local _, pairs = F.kda(q, k, vz, g, beta, { s0 = s0p, cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk,
+  -- (h_ext | M) of every local segment in one call (F.kda_pairs: the kernel on [v | 0] from [0 | I], which keeps only
+  -- its inputs for the backward), then gathered and folded into the start states
+  local pairs = F.kda_pairs(q, k, v, g, beta, { cu_seqlens = cu, path = kopts.path, chunk = kopts.chunk,
     gate_lower_bound = kopts.gate_lower_bound })
   local init = cache and reset_rows(cache.state, reset, ctx.B)
   if init and init:dtype() ~= pairs:dtype() then init = init:to(pairs:dtype()) end
