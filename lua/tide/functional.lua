@@ -282,8 +282,9 @@ local KDA_KEYS = { s0 = true, cu_seqlens = true, path = true, chunk = true, gate
 --   opts.path: "chunk" (default; needs gate_lower_bound <= g <= 0 and chunk·|gate_lower_bound| <= 80, kda.md §5),
 --              "chunk_safe" (any g <= 0: the softplus gate) or "recurrent" (the token recurrence, §3)
 --   opts.chunk (16), opts.gate_lower_bound (-5) (tide.defaults.kda)
-function F.kda(q, k, v, g, beta, opts)
-  local op = "kda"
+-- the options both KDA kernel ops take: opts checked, the path id, the chunk, the gate's lower bound and the
+-- document boundaries as an int tensor (or nil)
+local function kda_opts(op, q, opts)
   opts = want_opts(opts, op)
   check_keys(opts, op, KDA_KEYS)
   local pid = choice(opts.path or "chunk", KDA_PATHS, op, "path")
@@ -291,7 +292,13 @@ function F.kda(q, k, v, g, beta, opts)
   local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
              or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
   want_tensor(q, op, "q")
-  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  return opts, pid, chunk, lb, cu_tensor(opts.cu_seqlens, q, op)
+end
+
+function F.kda(q, k, v, g, beta, opts)
+  local op = "kda"
+  local pid, chunk, lb, cu
+  opts, pid, chunk, lb, cu = kda_opts(op, q, opts)
   local o, s = ffi.new("tide_tensor *[1]"), ffi.new("tide_tensor *[1]")
   check_status(C.tide_kda(raw(q), want_tensor(k, op, "k"), want_tensor(v, op, "v"), want_tensor(g, op, "g"),
                           want_tensor(beta, op, "beta"), opt_tensor(opts.s0, op, "s0"), cu and raw(cu) or nil,
@@ -303,15 +310,8 @@ end
 --   final state on [v | 0] from s0 = [0 | I], the options as F.kda's (no s0); only the inputs are kept for the backward
 function F.kda_pairs(q, k, v, g, beta, opts)
   local op = "kda_pairs"
-  opts = want_opts(opts, op)
-  check_keys(opts, op, KDA_KEYS)
-  if opts.s0 ~= nil then error(op .. ": the pairs start from [0 | I]; s0 is not an option here", 2) end
-  local pid = choice(opts.path or "chunk", KDA_PATHS, op, "path")
-  local chunk = want_int(opts.chunk or defaults.kda.chunk, op, "chunk")
-  local lb = opts.gate_lower_bound == nil and defaults.kda.gate_lower_bound
-             or want_number(opts.gate_lower_bound, op, "gate_lower_bound")
-  want_tensor(q, op, "q")
-  local cu = cu_tensor(opts.cu_seqlens, q, op)
+  local o, pid, chunk, lb, cu = kda_opts(op, q, opts)
+  if o.s0 ~= nil then error(op .. ": the pairs start from [0 | I]; s0 is not an option here", 2) end
   return check(C.tide_kda_pairs(raw(q), want_tensor(k, op, "k"), want_tensor(v, op, "v"), want_tensor(g, op, "g"),
                                 want_tensor(beta, op, "beta"), cu and raw(cu) or nil, pid, chunk, lb))
 end
