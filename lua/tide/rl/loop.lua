@@ -265,7 +265,7 @@ end
 ---------------------------------------------------------------------------------------------------
 -- the run
 
-local complete_groups, pick_from_pool, update_stats
+local complete_groups, pick_from_pool, update_stats, ptx_build
 
 local function setup(cfg)
   local o, sft = resolve(cfg)
@@ -630,6 +630,16 @@ end
 local function ptx_batch(S, it, active)
   local p = S.o.ptx
   if not p then return nil end
+  -- built once per iteration (and share of the ranks): the updates of an iteration take the same PTX batch
+  if S.ptx_it ~= it then S.ptx_it, S.ptx_memo = it, {} end
+  local key = S.group and active or 1
+  if S.ptx_memo[key] ~= nil then return S.ptx_memo[key] or nil end
+  S.ptx_memo[key] = ptx_build(S, it, active) or false
+  return S.ptx_memo[key] or nil
+end
+
+ptx_build = function(S, it, active)
+  local p = S.o.ptx
   S.ptx_records = S.ptx_records or (p.data and loop.read_chat(S.tok, p.data)) or false
   local env = S.ptx_records == false and rollout.make_env(S.o.env, S.o.env_cfg) or nil
   local rows = {}
