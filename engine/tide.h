@@ -172,6 +172,8 @@ tide_tensor *tide_reshape(tide_tensor *x, int ndim, const int64_t *shape);  /* o
 tide_tensor *tide_permute(tide_tensor *x, int ndim, const int *perm);
 tide_tensor *tide_transpose(tide_tensor *x, int d0, int d1);
 tide_tensor *tide_slice(tide_tensor *x, int dim, int64_t start, int64_t end, int64_t step);  /* view */
+/* dim `dim` of the view t set to len in place, inside its storage (t held once, no graph; -1 + error otherwise) */
+int tide_view_set_length(tide_tensor *t, int dim, int64_t len);
 tide_tensor *tide_contiguous(tide_tensor *x);               /* new reference; x itself if contiguous */
 tide_tensor *tide_expand(tide_tensor *x, int ndim, const int64_t *shape);    /* broadcast view */
 tide_tensor *tide_concat(int n, tide_tensor **xs, int dim);

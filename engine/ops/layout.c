@@ -151,6 +151,33 @@ tide_tensor *tide_slice(tide_tensor *x, int dim, int64_t start, int64_t end, int
     return tide_op_run1(TIDE_OP_SLICE, 1, in, &at);
 }
 
+/* the length of dim `dim` of the view t set to len in place, inside t's storage: a decoding cache's view of the filled
+   part of its buffer grows by a token a step without a new view each step. Only a view that nothing else holds (one
+   reference, no graph node, no gradient), so no other tensor sees its shape change. */
+int tide_view_set_length(tide_tensor *t, int dim, int64_t len)
+{
+    if (tide_check_tensor(t, "view_set_length", "t")) return -1;
+    int d;
+    if (tide_norm_dim(dim, t->ndim, "view_set_length", &d)) return -1;
+    if (t->node || t->requires_grad || t->refcount != 1)
+        return tide_set_error("view_set_length: the tensor is %s; only a view without graph or other holders grows in "
+                              "place", t->node || t->requires_grad ? "part of a graph" : "held elsewhere");
+    if (len < 0) return tide_set_error("view_set_length: length %lld must be >= 0", (long long)len);
+    int64_t numel = len, last = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        int64_t n = i == d ? len : t->shape[i];
+        if (i != d) numel *= n;
+        if (n > 0) last += (n - 1) * t->stride[i];
+    }
+    int64_t cap = (int64_t)(t->storage->nbytes / tide_dtype_size(t->dtype));
+    if (numel > 0 && (last >= cap || t->stride[d] < 0))
+        return tide_set_error("view_set_length: length %lld of dim %d runs past the view's storage (%lld elements)",
+                              (long long)len, dim, (long long)cap);
+    t->shape[d] = len;
+    t->numel = numel;
+    return 0;
+}
+
 /* ---- contiguous ----------------------------------------------------------------------------------------------- */
 int tide_contiguous_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {

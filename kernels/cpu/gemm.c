@@ -10,11 +10,11 @@
  * Batch-invariant mode (tide_set_batch_invariant): BLAS picks its blocking and edge kernels from M, so row i of
  * an M-row product need not equal the same row computed alone. A decode step of R rows must give each row the
  * bits it gets as a one-row step (rl.md oracle 9: a replayed row equals the batched sampling that made it), so in
- * this mode every product runs our own kernel: each output element is one dot product over k in an order fixed
- * by K alone (lane k mod W of W accumulators, the last block zero-padded, one fixed reduction tree), whatever M,
- * N, the leading dimensions, the blocking or the thread count.
+ * this mode every product runs our own kernel: each output element is one fused multiply-add chain over k in
+ * sequence, whatever M, N, the leading dimensions, the tiling or the thread count.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cblas.h>
@@ -25,56 +25,70 @@ static int g_batch_invariant;
 int tide_cpu_set_batch_invariant(int on) { int prev = g_batch_invariant; g_batch_invariant = on ? 1 : 0; return prev; }
 int tide_cpu_batch_invariant(void) { return g_batch_invariant; }
 
-/* the fixed-order dot products of two rows a0, a1 with four rows b0..b3 (each load shared): W = one vector of 8
-   floats (of 4 doubles), element k goes to lane k mod W, the last block zero-padded, then one reduction tree. Every
-   output element of a product goes through this one function (a short group repeats its last row), so each is
-   computed by the same instructions whatever M, N or the position of its row. */
+/* Every output element of a batch-invariant product is one fused multiply-add chain over k in sequence,
+   c = fma(a_k, b_k, c) from c = 0 for k = 0 .. K-1, whatever M, N, the leading dimensions, the tiling or the thread
+   count: a vector lane and a scalar fma round alike, so the tiles (IR rows by a panel of PW columns, the columns in
+   vector lanes) and the narrow path (scalar chains, for fewer than IR rows) give the same bits. The fused operation
+   is explicit (the FMA intrinsics, or fma() where the target has none), never left to the compiler's contraction. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v4d __attribute__((vector_size(32)));
 
-#define DEFINE_DOT24(T, V, VL, SUF)                                                                          \
-    static inline void step24_##SUF(V acc[2][4], const T *a0, const T *a1, const T *const *b)              \
+#if defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+static inline v8f vfma_f32(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline v4d vfma_f64(v4d a, v4d b, v4d c) { return (v4d)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c); }
+static inline v8f vset_f32(float s) { return (v8f)_mm256_set1_ps(s); }
+static inline v4d vset_f64(double s) { return (v4d)_mm256_set1_pd(s); }
+#else
+static inline v8f vfma_f32(v8f a, v8f b, v8f c)
+{
+    for (int l = 0; l < 8; l++) c[l] = fmaf(a[l], b[l], c[l]);
+    return c;
+}
+static inline v4d vfma_f64(v4d a, v4d b, v4d c)
+{
+    for (int l = 0; l < 4; l++) c[l] = fma(a[l], b[l], c[l]);
+    return c;
+}
+static inline v8f vset_f32(float s) { return (v8f){0} + s; }
+static inline v4d vset_f64(double s) { return (v4d){0} + s; }
+#endif
+
+enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
+
+/* out[IR][IV * VL] = the chains of rows a[0..IR-1] (each K values) with the panel bp [K][IV * VL]; written out
+   register by register (an array of vectors is kept on the stack) */
+#define TILE_ROW(i, V, VL, SUF)                                                                                           \
     {                                                                                                         \
-        V x0, x1;                                                                                             \
-        memcpy(&x0, a0, sizeof(V));                                                                           \
-        memcpy(&x1, a1, sizeof(V));                                                                           \
-        for (int j = 0; j < 4; j++) {                                                                         \
-            V y;                                                                                              \
-            memcpy(&y, b[j], sizeof y);                                                                       \
-            acc[0][j] += x0 * y;                                                                              \
-            acc[1][j] += x1 * y;                                                                              \
-        }                                                                                                     \
-    }                                                                                                         \
-    static void dot24_##SUF(const T *a0, const T *a1, const T *const *b, int64_t K, T out[2][4])            \
-    {                                                                                                         \
-        enum { W = VL };                                                                                      \
-        V acc[2][4] = {{{0}}};                                                                                \
-        int64_t k = 0;                                                                                        \
-        for (; k + W <= K; k += W) {                                                                          \
-            const T *bk[4] = {b[0] + k, b[1] + k, b[2] + k, b[3] + k};                                        \
-            step24_##SUF(acc, a0 + k, a1 + k, bk);                                                            \
-        }                                                                                                     \
-        if (k < K) { /* the last block, zero-padded: the same lanes as a longer K whose tail is zero */       \
-            T pa[2][W], pb[4][W];                                                                             \
-            memset(pa, 0, sizeof pa);                                                                         \
-            memset(pb, 0, sizeof pb);                                                                         \
-            memcpy(pa[0], a0 + k, (size_t)(K - k) * sizeof(T));                                               \
-            memcpy(pa[1], a1 + k, (size_t)(K - k) * sizeof(T));                                               \
-            for (int j = 0; j < 4; j++) memcpy(pb[j], b[j] + k, (size_t)(K - k) * sizeof(T));                 \
-            const T *bk[4] = {pb[0], pb[1], pb[2], pb[3]};                                                    \
-            step24_##SUF(acc, pa[0], pa[1], bk);                                                              \
-        }                                                                                                     \
-        for (int i = 0; i < 2; i++)                                                                           \
-            for (int j = 0; j < 4; j++) {                                                                     \
-                T l[VL];                                                                                      \
-                memcpy(l, &acc[i][j], sizeof l);                                                              \
-                for (int w = VL / 2; w >= 1; w /= 2)                                                          \
-                    for (int q = 0; q < w; q++) l[q] = l[q] + l[q + w];                                       \
-                out[i][j] = l[0];                                                                             \
-            }                                                                                                 \
+        V x = vset_##SUF(a##i[k]);                                                                            \
+        c##i##0 = vfma_##SUF(x, b0, c##i##0);                                                                 \
+        c##i##1 = vfma_##SUF(x, b1, c##i##1);                                                                 \
+        c##i##2 = vfma_##SUF(x, b2, c##i##2);                                                                 \
+        c##i##3 = vfma_##SUF(x, b3, c##i##3);                                                                 \
     }
-DEFINE_DOT24(float, v8f, 8, f32)
-DEFINE_DOT24(double, v4d, 4, f64)
+#define DEFINE_TILE(T, V, VL, SUF)                                                                            \
+    static void tile_##SUF(const T *const *a, const T *bp, int64_t K, T *out)                                 \
+    {                                                                                                         \
+        const T *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3];                                               \
+        V c00 = {0}, c01 = {0}, c02 = {0}, c03 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c13 = {0};             \
+        V c20 = {0}, c21 = {0}, c22 = {0}, c23 = {0}, c30 = {0}, c31 = {0}, c32 = {0}, c33 = {0};             \
+        for (int64_t k = 0; k < K; k++) {                                                                     \
+            const T *bk = bp + k * (4 * VL);                                                                  \
+            V b0, b1, b2, b3;                                                                                 \
+            memcpy(&b0, bk, sizeof b0);                                                                       \
+            memcpy(&b1, bk + VL, sizeof b1);                                                                  \
+            memcpy(&b2, bk + 2 * VL, sizeof b2);                                                              \
+            memcpy(&b3, bk + 3 * VL, sizeof b3);                                                              \
+            TILE_ROW(0, V, VL, SUF) TILE_ROW(1, V, VL, SUF) TILE_ROW(2, V, VL, SUF) TILE_ROW(3, V, VL, SUF)                                                 \
+        }                                                                                                     \
+        V all[16] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33};        \
+        memcpy(out, all, sizeof all);                                                                         \
+    }
+DEFINE_TILE(float, v8f, 8, f32)
+DEFINE_TILE(double, v4d, 4, f64)
+#undef TILE_ROW
+#undef DEFINE_TILE
+_Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 4 vectors");
 
 /* rows [n, K] contiguous from a [K, n] matrix with leading dimension ld (a transposed operand), in tiles */
 static void *pack_rows(size_t esz, const void *src, int64_t ld, int64_t K, int64_t n)
@@ -98,41 +112,118 @@ static void *pack_rows(size_t esz, const void *src, int64_t ld, int64_t K, int64
     return dst;
 }
 
-/* C = alpha op(A) op(B) + beta C with every element a fixed-order dot product; -1 when out of memory */
+/* the panels of op(B) [K, N]: panel p holds columns [p PW, (p + 1) PW) as [K][PW], the columns past N zero */
+#define DEFINE_PACK_PANELS(T, SUF)                                                                             \
+    static void pack_panels_##SUF(T *dst, int tb, const T *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)  \
+    {                                                                                                         \
+        int64_t np = (N + PW - 1) / PW;                                                                       \
+        for (int64_t p = 0; p < np; p++) {                                                                    \
+            int64_t w = N - p * PW < PW ? N - p * PW : PW;                                                    \
+            T *d = dst + p * K * PW;                                                                          \
+            if (w < PW)                                                                                       \
+                for (int64_t k = 0; k < K; k++)                                                               \
+                    for (int64_t c = w; c < PW; c++) d[k * PW + c] = 0;                                       \
+            if (tb) /* B [N, K]: column j of op(B) is row j, read along k */                                  \
+                for (int64_t c = 0; c < w; c++) {                                                             \
+                    const T *src = B + (p * PW + c) * ldb;                                                    \
+                    for (int64_t k = 0; k < K; k++) d[k * PW + c] = src[k];                                   \
+                }                                                                                             \
+            else /* B [K, N]: a panel row is w contiguous values */                                           \
+                for (int64_t k = 0; k < K; k++) memcpy(d + k * PW, B + k * ldb + p * PW, (size_t)w * sizeof(T)); \
+        }                                                                                                     \
+    }
+DEFINE_PACK_PANELS(float, f32)
+DEFINE_PACK_PANELS(double, f64)
+#undef DEFINE_PACK_PANELS
+
+static void *pack_panels(size_t esz, int tb, const void *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)
+{
+    int64_t np = (N + PW - 1) / PW;
+    void *dst = malloc((size_t)(np * K * PW) * esz + 1);
+    if (!dst) return NULL;
+    if (esz == sizeof(float)) pack_panels_f32(dst, tb, B, ldb, K, N, PW);
+    else pack_panels_f64(dst, tb, B, ldb, K, N, PW);
+    return dst;
+}
+
+/* C = alpha op(A) op(B) + beta C with every element one fma chain over k in sequence, then c = alpha chain, or
+   fma(beta, c, alpha chain) when beta != 0; -1 when out of memory */
 static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
                           const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
     size_t esz = dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
-    void *pa = ta ? pack_rows(esz, A, lda, K, M) : NULL, *pb = tb ? NULL : pack_rows(esz, B, ldb, K, N);
-    if ((ta && !pa) || (!tb && !pb)) { free(pa); free(pb); return -1; }
-    const char *a = pa ? pa : A, *b = pb ? pb : B;
-    int64_t sa = ta ? K : lda, sb = tb ? ldb : K;
-    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
-    for (int64_t i0 = 0; i0 < M; i0 += 2)
-        for (int64_t j0 = 0; j0 < N; j0 += 4) {
-            int m = M - i0 < 2 ? (int)(M - i0) : 2, n = N - j0 < 4 ? (int)(N - j0) : 4;
-            if (dtype == TIDE_F32) {
-                const float *rows[4], *a0 = (const float *)a + i0 * sa, *a1 = a0 + (m - 1) * sa;
-                float d[2][4];
-                for (int j = 0; j < 4; j++) rows[j] = (const float *)b + (j0 + (j < n ? j : n - 1)) * sb;
-                dot24_f32(a0, a1, rows, K, d);
-                for (int i = 0; i < m; i++)
-                    for (int j = 0; j < n; j++) {
-                        float *c = (float *)C + (i0 + i) * ldc + j0 + j, v = (float)alpha * d[i][j];
-                        *c = beta == 0.0 ? v : v + (float)beta * *c;
+    void *pa = ta ? pack_rows(esz, A, lda, K, M) : NULL;
+    if (ta && !pa) return -1;
+    const char *a = pa ? pa : A;
+    int64_t sa = ta ? K : lda;
+    if (M < IR) {
+        /* the narrow path: each element its scalar chain, op(B) read in place, NC columns' chains interleaved */
+        enum { NC = 8 };
+        _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
+        for (int64_t j0 = 0; j0 < N; j0 += NC)
+            for (int64_t i = 0; i < M; i++) {
+                int n = N - j0 < NC ? (int)(N - j0) : NC;
+                int64_t cs = tb ? ldb : 1, ks = tb ? 1 : ldb;   /* op(B)[k, j] at j * cs + k * ks */
+                if (dtype == TIDE_F32) {
+                    const float *x = (const float *)a + i * sa, *b = (const float *)B + j0 * cs;
+                    float acc[NC] = {0};
+                    if (n == NC)
+                        for (int64_t k = 0; k < K; k++)
+                            for (int c = 0; c < NC; c++) acc[c] = fmaf(x[k], b[c * cs + k * ks], acc[c]);
+                    else
+                        for (int64_t k = 0; k < K; k++)
+                            for (int c = 0; c < n; c++) acc[c] = fmaf(x[k], b[c * cs + k * ks], acc[c]);
+                    for (int c = 0; c < n; c++) {
+                        float *o = (float *)C + i * ldc + j0 + c, v = (float)alpha * acc[c];
+                        *o = beta == 0.0 ? v : fmaf((float)beta, *o, v);
                     }
-            } else {
-                const double *rows[4], *a0 = (const double *)a + i0 * sa, *a1 = a0 + (m - 1) * sa;
-                double d[2][4];
-                for (int j = 0; j < 4; j++) rows[j] = (const double *)b + (j0 + (j < n ? j : n - 1)) * sb;
-                dot24_f64(a0, a1, rows, K, d);
-                for (int i = 0; i < m; i++)
-                    for (int j = 0; j < n; j++) {
-                        double *c = (double *)C + (i0 + i) * ldc + j0 + j, v = alpha * d[i][j];
-                        *c = beta == 0.0 ? v : v + beta * *c;
+                } else {
+                    const double *x = (const double *)a + i * sa, *b = (const double *)B + j0 * cs;
+                    double acc[NC] = {0};
+                    if (n == NC)
+                        for (int64_t k = 0; k < K; k++)
+                            for (int c = 0; c < NC; c++) acc[c] = fma(x[k], b[c * cs + k * ks], acc[c]);
+                    else
+                        for (int64_t k = 0; k < K; k++)
+                            for (int c = 0; c < n; c++) acc[c] = fma(x[k], b[c * cs + k * ks], acc[c]);
+                    for (int c = 0; c < n; c++) {
+                        double *o = (double *)C + i * ldc + j0 + c, v = alpha * acc[c];
+                        *o = beta == 0.0 ? v : fma(beta, *o, v);
                     }
+                }
             }
+        free(pa);
+        return 0;
+    }
+    int64_t PW = dtype == TIDE_F32 ? IV * 8 : IV * 4, np = (N + PW - 1) / PW, nb = (M + IR - 1) / IR;
+    void *pb = pack_panels(esz, tb, B, ldb, K, N, PW);
+    if (!pb) { free(pa); return -1; }
+    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
+    for (int64_t t = 0; t < np * nb; t++) {
+        int64_t p = t / nb, i0 = (t % nb) * IR, j0 = p * PW;
+        int m = M - i0 < IR ? (int)(M - i0) : IR, n = N - j0 < PW ? (int)(N - j0) : (int)PW;
+        if (dtype == TIDE_F32) {
+            const float *rows[IR];
+            float out[IR * IV * 8];
+            for (int i = 0; i < IR; i++) rows[i] = (const float *)a + (i0 + (i < m ? i : m - 1)) * sa;
+            tile_f32(rows, (const float *)pb + p * K * PW, K, out);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    float *c = (float *)C + (i0 + i) * ldc + j0 + j, v = (float)alpha * out[i * PW + j];
+                    *c = beta == 0.0 ? v : fmaf((float)beta, *c, v);
+                }
+        } else {
+            const double *rows[IR];
+            double out[IR * IV * 4];
+            for (int i = 0; i < IR; i++) rows[i] = (const double *)a + (i0 + (i < m ? i : m - 1)) * sa;
+            tile_f64(rows, (const double *)pb + p * K * PW, K, out);
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    double *c = (double *)C + (i0 + i) * ldc + j0 + j, v = alpha * out[i * PW + j];
+                    *c = beta == 0.0 ? v : fma(beta, *c, v);
+                }
         }
+    }
     free(pa); free(pb);
     return 0;
 }

@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cblas.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include "cpu.h"
 #include "fastmath.h"
 

@@ -11,7 +11,8 @@
 #define DCAT(a, b) DCAT_(a, b)
 
 /* the score of one cached token: [q1 | q2] · [c_t | k_t] over dc + dr values, element i of each part into lane
-   i mod 8 in sequence (the last partial block of each part zero-padded), then a fixed pairwise sum of the lanes */
+   i mod 8 in sequence (the last partial block of each part zero-padded), then a fixed pairwise sum of the lanes
+   (decode_sum8) */
 typedef T DCAT(dvec8, SFX) __attribute__((vector_size(8 * sizeof(T))));
 
 static inline void DCAT(decode_acc, SFX)(DCAT(dvec8, SFX) *acc, const T *q, const T *x, int64_t n)
@@ -56,9 +57,31 @@ static inline void DCAT(decode_acc8, SFX)(DCAT(dvec8, SFX) *acc, const T *q, con
     }
 }
 
+/* r[i] = the sum of acc[i]'s 8 lanes by one fixed tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); for floats
+   under AVX the 8 sums at once (two rounds of pairwise adds, then the halves), the same tree */
+static inline void DCAT(decode_sum8, SFX)(const DCAT(dvec8, SFX) *acc, T *r)
+{
+#if defined(__AVX__)
+    if (sizeof(T) == sizeof(float)) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) memcpy(&a[i], &acc[i], sizeof a[i]);
+        __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+        __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+        __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+        __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        memcpy(r, &sum, sizeof sum);
+        return;
+    }
+#endif
+    T l[8][8];
+    memcpy(l, acc, sizeof l);
+    for (int i = 0; i < 8; i++)
+        r[i] = ((l[i][0] + l[i][1]) + (l[i][2] + l[i][3])) + ((l[i][4] + l[i][5]) + (l[i][6] + l[i][7]));
+}
+
 /* the scores of tokens t0 .. t0 + n - 1 (n <= 8): each token's 8 lanes (decode_acc's order: element i into lane
    i mod 8 in sequence, the parts one after the other), the 8 tokens' accumulators advanced together block by block
-   so their chains overlap; then the same tree for every token */
+   so their chains overlap; then the same tree for every token (decode_sum8) */
 static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int64_t dc, const T *q2, const T *k,
                                              int64_t dr, int64_t t0, int n)
 {
@@ -72,10 +95,8 @@ static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int6
             if (dr) DCAT(decode_acc, SFX)(&acc[j], q2, k + (t0 + j) * dr, dr);
         }
     }
-    T l[8][8];
-    memcpy(l, acc, sizeof l);
     T r[8];
-    for (int i = 0; i < 8; i++) r[i] = ((l[i][0] + l[i][4]) + (l[i][2] + l[i][6])) + ((l[i][1] + l[i][5]) + (l[i][3] + l[i][7]));
+    DCAT(decode_sum8, SFX)(acc, r);
     memcpy(s + t0, r, (size_t)n * sizeof(T));
 }
 
@@ -117,8 +138,14 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             T inv[HG];
             for (int hh = 0; hh < nh; hh++) {
                 T *sh = s + hh * stride;
-                T m = -INFINITY;
-                for (int64_t t = 0; t < L; t++) m = sh[t] > m ? sh[t] : m;
+                /* the max in 8 lanes, then across them: a max is exact, so any order gives the same value */
+                T ml[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+                int64_t t8 = L & ~(int64_t)7;
+                for (int64_t t = 0; t < t8; t += 8)
+                    for (int j = 0; j < 8; j++) ml[j] = sh[t + j] > ml[j] ? sh[t + j] : ml[j];
+                for (int64_t t = t8; t < L; t++) ml[0] = sh[t] > ml[0] ? sh[t] : ml[0];
+                T m = ml[0];
+                for (int j = 1; j < 8; j++) m = ml[j] > m ? ml[j] : m;
                 /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
                 T sc = (T)scale, ms = m * sc;
                 for (int64_t t = 0; t < L; t++) sh[t] = EXP(sh[t] * sc - ms);

@@ -626,6 +626,14 @@ function methods.narrow(t, d, start, len)
   end
   return check(C.tide_slice(raw(t), cd, s0, s0 + len, 1))
 end
+-- set_length_(d, len): dim d of this view set to len in place, inside its storage (a decoding cache's view of the
+-- filled part of its buffer, grown a token a step); only a view without graph that no other engine object holds
+function methods.set_length_(t, d, len)
+  local cd = cdim(t, d, "set_length_")
+  want_number(len, "set_length_", "length")
+  check_status(C.tide_view_set_length(raw(t), cd, len))
+  return t
+end
 -- elements i..j (inclusive, 1-based, negative from the end; j defaults to the last) with a step
 function methods.slice(t, d, i, j, step)
   local cd = cdim(t, d, "slice")

@@ -732,39 +732,66 @@ static void test_gemm(void)
           "gemm bf16 rejected on cpu: %s", tide_last_error());
 }
 
-/* batch-invariant mode: the same reference checks, then each row of an M-row product equals that row alone, bitwise,
-   for every transpose, K around the kernel's 16-lane blocks, N around its groups of 4, and 1 or 2 threads */
+/* batch-invariant mode: the same reference checks, then every element is bitwise the fma chain over k in sequence
+   (kernels/cpu/gemm.c), so a row of an M-row product equals that row alone: for every transpose, f32 and f64, M on
+   both sides of the narrow path (fewer than 4 rows) and of the row tiles, N around the 32-column (16 for f64) panels
+   and the narrow path's 8-column groups, ld > the row length, alpha and beta, and 1 or 2 threads */
+#define DEFINE_INVARIANT_CASE(T, FMA, DT)                                                                       \
+    static int invariant_case_##T(int ta, int tb, int M, int N, int K, double alpha, double beta, int *cases)  \
+    {                                                                                                           \
+        int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1, bad = 0;                               \
+        T *A = malloc(sizeof(T) * (size_t)((ta ? K : M) * lda)), *B = malloc(sizeof(T) * (size_t)((tb ? N : K) * ldb)); \
+        T *C = malloc(sizeof(T) * (size_t)(M * ldc)), *C2 = malloc(sizeof(T) * (size_t)(M * ldc));              \
+        T *C0 = malloc(sizeof(T) * (size_t)(M * ldc)), *row = malloc(sizeof(T) * (size_t)(N + 1));              \
+        T *a1 = malloc(sizeof(T) * (size_t)K);                                                                  \
+        for (int i = 0; i < (ta ? K : M) * lda; i++) A[i] = (T)(sin(0.7 * i + ta) * 3.1);                      \
+        for (int i = 0; i < (tb ? N : K) * ldb; i++) B[i] = (T)(cos(1.3 * i + tb) * 1.7);                      \
+        for (int i = 0; i < M * ldc; i++) C0[i] = (T)(0.25 * i - 3);                                            \
+        memcpy(C, C0, sizeof(T) * (size_t)(M * ldc));                                                           \
+        memcpy(C2, C0, sizeof(T) * (size_t)(M * ldc));                                                          \
+        tide_cpu_set_threads(1);                                                                                \
+        tide_cpu_gemm(DT, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                                \
+        tide_cpu_set_threads(2);                                                                                \
+        tide_cpu_gemm(DT, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);                               \
+        bad += memcmp(C, C2, sizeof(T) * (size_t)(M * ldc)) != 0;                                               \
+        for (int i = 0; i < M; i++) {                                                                           \
+            for (int k = 0; k < K; k++) a1[k] = ta ? A[k * lda + i] : A[i * lda + k];                           \
+            for (int j = 0; j < N; j++) {                                                                       \
+                T acc = 0;                                                                                      \
+                for (int k = 0; k < K; k++) acc = FMA(a1[k], tb ? B[j * ldb + k] : B[k * ldb + j], acc);        \
+                T v = (T)alpha * acc, want = beta == 0.0 ? v : FMA((T)beta, C0[i * ldc + j], v);                   \
+                bad += memcmp(&want, &C[i * ldc + j], sizeof(T)) != 0;                                          \
+                row[j] = C0[i * ldc + j];                                                                       \
+            }                                                                                                   \
+            /* row i alone, stored as a [1, K] row (or a [K, 1] column when transposed) */                      \
+            tide_cpu_gemm(DT, ta, tb, 1, N, K, alpha, a1, ta ? 1 : K, B, ldb, beta, row, N);                    \
+            bad += memcmp(row, C + i * ldc, sizeof(T) * (size_t)N) != 0;                                        \
+            (*cases)++;                                                                                         \
+        }                                                                                                       \
+        free(A); free(B); free(C); free(C2); free(C0); free(row); free(a1);                                     \
+        return bad;                                                                                             \
+    }
+DEFINE_INVARIANT_CASE(float, fmaf, TIDE_F32)
+DEFINE_INVARIANT_CASE(double, fma, TIDE_F64)
+
 static void test_gemm_invariant(int threads)
 {
     CHECK(tide_cpu_set_batch_invariant(1) == 0 && tide_cpu_batch_invariant() == 1, "batch-invariant mode turns on");
     test_gemm();
-    static const int Ks[] = { 1, 5, 16, 37, 64 }, Ns[] = { 1, 3, 4, 9 };
-    enum { M = 11 };
+    static const int Ks[] = { 1, 5, 16, 37, 64 }, Ns[] = { 1, 3, 9, 16, 31, 33, 70 }, Ms[] = { 1, 3, 4, 11 };
     int bad = 0, cases = 0;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
             for (int ki = 0; ki < 5; ki++)
-                for (int ni = 0; ni < 4; ni++) {
-                    int K = Ks[ki], N = Ns[ni], lda = ta ? M : K, ldb = tb ? K : N;
-                    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
-                    float *C = malloc(sizeof(float) * M * N), *C2 = malloc(sizeof(float) * M * N), row[16], a1[64];
-                    for (int i = 0; i < M * K; i++) A[i] = (float)sin(0.7 * i + ta) * 3.1f;
-                    for (int i = 0; i < K * N; i++) B[i] = (float)cos(1.3 * i + tb) * 1.7f;
-                    tide_cpu_set_threads(1);
-                    tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, N);
-                    tide_cpu_set_threads(2);
-                    tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C2, N);
-                    bad += memcmp(C, C2, sizeof(float) * M * N) != 0;
-                    for (int i = 0; i < M; i++) {
-                        for (int k = 0; k < K; k++) a1[k] = ta ? A[k * lda + i] : A[i * lda + k];
-                        /* row i alone, stored as a [1, K] row (or a [K, 1] column when transposed) */
-                        tide_cpu_gemm(TIDE_F32, ta, tb, 1, N, K, 1.0, a1, ta ? 1 : K, B, ldb, 0.0, row, N);
-                        bad += memcmp(row, C + i * N, sizeof(float) * N) != 0;
-                        cases++;
+                for (int ni = 0; ni < 7; ni++)
+                    for (int mi = 0; mi < 4; mi++) {
+                        int M = Ms[mi], N = Ns[ni], K = Ks[ki];
+                        double alpha = ki % 2 ? 0.75 : 1.0, beta = ni % 3 == 1 ? -0.5 : 0.0;
+                        bad += invariant_case_float(ta, tb, M, N, K, alpha, beta, &cases);
+                        bad += invariant_case_double(ta, tb, M, N, K, alpha, beta, &cases);
                     }
-                    free(A); free(B); free(C); free(C2);
-                }
-    CHECK(bad == 0, "batch-invariant gemm: %d of %d rows differ from the row alone or across thread counts", bad, cases);
+    CHECK(bad == 0, "batch-invariant gemm: %d mismatches in %d rows (against the fma chain, the row alone or the "
+          "other thread count)", bad, cases);
     tide_cpu_set_threads(threads);
     CHECK(tide_cpu_set_batch_invariant(0) == 1 && tide_cpu_batch_invariant() == 0, "batch-invariant mode turns off");
 }

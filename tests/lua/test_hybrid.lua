@@ -197,11 +197,27 @@ T.test("decode_rows: R rows on their own caches (different lengths) == each row'
         end
       end
       -- the caches advanced alike: one more token, then the rows' states and latents agree
-      for r = 1, R do
+      local function agree(r)
         for l = 1, 4 do T.eq(b[r][l].pos, a[r][l].pos) end
         T.eq(b[r][1].state:tolist(), a[r][1].state:tolist())
+        for _, name in ipairs({ "q", "k", "v" }) do T.eq(b[r][3].conv[name]:tolist(), a[r][3].conv[name]:tolist()) end
+        T.eq(b[r][2].c:shape(), a[r][2].c:shape())
         T.eq(b[r][2].c:tolist(), a[r][2].c:tolist())
+        T.eq(b[r][4].k_r:tolist(), a[r][4].k_r:tolist())
       end
+      for r = 1, R do agree(r) end
+      -- a row leaves (a new stack of the others), then steps on that stack: the conv tails written into it in
+      -- place and the latent views grown in place still give each row its own step's bits
+      local keep = { b[1], b[3], b[4] }
+      for _ = 1, 3 do
+        local x = ids(3, 1, V)
+        local lb = m:decode_rows(x, keep)
+        for i, r in ipairs({ 1, 3, 4 }) do
+          T.eq(lb:narrow(1, i, 1):tolist(), m:forward(x:narrow(1, i, 1), a[r]):tolist(), "bitwise after a row left")
+        end
+      end
+      for _, r in ipairs({ 1, 3, 4 }) do agree(r) end
+      agree(2)   -- the row that left kept its own caches
     end
   end)
   tide.set_num_threads(threads)

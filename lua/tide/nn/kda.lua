@@ -321,7 +321,8 @@ end
 -- tensors); a decoding step without gradients (T = 1) advances each row's own state in place (F.kda_decode_rows),
 -- other calls stack the states too. Every row's recurrence is its own, so row b's output equals its call alone.
 -- When the rows are the ones of the previous call, in order, and their views untouched, the stacked tensors of
--- that call are the stack (no copy): a rollout decodes the same rows step after step.
+-- that call are the stack (no copy): a rollout decodes the same rows step after step. A decoding step on such a
+-- stack writes the new conv tails into it in place, so the rows keep their views (no B new views a step).
 local function stacked_of(rows, B, names)
   local st = rows[1].stack
   if not st or st.n ~= B or st.names ~= names then return nil end
@@ -352,8 +353,9 @@ function KDA:forward_rows(x, opts)
   local in_place = started and T == 1 and not tide.grad_enabled()
   local names = in_place and CONV_ONLY or WITH_STATE
   local tmp = { conv = {} }
+  local prev
   if started then
-    local prev = stacked_of(rows, B, names)
+    prev = stacked_of(rows, B, names)
     local t = {}
     for _, name in ipairs(names) do
       if prev then
@@ -375,6 +377,13 @@ function KDA:forward_rows(x, opts)
     o.state_rows = states
   end
   local y = self:forward(x, o)
+  if in_place and prev then
+    -- the same rows as the previous step: the new conv tails written into its stacked tensors, so the rows' views
+    -- (the stack's) stay theirs and a step makes no views (the tails are new tensors, never views of the stack)
+    for _, name in ipairs(names) do prev.t[name]:copy_(tmp.conv[name]) end
+    for _, c in ipairs(rows) do c.pos = (c.pos or 0) + T end
+    return y
+  end
   local t = { state = tmp.state, q = tmp.conv.q, k = tmp.conv.k, v = tmp.conv.v }
   local stack = { n = B, t = t, views = {}, names = names }
   for _, name in ipairs(names) do stack.views[name] = B == 1 and { t[name] } or F.split(t[name], 1, 1) end

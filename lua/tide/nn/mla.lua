@@ -146,8 +146,22 @@ local function reserve(cache, name, B, T, n, like)
     if used > 0 then nb:narrow(2, 1, used):copy_(cache[name]) end
     buf = nb
     cache[name .. "_buf"] = buf
+    cache[name .. "_view_buf"] = nil
   end
   return buf, used
+end
+
+-- the view of the first n tokens of cache[name .. "_buf"] (a row's step of MLA:decode): the view the previous step
+-- made, grown in place while it is still the cache's own (nothing replaced cache[name], the buffer is the same, no
+-- other engine object holds it), else a new one. A rollout's step of R rows then makes no views for the caches.
+-- `name .. "_view_buf"` ends in _buf, so copies of the cache (rl.rollout's copy_cache) leave it out
+local function filled_view(cache, name, n)
+  local key = name .. "_view_buf"
+  local v = cache[key]
+  if v ~= nil and cache[name] == v and tide.C.tide_view_set_length(tide.raw(v), 1, n) == 0 then return v end
+  v = cache[name .. "_buf"]:narrow(2, 1, n)
+  cache[key] = v
+  return v
 end
 
 local function append_rows(cache, name, x)
@@ -314,8 +328,8 @@ function MLA:decode(x, cache, rows)
   if rows then
     for r = 1, B do
       local rc = rows[r]
-      rc.c = rc.c_buf:narrow(2, 1, lens[r] + 1)
-      if kr then rc.k_r = rc.k_r_buf:narrow(2, 1, lens[r] + 1) end
+      rc.c = filled_view(rc, "c", lens[r] + 1)
+      if kr then rc.k_r = filled_view(rc, "k_r", lens[r] + 1) end
       rc.pos = (rc.pos or 0) + 1
     end
   else
