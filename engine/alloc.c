@@ -33,6 +33,21 @@ typedef struct {
 
 static device_pool g_pool[N_DEVICES];
 static int g_init;
+/* free-list records not in use, kept for the next release: a cached block costs no malloc of its record */
+static free_block *g_spare_records;
+
+static free_block *record_get(void)
+{
+    free_block *fb = g_spare_records;
+    if (fb) { g_spare_records = fb->next; return fb; }
+    return malloc(sizeof *fb);
+}
+
+static void record_put(free_block *fb)
+{
+    fb->next = g_spare_records;
+    g_spare_records = fb;
+}
 
 #define GUARD 64               /* bytes each side; a multiple of 64 keeps the data 64-byte aligned */
 #define GUARD_BYTE 0xA5
@@ -148,7 +163,7 @@ void *tide_alloc_block(int device, size_t nbytes, size_t *capacity)
         free_block *fb = pool->lists[c];
         pool->lists[c] = fb->next;
         p = fb->p;
-        free(fb);
+        record_put(fb);
         pool->st.cached -= (int64_t)cap;
         pool->st.n_cache_hits++;
     } else {
@@ -186,7 +201,7 @@ void tide_free_block(int device, void *p, size_t capacity, size_t nbytes)
     }
     pool->st.current -= (int64_t)capacity;
     int c = size_class(pool, g_guard ? nbytes + 2 * GUARD : nbytes);
-    free_block *fb = c >= 0 && pool->class_size[c] == capacity ? malloc(sizeof *fb) : NULL;
+    free_block *fb = c >= 0 && pool->class_size[c] == capacity ? record_get() : NULL;
     if (!fb) { release_block(device, p); return; }
     fb->p = p;
     fb->next = pool->lists[c];
@@ -219,6 +234,11 @@ void tide_memory_empty_cache(int device)
         }
     }
     pool->st.cached = 0;
+    while (g_spare_records) {
+        free_block *fb = g_spare_records;
+        g_spare_records = fb->next;
+        free(fb);
+    }
 }
 
 int tide_memory_set_limit(int device, int64_t bytes)

@@ -66,9 +66,8 @@ static void node_destroy(tide_node *n)
         region_release(n->region);
     }
     free(n->attr.list);
-    free(n->in_meta); free(n->out_meta); free(n->in_needs_grad); free(n->in); free(n->in_src);
-    free(n->in_src_idx); free(n->out_grad); free(n->replay_out); free(n->saved);
-    free(n);
+    free(n->replay_out); free(n->saved);
+    free(n);   /* the per-input / per-output arrays are in the node's block (node_new) */
     g_live_nodes--;
 }
 
@@ -98,10 +97,27 @@ static void node_drop_inputs(tide_node *n)
     }
 }
 
+/* a node and its per-input / per-output arrays in one block (every op makes a node, recorded or not: one calloc and
+   one free per op instead of eight) */
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
 static tide_node *node_new(int op, int n_in, int n_out, const tide_attrs *attr)
 {
-    tide_node *n = calloc(1, sizeof *n);
-    if (!n) { tide_set_error("out of memory allocating a graph node"); return NULL; }
+    size_t ni = (size_t)n_in + 1, no = (size_t)n_out + 1;
+    size_t o_in_meta = align8(sizeof(tide_node)), o_out_meta = o_in_meta + align8(ni * sizeof(tide_meta));
+    size_t o_in = o_out_meta + align8(no * sizeof(tide_meta)), o_in_src = o_in + align8(ni * sizeof(tide_tensor *));
+    size_t o_out_grad = o_in_src + align8(ni * sizeof(tide_node *));
+    size_t o_in_src_idx = o_out_grad + align8(no * sizeof(tide_tensor *)), o_needs = o_in_src_idx + align8(ni * sizeof(int));
+    char *block = calloc(1, o_needs + ni);
+    if (!block) { tide_set_error("out of memory allocating a graph node"); return NULL; }
+    tide_node *n = (tide_node *)block;
+    n->in_meta = (tide_meta *)(block + o_in_meta);
+    n->out_meta = (tide_meta *)(block + o_out_meta);
+    n->in = (tide_tensor **)(block + o_in);
+    n->in_src = (tide_node **)(block + o_in_src);
+    n->out_grad = (tide_tensor **)(block + o_out_grad);
+    n->in_src_idx = (int *)(block + o_in_src_idx);
+    n->in_needs_grad = (uint8_t *)(block + o_needs);
     n->op = op;
     n->n_in = n_in;
     n->n_out = n_out;
@@ -111,22 +127,9 @@ static tide_node *node_new(int op, int n_in, int n_out, const tide_attrs *attr)
         n->attr.list = NULL;
         if (attr->n_list > 0) {
             n->attr.list = malloc((size_t)attr->n_list * sizeof(int64_t));
-            if (!n->attr.list) { free(n); tide_set_error("out of memory"); return NULL; }
+            if (!n->attr.list) { free(block); tide_set_error("out of memory"); return NULL; }
             memcpy(n->attr.list, attr->list, (size_t)attr->n_list * sizeof(int64_t));
         }
-    }
-    n->in_meta = calloc((size_t)n_in + 1, sizeof *n->in_meta);
-    n->out_meta = calloc((size_t)n_out + 1, sizeof *n->out_meta);
-    n->in_needs_grad = calloc((size_t)n_in + 1, 1);
-    n->in = calloc((size_t)n_in + 1, sizeof *n->in);
-    n->in_src = calloc((size_t)n_in + 1, sizeof *n->in_src);
-    n->in_src_idx = calloc((size_t)n_in + 1, sizeof *n->in_src_idx);
-    n->out_grad = calloc((size_t)n_out + 1, sizeof *n->out_grad);
-    if (!n->in_meta || !n->out_meta || !n->in_needs_grad || !n->in || !n->in_src || !n->in_src_idx || !n->out_grad) {
-        g_live_nodes++;
-        node_destroy(n);
-        tide_set_error("out of memory allocating a graph node");
-        return NULL;
     }
     g_live_nodes++;
     return n;
@@ -142,6 +145,7 @@ static void set_meta(tide_meta *m, const tide_tensor *t)
 
 int tide_node_save(tide_node *n, tide_tensor *t)
 {
+    if (n->no_saves) return 0;   /* not recorded: no backward will read it (only backward functions read saved) */
     if (n->n_saved == n->cap_saved) {
         int cap = n->cap_saved ? 2 * n->cap_saved : 8;
         tide_tensor **p = realloc(n->saved, (size_t)cap * sizeof *p);
@@ -184,6 +188,7 @@ int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out
     int record = g_grad_enabled && def->backward && any_grad;
     tide_node *n = node_new(op, n_in, n_out, attr);
     if (!n) return -1;
+    n->no_saves = !record;
     for (int k = 0; k < n_out; k++) out[k] = NULL;
 
     int prev = g_grad_enabled;

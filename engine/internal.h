@@ -137,6 +137,7 @@ typedef struct tide_node {
     int region_slot;
     int consumed;                 /* backward already ran through this node */
     int mark;                     /* traversal scratch */
+    int no_saves;                 /* an op run that is not recorded: tide_node_save keeps nothing */
 } tide_node;
 
 /* op forward: computes out[0..n_out) (new references) from in[] and n->attr; may call tide_node_save

@@ -90,10 +90,35 @@ DEFINE_TILE(double, v4d, 4, f64)
 #undef DEFINE_TILE
 _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 4 vectors");
 
+/* the packing buffers of a thread (slot 0: op(A)'s rows, 1: op(B)'s panels), kept between calls up to PACK_KEEP
+   bytes each: the many small products of a decoding step reuse them instead of a malloc and a free each (a large
+   malloc also made glibc consolidate its free small chunks every call). Larger ones are allocated per call. */
+enum { PACK_KEEP = 8 << 20 };
+static __thread void *t_pack[2];
+static __thread size_t t_pack_cap[2];
+
+static void *pack_get(int slot, size_t n)
+{
+    if (n > PACK_KEEP) return malloc(n);
+    if (n > t_pack_cap[slot]) {
+        size_t cap = 2 * t_pack_cap[slot] > n ? 2 * t_pack_cap[slot] : n;
+        if (cap > PACK_KEEP) cap = PACK_KEEP;
+        free(t_pack[slot]);
+        t_pack[slot] = malloc(cap);
+        t_pack_cap[slot] = t_pack[slot] ? cap : 0;
+    }
+    return t_pack[slot];
+}
+
+static void pack_put(int slot, void *p)
+{
+    if (p && p != t_pack[slot]) free(p);
+}
+
 /* rows [n, K] contiguous from a [K, n] matrix with leading dimension ld (a transposed operand), in tiles */
 static void *pack_rows(size_t esz, const void *src, int64_t ld, int64_t K, int64_t n)
 {
-    char *dst = malloc((size_t)(n * K) * esz + 1);
+    char *dst = pack_get(0, (size_t)(n * K) * esz + 1);
     if (!dst) return NULL;
     enum { TB = 32 };
     for (int64_t k0 = 0; k0 < K; k0 += TB)
@@ -139,7 +164,7 @@ DEFINE_PACK_PANELS(double, f64)
 static void *pack_panels(size_t esz, int tb, const void *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)
 {
     int64_t np = (N + PW - 1) / PW;
-    void *dst = malloc((size_t)(np * K * PW) * esz + 1);
+    void *dst = pack_get(1, (size_t)(np * K * PW) * esz + 1);
     if (!dst) return NULL;
     if (esz == sizeof(float)) pack_panels_f32(dst, tb, B, ldb, K, N, PW);
     else pack_panels_f64(dst, tb, B, ldb, K, N, PW);
@@ -192,12 +217,12 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
                     }
                 }
             }
-        free(pa);
+        pack_put(0, pa);
         return 0;
     }
     int64_t PW = dtype == TIDE_F32 ? IV * 8 : IV * 4, np = (N + PW - 1) / PW, nb = (M + IR - 1) / IR;
     void *pb = pack_panels(esz, tb, B, ldb, K, N, PW);
-    if (!pb) { free(pa); return -1; }
+    if (!pb) { pack_put(0, pa); return -1; }
     _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
     for (int64_t t = 0; t < np * nb; t++) {
         int64_t p = t / nb, i0 = (t % nb) * IR, j0 = p * PW;
@@ -224,7 +249,8 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
                 }
         }
     }
-    free(pa); free(pb);
+    pack_put(0, pa);
+    pack_put(1, pb);
     return 0;
 }
 
