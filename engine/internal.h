@@ -100,6 +100,7 @@ typedef struct tide_attrs {
         struct { int has_kr; int64_t dn, chunk; double scale; } mla_latent;            /* list: boundaries */
         struct { int64_t R; int has_kr, appended; double scale; } mla_decode_rows;     /* list: lengths */
         struct { int64_t R; } kda_decode_rows;
+        struct { int64_t R; int silu; } conv_decode_rows;
         struct { int n; double eps; } attnres;                                         /* n sources */
         struct { double k_gate, k_lin; } situ_glu;
         struct { int64_t k; } topk;

@@ -291,6 +291,12 @@ tide_tensor *tide_kda_gate(tide_tensor *z, tide_tensor *A_log, tide_tensor *dt_b
    the first document of a row, which reads cache [B, K-1, C] (NULL = zeros) for positions before t = 0.
    cu_seqlens as for tide_kda. silu != 0 applies SiLU to the result (fused: nothing extra is stored). */
 tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cache, tide_tensor *cu_seqlens, int silu);
+/* one causal-conv decoding step of R rows over their own histories, no gradient: x [R, C] or [R, 1, C] (one token a
+   row), w [C, K]; caches[r] [1, K-1, C] or [K-1, C] (row r's previous K-1 inputs), contiguous, x's dtype, each row's
+   own memory, advanced IN PLACE (shifted by one token, x[r] appended) -> out shaped as x. Row r's output is bitwise
+   tide_causal_conv1d's for its token alone with caches[r] as the cache (and the history what that call's last
+   K-1 inputs are), whatever R. */
+tide_tensor *tide_conv_decode_rows(tide_tensor *x, tide_tensor *w, int R, tide_tensor **caches, int silu);
 /* scale · x / sqrt(sum(x²) + eps) over the last dim (kda.md §1.3: eps on the SUM of squares) */
 tide_tensor *tide_l2norm(tide_tensor *x, double eps, double scale);
 

@@ -233,6 +233,12 @@ typedef struct tide_backend {
     int (*causal_conv1d_backward)(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
                                   const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
                                   int64_t T, int64_t C, int64_t K, int silu);
+    /* one causal-conv decoding step of R rows over their own histories, no gradient: x and out [R, C] (one token a
+       row), w [C, K]; caches: a HOST array of R device pointers, row r's history [K-1, C] (its previous K-1 inputs,
+       oldest first), advanced IN PLACE (shifted by one token, x[r] appended). out[r] is bitwise what causal_conv1d
+       gives for the row's token alone with that history as its cache, whatever R or the other rows. */
+    int (*conv_decode_rows)(int dtype, void *out, const void *x, const void *w, void *const *caches, int64_t R,
+                            int64_t C, int64_t K, int silu);
 
     /* MLA attention (spec/mla.md §4, §5) on q [B, Tq, H, dn + dr], kn [B, Tk, H, dn], kr [B, Tk, dr] (shared by
        the heads; NULL when dr = 0), v [B, Tk, H, dv] -> out [B, Tq, H, dv] and the row log-sum-exp lse

@@ -492,6 +492,72 @@ tide_tensor *tide_causal_conv1d(tide_tensor *x, tide_tensor *w, tide_tensor *cac
     return y;
 }
 
+/* ---- one causal-conv decoding step of R rows over their own histories (no gradient) ---------------------------- */
+
+/* inputs: x, w, then the R histories, written in place */
+int tide_conv_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
+{
+    int64_t R = n->attr.conv_decode_rows.R;
+    tide_tensor *c[2] = {0};
+    void **hp = malloc((size_t)R * sizeof *hp);
+    if (!hp || contiguous_all(in, 2, c)) { free(hp); return hp ? -1 : tide_set_error("conv_decode_rows: out of memory"); }
+    for (int64_t r = 0; r < R; r++) hp[r] = tide_data(in[2 + r]);
+    tide_tensor *x = c[0];
+    int64_t C = x->shape[x->ndim - 1], K = c[1]->shape[1];
+    tide_tensor *y = tide_empty_like(x);
+    int rc = y ? 0 : -1;
+    if (!rc)
+        rc = TIDE_DISPATCH(x->device, conv_decode_rows, "conv_decode_rows", x->dtype, tide_data(y), tide_data(x),
+                           tide_data(c[1]), hp, R, C, K, n->attr.conv_decode_rows.silu);
+    free(hp);
+    release_all(c, 2);
+    if (rc) { tide_tensor_release(y); return -1; }
+    out[0] = y;
+    return 0;
+}
+
+tide_tensor *tide_conv_decode_rows(tide_tensor *x, tide_tensor *w, int R, tide_tensor **caches, int silu)
+{
+    const char *op = "conv_decode_rows";
+    char a[128], b[128];
+    TIDE_CHECK(R >= 1 && caches, "conv_decode_rows: needs R >= 1 rows with their histories, got R = %d", R);
+    if (tide_check_float(x, op, "x") || tide_check_float(w, op, "w") || tide_check_same_device(x, w, op) ||
+        tide_check_same_dtype(x, w, op)) return NULL;
+    int ok = (x->ndim == 2 || (x->ndim == 3 && x->shape[1] == 1)) && x->shape[0] == R && x->shape[x->ndim - 1] >= 1;
+    TIDE_CHECK(ok, "conv_decode_rows: x is %s but must be [R, C] or [R, 1, C] with R = %d, C >= 1", SHAPE_STR(x, a), R);
+    int64_t C = x->shape[x->ndim - 1];
+    TIDE_CHECK(w->ndim == 2 && w->shape[0] == C && w->shape[1] >= 1,
+               "conv_decode_rows: w is %s but must be [C, K] with C = %lld (the channels of x)", SHAPE_STR(w, a),
+               (long long)C);
+    int64_t K = w->shape[1];
+    for (int r = 0; r < R; r++) {
+        const tide_tensor *h = caches[r];
+        TIDE_CHECK(h, "conv_decode_rows: caches[%d] is NULL", r);
+        if (tide_check_same_device(x, h, op) || tide_check_same_dtype(x, h, op)) return NULL;
+        int nd = h->ndim;
+        int64_t want[2] = {K - 1, C};
+        ok = (nd == 2 || (nd == 3 && h->shape[0] == 1)) && h->shape[nd - 2] == K - 1 && h->shape[nd - 1] == C;
+        TIDE_CHECK(ok, "conv_decode_rows: caches[%d] is %s but must be [1, K-1, C] or [K-1, C] = %s", r, SHAPE_STR(h, a),
+                   tide_shape_str(2, want, b, sizeof b));
+        TIDE_CHECK(tide_is_contiguous(h), "conv_decode_rows: caches[%d] must be contiguous (it is updated in place)", r);
+        void *p = tide_data(h);
+        for (int j = 0; j < r && K > 1; j++)
+            TIDE_CHECK(tide_data(caches[j]) != p, "conv_decode_rows: caches[%d] and caches[%d] are the same memory: "
+                       "each row needs its own history", j, r);
+    }
+    tide_tensor **in = malloc((size_t)(2 + R) * sizeof *in);
+    TIDE_CHECK(in, "conv_decode_rows: out of memory for %d rows", R);
+    in[0] = x;
+    in[1] = w;
+    for (int r = 0; r < R; r++) in[2 + r] = caches[r];
+    tide_attrs at = {0};
+    at.conv_decode_rows.R = R;
+    at.conv_decode_rows.silu = silu ? 1 : 0;
+    tide_tensor *y = tide_op_run1(TIDE_OP_CONV_DECODE_ROWS, 2 + R, in, &at);
+    free(in);
+    return y;
+}
+
 /* ---- l2norm ----------------------------------------------------------------------------------------------- */
 /* scale·x/sqrt(Σx² + eps) = (scale/√C) · rmsnorm(x; eps/C): it runs on the RMSNorm kernels without a weight. */
 int tide_l2norm_forward(tide_node *n, tide_tensor **in, tide_tensor **out)

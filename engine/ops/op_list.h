@@ -78,6 +78,7 @@
     N(KDA_DECODE_ROWS, kda_decode_rows, kda_decode_rows)               \
     X(KDA_GATE, kda_gate, kda_gate, kda_gate)                          \
     X(CAUSAL_CONV1D, causal_conv1d, causal_conv1d, causal_conv1d)      \
+    N(CONV_DECODE_ROWS, conv_decode_rows, conv_decode_rows)            \
     X(L2NORM, l2norm, l2norm, l2norm)                                  \
     /* mla.c */                                                        \
     X(MLA_ATTENTION, mla_attention, mla_attention, mla_attention)      \

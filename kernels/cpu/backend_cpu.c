@@ -55,6 +55,7 @@ const tide_backend tide_cpu_backend = {
     .kda_gate_backward = tide_cpu_kda_gate_backward,
     .causal_conv1d = tide_cpu_causal_conv1d,
     .causal_conv1d_backward = tide_cpu_causal_conv1d_backward,
+    .conv_decode_rows = tide_cpu_conv_decode_rows,
     .mla_attention = tide_cpu_mla_attention,
     .mla_attention_backward = tide_cpu_mla_attention_backward,
     .mla_decode_rows = tide_cpu_mla_decode_rows,

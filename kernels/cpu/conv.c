@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 #include "cpu.h"
 #include "fastmath.h"
@@ -94,6 +95,43 @@ static int conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const 
     }                                                                                                         \
     free(wt);                                                                                                 \
     return bad ? tide_set_error("causal_conv1d: out of memory") : 0;                                          \
+}                                                                                                             \
+                                                                                                              \
+/* one decoding step of R rows over their own histories h_r [K-1, C]: conv_'s taps for a row of one token       \
+   (history rows, then the token; the same sums in the same order), then h_r shifted by one token in place */   \
+static int conv_rows_##SFX(TT *out, const TT *x, const TT *w, void *const *caches, int64_t R, int64_t C,       \
+                           int64_t K, int silu)                                                               \
+{                                                                                                             \
+    double *wt = transposed_##SFX(w, C, K);                                                                   \
+    if (!wt) return tide_set_error("conv_decode_rows: out of memory");                                        \
+    int bad = 0;                                                                                              \
+    _Pragma("omp parallel if(R * C * K > TIDE_OMP_MIN) reduction(|:bad)")                                    \
+    {                                                                                                         \
+        double *a = malloc((size_t)(C > 0 ? C : 1) * sizeof *a);                                              \
+        if (!a) bad = 1;                                                                                      \
+        _Pragma("omp for schedule(static)")                                                                   \
+        for (int64_t r = 0; r < R; r++) {                                                                     \
+            if (!a) continue;                                                                                 \
+            TT *h = caches[r];                                                                                \
+            const TT *xr = x + r * C;                                                                         \
+            for (int64_t c = 0; c < C; c++) a[c] = 0;                                                         \
+            for (int64_t j = 0; j < K; j++) {                                                                 \
+                const TT *src = j < K - 1 ? h + j * C : xr;                                                   \
+                const double *wj = wt + j * C;                                                                \
+                for (int64_t c = 0; c < C; c++) a[c] += wj[c] * (double)src[c];                               \
+            }                                                                                                 \
+            TT *o = out + r * C;                                                                              \
+            if (silu) for (int64_t c = 0; c < C; c++) o[c] = (TT)(a[c] * sigm_##SFX(a[c]));                   \
+            else for (int64_t c = 0; c < C; c++) o[c] = (TT)a[c];                                             \
+            if (K > 1) {                                                                                      \
+                memmove(h, h + C, (size_t)((K - 2) * C) * sizeof(TT));                                        \
+                memcpy(h + (K - 2) * C, xr, (size_t)C * sizeof(TT));                                          \
+            }                                                                                                 \
+        }                                                                                                     \
+        free(a);                                                                                              \
+    }                                                                                                         \
+    free(wt);                                                                                                 \
+    return bad ? tide_set_error("conv_decode_rows: out of memory") : 0;                                       \
 }                                                                                                             \
                                                                                                               \
 static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const TT *x, const TT *w,           \
@@ -201,6 +239,16 @@ int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, c
                                : conv_f64(out, x, w, cache, start, n, T_, C, K, silu);
     free(start);
     return rc;
+}
+
+int tide_cpu_conv_decode_rows(int dtype, void *out, const void *x, const void *w, void *const *caches, int64_t R,
+                              int64_t C, int64_t K, int silu)
+{
+    if (dtype != TIDE_F32 && dtype != TIDE_F64)
+        return tide_set_error("conv_decode_rows: dtype %s is not supported on the cpu backend (f32, f64)",
+                              tide_cpu_dtype_str(dtype));
+    return dtype == TIDE_F32 ? conv_rows_f32(out, x, w, caches, R, C, K, silu)
+                             : conv_rows_f64(out, x, w, caches, R, C, K, silu);
 }
 
 int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,

@@ -78,6 +78,7 @@ int tide_cpu_kda_decode_rows(int dtype, void *o, const void *q, const void *k, c
 int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form);
 int tide_cpu_kda_gate_backward(int dtype, void *gz, void *gA, void *gb, const void *gg, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H, int64_t D, double lb, int form);
 int tide_cpu_causal_conv1d(int dtype, void *out, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
+int tide_cpu_conv_decode_rows(int dtype, void *out, const void *x, const void *w, void *const *caches, int64_t R, int64_t C, int64_t K, int silu);
 int tide_cpu_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x, const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t C, int64_t K, int silu);
 int tide_cpu_mla_attention(int dtype, void *out, void *lse, const void *q, const void *kn, const void *kr, const void *v, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
 int tide_cpu_mla_latent_attention(int dtype, void *out, void *lse, const void *q, const void *c, const void *kr, const void *w, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc, int64_t chunk, double scale);

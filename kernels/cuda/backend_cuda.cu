@@ -417,6 +417,7 @@ static tide_backend make_table()
     t.kda_gate_backward = tide_cuda_kda_gate_backward;
     t.causal_conv1d = tide_cuda_causal_conv1d;
     t.causal_conv1d_backward = tide_cuda_causal_conv1d_backward;
+    t.conv_decode_rows = tide_cuda_conv_decode_rows;
     t.mla_attention = tide_cuda_mla_attention;
     t.mla_attention_backward = tide_cuda_mla_attention_backward;
     t.mla_decode_rows = tide_cuda_mla_decode_rows;

@@ -351,6 +351,8 @@ int tide_cuda_causal_conv1d(int dtype, void *out, const void *x, const void *w, 
 int tide_cuda_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache, const void *gout, const void *x,
                                      const void *w, const void *cache, const int64_t *cu, int64_t n_seg, int64_t B,
                                      int64_t T, int64_t C, int64_t K, int silu);
+int tide_cuda_conv_decode_rows(int dtype, void *out, const void *x, const void *w, void *const *caches, int64_t R,
+                               int64_t C, int64_t K, int silu);
 
 /* MLA attention (mla.cu) */
 int tide_cuda_mla_attention(int dtype, void *out, void *lse, const void *q, const void *kn, const void *kr,

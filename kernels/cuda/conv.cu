@@ -290,3 +290,52 @@ int tide_cuda_causal_conv1d_backward(int dtype, void *gx, void *gw, void *gcache
     tide_cuda_release(cu_d, s);
     return rc;
 }
+
+/* one decoding step of R rows over their own histories h_r [K-1, C] (kernels/backend.h: conv_decode_rows): thread
+   (r, c) sums the taps of channel c over the row's history and its token, in tap order as conv_at does, writes the
+   output, then shifts its own channel of the history by one token (it alone touches that column: no barrier) */
+template <typename T>
+__global__ void conv_rows_kernel(T *out, const T *x, const T *w, T *const *caches, int64_t R, int64_t C, int64_t K,
+                                 int silu)
+{
+    typedef TIDE_ACC(T) A;
+    TIDE_GRID_LOOP(idx, R * C) {
+        int64_t r = idx / C, c = idx - r * C;
+        T *h = caches[r];
+        A acc = A(0);
+        for (int64_t j = 0; j < K - 1; j++) acc += tide_ld(w, c * K + j) * tide_ld(h, j * C + c);
+        acc += tide_ld(w, c * K + K - 1) * tide_ld(x, idx);
+        tide_st(out, idx, silu ? acc / (A(1) + exp(-acc)) : acc);
+        for (int64_t j = 0; j + 1 < K - 1; j++) h[j * C + c] = h[(j + 1) * C + c];
+        if (K > 1) h[(K - 2) * C + c] = x[idx];
+    }
+}
+
+int tide_cuda_conv_decode_rows(int dtype, void *out, const void *x, const void *w, void *const *caches, int64_t R,
+                               int64_t C, int64_t K, int silu)
+{
+    const char *what = "conv_decode_rows";
+    if (conv_check(what, R, 1, C, K) || conv_dtype_ok(what, dtype)) return -1;
+    if (R * C == 0) return 0;
+    if (!caches) return tide_set_error("%s: caches is NULL", what);
+    for (int64_t r = 0; r < R; r++)
+        if (!caches[r] && K > 1) return tide_set_error("%s: row %lld has a NULL history", what, (long long)r);
+    TIDE_STREAM(s);
+    /* one upload of the R history pointers (staged: tide_cuda_upload) */
+    size_t n = (size_t)R * sizeof(void *);
+    void *d = NULL;
+    cudaError_t e = tide_cuda_alloc(&d, n, s);
+    if (e == cudaSuccess) e = tide_cuda_upload(d, caches, n, s);
+    if (e != cudaSuccess) {
+        tide_cuda_release(d, s);
+        return tide_set_error("cuda %s history upload (%zu bytes): %s", what, n, cudaGetErrorString(e));
+    }
+    TIDE_FLOAT_DISPATCH(dtype, what, {
+        conv_rows_kernel<T><<<tide_blocks(R * C), TIDE_THREADS, 0, s>>>((T *)out, (const T *)x, (const T *)w,
+                                                                       (T *const *)d, R, C, K, silu);
+        e = cudaGetLastError();
+    });
+    tide_cuda_release(d, s);
+    if (e != cudaSuccess) return tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}

@@ -356,6 +356,31 @@ function F.causal_conv1d(x, w, opts)
                                     bool_int(opts.silu, op, "silu")))
 end
 
+-- F.conv_decode_rows(x [R, 1, C] or [R, C], w [C, K] or [C, 1, K], caches, opts) -> shaped as x: one causal-conv
+-- decoding step of R rows over their own histories, no gradient. caches: a list of R tensors [1, K−1, C] (each
+-- row's previous K−1 inputs; contiguous, each row's own memory) advanced IN PLACE (shifted by one token, x's row
+-- appended). opts.silu (false) as for F.causal_conv1d; row r's bits are what F.causal_conv1d gives for its token
+-- alone with caches[r] as the cache.
+local CONV_ROWS_KEYS = { silu = true }
+function F.conv_decode_rows(x, w, caches, opts)
+  local op = "conv_decode_rows"
+  opts = want_opts(opts, op)
+  check_keys(opts, op, CONV_ROWS_KEYS)
+  want_tensor(x, op, "x")
+  want_tensor(w, op, "w")
+  if type(caches) ~= "table" or #caches == 0 then raise(fmt("%s: caches must be a non-empty list of tensors", op)) end
+  if w:dim() == 3 then
+    if w:size(2) ~= 1 then
+      raise(fmt("%s: a 3-d w must be [C, 1, K], got %s", op, T.shape_str(w:shape())))
+    end
+    w = w:reshape(w:size(1), w:size(3))
+  end
+  local R = #caches
+  local hp = ffi.new("tide_tensor *[?]", R)
+  for r = 1, R do hp[r - 1] = want_tensor(caches[r], op, "caches") end
+  return check(C.tide_conv_decode_rows(raw(x), raw(w), R, hp, bool_int(opts.silu, op, "silu")))
+end
+
 local L2_KEYS = { eps = true, scale = true }
 
 -- F.l2norm(x, {eps = 1e-6, scale = 1}) = scale·x / sqrt(Σx² + eps) over the last dim (eps on the SUM, kda.md §1.3)

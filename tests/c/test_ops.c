@@ -257,6 +257,29 @@ static void ref_kda_decode_rows(tide_tensor **x, double *out)
         }
     free(q); free(k); free(v); free(s0);
 }
+/* two rows over their own conv histories: x [2, 1, 3], w [3, 4], the histories x[2] [2, 3, 3] cloned (the op shifts
+   them in place; every run starts from the same values) */
+static tide_tensor *r_conv_decode_rows(tide_tensor **x)
+{
+    tide_tensor *all = tide_contiguous(x[2]), *c = tide_empty(all->dtype, 3, all->shape, all->device);
+    tide_copy_(c, all);
+    tide_tensor *h[2] = {tide_slice(c, 0, 0, 1, 1), tide_slice(c, 0, 1, 2, 1)};
+    tide_tensor *y = tide_conv_decode_rows(x[0], x[1], 2, h, 1);
+    tide_tensor_release(all); tide_tensor_release(c); tide_tensor_release(h[0]); tide_tensor_release(h[1]);
+    return y;
+}
+/* out[r, c] = silu(Σ_{j<3} w[c, j] h[r, j, c] + w[c, 3] x[r, c]), in double */
+static void ref_conv_decode_rows(tide_tensor **x, double *out)
+{
+    double *xv = host(x[0]), *w = host(x[1]), *h = host(x[2]);
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 3; c++) {
+            double a = w[c * 4 + 3] * xv[r * 3 + c];
+            for (int j = 0; j < 3; j++) a += w[c * 4 + j] * h[(r * 3 + j) * 3 + c];
+            out[r * 3 + c] = a / (1 + exp(-a));
+        }
+    free(xv); free(w); free(h);
+}
 static tide_tensor *r_varlen(tide_tensor **x)
 {
     double v[4] = {0, 3, 4, 7};                     /* T = 7: images [0,3) [3,4) [4,7), bidirectional inside each */
@@ -713,6 +736,8 @@ static void build_cases(void)
         RANDN(2, 3, 4), RANDN(2, 1, 4), RANDN(1, 4, 4), RANDN(1, 2, 4));
     add(TIDE_OP_KDA_DECODE_ROWS, "2 rows, own states (forward only: decoding, no gradient)", r_kda_decode_rows,
         ref_kda_decode_rows, 0, 4, RANDN(2, 2, 3), RANDN(2, 2, 3), RANDN(2, 2, 3), RANDN(2, 2, 3, 3));
+    add(TIDE_OP_CONV_DECODE_ROWS, "2 rows, own histories, silu (forward only: decoding, no gradient)",
+        r_conv_decode_rows, ref_conv_decode_rows, 0, 3, RANDN(2, 1, 3), RANDN(3, 4), RANDN(2, 3, 3), 0);
     /* varlen_attention: q, k, v [T, H, D], three images (one of length 1), not causal */
     add(TIDE_OP_VARLEN_ATTENTION, "3 images [0,3) [3,4) [4,7)", r_varlen, ref_varlen, 0, 3, RANDN(7, 2, 3), RANDN(7, 2, 3),
         RANDN(7, 2, 3), 0);

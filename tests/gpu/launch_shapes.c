@@ -176,6 +176,8 @@ static void one_config(const config *c, int64_t T, int sms)
                                      NULL};
         for (int i = 0; conv[i]; i++) grid_stride(conv[i], c, shape, N * conv_c, sms);
         colsum("conv_gw_partial_kernel<*>", c, shape, conv_c * 4, N, sms);
+        /* a decoding step: one token for each of the batch's rows over its own history */
+        grid_stride("conv_rows_kernel<*>", c, "decode", c->batch * conv_c, sms);
         /* kda.cu's gate backward sizes its chunks with the same formula (inline there) */
         colsum("kda_gate_backward_kernel<*>", c, shape, HD, N, sms);
         /* one block per (segment, head); segments: one per sequence up to one per 16 tokens */

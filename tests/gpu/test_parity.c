@@ -1259,6 +1259,78 @@ static int test_kdec(void)
     return passed;
 }
 
+/* ---- conv_decode_rows (kda.md §1.2): one causal-conv decoding step of R rows over their own histories, in place ------
+   x [R, 1, C], w [C, K], histories [1, K-1, C], all N(0, 1). out (silu on): |gpu - cpu| <= tol · max|cpu| (f32 1e-6;
+   bf16: the CPU runs f32 on the same bf16-rounded values, out rounded to bf16 within 2^-7); every row's history after
+   the step is a copy (exact). */
+typedef struct {
+    const char *name;
+    int R, C, K, bf16;
+} cdec_case;
+
+static const cdec_case cdec_cases[] = {
+    {"conv_decode_rows f32 R 7 C 96 K 4", 7, 96, 4, 0},
+    {"conv_decode_rows f32 R 3 C 5 K 1 (no history)", 3, 5, 1, 0},
+    {"conv_decode_rows bf16 R 4 C 128 K 4", 4, 128, 4, 1},
+};
+
+static int test_cdec_case(const cdec_case *kc)
+{
+    int R = kc->R;
+    int64_t C = kc->C, K = kc->K, nh = (K - 1) * C;
+    double *xv = malloc((size_t)(R * C) * sizeof *xv), *wv = malloc((size_t)(C * K) * sizeof *wv);
+    double *hv = malloc((size_t)(nh > 0 ? nh : 1) * sizeof *hv);
+    char detail[512] = "";
+    int ok = xv && wv && hv;
+    for (int64_t i = 0; ok && i < R * C; i++) xv[i] = normal01();
+    for (int64_t i = 0; ok && i < C * K; i++) wv[i] = normal01();
+    int64_t sx[3] = {R, 1, C}, sw[2] = {C, K}, sh[3] = {1, K - 1, C};
+    tide_tensor *c[2] = {0}, *g[2] = {0}, *cs[8] = {0}, *gs[8] = {0}, *oc = NULL, *og = NULL;
+    if (ok) {
+        c[0] = kda_input(3, sx, xv, kc->bf16);
+        c[1] = kda_input(2, sw, wv, kc->bf16);
+        for (int i = 0; i < 2; i++) {
+            tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+            g[i] = d && kc->bf16 ? tide_to_dtype(d, TIDE_BF16) : d;
+            if (g[i] != d) tide_tensor_release(d);
+            ok = ok && c[i] && g[i];
+        }
+        for (int r = 0; ok && r < R; r++) {
+            for (int64_t e = 0; e < nh; e++) hv[e] = normal01();
+            cs[r] = kda_input(3, sh, hv, kc->bf16);
+            tide_tensor *d = cs[r] ? tide_to_device(cs[r], GPU) : NULL;
+            gs[r] = d && kc->bf16 ? tide_to_dtype(d, TIDE_BF16) : d;
+            if (gs[r] != d) tide_tensor_release(d);
+            ok = cs[r] && gs[r];
+        }
+    }
+    if (!ok) snprintf(detail, sizeof detail, "inputs: %s", tide_last_error());
+    oc = ok ? tide_conv_decode_rows(c[0], c[1], R, cs, 1) : NULL;
+    if (ok && !oc) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    ok = ok && oc;
+    og = ok ? tide_conv_decode_rows(g[0], g[1], R, gs, 1) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    int pass = ok && check_scaled(kc->name, "out", oc, og, kc->bf16 ? 1.0 / 128 : 1e-6, detail, sizeof detail);
+    for (int r = 0; ok && r < R && K > 1; r++) {
+        char what[32];
+        snprintf(what, sizeof what, "caches[%d]", r);
+        pass = check_scaled(kc->name, what, cs[r], gs[r], 0, detail, sizeof detail) && pass;
+    }
+    tide_tensor_release(oc); tide_tensor_release(og);
+    for (int i = 0; i < 2; i++) { tide_tensor_release(c[i]); tide_tensor_release(g[i]); }
+    for (int r = 0; r < 8; r++) { tide_tensor_release(cs[r]); tide_tensor_release(gs[r]); }
+    free(xv); free(wv); free(hv);
+    return report(kc->name, ok && pass, detail);
+}
+
+static int test_cdec(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof cdec_cases / sizeof cdec_cases[0]; i++) passed = test_cdec_case(&cdec_cases[i]) && passed;
+    return passed;
+}
+
 /* ---- varlen attention (vision.md §3, §5): q, k, v [T, H, D] of packed images, bidirectional inside each image -----
    All N(0, 1), scale D^-1/2, the loss sum(o ⊙ r). Shapes: MoonViT's head dim 72 (not a multiple of 16) and tiny-vlm's
    16, images of one token, images longer than a 64-key tile, an empty image (a repeated boundary). The CPU runs the
@@ -1804,6 +1876,8 @@ static const op_coverage coverage[] = {
                         "kda_decode_rows bf16 R 4 H 2 dk dv 128", NULL},
     {"kda_gate", "kda_gate bounded|kda_gate softplus [H, D] bias|kda_gate bounded bf16", NULL},
     {"causal_conv1d", "causal_conv1d cache, docs, silu|causal_conv1d plain [3,40,96]|causal_conv1d bf16", NULL},
+    {"conv_decode_rows", "conv_decode_rows f32 R 7 C 96 K 4|conv_decode_rows f32 R 3 C 5 K 1 (no history)|"
+                         "conv_decode_rows bf16 R 4 C 128 K 4", NULL},
     {"l2norm", "l2norm|l2norm [37,128]|l2norm bf16", NULL},
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
     {"kda_pairs", NULL, "the kda kernels on [v | 0] from [0 | I] (the cases kda ...), with no kernel of its own; "
@@ -1846,6 +1920,7 @@ static int case_exists(const char *want, size_t len)
     NAMES_IN(mla_cases, .name, want, len)
     NAMES_IN(decode_cases, .name, want, len)
     NAMES_IN(kdec_cases, .name, want, len)
+    NAMES_IN(cdec_cases, .name, want, len)
     NAMES_IN(varlen_cases, .name, want, len)
     NAMES_IN(attention_cases, .name, want, len)
     NAMES_IN(attnres_cases, .name, want, len)
@@ -2046,7 +2121,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_attnres, test_mla, test_decode, test_varlen,
+                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_cdec, test_attnres, test_mla, test_decode, test_varlen,
                                   test_attention, test_moe, test_scatter_determinism, test_kda_memory};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;

@@ -96,6 +96,58 @@ T.test("F.kda_decode_rows: R rows over their own states == each row's recurrent 
   T.raises(function() F.kda_decode_rows(args({})) end, "states must be a non-empty list")
 end)
 
+T.test("F.conv_decode_rows: R rows over their own histories == F.causal_conv1d of each row's token alone, bitwise, in place", function()
+  tide.manual_seed(6)
+  local R, Cc, K = 6, 40, 4
+  for _, dt in ipairs({ "f64", "f32" }) do
+    local x = randn({ R, 1, Cc }):to(dt)
+    local w = randn({ Cc, 1, K }):to(dt)
+    local hist = randn({ R, K - 1, Cc }):to(dt)
+    for _, silu in ipairs({ true, false }) do
+      local want_y, want_h = {}, {}
+      for r = 1, R do
+        local xr, hr = x:narrow(1, r, 1), hist:narrow(1, r, 1)
+        want_y[r] = F.causal_conv1d(xr, w, { cache = hr, silu = silu }):tolist()
+        want_h[r] = F.concat({ hr, xr }, 2):narrow(2, 2, K - 1):tolist()   -- the row's last K - 1 inputs
+      end
+      for _, nt in ipairs({ 1, 2 }) do
+        local threads = tide.num_threads()
+        tide.set_num_threads(nt)
+        -- each row's own history: separate tensors, one of them a view into a larger buffer
+        local big = tide.zeros({ 2, K - 1, Cc }, { dtype = dt })
+        local hs = {}
+        for r = 1, R do
+          if r == 2 then hs[r] = big:narrow(1, 2, 1); hs[r]:copy_(hist:narrow(1, r, 1)) else hs[r] = hist:narrow(1, r, 1):clone() end
+        end
+        local y = F.conv_decode_rows(x, w, hs, { silu = silu })
+        tide.set_num_threads(threads)
+        T.eq(y:shape(), { R, 1, Cc })
+        for r = 1, R do
+          T.eq(y:narrow(1, r, 1):tolist(), want_y[r], dt .. " row " .. r .. " output bitwise")
+          T.eq(hs[r]:tolist(), want_h[r], dt .. " row " .. r .. " history shifted in place")
+        end
+        T.eq(big:narrow(1, 1, 1):abs():max():item(), 0, "the rest of that buffer is untouched")
+        -- the rows in another order and a subset of them: each row's bits are its own
+        local sub = { hist:narrow(1, 5, 1):clone(), hist:narrow(1, 1, 1):clone() }
+        local ys = F.conv_decode_rows(F.concat({ x:narrow(1, 5, 1), x:narrow(1, 1, 1) }, 1), w, sub, { silu = silu })
+        T.eq(ys:narrow(1, 1, 1):tolist(), want_y[5], "a row's output does not depend on the batch")
+        T.eq(ys:narrow(1, 2, 1):tolist(), want_y[1], "a row's output does not depend on the batch")
+      end
+    end
+  end
+  -- errors name the problem
+  local x, w = randn({ 2, 1, 3 }), randn({ 3, 4 })
+  local a = randn({ 1, 3, 3 })
+  T.raises(function() F.conv_decode_rows(x, w, { a, a }) end, "caches[0] and caches[1] are the same memory")
+  T.raises(function() F.conv_decode_rows(x, w, { a }) end, "x is [2, 1, 3] but must be [R, C] or [R, 1, C] with R = 1")
+  T.raises(function() F.conv_decode_rows(x, w, { a, randn({ 1, 2, 3 }) }) end, "caches[1] is [1, 2, 3] but must be")
+  T.raises(function() F.conv_decode_rows(x, w, { a, tide.zeros({ 1, 3, 3 }) }) end, "f32")
+  T.raises(function() F.conv_decode_rows(x, w, { a, randn({ 1, 3, 6 }):narrow(3, 1, 3) }) end, "must be contiguous")
+  T.raises(function() F.conv_decode_rows(x, randn({ 4, 4 }), { a, a:clone() }) end, "w is [4, 4] but must be [C, K] with C = 3")
+  T.raises(function() F.conv_decode_rows(x, w, {}) end, "caches must be a non-empty list")
+  T.raises(function() F.conv_decode_rows(x, w, { a, a:clone() }, { silu = "yes" }) end, "silu must be a boolean")
+end)
+
 T.test("F.kda_gate, F.causal_conv1d and F.l2norm equal plain-Lua references (f64 1e-14)", function()
   tide.manual_seed(2)
   local H, D = 2, 3

@@ -135,7 +135,7 @@ local function tail_mask(cu, B, T, K1, dtype, device)
   return tide.tensor(vals, { shape = { B, K1, 1 }, dtype = dtype, device = device })
 end
 
-local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true, state_rows = true, cp = true }
+local FORWARD_KEYS = { cache = true, cu_seqlens = true, path = true, reset = true, state_rows = true, conv_rows = true, cp = true }
 
 -- the carried cache of the rows that continue, the rows in `reset` zeroed (a new document starts exactly
 -- at this call); multiplying keeps the graph and gives the dropped rows a zero gradient
@@ -210,6 +210,9 @@ function KDA:forward(x, opts)
   -- 1-3. projections, causal conv + SiLU (fused), L2 norm per head; q carries dk^-1/2
   local pre = { q = self.q_proj:forward(x), k = self.k_proj:forward(x), v = self.v_proj:forward(x) }
   local function conv1d(name)
+    if opts.conv_rows then   -- forward_rows' decoding step: each row's own history, advanced in place
+      return F.conv_decode_rows(pre[name], self[name .. "_conv1d"].weight, opts.conv_rows[name], { silu = true })
+    end
     return F.causal_conv1d(pre[name], self[name .. "_conv1d"].weight, { cache = conv[name], cu_seqlens = cu, silu = true })
   end
   local q = F.l2norm(conv1d("q"):reshape(B, T, H, dk), { eps = 1e-6, scale = 1 / math.sqrt(dk) })
@@ -316,13 +319,13 @@ function KDA:forward_cp(x, ctx, path, cache, reset)
   return self.o_proj:forward(y)
 end
 
--- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty): their conv
--- histories are stacked for this call and each row's cache gets its row of the new ones back (views of the stacked
--- tensors); a decoding step without gradients (T = 1) advances each row's own state in place (F.kda_decode_rows),
--- other calls stack the states too. Every row's recurrence is its own, so row b's output equals its call alone.
--- When the rows are the ones of the previous call, in order, and their views untouched, the stacked tensors of
--- that call are the stack (no copy): a rollout decodes the same rows step after step. A decoding step on such a
--- stack writes the new conv tails into it in place, so the rows keep their views (no B new views a step).
+-- B rows that each carry their own cache (opts.cache.rows = {B row caches}, all started or all empty). A decoding
+-- step without gradients (T = 1, started rows, no reset or cu_seqlens) advances each row's own state and conv
+-- histories in place (F.kda_decode_rows, F.conv_decode_rows): nothing is stacked, so the rows may differ from step
+-- to step (a rollout's rows wait on tools, end and start) at no cost. Other calls stack the rows' conv histories
+-- (and states) for the call and give each row its row of the new ones back (views of the stacked tensors); when
+-- the rows are the ones of the previous call, in order, and their views untouched, that call's stacked tensors are
+-- the stack (no copy). Every row's recurrence is its own, so row b's output equals its call alone.
 local function stacked_of(rows, B, names)
   local st = rows[1].stack
   if not st or st.n ~= B or st.names ~= names then return nil end
@@ -351,6 +354,26 @@ function KDA:forward_rows(x, opts)
   end
   local T = x:size(2)
   local in_place = started and T == 1 and not tide.grad_enabled()
+  if in_place and not opts.reset and opts.cu_seqlens == nil then
+    -- a decoding step: each row's state and conv histories advanced in place by the row kernels, nothing stacked
+    -- (the rows of a rollout change from step to step as rows wait on tools, end or start)
+    local states, conv = {}, { q = {}, k = {}, v = {} }
+    for r = 1, B do
+      local c = rows[r]
+      states[r] = c.state
+      for _, name in ipairs(CONV_ONLY) do
+        local h = c.conv[name]
+        if not h:is_contiguous() then h = h:contiguous(); c.conv[name] = h end
+        conv[name][r] = h
+      end
+    end
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.cache, o.state_rows, o.conv_rows = nil, states, conv
+    local y = self:forward(x, o)
+    for _, c in ipairs(rows) do c.pos = (c.pos or 0) + T end
+    return y
+  end
   local names = in_place and CONV_ONLY or WITH_STATE
   local tmp = { conv = {} }
   local prev

@@ -588,6 +588,47 @@ template <class T> static void run_conv(const char *name, bool with_cache, int s
     }
 }
 
+// one decoding step of R rows over their own histories (conv_decode_rows): out against the fp64 taps, each row's
+// history shifted by one token with its input appended (exact), and the cpu kernel on the same values
+template <class T> static void run_conv_rows(const char *name, int K, double tol)
+{
+    int R = 5, C = 7;
+    vd x((size_t)R * C), w((size_t)C * K), h((size_t)R * (K - 1) * C);
+    for (auto *v : {&x, &w, &h})
+        for (auto &y : *v) y = sizeof(T) == 2 ? bfr(randn()) : (double)(float)randn();   // exact on the device
+    printf("%s [%s, K %d]\n", name, sizeof(T) == 2 ? "bf16" : "f32", K);
+    vd ref(x.size()), href(h.size());
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int j = 0; j < K - 1; j++) a += w[c * K + j] * h[((size_t)r * (K - 1) + j) * C + c];
+            a += w[c * K + K - 1] * x[r * C + c];
+            ref[r * C + c] = a * sig(a);
+            for (int j = 0; j < K - 1; j++)
+                href[((size_t)r * (K - 1) + j) * C + c] = j + 1 < K - 1 ? h[((size_t)r * (K - 1) + j + 1) * C + c] : x[r * C + c];
+        }
+    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
+    auto xd = to_dev<T>(x), wd = to_dev<T>(w), hd = to_dev<T>(h);
+    std::vector<T> o = to_dev<T>(vd(x.size(), NAN));
+    std::vector<void *> hp(R);
+    for (int r = 0; r < R; r++) hp[r] = hd.data() + (size_t)r * (K - 1) * C;
+    if (tide_cuda_conv_decode_rows(dtype, o.data(), xd.data(), wd.data(), hp.data(), R, C, K, 1)) {
+        printf("  failed: %s\n", err_buf);
+        n_fail++;
+        return;
+    }
+    check("out", from_dev(o), ref, tol);
+    check("histories", from_dev(hd), href, 0);
+    if (sizeof(T) == 4) {
+        std::vector<float> co(x.size());
+        auto fx = to_dev<float>(x), fw = to_dev<float>(w), fh = to_dev<float>(h);
+        for (int r = 0; r < R; r++) hp[r] = fh.data() + (size_t)r * (K - 1) * C;
+        tide_cpu_backend.conv_decode_rows(TIDE_F32, co.data(), fx.data(), fw.data(), hp.data(), R, C, K, 1);
+        check("cpu out", fvec(co), ref, tol);
+        check("cpu histories", fvec(fh), href, 0);
+    }
+}
+
 #include "mla_cases.h"
 #include "attention_cases.h"
 
@@ -746,6 +787,9 @@ int main(int argc, char **argv)
         run_conv<float>("conv", false, 0, 1e-6);
         run_conv<float>("conv", true, 0, 1e-6);
         run_conv<__nv_bfloat16>("conv", true, 1, 1e-2);
+        run_conv_rows<float>("conv_decode_rows", 4, 1e-6);
+        run_conv_rows<float>("conv_decode_rows", 1, 1e-6);
+        run_conv_rows<__nv_bfloat16>("conv_decode_rows", 4, 1e-2);
     }
     if (want("kdasmall")) {
         // tiny: the reference adjoint is checked by central differences too
