@@ -212,6 +212,9 @@ int tide_check_index_dtype(const tide_tensor *t, const char *op, const char *arg
 int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const char *op);
 int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op);
 int tide_norm_dim(int dim, int ndim, const char *op, int *out);                   /* negative dims */
+/* the n tensors' data differ (each row's own buffer, written in place by the op): an error naming two that share
+   it, "<op>: <what>[i] and <what>[j] are the same memory: <need>"; O(n log n) */
+int tide_check_distinct_data(tide_tensor *const *ts, int n, const char *op, const char *what, const char *need);
 
 /* the gradient reducer's view of a backward (engine/dist/reducer.c): called on the backward's thread when a
    watched leaf (grad_slot > 0) has its final gradient of that backward */

@@ -1,4 +1,5 @@
 /* common.c — argument checks shared by every op (errors name the op, the argument and the values). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "../internal.h"
@@ -30,6 +31,29 @@ int tide_check_same_device(const tide_tensor *a, const tide_tensor *b, const cha
     char x[32], y[32];
     return tide_set_error("%s: tensors are on different devices (%s and %s)", op, tide_device_str(a->device, x, sizeof x),
                           tide_device_str(b->device, y, sizeof y));
+}
+
+typedef struct { uintptr_t p; int i; } data_at;
+
+static int by_data(const void *a, const void *b)
+{
+    const data_at *x = a, *y = b;
+    return x->p != y->p ? (x->p < y->p ? -1 : 1) : (x->i > y->i) - (x->i < y->i);
+}
+
+int tide_check_distinct_data(tide_tensor *const *ts, int n, const char *op, const char *what, const char *need)
+{
+    if (n < 2) return 0;
+    data_at *a = malloc((size_t)n * sizeof *a);
+    if (!a) return tide_set_error("%s: out of memory for %d %s", op, n, what);
+    for (int i = 0; i < n; i++) a[i] = (data_at){(uintptr_t)tide_data(ts[i]), i};
+    qsort(a, (size_t)n, sizeof *a, by_data);
+    int rc = 0;
+    for (int k = 1; k < n && !rc; k++)
+        if (a[k].p == a[k - 1].p)
+            rc = tide_set_error("%s: %s[%d] and %s[%d] are the same memory: %s", op, what, a[k - 1].i, what, a[k].i, need);
+    free(a);
+    return rc;
 }
 
 int tide_check_same_dtype(const tide_tensor *a, const tide_tensor *b, const char *op)

@@ -318,11 +318,8 @@ tide_tensor *tide_kda_decode_rows(tide_tensor *q, tide_tensor *k, tide_tensor *v
         TIDE_CHECK(s->dtype == sd, "kda_decode_rows: states[%d] is %s but the state of %s inputs is %s", r,
                    tide_dtype_name(s->dtype), tide_dtype_name(q->dtype), tide_dtype_name(sd));
         TIDE_CHECK(tide_is_contiguous(s), "kda_decode_rows: states[%d] must be contiguous (it is updated in place)", r);
-        void *p = tide_data(s);
-        for (int j = 0; j < r; j++)
-            TIDE_CHECK(tide_data(states[j]) != p, "kda_decode_rows: states[%d] and states[%d] are the same memory: each "
-                       "row needs its own state", j, r);
     }
+    if (tide_check_distinct_data(states, R, op, "states", "each row needs its own state")) return NULL;
     tide_tensor **in = malloc((size_t)(5 + R) * sizeof *in);
     TIDE_CHECK(in, "kda_decode_rows: out of memory for %d rows", R);
     for (int i = 0; i < 5; i++) in[i] = x[i];
@@ -540,11 +537,8 @@ tide_tensor *tide_conv_decode_rows(tide_tensor *x, tide_tensor *w, int R, tide_t
         TIDE_CHECK(ok, "conv_decode_rows: caches[%d] is %s but must be [1, K-1, C] or [K-1, C] = %s", r, SHAPE_STR(h, a),
                    tide_shape_str(2, want, b, sizeof b));
         TIDE_CHECK(tide_is_contiguous(h), "conv_decode_rows: caches[%d] must be contiguous (it is updated in place)", r);
-        void *p = tide_data(h);
-        for (int j = 0; j < r && K > 1; j++)
-            TIDE_CHECK(tide_data(caches[j]) != p, "conv_decode_rows: caches[%d] and caches[%d] are the same memory: "
-                       "each row needs its own history", j, r);
     }
+    if (K > 1 && tide_check_distinct_data(caches, R, op, "caches", "each row needs its own history")) return NULL;
     tide_tensor **in = malloc((size_t)(2 + R) * sizeof *in);
     TIDE_CHECK(in, "conv_decode_rows: out of memory for %d rows", R);
     in[0] = x;
