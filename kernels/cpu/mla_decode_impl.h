@@ -100,6 +100,30 @@ static inline void DCAT(decode_scores8, SFX)(T *s, const T *q1, const T *c, int6
     memcpy(s + t0, r, (size_t)n * sizeof(T));
 }
 
+/* acc[hh] = Σ_t p_hh,t x_t over a full block of 32 latent dims (x_t = c + t·dc + j0) for NH heads at once, tokens in
+   sequence: the generic loop's sums in its order, with NH a constant at each call so the accumulators stay in
+   registers (the generic loop's acc[HG][4], indexed by a runtime head count, lives on the stack) */
+static inline __attribute__((always_inline)) void DCAT(decode_wsum32, SFX)(DCAT(dvec8, SFX) (*acc)[4], const T *s,
+                                                                          int64_t stride, const T *c, int64_t dc,
+                                                                          int64_t j0, int64_t L, const int NH)
+{
+    DCAT(dvec8, SFX) a[4][4];
+    memset(a, 0, sizeof a);
+    for (int64_t t = 0; t < L; t++) {
+        const T *x = c + t * dc + j0;
+        DCAT(dvec8, SFX) xv[4];
+        _Pragma("GCC unroll 4")
+        for (int v = 0; v < 4; v++) memcpy(&xv[v], x + 8 * v, sizeof xv[v]);
+        _Pragma("GCC unroll 4")
+        for (int hh = 0; hh < NH; hh++) {
+            T p = s[hh * stride + t];
+            _Pragma("GCC unroll 4")
+            for (int v = 0; v < 4; v++) a[hh][v] += p * xv[v];
+        }
+    }
+    memcpy(acc, a, (size_t)NH * sizeof a[0]);
+}
+
 static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_new, const T *kr_new, void *const *c_bufs,
                                   void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H, int64_t dc,
                                   int64_t dr, double scale)
@@ -157,20 +181,26 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
                 inv[hh] = (T)1 / sum;
             }
             /* o = Σ_t p_t c_t, tokens in sequence, 32 latent dims at a time in registers for each head of the group
-               (a last partial block through a zero-padded copy of each token's tail) */
+               (full blocks in decode_wsum32, a last partial block through a zero-padded copy of each token's tail) */
             for (int64_t j0 = 0; j0 < dc; j0 += 32) {
                 int64_t w = dc - j0 < 32 ? dc - j0 : 32;
                 DCAT(dvec8, SFX) acc[HG][4];
                 memset(acc, 0, sizeof acc);
-                for (int64_t t = 0; t < L; t++) {
-                    const T *x = c + t * dc + j0;
-                    T pad[32];
-                    if (w < 32) {
+                if (w == 32) {
+                    switch (nh) {
+                    case 1: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 1); break;
+                    case 2: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 2); break;
+                    case 3: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 3); break;
+                    default: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 4); break;
+                    }
+                } else {
+                    for (int64_t t = 0; t < L; t++) {
+                        const T *x = c + t * dc + j0;
+                        T pad[32];
                         memset(pad, 0, sizeof pad);
                         memcpy(pad, x, (size_t)w * sizeof(T));
-                        x = pad;
+                        for (int hh = 0; hh < nh; hh++) DCAT(decode_axpy32, SFX)(acc[hh], s[hh * stride + t], pad);
                     }
-                    for (int hh = 0; hh < nh; hh++) DCAT(decode_axpy32, SFX)(acc[hh], s[hh * stride + t], x);
                 }
                 for (int hh = 0; hh < nh; hh++) {
                     T buf[32], *o = out + (r * H + h0 + hh) * dc;
