@@ -124,6 +124,46 @@ static inline __attribute__((always_inline)) void DCAT(decode_wsum32, SFX)(DCAT(
     memcpy(acc, a, (size_t)NH * sizeof a[0]);
 }
 
+/* decode_scores8 of a full block of 8 tokens with dc, dr multiples of 8: the same sums, its accumulators never
+   indexed at run time (so they stay in registers) */
+static inline void DCAT(decode_scores8_full, SFX)(T *s, const T *q1, const T *c, int64_t dc, const T *q2, const T *k,
+                                                  int64_t dr, int64_t t0)
+{
+    DCAT(dvec8, SFX) acc[8] = {{0}};
+    DCAT(decode_acc8, SFX)(acc, q1, c + t0 * dc, dc);
+    if (dr) DCAT(decode_acc8, SFX)(acc, q2, k + t0 * dr, dr);
+    DCAT(decode_sum8, SFX)(acc, s + t0);
+}
+
+/* decode_acc8 for two heads at once, each token's row of x loaded once for both: acc0 and acc1 advance exactly as
+   two decode_acc8 calls would advance them */
+static inline void DCAT(decode_acc8x2, SFX)(DCAT(dvec8, SFX) *acc0, DCAT(dvec8, SFX) *acc1, const T *q0, const T *q1,
+                                            const T *x, int64_t w)
+{
+    for (int64_t i = 0; i < w; i += 8) {
+        DCAT(dvec8, SFX) a0, a1;
+        memcpy(&a0, q0 + i, sizeof a0);
+        memcpy(&a1, q1 + i, sizeof a1);
+        for (int j = 0; j < 8; j++) {
+            DCAT(dvec8, SFX) b;
+            memcpy(&b, x + j * w + i, sizeof b);
+            acc0[j] += a0 * b;
+            acc1[j] += a1 * b;
+        }
+    }
+}
+
+/* decode_scores8_full for two heads (query rows qa, qb; scores into sa, sb): the same bits for each */
+static inline void DCAT(decode_scores8_full2, SFX)(T *sa, T *sb, const T *q1a, const T *q1b, const T *c, int64_t dc,
+                                                   const T *q2a, const T *q2b, const T *k, int64_t dr, int64_t t0)
+{
+    DCAT(dvec8, SFX) acc0[8] = {{0}}, acc1[8] = {{0}};
+    DCAT(decode_acc8x2, SFX)(acc0, acc1, q1a, q1b, c + t0 * dc, dc);
+    if (dr) DCAT(decode_acc8x2, SFX)(acc0, acc1, q2a, q2b, k + t0 * dr, dr);
+    DCAT(decode_sum8, SFX)(acc0, sa + t0);
+    DCAT(decode_sum8, SFX)(acc1, sb + t0);
+}
+
 static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_new, const T *kr_new, void *const *c_bufs,
                                   void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H, int64_t dc,
                                   int64_t dr, double scale)
@@ -153,11 +193,21 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             int64_t r = rg / ng, h0 = (rg % ng) * HG, L = lens[r] + 1;
             int nh = H - h0 < HG ? (int)(H - h0) : HG;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
+            const int aligned = dc % 8 == 0 && dr % 8 == 0;
             for (int64_t t = 0; t < L; t += 8)
                 for (int hh = 0; hh < nh; hh++) {
                     int64_t rh = r * H + h0 + hh;
-                    DCAT(decode_scores8, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr, t,
-                                              L - t < 8 ? (int)(L - t) : 8);
+                    if (aligned && L - t >= 8 && hh + 1 < nh) {   /* two heads over one read of the block */
+                        DCAT(decode_scores8_full2, SFX)(s + hh * stride, s + (hh + 1) * stride, qt + rh * dc,
+                                                        qt + (rh + 1) * dc, c, dc, dr ? qr + rh * dr : NULL,
+                                                        dr ? qr + (rh + 1) * dr : NULL, kr, dr, t);
+                        hh++;
+                    } else if (aligned && L - t >= 8)
+                        DCAT(decode_scores8_full, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr,
+                                                       dr, t);
+                    else
+                        DCAT(decode_scores8, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr,
+                                                  t, L - t < 8 ? (int)(L - t) : 8);
                 }
             T inv[HG];
             for (int hh = 0; hh < nh; hh++) {
