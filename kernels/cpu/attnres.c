@@ -20,28 +20,54 @@
 static inline double ar_exp_f32(double x) { return exp_f64(x); }
 static inline double ar_exp_f64(double x) { return exp(x); }
 
+/* the forward's rows in blocks of AR_RB: a block's score sums (2 chains per row and source, each over c in order)
+   are advanced together, so the chains of the block's rows overlap instead of waiting on each other */
+#define AR_RB 4
+
 #define DEFINE_ATTNRES(TT, SFX)                                                                               \
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
                               const double *a, double eps, double *scratch)                                   \
 {                                                                                                             \
     _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
-    for (int64_t t = 0; t < rows; t++) {                                                                      \
-        double *s = scratch + (int64_t)omp_get_thread_num() * n, m = -INFINITY, z = 0;                        \
+    for (int64_t tb = 0; tb < rows; tb += AR_RB) {                                                            \
+        int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                   \
+        double *sb = scratch + (int64_t)omp_get_thread_num() * (AR_RB * n + d), *o = sb + AR_RB * n;          \
         for (int64_t i = 0; i < n; i++) {                                                                     \
-            const TT *x = v[i] + t * d;                                                                       \
-            double ss = 0, dot = 0;                                                                           \
-            for (int64_t c = 0; c < d; c++) { ss += (double)x[c] * x[c]; dot += a[c] * x[c]; }                \
-            double r = 1.0 / sqrt(ss / (double)d + eps);                                                      \
-            s[i] = r * dot;                                                                                   \
-            R[i * rows + t] = (TT)r;                                                                          \
-            m = s[i] > m ? s[i] : m;                                                                          \
+            double ss[AR_RB] = {0}, dot[AR_RB] = {0};                                                         \
+            if (nb == AR_RB) {                                                                                \
+                const TT *x0 = v[i] + tb * d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;                       \
+                for (int64_t c = 0; c < d; c++) {                                                             \
+                    ss[0] += (double)x0[c] * x0[c]; dot[0] += a[c] * x0[c];                                   \
+                    ss[1] += (double)x1[c] * x1[c]; dot[1] += a[c] * x1[c];                                   \
+                    ss[2] += (double)x2[c] * x2[c]; dot[2] += a[c] * x2[c];                                   \
+                    ss[3] += (double)x3[c] * x3[c]; dot[3] += a[c] * x3[c];                                   \
+                }                                                                                             \
+            } else {                                                                                          \
+                for (int64_t u = 0; u < nb; u++) {                                                            \
+                    const TT *x = v[i] + (tb + u) * d;                                                        \
+                    for (int64_t c = 0; c < d; c++) { ss[u] += (double)x[c] * x[c]; dot[u] += a[c] * x[c]; }  \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int64_t u = 0; u < nb; u++) {                                                                \
+                double r = 1.0 / sqrt(ss[u] / (double)d + eps);                                               \
+                sb[u * n + i] = r * dot[u];                                                                   \
+                R[i * rows + tb + u] = (TT)r;                                                                 \
+            }                                                                                                 \
         }                                                                                                     \
-        for (int64_t i = 0; i < n; i++) { s[i] = ar_exp_##SFX(s[i] - m); z += s[i]; }                         \
-        for (int64_t i = 0; i < n; i++) { s[i] /= z; P[i * rows + t] = (TT)s[i]; }                            \
-        for (int64_t c = 0; c < d; c++) {                                                                     \
-            double o = 0;                                                                                     \
-            for (int64_t i = 0; i < n; i++) o += s[i] * v[i][t * d + c];                                      \
-            out[t * d + c] = (TT)o;                                                                           \
+        for (int64_t u = 0; u < nb; u++) {                                                                    \
+            int64_t t = tb + u;                                                                               \
+            double *s = sb + u * n, m = -INFINITY, z = 0;                                                     \
+            for (int64_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;                                          \
+            for (int64_t i = 0; i < n; i++) { s[i] = ar_exp_##SFX(s[i] - m); z += s[i]; }                     \
+            for (int64_t i = 0; i < n; i++) { s[i] /= z; P[i * rows + t] = (TT)s[i]; }                        \
+            /* o[c] = Σ_i p_i v_i[t, c], the sources in order for every c (the channels at once) */          \
+            for (int64_t c = 0; c < d; c++) o[c] = 0;                                                         \
+            for (int64_t i = 0; i < n; i++) {                                                                 \
+                const TT *x = v[i] + t * d;                                                                   \
+                double p = s[i];                                                                              \
+                for (int64_t c = 0; c < d; c++) o[c] += p * x[c];                                             \
+            }                                                                                                 \
+            for (int64_t c = 0; c < d; c++) out[t * d + c] = (TT)o[c];                                        \
         }                                                                                                     \
     }                                                                                                         \
 }                                                                                                             \
@@ -116,7 +142,7 @@ int tide_cpu_attnres(int dtype, void *out, void *stats, const void *const *srcs,
     if (check_args("attnres", dtype, n, rows, d)) return -1;
     if (rows == 0) return 0;
     int nth = omp_get_max_threads();
-    double *a = malloc((size_t)(d + (int64_t)nth * n) * sizeof *a);
+    double *a = malloc((size_t)(d + (int64_t)nth * (AR_RB * n + d)) * sizeof *a);
     if (!a) return tide_set_error("attnres: out of memory");
     for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
     if (dtype == TIDE_F32)
