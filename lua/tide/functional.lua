@@ -335,6 +335,13 @@ end
 
 local CONV_KEYS = { cache = true, cu_seqlens = true, silu = true }
 
+-- a conv weight as [C, K]: the checkpoint layout [C, 1, K] viewed so
+local function conv_weight(w, op)
+  if w:dim() ~= 3 then return w end
+  if w:size(2) ~= 1 then raise(fmt("%s: a 3-d w must be [C, 1, K], got %s", op, T.shape_str(w:shape()))) end
+  return w:reshape(w:size(1), w:size(3))
+end
+
 -- F.causal_conv1d(x [B, T, C], w [C, K] or [C, 1, K] (the checkpoint layout), opts) -> [B, T, C]
 --   y[t] = Σ_j w[:, j]·x[t−K+1+j]; positions before a document start read 0, except in the first document
 --   of a row, which reads opts.cache [B, K−1, C] (the previous K−1 inputs; nil = zeros)
@@ -345,12 +352,7 @@ function F.causal_conv1d(x, w, opts)
   check_keys(opts, op, CONV_KEYS)
   want_tensor(x, op, "x")
   want_tensor(w, op, "w")
-  if w:dim() == 3 then
-    if w:size(2) ~= 1 then
-      raise(fmt("%s: a 3-d w must be [C, 1, K], got %s", op, T.shape_str(w:shape())))
-    end
-    w = w:reshape(w:size(1), w:size(3))
-  end
+  w = conv_weight(w, op)
   local cu = cu_tensor(opts.cu_seqlens, x, op)
   return check(C.tide_causal_conv1d(raw(x), raw(w), opt_tensor(opts.cache, op, "cache"), cu and raw(cu) or nil,
                                     bool_int(opts.silu, op, "silu")))
@@ -369,12 +371,7 @@ function F.conv_decode_rows(x, w, caches, opts)
   want_tensor(x, op, "x")
   want_tensor(w, op, "w")
   if type(caches) ~= "table" or #caches == 0 then raise(fmt("%s: caches must be a non-empty list of tensors", op)) end
-  if w:dim() == 3 then
-    if w:size(2) ~= 1 then
-      raise(fmt("%s: a 3-d w must be [C, 1, K], got %s", op, T.shape_str(w:shape())))
-    end
-    w = w:reshape(w:size(1), w:size(3))
-  end
+  w = conv_weight(w, op)
   local R = #caches
   local hp = ffi.new("tide_tensor *[?]", R)
   for r = 1, R do hp[r - 1] = want_tensor(caches[r], op, "caches") end
