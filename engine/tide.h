@@ -554,7 +554,8 @@ int tide_dist_recv_(tide_tensor *t, int src);
 int tide_dist_barrier(void);
 /* process groups (a layout's dp, ep and cp groups): a collective over the world, where the ranks passing the same
    color (>= 0) form one group, numbered in world order; returns the group's id (>= 1; 0 is the world) or -1. The
-   *_group_ collectives run over one group: for device tensors the world or a single rank only. */
+   *_group_ collectives run over one group, CPU tensors over MPI and device tensors over the device's communicator
+   of the group (CUDA: one NCCL communicator a group, made on the group's first device collective). */
 int tide_dist_group_split(int color);
 int tide_dist_group_rank(int group);
 int tide_dist_group_size(int group);

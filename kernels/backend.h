@@ -43,6 +43,18 @@ typedef enum { TIDE_REDUCE_OPS(TIDE_RED_ENUM_) TIDE_RED_COUNT } tide_reduce_op;
 #undef TIDE_BIN_ENUM_
 #undef TIDE_RED_ENUM_
 
+/* a process group as a backend's collectives see it (engine/dist/comm.c, DESIGN.md §9): id 0 is the world, the others
+   the groups of tide_dist_group_split (the same id on every member, fewer than TIDE_DIST_MAX_GROUPS); rank and size:
+   this process's place in the group, members[r] the world rank of group rank r (NULL: the world, r itself); mpi_comm:
+   the group's MPI communicator (an MPI_Comm *), over which a backend bootstraps its own communicator for the group
+   on the group's first collective (every member calls it: collectives are) */
+#define TIDE_DIST_MAX_GROUPS 64
+typedef struct tide_dist_grp {
+    int id, rank, size;
+    const int *members;
+    const void *mpi_comm;
+} tide_dist_grp;
+
 typedef struct tide_backend {
     const char *name;
 
@@ -327,22 +339,24 @@ typedef struct tide_backend {
     int (*adamw)(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 
-    /* collectives over the ranks of an MPI job for this device's tensors (engine/dist/comm.c calls them for
-       non-CPU tensors; the CPU's own path is MPI in comm.c, so the CPU table leaves them NULL). dist_allreduce_sum:
-       data [n] of dtype f32/f64 summed in place in rank order (the chain of comm.c: ((x_0 + x_1) + x_2) + ...);
-       dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to / from one rank; dist_init: the
-       device's communicator set up now (the others set it up on first use), *world its rank count. */
-    int (*dist_allreduce_sum)(int dtype, void *data, int64_t n);
-    int (*dist_init)(int *world);
-    /* dist_allgather: every rank's nbytes of send, concatenated in rank order into recv (world · nbytes);
+    /* collectives over a process group of an MPI job for this device's tensors (engine/dist/comm.c calls them for
+       non-CPU tensors; the CPU's own path is MPI in comm.c, so the CPU table leaves them NULL). g: the group
+       (tide_dist_grp: the world, or a dp / ep / cp group of a layout); ranks, peers and roots are the group's.
+       dist_allreduce_sum: data [n] of dtype f32/f64 summed in place in the group's rank order (the chain of comm.c:
+       ((x_0 + x_1) + x_2) + ...); dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to /
+       from one rank; dist_init: the device's communicator of the group set up now (the others set it up on first
+       use), *world its rank count. */
+    int (*dist_allreduce_sum)(const tide_dist_grp *g, int dtype, void *data, int64_t n);
+    int (*dist_init)(const tide_dist_grp *g, int *world);
+    /* dist_allgather: every rank's nbytes of send, concatenated in rank order into recv (size · nbytes);
        dist_alltoallv: send_bytes[r] bytes from send + send_off[r] to rank r, recv_bytes[r] from rank r into
        recv + recv_off[r] (one grouped exchange) */
-    int (*dist_allgather)(const void *send, void *recv, int64_t nbytes);
-    int (*dist_alltoallv)(const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
-                          const int64_t *recv_bytes, const int64_t *recv_off);
-    int (*dist_broadcast)(void *data, int64_t nbytes, int root);
-    int (*dist_send)(const void *data, int64_t nbytes, int peer);
-    int (*dist_recv)(void *data, int64_t nbytes, int peer);
+    int (*dist_allgather)(const tide_dist_grp *g, const void *send, void *recv, int64_t nbytes);
+    int (*dist_alltoallv)(const tide_dist_grp *g, const void *send, const int64_t *send_bytes, const int64_t *send_off,
+                          void *recv, const int64_t *recv_bytes, const int64_t *recv_off);
+    int (*dist_broadcast)(const tide_dist_grp *g, void *data, int64_t nbytes, int root);
+    int (*dist_send)(const tide_dist_grp *g, const void *data, int64_t nbytes, int peer);
+    int (*dist_recv)(const tide_dist_grp *g, void *data, int64_t nbytes, int peer);
 } tide_backend;
 
 /* the tables; the CUDA one exists only when built with CUDA (TIDE_HAVE_CUDA) */

@@ -16,7 +16,7 @@ static int g_rank = 0, g_world = 1, g_inited, g_serialized, g_multiple;
 
 /* process groups (DESIGN.md §9: the dp, ep and cp groups of a layout): group 0 is the world; tide_dist_group_split
    makes the others. A group's ranks are numbered in world order; members[r] is group rank r's world rank. */
-enum { MAX_GROUPS = 64 };
+enum { MAX_GROUPS = TIDE_DIST_MAX_GROUPS };
 typedef struct dist_group {
     int rank, size;
     int *members;                 /* NULL: the world (member r is world rank r) */
@@ -138,13 +138,14 @@ static int device_tensor(const tide_tensor *t, const char *op, int *rc)
     return 1;
 }
 
-/* a device tensor's collective over group G: the backend's communicator spans the world, so G must be the world or
-   a single rank */
-static int device_group_ok(const dist_group *G, const char *op)
+/* group G as the backends' collectives see it (the device's communicator of the group is made on its first use) */
+static tide_dist_grp grp_of(const dist_group *G)
 {
-    if (G->size == 1 || G->size == g_world) return 0;
-    return tide_set_error("%s: device tensors are summed over the whole world only (a group of %d of %d ranks)", op,
-                          G->size, g_world);
+    tide_dist_grp d = {(int)(G - g_groups), G->rank, G->size, G->members, NULL};
+#ifdef TIDE_HAVE_MPI
+    d.mpi_comm = &G->comm;
+#endif
+    return d;
 }
 
 /* bytes this rank handed to the network (sends, and a broadcast's payload at its root) since the start */
@@ -239,18 +240,19 @@ static int chain_sum_to_last(tide_tensor *t, const char *op, const dist_group *G
 /* the same chain for a device tensor, through its backend's send / recv (one message per rank, not pipelined): the
    partial sum of the ranks before arrives in a scratch tensor and is added (IEEE addition commutes, so
    acc + prev has the bits of prev + acc) */
-static int device_chain_sum_to_last(tide_tensor *t, const char *op)
+static int device_chain_sum_to_last(tide_tensor *t, const char *op, const dist_group *G)
 {
     int rc = 0;
-    if (g_rank > 0) {
+    tide_dist_grp g = grp_of(G);
+    if (G->rank > 0) {
         tide_tensor *prev = tide_empty(t->dtype, t->ndim, t->shape, t->device);
         if (!prev) return -1;
-        rc = TIDE_DISPATCH(t->device, dist_recv, op, tide_data(prev), tide_tensor_nbytes(t), g_rank - 1);
+        rc = TIDE_DISPATCH(t->device, dist_recv, op, &g, tide_data(prev), tide_tensor_nbytes(t), G->rank - 1);
         if (!rc) rc = tide_axpy_(t, 1.0, prev);
         tide_tensor_release(prev);
     }
-    if (!rc && g_rank < g_world - 1) {
-        rc = TIDE_DISPATCH(t->device, dist_send, op, tide_data(t), tide_tensor_nbytes(t), g_rank + 1);
+    if (!rc && G->rank < G->size - 1) {
+        rc = TIDE_DISPATCH(t->device, dist_send, op, &g, tide_data(t), tide_tensor_nbytes(t), G->rank + 1);
         if (!rc) SENT(tide_tensor_nbytes(t));
     }
     return rc;
@@ -266,8 +268,7 @@ int tide_dist_reduce_to_last_group_(int group, tide_tensor *t)
     if (!G) return -1;
     if (device_tensor(t, "reduce", &rc)) {
         if (rc || G->size == 1 || t->numel == 0) return rc;
-        if (device_group_ok(G, "reduce")) return -1;
-        return device_chain_sum_to_last(t, "reduce");
+        return device_chain_sum_to_last(t, "reduce", G);
     }
     if (check_cpu_tensor(t, "reduce")) return -1;
     if (t->dtype != TIDE_F32 && t->dtype != TIDE_F64)
@@ -294,9 +295,9 @@ int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
     if (!G) return -1;
     if (device_tensor(t, "allreduce", &rc)) {
         if (rc || G->size == 1 || t->numel == 0) return rc;
-        if (device_group_ok(G, "allreduce")) return -1;
-        rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", t->dtype, tide_data(t), t->numel);
-        if (!rc) SENT(tide_tensor_nbytes(t) * ((g_rank < g_world - 1) + (g_rank != g_world - 2)));
+        tide_dist_grp g = grp_of(G);
+        rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", &g, t->dtype, tide_data(t), t->numel);
+        if (!rc) SENT(tide_tensor_nbytes(t) * ((G->rank < G->size - 1) + (G->rank != G->size - 2)));
         return rc;
     }
     if (check_cpu_tensor(t, "allreduce")) return -1;
@@ -336,7 +337,8 @@ int tide_dist_device_init(int device, int *world)
     int w = 0;
     if (device == TIDE_CPU) { if (world) *world = tide_dist_world_size(); return 0; }
     if (tide_dist_init()) return -1;
-    int rc = TIDE_DISPATCH(device, dist_init, "dist init", &w);
+    tide_dist_grp g = grp_of(world_group());
+    int rc = TIDE_DISPATCH(device, dist_init, "dist init", &g, &w);
     if (rc) return rc;
     if (w != tide_dist_world_size())
         return tide_set_error("dist init: the device communicator has %d ranks, MPI %d", w, tide_dist_world_size());
@@ -351,7 +353,8 @@ int tide_dist_broadcast_(tide_tensor *t, int root)
         return tide_set_error("broadcast: root %d is not a rank (world size %d)", root, tide_dist_world_size());
     if (device_tensor(t, "broadcast", &rc)) {
         if (rc || tide_dist_world_size() == 1 || t->numel == 0) return rc;
-        rc = TIDE_DISPATCH(t->device, dist_broadcast, "broadcast", tide_data(t), tide_tensor_nbytes(t), root);
+        tide_dist_grp g = grp_of(world_group());
+        rc = TIDE_DISPATCH(t->device, dist_broadcast, "broadcast", &g, tide_data(t), tide_tensor_nbytes(t), root);
         if (!rc && g_rank == root) SENT(tide_tensor_nbytes(t));
         return rc;
     }
@@ -385,8 +388,8 @@ int tide_dist_allgather_group_(int group, tide_tensor *out, const tide_tensor *i
         return rc;
     }
     if (in->device != TIDE_CPU) {
-        if (device_group_ok(G, "allgather")) return -1;
-        rc = TIDE_DISPATCH(in->device, dist_allgather, "allgather", tide_data(in), tide_data(out), nb);
+        tide_dist_grp g = grp_of(G);
+        rc = TIDE_DISPATCH(in->device, dist_allgather, "allgather", &g, tide_data(in), tide_data(out), nb);
     } else {
 #ifdef TIDE_HAVE_MPI
         if (nb > INT32_MAX) return tide_set_error("allgather: %lld bytes a rank is past MPI's int count", (long long)nb);
@@ -437,8 +440,8 @@ int tide_dist_alltoallv_group_(int group, const tide_tensor *send, const int64_t
             rc = TIDE_DISPATCH(send->device, copy, "alltoallv", tide_data(recv), recv->dtype, (int64_t[]){1},
                                tide_data(send), send->dtype, (int64_t[]){1}, 1, (int64_t[]){send->numel});
     } else if (send->device != TIDE_CPU) {
-        rc = device_group_ok(G, "alltoallv");
-        if (!rc) rc = TIDE_DISPATCH(send->device, dist_alltoallv, "alltoallv", tide_data(send), sb, so, tide_data(recv), rb, ro);
+        tide_dist_grp g = grp_of(G);
+        rc = TIDE_DISPATCH(send->device, dist_alltoallv, "alltoallv", &g, tide_data(send), sb, so, tide_data(recv), rb, ro);
     } else {
 #ifdef TIDE_HAVE_MPI
         int *ic = malloc((size_t)w * 4 * sizeof *ic);
@@ -472,7 +475,8 @@ int tide_dist_send_(tide_tensor *t, int dst)
     if (dst < 0 || dst >= tide_dist_world_size() || dst == tide_dist_rank())
         return tide_set_error("send: rank %d is not another rank (world size %d)", dst, tide_dist_world_size());
     if (device_tensor(t, "send", &rc)) {
-        if (!rc) rc = TIDE_DISPATCH(t->device, dist_send, "send", tide_data(t), tide_tensor_nbytes(t), dst);
+        tide_dist_grp g = grp_of(world_group());
+        if (!rc) rc = TIDE_DISPATCH(t->device, dist_send, "send", &g, tide_data(t), tide_tensor_nbytes(t), dst);
         if (!rc) SENT(tide_tensor_nbytes(t));
         return rc;
     }
@@ -491,7 +495,8 @@ int tide_dist_recv_(tide_tensor *t, int src)
     if (src < 0 || src >= tide_dist_world_size() || src == tide_dist_rank())
         return tide_set_error("recv: rank %d is not another rank (world size %d)", src, tide_dist_world_size());
     if (device_tensor(t, "recv", &rc)) {
-        if (!rc) rc = TIDE_DISPATCH(t->device, dist_recv, "recv", tide_data(t), tide_tensor_nbytes(t), src);
+        tide_dist_grp g = grp_of(world_group());
+        if (!rc) rc = TIDE_DISPATCH(t->device, dist_recv, "recv", &g, tide_data(t), tide_tensor_nbytes(t), src);
         return rc;
     }
     if (check_cpu_tensor(t, "recv")) return -1;

@@ -1,15 +1,18 @@
 /*
  * nccl_comm.cu — the collectives of engine/dist/comm.c for CUDA tensors, over NCCL (kernels/backend.h: dist_*).
- * The communicator is bootstrapped over MPI on first use (rank 0's ncclUniqueId broadcast with MPI_Bcast), one
- * rank per GPU: each rank uses its process's current device (give each rank its own, e.g. CUDA_VISIBLE_DEVICES per
- * rank). Everything runs on the engine's stream, in stream order with the kernels around it.
+ * One NCCL communicator per process group (tide_dist_grp: the world, or a layout's dp / ep / cp group), made on the
+ * group's first collective: the group's rank 0 draws an ncclUniqueId, broadcasts it over the group's MPI
+ * communicator, and the members join with ncclCommInitRank. One rank per GPU: each rank uses its process's current
+ * device (give each rank its own, e.g. CUDA_VISIBLE_DEVICES per rank). Everything runs on the engine's stream, in
+ * stream order with the kernels around it.
  *
  * The sum is comm.c's chain, not NCCL's ring: partial sums travel 0 -> 1 -> ... -> N-1 in chunks (ncclRecv, one
  * add kernel, ncclSend), then the sum travels on N-1 -> 0 -> ... -> N-2. Every addition's order is fixed by the
  * ranks, so N ranks reproduce themselves bit for bit and equal gradient accumulation on one rank.
  *
  * Built only with NCCL and MPI (TIDE_HAVE_NCCL); without them the entries are NULL and a CUDA tensor's collective
- * is the engine's "no kernel" error.
+ * is the engine's "no kernel" error. tests/gpu/emu/nccl.cpp runs this file on the CPU under mpirun, with NCCL
+ * stood in for by MPI (tests/gpu/emu/fake/nccl.h).
  */
 #include "common.cuh"
 
@@ -17,32 +20,49 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#ifndef NCCL_CHUNK
 #define NCCL_CHUNK (1 << 22)      /* elements per message of the chain */
+#endif
 
-static ncclComm_t g_comm;
-static int g_rank, g_world, g_ready;
+static ncclComm_t g_comms[TIDE_DIST_MAX_GROUPS];   /* by group id; NULL until the group's first collective */
 
-static int nccl_comm(const char *what)
+/* group g's communicator, made now if it is the group's first collective (every member is in this call) */
+static ncclComm_t nccl_comm(const tide_dist_grp *g, const char *what)
 {
-    if (g_ready) return 0;
+    if (g->id < 0 || g->id >= TIDE_DIST_MAX_GROUPS) {
+        tide_set_error("%s: %d is not a process group", what, g->id);
+        return NULL;
+    }
+    if (g_comms[g->id]) return g_comms[g->id];
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited) return tide_set_error("%s: the NCCL communicator bootstraps over MPI: run under mpirun", what);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+    if (!inited || !g->mpi_comm) {
+        tide_set_error("%s: the NCCL communicator bootstraps over MPI: run under mpirun", what);
+        return NULL;
+    }
+    MPI_Comm mc = *(const MPI_Comm *)g->mpi_comm;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     ncclResult_t r = ncclSuccess;
-    if (g_rank == 0) r = ncclGetUniqueId(&id);
-    /* every rank takes part in the broadcast, so a failure at rank 0 still reaches the others as a bad id */
-    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return tide_set_error("%s: broadcasting the NCCL id over MPI failed", what);
-    if (r != ncclSuccess) return tide_set_error("%s: ncclGetUniqueId: %s", what, ncclGetErrorString(r));
-    r = ncclCommInitRank(&g_comm, g_world, id, g_rank);
-    if (r != ncclSuccess) return tide_set_error("%s: ncclCommInitRank (rank %d of %d): %s", what, g_rank, g_world,
-                                                ncclGetErrorString(r));
-    g_ready = 1;
-    return 0;
+    if (g->rank == 0) r = ncclGetUniqueId(&id);
+    /* every member takes part in the broadcast, so a failure at the group's rank 0 still reaches the others as a bad id */
+    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, mc) != MPI_SUCCESS) {
+        tide_set_error("%s: broadcasting the NCCL id over MPI failed (group %d)", what, g->id);
+        return NULL;
+    }
+    if (r != ncclSuccess) {
+        tide_set_error("%s: ncclGetUniqueId: %s", what, ncclGetErrorString(r));
+        return NULL;
+    }
+    ncclComm_t c = NULL;
+    r = ncclCommInitRank(&c, g->size, id, g->rank);
+    if (r != ncclSuccess) {
+        tide_set_error("%s: ncclCommInitRank (rank %d of %d in group %d): %s", what, g->rank, g->size, g->id,
+                       ncclGetErrorString(r));
+        return NULL;
+    }
+    g_comms[g->id] = c;
+    return c;
 }
 
 #define NCCL_CHECK(call, what)                                                                                      \
@@ -57,104 +77,111 @@ template <typename T> __global__ void chain_add_kernel(T *acc, const T *prev, in
         acc[i] = prev[i] + acc[i];
 }
 
-static int chain_allreduce(int dtype, void *data, int64_t n)
+static int chain_allreduce(const tide_dist_grp *g, int dtype, void *data, int64_t n)
 {
     const char *what = "allreduce (nccl)";
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("%s: dtype %s is not supported (f32, f64)", what, tide_cuda_dtype_str(dtype));
-    if (nccl_comm(what)) return -1;
-    if (g_world == 1 || n == 0) return 0;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
+    int me = g->rank, size = g->size;
+    if (size == 1 || n == 0) return 0;
     TIDE_STREAM(s);
     size_t es = dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     ncclDataType_t nt = dtype == TIDE_F32 ? ncclFloat32 : ncclFloat64;
     char *base = (char *)data;
     void *tmp = NULL;
     int64_t cmax = n < NCCL_CHUNK ? n : NCCL_CHUNK;
-    if (g_rank > 0 && tide_cuda_alloc(&tmp, (size_t)cmax * es, s) != cudaSuccess)
+    if (me > 0 && tide_cuda_alloc(&tmp, (size_t)cmax * es, s) != cudaSuccess)
         return tide_set_error("%s: out of device memory for %lld values", what, (long long)cmax);
     int rc = 0;
     for (int64_t k0 = 0; k0 < n && !rc; k0 += NCCL_CHUNK) {
         int64_t m = n - k0 < NCCL_CHUNK ? n - k0 : NCCL_CHUNK;
         char *chunk = base + (size_t)k0 * es;
-        if (g_rank > 0) {
-            ncclResult_t r = ncclRecv(tmp, (size_t)m, nt, g_rank - 1, g_comm, s);
+        if (me > 0) {
+            ncclResult_t r = ncclRecv(tmp, (size_t)m, nt, me - 1, comm, s);
             if (r != ncclSuccess) { rc = tide_set_error("%s: ncclRecv: %s", what, ncclGetErrorString(r)); break; }
             unsigned blocks = (unsigned)((m + 255) / 256 < 4096 ? (m + 255) / 256 : 4096);
             if (dtype == TIDE_F32) chain_add_kernel<float><<<blocks, 256, 0, s>>>((float *)chunk, (const float *)tmp, m);
             else chain_add_kernel<double><<<blocks, 256, 0, s>>>((double *)chunk, (const double *)tmp, m);
             if (cudaGetLastError() != cudaSuccess) { rc = tide_set_error("%s: the add kernel failed", what); break; }
         }
-        if (g_rank < g_world - 1) {
-            ncclResult_t r = ncclSend(chunk, (size_t)m, nt, g_rank + 1, g_comm, s);
+        if (me < size - 1) {
+            ncclResult_t r = ncclSend(chunk, (size_t)m, nt, me + 1, comm, s);
             if (r != ncclSuccess) rc = tide_set_error("%s: ncclSend: %s", what, ncclGetErrorString(r));
         }
     }
     if (tmp) tide_cuda_release(tmp, s);
     if (rc) return rc;
     /* the sum on from N-1 through 0 .. N-2 */
-    int prev = g_rank == 0 ? g_world - 1 : g_rank - 1, next = g_rank == g_world - 1 ? 0 : g_rank + 1;
+    int prev = me == 0 ? size - 1 : me - 1, next = me == size - 1 ? 0 : me + 1;
     for (int64_t k0 = 0; k0 < n; k0 += NCCL_CHUNK) {
         int64_t m = n - k0 < NCCL_CHUNK ? n - k0 : NCCL_CHUNK;
         char *chunk = base + (size_t)k0 * es;
-        if (g_rank != g_world - 1) NCCL_CHECK(ncclRecv(chunk, (size_t)m, nt, prev, g_comm, s), what);
-        if (g_rank != g_world - 2) NCCL_CHECK(ncclSend(chunk, (size_t)m, nt, next, g_comm, s), what);
+        if (me != size - 1) NCCL_CHECK(ncclRecv(chunk, (size_t)m, nt, prev, comm, s), what);
+        if (me != size - 2) NCCL_CHECK(ncclSend(chunk, (size_t)m, nt, next, comm, s), what);
     }
     return 0;
 }
 
-static int nccl_broadcast(void *data, int64_t nbytes, int root)
+static int nccl_broadcast(const tide_dist_grp *g, void *data, int64_t nbytes, int root)
 {
     const char *what = "broadcast (nccl)";
-    if (nccl_comm(what)) return -1;
-    if (g_world == 1 || nbytes == 0) return 0;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
+    if (g->size == 1 || nbytes == 0) return 0;
     TIDE_STREAM(s);
-    NCCL_CHECK(ncclBroadcast(data, data, (size_t)nbytes, ncclChar, root, g_comm, s), what);
+    NCCL_CHECK(ncclBroadcast(data, data, (size_t)nbytes, ncclChar, root, comm, s), what);
     return 0;
 }
 
-static int nccl_send(const void *data, int64_t nbytes, int peer)
+static int nccl_send(const tide_dist_grp *g, const void *data, int64_t nbytes, int peer)
 {
     const char *what = "send (nccl)";
-    if (nccl_comm(what)) return -1;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
     TIDE_STREAM(s);
-    NCCL_CHECK(ncclSend(data, (size_t)nbytes, ncclChar, peer, g_comm, s), what);
+    NCCL_CHECK(ncclSend(data, (size_t)nbytes, ncclChar, peer, comm, s), what);
     return 0;
 }
 
-static int nccl_recv(void *data, int64_t nbytes, int peer)
+static int nccl_recv(const tide_dist_grp *g, void *data, int64_t nbytes, int peer)
 {
     const char *what = "recv (nccl)";
-    if (nccl_comm(what)) return -1;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
     TIDE_STREAM(s);
-    NCCL_CHECK(ncclRecv(data, (size_t)nbytes, ncclChar, peer, g_comm, s), what);
+    NCCL_CHECK(ncclRecv(data, (size_t)nbytes, ncclChar, peer, comm, s), what);
     return 0;
 }
 
-static int nccl_allgather(const void *send, void *recv, int64_t nbytes)
+static int nccl_allgather(const tide_dist_grp *g, const void *send, void *recv, int64_t nbytes)
 {
     const char *what = "allgather (nccl)";
-    if (nccl_comm(what)) return -1;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
     if (nbytes == 0) return 0;
     TIDE_STREAM(s);
-    NCCL_CHECK(ncclAllGather(send, recv, (size_t)nbytes, ncclChar, g_comm, s), what);
+    NCCL_CHECK(ncclAllGather(send, recv, (size_t)nbytes, ncclChar, comm, s), what);
     return 0;
 }
 
 /* every pair's send and receive in one group: NCCL matches them without an order to deadlock on */
-static int nccl_alltoallv(const void *send, const int64_t *send_bytes, const int64_t *send_off, void *recv,
-                          const int64_t *recv_bytes, const int64_t *recv_off)
+static int nccl_alltoallv(const tide_dist_grp *g, const void *send, const int64_t *send_bytes, const int64_t *send_off,
+                          void *recv, const int64_t *recv_bytes, const int64_t *recv_off)
 {
     const char *what = "alltoallv (nccl)";
-    if (nccl_comm(what)) return -1;
+    ncclComm_t comm = nccl_comm(g, what);
+    if (!comm) return -1;
     TIDE_STREAM(s);
     NCCL_CHECK(ncclGroupStart(), what);
-    for (int r = 0; r < g_world; r++) {
+    for (int r = 0; r < g->size; r++) {
         if (send_bytes[r] > 0) {
-            ncclResult_t e = ncclSend((const char *)send + send_off[r], (size_t)send_bytes[r], ncclChar, r, g_comm, s);
+            ncclResult_t e = ncclSend((const char *)send + send_off[r], (size_t)send_bytes[r], ncclChar, r, comm, s);
             if (e != ncclSuccess) { ncclGroupEnd(); return tide_set_error("%s: %s", what, ncclGetErrorString(e)); }
         }
         if (recv_bytes[r] > 0) {
-            ncclResult_t e = ncclRecv((char *)recv + recv_off[r], (size_t)recv_bytes[r], ncclChar, r, g_comm, s);
+            ncclResult_t e = ncclRecv((char *)recv + recv_off[r], (size_t)recv_bytes[r], ncclChar, r, comm, s);
             if (e != ncclSuccess) { ncclGroupEnd(); return tide_set_error("%s: %s", what, ncclGetErrorString(e)); }
         }
     }
@@ -162,11 +189,12 @@ static int nccl_alltoallv(const void *send, const int64_t *send_bytes, const int
     return 0;
 }
 
-static int nccl_init(int *world)
+static int nccl_init(const tide_dist_grp *g, int *world)
 {
-    if (nccl_comm("init (nccl)")) return -1;
+    ncclComm_t comm = nccl_comm(g, "init (nccl)");
+    if (!comm) return -1;
     int n = 0;
-    NCCL_CHECK(ncclCommCount(g_comm, &n), "init (nccl): ncclCommCount");
+    NCCL_CHECK(ncclCommCount(comm, &n), "init (nccl): ncclCommCount");
     *world = n;
     return 0;
 }
