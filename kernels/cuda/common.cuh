@@ -294,6 +294,9 @@ int tide_cuda_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, d
 int tide_cuda_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
                            const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb,
                            double beta, void *C, int64_t ldc, int64_t sc, int64_t batch);
+/* C (fp32) = alpha op(A) op(B) + beta C with f32 or bf16 operands: sums over calls stay fp32 */
+int tide_cuda_gemm_f32out(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                          int64_t lda, const void *B, int64_t ldb, double beta, float *C, int64_t ldc);
 
 int tide_cuda_index_select(int dtype, void *out, const void *x, const void *idx, int idx_dtype, int64_t outer,
                            int64_t n_src, int64_t inner, int64_t n_idx);

@@ -7,6 +7,7 @@
  * operand's transpose flag unchanged (op(B)^T of the column-major view of B is B stored as given).
  *
  * f32: fp32 in, fp32 compute (no TF32). bf16: bf16 in and out, fp32 compute. f64: fp64 throughout.
+ * tide_cuda_gemm_f32out: f32 or bf16 in, C in fp32 (a sum kept over several calls, beta = 1, stays fp32).
  */
 #include "common.cuh"
 
@@ -74,20 +75,24 @@ static int gemm_types(int dtype, cudaDataType_t *type, cublasComputeType_t *comp
                           tide_cuda_dtype_str(dtype));
 }
 
-/* one entry for both: batch = 1 with zero strides is the plain product */
-static int gemm_any(const char *what, int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
-                    const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, double beta,
-                    void *C, int64_t ldc, int64_t sc, int64_t batch)
+/* one entry for all: batch = 1 with zero strides is the plain product; cdtype: C's dtype (dtype, or f32 for bf16
+   operands) */
+static int gemm_any(const char *what, int dtype, int cdtype, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                    double alpha, const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb,
+                    double beta, void *C, int64_t ldc, int64_t sc, int64_t batch)
 {
     if (gemm_check(what, ta, tb, M, N, K, &lda, &ldb, &ldc)) return -1;
     if (batch < 0) return tide_set_error("%s: negative batch %lld", what, (long long)batch);
     if (batch > INT_MAX) return tide_set_error("%s: batch %lld exceeds cuBLAS's 32-bit limit", what, (long long)batch);
+    if (cdtype != dtype && !(cdtype == TIDE_F32 && dtype == TIDE_BF16))
+        return tide_set_error("%s: a %s product into %s is not supported (C has the operands' dtype, or f32 for bf16)",
+                              what, tide_cuda_dtype_str(dtype), tide_cuda_dtype_str(cdtype));
     if (M == 0 || N == 0 || batch == 0) return 0;
-    cudaDataType_t type = CUDA_R_32F;
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (gemm_types(dtype, &type, &compute)) return -1;
+    cudaDataType_t type = CUDA_R_32F, ctype = CUDA_R_32F;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F, ccompute;
+    if (gemm_types(dtype, &type, &compute) || gemm_types(cdtype, &ctype, &ccompute)) return -1;
     TIDE_STREAM(s);
-    if (K == 0) return gemm_scale_only(dtype, C, M, N, ldc, sc, batch, beta, s);
+    if (K == 0) return gemm_scale_only(cdtype, C, M, N, ldc, sc, batch, beta, s);
     cublasHandle_t h;
     if (tide_cuda_get_cublas(&h)) return -1;
     /* scalars match the compute type: double for fp64, float otherwise */
@@ -98,11 +103,11 @@ static int gemm_any(const char *what, int dtype, int ta, int tb, int64_t M, int6
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  /* second: A */
     if (batch == 1) {
         TIDE_CUBLAS(cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, pa, B, type, (int)ldb, A, type, (int)lda, pb,
-                                 C, type, (int)ldc, compute, CUBLAS_GEMM_DEFAULT),
+                                 C, ctype, (int)ldc, compute, CUBLAS_GEMM_DEFAULT),
                     what);
     } else {
         TIDE_CUBLAS(cublasGemmStridedBatchedEx(h, opb, opa, (int)N, (int)M, (int)K, pa, B, type, (int)ldb,
-                                               (long long)sb, A, type, (int)lda, (long long)sa, pb, C, type,
+                                               (long long)sb, A, type, (int)lda, (long long)sa, pb, C, ctype,
                                                (int)ldc, (long long)sc, (int)batch, compute, CUBLAS_GEMM_DEFAULT),
                     what);
     }
@@ -112,12 +117,20 @@ static int gemm_any(const char *what, int dtype, int ta, int tb, int64_t M, int6
 int tide_cuda_gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
                    int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
-    return gemm_any("gemm", dtype, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+    return gemm_any("gemm", dtype, dtype, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
 }
 
 int tide_cuda_gemm_batched(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
                            const void *A, int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb,
                            double beta, void *C, int64_t ldc, int64_t sc, int64_t batch)
 {
-    return gemm_any("gemm_batched", dtype, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+    return gemm_any("gemm_batched", dtype, dtype, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
+                    batch);
+}
+
+int tide_cuda_gemm_f32out(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                          int64_t lda, const void *B, int64_t ldb, double beta, float *C, int64_t ldc)
+{
+    return gemm_any("gemm (fp32 out)", dtype, TIDE_F32, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0,
+                    1);
 }
