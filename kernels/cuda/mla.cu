@@ -110,16 +110,27 @@ static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int 
 
 template <typename T> struct mla_args {
     T *out;                       /* forward; NULL: lse only (attention.cu's bf16 backward) */
+    float *out_f32;               /* or the output in fp32 instead (mla_latent's chunk outputs, merged in fp32) */
     float *lse_out;               /* the fp32 lse, or NULL: lse_t gets it in the storage type */
     T *lse_t;
     T *gq, *gkn, *gkr, *gv;       /* backward; gkr_part: [groups, B·Tk·dr] when there are several head groups */
     float *gkr_part;
+    float *gq_run;                /* or dQ in fp32 instead of gq, added to what it holds when gq_add (mla_latent) */
+    int gq_add;
     const T *gout;
     const float *lse, *D;
     const T *q, *kn, *kr, *v;
+    /* key token t = b·Tk + j, head h: kn (and gkn) at t·kn_rs + h·kn_hs, v (and gv) at t·v_rs + h·v_hs; [B, Tk, H,
+       dn] and [B, Tk, H, dv] as a rule, one interleaved [B, Tk, H, dn + dv] expansion in mla_latent */
+    int64_t kn_rs, v_rs;
+    int kn_hs, v_hs;
+    /* the keys are [kbase, kbase + Tk) of rows of Tkr keys: kr, gkr and the boundaries cu are over whole rows
+       (kbase 0 and Tkr = Tk but for mla_latent's chunks; lo, off and the key tiles count from kbase) */
+    int kbase, Tkr;
     const int64_t *cu;            /* device copy of the boundaries, or NULL */
     int n_seg;
     int Tq, Tk, H, dn, dr, dv, off;   /* query i sees keys j <= i + off: Tk − Tq (causal), Tk (attention.cu, not causal) */
+    int qt0;                      /* the first query tile (blockIdx.x counts from it): the ones before see no key */
     int hpg, groups;              /* dK/dV: heads per group, groups */
     int bidir;                    /* not causal: query i sees its whole segment (varlen_attention; needs cu) */
     float scale;
@@ -140,19 +151,21 @@ __device__ __forceinline__ int mla_doc(const int64_t *cu, int n_seg, int64_t n)
     return lo;
 }
 
-/* lo[r] = the first key query i0 + r may see (its document start, row-relative); INT_MAX past the tile's
-   rows, so padding rows see nothing. hi (bidir, else NULL): hi[r] = one past its document's last key */
-__device__ void mla_doc_starts(int *lo, int *hi, const int64_t *cu, int n_seg, int64_t row0, int qoff, int i0, int rows,
-                               int R)
+/* lo[r] = the first key query i0 + r may see (its document start, counted from key kbase of the row, at least
+   0); INT_MAX past the tile's rows, so padding rows see nothing. hi (bidir, else NULL): hi[r] = one past its
+   document's last key */
+__device__ void mla_doc_starts(int *lo, int *hi, const int64_t *cu, int n_seg, int64_t row0, int qoff, int kbase, int i0,
+                               int rows, int R)
 {
-    /* row0 = b·Tk: the boundaries are over the keys; query i is key position i + qoff (qoff = Tk − Tq: the last
-       query on the last key) */
+    /* row0 = b·Tkr: the boundaries are over the row's keys; query i is key position i + qoff (qoff = Tkr − Tq: the
+       last query on the last key) */
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         int v = INT_MAX, e = 0;
         if (r < rows && cu) {
             int d = mla_doc(cu, n_seg, row0 + qoff + i0 + r);
-            v = (int)(cu[d] - row0);
-            e = (int)(cu[d + 1] - row0);
+            int64_t s = cu[d] - row0 - kbase;
+            v = s > 0 ? (int)s : 0;
+            e = (int)(cu[d + 1] - row0 - kbase);
         } else if (r < rows) {
             v = 0;
             e = INT_MAX;
@@ -261,10 +274,10 @@ __device__ void mla_load_kv(const mla_args<T> &a, const mla_views<T> &w, int b, 
 {
     const mla_layout &L = a.L;
     int cols = a.Tk - j0 < L.BK ? a.Tk - j0 : L.BK;
-    int64_t t0 = (int64_t)b * a.Tk + j0;
-    mla_load_tile(w.K, L.ldq, L.BK, L.DQ, cols, a.kn + (t0 * a.H + h) * a.dn, (int64_t)a.H * a.dn, a.dn,
-                  a.dr ? a.kr + t0 * a.dr : a.kr, (int64_t)a.dr, a.dr);
-    mla_load_tile(w.V, L.ldv, L.BK, L.DV, cols, a.v + (t0 * a.H + h) * a.dv, (int64_t)a.H * a.dv, a.dv,
+    int64_t t0 = (int64_t)b * a.Tk + j0, tr = (int64_t)b * a.Tkr + a.kbase + j0;
+    mla_load_tile(w.K, L.ldq, L.BK, L.DQ, cols, a.kn + t0 * a.kn_rs + (int64_t)h * a.kn_hs, a.kn_rs, a.dn,
+                  a.dr ? a.kr + tr * a.dr : a.kr, (int64_t)a.dr, a.dr);
+    mla_load_tile(w.V, L.ldv, L.BK, L.DV, cols, a.v + t0 * a.v_rs + (int64_t)h * a.v_hs, a.v_rs, a.dv,
                   (const T *)nullptr, 0, 0);
 }
 
@@ -284,7 +297,7 @@ __device__ void mla_load_q_bwd(const mla_args<T> &a, const mla_views<T> &w, int 
         w.lse[r] = r < rows ? a.lse[at] : -INFINITY;
         w.D[r] = r < rows ? a.D[at] : 0.f;
     }
-    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tk, a.Tk - a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tkr, a.Tkr - a.Tq, a.kbase, i0, rows, L.BQ);
 }
 
 /* P = exp(S·scale − lse) on the visible pairs (0 elsewhere) and dS = P ⊙ (dP − D) (mla.md §4). fp32: P over
@@ -318,13 +331,14 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
     const mla_layout &L = a.L;
     mla_views<T> w = mla_make_views<T>(reinterpret_cast<char *>(mla_smem4), L);
     /* the last query tiles see the most keys: start them first */
-    int it = (int)(gridDim.x - 1 - blockIdx.x), h = blockIdx.y, b = blockIdx.z;
+    int it = a.qt0 + (int)(gridDim.x - 1 - blockIdx.x), h = blockIdx.y, b = blockIdx.z;
     int i0 = it * L.BQ, rows = a.Tq - i0 < L.BQ ? a.Tq - i0 : L.BQ, dqk = a.dn + a.dr;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    bool want_o = a.out || a.out_f32;
     int64_t t0 = (int64_t)b * a.Tq + i0;
     mla_load_tile(w.Q, L.ldq, L.BQ, L.DQ, rows, a.q + (t0 * a.H + h) * dqk, (int64_t)a.H * dqk, dqk,
                   (const T *)nullptr, 0, 0);
-    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tk, a.Tk - a.Tq, i0, rows, L.BQ);
+    mla_doc_starts(w.lo, w.hi, a.cu, a.n_seg, (int64_t)b * a.Tkr, a.Tkr - a.Tq, a.kbase, i0, rows, L.BQ);
     mla_zero(w.acc_v, L.ldav, L.BQ, L.DV);
     for (int r = threadIdx.x; r < L.BQ; r += blockDim.x) {
         w.m[r] = -INFINITY;
@@ -360,7 +374,7 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
             }
             sum = tide_warp_reduce(sum, tide_sum_op());
             float alpha = mo == -INFINITY ? 0.f : expf(mo - mn);
-            if (a.out)
+            if (want_o)
                 for (int c = lane; c < L.DV; c += 32) w.acc_v[r * L.ldav + c] *= alpha;
             __syncwarp();
             if (lane == 0) {
@@ -369,7 +383,7 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
             }
         }
         __syncthreads();
-        if (a.out) {
+        if (want_o) {
             if constexpr (sizeof(T) == 2)
                 mla_mm<false, false>(w.acc_v, L.ldav, w.Pb, L.ldp, w.V, L.ldv, L.BQ, L.DV, L.BK, true);
             else
@@ -379,10 +393,11 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
     }
     for (int r = warp; r < rows; r += nw) {
         float l = w.l[r], inv = l > 0.f ? 1.f / l : 0.f;
-        if (a.out) {
-            T *o = a.out + ((t0 + r) * a.H + h) * a.dv;
-            for (int c = lane; c < a.dv; c += 32) o[c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c] * inv);
-        }
+        int64_t at_o = ((t0 + r) * a.H + h) * a.dv;
+        if (a.out_f32)
+            for (int c = lane; c < a.dv; c += 32) a.out_f32[at_o + c] = w.acc_v[r * L.ldav + c] * inv;
+        else if (a.out)
+            for (int c = lane; c < a.dv; c += 32) a.out[at_o + c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c] * inv);
         if (lane == 0) {
             int64_t at = ((int64_t)b * a.H + h) * a.Tq + i0 + r;
             float lse = l > 0.f ? w.m[r] + logf(l) : -INFINITY;
@@ -416,7 +431,7 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dq_kernel(ml
     extern __shared__ __align__(128) float4 mla_smem4[];
     const mla_layout &L = a.L;
     mla_views<T> w = mla_make_views<T>(reinterpret_cast<char *>(mla_smem4), L);
-    int it = (int)(gridDim.x - 1 - blockIdx.x), h = blockIdx.y, b = blockIdx.z;
+    int it = a.qt0 + (int)(gridDim.x - 1 - blockIdx.x), h = blockIdx.y, b = blockIdx.z;
     int i0 = it * L.BQ, rows = a.Tq - i0 < L.BQ ? a.Tq - i0 : L.BQ, dqk = a.dn + a.dr;
     mla_load_q_bwd(a, w, b, h, i0);
     mla_zero(w.acc_q, L.ldaq, L.BQ, L.DQ);
@@ -440,7 +455,10 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dq_kernel(ml
     int64_t t0 = (int64_t)b * a.Tq + i0;
     for (int idx = threadIdx.x; idx < rows * dqk; idx += blockDim.x) {
         int r = idx / dqk, c = idx - r * dqk;
-        a.gq[((t0 + r) * a.H + h) * dqk + c] = tide_tr<T>::store(w.acc_q[r * L.ldaq + c] * a.scale);
+        int64_t at = ((t0 + r) * a.H + h) * dqk + c;
+        float x = w.acc_q[r * L.ldaq + c] * a.scale;
+        if (a.gq_run) a.gq_run[at] = a.gq_add ? a.gq_run[at] + x : x;
+        else a.gq[at] = tide_tr<T>::store(x);
     }
 }
 
@@ -458,11 +476,11 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
        the end of the last key's document */
     int ilo = j0 - a.off > 0 ? j0 - a.off : 0, ihi = a.Tq;
     if (a.cu) {
-        int64_t row0 = (int64_t)b * a.Tk;
-        /* the end of the last key's document, as a query index (query i is key i + Tk − Tq) */
-        int64_t e = a.cu[mla_doc(a.cu, a.n_seg, row0 + j0 + cols - 1) + 1] - row0 - (a.Tk - a.Tq);
+        int64_t row0 = (int64_t)b * a.Tkr + a.kbase;
+        /* the end of the last key's document, as a query index (query i is key i + Tkr − Tq of the row) */
+        int64_t e = a.cu[mla_doc(a.cu, a.n_seg, row0 + j0 + cols - 1) + 1] - (int64_t)b * a.Tkr - (a.Tkr - a.Tq);
         if (e < ihi) ihi = (int)e;
-        if (a.bidir) ilo = (int)(a.cu[mla_doc(a.cu, a.n_seg, row0 + j0)] - row0);
+        if (a.bidir) ilo = (int)(a.cu[mla_doc(a.cu, a.n_seg, row0 + j0)] - (int64_t)b * a.Tkr - (a.Tkr - a.Tq));
     }
     if (w.dkr) mla_zero(w.dkr, a.dr, L.BK, a.dr);
     int h1 = (g + 1) * a.hpg < a.H ? (g + 1) * a.hpg : a.H;
@@ -495,12 +513,12 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
         if (a.gkn)
             for (int idx = threadIdx.x; idx < cols * a.dn; idx += blockDim.x) {
                 int r = idx / a.dn, c = idx - r * a.dn;
-                a.gkn[((t0 + r) * a.H + h) * a.dn + c] = tide_tr<T>::store(w.acc_q[r * L.ldaq + c] * a.scale);
+                a.gkn[(t0 + r) * a.kn_rs + (int64_t)h * a.kn_hs + c] = tide_tr<T>::store(w.acc_q[r * L.ldaq + c] * a.scale);
             }
         if (want_v)
             for (int idx = threadIdx.x; idx < cols * a.dv; idx += blockDim.x) {
                 int r = idx / a.dv, c = idx - r * a.dv;
-                a.gv[((t0 + r) * a.H + h) * a.dv + c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c]);
+                a.gv[(t0 + r) * a.v_rs + (int64_t)h * a.v_hs + c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c]);
             }
         if (w.dkr)
             for (int idx = threadIdx.x; idx < L.BK * a.dr; idx += blockDim.x) {
@@ -510,22 +528,24 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
     }
     if (!w.dkr) return;
     __syncthreads();
-    int64_t t0 = (int64_t)b * a.Tk + j0;
+    int64_t t0 = (int64_t)b * a.Tk + j0, tr = (int64_t)b * a.Tkr + a.kbase + j0;
     for (int idx = threadIdx.x; idx < cols * a.dr; idx += blockDim.x) {
-        if (a.groups == 1) a.gkr[t0 * a.dr + idx] = tide_tr<T>::store(w.dkr[idx]);
+        if (a.groups == 1) a.gkr[tr * a.dr + idx] = tide_tr<T>::store(w.dkr[idx]);
         else a.gkr_part[(int64_t)g * ((int64_t)gridDim.z * a.Tk * a.dr) + t0 * a.dr + idx] = w.dkr[idx];
     }
 }
 
-/* gkr = Σ_g part[g], in group order */
+/* gkr = Σ_g part[g], in group order; part holds keys [kbase, kbase + Tk) of rows of Tkr keys, n = B·Tk·dr */
 template <typename T>
-__global__ void __launch_bounds__(MLA_NT) mla_sum_groups_kernel(T *gkr, const float *part, int64_t n, int groups)
+__global__ void __launch_bounds__(MLA_NT) mla_sum_groups_kernel(T *gkr, const float *part, int64_t n, int groups,
+                                                                int64_t Tk, int64_t Tkr, int64_t kbase, int dr)
 {
     TIDE_GRID_LOOP(k, n)
     {
         float s = 0.f;
         for (int g = 0; g < groups; g++) s += part[(int64_t)g * n + k];
-        gkr[k] = tide_tr<T>::store(s);
+        int64_t b = k / (Tk * dr);
+        gkr[(b * Tkr + kbase) * dr + (k - b * Tk * dr)] = tide_tr<T>::store(s);
     }
 }
 
@@ -626,6 +646,11 @@ static void mla_fill_args(mla_args<T> &a, const void *q, const void *kn, const v
     a.kn = (const T *)kn;
     a.kr = (const T *)kr;
     a.v = (const T *)v;
+    a.kn_rs = H * dn;
+    a.v_rs = H * dv;
+    a.kn_hs = (int)dn;
+    a.v_hs = (int)dv;
+    a.Tkr = (int)Tk;
     a.Tq = (int)Tq;
     a.Tk = (int)Tk;
     a.H = (int)H;
@@ -694,6 +719,34 @@ int tide_cuda_mla_attention(int dtype, void *out, void *lse, const void *q, cons
                                        scale, 0);
 }
 
+/* D[b, h, i] = rowsum(dO ⊙ O) of the n = B·H·Tq query rows */
+template <typename T>
+static int mla_rowdot(const char *what, float *D, const void *gout, const void *out, int64_t n, int64_t Tq, int64_t H,
+                      int64_t dv, cudaStream_t s)
+{
+    int64_t blocks = (n + MLA_NT / 32 - 1) / (MLA_NT / 32), cap = (int64_t)tide_cuda_sm_count() * 32;
+    mla_rowdot_kernel<T><<<(unsigned)(blocks < cap ? blocks : cap), MLA_NT, 0, s>>>(D, (const T *)gout, (const T *)out,
+                                                                                   n, (int)Tq, (int)H, (int)dv);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tide_set_error("cuda %s rowsum(dO ⊙ O) kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+/* the dK/dV kernel over the nkt key tiles of a.Tk keys and a.groups head groups, then (several groups) the sum of
+   the groups' dk_r partials into gkr, in group order */
+template <typename T> static int mla_dkv_run(const char *what, const mla_args<T> &a, int64_t B, int64_t nkt, cudaStream_t s)
+{
+    if (mla_launch<T, MLA_DKV>("mla backward dk/dv kernel", a, dim3((unsigned)nkt, (unsigned)a.groups, (unsigned)B), s))
+        return -1;
+    if (!a.gkr || a.groups == 1) return 0;
+    int64_t n = B * a.Tk * a.dr;
+    mla_sum_groups_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>(a.gkr, a.gkr_part, n, a.groups, a.Tk, a.Tkr,
+                                                                     a.kbase, a.dr);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tide_set_error("cuda %s dk_r group sum kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
 /* fixed, so the head grouping (hence the summation order of dk_r) depends on the shapes only; the emulator
    (tests/gpu/emu) sets a small value to reach both the one-group and the several-group paths */
 #ifndef MLA_DKV_TARGET_BLOCKS
@@ -754,13 +807,7 @@ static int mla_backward_typed(const char *what, void *gq, void *gkn, void *gkr, 
         if (e != cudaSuccess) rc = tide_set_error("cuda %s dk_r partials alloc (%zu bytes): %s", what, n, cudaGetErrorString(e));
     }
     a.D = D;
-    if (!rc && nD > 0) {
-        int64_t blocks = (nD + MLA_NT / 32 - 1) / (MLA_NT / 32), cap = (int64_t)tide_cuda_sm_count() * 32;
-        mla_rowdot_kernel<T><<<(unsigned)(blocks < cap ? blocks : cap), MLA_NT, 0, s>>>(D, (const T *)gout, (const T *)out,
-                                                                                       nD, (int)Tq, (int)H, (int)dv);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) rc = tide_set_error("cuda %s rowsum(dO ⊙ O) kernel: %s", what, cudaGetErrorString(e));
-    }
+    if (!rc && nD > 0) rc = mla_rowdot<T>(what, D, gout, out, nD, Tq, H, dv, s);
     if (!rc && want_q) {
         a.L = Lq;
         a.gq = (T *)gq;
@@ -773,13 +820,7 @@ static int mla_backward_typed(const char *what, void *gq, void *gkn, void *gkr, 
         a.gv = (T *)gv;
         a.gkr = want_kr ? (T *)gkr : NULL;
         a.gkr_part = part;
-        rc = mla_launch<T, MLA_DKV>("mla backward dk/dv kernel", a, dim3((unsigned)nkt, (unsigned)groups, (unsigned)B), s);
-        if (!rc && part) {
-            int64_t n = B * Tk * dr;
-            mla_sum_groups_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>((T *)gkr, part, n, (int)groups);
-            cudaError_t e = cudaGetLastError();
-            if (e != cudaSuccess) rc = tide_set_error("cuda %s dk_r group sum kernel: %s", what, cudaGetErrorString(e));
-        }
+        rc = mla_dkv_run<T>(what, a, B, nkt, s);
     }
     tide_cuda_release(part, s);
     tide_cuda_release(D, s);
