@@ -420,6 +420,8 @@ static tide_backend make_table()
     t.conv_decode_rows = tide_cuda_conv_decode_rows;
     t.mla_attention = tide_cuda_mla_attention;
     t.mla_attention_backward = tide_cuda_mla_attention_backward;
+    t.mla_latent_attention = tide_cuda_mla_latent_attention;
+    t.mla_latent_attention_backward = tide_cuda_mla_latent_attention_backward;
     t.mla_decode_rows = tide_cuda_mla_decode_rows;
     t.varlen_attention = tide_cuda_varlen_attention;
     t.varlen_attention_backward = tide_cuda_varlen_attention_backward;

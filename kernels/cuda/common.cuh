@@ -365,6 +365,16 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
                                      const void *q, const void *kn, const void *kr, const void *v, const void *out,
                                      const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
                                      int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, double scale);
+/* the same read from the latent, keys and values expanded a chunk at a time (mla.cu; backend.h) */
+int tide_cuda_mla_latent_attention(int dtype, void *out, void *lse, const void *q, const void *c, const void *kr,
+                                   const void *w, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                                   int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc, int64_t chunk,
+                                   double scale);
+int tide_cuda_mla_latent_attention_backward(int dtype, void *gq, void *gc, void *gkr, void *gw, const void *gout,
+                                            const void *q, const void *c, const void *kr, const void *w,
+                                            const void *out, const void *lse, const int64_t *cu, int64_t n_seg,
+                                            int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
+                                            int64_t dv, int64_t dc, int64_t chunk, double scale);
 /* one absorbed MLA decoding step of R rows over their own latent caches (mla_decode.cu; backend.h) */
 int tide_cuda_mla_decode_rows(int dtype, void *out, const void *qt, const void *qr, const void *c_new, const void *kr_new,
                               void *const *c_bufs, void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H,

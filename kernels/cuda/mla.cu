@@ -25,6 +25,9 @@
  * varlen_attention (spec/vision.md §3, §5) runs on them too, bidirectional inside each segment (bidir): no rope
  * part, one packed row, every query sees [its segment's start, its segment's end), and the key (query) tiles
  * outside a tile's segments are skipped.
+ * mla_latent_attention runs them a chunk of keys at a time on keys and values expanded from the latent by cuBLAS
+ * (the section at its entry): the kernels read k_n and v with strides from the chunk's expansion and know the
+ * chunk's place in its row (kbase, Tkr) for the causal limit, the documents and k_r.
  */
 #include "common.cuh"
 #include <mma.h>
@@ -840,6 +843,293 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
                                          dn, dr, dv, Tk - Tq, scale, 0);
     return mla_backward_typed<mla_bf16>(what, gq, gkn, gkr, gv, gout, q, kn, kr, v, out, lse, cu, n_seg, B, Tq, Tk, H,
                                         dn, dr, dv, Tk - Tq, scale, 0);
+}
+
+/* ---- mla_latent_attention (backend.h): the keys and values expanded from the latent a chunk at a time ---------
+   Per chunk of Kc keys [k0, k0 + kc) one strided-batched GEMM (a product per batch row) expands the chunk,
+   [B, kc, H·(dn + dv)] = ĉ[:, k0 : k0 + kc] Wᵀ with W = [W_UK^h ; W_UV^h] [H·(dn + dv), dc], into scratch of the chunk's
+   size, and the flash kernels above read k_n^h and v^h from it in place (strides), with the chunk's place in the row
+   (kbase = k0, Tkr = Tk: query i on key i + Tk − Tq, documents over the row's keys; k_r read from the row).
+   forward: each chunk's output (fp32) and lse go into the running ones by the log-sum-exp rule, o = (e^{l1−m} o1 +
+   e^{l2−m} o2) / (e^{l1−m} + e^{l2−m}), l = m + log(e^{l1−m} + e^{l2−m}); the first chunk writes them, later ones
+   merge (mla_merge_kernel), only for the queries that can see the chunk (query tiles before it are skipped).
+   backward (mla.md §4, with the whole row's out and lse; D = rowsum(dO ⊙ O) once): per chunk the expansion again,
+   dQ of the chunk added to a fp32 sum (the dQ kernel's own block writes it), the chunk's [gk_n^h | gv^h] into scratch
+   in the expansion's layout and its dk_r into gk_r, then gĉ of the chunk = [gk_n | gv] W (one strided-batched GEMM,
+   rows written once) and gW += [gk_n | gv]ᵀ ĉ (a GEMM per batch row, into fp32, rows then chunks in order). The
+   order of every sum is fixed by the shapes: no atomics. One chunk (Kc >= Tk) is mla_attention's kernels as they
+   are. bf16: the fp32 sums (output, dQ, gW) are rounded to bf16 once at the end. */
+
+/* the running output o [B, Tq, H, dv] and lse [B, H, Tq] take in a chunk's o2, l2 for queries ilo..Tq − 1, one warp
+   per (b, h, i) row (n of them) */
+__global__ void __launch_bounds__(MLA_NT) mla_merge_kernel(float *o, float *lse, const float *o2, const float *l2,
+                                                           int64_t n, int Tq, int ilo, int H, int dv)
+{
+    int lane = threadIdx.x & 31, nq = Tq - ilo;
+    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t row = w0; row < n; row += nw) {
+        int64_t bh = row / nq, b = bh / H, h = bh - b * H, i = ilo + (row - bh * nq), at = bh * Tq + i;
+        float la = lse[at], lb = l2[at];
+        if (lb == -INFINITY) continue;          /* the chunk has no key for this query */
+        float *oa = o + ((b * Tq + i) * H + h) * dv;
+        const float *ob = o2 + ((b * Tq + i) * H + h) * dv;
+        float wa = 0.f, wb = 1.f, l = lb;
+        if (la != -INFINITY) {
+            float m = fmaxf(la, lb), ea = expf(la - m), eb = expf(lb - m), sum = ea + eb;
+            wa = ea / sum;
+            wb = eb / sum;
+            l = m + logf(sum);
+        }
+        for (int e = lane; e < dv; e += 32) oa[e] = wa * oa[e] + wb * ob[e];
+        __syncwarp();
+        if (lane == 0) lse[at] = l;
+    }
+}
+
+/* the fp32 sums kept over the chunks to the bf16 result */
+__global__ void __launch_bounds__(MLA_NT) mla_to_bf16_kernel(mla_bf16 *dst, const float *src, int64_t n)
+{
+    TIDE_GRID_LOOP(k, n) dst[k] = __float2bfloat16(src[k]);
+}
+
+static int mla_to_bf16(const char *what, void *dst, const float *src, int64_t n, cudaStream_t s)
+{
+    if (n <= 0) return 0;
+    mla_to_bf16_kernel<<<tide_blocks(n), TIDE_THREADS, 0, s>>>((mla_bf16 *)dst, src, n);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tide_set_error("cuda %s fp32 to bf16 kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+static int mla_latent_check(const char *what, int dtype, const void *kr, const int64_t *cu, int64_t n_seg, int64_t B,
+                            int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc,
+                            int64_t chunk)
+{
+    if (mla_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv)) return -1;
+    if (chunk < 1) return tide_set_error("%s: chunk must be at least 1 key, got %lld", what, (long long)chunk);
+    if (dc < 1) return tide_set_error("%s: the latent width dc must be at least 1, got %lld", what, (long long)dc);
+    /* the GEMMs' sizes and leading dimensions are 32-bit */
+    if (H * (dn + dv) > INT_MAX || dc > INT_MAX)
+        return tide_set_error("%s: H·(dn + dv) = %lld and dc %lld must be at most %d (cuBLAS's 32-bit sizes)", what,
+                              (long long)(H * (dn + dv)), (long long)dc, INT_MAX);
+    return 0;
+}
+
+/* a chunk's arguments for the flash kernels: keys [k0, k0 + kc) of rows of Tk, k_n and v read from the expansion
+   kv [B, kc, H, dn + dv] */
+template <typename T>
+static void mla_latent_args(mla_args<T> &a, const void *q, const T *kv, const void *kr, const int64_t *cu_d,
+                            int64_t n_seg, int64_t Tq, int64_t Tk, int64_t k0, int64_t kc, int64_t H, int64_t dn,
+                            int64_t dr, int64_t dv, double scale)
+{
+    mla_fill_args<T>(a, q, kv, kr, kv + dn, Tq, kc, H, dn, dr, dv, Tk - Tq - k0, scale, 0);
+    a.kn_rs = a.v_rs = H * (dn + dv);
+    a.kn_hs = a.v_hs = (int)(dn + dv);
+    a.kbase = (int)k0;
+    a.Tkr = (int)Tk;
+    a.cu = cu_d;
+    a.n_seg = cu_d ? (int)n_seg : 0;
+}
+
+/* the first query tile that sees a key of the chunk from k0 (query i sees key k0 iff i >= k0 − (Tk − Tq)); the
+   first chunk runs them all, so every query is written once */
+static int mla_latent_qt0(int64_t k0, int64_t Tq, int64_t Tk, int BQ)
+{
+    int64_t i = k0 - (Tk - Tq);
+    return k0 == 0 || i <= 0 ? 0 : (int)(i / BQ);
+}
+
+template <typename T>
+static int mla_latent_forward_typed(const char *what, void *out, void *lse, const void *q, const void *c,
+                                    const void *kr, const void *w, const int64_t *cu, int64_t n_seg, int64_t B,
+                                    int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc,
+                                    int64_t chunk, double scale)
+{
+    TIDE_STREAM(s);
+    if (B * Tq == 0) return 0;
+    if (Tk == 0)   /* no keys: out 0, lse −inf, as mla_attention gives */
+        return mla_forward_typed<T>(what, out, lse, 1, q, NULL, kr, NULL, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, Tk - Tq,
+                                    scale, 0);
+    const bool bf = sizeof(T) == 2;
+    const int dtype = bf ? TIDE_BF16 : TIDE_F32;
+    int64_t E = H * (dn + dv), Kc = chunk < Tk ? chunk : Tk, n_o = B * Tq * H * dv, n_l = B * H * Tq;
+    bool one = Kc == Tk;
+    mla_layout L;
+    if (mla_pick_layout(what, MLA_FWD, bf, dn, dr, dv, 0, &L)) return -1;
+    int64_t nqt = (Tq + L.BQ - 1) / L.BQ;
+    T *kv = NULL;
+    float *acc = NULL, *part = NULL, *lpart = NULL;
+    int64_t *cu_d = NULL;
+    int rc = mla_upload_cu(what, cu, n_seg, &cu_d, s);
+    cudaError_t e = cudaSuccess;
+    if (!rc) e = tide_cuda_alloc((void **)&kv, (size_t)(B * Kc * E) * sizeof(T), s);
+    if (!rc && e == cudaSuccess && !one && bf) e = tide_cuda_alloc((void **)&acc, (size_t)n_o * sizeof(float), s);
+    if (!rc && e == cudaSuccess && !one) e = tide_cuda_alloc((void **)&part, (size_t)n_o * sizeof(float), s);
+    if (!rc && e == cudaSuccess && !one) e = tide_cuda_alloc((void **)&lpart, (size_t)n_l * sizeof(float), s);
+    if (!rc && e != cudaSuccess)
+        rc = tide_set_error("cuda %s scratch for a chunk of %lld keys: %s", what, (long long)Kc, cudaGetErrorString(e));
+    float *run = bf ? acc : (float *)out;   /* the running output (fp32) */
+    for (int64_t k0 = 0; k0 < Tk && !rc; k0 += Kc) {
+        int64_t kc = Tk - k0 < Kc ? Tk - k0 : Kc;
+        rc = tide_cuda_gemm_batched(dtype, 0, 1, kc, E, dc, 1.0, (const T *)c + k0 * dc, dc, Tk * dc, w, dc, 0, 0.0, kv,
+                                    E, kc * E, B);
+        if (rc) break;
+        mla_args<T> a;
+        mla_latent_args<T>(a, q, kv, kr, cu_d, n_seg, Tq, Tk, k0, kc, H, dn, dr, dv, scale);
+        a.L = L;
+        a.qt0 = mla_latent_qt0(k0, Tq, Tk, L.BQ);
+        a.lse_out = k0 == 0 ? (float *)lse : lpart;
+        if (one) a.out = (T *)out;
+        else a.out_f32 = k0 == 0 ? run : part;
+        rc = mla_launch<T, MLA_FWD>("mla_latent forward kernel", a, dim3((unsigned)(nqt - a.qt0), (unsigned)H,
+                                                                         (unsigned)B), s);
+        if (rc || k0 == 0) continue;
+        int ilo = a.qt0 * L.BQ;
+        int64_t rows = B * H * (Tq - ilo), blocks = (rows + MLA_NT / 32 - 1) / (MLA_NT / 32);
+        int64_t cap = (int64_t)tide_cuda_sm_count() * 32;
+        mla_merge_kernel<<<(unsigned)(blocks < cap ? blocks : cap), MLA_NT, 0, s>>>(run, (float *)lse, part, lpart, rows,
+                                                                                  (int)Tq, ilo, (int)H, (int)dv);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) rc = tide_set_error("cuda %s merge kernel: %s", what, cudaGetErrorString(e));
+    }
+    if (!rc && bf && !one) rc = mla_to_bf16(what, out, acc, n_o, s);
+    tide_cuda_release(lpart, s);
+    tide_cuda_release(part, s);
+    tide_cuda_release(acc, s);
+    tide_cuda_release(kv, s);
+    tide_cuda_release(cu_d, s);
+    return rc;
+}
+
+int tide_cuda_mla_latent_attention(int dtype, void *out, void *lse, const void *q, const void *c, const void *kr,
+                                   const void *w, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq, int64_t Tk,
+                                   int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc, int64_t chunk,
+                                   double scale)
+{
+    const char *what = "mla_latent_attention";
+    if (mla_latent_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, dc, chunk)) return -1;
+    if (dtype == TIDE_F32)
+        return mla_latent_forward_typed<float>(what, out, lse, q, c, kr, w, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, dc,
+                                               chunk, scale);
+    return mla_latent_forward_typed<mla_bf16>(what, out, lse, q, c, kr, w, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, dc,
+                                              chunk, scale);
+}
+
+template <typename T>
+static int mla_latent_backward_typed(const char *what, void *gq, void *gc, void *gkr, void *gw, const void *gout,
+                                     const void *q, const void *c, const void *kr, const void *w, const void *out,
+                                     const void *lse, const int64_t *cu, int64_t n_seg, int64_t B, int64_t Tq,
+                                     int64_t Tk, int64_t H, int64_t dn, int64_t dr, int64_t dv, int64_t dc,
+                                     int64_t chunk, double scale)
+{
+    TIDE_STREAM(s);
+    const bool bf = sizeof(T) == 2;
+    const int dtype = bf ? TIDE_BF16 : TIDE_F32;
+    int64_t E = H * (dn + dv), dqk = dn + dr, n_q = B * Tq * H * dqk;
+    if (B * Tq == 0 || Tk == 0) {   /* no query sees a key: every gradient is 0 */
+        if (gq && n_q > 0) TIDE_CU(cudaMemsetAsync(gq, 0, (size_t)n_q * sizeof(T), s), "mla_latent backward (zero dq)");
+        if (gc && B * Tk > 0) TIDE_CU(cudaMemsetAsync(gc, 0, (size_t)(B * Tk * dc) * sizeof(T), s), "mla_latent backward (zero dc)");
+        if (gkr && B * Tk * dr > 0)
+            TIDE_CU(cudaMemsetAsync(gkr, 0, (size_t)(B * Tk * dr) * sizeof(T), s), "mla_latent backward (zero dk_r)");
+        if (gw) TIDE_CU(cudaMemsetAsync(gw, 0, (size_t)(E * dc) * sizeof(T), s), "mla_latent backward (zero dw)");
+        return 0;
+    }
+    bool want_q = gq != NULL, want_kr = gkr && dr > 0, want_kv = gc || gw;
+    if (!want_q && !want_kr && !want_kv) return 0;
+    int64_t Kc = chunk < Tk ? chunk : Tk, last = Tk - (Tk - 1) / Kc * Kc, nD = B * H * Tq;
+    bool one = Kc == Tk;
+    mla_layout Lq, Lkv;
+    if (want_q && mla_pick_layout(what, MLA_DQ, bf, dn, dr, dv, 0, &Lq)) return -1;
+    if ((want_kv || want_kr) && mla_pick_layout(what, MLA_DKV, bf, dn, dr, dv, want_kr ? (int)dr : 0, &Lkv)) return -1;
+    int64_t nqt = want_q ? (Tq + Lq.BQ - 1) / Lq.BQ : 0, part_n = 0;
+    if (want_kr)   /* the dk_r partials of the head groups: the most over a full and the last chunk */
+        for (int64_t kc : {Kc, last}) {
+            int64_t groups = 0;
+            mla_head_groups(H, B, (kc + Lkv.BK - 1) / Lkv.BK, true, &groups);
+            if (groups > 1 && groups * B * kc * dr > part_n) part_n = groups * B * kc * dr;
+        }
+    T *kv = NULL, *gkv = NULL;
+    float *D = NULL, *qsum = NULL, *wsum = NULL, *part = NULL;
+    int64_t *cu_d = NULL;
+    int rc = mla_upload_cu(what, cu, n_seg, &cu_d, s);
+    cudaError_t e = cudaSuccess;
+    if (!rc) e = tide_cuda_alloc((void **)&kv, (size_t)(B * Kc * E) * sizeof(T), s);
+    if (!rc && e == cudaSuccess) e = tide_cuda_alloc((void **)&D, (size_t)nD * sizeof(float), s);
+    if (!rc && e == cudaSuccess && want_kv) e = tide_cuda_alloc((void **)&gkv, (size_t)(B * Kc * E) * sizeof(T), s);
+    if (!rc && e == cudaSuccess && want_q && bf && !one) e = tide_cuda_alloc((void **)&qsum, (size_t)n_q * sizeof(float), s);
+    if (!rc && e == cudaSuccess && gw && bf) e = tide_cuda_alloc((void **)&wsum, (size_t)(E * dc) * sizeof(float), s);
+    if (!rc && e == cudaSuccess && part_n) e = tide_cuda_alloc((void **)&part, (size_t)part_n * sizeof(float), s);
+    if (!rc && e != cudaSuccess)
+        rc = tide_set_error("cuda %s scratch for a chunk of %lld keys: %s", what, (long long)Kc, cudaGetErrorString(e));
+    if (!rc) rc = mla_rowdot<T>(what, D, gout, out, nD, Tq, H, dv, s);
+    if (!bf && want_q && !one) qsum = (float *)gq;   /* f32: dQ sums in gq itself */
+    float *wacc = bf ? wsum : (float *)gw;
+    for (int64_t k0 = 0; k0 < Tk && !rc; k0 += Kc) {
+        int64_t kc = Tk - k0 < Kc ? Tk - k0 : Kc;
+        rc = tide_cuda_gemm_batched(dtype, 0, 1, kc, E, dc, 1.0, (const T *)c + k0 * dc, dc, Tk * dc, w, dc, 0, 0.0, kv,
+                                    E, kc * E, B);
+        if (rc) break;
+        mla_args<T> a;
+        mla_latent_args<T>(a, q, kv, kr, cu_d, n_seg, Tq, Tk, k0, kc, H, dn, dr, dv, scale);
+        a.gout = (const T *)gout;
+        a.lse = (const float *)lse;
+        a.D = D;
+        if (want_q) {
+            a.L = Lq;
+            a.qt0 = mla_latent_qt0(k0, Tq, Tk, Lq.BQ);
+            if (one) a.gq = (T *)gq;
+            a.gq_run = one ? NULL : qsum;
+            a.gq_add = k0 > 0;
+            rc = mla_launch<T, MLA_DQ>("mla_latent backward dq kernel", a, dim3((unsigned)(nqt - a.qt0), (unsigned)H,
+                                                                                (unsigned)B), s);
+            if (rc) break;
+            a.qt0 = 0;
+        }
+        if (want_kv || want_kr) {
+            int64_t nkt = (kc + Lkv.BK - 1) / Lkv.BK, groups = 0;
+            a.L = Lkv;
+            a.hpg = (int)mla_head_groups(H, B, nkt, want_kr, &groups);
+            a.groups = (int)groups;
+            a.gkn = want_kv ? gkv : NULL;
+            a.gv = want_kv ? gkv + dn : NULL;
+            a.gkr = want_kr ? (T *)gkr : NULL;
+            a.gkr_part = part;
+            rc = mla_dkv_run<T>(what, a, B, nkt, s);
+            if (rc) break;
+        }
+        /* gĉ of the chunk's rows = [gk_n | gv] W; gW += [gk_n | gv]ᵀ ĉ, a batch row at a time */
+        if (gc)
+            rc = tide_cuda_gemm_batched(dtype, 0, 0, kc, dc, E, 1.0, gkv, E, kc * E, w, dc, 0, 0.0, (T *)gc + k0 * dc,
+                                        dc, Tk * dc, B);
+        for (int64_t b = 0; gw && b < B && !rc; b++)
+            rc = tide_cuda_gemm_f32out(dtype, 1, 0, E, dc, kc, 1.0, gkv + b * kc * E, E, (const T *)c + (b * Tk + k0) * dc,
+                                       dc, k0 == 0 && b == 0 ? 0.0 : 1.0, wacc, dc);
+    }
+    if (!rc && bf && qsum && !one) rc = mla_to_bf16(what, gq, qsum, n_q, s);
+    if (!rc && bf && gw) rc = mla_to_bf16(what, gw, wsum, E * dc, s);
+    tide_cuda_release(part, s);
+    if (bf) tide_cuda_release(qsum, s);
+    tide_cuda_release(wsum, s);
+    tide_cuda_release(gkv, s);
+    tide_cuda_release(D, s);
+    tide_cuda_release(kv, s);
+    tide_cuda_release(cu_d, s);
+    return rc;
+}
+
+int tide_cuda_mla_latent_attention_backward(int dtype, void *gq, void *gc, void *gkr, void *gw, const void *gout,
+                                            const void *q, const void *c, const void *kr, const void *w,
+                                            const void *out, const void *lse, const int64_t *cu, int64_t n_seg,
+                                            int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t dn, int64_t dr,
+                                            int64_t dv, int64_t dc, int64_t chunk, double scale)
+{
+    const char *what = "mla_latent_attention backward";
+    if (mla_latent_check(what, dtype, kr, cu, n_seg, B, Tq, Tk, H, dn, dr, dv, dc, chunk)) return -1;
+    if (dtype == TIDE_F32)
+        return mla_latent_backward_typed<float>(what, gq, gc, gkr, gw, gout, q, c, kr, w, out, lse, cu, n_seg, B, Tq,
+                                                Tk, H, dn, dr, dv, dc, chunk, scale);
+    return mla_latent_backward_typed<mla_bf16>(what, gq, gc, gkr, gw, gout, q, c, kr, w, out, lse, cu, n_seg, B, Tq,
+                                               Tk, H, dn, dr, dv, dc, chunk, scale);
 }
 
 /* the same kernels for attention.cu (no documents, no rope part; the caller has checked the arguments) */
