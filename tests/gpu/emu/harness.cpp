@@ -1,8 +1,9 @@
 // harness.cpp — runs the real kernels/cuda/kda.cu, conv.cu, mla.cu and attention.cu under the host emulator (emu.h)
 // against fp64 references (the recurrence of kda.md §3, naive MLA attention (mla_cases.h), and their adjoints,
 // themselves checked by central differences; softmax attention against the cpu kernel in f64 (attention_cases.h))
-// and against the cpu kernels. Usage:
-// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|kdackpt|kdamem|bound|mlasmall|mlaedge|mla64|mla128|varlen|attnsmall|attn64]...
+// and against the cpu kernels; mla.cu's latent path with gemm.cu over a cuBLAS stand-in (emu_cublas.h) against the
+// cpu kernel in f64 and f32 (mla_latent_cases.h). Usage:
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|kdackpt|kdamem|bound|mlasmall|mlaedge|mla64|mla128|mlalatent|varlen|attnsmall|attn64]...
 // Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
 // MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"
@@ -11,9 +12,11 @@
 #include <string>
 
 #include "emu_host.h"
+#include "emu_cublas.h"
 
 #include "kda_emu.inc"
 #include "conv_emu.inc"
+#include "gemm_emu.inc"
 #define MLA_DKV_TARGET_BLOCKS 6   // small: short test sequences reach both the one- and several-head-group dk_r paths
 #include "mla_emu.inc"
 #define ATTN_ROWS_PER_LAUNCH 2   // small: a few batch rows reach the split into several launches
@@ -630,6 +633,7 @@ template <class T> static void run_conv_rows(const char *name, int K, double tol
 }
 
 #include "mla_cases.h"
+#include "mla_latent_cases.h"
 #include "attention_cases.h"
 
 // ---- KDA checkpointed backward (issue: memory at long T) --------------------------------------------------
@@ -870,6 +874,7 @@ int main(int argc, char **argv)
     }
     if (want("kdamem")) kda_memory_table();
     run_mla(want);
+    run_mla_latent(want);
     run_attention(want);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
