@@ -113,7 +113,9 @@ static mla_layout mla_make_layout(int kind, int tc, int BQ, int BK, int DQ, int 
 
 template <typename T> struct mla_args {
     T *out;                       /* forward; NULL: lse only (attention.cu's bf16 backward) */
-    float *out_f32;               /* or the output in fp32 instead (mla_latent's chunk outputs, merged in fp32) */
+    float *out_f32;               /* or the output in fp32 instead (mla_latent's running output) */
+    int merge;                    /* mla_latent's later chunks: out_f32 and lse_out hold the running output and lse,
+                                     which take in this chunk's (queries that see none of its keys keep theirs) */
     float *lse_out;               /* the fp32 lse, or NULL: lse_t gets it in the storage type */
     T *lse_t;
     T *gq, *gkn, *gkr, *gv;       /* backward; gkr_part: [groups, B·Tk·dr] when there are several head groups */
@@ -395,15 +397,32 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_forward_kern
         __syncthreads();
     }
     for (int r = warp; r < rows; r += nw) {
-        float l = w.l[r], inv = l > 0.f ? 1.f / l : 0.f;
-        int64_t at_o = ((t0 + r) * a.H + h) * a.dv;
+        float l = w.l[r], inv = l > 0.f ? 1.f / l : 0.f, lse = l > 0.f ? w.m[r] + logf(l) : -INFINITY;
+        int64_t at = ((int64_t)b * a.H + h) * a.Tq + i0 + r, at_o = ((t0 + r) * a.H + h) * a.dv;
+        if (a.merge) {
+            /* mla_latent's later chunks: into the running output and lse (fp32) by the log-sum-exp rule,
+               o = (e^{l1−m} o1 + e^{l2−m} o2) / (e^{l1−m} + e^{l2−m}), l = m + log(e^{l1−m} + e^{l2−m}) */
+            float l1 = a.lse_out[at], w1 = 0.f, w2 = 1.f, ln = lse;
+            if (lse == -INFINITY) continue;       /* no key of the chunk for this query: it keeps what it has */
+            if (l1 != -INFINITY) {
+                float mm = fmaxf(l1, lse), e1 = expf(l1 - mm), e2 = expf(lse - mm), sum = e1 + e2;
+                w1 = e1 / sum;
+                w2 = e2 / sum;
+                ln = mm + logf(sum);
+            }
+            for (int c = lane; c < a.dv; c += 32) {
+                float x = w.acc_v[r * L.ldav + c] * inv;
+                a.out_f32[at_o + c] = l1 == -INFINITY ? x : w1 * a.out_f32[at_o + c] + w2 * x;
+            }
+            __syncwarp();
+            if (lane == 0) a.lse_out[at] = ln;
+            continue;
+        }
         if (a.out_f32)
             for (int c = lane; c < a.dv; c += 32) a.out_f32[at_o + c] = w.acc_v[r * L.ldav + c] * inv;
         else if (a.out)
             for (int c = lane; c < a.dv; c += 32) a.out[at_o + c] = tide_tr<T>::store(w.acc_v[r * L.ldav + c] * inv);
         if (lane == 0) {
-            int64_t at = ((int64_t)b * a.H + h) * a.Tq + i0 + r;
-            float lse = l > 0.f ? w.m[r] + logf(l) : -INFINITY;
             if (a.lse_out) a.lse_out[at] = lse;
             else a.lse_t[at] = tide_tr<T>::store(lse);
         }
@@ -850,41 +869,15 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
    [B, kc, H·(dn + dv)] = ĉ[:, k0 : k0 + kc] Wᵀ with W = [W_UK^h ; W_UV^h] [H·(dn + dv), dc], into scratch of the chunk's
    size, and the flash kernels above read k_n^h and v^h from it in place (strides), with the chunk's place in the row
    (kbase = k0, Tkr = Tk: query i on key i + Tk − Tq, documents over the row's keys; k_r read from the row).
-   forward: each chunk's output (fp32) and lse go into the running ones by the log-sum-exp rule, o = (e^{l1−m} o1 +
-   e^{l2−m} o2) / (e^{l1−m} + e^{l2−m}), l = m + log(e^{l1−m} + e^{l2−m}); the first chunk writes them, later ones
-   merge (mla_merge_kernel), only for the queries that can see the chunk (query tiles before it are skipped).
+   forward: the first chunk writes the output (fp32) and lse, each later one merges its own into them by the
+   log-sum-exp rule in the forward kernel's last step (merge: the block owns its rows), only for the queries that
+   can see the chunk (query tiles before it are not launched): no buffer of a chunk's output.
    backward (mla.md §4, with the whole row's out and lse; D = rowsum(dO ⊙ O) once): per chunk the expansion again,
    dQ of the chunk added to a fp32 sum (the dQ kernel's own block writes it), the chunk's [gk_n^h | gv^h] into scratch
    in the expansion's layout and its dk_r into gk_r, then gĉ of the chunk = [gk_n | gv] W (one strided-batched GEMM,
    rows written once) and gW += [gk_n | gv]ᵀ ĉ (a GEMM per batch row, into fp32, rows then chunks in order). The
    order of every sum is fixed by the shapes: no atomics. One chunk (Kc >= Tk) is mla_attention's kernels as they
    are. bf16: the fp32 sums (output, dQ, gW) are rounded to bf16 once at the end. */
-
-/* the running output o [B, Tq, H, dv] and lse [B, H, Tq] take in a chunk's o2, l2 for queries ilo..Tq − 1, one warp
-   per (b, h, i) row (n of them) */
-__global__ void __launch_bounds__(MLA_NT) mla_merge_kernel(float *o, float *lse, const float *o2, const float *l2,
-                                                           int64_t n, int Tq, int ilo, int H, int dv)
-{
-    int lane = threadIdx.x & 31, nq = Tq - ilo;
-    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    for (int64_t row = w0; row < n; row += nw) {
-        int64_t bh = row / nq, b = bh / H, h = bh - b * H, i = ilo + (row - bh * nq), at = bh * Tq + i;
-        float la = lse[at], lb = l2[at];
-        if (lb == -INFINITY) continue;          /* the chunk has no key for this query */
-        float *oa = o + ((b * Tq + i) * H + h) * dv;
-        const float *ob = o2 + ((b * Tq + i) * H + h) * dv;
-        float wa = 0.f, wb = 1.f, l = lb;
-        if (la != -INFINITY) {
-            float m = fmaxf(la, lb), ea = expf(la - m), eb = expf(lb - m), sum = ea + eb;
-            wa = ea / sum;
-            wb = eb / sum;
-            l = m + logf(sum);
-        }
-        for (int e = lane; e < dv; e += 32) oa[e] = wa * oa[e] + wb * ob[e];
-        __syncwarp();
-        if (lane == 0) lse[at] = l;
-    }
-}
 
 /* the fp32 sums kept over the chunks to the bf16 result */
 __global__ void __launch_bounds__(MLA_NT) mla_to_bf16_kernel(mla_bf16 *dst, const float *src, int64_t n)
@@ -952,20 +945,18 @@ static int mla_latent_forward_typed(const char *what, void *out, void *lse, cons
                                     scale, 0);
     const bool bf = sizeof(T) == 2;
     const int dtype = bf ? TIDE_BF16 : TIDE_F32;
-    int64_t E = H * (dn + dv), Kc = chunk < Tk ? chunk : Tk, n_o = B * Tq * H * dv, n_l = B * H * Tq;
+    int64_t E = H * (dn + dv), Kc = chunk < Tk ? chunk : Tk, n_o = B * Tq * H * dv;
     bool one = Kc == Tk;
     mla_layout L;
     if (mla_pick_layout(what, MLA_FWD, bf, dn, dr, dv, 0, &L)) return -1;
     int64_t nqt = (Tq + L.BQ - 1) / L.BQ;
     T *kv = NULL;
-    float *acc = NULL, *part = NULL, *lpart = NULL;
+    float *acc = NULL;
     int64_t *cu_d = NULL;
     int rc = mla_upload_cu(what, cu, n_seg, &cu_d, s);
     cudaError_t e = cudaSuccess;
     if (!rc) e = tide_cuda_alloc((void **)&kv, (size_t)(B * Kc * E) * sizeof(T), s);
     if (!rc && e == cudaSuccess && !one && bf) e = tide_cuda_alloc((void **)&acc, (size_t)n_o * sizeof(float), s);
-    if (!rc && e == cudaSuccess && !one) e = tide_cuda_alloc((void **)&part, (size_t)n_o * sizeof(float), s);
-    if (!rc && e == cudaSuccess && !one) e = tide_cuda_alloc((void **)&lpart, (size_t)n_l * sizeof(float), s);
     if (!rc && e != cudaSuccess)
         rc = tide_set_error("cuda %s scratch for a chunk of %lld keys: %s", what, (long long)Kc, cudaGetErrorString(e));
     float *run = bf ? acc : (float *)out;   /* the running output (fp32) */
@@ -978,23 +969,14 @@ static int mla_latent_forward_typed(const char *what, void *out, void *lse, cons
         mla_latent_args<T>(a, q, kv, kr, cu_d, n_seg, Tq, Tk, k0, kc, H, dn, dr, dv, scale);
         a.L = L;
         a.qt0 = mla_latent_qt0(k0, Tq, Tk, L.BQ);
-        a.lse_out = k0 == 0 ? (float *)lse : lpart;
+        a.lse_out = (float *)lse;
         if (one) a.out = (T *)out;
-        else a.out_f32 = k0 == 0 ? run : part;
+        else a.out_f32 = run;
+        a.merge = k0 > 0;
         rc = mla_launch<T, MLA_FWD>("mla_latent forward kernel", a, dim3((unsigned)(nqt - a.qt0), (unsigned)H,
                                                                          (unsigned)B), s);
-        if (rc || k0 == 0) continue;
-        int ilo = a.qt0 * L.BQ;
-        int64_t rows = B * H * (Tq - ilo), blocks = (rows + MLA_NT / 32 - 1) / (MLA_NT / 32);
-        int64_t cap = (int64_t)tide_cuda_sm_count() * 32;
-        mla_merge_kernel<<<(unsigned)(blocks < cap ? blocks : cap), MLA_NT, 0, s>>>(run, (float *)lse, part, lpart, rows,
-                                                                                  (int)Tq, ilo, (int)H, (int)dv);
-        e = cudaGetLastError();
-        if (e != cudaSuccess) rc = tide_set_error("cuda %s merge kernel: %s", what, cudaGetErrorString(e));
     }
     if (!rc && bf && !one) rc = mla_to_bf16(what, out, acc, n_o, s);
-    tide_cuda_release(lpart, s);
-    tide_cuda_release(part, s);
     tide_cuda_release(acc, s);
     tide_cuda_release(kv, s);
     tide_cuda_release(cu_d, s);

@@ -196,9 +196,7 @@ static void one_config(const config *c, int64_t T, int sms)
         emit("mla_dq_kernel<*>", c->name, shape, tiles, c->mla_h, c->batch, 0, 0, 0, -1, 1, qkv);
         emit("mla_dkv_kernel<*>", c->name, shape, tiles, c->mla_h, c->batch, 0, 0, 0, -1, 1, qkv);
         emit("mla_rowdot_kernel<*>", c->name, shape, (int64_t)sms * 32, 1, 1, 0, 0, 0, 0, 0, N * c->mla_h * c->mla_dv);
-        /* mla_latent_attention: a chunk's output merged into the running one, a warp per query row (as the row
-           sums); the fp32 sums (output, dq, the [H·(dn + dv), dc] weight gradient) rounded to bf16 at the end */
-        emit("mla_merge_kernel", c->name, shape, (int64_t)sms * 32, 1, 1, 0, 0, 0, 0, 0, N * c->mla_h * c->mla_dv);
+        /* mla_latent_attention: its fp32 sums (output, dq, the [H·(dn + dv), dc] weight gradient) rounded to bf16 */
         grid_stride("mla_to_bf16_kernel", c, shape,
                     max64(qkv, c->mla_h * (c->mla_dn + c->mla_dv) * c->mla_dc), sms);
         emit("dec_append_kernel<*>", c->name, "decode", c->batch, 1, 1, 0, 0, 0, 0, 0, c->batch * T * c->mla_dc);
