@@ -1073,6 +1073,156 @@ static int test_mla(void)
     return passed;
 }
 
+/* ---- MLA attention read from the latent (mla_latent_attention): keys and values expanded a chunk at a time -------
+   q, c, k_r N(0, 1), w N(0, 1/dc) (expanded keys and values of unit size), scale (dn + dr)^-1/2, the loss sum(o ⊙ r)
+   reaches q, c, k_r and w. Chunks of 1, 7, 32, 64 and one bigger than Tk, documents over the keys, CP slices
+   (Tq < Tk), dr = 0 with k_r NULL, K3 and tiny head dims. Both sides chunk alike (the CPU's chunks are its own
+   sums, the same values). |gpu - cpu| <= tol · max|cpu| as for mla: f32 1e-4; bf16 outputs 2^-7 and gradients 2^-6
+   (the expansion itself is rounded to bf16 on the GPU, as F.linear's would be; dQ, dW and the output are summed
+   over the chunks in fp32); the emulator (tests/gpu/emu, group mlalatent) measures ~3e-3 and ~6e-3 at small
+   shapes. */
+typedef struct {
+    const char *name;
+    int B, Tq, Tk, H, dn, dr, dv, dc, chunk;
+    int n_cu;
+    double cu[6];             /* document boundaries over B·Tk keys (row starts are added by the op) */
+    int bf16;
+} mla_latent_case;
+
+static const mla_latent_case mla_latent_cases[] = {
+    {"mla_latent f32 K3 dims, CP slice Tq 40 < Tk 100, docs, chunk 32", 2, 40, 100, 3, 128, 64, 128, 512, 32, 5,
+     {0, 30, 100, 170, 200}, 0},
+    {"mla_latent f32 tiny dims, T 77, docs, chunk 7", 2, 77, 77, 2, 64, 32, 64, 96, 7, 4, {0, 20, 77, 154}, 0},
+    {"mla_latent f32 dr 0 (k_r NULL), chunk 1", 1, 9, 20, 2, 64, 0, 48, 64, 1, 0, {0}, 0},
+    {"mla_latent f32 one chunk > Tk, CP slice Tq 20 < Tk 83, docs", 2, 20, 83, 2, 64, 32, 64, 96, 1024, 6,
+     {0, 30, 70, 83, 150, 166}, 0},
+    {"mla_latent bf16 K3 dims, CP slice Tq 40 < Tk 100, docs, chunk 32", 2, 40, 100, 3, 128, 64, 128, 512, 32, 5,
+     {0, 30, 100, 170, 200}, 1},
+    {"mla_latent bf16 tiny dims, T 77, docs, chunk 7", 2, 77, 77, 2, 64, 32, 64, 96, 7, 4, {0, 20, 77, 154}, 1},
+    {"mla_latent bf16 dr 0 (k_r NULL), Tq 50 < Tk 150, chunk 64", 1, 50, 150, 2, 64, 0, 48, 64, 64, 0, {0}, 1},
+};
+
+static int test_mla_latent_case(const mla_latent_case *mc)
+{
+    enum { Q, C, KR, W, NIN };
+    int64_t B = mc->B, Tq = mc->Tq, Tk = mc->Tk, H = mc->H, dn = mc->dn, dr = mc->dr, dv = mc->dv, dc = mc->dc;
+    int64_t shp[NIN][4] = {{B, Tq, H, dn + dr}, {B, Tk, dc}, {B, Tk, dr}, {H, dn + dv, dc}};
+    int nd[NIN] = {4, 3, 3, 3};
+    int64_t nmax = B * Tq * H * (dn + dr);
+    if (B * Tk * dc > nmax) nmax = B * Tk * dc;
+    if (H * (dn + dv) * dc > nmax) nmax = H * (dn + dv) * dc;
+    double *buf = malloc((size_t)nmax * sizeof *buf);
+    tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *cu_c = NULL, *cu_g = NULL;
+    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    char detail[512] = "";
+    int ok = buf != NULL;
+    double tol = mc->bf16 ? 1.0 / 128 : 1e-4, gtol = mc->bf16 ? 1.0 / 64 : 1e-4;
+    for (int i = 0; ok && i < NIN; i++) {
+        if (i == KR && dr == 0) continue;
+        int64_t n = 1;
+        for (int d = 0; d < nd[i]; d++) n *= shp[i][d];
+        for (int64_t j = 0; j < n; j++) buf[j] = normal01() * (i == W ? 1.0 / sqrt((double)dc) : 1.0);
+        c[i] = kda_input(nd[i], shp[i], buf, mc->bf16);
+        tide_tensor *d = c[i] ? tide_to_device(c[i], GPU) : NULL;
+        gp[i] = (d && mc->bf16) ? tide_to_dtype(d, TIDE_BF16) : d;
+        if (gp[i] != d) tide_tensor_release(d);
+        ok = c[i] && gp[i] && !tide_set_requires_grad(c[i], 1) && !tide_set_requires_grad(gp[i], 1);
+    }
+    if (ok && mc->n_cu) {
+        int64_t ncu = mc->n_cu;
+        cu_c = tide_from_f64(TIDE_I64, 1, &ncu, CPU, mc->cu);
+        cu_g = cu_c ? tide_to_device(cu_c, GPU) : NULL;
+        ok = cu_g != NULL;
+    }
+    double scale = 1.0 / sqrt((double)(dn + dr));
+    oc = ok ? tide_mla_latent_attention(c[Q], c[C], c[KR], c[W], cu_c, scale, mc->chunk) : NULL;
+    ok = oc != NULL;
+    if (!ok) snprintf(detail, sizeof detail, "cpu: %s", tide_last_error());
+    og = ok ? tide_mla_latent_attention(gp[Q], gp[C], gp[KR], gp[W], cu_g, scale, mc->chunk) : NULL;
+    if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
+    ok = ok && og;
+    og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(mc->name, "o", oc, og32, tol, detail, sizeof detail);
+        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
+    }
+    const char *gname[NIN] = {"dq", "dc", "dk_r", "dw"};
+    for (int i = 0; ok && i < NIN; i++) {
+        if (!c[i]) continue;
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(mc->name, gname[i], gc, gg, gtol, detail, sizeof detail) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < NIN; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(mc->name, ok && pass, detail);
+}
+
+static int test_mla_latent(void)
+{
+    int passed = 1;
+    for (size_t i = 0; i < sizeof mla_latent_cases / sizeof mla_latent_cases[0]; i++)
+        passed = test_mla_latent_case(&mla_latent_cases[i]) && passed;
+    return passed;
+}
+
+/* the point of the op: a CP slice at K3 widths (H 96, dn 128, dr 64, dv 128, dc 512), Tq 8K queries (the last of
+   the row) over Tk 128K keys, bf16, chunks of 1,024 keys. The forward and backward hold the chunk's expansion (twice
+   in the backward: keys and values, their gradients) and the fp32 sums over the chunks (output; dq, dw), about
+   0.75 GiB whatever Tk, never the row's [Tk, H, dn + dv] expansion (6 GiB here, 50 GB at 1M keys). The peak beyond
+   the inputs, the output, the loss's weights and the gradients stays under a quarter of that expansion. */
+static int test_mla_latent_memory(void)
+{
+    const int64_t Tq = 8192, Tk = 131072, H = 96, dn = 128, dr = 64, dv = 128, dc = 512, chunk = 1024;
+    int64_t sq[4] = {1, Tq, H, dn + dr}, sc[3] = {1, Tk, dc}, sk[3] = {1, Tk, dr}, sw[3] = {H, dn + dv, dc};
+    int64_t *shp[4] = {sq, sc, sk, sw};
+    int nd[4] = {4, 3, 3, 3};
+    char detail[256] = "";
+    tide_tensor *in[4] = {0}, *o = NULL, *r = NULL, *l = NULL;
+    int ok = 1;
+    tide_memory_stats m0, m1;
+    ok = !tide_memory_stats_get(GPU, &m0);
+    for (int i = 0; ok && i < 4; i++) {
+        tide_tensor *f = tide_randn(TIDE_F32, nd[i], shp[i], GPU, 0.0, i == 3 ? 1.0 / sqrt((double)dc) : 1.0);
+        in[i] = f ? tide_to_dtype(f, TIDE_BF16) : NULL;
+        tide_tensor_release(f);
+        ok = in[i] && !tide_set_requires_grad(in[i], 1);
+    }
+    if (ok) tide_memory_reset_peak(GPU);
+    o = ok ? tide_mla_latent_attention(in[0], in[1], in[2], in[3], NULL, 1.0 / sqrt((double)(dn + dr)), chunk) : NULL;
+    tide_tensor *r32 = o ? tide_randn(TIDE_F32, 4, o->shape, GPU, 0.0, 1.0) : NULL;
+    r = r32 ? tide_to_dtype(r32, TIDE_BF16) : NULL;
+    tide_tensor_release(r32);
+    l = r ? weighted_sum(o, r) : NULL;
+    ok = l && !tide_backward(l, NULL) && !tide_memory_stats_get(GPU, &m1);
+    if (!ok) snprintf(detail, sizeof detail, "%s", tide_last_error());
+    int pass = ok;
+    if (ok) {
+        double inputs = 2.0 * (double)(Tq * H * (dn + dr) + Tk * (dc + dr) + H * (dn + dv) * dc);
+        double held = 2.0 * inputs + 2.0 * (double)(2 * Tq * H * dv) + 4.0 * (double)(H * Tq);   /* + grads, o, r, lse */
+        double expansion = 2.0 * (double)(Tk * H * (dn + dv)), extra = (double)(m1.peak - m0.current) - held;
+        pass = extra <= expansion / 4;
+        snprintf(detail, sizeof detail, "peak %.2f GiB; +%.0f MiB beyond inputs, output and gradients (the row's "
+                 "expansion alone: %.0f MiB)", (double)m1.peak / 1073741824, extra / 1048576, expansion / 1048576);
+    }
+    tide_tensor *all[] = {in[0], in[1], in[2], in[3], o, r, l};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    return report("mla_latent memory K3, Tq 8K < Tk 128K", pass, detail);
+}
+
 /* ---- MLA decode rows (mla.md §6): R rows append one latent each to their own caches, then attend over them ----------
    qt, qr, c_new, kr_new and the cached tokens N(0, 1), scale (dc + dr)^-1/2; each buffer holds three tokens past
    lens[r] + 1, which must stay as they were. Lengths around the GPU's 64-token tile (L = 1, 64, 65) and long rows,
@@ -1882,9 +2032,13 @@ static const op_coverage coverage[] = {
     {"mla_attention", "mla f32 K3 dims, docs|mla f32 decode Tq 1, Tk 45|mla bf16 K3 dims, docs", NULL},
     {"kda_pairs", NULL, "the kda kernels on [v | 0] from [0 | I] (the cases kda ...), with no kernel of its own; "
                         "the CPU op is held bitwise to kda on the widened inputs by test_cp"},
-    {"mla_latent_attention", NULL, "no CUDA kernel yet: the cuda table leaves the entry empty (a call on cuda is one "
-                                   "error naming it) and nn.MLA's cp path expands the keys and values for mla_attention "
-                                   "there; the CPU kernel is held to mla_attention by test-ops and test_mla"},
+    {"mla_latent_attention", "mla_latent f32 K3 dims, CP slice Tq 40 < Tk 100, docs, chunk 32|"
+                             "mla_latent f32 tiny dims, T 77, docs, chunk 7|mla_latent f32 dr 0 (k_r NULL), chunk 1|"
+                             "mla_latent f32 one chunk > Tk, CP slice Tq 20 < Tk 83, docs|"
+                             "mla_latent bf16 K3 dims, CP slice Tq 40 < Tk 100, docs, chunk 32|"
+                             "mla_latent bf16 tiny dims, T 77, docs, chunk 7|"
+                             "mla_latent bf16 dr 0 (k_r NULL), Tq 50 < Tk 150, chunk 64|"
+                             "mla_latent memory K3, Tq 8K < Tk 128K", NULL},
     {"mla_decode_rows", "mla_decode_rows f32 dr 32, lens 0 63 64 300|mla_decode_rows f32 dr 0, lens 5 127 1000|"
                         "mla_decode_rows f64 dr 32, lens 0 200 129|mla_decode_rows f64 dr 0, dc 512, lens 2000 7|"
                         "mla_decode_rows bf16 dr 64, lens 0 64 500|"
@@ -1906,7 +2060,7 @@ static const op_coverage coverage[] = {
 static const char *const extra_names[] = {
     "randn / rand (same seed)", "copy_/fill_ into strided views", "sum_squares / all_finite / axpy_",
     "first_nonfinite (fused)", "kda chunk: g < lb -> error", "adamw step x3", "cross_entropy bad target -> error",
-    "token_logprobs bad target -> error",
+    "token_logprobs bad target -> error", "mla_latent memory K3, Tq 8K < Tk 128K",
 };
 
 #define NAMES_IN(table, field, want, len)                                                                  \
@@ -1918,6 +2072,7 @@ static int case_exists(const char *want, size_t len)
     NAMES_IN(cases, .name, want, len)
     NAMES_IN(kda_cases, .name, want, len)
     NAMES_IN(mla_cases, .name, want, len)
+    NAMES_IN(mla_latent_cases, .name, want, len)
     NAMES_IN(decode_cases, .name, want, len)
     NAMES_IN(kdec_cases, .name, want, len)
     NAMES_IN(cdec_cases, .name, want, len)
@@ -2121,8 +2276,9 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_cdec, test_attnres, test_mla, test_decode, test_varlen,
-                                  test_attention, test_moe, test_scatter_determinism, test_kda_memory};
+                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_cdec, test_attnres, test_mla, test_mla_latent, test_decode,
+                                  test_varlen, test_attention, test_moe, test_scatter_determinism, test_kda_memory,
+                                  test_mla_latent_memory};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         if (extra[i]()) passed++;
         else failed++;
