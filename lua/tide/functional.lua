@@ -480,7 +480,7 @@ F.MLA_LATENT_CHUNK = 1024   -- keys expanded at a time by default
 --   from the latent c [B, Tk, dc] (k_n^h = W_UK^h c, v^h = W_UV^h c) with w [H, dn + dv, dc] (the kv
 --   up-projection's weight as [H, dn + dv, dc]), q and k_r as there; opts.cu_seqlens, opts.scale as there;
 --   opts.chunk: keys expanded at a time (default F.MLA_LATENT_CHUNK). The expansion never exists whole, forward or
---   backward; gradients reach q, c, k_r and w. CPU backend (f32, f64).
+--   backward; gradients reach q, c, k_r and w. CPU (f32, f64) and CUDA (f32, bf16) backends.
 function F.mla_latent_attention(q, c, k_r, w, opts)
   local op = "mla_latent_attention"
   local o, scale, cu = mla_opts(op, q, opts, MLA_LATENT_KEYS)

@@ -233,9 +233,10 @@ end
 
 -- forward_cp(x [R·B, 2·Tc, d], ctx): the layer on context-parallel slices (cp.lua; long_context.md §5): the latent
 -- [ĉ | k_r] of every rank is gathered (d_c + d_r values per token; its gradient goes back to the owner, summed: the
--- reduce-scatter) and put in global order, the keys and values are expanded from it, and each local segment's
--- queries attend over its row's prefix up to the segment's end with the global document mask (F.mla_attention
--- with Tq < Tk). Queries, gate and output projection stay local.
+-- reduce-scatter) and put in global order, and each local segment's queries attend over its row's prefix up to the
+-- segment's end with the global document mask (F.mla_latent_attention with Tq < Tk: the keys and values expanded
+-- from the latent a chunk at a time; cp_latent = false: expanded whole for F.mla_attention). Queries, gate and
+-- output projection stay local.
 -- cache ({} or one this call filled before, the same on every rank): the rows continue from it (a long row call by
 -- call): the queries also attend over the cached latents of the row's last cached document (cache.doc_start: where
 -- it starts), which the row's first document of this call continues (a document starting inside the call does not
@@ -266,12 +267,12 @@ function MLA:forward_cp(x, ctx, cache)
   end
   local W = self.kv_b_proj.weight:reshape(H, dn + dv, dc)
   local Tk = Tp + ctx.T
-  -- on the CPU the attention reads the gathered latent itself (F.mla_latent_attention): the keys and values are
+  -- the attention reads the gathered latent itself (F.mla_latent_attention, CPU and CUDA): the keys and values are
   -- expanded a chunk of keys at a time, forward and backward, so a rank holds the row's latent (d_c + d_r values per
-  -- token) and never its expansion (H·(d_n + d_v) per token). Elsewhere they are expanded as two products, each
-  -- contiguous: a segment's key prefix of one row (B = 1, the long rows cp is for) is then a view, not a copy the
-  -- attention makes and keeps for its backward.
-  local latent = x:device() == "cpu" and self.cp_latent ~= false
+  -- token) and never its expansion (H·(d_n + d_v) per token). With cp_latent = false they are expanded as two
+  -- products, each contiguous: a segment's key prefix of one row (B = 1, the long rows cp is for) is then a view,
+  -- not a copy the attention makes and keeps for its backward.
+  local latent = self.cp_latent ~= false
   local kn, v
   if not latent then
     kn = F.linear(cg, W:narrow(2, 1, dn):contiguous():reshape(H * dn, dc)):reshape(B, Tk, H, dn)
