@@ -52,6 +52,10 @@ int tide_kernel_missing(int device, size_t entry_offset, const char *entry, cons
 int tide_backend_override(int device, const tide_backend *bk);
 int tide_device_valid(int device);
 
+/* tide_dist_allreduce_sum_group_ with a device tensor's receive buffer given (the reducer's side stream allocates
+   nothing; engine/dist/comm.c) */
+int tide_dist_allreduce_sum_scratch_(int group, tide_tensor *t, tide_tensor *scratch);
+
 /* data pointer of a tensor (storage base + offset), for passing to kernels only */
 void *tide_data(const tide_tensor *t);
 

@@ -571,10 +571,10 @@ tide_tensor *tide_alltoallv(tide_tensor *x, int group, int n_ranks, const int64_
 /* 1 once tide_dist_init has joined a job of more than one rank (it never initialises MPI itself) */
 int tide_dist_active(void);
 /* ---- gradient buckets reduced while the backward runs (engine/dist/reducer.c; DESIGN.md §9) ----
-   new(n, params, bucket_bytes): CPU f32/f64 leaves, in buckets of about bucket_bytes in reverse order (the backward
-   finishes the last parameters first); arm(): the next backward reports each parameter's gradient as final when
-   the last node that uses it has run, a full bucket is copied and summed over the ranks in rank order on a helper
-   thread while the backward goes on; finish(): every bucket left (parameters without a gradient count zeros) is
+   new(n, params, bucket_bytes): f32/f64 leaves of one device, in buckets of about bucket_bytes in reverse order (the
+   backward finishes the last parameters first); arm(): the next backward reports each parameter's gradient as final
+   when the last node that uses it has run, a full bucket is copied and summed over the ranks in rank order on a
+   helper thread (CPU; a GPU's sums are queued on its side stream, in bucket order) while the backward goes on; finish(): every bucket left (parameters without a gradient count zeros) is
    summed, the thread joined, the sums written into the gradients (a missing one created). Every rank calls
    arm/finish once per step, whatever its loss. The sums are tide_dist_allreduce_sum_'s bit for bit.
    stats[5]: [0] seconds of reduction, [1] of it before the backward ended, [2] buckets, [3] 1 when a helper thread

@@ -343,10 +343,11 @@ typedef struct tide_backend {
        non-CPU tensors; the CPU's own path is MPI in comm.c, so the CPU table leaves them NULL). g: the group
        (tide_dist_grp: the world, or a dp / ep / cp group of a layout); ranks, peers and roots are the group's.
        dist_allreduce_sum: data [n] of dtype f32/f64 summed in place in the group's rank order (the chain of comm.c:
-       ((x_0 + x_1) + x_2) + ...); dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to /
+       ((x_0 + x_1) + x_2) + ...), receiving into scratch (n elements of the device's memory) or, when it is NULL,
+       into a buffer of its own; dist_broadcast: root's nbytes to every rank; dist_send / dist_recv: nbytes to /
        from one rank; dist_init: the device's communicator of the group set up now (the others set it up on first
        use), *world its rank count. */
-    int (*dist_allreduce_sum)(const tide_dist_grp *g, int dtype, void *data, int64_t n);
+    int (*dist_allreduce_sum)(const tide_dist_grp *g, int dtype, void *data, int64_t n, void *scratch);
     int (*dist_init)(const tide_dist_grp *g, int *world);
     /* dist_allgather: every rank's nbytes of send, concatenated in rank order into recv (size · nbytes);
        dist_alltoallv: send_bytes[r] bytes from send + send_off[r] to rank r, recv_bytes[r] from rank r into
@@ -357,6 +358,15 @@ typedef struct tide_backend {
     int (*dist_broadcast)(const tide_dist_grp *g, void *data, int64_t nbytes, int root);
     int (*dist_send)(const tide_dist_grp *g, const void *data, int64_t nbytes, int peer);
     int (*dist_recv)(const tide_dist_grp *g, void *data, int64_t nbytes, int peer);
+    /* the side stream of the gradient buckets (engine/dist/reducer.c), so their sums run beside the backward; NULL
+       where collectives block the calling thread (the CPU: its buckets sum on a helper thread). comm_fork: the
+       calling thread's collectives go on the side stream from now on, after everything the main stream has been
+       given so far; comm_back: back to the main stream; comm_join: the main stream waits for the side stream. The
+       side stream must allocate nothing: the engine's block cache does not follow streams (hence dist_allreduce_sum's
+       scratch). */
+    int (*comm_fork)(void);
+    int (*comm_back)(void);
+    int (*comm_join)(void);
 } tide_backend;
 
 /* the tables; the CUDA one exists only when built with CUDA (TIDE_HAVE_CUDA) */

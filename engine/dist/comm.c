@@ -288,7 +288,10 @@ int tide_dist_reduce_to_last_(tide_tensor *t) { return tide_dist_reduce_to_last_
    through 0, 1, ..., N-2 (every rank sends the buffer once or twice: 2(N-1)/N times on average, a ring's volume). The
    order of every addition is fixed by the ranks alone, so N ranks reproduce themselves bit for bit whatever the
    message timing, and match one process that accumulates the same N parts in order (gradient accumulation). */
-int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
+int tide_dist_allreduce_sum_group_(int group, tide_tensor *t) { return tide_dist_allreduce_sum_scratch_(group, t, NULL); }
+
+/* the same, a device tensor's sum receiving into scratch (at least t's bytes on its device; NULL: the backend's own) */
+int tide_dist_allreduce_sum_scratch_(int group, tide_tensor *t, tide_tensor *scratch)
 {
     int rc = 0;
     const dist_group *G = find_group(group, "allreduce");
@@ -296,7 +299,12 @@ int tide_dist_allreduce_sum_group_(int group, tide_tensor *t)
     if (device_tensor(t, "allreduce", &rc)) {
         if (rc || G->size == 1 || t->numel == 0) return rc;
         tide_dist_grp g = grp_of(G);
-        rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", &g, t->dtype, tide_data(t), t->numel);
+        if (scratch && (scratch->device != t->device || tide_tensor_nbytes(scratch) < tide_tensor_nbytes(t)))
+            return tide_set_error("allreduce: the scratch holds %lld bytes on device %d, the sum needs %lld on %d",
+                                  (long long)tide_tensor_nbytes(scratch), scratch->device,
+                                  (long long)tide_tensor_nbytes(t), t->device);
+        rc = TIDE_DISPATCH(t->device, dist_allreduce_sum, "allreduce", &g, t->dtype, tide_data(t), t->numel,
+                           scratch ? tide_data(scratch) : NULL);
         if (!rc) SENT(tide_tensor_nbytes(t) * ((G->rank < G->size - 1) + (G->rank != G->size - 2)));
         return rc;
     }

@@ -16,6 +16,17 @@
  * and cp groups while the buckets sum (tide_reducer_set_concurrent), which needs MPI_THREAD_MULTIPLE; plain data
  * parallelism needs MPI_THREAD_SERIALIZED (between arm and finish only the helper calls MPI). Where the library gives
  * less, or there is no MPI, finish sums the buckets on the calling thread (no overlap, the same sums).
+ *
+ * Device tensors (CUDA: NCCL) need no thread: their collectives are queued, not waited for. The buckets live on the
+ * parameters' device, and a device whose backend has a side stream (backend.h: comm_fork) gets each bucket's sum
+ * queued there by the backward's own thread, in bucket order, as soon as the bucket and every one before it are
+ * full; the side stream starts it once the main stream has copied the gradients in, and runs it beside the rest of
+ * the backward; finish makes the main stream wait for the side stream before the sums are copied out. The side
+ * stream allocates nothing: each sum receives into the reducer's own scratch (the engine's block cache does not
+ * follow streams). Under expert and context parallelism (concurrent) and ZeRO-2 a device's buckets sum at finish on
+ * the main stream instead: NCCL kernels of two communicators queued in a different order on different ranks can wait
+ * on each other. A CPU table given a comm_fork (a test's, tide_backend_override) runs the same path with MPI's
+ * blocking sums (tests/dist/test_reducer_side.c).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -27,7 +38,7 @@
 typedef struct {
     int dtype;
     int64_t numel;
-    tide_tensor *flat;       /* [numel] CPU buffer the bucket is summed in */
+    tide_tensor *flat;       /* [numel] buffer on the parameters' device the bucket is summed in */
     int n_params, n_ready;
     int full;                /* every parameter copied in: the helper may sum it */
     int early;               /* it became full during the backward (not at finish) */
@@ -45,6 +56,10 @@ struct tide_reducer {
     int nb;
     bucket *b;
     int armed, threaded;
+    int device;              /* the parameters' (every one's) */
+    int side;                /* this step's sums are queued on the device's side stream as buckets fill */
+    int next;                /* side: the first bucket not yet queued */
+    tide_tensor *scratch;    /* side: what each sum receives into (the largest bucket's elements) */
     int group;               /* the communicator of the sums: a world-sized group of the reducers' own */
     int concurrent;          /* the backward calls MPI itself (ep, cp): a helper thread needs MPI_THREAD_MULTIPLE */
     pthread_t thread;
@@ -71,6 +86,7 @@ void tide_reducer_free(tide_reducer *r)
         if (r->params[i]) { r->params[i]->grad_slot = 0; tide_tensor_release(r->params[i]); }
     }
     for (int k = 0; k < r->nb; k++) tide_tensor_release(r->b[k].flat);
+    tide_tensor_release(r->scratch);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r->params); free(r->bucket_of); free(r->offset_of); free(r->in); free(r->b); free(r->owner);
@@ -84,9 +100,13 @@ tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes
     for (int i = 0; i < n; i++) {
         tide_tensor *p = params[i];
         if (!p) { tide_set_error("reducer: parameter %d is NULL", i); return NULL; }
-        if (p->device != TIDE_CPU || (p->dtype != TIDE_F32 && p->dtype != TIDE_F64)) {
-            tide_set_error("reducer: parameter %d is %s on %s; buckets take CPU f32/f64 tensors", i,
-                           tide_dtype_name(p->dtype), p->device == TIDE_CPU ? "cpu" : "a GPU");
+        if (p->dtype != TIDE_F32 && p->dtype != TIDE_F64) {
+            tide_set_error("reducer: parameter %d is %s; buckets take f32/f64 tensors", i, tide_dtype_name(p->dtype));
+            return NULL;
+        }
+        if (p->device != params[0]->device) {
+            tide_set_error("reducer: parameter %d is on device %d, parameter 0 on %d; buckets take one device's", i,
+                           p->device, params[0]->device);
             return NULL;
         }
         if (p->node) { tide_set_error("reducer: parameter %d is not a leaf", i); return NULL; }
@@ -107,6 +127,7 @@ tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes
         return NULL;
     }
     r->n = n;
+    r->device = params[0]->device;
     /* buckets in reverse parameter order; a new one when the next would pass bucket_bytes or changes dtype */
     int k = -1;
     int64_t bytes = 0;
@@ -125,9 +146,18 @@ tide_reducer *tide_reducer_new(int n, tide_tensor **params, int64_t bucket_bytes
         bytes += nb;
     }
     r->nb = k + 1;
+    int64_t most = 0;
     for (k = 0; k < r->nb; k++) {
-        r->b[k].flat = tide_empty(r->b[k].dtype, 1, (int64_t[]){r->b[k].numel}, TIDE_CPU);
+        r->b[k].flat = tide_empty(r->b[k].dtype, 1, (int64_t[]){r->b[k].numel}, r->device);
         if (!r->b[k].flat) { tide_reducer_free(r); return NULL; }
+        if (r->b[k].numel > most) most = r->b[k].numel;
+    }
+    /* the side stream's receive buffer, in the widest dtype of the buckets */
+    if (tide_backend_for(r->device)->comm_fork && tide_dist_world_size() > 1) {
+        int wide = TIDE_F32;
+        for (k = 0; k < r->nb; k++) if (r->b[k].dtype == TIDE_F64) wide = TIDE_F64;
+        r->scratch = tide_empty(wide, 1, (int64_t[]){most}, r->device);
+        if (!r->scratch) { tide_reducer_free(r); return NULL; }
     }
     /* the reducers' own group, made by every rank's first reducer (a collective), shared by the later ones (one is
        armed at a time: the grad-ready hook is the engine's one) */
@@ -160,6 +190,29 @@ static int sum_bucket(tide_reducer *r, int k)
                     : tide_dist_allreduce_sum_group_(r->group, r->b[k].flat);
 }
 
+static void fail(tide_reducer *r, const char *what)
+{
+    if (r->failed) return;
+    r->failed = 1;
+    snprintf(r->err, sizeof r->err, "%s%s", what, tide_last_error());
+}
+
+/* side: the full buckets from r->next on, in order, queued on the side stream (each after everything the main stream
+   has been given, the copies of its gradients included) */
+static void queue_full(tide_reducer *r)
+{
+    const tide_backend *bk = tide_backend_for(r->device);
+    while (r->next < r->nb && r->b[r->next].full && !r->failed) {
+        int k = r->next++;
+        r->b[k].t0 = now_s();
+        if (bk->comm_fork()) { fail(r, "reducer: "); break; }
+        int rc = tide_dist_allreduce_sum_scratch_(r->group, r->b[k].flat, r->scratch);
+        bk->comm_back();
+        r->b[k].t1 = now_s();
+        if (rc) { fail(r, ""); break; }
+    }
+}
+
 /* parameter i's gradient (zeros when it has none) into its bucket; the bucket marked full when it is the last */
 static void take(tide_reducer *r, int i)
 {
@@ -170,27 +223,26 @@ static void take(tide_reducer *r, int i)
     size_t es = p->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     char *dst = (char *)tide_data(b->flat) + (size_t)r->offset_of[i] * es;
     tide_tensor *g = p->grad;
-    if (g && tide_is_contiguous(g) && g->numel == p->numel && g->dtype == p->dtype && g->device == TIDE_CPU)
+    if (r->device == TIDE_CPU && g && tide_is_contiguous(g) && g->numel == p->numel && g->dtype == p->dtype &&
+        g->device == TIDE_CPU)
         memcpy(dst, tide_data(g), (size_t)p->numel * es);
-    else if (g) {
+    else if (r->device == TIDE_CPU && !g)
+        memset(dst, 0, (size_t)p->numel * es);
+    else {
+        /* a device's bucket (or a gradient of another layout): copied or zeroed in place, on the main stream */
         int64_t stride[TIDE_MAX_DIMS];
         tide_contiguous_strides(p->ndim, p->shape, stride);
         tide_tensor *view = tide_view_of(b->flat, p->ndim, p->shape, stride, b->flat->offset + r->offset_of[i]);
-        if (!view || tide_copy_(view, g)) {
-            if (!r->failed) {
-                r->failed = 1;
-                snprintf(r->err, sizeof r->err, "reducer: copying a gradient into its bucket: %s", tide_last_error());
-            }
-        }
+        if (!view || (g ? tide_copy_(view, g) : tide_fill_(view, 0.0))) fail(r, "reducer: copying a gradient into its bucket: ");
         tide_tensor_release(view);
-    } else
-        memset(dst, 0, (size_t)p->numel * es);
+    }
     if (++b->n_ready == b->n_params) {
         b->early = r->armed == 1;
         pthread_mutex_lock(&r->mu);
         b->full = 1;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
+        if (r->side) queue_full(r);
     }
 }
 
@@ -216,10 +268,7 @@ static void *helper(void *arg)
         pthread_mutex_lock(&r->mu);
         r->b[k].t0 = t0;
         r->b[k].t1 = t1;
-        if (rc && !r->failed) {
-            r->failed = 1;
-            snprintf(r->err, sizeof r->err, "%s", tide_last_error());
-        }
+        if (rc) fail(r, "");
         r->done = k + 1;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
@@ -252,11 +301,16 @@ int tide_reducer_arm(tide_reducer *r)
         r->b[k].n_ready = 0; r->b[k].full = 0; r->b[k].early = 0; r->b[k].t0 = r->b[k].t1 = 0;
     }
     r->done = 0;
+    r->next = 0;
     r->failed = 0;
     r->err[0] = '\0';
     r->armed = 1;
+    /* a device with a side stream queues the sums as the buckets fill (not under ep / cp or ZeRO-2: see the top);
+       a device without one, or under those, sums at finish; the CPU sums on the helper thread */
+    r->side = r->scratch && !r->concurrent && !r->owner;
     int level = r->concurrent ? tide_dist_thread_multiple() : tide_dist_thread_serialized();
-    r->threaded = tide_dist_world_size() > 1 && level && pthread_create(&r->thread, NULL, helper, r) == 0;
+    r->threaded = !r->side && r->device == TIDE_CPU && tide_dist_world_size() > 1 && level &&
+                  pthread_create(&r->thread, NULL, helper, r) == 0;
     tide_set_grad_ready_hook(on_ready, r);
     return 0;
 }
@@ -271,13 +325,13 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
     /* what the backward did not report (no gradient on this rank, or no backward at all) goes in now, in order */
     for (int i = r->n - 1; i >= 0; i--) take(r, i);
     if (r->threaded) pthread_join(r->thread, NULL);
-    else {
+    else if (r->side) {
+        queue_full(r);   /* every bucket is full now */
+        if (tide_backend_for(r->device)->comm_join()) fail(r, "reducer: ");
+    } else {
         for (int k = 0; k < r->nb && !r->failed; k++) {
             r->b[k].t0 = now_s();
-            if (sum_bucket(r, k)) {
-                r->failed = 1;
-                snprintf(r->err, sizeof r->err, "%s", tide_last_error());
-            }
+            if (sum_bucket(r, k)) fail(r, "");
             r->b[k].t1 = now_s();
         }
     }
@@ -290,7 +344,8 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
         double e = r->b[k].t1 < t_end ? r->b[k].t1 : t_end;
         if (e > r->b[k].t0) before += e - r->b[k].t0;
     }
-    if (stats) { stats[0] = comm; stats[1] = before; stats[2] = r->nb; stats[3] = r->threaded; stats[4] = early; }
+    /* side: the seconds are those of queuing the sums, not of running them */
+    if (stats) { stats[0] = comm; stats[1] = before; stats[2] = r->nb; stats[3] = r->threaded || r->side; stats[4] = early; }
     if (r->failed) return tide_set_error("%s", r->err);
     int me = tide_dist_rank(), last = tide_dist_world_size() - 1;
     if (r->owner && last > 0) {
@@ -320,13 +375,21 @@ int tide_reducer_finish(tide_reducer *r, double *stats)
         bucket *b = &r->b[r->bucket_of[i]];
         size_t es = p->dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
         const char *src = (const char *)tide_data(b->flat) + (size_t)r->offset_of[i] * es;
-        if (!p->grad || !tide_is_contiguous(p->grad) || p->grad->dtype != p->dtype) {
-            tide_tensor *g = tide_empty(p->dtype, p->ndim, p->shape, TIDE_CPU);
+        if (!p->grad || !tide_is_contiguous(p->grad) || p->grad->dtype != p->dtype || p->grad->device != r->device) {
+            tide_tensor *g = tide_empty(p->dtype, p->ndim, p->shape, r->device);
             if (!g) return -1;
             tide_tensor_release(p->grad);
             p->grad = g;
         }
-        memcpy(tide_data(p->grad), src, (size_t)p->numel * es);
+        if (r->device == TIDE_CPU) memcpy(tide_data(p->grad), src, (size_t)p->numel * es);
+        else {
+            int64_t stride[TIDE_MAX_DIMS];
+            tide_contiguous_strides(p->ndim, p->shape, stride);
+            tide_tensor *view = tide_view_of(b->flat, p->ndim, p->shape, stride, b->flat->offset + r->offset_of[i]);
+            int rc = view ? tide_copy_(p->grad, view) : -1;
+            tide_tensor_release(view);
+            if (rc) return -1;
+        }
     }
     return 0;
 }

@@ -26,6 +26,51 @@
 
 static ncclComm_t g_comms[TIDE_DIST_MAX_GROUPS];   /* by group id; NULL until the group's first collective */
 
+/* the side stream of the gradient buckets (backend.h: comm_fork / comm_back / comm_join): a thread between fork and
+   back issues its collectives there, ordered after the main stream's work by an event */
+static cudaStream_t g_side;
+static cudaEvent_t g_main_done, g_side_done;
+static thread_local int t_on_side;
+
+/* the stream this thread's collectives go on */
+static int comm_stream(cudaStream_t *s)
+{
+    if (t_on_side) { *s = g_side; return 0; }
+    return tide_cuda_get_stream(s);
+}
+#define COMM_STREAM(s) \
+    cudaStream_t s = 0; \
+    do { if (comm_stream(&s)) return -1; } while (0)
+
+static int nccl_comm_fork(void)
+{
+    TIDE_STREAM(main);
+    if (!g_side) {
+        TIDE_CU(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking), "comm fork: side stream");
+        TIDE_CU(cudaEventCreateWithFlags(&g_main_done, cudaEventDisableTiming), "comm fork: event");
+        TIDE_CU(cudaEventCreateWithFlags(&g_side_done, cudaEventDisableTiming), "comm fork: event");
+    }
+    TIDE_CU(cudaEventRecord(g_main_done, main), "comm fork: record");
+    TIDE_CU(cudaStreamWaitEvent(g_side, g_main_done, 0), "comm fork: wait");
+    t_on_side = 1;
+    return 0;
+}
+
+static int nccl_comm_back(void)
+{
+    t_on_side = 0;
+    return 0;
+}
+
+static int nccl_comm_join(void)
+{
+    if (!g_side) return 0;
+    TIDE_STREAM(main);
+    TIDE_CU(cudaEventRecord(g_side_done, g_side), "comm join: record");
+    TIDE_CU(cudaStreamWaitEvent(main, g_side_done, 0), "comm join: wait");
+    return 0;
+}
+
 /* group g's communicator, made now if it is the group's first collective (every member is in this call) */
 static ncclComm_t nccl_comm(const tide_dist_grp *g, const char *what)
 {
@@ -77,7 +122,7 @@ template <typename T> __global__ void chain_add_kernel(T *acc, const T *prev, in
         acc[i] = prev[i] + acc[i];
 }
 
-static int chain_allreduce(const tide_dist_grp *g, int dtype, void *data, int64_t n)
+static int chain_allreduce(const tide_dist_grp *g, int dtype, void *data, int64_t n, void *scratch)
 {
     const char *what = "allreduce (nccl)";
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
@@ -86,13 +131,13 @@ static int chain_allreduce(const tide_dist_grp *g, int dtype, void *data, int64_
     if (!comm) return -1;
     int me = g->rank, size = g->size;
     if (size == 1 || n == 0) return 0;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     size_t es = dtype == TIDE_F32 ? sizeof(float) : sizeof(double);
     ncclDataType_t nt = dtype == TIDE_F32 ? ncclFloat32 : ncclFloat64;
     char *base = (char *)data;
-    void *tmp = NULL;
+    void *tmp = scratch;
     int64_t cmax = n < NCCL_CHUNK ? n : NCCL_CHUNK;
-    if (me > 0 && tide_cuda_alloc(&tmp, (size_t)cmax * es, s) != cudaSuccess)
+    if (me > 0 && !tmp && tide_cuda_alloc(&tmp, (size_t)cmax * es, s) != cudaSuccess)
         return tide_set_error("%s: out of device memory for %lld values", what, (long long)cmax);
     int rc = 0;
     for (int64_t k0 = 0; k0 < n && !rc; k0 += NCCL_CHUNK) {
@@ -111,7 +156,7 @@ static int chain_allreduce(const tide_dist_grp *g, int dtype, void *data, int64_
             if (r != ncclSuccess) rc = tide_set_error("%s: ncclSend: %s", what, ncclGetErrorString(r));
         }
     }
-    if (tmp) tide_cuda_release(tmp, s);
+    if (tmp && tmp != scratch) tide_cuda_release(tmp, s);
     if (rc) return rc;
     /* the sum on from N-1 through 0 .. N-2 */
     int prev = me == 0 ? size - 1 : me - 1, next = me == size - 1 ? 0 : me + 1;
@@ -130,7 +175,7 @@ static int nccl_broadcast(const tide_dist_grp *g, void *data, int64_t nbytes, in
     ncclComm_t comm = nccl_comm(g, what);
     if (!comm) return -1;
     if (g->size == 1 || nbytes == 0) return 0;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     NCCL_CHECK(ncclBroadcast(data, data, (size_t)nbytes, ncclChar, root, comm, s), what);
     return 0;
 }
@@ -140,7 +185,7 @@ static int nccl_send(const tide_dist_grp *g, const void *data, int64_t nbytes, i
     const char *what = "send (nccl)";
     ncclComm_t comm = nccl_comm(g, what);
     if (!comm) return -1;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     NCCL_CHECK(ncclSend(data, (size_t)nbytes, ncclChar, peer, comm, s), what);
     return 0;
 }
@@ -150,7 +195,7 @@ static int nccl_recv(const tide_dist_grp *g, void *data, int64_t nbytes, int pee
     const char *what = "recv (nccl)";
     ncclComm_t comm = nccl_comm(g, what);
     if (!comm) return -1;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     NCCL_CHECK(ncclRecv(data, (size_t)nbytes, ncclChar, peer, comm, s), what);
     return 0;
 }
@@ -161,7 +206,7 @@ static int nccl_allgather(const tide_dist_grp *g, const void *send, void *recv, 
     ncclComm_t comm = nccl_comm(g, what);
     if (!comm) return -1;
     if (nbytes == 0) return 0;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     NCCL_CHECK(ncclAllGather(send, recv, (size_t)nbytes, ncclChar, comm, s), what);
     return 0;
 }
@@ -173,7 +218,7 @@ static int nccl_alltoallv(const tide_dist_grp *g, const void *send, const int64_
     const char *what = "alltoallv (nccl)";
     ncclComm_t comm = nccl_comm(g, what);
     if (!comm) return -1;
-    TIDE_STREAM(s);
+    COMM_STREAM(s);
     NCCL_CHECK(ncclGroupStart(), what);
     for (int r = 0; r < g->size; r++) {
         if (send_bytes[r] > 0) {
@@ -208,6 +253,9 @@ void tide_cuda_dist_entries(tide_backend *t)
     t->dist_broadcast = nccl_broadcast;
     t->dist_send = nccl_send;
     t->dist_recv = nccl_recv;
+    t->comm_fork = nccl_comm_fork;
+    t->comm_back = nccl_comm_back;
+    t->comm_join = nccl_comm_join;
 }
 #else
 void tide_cuda_dist_entries(tide_backend *t) { (void)t; }

@@ -329,7 +329,8 @@ end
 
 -- reducer(params, bucket_bytes[, owners[, concurrent]]) -> {arm(), finish() -> {comm_s, overlap_s, buckets, threaded}}: the engine's bucketed
 -- all-reduce (engine/dist/reducer.c): armed before the step's last backward, each bucket of about bucket_bytes (in
--- reverse parameter order) is summed over the ranks on a helper thread as soon as its gradients are final; finish()
+-- reverse parameter order) is summed over the ranks on a helper thread (CPU tensors; a GPU's: queued on its side
+-- stream) as soon as its gradients are final; finish()
 -- sums what is left, waits and writes the sums into the gradients. The sums are allreduce_grads' bit for bit. Every
 -- rank calls arm and finish once per step (one whose loss was not finite too: it sends zeros). owners (ZeRO-2): each
 -- bucket is reduced to the last rank instead, which sends every owner its parameters' sums at finish
@@ -419,8 +420,11 @@ dist.KEYS = { dp = true, zero = true, bucket_mb = true, lanes = true, gpus = tru
   dtype = true }
 -- the default bucket of the gradient sum overlapped with the backward: 0, one sum after the backward. The buckets
 -- pay off where a rank has a core (or a network) idle during its backward; on a machine whose cores all compute,
--- bench/dist measured them slower (their copies, and the helper thread's share of a core): dist.bucket_mb = 25 opts in
+-- bench/dist measured them slower (their copies, and the helper thread's share of a core): dist.bucket_mb = 25 opts in.
+-- A GPU's buckets (CUDA: NCCL on a side stream, queued as they fill; engine/dist/reducer.c) take no core from the
+-- backward: 25 MB there, PyTorch DDP's default. dist.bucket_mb set in a recipe is used on either.
 dist.BUCKET_MB = 0
+dist.BUCKET_MB_DEVICE = 25
 
 -- layout(dcfg, who) -> {n = the ranks that read data (dp x ep), dp, ep, cp, rank, data_rank (rank / cp), group =
 -- tide.dist or nil, ep_group and ep_dp (ep > 1: the rank's expert-parallel group and the ranks holding its experts),
@@ -453,9 +457,10 @@ function dist.layout(dcfg, who)
     end
   end
   local bucket_mb = dcfg and dcfg.bucket_mb
-  if bucket_mb == nil then bucket_mb = dist.BUCKET_MB end
-  options.finite_number(bucket_mb, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none)", who,
-    nil, 0)
+  if bucket_mb ~= nil then
+    options.finite_number(bucket_mb, "dist.bucket_mb (MB per gradient bucket summed during the backward; 0: none)",
+      who, nil, 0)
+  end
   local ep = (dcfg and dcfg.ep) or 1
   options.pos_int(ep, "dist.ep", who)
   if dcfg and dcfg.cp ~= nil and type(dcfg.cp) ~= "number" and type(dcfg.cp) ~= "table" then
@@ -496,7 +501,7 @@ function dist.layout(dcfg, who)
   -- the experts; the ranks of one e hold the same experts
   local data_rank = math.floor(rank / cp)
   local L = { n = n, dp = dp, ep = ep, cp = cp, rank = rank, data_rank = data_rank, zero = world > 1 and zero or 0,
-    group = world > 1 and dist or nil, bucket_bytes = math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
+    group = world > 1 and dist or nil, bucket_bytes = bucket_mb and math.floor(bucket_mb * 2 ^ 20), lanes = lanes,
     lane_opts = { lanes = lanes, first = (n > 1 and data_rank or 0) * (lanes / n), count = lanes / n } }
   local function set(list) return "{" .. table.concat(list, ",") .. "}" end
   local function rank_of(d, e, c) return (d * ep + e) * cp + c end

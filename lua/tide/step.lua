@@ -200,23 +200,29 @@ function step.stepper(o)
 end
 
 -- the optimiser's gradient reducer (one per optimiser: the steppers of a run share it; ZeRO-2: reduced to the owners),
--- or nil: without several ranks or buckets, or when a parameter is not a CPU f32/f64 tensor (those sum after the
--- backward)
+-- or nil: without several ranks or buckets, or when the parameters are not f32/f64 tensors of one device (those sum
+-- after the backward). bucket_bytes nil: the device's default (dist.BUCKET_MB on the CPU, dist.BUCKET_MB_DEVICE on a
+-- GPU, whose bucket sums run on a side stream beside the backward)
 function Stepper:reducer()
   if self.red == nil then
     self.red = false
     local opt = self.optim
-    if self.dist and (self.bucket_bytes or 0) > 0 then
+    local first = opt.params[1] and opt.params[1].param
+    local bytes = self.bucket_bytes
+    if bytes == nil and self.dist and first then
+      bytes = math.floor((first:device() == "cpu" and self.dist.BUCKET_MB or self.dist.BUCKET_MB_DEVICE) * 2 ^ 20)
+    end
+    if self.dist and (bytes or 0) > 0 then
       local ok = true
       for _, p in ipairs(opt.params) do
         local dt = p.param:dtype()
-        if p.param:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") then ok = false end
+        if p.param:device() ~= first:device() or (dt ~= "f32" and dt ~= "f64") then ok = false end
       end
       if ok then
         -- expert parallelism: the buckets hold the replicated parameters; the experts' gradients sum over their own
         -- ranks after finish (Stepper:step)
         opt.reducer = opt.reducer or self.dist.reducer(self.ep_params and self.dense_params or opt.params,
-          self.bucket_bytes, opt.zero == 2 and self:dense_owners() or nil, self.ep_params ~= nil or self.cp ~= nil)
+          bytes, opt.zero == 2 and self:dense_owners() or nil, self.ep_params ~= nil or self.cp ~= nil)
         self.red = opt.reducer
       end
     end

@@ -429,6 +429,8 @@ T.test("dist options: each bad value is one line naming the key", function()
   for _, c in ipairs(cases) do T.raises(function() dist.layout(c[1], "curriculum") end, c[2]) end
   local l = dist.layout({ lanes = 3, bucket_mb = 0.5 }, "curriculum")
   T.eq({ l.lanes, l.lane_opts.first, l.lane_opts.count, l.bucket_bytes }, { 3, 0, 3, 524288 }, "one rank hosts every lane")
+  -- no bucket_mb: the device's default, chosen by the step (0 on the CPU, dist.BUCKET_MB_DEVICE on a GPU)
+  T.eq(dist.layout({ lanes = 3 }, "curriculum").bucket_bytes, nil, "bucket size left to the device")
 end)
 
 local _, failed = T.run({ exit = false })

@@ -20,6 +20,14 @@
 #include "emu_host.h"
 #include "tide.h"
 
+// the side stream's runtime calls, recorded: the emulator's stream is synchronous, so what is checked is the routing
+// (which stream each collective is queued on) and the order of the event calls
+static std::string ev_log;
+#define cudaStreamCreateWithFlags(p, f) (*(p) = (cudaStream_t)0x51de, ev_log += "C", cudaSuccess)
+#define cudaEventCreateWithFlags(p, f) (*(p) = (cudaEvent_t)(ev_log.size() + 1), cudaSuccess)
+#define cudaEventRecord(e, s) (ev_log += ((s) == (cudaStream_t)0x51de ? "r" : "R"), cudaSuccess)
+#define cudaStreamWaitEvent(s, e, f) (ev_log += ((s) == (cudaStream_t)0x51de ? "w" : "W"), cudaSuccess)
+
 #include "nccl_comm_emu.inc"
 
 static int n_pass, n_fail, me, world;
@@ -109,7 +117,7 @@ template <class E> static void allreduce_case(group &G, const char *gname, int64
         for (int64_t i = 0; i < n; i++) fold[(size_t)i] = fold[(size_t)i] + x[(size_t)i];
     }
     long long b0 = fake_nccl::bytes_sent;
-    int rc = T.dist_allreduce_sum(&G.d, dt, dev.data(), n);
+    int rc = T.dist_allreduce_sum(&G.d, dt, dev.data(), n, NULL);
     long long sent = fake_nccl::bytes_sent - b0;
     long long want = (long long)n * (long long)sizeof(E) * ((G.d.rank < G.d.size - 1) + (G.d.rank != G.d.size - 2));
     if (G.d.size == 1) want = 0;
@@ -240,16 +248,44 @@ int main()
         allreduce_case<float>(W, "world after the groups", 300, 99);
     }
 
+    // the gradient buckets' side stream: fork queues the sums there after the main stream's work, back returns to the
+    // main stream, join makes the main stream wait; a sum with the reducer's scratch allocates nothing
+    {
+        std::vector<double> mine = values_of(me, 600, 5), want = mine;
+        int64_t shape[1] = {600};
+        tide_tensor *t = tide_from_f64(TIDE_F64, 1, shape, 0, mine.data());
+        tide_dist_allreduce_sum_(t);
+        tide_read_bytes(t, want.data(), 600 * sizeof(double));
+        tide_tensor_release(t);
+        std::vector<double> scratch(600, 0.0);
+        size_t live = emu::live_bytes;
+        ev_log.clear();
+        bool ok = T.comm_fork && T.comm_fork() == 0;
+        int rc = T.dist_allreduce_sum(&W.d, TIDE_F64, mine.data(), 600, scratch.data());
+        cudaStream_t on = fake_nccl::last_stream;
+        ok = ok && T.comm_back() == 0;
+        int rc2 = T.dist_broadcast(&W.d, scratch.data(), 8, 0);
+        cudaStream_t after = fake_nccl::last_stream;
+        ok = ok && T.comm_join() == 0;
+        check_true("side stream: the sum with the reducer's scratch == the CPU chain, allocating nothing",
+                   ok && rc == 0 && bits_equal(mine, want) && emu::live_bytes == live);
+        check_true("side stream: its collectives on the side stream, after back on the main one",
+                   on == (cudaStream_t)0x51de && rc2 == 0 && after != (cudaStream_t)0x51de);
+        check_true("side stream: made once; fork records on the main stream and the side waits, join the reverse (" +
+                       ev_log + ")",
+                   ev_log == "CRwrW");
+    }
+
     // errors: one line naming the problem, on every rank alike
     tide_dist_grp bad = {TIDE_DIST_MAX_GROUPS, 0, 1, NULL, &W.comm};
     float x = 1.0f;
     check_true("a group id past the table is an error",
-               T.dist_allreduce_sum(&bad, TIDE_F32, &x, 1) != 0 && strstr(err_buf, "is not a process group"));
+               T.dist_allreduce_sum(&bad, TIDE_F32, &x, 1, NULL) != 0 && strstr(err_buf, "is not a process group"));
     tide_dist_grp nompi = {TIDE_DIST_MAX_GROUPS - 1, 0, 1, NULL, NULL};
     check_true("no MPI communicator to bootstrap over is an error",
-               T.dist_allreduce_sum(&nompi, TIDE_F32, &x, 1) != 0 && strstr(err_buf, "bootstraps over MPI"));
+               T.dist_allreduce_sum(&nompi, TIDE_F32, &x, 1, NULL) != 0 && strstr(err_buf, "bootstraps over MPI"));
     check_true("an i32 all-reduce is refused by name",
-               T.dist_allreduce_sum(&W.d, TIDE_I32, &x, 1) != 0 && strstr(err_buf, "i32 is not supported"));
+               T.dist_allreduce_sum(&W.d, TIDE_I32, &x, 1, NULL) != 0 && strstr(err_buf, "i32 is not supported"));
 
     int fails = n_fail;
     MPI_Allreduce(MPI_IN_PLACE, &fails, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -46,6 +46,7 @@ inline std::vector<op> pending;   // the group's sends and receives
 inline long long bytes_sent;      // what this rank handed to its peers (the harness checks the chain's volume)
 inline int comms_made;            // ncclCommInitRank calls that succeeded
 inline int counter;               // ids drawn by this process
+inline cudaStream_t last_stream;  // the stream of the latest call (the harness checks the side stream's routing)
 
 inline size_t type_size(ncclDataType_t t)
 {
@@ -136,9 +137,10 @@ inline ncclResult_t ncclGroupEnd(void)
     return ok(rc);
 }
 
-inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t)
+inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t st)
 {
     using namespace fake_nccl;
+    last_stream = st;
     if (!comm || peer < 0 || peer >= comm->size) return ncclInvalidArgument;
     size_t bytes = count * type_size(t);
     if (depth > 0) {
@@ -149,26 +151,28 @@ inline ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, in
     return ok(MPI_Send(buf, (int)bytes, MPI_BYTE, peer, 0, comm->comm));
 }
 
-inline ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t)
+inline ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t st)
 {
     using namespace fake_nccl;
+    last_stream = st;
     if (!comm || peer < 0 || peer >= comm->size) return ncclInvalidArgument;
     size_t bytes = count * type_size(t);
     if (depth > 0) {
         pending.push_back({false, buf, bytes, peer, comm->comm});
         return ncclSuccess;
     }
-    MPI_Status st;
-    int rc = MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, 0, comm->comm, &st);
+    MPI_Status status;
+    int rc = MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, 0, comm->comm, &status);
     int got = 0;
-    MPI_Get_count(&st, MPI_BYTE, &got);
+    MPI_Get_count(&status, MPI_BYTE, &got);
     if (rc == MPI_SUCCESS && (size_t)got != bytes) return ncclInvalidUsage;   // NCCL needs the sizes to match
     return ok(rc);
 }
 
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm,
-                                  cudaStream_t)
+                                  cudaStream_t st)
 {
+    fake_nccl::last_stream = st;
     if (!comm) return ncclInvalidArgument;
     size_t bytes = count * fake_nccl::type_size(t);
     fake_nccl::bytes_sent += (long long)(bytes * (size_t)(comm->size - 1));
@@ -176,8 +180,9 @@ inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, nc
 }
 
 inline ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
-                                  ncclComm_t comm, cudaStream_t)
+                                  ncclComm_t comm, cudaStream_t st)
 {
+    fake_nccl::last_stream = st;
     if (!comm || root < 0 || root >= comm->size) return ncclInvalidArgument;
     size_t bytes = count * fake_nccl::type_size(t);
     if (comm->rank == root) {
