@@ -2,9 +2,10 @@
 // path (the chunk expansion through the real gemm.cu over emu_cublas.h's cuBLAS, the flash kernels on each chunk,
 // the log-sum-exp merge, the backward's fp32 sums) under emu.h against the cpu kernel of libtide
 // (tide_cpu_mla_latent_attention): in f64 with one chunk as the reference, and in f32 with the case's own chunk as
-// the parity check. Output, lse and the four gradients (q, c, k_r, w); chunks of 1, 3, 5, 7 keys and one bigger
-// than Tk; documents over the keys, CP slices (Tq < Tk), dr = 0, f32 and bf16 (wmma); NULL gradients; the same bits
-// under another thread order; argument errors. Included by harness.cpp after mla_cases.h.
+// the parity check. Output, lse and the four gradients (q, c, k_r, w); chunks from 1 key to more than Tk (the
+// query tiles a chunk cannot reach skipped; dk_r through one head group or several); documents over the keys, CP
+// slices (Tq < Tk), dr = 0, f32 and bf16 (wmma); NULL gradients; the same bits under another thread order; argument
+// errors. Included by harness.cpp after mla_cases.h.
 
 struct LatProb {
     int B, Tq, Tk, H, dn, dr, dv, dc;
@@ -127,12 +128,16 @@ static void run_lat_case(const char *name, const LatProb &p, int64_t chunk, int 
         MlaProb m{p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv};
         emu::smem_limit = mla_small_tiles_limit(m, bf16);
     }
-    mla_layout Lf;
+    mla_layout Lf, Lk;
     mla_pick_layout("", MLA_FWD, bf16, p.dn, p.dr, p.dv, 0, &Lf);
-    int64_t kc = std::min<int64_t>(chunk, p.Tk);
-    printf("%s  [B %d Tq %d Tk %d H %d dn %d dr %d dv %d dc %d, %s, %s, chunk %lld (%lld chunks), query tiles of %d]\n",
-           name, p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.dc, p.cu.empty() ? "no docs" : "docs", bf16 ? "bf16" : "f32",
-           (long long)chunk, (long long)((p.Tk + kc - 1) / kc), Lf.BQ);
+    mla_pick_layout("", MLA_DKV, bf16, p.dn, p.dr, p.dv, p.dr, &Lk);
+    int64_t kc = std::min<int64_t>(chunk, p.Tk), last = p.Tk - (p.Tk - 1) / kc * kc, g0 = 0, g1 = 0;
+    mla_head_groups(p.H, p.B, (kc + Lk.BK - 1) / Lk.BK, p.dr > 0, &g0);
+    mla_head_groups(p.H, p.B, (last + Lk.BK - 1) / Lk.BK, p.dr > 0, &g1);
+    printf("%s  [B %d Tq %d Tk %d H %d dn %d dr %d dv %d dc %d, %s, %s, chunk %lld (%lld chunks), query tiles of %d, "
+           "head groups %lld, last chunk %lld]\n", name, p.B, p.Tq, p.Tk, p.H, p.dn, p.dr, p.dv, p.dc,
+           p.cu.empty() ? "no docs" : "docs", bf16 ? "bf16" : "f32", (long long)chunk, (long long)((p.Tk + kc - 1) / kc),
+           Lf.BQ, (long long)g0, (long long)g1);
     vd r((size_t)p.B * p.Tq * p.H * p.dv);
     for (auto &x : r) x = bf16 ? bfr(randn()) : randn();
     LatOut got, ref, cpu;
@@ -244,6 +249,10 @@ static void run_mla_latent(const std::function<bool(const char *)> &want)
     run_lat_case<float>("mla_latent f32 CP slice Tq 13 < Tk 29, docs, chunk 3", pc, 3, MLA_SMALL, f32, f32);
     run_lat_case<float>("mla_latent f32 CP slice, docs, one chunk > Tk", pc, 64, 0, f32, f32);
     run_lat_case<float>("mla_latent f32 CP slice, docs, chunk 20 (2 tiles + 9)", pc, 20, MLA_SMALL, f32, f32);
+    // chunks of 48 and 12 keys in key tiles of 16: dk_r straight into gk_r (one head group: 3 tiles x 2 rows reach
+    // MLA_DKV_TARGET_BLOCKS) for the first, through the group partials for the second (kbase 48)
+    LatProb pg = lat_make(2, 30, 60, 2, 16, 8, 16, 24, {25, 70, 100}, false);
+    run_lat_case<float>("mla_latent f32 CP slice Tq 30 < Tk 60, chunk 48", pg, 48, MLA_SMALL, f32, f32);
     LatProb p1 = lat_make(1, 5, 11, 3, 16, 8, 16, 20, {4}, false);
     run_lat_case<float>("mla_latent f32 chunk 1, Tq 5 < Tk 11, docs", p1, 1, MLA_SMALL, f32, f32);
     // Tq = Tk = 40 in query tiles of 16: the later chunks skip the tiles before them and merge from there on (chunk 8:
