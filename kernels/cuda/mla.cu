@@ -535,7 +535,8 @@ template <typename T> __global__ void __launch_bounds__(MLA_NT) mla_dkv_kernel(m
         if (a.gkn)
             for (int idx = threadIdx.x; idx < cols * a.dn; idx += blockDim.x) {
                 int r = idx / a.dn, c = idx - r * a.dn;
-                a.gkn[(t0 + r) * a.kn_rs + (int64_t)h * a.kn_hs + c] = tide_tr<T>::store(w.acc_q[r * L.ldaq + c] * a.scale);
+                a.gkn[(t0 + r) * a.kn_rs + (int64_t)h * a.kn_hs + c] =
+                    tide_tr<T>::store(w.acc_q[r * L.ldaq + c] * a.scale);
             }
         if (want_v)
             for (int idx = threadIdx.x; idx < cols * a.dv; idx += blockDim.x) {
@@ -756,7 +757,8 @@ static int mla_rowdot(const char *what, float *D, const void *gout, const void *
 
 /* the dK/dV kernel over the nkt key tiles of a.Tk keys and a.groups head groups, then (several groups) the sum of
    the groups' dk_r partials into gkr, in group order */
-template <typename T> static int mla_dkv_run(const char *what, const mla_args<T> &a, int64_t B, int64_t nkt, cudaStream_t s)
+template <typename T>
+static int mla_dkv_run(const char *what, const mla_args<T> &a, int64_t B, int64_t nkt, cudaStream_t s)
 {
     if (mla_launch<T, MLA_DKV>("mla backward dk/dv kernel", a, dim3((unsigned)nkt, (unsigned)a.groups, (unsigned)B), s))
         return -1;
@@ -866,9 +868,9 @@ int tide_cuda_mla_attention_backward(int dtype, void *gq, void *gkn, void *gkr, 
 
 /* ---- mla_latent_attention (backend.h): the keys and values expanded from the latent a chunk at a time ---------
    Per chunk of Kc keys [k0, k0 + kc) one strided-batched GEMM (a product per batch row) expands the chunk,
-   [B, kc, H·(dn + dv)] = ĉ[:, k0 : k0 + kc] Wᵀ with W = [W_UK^h ; W_UV^h] [H·(dn + dv), dc], into scratch of the chunk's
-   size, and the flash kernels above read k_n^h and v^h from it in place (strides), with the chunk's place in the row
-   (kbase = k0, Tkr = Tk: query i on key i + Tk − Tq, documents over the row's keys; k_r read from the row).
+   [B, kc, H·(dn + dv)] = ĉ[:, k0 : k0 + kc] Wᵀ with W = [W_UK^h ; W_UV^h] [H·(dn + dv), dc], into scratch of the
+   chunk's size, and the flash kernels above read k_n^h and v^h from it in place (strides), with the chunk's place in
+   the row (kbase = k0, Tkr = Tk: query i on key i + Tk − Tq, documents over the row's keys; k_r read from the row).
    forward: the first chunk writes the output (fp32) and lse, each later one merges its own into them by the
    log-sum-exp rule in the forward kernel's last step (merge: the block owns its rows), only for the queries that
    can see the chunk (query tiles before it are not launched): no buffer of a chunk's output.
@@ -1009,8 +1011,10 @@ static int mla_latent_backward_typed(const char *what, void *gq, void *gc, void 
     const int dtype = bf ? TIDE_BF16 : TIDE_F32;
     int64_t E = H * (dn + dv), dqk = dn + dr, n_q = B * Tq * H * dqk;
     if (B * Tq == 0 || Tk == 0) {   /* no query sees a key: every gradient is 0 */
-        if (gq && n_q > 0) TIDE_CU(cudaMemsetAsync(gq, 0, (size_t)n_q * sizeof(T), s), "mla_latent backward (zero dq)");
-        if (gc && B * Tk > 0) TIDE_CU(cudaMemsetAsync(gc, 0, (size_t)(B * Tk * dc) * sizeof(T), s), "mla_latent backward (zero dc)");
+        if (gq && n_q > 0)
+            TIDE_CU(cudaMemsetAsync(gq, 0, (size_t)n_q * sizeof(T), s), "mla_latent backward (zero dq)");
+        if (gc && B * Tk > 0)
+            TIDE_CU(cudaMemsetAsync(gc, 0, (size_t)(B * Tk * dc) * sizeof(T), s), "mla_latent backward (zero dc)");
         if (gkr && B * Tk * dr > 0)
             TIDE_CU(cudaMemsetAsync(gkr, 0, (size_t)(B * Tk * dr) * sizeof(T), s), "mla_latent backward (zero dk_r)");
         if (gw) TIDE_CU(cudaMemsetAsync(gw, 0, (size_t)(E * dc) * sizeof(T), s), "mla_latent backward (zero dw)");
@@ -1038,7 +1042,8 @@ static int mla_latent_backward_typed(const char *what, void *gq, void *gc, void 
     if (!rc) e = tide_cuda_alloc((void **)&kv, (size_t)(B * Kc * E) * sizeof(T), s);
     if (!rc && e == cudaSuccess) e = tide_cuda_alloc((void **)&D, (size_t)nD * sizeof(float), s);
     if (!rc && e == cudaSuccess && want_kv) e = tide_cuda_alloc((void **)&gkv, (size_t)(B * Kc * E) * sizeof(T), s);
-    if (!rc && e == cudaSuccess && want_q && bf && !one) e = tide_cuda_alloc((void **)&qsum, (size_t)n_q * sizeof(float), s);
+    if (!rc && e == cudaSuccess && want_q && bf && !one)
+        e = tide_cuda_alloc((void **)&qsum, (size_t)n_q * sizeof(float), s);
     if (!rc && e == cudaSuccess && gw && bf) e = tide_cuda_alloc((void **)&wsum, (size_t)(E * dc) * sizeof(float), s);
     if (!rc && e == cudaSuccess && part_n) e = tide_cuda_alloc((void **)&part, (size_t)part_n * sizeof(float), s);
     if (!rc && e != cudaSuccess)
@@ -1084,8 +1089,8 @@ static int mla_latent_backward_typed(const char *what, void *gq, void *gc, void 
             rc = tide_cuda_gemm_batched(dtype, 0, 0, kc, dc, E, 1.0, gkv, E, kc * E, w, dc, 0, 0.0, (T *)gc + k0 * dc,
                                         dc, Tk * dc, B);
         for (int64_t b = 0; gw && b < B && !rc; b++)
-            rc = tide_cuda_gemm_f32out(dtype, 1, 0, E, dc, kc, 1.0, gkv + b * kc * E, E, (const T *)c + (b * Tk + k0) * dc,
-                                       dc, k0 == 0 && b == 0 ? 0.0 : 1.0, wacc, dc);
+            rc = tide_cuda_gemm_f32out(dtype, 1, 0, E, dc, kc, 1.0, gkv + b * kc * E, E,
+                                       (const T *)c + (b * Tk + k0) * dc, dc, k0 == 0 && b == 0 ? 0.0 : 1.0, wacc, dc);
     }
     if (!rc && bf && qsum && !one) rc = mla_to_bf16(what, gq, qsum, n_q, s);
     if (!rc && bf && gw) rc = mla_to_bf16(what, gw, wsum, E * dc, s);
