@@ -9,8 +9,8 @@
 --     gradients (the activations and the working set), as a ratio to cp 1.
 -- Writes <results>/dist_cp.json and dist_cp.md.
 --
---     The MLA layers under cp read the gathered latent (F.mla_latent_attention, the CPU path); the rows marked
---     "expanded" expand its keys and values for the whole row first (the path of backends without that kernel).
+--     The MLA layers under cp read the gathered latent (F.mla_latent_attention, CPU and CUDA); the rows marked
+--     "expanded" expand its keys and values for the whole row first (cp_latent = false on the layers).
 --   tide run bench/dist_cp.lua [--results=DIR] [--T=65536]   (the workers: --worker=bytes|memory, started by mpirun)
 --   tide run bench/dist_cp.lua --part=memory      the memory rows only (the bytes table from <results>/dist_cp.json)
 --   tide run bench/dist_cp.lua --reuse=bench/results/dist_cp.json   the tables again from a recorded run
@@ -193,10 +193,10 @@ render = function(cfg, bytes, mem, date)
   end
   L[#L + 1] = ""
   L[#L + 1] = "Above the weights and gradients a rank holds its layer-input checkpoints (its T/cp tokens) and one "
-    .. "layer's working set during the recompute. MLA attention \"latent\" (the CPU path under cp): the attention reads "
+    .. "layer's working set during the recompute. MLA attention \"latent\" (the path under cp): the attention reads "
     .. "the gathered latent and expands keys and values a chunk of keys at a time (F.mla_latent_attention), so a rank "
-    .. "holds the row's latent (d_c + d_r values per token) but never its expansion; \"expanded\" (the path of a backend "
-    .. "without that kernel): keys and values expanded for the whole row on every rank (T · H · (d_n + d_v) values), "
+    .. "holds the row's latent (d_c + d_r values per token) but never its expansion; \"expanded\" (cp_latent = false on the "
+    .. "layers): keys and values expanded for the whole row on every rank (T · H · (d_n + d_v) values), "
     .. "which does not fall with cp. cp 1 runs the layer without cp (its keys and values expanded, as in any "
     .. "single-rank step). The KDA layers' working set and every token-local layer fall as 1/cp. The loss per token "
     .. "is the same at every cp (one row, the same weights)."

@@ -226,8 +226,8 @@ T.test("a document start inside a segment makes its transition M = 0; h_ext is t
 end)
 
 T.test("MLA on cp slices == the unsplit rows: latent gather, global document mask (f64 1e-10; f32 1e-5 rel)", function()
-  -- the attention read from the latent (the CPU path: keys and values expanded 3 at a time, and by the default chunk
-  -- that holds every key here), and the keys and values expanded whole (the other backends' path)
+  -- the attention read from the latent (keys and values expanded 3 at a time, and by the default chunk that holds
+  -- every key here), and the keys and values expanded whole (cp_latent = false)
   for _, path in ipairs({ { latent = true, chunk = 3 }, { latent = true }, { latent = false } }) do
     for _, dt in ipairs({ "f64", "f32" }) do
       for _, P in ipairs({ 2, 4 }) do
