@@ -999,6 +999,41 @@ static const mla_case mla_cases[] = {
     {"mla bf16 CP slice Tq 20 < Tk 83, docs over the keys", 2, 20, 83, 2, 64, 32, 64, 6, {0, 30, 70, 83, 150, 166}, 1},
 };
 
+/* the end of an MLA parity case of four inputs (mla_attention's and mla_latent_attention's): the output against the
+   CPU's, the four gradients of one random weighting of it, then everything released and the case reported */
+static int mla_parity_finish(const char *name, int ok, tide_tensor *oc, tide_tensor *og, tide_tensor *og32,
+                             tide_tensor **c, tide_tensor **gp, const char *const *gname, double tol, double gtol,
+                             tide_tensor *cu_c, tide_tensor *cu_g, void *buf, char *detail, size_t dsize)
+{
+    tide_tensor *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    ok = ok && og32;
+    int pass = ok;
+    if (ok) {
+        pass = check_scaled(name, "o", oc, og32, tol, detail, dsize);
+        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
+        rg = r ? tide_to_device(r, GPU) : NULL;
+        lc = r ? weighted_sum(oc, r) : NULL;
+        lg = rg ? weighted_sum(og32, rg) : NULL;
+        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
+        if (!ok) snprintf(detail, dsize, "backward: %s", tide_last_error());
+    }
+    for (int i = 0; ok && i < 4; i++) {
+        if (!c[i]) continue;
+        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
+        pass = check_scaled(name, gname[i], gc, gg, gtol, detail, dsize) && pass;
+        tide_tensor_release(gc);
+        tide_tensor_release(gg);
+    }
+    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    for (int i = 0; i < 4; i++) {
+        tide_tensor_release(c[i]);
+        tide_tensor_release(gp[i]);
+    }
+    free(buf);
+    return report(name, ok && pass, detail);
+}
+
 static int test_mla_case(const mla_case *mc)
 {
     enum { Q, KN, KR, V, NIN };
@@ -1008,7 +1043,7 @@ static int test_mla_case(const mla_case *mc)
     int64_t nmax = B * (Tq > Tk ? Tq : Tk) * H * (dn + dr > dv ? dn + dr : dv);
     double *buf = malloc((size_t)nmax * sizeof *buf);
     tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *cu_c = NULL, *cu_g = NULL;
-    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL;
     char detail[512] = "";
     int ok = buf != NULL;
     double tol = mc->bf16 ? 1.0 / 128 : 1e-4, gtol = mc->bf16 ? 1.0 / 64 : 1e-4;
@@ -1037,33 +1072,8 @@ static int test_mla_case(const mla_case *mc)
     if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
     ok = ok && og;
     og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
-    ok = ok && og32;
-    int pass = ok;
-    if (ok) {
-        pass = check_scaled(mc->name, "o", oc, og32, tol, detail, sizeof detail);
-        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
-        rg = r ? tide_to_device(r, GPU) : NULL;
-        lc = r ? weighted_sum(oc, r) : NULL;
-        lg = rg ? weighted_sum(og32, rg) : NULL;
-        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
-        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
-    }
-    const char *gname[NIN] = {"dq", "dk_n", "dk_r", "dv"};
-    for (int i = 0; ok && i < NIN; i++) {
-        if (!c[i]) continue;
-        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
-        pass = check_scaled(mc->name, gname[i], gc, gg, gtol, detail, sizeof detail) && pass;
-        tide_tensor_release(gc);
-        tide_tensor_release(gg);
-    }
-    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
-    for (int i = 0; i < NIN; i++) {
-        tide_tensor_release(c[i]);
-        tide_tensor_release(gp[i]);
-    }
-    free(buf);
-    return report(mc->name, ok && pass, detail);
+    return mla_parity_finish(mc->name, ok, oc, og, og32, c, gp, (const char *[]){"dq", "dk_n", "dk_r", "dv"}, tol, gtol, cu_c, cu_g, buf,
+                             detail, sizeof detail);
 }
 
 static int test_mla(void)
@@ -1113,7 +1123,7 @@ static int test_mla_latent_case(const mla_latent_case *mc)
     if (H * (dn + dv) * dc > nmax) nmax = H * (dn + dv) * dc;
     double *buf = malloc((size_t)nmax * sizeof *buf);
     tide_tensor *c[NIN] = {0}, *gp[NIN] = {0}, *cu_c = NULL, *cu_g = NULL;
-    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL, *r = NULL, *rg = NULL, *lc = NULL, *lg = NULL;
+    tide_tensor *oc = NULL, *og = NULL, *og32 = NULL;
     char detail[512] = "";
     int ok = buf != NULL;
     double tol = mc->bf16 ? 1.0 / 128 : 1e-4, gtol = mc->bf16 ? 1.0 / 64 : 1e-4;
@@ -1142,33 +1152,8 @@ static int test_mla_latent_case(const mla_latent_case *mc)
     if (ok && !og) snprintf(detail, sizeof detail, "gpu: %s", tide_last_error());
     ok = ok && og;
     og32 = ok ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
-    ok = ok && og32;
-    int pass = ok;
-    if (ok) {
-        pass = check_scaled(mc->name, "o", oc, og32, tol, detail, sizeof detail);
-        r = tide_randn(TIDE_F32, 4, oc->shape, CPU, 0.0, 1.0);
-        rg = r ? tide_to_device(r, GPU) : NULL;
-        lc = r ? weighted_sum(oc, r) : NULL;
-        lg = rg ? weighted_sum(og32, rg) : NULL;
-        ok = lc && lg && !tide_backward(lc, NULL) && !tide_backward(lg, NULL);
-        if (!ok) snprintf(detail, sizeof detail, "backward: %s", tide_last_error());
-    }
-    const char *gname[NIN] = {"dq", "dc", "dk_r", "dw"};
-    for (int i = 0; ok && i < NIN; i++) {
-        if (!c[i]) continue;
-        tide_tensor *gc = tide_grad(c[i]), *gg = tide_grad(gp[i]);
-        pass = check_scaled(mc->name, gname[i], gc, gg, gtol, detail, sizeof detail) && pass;
-        tide_tensor_release(gc);
-        tide_tensor_release(gg);
-    }
-    tide_tensor *all[] = {oc, og, og32, r, rg, lc, lg, cu_c, cu_g};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
-    for (int i = 0; i < NIN; i++) {
-        tide_tensor_release(c[i]);
-        tide_tensor_release(gp[i]);
-    }
-    free(buf);
-    return report(mc->name, ok && pass, detail);
+    return mla_parity_finish(mc->name, ok, oc, og, og32, c, gp, (const char *[]){"dq", "dc", "dk_r", "dw"}, tol, gtol, cu_c, cu_g, buf,
+                             detail, sizeof detail);
 }
 
 static int test_mla_latent(void)
