@@ -7,6 +7,10 @@
 #include <string.h>
 #include "../backend.h"
 
+/* the CPU's device id in the engine's allocator (engine/tide.h TIDE_CPU): kernel scratch of more than a few pages
+   comes from tide_scratch_alloc(TIDE_CPU_DEVICE, ·) on the calling thread, outside parallel regions */
+#define TIDE_CPU_DEVICE 0
+
 void * tide_cpu_malloc(size_t nbytes);
 void tide_cpu_free(void *p);
 int tide_cpu_memcpy_h2d(void *dst, const void *src, size_t n);

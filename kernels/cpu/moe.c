@@ -33,7 +33,7 @@
 #include "fastmath.h"
 
 /* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
-#define TILE_ROWS 128
+#define TILE_ROWS 512
 
 static inline int64_t idx_at(const void *p, int dt, int64_t i)
 {
@@ -52,6 +52,7 @@ static inline double sigmoid_f64(double x)
 
 #define SITU(T, SIG, TANH)                                                                                  \
     static inline T sig_##T(T x) { return SIG(x); }                                                         \
+    static inline T TANH_##T(T x) { return TANH(x); }                                                       \
     static inline T situ_h_##T(T g, T u, T k1, T k2) { return k1 * TANH(g / k1) * sig_##T(g) * (k2 * TANH(u / k2)); } \
     static inline void situ_grad_##T(T d, T g, T u, T k1, T k2, T *dg, T *du)                               \
     {                                                                                                       \
@@ -190,15 +191,38 @@ GATHER(double)
                 for (int64_t j = 0; j < de; j++) hr[j] = swiglu_h_##T(g[j], u[j]);                          \
         }                                                                                                   \
     }                                                                                                       \
-    static void act_bw_##T(T *dpre, const T *dh, const T *pre, int64_t R, int64_t de, int act, T k1, T k2)  \
+    /* act_fw and act_bw in one pass over pre (the expert backward): h (for the weight gradient) and dpre, one    \
+       σ and one tanh pair per element; the expressions of situ_h / situ_grad and swiglu_h / swiglu_grad, so the \
+       same bits. One row per call with restrict parameters: GCC vectorises the six streams only so */         \
+    static void situ_fb_row_##T(T *restrict hr, T *restrict dg, T *restrict du, const T *restrict d,         \
+                                const T *restrict g, const T *restrict u, int64_t de, T k1, T k2)           \
+    {                                                                                                       \
+        for (int64_t j = 0; j < de; j++) {                                                                  \
+            T tg = TANH_##T(g[j] / k1), s = sig_##T(g[j]), tu = TANH_##T(u[j] / k2);                        \
+            T pg = k1 * tg * s, pu = k2 * tu;                                                               \
+            hr[j] = pg * pu;                                                                                \
+            dg[j] = d[j] * ((((T)1 - tg * tg) * s + k1 * tg * s * ((T)1 - s)) * pu);                         \
+            du[j] = d[j] * (pg * ((T)1 - tu * tu));                                                         \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void swiglu_fb_row_##T(T *restrict hr, T *restrict dg, T *restrict du, const T *restrict d,       \
+                                  const T *restrict g, const T *restrict u, int64_t de)                     \
+    {                                                                                                       \
+        for (int64_t j = 0; j < de; j++) {                                                                  \
+            T s = sig_##T(g[j]);                                                                            \
+            hr[j] = g[j] * s * u[j];                                                                        \
+            dg[j] = d[j] * u[j] * s * ((T)1 + g[j] * ((T)1 - s));                                           \
+            du[j] = d[j] * g[j] * s;                                                                        \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void act_fb_##T(T *h, T *dpre, const T *dh, const T *pre, int64_t R, int64_t de, int act, T k1,   \
+                           T k2)                                                                            \
     {                                                                                                       \
         for (int64_t r = 0; r < R; r++) {                                                                   \
             const T *g = pre + r * 2 * de, *u = g + de, *d = dh + r * de;                                   \
-            T *dg = dpre + r * 2 * de, *du = dg + de;                                                       \
-            if (act == TIDE_MOE_SITU)                                                                       \
-                for (int64_t j = 0; j < de; j++) situ_grad_##T(d[j], g[j], u[j], k1, k2, &dg[j], &du[j]);   \
-            else                                                                                            \
-                for (int64_t j = 0; j < de; j++) swiglu_grad_##T(d[j], g[j], u[j], &dg[j], &du[j]);         \
+            T *hr = h + r * de, *dg = dpre + r * 2 * de, *du = dg + de;                                     \
+            if (act == TIDE_MOE_SITU) situ_fb_row_##T(hr, dg, du, d, g, u, de, k1, k2);                     \
+            else swiglu_fb_row_##T(hr, dg, du, d, g, u, de);                                                \
         }                                                                                                   \
     }
 ACT(float)
@@ -271,15 +295,17 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     int64_t R = off[n], nt = 0;
     if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
-    void *xg = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_in * es), *h = malloc((size_t)(R > 0 ? R : 1) * (size_t)d_e * es);
-    row_tile *tl = row_tiles(off, n, &nt);
-    if (!xg || !h || !tl) {
-        free(xg); free(h); free(tl);
+    /* the gathered rows and h: engine scratch (cached blocks, so a training step does not fault fresh pages in) */
+    size_t R1 = (size_t)(R > 0 ? R : 1);
+    char *xg = tide_scratch_alloc(TIDE_CPU_DEVICE, R1 * (size_t)(d_in + d_e) * es), *h = xg ? xg + R1 * (size_t)d_in * es : NULL;
+    row_tile *tl = xg ? row_tiles(off, n, &nt) : NULL;
+    if (!xg || !tl) {
+        tide_scratch_free(TIDE_CPU_DEVICE, xg);
         return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R);
     }
     int failed = 0;
-    if (dtype == TIDE_F32) gather_rows_float(xg, x, perm, R, k, d_in);
-    else gather_rows_double(xg, x, perm, R, k, d_in);
+    if (dtype == TIDE_F32) gather_rows_float((float *)xg, x, perm, R, k, d_in);
+    else gather_rows_double((double *)xg, x, perm, R, k, d_in);
     /* §8 step 2 per row tile: gate/up, activation, down; each tile one single-threaded BLAS call per product */
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (int64_t i = 0; i < nt; i++) {
@@ -298,7 +324,8 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         if (dtype == TIDE_F32) combine_float(out, y, p, pos, m, k, d_out);
         else combine_double(out, y, p, pos, m, k, d_out);
     }
-    free(xg); free(h); free(tl);
+    tide_scratch_free(TIDE_CPU_DEVICE, xg);
+    free(tl);
     if (dropped) *dropped = nd;
     return rc;
 }
@@ -357,10 +384,10 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
     if (check_blas_range("moe_experts_backward", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
     /* scratch: gathered x, h (recomputed from pre), dY, dh, dpre, dX */
-    char *buf = malloc((size_t)R1 * (size_t)(d_in + d_e + d_out + d_e + 2 * d_e + d_in) * es);
-    row_tile *tl = row_tiles(off, n, &nt);
+    char *buf = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)R1 * (size_t)(d_in + d_e + d_out + d_e + 2 * d_e + d_in) * es);
+    row_tile *tl = buf ? row_tiles(off, n, &nt) : NULL;
     if (!buf || !tl) {
-        free(buf); free(tl);
+        tide_scratch_free(TIDE_CPU_DEVICE, buf);
         return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
     }
     char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
@@ -375,23 +402,21 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
         dy_rows_double((double *)dy, du, p, perm, R, k, d_out);
         if (dp) dp_rows_double(dp, du, y, pos, m, k, d_out);
     }
-    /* per row tile: h (recomputed), dh = dY Wd, dpre = act'(dh), dX = dpre Wgu */
+    /* per row tile: dh = dY Wd, then h (recomputed) and dpre = act'(dh) in one pass, dX = dpre Wgu */
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (int64_t i = 0; i < nt; i++) {
         int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
         const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
         const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
         char *he = h + (size_t)(r0 * d_e) * es, *dhe = dh + (size_t)(r0 * d_e) * es, *dpe = dpre + (size_t)(r0 * 2 * d_e) * es;
-        if (f32) act_fw_float((float *)he, (const float *)pre + r0 * 2 * d_e, rows, d_e, act, (float)k_gate, (float)k_lin);
-        else act_fw_double((double *)he, (const double *)pre + r0 * 2 * d_e, rows, d_e, act, k_gate, k_lin);
         if (gemm(dtype, 0, 0, rows, d_e, d_out, dy + (size_t)(r0 * d_out) * es, d_out, wd, d_e, dhe, d_e)) {
             failed = 1;
             continue;
         }
-        if (f32) act_bw_float((float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, rows, d_e, act,
-                              (float)k_gate, (float)k_lin);
-        else act_bw_double((double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e, rows, d_e, act,
-                           k_gate, k_lin);
+        if (f32) act_fb_float((float *)he, (float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, rows,
+                              d_e, act, (float)k_gate, (float)k_lin);
+        else act_fb_double((double *)he, (double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e,
+                           rows, d_e, act, k_gate, k_lin);
         if (dx && gemm(dtype, 0, 0, rows, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in, dxg + (size_t)(r0 * d_in) * es, d_in))
             failed = 1;
     }
@@ -425,6 +450,7 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
         if (f32) dx_rows_float(dx, (const float *)dxg, pos, m, k, d_in);
         else dx_rows_double(dx, (const double *)dxg, pos, m, k, d_in);
     }
-    free(buf); free(tl);
+    tide_scratch_free(TIDE_CPU_DEVICE, buf);
+    free(tl);
     return rc;
 }
