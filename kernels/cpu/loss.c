@@ -1,7 +1,7 @@
 /*
  * loss.c — per-token cross-entropy over logits [N, V] (kernels/backend.h).
  *
- *   lse_n   = log Σ_v exp(logits[n, v])                 (max-subtracted, summed in double)
+ *   lse_n   = log Σ_v exp(logits[n, v])                 (max-subtracted, summed in double; f32 rows in float math)
  *   loss[n] = w_n (lse_n − logits[n, t_n]),  valid[n] = w_n  (w_n = 1 without weights)
  *   ignored rows (t_n == ignore): loss 0, valid 0, lse still written
  *   dlogits[n, :] = dloss[n] w_n (softmax(logits[n]) − onehot(t_n)),  0 for ignored rows
@@ -43,63 +43,121 @@ static int check_targets(const char *op, const void *targets, int tdtype, int64_
     return 0;
 }
 
-/* the exponentials of cross-entropy, in double: f32 rows on exp_f64 (fastmath.h: within an ulp of libm's, so the
-   float results are libm's), computed a block at a time so the loop vectorises and the sum keeps its order; f64
-   rows on libm */
-#define CE_BLOCK 64
-static inline double ce_exp_f32(double x) { return exp_f64(x); }
-static inline double ce_exp_f64(double x) { return exp(x); }
+/* f32 rows: float arithmetic on exp_f32 (fastmath.h, vectorised; within 3 ulp), CE_LANES lanes at a time: the
+   row max over lanes (exact, order-free), then e^(x - max) summed in double per lane and the lanes added in a fixed
+   order, so a row's bits depend on V alone (not on the thread count); the backward's softmax in float from the
+   stored (float) lse. f64 rows on libm with a sequential double sum. */
+#define CE_LANES 16
 
-#define DEFINE_CROSS_ENTROPY(T, SFX)                                                                    \
-static void cross_entropy_##SFX(T *loss, T *valid, T *lse, const T *logits, const void *targets,       \
-                                int tdtype, const T *weights, int64_t N, int64_t V, int64_t ignore)     \
-{                                                                                                       \
-    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                       \
-    for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = logits + n * V;                                                                   \
-        double mx = -INFINITY;                                                                          \
-        for (int64_t v = 0; v < V; v++) if ((double)xr[v] > mx) mx = (double)xr[v];                     \
-        double sum = 0.0, e[CE_BLOCK];                                                                  \
-        for (int64_t v0 = 0; v0 < V; v0 += CE_BLOCK) {                                                  \
-            int64_t m = V - v0 < CE_BLOCK ? V - v0 : CE_BLOCK;                                          \
-            for (int64_t j = 0; j < m; j++) e[j] = ce_exp_##SFX((double)xr[v0 + j] - mx);               \
-            for (int64_t j = 0; j < m; j++) sum += e[j];                                                \
-        }                                                                                               \
-        double l = mx + log(sum);                                                                       \
-        lse[n] = (T)l;                                                                                  \
-        int64_t t = target_at(targets, tdtype, n);                                                      \
-        if (t == ignore) {                                                                              \
-            loss[n] = 0;                                                                                \
-            valid[n] = 0;                                                                               \
-        } else {                                                                                        \
-            double w = weights ? (double)weights[n] : 1.0;                                              \
-            loss[n] = (T)(w * (l - (double)xr[t]));                                                     \
-            valid[n] = (T)w;                                                                            \
-        }                                                                                               \
-    }                                                                                                   \
-}                                                                                                       \
-                                                                                                        \
-static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *logits, const T *lse,    \
-                                         const void *targets, int tdtype, const T *weights, int64_t N, \
-                                         int64_t V, int64_t ignore)                                     \
-{                                                                                                       \
-    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                       \
-    for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = logits + n * V;                                                                   \
-        T *dr = dlogits + n * V;                                                                        \
-        int64_t t = target_at(targets, tdtype, n);                                                      \
-        if (t == ignore) {                                                                              \
-            for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                  \
-            continue;                                                                                   \
-        }                                                                                               \
-        double g = (double)dloss[n] * (weights ? (double)weights[n] : 1.0), l = (double)lse[n];         \
-        for (int64_t v = 0; v < V; v++) dr[v] = (T)(g * ce_exp_##SFX((double)xr[v] - l));               \
-        dr[t] = (T)(g * (ce_exp_##SFX((double)xr[t] - l) - 1.0));                                       \
-    }                                                                                                   \
+static float ce_row_max_f32(const float *xr, int64_t V)
+{
+    float m[CE_LANES];
+    for (int j = 0; j < CE_LANES; j++) m[j] = -INFINITY;
+    int64_t v = 0;
+    for (; v + CE_LANES <= V; v += CE_LANES)
+        for (int j = 0; j < CE_LANES; j++) m[j] = xr[v + j] > m[j] ? xr[v + j] : m[j];
+    for (int j = 0; v + j < V; j++) m[j] = xr[v + j] > m[j] ? xr[v + j] : m[j];
+    float mx = m[0];
+    for (int j = 1; j < CE_LANES; j++) mx = m[j] > mx ? m[j] : mx;
+    return mx;
 }
 
-DEFINE_CROSS_ENTROPY(float, f32)
-DEFINE_CROSS_ENTROPY(double, f64)
+/* Σ_v exp(x_v − mx) in double lanes */
+static double ce_row_sumexp_f32(const float *xr, int64_t V, float mx)
+{
+    double acc[CE_LANES] = {0};
+    int64_t v = 0;
+    for (; v + CE_LANES <= V; v += CE_LANES)
+        for (int j = 0; j < CE_LANES; j++) acc[j] += (double)exp_f32(xr[v + j] - mx);
+    for (int j = 0; v + j < V; j++) acc[j] += (double)exp_f32(xr[v + j] - mx);
+    double sum = 0.0;
+    for (int j = 0; j < CE_LANES; j++) sum += acc[j];
+    return sum;
+}
+
+static void cross_entropy_f32(float *loss, float *valid, float *lse, const float *logits, const void *targets,
+                              int tdtype, const float *weights, int64_t N, int64_t V, int64_t ignore)
+{
+#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = logits + n * V;
+        float mx = ce_row_max_f32(xr, V);
+        /* a row of −inf or a +inf max: NaN, as exp(x − mx) makes it in the f64 path */
+        double l = isfinite(mx) ? (double)mx + log(ce_row_sumexp_f32(xr, V, mx)) : NAN;
+        lse[n] = (float)l;
+        int64_t t = target_at(targets, tdtype, n);
+        if (t == ignore) {
+            loss[n] = 0;
+            valid[n] = 0;
+        } else {
+            double w = weights ? (double)weights[n] : 1.0;
+            loss[n] = (float)(w * (l - (double)xr[t]));
+            valid[n] = (float)w;
+        }
+    }
+}
+
+static void cross_entropy_backward_f32(float *dlogits, const float *dloss, const float *logits, const float *lse,
+                                       const void *targets, int tdtype, const float *weights, int64_t N, int64_t V,
+                                       int64_t ignore)
+{
+#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = logits + n * V;
+        float *dr = dlogits + n * V;
+        int64_t t = target_at(targets, tdtype, n);
+        if (t == ignore) {
+            for (int64_t v = 0; v < V; v++) dr[v] = 0;
+            continue;
+        }
+        float g = (float)((double)dloss[n] * (weights ? (double)weights[n] : 1.0)), l = lse[n];
+        for (int64_t v = 0; v < V; v++) dr[v] = g * exp_f32(xr[v] - l);
+        dr[t] = g * (exp_f32(xr[t] - l) - 1.0f);
+    }
+}
+
+static void cross_entropy_f64(double *loss, double *valid, double *lse, const double *logits, const void *targets,
+                              int tdtype, const double *weights, int64_t N, int64_t V, int64_t ignore)
+{
+#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const double *xr = logits + n * V;
+        double mx = -INFINITY;
+        for (int64_t v = 0; v < V; v++) if (xr[v] > mx) mx = xr[v];
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; v++) sum += exp(xr[v] - mx);
+        double l = mx + log(sum);
+        lse[n] = l;
+        int64_t t = target_at(targets, tdtype, n);
+        if (t == ignore) {
+            loss[n] = 0;
+            valid[n] = 0;
+        } else {
+            double w = weights ? weights[n] : 1.0;
+            loss[n] = w * (l - xr[t]);
+            valid[n] = w;
+        }
+    }
+}
+
+static void cross_entropy_backward_f64(double *dlogits, const double *dloss, const double *logits, const double *lse,
+                                       const void *targets, int tdtype, const double *weights, int64_t N, int64_t V,
+                                       int64_t ignore)
+{
+#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const double *xr = logits + n * V;
+        double *dr = dlogits + n * V;
+        int64_t t = target_at(targets, tdtype, n);
+        if (t == ignore) {
+            for (int64_t v = 0; v < V; v++) dr[v] = 0;
+            continue;
+        }
+        double g = dloss[n] * (weights ? weights[n] : 1.0), l = lse[n];
+        for (int64_t v = 0; v < V; v++) dr[v] = g * exp(xr[v] - l);
+        dr[t] = g * (exp(xr[t] - l) - 1.0);
+    }
+}
 
 int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets,
                            int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore)

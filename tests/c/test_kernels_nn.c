@@ -651,6 +651,30 @@ static void test_ce_fd(int weighted)
     free(c.x); free(c.w); free(c.dloss); free(c.t); free(loss); free(valid); free(lse); free(dx); free(fdx);
 }
 
+/* non-finite logits: a row holding a NaN, a row of −inf and a row with a +inf give a NaN lse and loss in both
+   dtypes (the step's non-finite check sees them); the finite row beside them is unaffected (f32 rows take the
+   lane path: V = 37 is two full lane blocks and a tail) */
+static void test_ce_nonfinite(int dt)
+{
+    const int64_t N = 4, V = 37;
+    double *x = vec(N * V, 2.0);
+    int64_t t[4] = {1, 2, 3, 4};
+    x[0 * V + 20] = NAN;
+    for (int64_t v = 0; v < V; v++) x[1 * V + v] = -INFINITY;
+    x[2 * V + 36] = INFINITY;
+    round_to(dt, x, N * V);
+    double loss[4], valid[4], lse[4], rl[4], rv[4], rs[4];
+    int rc = run_ce(dt, loss, valid, lse, x, t, TIDE_I64, NULL, N, V, -100);
+    check(rc == 0, "cross_entropy %s non-finite rows returned %d: %s", dt_name(dt), rc, tide_last_error());
+    for (int n = 0; n < 3; n++)
+        check(isnan(lse[n]) && isnan(loss[n]), "cross_entropy %s: row %d (non-finite logits) must give NaN lse and "
+              "loss, got %g / %g", dt_name(dt), n, lse[n], loss[n]);
+    ref_ce(rl, rv, rs, x + 3 * V, t + 3, NULL, 1, V, -100);
+    check(fabs(loss[3] - rl[0]) <= tol_of(dt) * fabs(rl[0]), "cross_entropy %s: the finite row's loss %.9g, "
+          "expected %.9g", dt_name(dt), loss[3], rl[0]);
+    free(x);
+}
+
 static void test_ce_errors(void)
 {
     int64_t N = 4, V = 5;
@@ -1009,6 +1033,8 @@ int main(void)
         test_ce_ref(dt, TIDE_I32, 9, 13, 0);
         test_ce_ref(dt, TIDE_I64, 9, 13, 1);
         test_ce_ref(dt, TIDE_I64, 40, 1000, 1); /* parallel path */
+        test_ce_ref(dt, TIDE_I64, 6, 50304, 0); /* a GPT-2 vocabulary: 3144 lane blocks summed */
+        test_ce_nonfinite(dt);
         test_rope_ref(dt, 2, 5, 3, 8, 3);
         test_rope_ref(dt, 2, 64, 4, 64, 1000);  /* parallel path, long positions */
         test_attention_ref(dt, 3, 5, 5, 4, 1);
