@@ -291,12 +291,22 @@ static int check_gemm(const char *what, int dtype, int ta, int tb, int64_t M, in
 }
 
 /* one product, arguments already checked; -1 when the invariant kernel is out of memory */
+/* Products with a short inner dimension: OpenBLAS packs both operands and zeroes C before it accumulates, which at
+   K <= 96 costs more than the products (the d = 64 models' projections ran at 50-145 GFLOP/s); our kernel reads A
+   in place and runs 145-180 there (2 cores, AVX2 lanes). f32 with A not transposed (packing Aᵀ loses), M >= 256. */
+#define OWN_MAX_K 96
+#define OWN_MIN_M 256
+static int own_is_faster(int dtype, int ta, int64_t M, int64_t K)
+{
+    return dtype == TIDE_F32 && !ta && K <= OWN_MAX_K && M >= OWN_MIN_M;
+}
+
 static int gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha,
                      const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
     if (M == 0 || N == 0) return 0;
     if (K == 0) { scale_c(dtype, C, ldc, M, N, beta); return 0; }
-    if (g_batch_invariant) {
+    if (g_batch_invariant || own_is_faster(dtype, ta, M, K)) {
         if (gemm_invariant(dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
             return tide_set_error("gemm: out of memory packing a %lld x %lld operand", (long long)K,
                                   (long long)(ta ? M : N));
