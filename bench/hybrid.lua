@@ -37,6 +37,7 @@ local TOL = {
   f32_loss = 1e-5, f32_grad_norm = 1e-4,    -- f32: loss and gradient-norm rel deltas at the benchmark shapes
 }
 local TARGET = 5                            -- issue 20: tide >= 5x PyTorch eager at both shapes
+local TARGET_CEILING = 30                   -- issue 20: the quickstart step >= 30% of the sgemm ceiling at its shapes
 
 local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "bench"
 local root = bench_dir:match("^(.*)/bench$") or "."
@@ -334,6 +335,69 @@ local function perf_profile(fn, tmp)
 end
 
 -- ---- one model at one shape ---------------------------------------------------------------------------------------
+-- ---- the GEMM work of a step and the sgemm ceiling at the model's own product shapes -------------------------------
+-- Every product of a training step with a weight matrix: the Linears (projections, LatentMoE's and the latent
+-- router's, the lm_head), the routed experts (m·k token rows through each fused matrix) and the router's scores.
+-- Each runs forward x Wᵀ, input gradient g W and weight gradient gᵀ x: 6 · rows · in · out FLOPs a step. KDA's chunk
+-- products, attention's scores and the convolution are left out, so the achieved rate below is a lower bound.
+local function gemm_products(model, N)
+  local list = {}
+  local function add(name, rows, din, dout) list[#list + 1] = { name = name, rows = rows, din = din, dout = dout } end
+  model:walk(function(m, prefix)
+    if m.__name == "Linear" then
+      add(prefix, N, m.weight:size(2), m.weight:size(1))
+    elseif m.__name == "MoE" then
+      local gu, dn = m.experts.gate_up_proj, m.experts.down_proj     -- [n, 2 de, d_in], [n, d_out, de]
+      add(prefix .. ".experts.gate_up", N * m.k, gu:size(3), gu:size(2))
+      add(prefix .. ".experts.down", N * m.k, dn:size(3), dn:size(2))
+    elseif m.__name == "MoERouter" then
+      local w = m.expert_vectors or m.weight                          -- [n, r] after the latent_proj, or [n, d]
+      add(prefix .. ".scores", N, w:size(2), w:size(1))
+    end
+  end)
+  return list
+end
+
+-- the step's GEMM FLOPs; each distinct shape's three products timed through tide's matmul (best of reps): the
+-- ceiling is the best rate over them, the mix the step's GEMM FLOPs over their best times summed
+local function gemm_work(model, N, reps)
+  local by, flops = {}, 0
+  for _, p in ipairs(gemm_products(model, N)) do
+    local key = fmt("%d,%d,%d", p.rows, p.din, p.dout)
+    by[key] = by[key] or { rows = p.rows, din = p.din, dout = p.dout, count = 0 }
+    by[key].count = by[key].count + 1
+    flops = flops + 6 * p.rows * p.din * p.dout
+  end
+  local best_rate, mix_s, shapes = 0, 0, {}
+  tide.no_grad(function()
+    for _, sh in pairs(by) do
+      local x, w, g = tide.randn({ sh.rows, sh.din }), tide.randn({ sh.dout, sh.din }), tide.randn({ sh.rows, sh.dout })
+      local prods = {
+        { "forward", function() return x:matmul(w, false, true) end },
+        { "grad_input", function() return g:matmul(w) end },
+        { "grad_weight", function() return g:matmul(x, true, false) end },
+      }
+      for _, pr in ipairs(prods) do
+        pr[2]()
+        local b = math.huge
+        for _ = 1, reps do
+          local t0 = tide.time()
+          pr[2]()
+          b = math.min(b, tide.time() - t0)
+        end
+        local f = 2 * sh.rows * sh.din * sh.dout
+        best_rate = math.max(best_rate, f / b)
+        mix_s = mix_s + b * sh.count
+        shapes[#shapes + 1] = { rows = sh.rows, din = sh.din, dout = sh.dout, pass = pr[1], count = sh.count,
+          best_s = b, gflops = f / b / 1e9 }
+      end
+    end
+  end)
+  table.sort(shapes, function(a, b) return a.gflops > b.gflops end)
+  return { flops_per_step = flops, ceiling_gflops = best_rate / 1e9, mix_gflops = flops / mix_s / 1e9,
+    shapes = shapes, reps = reps }
+end
+
 local function bench_shape(cfg, c, shape, torch, tmp)
   local B, T = shape.B, shape.T
   local model, opt = build(c.model, "f32")
@@ -395,6 +459,17 @@ local function bench_shape(cfg, c, shape, torch, tmp)
   io.stderr:write(fmt("hybrid: %s B %d x T %d: tide %.0f tok/s%s\n", c.name, B, T, r.tide.tok_per_s,
     r.torch and fmt(", torch %.0f tok/s (%s), tide / torch %s", r.torch.tok_per_s, r.torch.setting,
       results.ratio_str(r.tide_over_torch)) or ""))
+
+  -- the step's GEMM work against the sgemm ceiling at its shapes (after an idle wait, like the rounds)
+  results.wait_idle({ max_busy = cfg.max_busy, timeout = cfg.idle_timeout })
+  local gw = gemm_work(model, B * T, cfg.ceiling_reps)
+  gw.achieved_gflops = gw.flops_per_step / r.tide.step_s_median / 1e9
+  gw.pct_of_ceiling = 100 * gw.achieved_gflops / gw.ceiling_gflops
+  gw.pct_of_mix = 100 * gw.achieved_gflops / gw.mix_gflops
+  r.gemm = gw
+  io.stderr:write(fmt("hybrid: %s B %d x T %d: %.2f GFLOP of GEMMs a step, %.1f GFLOP/s achieved, sgemm ceiling %.1f "
+    .. "(%.1f%%), GEMM mix %.1f (%.1f%%)\n", c.name, B, T, gw.flops_per_step / 1e9, gw.achieved_gflops,
+    gw.ceiling_gflops, gw.pct_of_ceiling, gw.mix_gflops, gw.pct_of_mix))
 
   if cfg.profile then
     if have_perf() then
@@ -526,6 +601,35 @@ local function markdown(rec)
   end
   L[#L + 1] = fmt("Target (issue 20): the tiny hybrid's step >= %dx PyTorch eager at its fastest setting at both shapes: %s.",
     TARGET, #v > 0 and table.concat(v, "; ") or "not measured")
+  -- the GEMM work against the sgemm ceiling at the model's own shapes
+  local gw = {}
+  for _, r in ipairs(rec.rows) do if r.gemm then gw[#gw + 1] = r end end
+  if #gw > 0 then
+    L[#L + 1] = ""
+    L[#L + 1] = fmt("The step's GEMM work against the sgemm ceiling at the model's own product shapes: every product "
+      .. "with a weight matrix (the Linears, the routed experts at m·k rows, the router's scores), forward, input and "
+      .. "weight gradient, 6 · rows · in · out FLOPs each; KDA's chunk products, attention's scores and the convolution "
+      .. "are not counted, so the achieved rate is a lower bound. Ceiling: the best rate of those products timed "
+      .. "alone through tide's matmul (best of %d, after an idle wait); GEMM mix: the step's GEMM FLOPs over the sum "
+      .. "of their best times.", rec.ceiling_reps)
+    L[#L + 1] = ""
+    L[#L + 1] = "| model | B x T | GEMM GFLOP a step | achieved GFLOP/s | sgemm ceiling GFLOP/s | % of ceiling | GEMM mix "
+      .. "GFLOP/s | % of mix |"
+    L[#L + 1] = "|---|---|---:|---:|---:|---:|---:|---:|"
+    local q = {}
+    for _, r in ipairs(gw) do
+      local g = r.gemm
+      L[#L + 1] = fmt("| %s | %d x %d | %.2f | %.1f | %.1f | %.1f%% | %.1f | %.1f%% |", r.config, r.B, r.T,
+        g.flops_per_step / 1e9, g.achieved_gflops, g.ceiling_gflops, g.pct_of_ceiling, g.mix_gflops, g.pct_of_mix)
+      if r.config == "quickstart" then
+        q[#q + 1] = fmt("%d x %d %s (%.1f%%)", r.B, r.T, g.pct_of_ceiling >= TARGET_CEILING and "met" or "missed",
+          g.pct_of_ceiling)
+      end
+    end
+    L[#L + 1] = ""
+    L[#L + 1] = fmt("Target (issue 20): the quickstart model's step >= %d%% of the sgemm ceiling at its own GEMM shapes: %s.",
+      TARGET_CEILING, #q > 0 and table.concat(q, "; ") or "not measured")
+  end
   return table.concat(L, "\n") .. "\n"
 end
 
@@ -542,6 +646,7 @@ local function run(cfg)
     benchmark = "hybrid", date = os.date("!%Y-%m-%d %H:%M UTC"), tide_version = tide.version,
     threads = tide.num_threads(), blas = ffi.string(tide.C.tide_blas_info()), rounds = cfg.rounds, steps = cfg.steps,
     warmup = cfg.warmup, max_busy = cfg.max_busy, idle_timeout = cfg.idle_timeout, check_steps = cfg.check_steps, profile_steps = cfg.profile_steps,
+    ceiling_reps = cfg.ceiling_reps,
     tolerances = TOL, target_vs_torch = TARGET, loadavg_start = results.loadavg(), rows = {}, checks = {},
     optim = OPTIM,
   }
@@ -613,6 +718,7 @@ return {
   warmup = 2,                   -- untimed steps per engine first
   check_steps = 3,              -- f64 training steps compared in the correctness check
   profile_steps = 6,            -- tide steps under perf per shape
+  ceiling_reps = 5,             -- best of this many timed calls per product shape (the sgemm ceiling)
   max_busy = 0.15,              -- a round starts once the cores are at most this busy over 1 s ...
   idle_timeout = 60,            -- ... or after this many seconds of waiting
   baseline = true,              -- run the PyTorch side (check and timing)
