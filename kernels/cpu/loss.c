@@ -123,25 +123,6 @@ static void cross_entropy_f32(float *loss, float *valid, float *lse, const float
     }
 }
 
-static void cross_entropy_backward_f32(float *dlogits, const float *dloss, const float *logits, const float *lse,
-                                       const void *targets, int tdtype, const float *weights, int64_t N, int64_t V,
-                                       int64_t ignore)
-{
-#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
-    for (int64_t n = 0; n < N; n++) {
-        const float *xr = logits + n * V;
-        float *dr = dlogits + n * V;
-        int64_t t = target_at(targets, tdtype, n);
-        if (t == ignore) {
-            for (int64_t v = 0; v < V; v++) dr[v] = 0;
-            continue;
-        }
-        float g = (float)((double)dloss[n] * (weights ? (double)weights[n] : 1.0)), l = lse[n];
-        for (int64_t v = 0; v < V; v++) dr[v] = g * exp_f32(xr[v] - l);
-        dr[t] = g * (exp_f32(xr[t] - l) - 1.0f);
-    }
-}
-
 static void cross_entropy_f64(double *loss, double *valid, double *lse, const double *logits, const void *targets,
                               int tdtype, const double *weights, int64_t N, int64_t V, int64_t ignore)
 {
@@ -166,24 +147,31 @@ static void cross_entropy_f64(double *loss, double *valid, double *lse, const do
     }
 }
 
-static void cross_entropy_backward_f64(double *dlogits, const double *dloss, const double *logits, const double *lse,
-                                       const void *targets, int tdtype, const double *weights, int64_t N, int64_t V,
-                                       int64_t ignore)
-{
-#pragma omp parallel for if(N * V > TIDE_OMP_MIN)
-    for (int64_t n = 0; n < N; n++) {
-        const double *xr = logits + n * V;
-        double *dr = dlogits + n * V;
-        int64_t t = target_at(targets, tdtype, n);
-        if (t == ignore) {
-            for (int64_t v = 0; v < V; v++) dr[v] = 0;
-            continue;
-        }
-        double g = dloss[n] * (weights ? weights[n] : 1.0), l = lse[n];
-        for (int64_t v = 0; v < V; v++) dr[v] = g * exp(xr[v] - l);
-        dr[t] = g * (exp(xr[t] - l) - 1.0);
-    }
+/* dlogits = g (softmax − onehot) from the stored lse; f32 in float on exp_f32, f64 on libm */
+static inline float ce_exp_f32(float x) { return exp_f32(x); }
+static inline double ce_exp_f64(double x) { return exp(x); }
+
+#define CE_BACKWARD(T, SFX)                                                                             \
+static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *logits, const T *lse,    \
+                                         const void *targets, int tdtype, const T *weights, int64_t N, \
+                                         int64_t V, int64_t ignore)                                     \
+{                                                                                                       \
+    _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+        const T *xr = logits + n * V;                                                                   \
+        T *dr = dlogits + n * V;                                                                        \
+        int64_t t = target_at(targets, tdtype, n);                                                      \
+        if (t == ignore) {                                                                              \
+            for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                  \
+            continue;                                                                                   \
+        }                                                                                               \
+        T g = (T)((double)dloss[n] * (weights ? (double)weights[n] : 1.0)), l = lse[n];                 \
+        for (int64_t v = 0; v < V; v++) dr[v] = g * ce_exp_##SFX(xr[v] - l);                           \
+        dr[t] = g * (ce_exp_##SFX(xr[t] - l) - (T)1);                                                   \
+    }                                                                                                   \
 }
+CE_BACKWARD(float, f32)
+CE_BACKWARD(double, f64)
 
 int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets,
                            int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore)
