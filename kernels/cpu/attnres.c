@@ -77,16 +77,37 @@ static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const
                               const TT *R, int64_t n, int64_t rows, int64_t d, const double *a, double *scratch) \
 {                                                                                                             \
     _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
-    for (int64_t t = 0; t < rows; t++) {                                                                      \
-        double *dp = scratch + (int64_t)omp_get_thread_num() * 2 * n, *s = dp + n, G = 0;                     \
+    for (int64_t tb = 0; tb < rows; tb += AR_RB) {                                                            \
+      int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                     \
+      double *dpb = scratch + (int64_t)omp_get_thread_num() * 2 * AR_RB * n, *sbk = dpb + AR_RB * n;          \
+      /* the block's dot products first, 2 chains per row and source advanced together over c (each chain's   \
+         adds in order, as the forward's), so they overlap instead of waiting on each other */                \
+      for (int64_t i = 0; i < n; i++) {                                                                       \
+          double e[AR_RB] = {0}, dot[AR_RB] = {0};                                                            \
+          if (nb == AR_RB) {                                                                                  \
+              const TT *x0 = v[i] + tb * d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;                         \
+              const TT *g0 = gout + tb * d, *g1 = g0 + d, *g2 = g1 + d, *g3 = g2 + d;                         \
+              for (int64_t c = 0; c < d; c++) {                                                               \
+                  e[0] += (double)g0[c] * x0[c]; dot[0] += a[c] * x0[c];                                      \
+                  e[1] += (double)g1[c] * x1[c]; dot[1] += a[c] * x1[c];                                      \
+                  e[2] += (double)g2[c] * x2[c]; dot[2] += a[c] * x2[c];                                      \
+                  e[3] += (double)g3[c] * x3[c]; dot[3] += a[c] * x3[c];                                      \
+              }                                                                                               \
+          } else {                                                                                            \
+              for (int64_t u = 0; u < nb; u++) {                                                              \
+                  const TT *x = v[i] + (tb + u) * d, *go = gout + (tb + u) * d;                               \
+                  for (int64_t c = 0; c < d; c++) { e[u] += (double)go[c] * x[c]; dot[u] += a[c] * x[c]; }    \
+              }                                                                                               \
+          }                                                                                                   \
+          for (int64_t u = 0; u < nb; u++) { dpb[u * n + i] = e[u]; sbk[u * n + i] = dot[u]; }                \
+      }                                                                                                       \
+      for (int64_t u = 0; u < nb; u++) {                                                                      \
+        int64_t t = tb + u;                                                                                   \
+        double *dp = dpb + u * n, *s = sbk + u * n, G = 0;                                                    \
         const TT *go = gout + t * d;                                                                          \
         for (int64_t i = 0; i < n; i++) {                                                                     \
-            const TT *x = v[i] + t * d;                                                                       \
-            double e = 0, dot = 0;                                                                            \
-            for (int64_t c = 0; c < d; c++) { e += (double)go[c] * x[c]; dot += a[c] * x[c]; }                \
-            dp[i] = e;                                                                                        \
-            s[i] = (double)R[i * rows + t] * dot;                                                             \
-            G += (double)P[i * rows + t] * e;                                                                 \
+            s[i] = (double)R[i * rows + t] * s[i];                                                            \
+            G += (double)P[i * rows + t] * dp[i];                                                             \
         }                                                                                                     \
         for (int64_t i = 0; i < n; i++) {                                                                     \
             double p = P[i * rows + t], r = R[i * rows + t], ds = p * (dp[i] - G);                            \
@@ -97,6 +118,7 @@ static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const
             double k = ds * s[i] * r * r / (double)d;                                                         \
             for (int64_t c = 0; c < d; c++) g[c] = (TT)(p * go[c] + ds * r * a[c] - k * x[c]);                \
         }                                                                                                     \
+      }                                                                                                       \
     }                                                                                                         \
 }                                                                                                             \
                                                                                                               \
@@ -158,11 +180,11 @@ int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu
 {
     if (check_args("attnres backward", dtype, n, rows, d)) return -1;
     int want_u = gw || gnu, nth = omp_get_max_threads();
-    /* a [d], per-thread scratch [2n], U [d], coef [n, rows] */
-    int64_t need = d + (int64_t)nth * 2 * n + (want_u ? d + n * rows : 0);
+    /* a [d], per-thread scratch [2 AR_RB n], U [d], coef [n, rows] */
+    int64_t need = d + (int64_t)nth * 2 * AR_RB * n + (want_u ? d + n * rows : 0);
     double *a = malloc((size_t)need * sizeof *a);
     if (!a) return tide_set_error("attnres backward: out of memory");
-    double *scratch = a + d, *U = want_u ? scratch + (int64_t)nth * 2 * n : NULL, *coef = want_u ? U + d : NULL;
+    double *scratch = a + d, *U = want_u ? scratch + (int64_t)nth * 2 * AR_RB * n : NULL, *coef = want_u ? U + d : NULL;
     for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
     if (dtype == TIDE_F32) {
         const float *P = stats, *R = P + n * rows;
