@@ -796,6 +796,52 @@ static void test_gemm_invariant(int threads)
     CHECK(tide_cpu_set_batch_invariant(0) == 1 && tide_cpu_batch_invariant() == 0, "batch-invariant mode turns off");
 }
 
+/* the default mode's short-K products (gemm.c own_is_faster: f32, A not transposed, K <= 96, M >= 256) run the
+   fma-chain kernel: against the double triple loop, and bitwise the batch-invariant mode's result (the same
+   kernel; OpenBLAS would round differently); K = 97 and a transposed A stay on BLAS (only the triple loop) */
+static void test_gemm_short_k(void)
+{
+    static const int Ks[] = { 1, 17, 64, 96, 97 };
+    enum { M = 300, N = 70, PAD = 3 };
+    int bad = 0, differ = 0, cases = 0;
+    for (int ki = 0; ki < 5; ki++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int K = Ks[ki], lda = (ta ? M : K) + PAD, ldb = (tb ? K : N) + PAD, ldc = N + PAD;
+                size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+                double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
+                float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C1 = malloc(nc * sizeof *C1),
+                      *C2 = malloc(nc * sizeof *C2);
+                fill_rand(A, (int64_t)na, -1, 1);
+                fill_rand(B, (int64_t)nb, -1, 1);
+                fill_rand(W, (int64_t)nc, -1, 1);
+                f64_to_f32(Af, A, (int64_t)na);
+                f64_to_f32(Bf, B, (int64_t)nb);
+                f32_to_f64(A, Af, (int64_t)na);
+                f32_to_f64(B, Bf, (int64_t)nb);
+                f64_to_f32(C1, W, (int64_t)nc);
+                f32_to_f64(W, C1, (int64_t)nc);
+                memcpy(C2, C1, nc * sizeof *C1);
+                ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
+                CHECK(tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C1, ldc) == 0,
+                      "short-K gemm: %s", tide_last_error());
+                tide_cpu_set_batch_invariant(1);
+                tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C2, ldc);
+                tide_cpu_set_batch_invariant(0);
+                int own = !ta && K <= 96;
+                for (size_t i = 0; i < nc; i++) {
+                    double tol = 1e-5 * (1.0 + fabs(W[i])) * (K > 1 ? sqrt((double)K) : 1.0);
+                    if (fabs((double)C1[i] - W[i]) > tol) bad++;
+                    if (own && memcmp(&C1[i], &C2[i], sizeof(float)) != 0) differ++;
+                }
+                cases++;
+                free(A); free(B); free(W); free(Af); free(Bf); free(C1); free(C2);
+            }
+    CHECK(bad == 0, "short-K gemm: %d elements off the double reference in %d products", bad, cases);
+    CHECK(differ == 0, "short-K gemm (f32, K <= 96, M >= 256): %d elements differ from the batch-invariant kernel's "
+          "bits (the default mode should run the same kernel)", differ);
+}
+
 /* ---- index ops ---------------------------------------------------------------------------------- */
 
 static void test_index(void)
@@ -1044,6 +1090,7 @@ int main(void)
     test_reduce();
     test_gemm();
     test_gemm_invariant(threads);
+    test_gemm_short_k();
     test_index();
     test_adamw();
     test_first_nonfinite();
