@@ -17,9 +17,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include "cpu.h"
 
 #include "fastmath.h"
+
+/* the kernels' short row copies and zero fills stay inline loops: GCC would otherwise turn each into a libc call,
+   and at 16-64 elements a row the calls cost more than the copies (a sixth of the chunk path's time) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
 
 /* subnormals flush to zero inside the KDA kernels (cpu.h: tide_cpu_flush_denormals): a decayed state entry or
    gradient below FLT_MIN carries nothing of value (1e-38 of the scale), but a strongly decaying gate produces many,
@@ -48,15 +57,28 @@ static double load(int dtype, const void *p, int64_t i)
     return dtype == TIDE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
 }
 
+/* the first index in [0, n) whose g is outside [lb, 0], or n: blocks of 1,024 tested with a branch-free or (the loop
+   vectorises), the offending block searched element by element */
+#define BOUND_SCAN(TY)                                                                                          \
+    {                                                                                                           \
+        const TY *x = g;                                                                                        \
+        _Pragma("omp parallel for reduction(min : bad) schedule(static) if (n > 65536)")                        \
+        for (int64_t b0 = 0; b0 < n; b0 += 1024) {                                                              \
+            int64_t b1 = b0 + 1024 < n ? b0 + 1024 : n;                                                         \
+            int out = 0;                                                                                        \
+            for (int64_t i = b0; i < b1; i++) out |= ((double)x[i] < lb) | ((double)x[i] > 0);                  \
+            if (!out) continue;                                                                                 \
+            for (int64_t i = b0; i < b1; i++)                                                                   \
+                if (((double)x[i] < lb || x[i] > 0) && i < bad) { bad = i; break; }                             \
+        }                                                                                                       \
+    }
+
 /* the dense path's precondition: lb <= g <= 0 everywhere (NaN passes: training reports it) */
 static int check_bound(int dtype, const void *g, int64_t n, int64_t H, int64_t dk, int64_t T_, double lb)
 {
     int64_t bad = n;
-    #pragma omp parallel for reduction(min : bad) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        double x = load(dtype, g, i);
-        if ((x < lb || x > 0) && i < bad) bad = i;
-    }
+    if (dtype == TIDE_F32) BOUND_SCAN(float)
+    else BOUND_SCAN(double)
     if (bad == n) return 0;
     int64_t ch = bad % dk, h = bad / dk % H, tok = bad / dk / H;
     return tide_set_error("kda: g = %g at [b %lld, t %lld, head %lld, channel %lld] is outside [%g, 0]: the chunk path "

@@ -15,6 +15,37 @@
 
 #include "tile_mm.h"
 
+/* a row of an output that the kernel writes once and never reads back: whole vectors go around the cache
+   (non-temporal stores: no read of the line first, nothing of the working set evicted). The caller's work item
+   ends with a fence (KDA_OUT_FENCE) so that the stores are visible to the threads that read the result. */
+static inline void F(copy_out)(T *dst, const T *src, int64_t n)
+{
+#if defined(__AVX512F__) || defined(__AVX2__)
+    if (((uintptr_t)dst & 63) == 0 && n % TMM_VL == 0) {
+        for (int64_t i = 0; i < n; i += TMM_VL) {
+#if defined(__AVX512F__)
+            _mm512_stream_si512((void *)(dst + i), _mm512_loadu_si512((const void *)(src + i)));
+#else
+            _mm256_stream_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
+            _mm256_stream_si256((__m256i *)(dst + i) + 1, _mm256_loadu_si256((const __m256i *)(src + i) + 1));
+#endif
+        }
+        return;
+    }
+#endif
+    F(copy)(dst, src, n);
+}
+
+/* row `row` of head h of a [tokens, H, d] array into the cache ahead of use. A head's rows are H·d elements apart,
+   a stride the hardware prefetchers follow poorly, and memory is far (about 200 ns here): without this a chunk
+   spent a fifth of its time waiting on its input rows. One row at a time, spread over a chunk's work: a burst of a
+   whole chunk's rows fills the line-fill buffers and stalls the pipeline as surely as the misses did. */
+#define KDA_PREFETCH_ROW(base, row, H, h, d)                                                                   \
+    do {                                                                                                       \
+        const char *p_ = (const char *)((base) + ((row) * (H) + (h)) * (d));                                   \
+        for (int64_t o_ = 0; o_ < (int64_t)((d) * sizeof(T)); o_ += 64) __builtin_prefetch(p_ + o_, 0, 3);      \
+    } while (0)
+
 /* M = (I + A)⁻¹ for a strictly lower-triangular A [c, c] (row stride C), by forward substitution:
    M[r][j] = δ_rj − Σ_{j ≤ m < r} A[r][m] M[m][j]  (kda.md §4; the reference form) */
 static void F(unit_lower_inverse)(T *M, const T *A, int64_t c, int64_t C)
@@ -45,8 +76,13 @@ typedef struct {
     T *Araw, *A, *P, *M, *W, *Ut, *U;
     /* scratch */
     T *KcT, *bK, *bV;
-    T *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKc, *dKrT, *gQ, *gK, *gG, *lastG;
+    T *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dQhT, *dKhT, *dKrT, *dQh, *dKh, *dKr, *dKc, *gQ, *gK, *gG,
+      *lastG;
+    T *Ob;                             /* the forward's output rows before they are stored */
     T *buf;
+    /* rows to bring into the cache while this chunk computes (KDA_PREFETCH_ROW): the next chunk's inputs during
+       prep(), its output gradient during chunk_backward(); c = 0 for none */
+    int64_t pf_tok, pf_c, pg_tok, pg_c;
 } F(ws);
 
 static int64_t F(prep_size)(int64_t C, int64_t dk, int64_t dv)
@@ -73,18 +109,20 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
     int64_t ck = C * dk, cv = C * dv, cc = C * C;
     int64_t total = w->prep_size                     /* one prep area, for the forward */
                   + 2 * ck + cv                      /* KcT bK bV */
-                  + 7 * cv + 5 * cc                  /* dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
-                  + 7 * ck + dk;                     /* dQhT dKhT dKc dKrT gQ gK gG, lastG */
-    w->buf = malloc((size_t)total * sizeof(T));
+                  + 7 * cv + 3 * cc                  /* dO dU UT dB dV dOT dVT, dP dA bdA */
+                  + 10 * ck + dk                     /* dQhT dKhT dKrT dQh dKh dKr dKc gQ gK gG, lastG */
+                  + cv;                              /* Ob */
+    w->buf = tide_cpu_malloc((size_t)total * sizeof(T));   /* 64-byte aligned: whole-vector rows */
     if (!w->buf) return -1;
     F(bind)(w, w->buf);
     T *p = w->buf + w->prep_size;
 #define TAKE(name, n) (w->name = p, p += (n))
     TAKE(KcT, ck); TAKE(bK, ck); TAKE(bV, cv);
     TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
-    TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dPT, cc); TAKE(bdAT, cc); TAKE(dQhT, ck); TAKE(dKhT, ck);
-    TAKE(dKc, ck); TAKE(dKrT, ck);
-    TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk);
+    TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dQhT, ck); TAKE(dKhT, ck); TAKE(dKrT, ck);
+    TAKE(dQh, ck); TAKE(dKh, ck); TAKE(dKr, ck); TAKE(dKc, ck);
+    TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk); TAKE(Ob, cv);
+    w->pf_c = w->pg_c = 0;
 #undef TAKE
     return 0;
 }
@@ -106,6 +144,13 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
         T *G = w->G + r * dk;
         if (r == 0) for (int64_t i = 0; i < dk; i++) G[i] = gr[i];
         else for (int64_t i = 0; i < dk; i++) G[i] = G[i - dk] + gr[i];
+        if (r < w->pf_c) {
+            int64_t pr = w->pf_tok + r;
+            KDA_PREFETCH_ROW(q, pr, H, h, dk);
+            KDA_PREFETCH_ROW(k, pr, H, h, dk);
+            KDA_PREFETCH_ROW(v, pr, H, h, dv);
+            KDA_PREFETCH_ROW(g, pr, H, h, dk);
+        }
     }
     for (int64_t x = 0; x < c * dk; x++) w->Gam[x] = EXP(w->G[x]);
     const T *Gc = w->G + (c - 1) * dk, *Gam_c = w->Gam + (c - 1) * dk;
@@ -115,13 +160,17 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
         T *Kr = w->Kr + r * dk, *Kc = w->Kc + r * dk;
         if (!safe)
             /* under the bound Γ >= e^{-80}: 1/Γ and Γ_c/Γ are normal numbers (kda.md §5) */
+            _Pragma("omp simd")
             for (int64_t i = 0; i < dk; i++) {
                 Gi[i] = 1 / Gam[i];
                 Er[i] = Gam_c[i] * Gi[i];
                 Kc[i] = K[i] * Gi[i];
             }
         else
+            _Pragma("omp simd")
             for (int64_t i = 0; i < dk; i++) Er[i] = EXP(Gc[i] - G[i]);
+        /* (the fields of w are disjoint arrays: omp simd says so where GCC cannot prove it) */
+        _Pragma("omp simd")
         for (int64_t i = 0; i < dk; i++) {
             Qh[i] = Q[i] * Gam[i];
             Kh[i] = K[i] * Gam[i];
@@ -155,8 +204,11 @@ static void F(prep)(F(ws) *w, const T *q, const T *k, const T *v, const T *g, co
             }
         }
     }
-    for (int64_t r = 0; r < c; r++)
-        for (int64_t j = 0; j < c; j++) w->A[r * C + j] = w->beta[r] * w->Araw[r * C + j];
+    for (int64_t r = 0; r < c; r++) {
+        T b = w->beta[r];
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < c; j++) w->A[r * C + j] = b * w->Araw[r * C + j];
+    }
     F(unit_lower_inverse)(w->M, w->A, c, C);
     for (int64_t r = 0; r < c; r++) {
         T b = w->beta[r];
@@ -175,14 +227,16 @@ static void F(chunk_state)(F(ws) *w, const T *S, T *S_next, T *o, int64_t ldo, i
     F(copy)(w->U, w->Ut, c * dv);
     F(mm)(w->U, dv, w->W, dk, 1, S, dv, c, dv, dk, -1, 1);
     if (o) {
-        F(mm)(o, ldo, w->Qh, dk, 1, S, dv, c, dv, dk, 1, 0);
-        F(mm)(o, ldo, w->P, C, 1, w->U, dv, c, dv, c, 1, 1);
+        F(mm)(w->Ob, dv, w->Qh, dk, 1, S, dv, c, dv, dk, 1, 0);
+        F(mm)(w->Ob, dv, w->P, C, 1, w->U, dv, c, dv, c, 1, 1);
+        for (int64_t r = 0; r < c; r++) F(copy_out)(o + r * ldo, w->Ob + r * dv, dv);
     }
     const T *Gam_c = w->Gam + (c - 1) * dk;
     for (int64_t i = 0; i < dk; i++) {
         T a = Gam_c[i];
         const T *s = S + i * dv;
         T *sn = S_next + i * dv;
+        _Pragma("omp simd")
         for (int64_t j = 0; j < dv; j++) sn[j] = a * s[j];
     }
     F(mm)(S_next, dv, w->Kr, 1, dk, w->U, dv, dk, dv, c, 1, 1);
@@ -222,57 +276,68 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
             if (j >= r) w->dA[r * C + j] = 0;
             w->bdA[r * C + j] = w->beta[r] * w->dA[r * C + j];
         }
-    /* X = dB S₀ᵀ, formed transposed ([dk, c]) so that the dk x dv state is never transposed; it gives both
-       dK̂ = −diag(β) X (+ the intra part) and, with R = V − K̂ S₀, rowsum(dB ⊙ R) = rowsum(dB ⊙ V) −
+    /* X = dB S₀ᵀ, formed transposed ([dk, c]) so that the dk x dv state is never transposed, then turned back
+       into rows (dK̂ rows, as the products that share S₀ are; the rest of the backward works on rows). It gives
+       both dK̂ = −diag(β) X (+ the intra part) and, with R = V − K̂ S₀, rowsum(dB ⊙ R) = rowsum(dB ⊙ V) −
        rowsum(K̂ ⊙ X) without forming R (one c x dk x dv product fewer) */
     F(transpose)(w->dVT, w->dB, c, dv, dv);
     F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, 1, 0);
+    F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);
     for (int64_t r = 0; r < c; r++) {
         T b = w->beta[r], s = 0, x = 0;
+        T *dKh = w->dKh + r * dk;
+        const T *Kh = w->Kh + r * dk;
         _Pragma("omp simd reduction(+ : s)")
         for (int64_t j = 0; j < dv; j++) {
             w->dV[r * dv + j] = b * w->dB[r * dv + j];
             s += w->dB[r * dv + j] * w->V[r * dv + j];
         }
-        for (int64_t i = 0; i < dk; i++) x += w->Kh[r * dk + i] * w->dKhT[i * C + r];
+        _Pragma("omp simd reduction(+ : x)")
+        for (int64_t i = 0; i < dk; i++) x += Kh[i] * dKh[i];
         s -= x;
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
-        if (gv) F(copy)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);
+        if (gv) F(copy_out)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);
+        if (r < w->pg_c && gout) KDA_PREFETCH_ROW(gout, w->pg_tok + r, H, h, dv);
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < dk; i++) dKh[i] *= -b;
     }
-    for (int64_t i = 0; i < dk; i++)
-        for (int64_t r = 0; r < c; r++) w->dKhT[i * C + r] *= -w->beta[r];
     /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂ */
     F(transpose)(w->dOT, w->dO, c, dv, dv);
     F(mm)(w->dQhT, C, S0, dv, 1, w->dOT, c, dk, c, dv, 1, 0);
+    F(transpose_ld)(w->dQh, dk, w->dQhT, dk, c, C);
     if (!safe) {
-        F(transpose)(w->dPT, w->dP, c, c, C);
-        F(transpose)(w->bdAT, w->bdA, c, c, C);
-        F(mm)(w->dQhT, C, w->Kc, 1, dk, w->dPT, c, dk, c, c, 1, 1);
-        F(mm)(w->dKhT, C, w->Kc, 1, dk, w->bdAT, c, dk, c, c, 1, 1);
+        F(mm)(w->dQh, dk, w->dP, C, 1, w->Kc, dk, c, dk, c, 1, 1);
+        F(mm)(w->dKh, dk, w->bdA, C, 1, w->Kc, dk, c, dk, c, 1, 1);
         F(mm)(w->dKc, dk, w->dP, 1, C, w->Qh, dk, c, dk, c, 1, 0);
         F(mm)(w->dKc, dk, w->bdA, 1, C, w->Kh, dk, c, dk, c, 1, 1);
     }
     /* dS₀ = diag(Γ_c) dS_c + Q̂ᵀ dO − K̂ᵀ dV  (in place) */
     for (int64_t i = 0; i < dk; i++) {
         T a = Gam_c[i];
+        _Pragma("omp simd")
         for (int64_t j = 0; j < dv; j++) dS[i * dv + j] *= a;
     }
     F(mm)(dS, dv, w->Qh, 1, dk, w->dO, dv, dk, dv, c, 1, 1);
     F(mm)(dS, dv, w->Kh, 1, dk, w->dV, dv, dk, dv, c, -1, 1);
     /* back to q, k and the cumulative decay G */
-    for (int64_t r = 0; r < c; r++)
+    F(transpose_ld)(w->dKr, dk, w->dKrT, dk, c, C);
+    for (int64_t r = 0; r < c; r++) {
+        const T *dQh = w->dQh + r * dk, *dKh = w->dKh + r * dk, *dKr = w->dKr + r * dk, *dKc = w->dKc + r * dk;
+        const T *Gam = w->Gam + r * dk, *Er = w->Er + r * dk, *Gi = w->Gi + r * dk, *Qh = w->Qh + r * dk,
+                *Kh = w->Kh + r * dk, *Kr = w->Kr + r * dk, *Kc = w->Kc + r * dk;
+        T *gQ = w->gQ + r * dk, *gK = w->gK + r * dk, *gG = w->gG + r * dk;
+        _Pragma("omp simd")
         for (int64_t i = 0; i < dk; i++) {
-            int64_t x = r * dk + i;
-            int64_t y = i * C + r;
-            w->gQ[x] = w->dQhT[y] * w->Gam[x];
-            w->gK[x] = w->dKhT[y] * w->Gam[x] + w->dKrT[y] * w->Er[x];
-            w->gG[x] = w->dQhT[y] * w->Qh[x] + w->dKhT[y] * w->Kh[x] - w->dKrT[y] * w->Kr[x];
+            gQ[i] = dQh[i] * Gam[i];
+            gK[i] = dKh[i] * Gam[i] + dKr[i] * Er[i];
+            gG[i] = dQh[i] * Qh[i] + dKh[i] * Kh[i] - dKr[i] * Kr[i];
             if (!safe) {
-                w->gK[x] += w->dKc[x] * w->Gi[x];
-                w->gG[x] -= w->dKc[x] * w->Kc[x];
+                gK[i] += dKc[i] * Gi[i];
+                gG[i] -= dKc[i] * Kc[i];
             }
         }
+    }
     if (safe) {
         /* the intra-chunk terms pair by pair, with e = EXP(G_r − G_j) <= 1 */
         for (int64_t r = 0; r < c; r++)
@@ -294,20 +359,25 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
                 }
             }
     }
-    T *dGc = w->gG + (c - 1) * dk;
-    for (int64_t i = 0; i < dk; i++) {
-        T s = 0;
-        for (int64_t r = 0; r < c; r++) s += w->dKrT[i * C + r] * w->Kr[r * dk + i];
-        dGc[i] += s + w->lastG[i];
+    /* the last row of dG: + Σ_r dK_r ⊙ K_r over the chunk's rows (in row order) + Γ_c ⊙ rowsum(dS_c ⊙ S₀) */
+    T *dGc = w->gG + (c - 1) * dk, *acc = w->dQhT;     /* dQhT is free by now: dk elements of scratch */
+    for (int64_t i = 0; i < dk; i++) acc[i] = 0;
+    for (int64_t r = 0; r < c; r++) {
+        const T *dKr = w->dKr + r * dk, *Kr = w->Kr + r * dk;
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < dk; i++) acc[i] += dKr[i] * Kr[i];
     }
+    _Pragma("omp simd")
+    for (int64_t i = 0; i < dk; i++) dGc[i] += acc[i] + w->lastG[i];
     /* dg_i = Σ_{r >= i} dG_r (reverse cumsum inside the chunk) */
     for (int64_t r = c - 2; r >= 0; r--)
+        _Pragma("omp simd")
         for (int64_t i = 0; i < dk; i++) w->gG[r * dk + i] += w->gG[(r + 1) * dk + i];
     for (int64_t r = 0; r < c; r++) {
         int64_t row = ((tok + r) * H + h) * dk;
-        if (gq) F(copy)(gq + row, w->gQ + r * dk, dk);
-        if (gk) F(copy)(gk + row, w->gK + r * dk, dk);
-        if (gg) F(copy)(gg + row, w->gG + r * dk, dk);
+        if (gq) F(copy_out)(gq + row, w->gQ + r * dk, dk);
+        if (gk) F(copy_out)(gk + row, w->gK + r * dk, dk);
+        if (gg) F(copy_out)(gg + row, w->gG + r * dk, dk);
     }
 }
 
@@ -324,9 +394,13 @@ static void F(segment_chunk_forward)(F(ws) *w, T *S, T *o, const T *q, const T *
     for (int64_t tok = t0, i = 0; tok < t1; tok += w->C, i++) {
         int64_t c = t1 - tok < w->C ? t1 - tok : w->C;
         if (ck && i % KDA_BLOCK == 0) F(copy)(ck + ((i / KDA_BLOCK) * H + h) * SZ, S, SZ);
+        w->pf_tok = tok + w->C;
+        w->pf_c = tok + w->C < t1 ? (t1 - tok - w->C < w->C ? t1 - tok - w->C : w->C) : 0;
         F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, o != NULL);
         F(chunk_state)(w, S, S, o ? o + (tok * H + h) * w->dv : NULL, H * w->dv, c);
     }
+    w->pf_c = 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);     /* the non-temporal stores of copy_out before the result is read */
 }
 
 /* chunks per recompute block of the backward: one block's chunk start states and prep areas are kept
@@ -340,7 +414,7 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
 {
     int64_t C = w->C, dk = w->dk, dv = w->dv, SZ = dk * dv;
     int64_t nch = (t1 - t0 + C - 1) / C, nblk = (nch + KDA_BLOCK - 1) / KDA_BLOCK;
-    T *ck = malloc((size_t)(((ck_in ? 0 : nblk) + KDA_BLOCK + 1) * SZ + KDA_BLOCK * w->prep_size) * sizeof(T));
+    T *ck = tide_cpu_malloc((size_t)(((ck_in ? 0 : nblk) + KDA_BLOCK + 1) * SZ + KDA_BLOCK * w->prep_size) * sizeof(T));
     if (!ck) return -1;
     T *st = ck + (ck_in ? 0 : nblk) * SZ, *S = st + KDA_BLOCK * SZ, *areas = S + SZ, *own = w->Q;
     if (!ck_in) {
@@ -350,6 +424,8 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
             if (i % KDA_BLOCK == 0) F(copy)(ck + (i / KDA_BLOCK) * SZ, S, SZ);
             if (i / KDA_BLOCK == nblk - 1) break;      /* the last block is replayed below anyway */
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
+            w->pf_tok = tok + C;
+            w->pf_c = i + 1 < nch ? (t1 - tok - C < C ? t1 - tok - C : C) : 0;
             F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 0);
             F(chunk_state)(w, S, S, NULL, 0, c);
         }
@@ -360,6 +436,8 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
         for (int64_t i = i0; i < i1; i++) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
             F(bind)(w, areas + (i - i0) * w->prep_size);
+            w->pf_tok = tok + C;
+            w->pf_c = i + 1 < i1 ? (t1 - tok - C < C ? t1 - tok - C : C) : 0;
             F(prep)(w, q, k, v, g, beta, tok, c, H, h, safe, 1);
             /* the state after the block's last chunk is not needed: U alone is computed there */
             F(chunk_state)(w, st + (i - i0) * SZ, i + 1 < i1 ? st + (i + 1 - i0) * SZ : S, NULL, 0, c);
@@ -367,11 +445,16 @@ static int F(segment_chunk_backward)(F(ws) *w, const T *s_init, T *dS, const T *
         for (int64_t i = i1 - 1; i >= i0; i--) {
             int64_t tok = t0 + i * C, c = t1 - tok < C ? t1 - tok : C;
             F(bind)(w, areas + (i - i0) * w->prep_size);
+            /* the next chunk of the reverse sweep: its gradient rows */
+            w->pg_tok = tok - C;
+            w->pg_c = i > i0 ? C : 0;
             F(chunk_backward)(w, st + (i - i0) * SZ, dS, gout, tok, c, H, h, safe, gq, gk, gv, gg, gbeta);
         }
     }
     F(bind)(w, own);
-    free(ck);
+    w->pf_c = w->pg_c = 0;
+    tide_cpu_free(ck);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);     /* the non-temporal stores of copy_out before the result is read */
     return 0;
 }
 
@@ -415,7 +498,7 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
     int64_t blk = 64;
     while ((n + blk - 1) / blk > 1024) blk *= 2;
     int64_t nblk = (n + blk - 1) / blk;
-    T *ck = malloc((size_t)((nblk + blk + 1) * SZ + 8 * (dk + dv)) * sizeof(T));
+    T *ck = tide_cpu_malloc((size_t)((nblk + blk + 1) * SZ + 8 * (dk + dv)) * sizeof(T));
     if (!ck) return -1;
     T *st = ck + nblk * SZ, *S = st + blk * SZ, *tmp = S + SZ;
     T *kS = tmp, *u = kS + dv, *du = u + dv, *dkS = du + dv, *dq = dkS + dv, *dk_ = dq + dk, *dg = dk_ + dk, *al = dg + dk;
@@ -488,7 +571,7 @@ static int F(segment_recurrent_backward)(const T *s_init, T *dS, const T *gout, 
             if (gbeta) gbeta[t * H + h] = db;
         }
     }
-    free(ck);
+    tide_cpu_free(ck);
     return 0;
 }
 
@@ -550,7 +633,7 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
         unsigned int csr = kda_flush_denormals();
         F(ws) w;
         int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
-        T *S = ok ? malloc((size_t)(SZ + dv) * sizeof(T)) : NULL;
+        T *S = ok ? tide_cpu_malloc((size_t)(SZ + dv) * sizeof(T)) : NULL;
         if (!S) {
             _Pragma("omp atomic write")
             failed = 1;
@@ -566,8 +649,8 @@ static int F(kda_forward)(T *o, T *s_out, const T *q, const T *k, const T *v, co
                                           off ? ckpt + off[sg] * H * SZ : NULL);
             if (t1 == (b + 1) * T_ && s_out) F(copy)(s_out + (b * H + h) * SZ, S, SZ);
         }
-        free(S);
-        if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+        tide_cpu_free(S);
+        if (path != TIDE_KDA_RECURRENT && ok) tide_cpu_free(w.buf);
         kda_restore_denormals(csr);
     }
     free(off);
@@ -589,7 +672,7 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
         unsigned int csr = kda_flush_denormals();
         F(ws) w;
         int ok = path == TIDE_KDA_RECURRENT ? 1 : F(ws_init)(&w, chunk, dk, dv) == 0;
-        T *dS = ok ? malloc((size_t)SZ * sizeof(T)) : NULL;
+        T *dS = ok ? tide_cpu_malloc((size_t)SZ * sizeof(T)) : NULL;
         if (!dS) {
             _Pragma("omp atomic write")
             failed = 1;
@@ -614,8 +697,8 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
             }
             if (gs0 && first) F(copy)(gs0 + (b * H + h) * SZ, dS, SZ);
         }
-        free(dS);
-        if (path != TIDE_KDA_RECURRENT && ok) free(w.buf);
+        tide_cpu_free(dS);
+        if (path != TIDE_KDA_RECURRENT && ok) tide_cpu_free(w.buf);
         kda_restore_denormals(csr);
     }
     /* rows of s0 whose row has no first segment cannot exist (every row start is a boundary) */
@@ -626,5 +709,6 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
 #undef F
 #undef KCAT
 #undef KCAT_
+#undef KDA_PREFETCH_ROW
 #undef TMM_VL
 #undef TMM_NV

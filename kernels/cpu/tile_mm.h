@@ -64,10 +64,44 @@ static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, cons
 }
 #undef TMM_TILE
 
+/* a VL x VL block (VL = TMM_VL, one vector a row): out rows (stride ldo) = the in rows' (stride ldi) transpose. Each
+   stage swaps the off-diagonal s x s blocks of every 2s x 2s block with two-source shuffles, s = VL/2 ... 1 (16 x 16
+   floats: 64 shuffles against 256 scalar moves). */
+typedef __typeof__((F(vec)){0} < (F(vec)){0}) F(ivec);
+static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
+{
+    F(vec) a[TMM_VL];
+    for (int i = 0; i < TMM_VL; i++) F(vload)(&a[i], in + i * ldi);
+#pragma GCC unroll 8
+    for (int s = TMM_VL / 2; s >= 1; s /= 2) {
+        F(ivec) lo, hi;
+        for (int j = 0; j < TMM_VL; j++) {
+            lo[j] = (j & s) ? TMM_VL + j - s : j;
+            hi[j] = (j & s) ? TMM_VL + j : j + s;
+        }
+        for (int i = 0; i < TMM_VL; i++)
+            if (!(i & s)) {
+                F(vec) x = a[i], y = a[i + s];
+                a[i] = __builtin_shuffle(x, y, lo);
+                a[i + s] = __builtin_shuffle(x, y, hi);
+            }
+    }
+    for (int i = 0; i < TMM_VL; i++) F(vstore)(out + i * ldo, &a[i]);
+}
+
+/* out [n, m] (row stride ldo) = in [m, n]ᵀ (in has row stride ld): whole VL x VL blocks by shuffles, the edges
+   element by element */
+static void F(transpose_ld)(T *out, int64_t ldo, const T *in, int64_t m, int64_t n, int64_t ld)
+{
+    int64_t mb = m - m % TMM_VL, nb = n - n % TMM_VL;
+    for (int64_t r0 = 0; r0 < mb; r0 += TMM_VL)
+        for (int64_t j0 = 0; j0 < nb; j0 += TMM_VL) F(tblock)(out + j0 * ldo + r0, ldo, in + r0 * ld + j0, ld);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = r < mb ? nb : 0; j < n; j++) out[j * ldo + r] = in[r * ld + j];
+}
+
 /* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
 static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
 {
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++) out[j * m + r] = in[r * ld + j];
+    F(transpose_ld)(out, m, in, m, n, ld);
 }
-

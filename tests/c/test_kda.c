@@ -4,6 +4,9 @@
  *      recurrence in float64 to 1e-12, forward and backward; the per-pair (safe) chunk form too;
  *      float32 chunk vs float64 to 1e-5 (relative to max|O|) at T = 4096, dk = dv = 64;
  *      the backward from the forward's state checkpoints equals the one that recomputes them (bitwise);
+ *      the float32 chunk backward at dk = dv = 64 (whole-vector rows: the shuffle transposes, the streaming
+ *      stores of the gradients) within 2e-5 of the float64 recurrence's gradients, relative to each one's
+ *      largest value, and bitwise the same whether the outputs are 64-byte aligned or not;
  *   2. the nilpotent-product inverse equals forward substitution, and (I + A)⁻¹ ∈ [−1, 1] (2,000 chunks);
  *   3. decode == prefill, split sequences with the state carried == one pass, packed == separate;
  *   4. causality: inputs at positions >= P change nothing at positions < P, outputs or gradients,
@@ -160,6 +163,50 @@ static void test_f32_vs_f64(void)
     for (int64_t i = 0; i < N * 64; i++) { scale = fmax(scale, fabs(ref.o[i])); err = fmax(err, fabs(o[i] - ref.o[i])); }
     CHECK(rc == 0 && err <= 1e-5 * scale, "f32 chunk vs f64 at T 4096: max error %.3g, 1e-5·max|O| = %.3g", err, 1e-5 * scale);
     free(q); free(k); free(v); free(g); free(b); free(s0); free(o); free(s);
+    drop_result(&ref); drop(&p);
+}
+
+/* the float32 chunk backward where every row is whole vectors (dk = dv = 64): ragged last chunk, two documents,
+   several recompute blocks; gradients against the float64 recurrence. Written once into 64-byte aligned
+   buffers (the streaming-store path) and once into buffers one float off (plain stores): the same bits. */
+static void test_f32_backward(void)
+{
+    problem p = make(1, 600, 2, 64, 64, 1.5);
+    int64_t cu[4], inner[1] = {263};
+    int64_t n_seg = make_cu(cu, p.B, p.T, inner, 1), N = p.T * p.H, SZ = p.H * 64 * 64;
+    double *gout = randn_vec(N * 64), *gs = randn_vec(SZ);
+    result ref = run64(&p, cu, n_seg, TIDE_KDA_RECURRENT, 0, gout, gs);
+    float *q = to32(p.q, N * 64), *k = to32(p.k, N * 64), *v = to32(p.v, N * 64), *g = to32(p.g, N * 64);
+    float *b = to32(p.beta, N), *s0 = to32(p.s0, SZ), *go = to32(gout, N * 64), *gso = to32(gs, SZ);
+    int64_t sizes[6] = {N * 64, N * 64, N * 64, N * 64, N, SZ};
+    const double *want[6] = {ref.gq, ref.gk, ref.gv, ref.gg, ref.gb, ref.gs0};
+    const char *names[6] = {"gq", "gk", "gv", "gg", "gbeta", "gs0"};
+    float *buf[2][6], *out[2][6];
+    int rc = 0;
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 6; i++) {
+            buf[a][i] = aligned_alloc(64, (size_t)((sizes[i] + 16 + 15) / 16 * 16) * 4);
+            out[a][i] = buf[a][i] + a;     /* a = 1: one float past the alignment */
+        }
+    for (int a = 0; a < 2; a++)
+        rc = rc || tide_cpu_kda_backward(TIDE_F32, out[a][0], out[a][1], out[a][2], out[a][3], out[a][4], out[a][5], go,
+                                         gso, q, k, v, g, b, s0, cu, n_seg, 1, p.T, p.H, 64, 64, TIDE_KDA_CHUNK, 16,
+                                         -5.0, NULL);
+    CHECK(rc == 0, "f32 chunk backward failed: %s", tide_last_error());
+    for (int i = 0; i < 6 && rc == 0; i++) {
+        double scale = 0, err = 0;
+        for (int64_t x = 0; x < sizes[i]; x++) {
+            scale = fmax(scale, fabs(want[i][x]));
+            err = fmax(err, fabs(out[0][i][x] - want[i][x]));
+        }
+        CHECK(err <= 2e-5 * scale, "f32 chunk backward %s vs the f64 recurrence: max error %.3g, 2e-5·max = %.3g", names[i],
+              err, 2e-5 * scale);
+        CHECK(!memcmp(out[0][i], out[1][i], (size_t)sizes[i] * 4), "f32 chunk backward %s: aligned and unaligned "
+              "outputs differ", names[i]);
+    }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 6; i++) free(buf[a][i]);
+    free(q); free(k); free(v); free(g); free(b); free(s0); free(go); free(gso); free(gout); free(gs);
     drop_result(&ref); drop(&p);
 }
 
@@ -469,6 +516,7 @@ int main(void)
     tide_manual_seed(7);
     test_chunk_equals_recurrent();
     test_f32_vs_f64();
+    test_f32_backward();
     test_checkpoints();
     test_inverse();
     test_state_handover();
