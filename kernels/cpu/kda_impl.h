@@ -260,12 +260,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     F(transpose)(w->UT, w->U, c, dv, dv);
     F(mm)(w->dKrT, C, dS, dv, 1, w->UT, c, dk, c, dv, 1, 0);       /* dK_rᵀ = dS_c Uᵀ  [dk, c] */
     const T *Gam_c = w->Gam + (c - 1) * dk;
-    for (int64_t i = 0; i < dk; i++) {
-        T s = 0;
-        _Pragma("omp simd reduction(+ : s)")
-        for (int64_t j = 0; j < dv; j++) s += dS[i * dv + j] * S0[i * dv + j];
-        w->lastG[i] = Gam_c[i] * s;
-    }
+    for (int64_t i = 0; i < dk; i++) w->lastG[i] = Gam_c[i] * F(dot)(dS + i * dv, S0 + i * dv, dv);
     /* dP = Tril(dO Uᵀ);  dB = Mᵀ dU;  dA = −StrictTril(dB Uᵀ);  dV = diag(β) dB */
     F(mm)(w->dP, C, w->dO, dv, 1, w->UT, c, c, c, dv, 1, 0);
     F(mm)(w->dB, dv, w->M, 1, C, w->dU, dv, c, dv, c, 1, 0);
@@ -284,17 +279,11 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, 1, 0);
     F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);
     for (int64_t r = 0; r < c; r++) {
-        T b = w->beta[r], s = 0, x = 0;
+        T b = w->beta[r];
         T *dKh = w->dKh + r * dk;
-        const T *Kh = w->Kh + r * dk;
-        _Pragma("omp simd reduction(+ : s)")
-        for (int64_t j = 0; j < dv; j++) {
-            w->dV[r * dv + j] = b * w->dB[r * dv + j];
-            s += w->dB[r * dv + j] * w->V[r * dv + j];
-        }
-        _Pragma("omp simd reduction(+ : x)")
-        for (int64_t i = 0; i < dk; i++) x += Kh[i] * dKh[i];
-        s -= x;
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < dv; j++) w->dV[r * dv + j] = b * w->dB[r * dv + j];
+        T s = F(dot)(w->dB + r * dv, w->V + r * dv, dv) - F(dot)(w->Kh + r * dk, dKh, dk);
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
         if (gv) F(copy_out)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);

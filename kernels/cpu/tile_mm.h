@@ -21,6 +21,50 @@ static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
     for (int64_t i = 0; i < n; i++) dst[i] = src[i];
 }
 
+/* shuffle masks: integers as wide as T, as many as a vector holds */
+typedef __typeof__(_Generic((T)0, float: (int32_t)0, double: (int64_t)0)) F(ielem);
+typedef F(ielem) F(ivec) __attribute__((vector_size(64)));
+
+/* shuffle masks as constants (built lane by lane at run time they cost more than the shuffles). For stage t,
+   s = VL >> (t + 1): [t][0] and [t][1] swap the off-diagonal s x s blocks of a pair of rows (tblock), [t][2]
+   rotates the lanes by s (dot's tree). Rows hold 16 lanes; a type with 8 lanes reads the first 8. */
+#define TMM_LO(s, j) ((j) & (s) ? TMM_VL + (j) - (s) : (j))
+#define TMM_HI(s, j) ((j) & (s) ? TMM_VL + (j) : (j) + (s))
+#define TMM_ROT(s, j) (((j) + (s)) % TMM_VL)
+#define TMM_16(f, s) f(s, 0), f(s, 1), f(s, 2), f(s, 3), f(s, 4), f(s, 5), f(s, 6), f(s, 7), f(s, 8), f(s, 9), \
+                     f(s, 10), f(s, 11), f(s, 12), f(s, 13), f(s, 14), f(s, 15)
+#define TMM_STAGE(s) { {TMM_16(TMM_LO, s)}, {TMM_16(TMM_HI, s)}, {TMM_16(TMM_ROT, s)} }
+static const F(ielem) F(tmask)[4][3][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TMM_VL / 4), TMM_STAGE(TMM_VL / 8),
+                                             TMM_STAGE(TMM_VL / 16 ? TMM_VL / 16 : 1) };
+#undef TMM_STAGE
+#undef TMM_16
+#undef TMM_ROT
+#undef TMM_HI
+#undef TMM_LO
+#define TMM_STAGES (TMM_VL == 16 ? 4 : TMM_VL == 8 ? 3 : TMM_VL == 4 ? 2 : 1)
+
+/* Σ a[i] b[i]: whole vectors into one vector accumulator, its lanes added pairwise (a tree of rotations, not a
+   chain of VL dependent adds), then the tail in order. A fixed order for a given build. */
+static inline T F(dot)(const T *a, const T *b, int64_t n)
+{
+    F(vec) acc = {0};
+    int64_t i = 0;
+    for (; i + TMM_VL <= n; i += TMM_VL) {
+        F(vec) x, y;
+        F(vload)(&x, a + i);
+        F(vload)(&y, b + i);
+        acc += x * y;
+    }
+    for (int t = 0; t < TMM_STAGES; t++) {
+        F(ivec) m;
+        memcpy(&m, F(tmask)[t][2], sizeof m);
+        acc += __builtin_shuffle(acc, m);
+    }
+    T s = acc[0];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 #define TMM_TILE(MR)                                                                                      \
     {                                                                                                     \
         F(vec) t[MR][TMM_NV];                                                                             \
@@ -67,18 +111,15 @@ static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, cons
 /* a VL x VL block (VL = TMM_VL, one vector a row): out rows (stride ldo) = the in rows' (stride ldi) transpose. Each
    stage swaps the off-diagonal s x s blocks of every 2s x 2s block with two-source shuffles, s = VL/2 ... 1 (16 x 16
    floats: 64 shuffles against 256 scalar moves). */
-typedef __typeof__((F(vec)){0} < (F(vec)){0}) F(ivec);
 static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
 {
     F(vec) a[TMM_VL];
     for (int i = 0; i < TMM_VL; i++) F(vload)(&a[i], in + i * ldi);
-#pragma GCC unroll 8
-    for (int s = TMM_VL / 2; s >= 1; s /= 2) {
+    for (int t = 0; t < TMM_STAGES; t++) {
+        int s = TMM_VL >> (t + 1);
         F(ivec) lo, hi;
-        for (int j = 0; j < TMM_VL; j++) {
-            lo[j] = (j & s) ? TMM_VL + j - s : j;
-            hi[j] = (j & s) ? TMM_VL + j : j + s;
-        }
+        memcpy(&lo, F(tmask)[t][0], sizeof lo);
+        memcpy(&hi, F(tmask)[t][1], sizeof hi);
         for (int i = 0; i < TMM_VL; i++)
             if (!(i & s)) {
                 F(vec) x = a[i], y = a[i + s];
