@@ -1,7 +1,9 @@
 -- bench/kda.lua — Kimi Delta Attention on the CPU, or on a GPU with --device=cuda (spec/kda.md):
 --   1. the kda op, forward + backward, chunk path (C = 16, lower-bounded decay) against the token
 --      recurrence measured in the same run, at T = 1K, 4K, 16K, 64K (H = 4, dk = dv = 64, f32, one
---      sequence): tokens/s, time per token, peak bytes, and the chunk/recurrent ratio;
+--      sequence): tokens/s, time per token, peak bytes, and the chunk/recurrent ratio; on the CPU also the
+--      chunk path's achieved GFLOP/s (the products it runs, FLOP_FORMULA) against the sgemm ceiling: the
+--      best f32 rate of tide's matmul at 2048 x 2048 x 2048, measured in the same run;
 --   2. a model of only KDA layers (d = 128, 2 layers, H = 2, dk = dv = 64, byte vocabulary) trained for
 --      one forward + backward on one 1,048,576-token sequence: the sequence is cut into segments whose
 --      KDA state and conv history are carried (differentiably) from one to the next, and every layer of
@@ -9,7 +11,7 @@
 -- Writes <results>/kda.json and <results>/kda.md and prints the table. It reports; it asserts nothing.
 --
 --   tide run bench/kda.lua [--sizes=1024,4096,16384,65536] [--model_tokens=1048576] [--segment=65536]
---                          [--reps=2] [--device=cpu|cuda] [--results=DIR]
+--                          [--reps=2] [--ceiling_reps=5] [--device=cpu|cuda] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local results = require "tide.results"
@@ -18,6 +20,32 @@ local F = tide.F
 local H, DK, DV, CHUNK, LB = 4, 64, 64, 16, -5
 -- the issue's target for the kernel table: chunk >= 4x the recurrence from T = 4K on
 local TARGET = { ratio = 4, from_T = 4096 }
+-- issue 20: the chunk path's forward + backward >= 60% of the sgemm ceiling in achieved GFLOP/s from T = 4K on
+local TARGET_CEILING = { pct = 60, from_T = 4096 }
+
+-- FLOPs per token and head of the chunk path's forward + backward: the dense products it runs (kda.md §4, §6),
+-- 2 per multiply-add. Forward per chunk: A and P (2 C²dk), W (C²dk), Ũ (C²dv), W S₀, Q̂ S₀, K_rᵀ U (3 C dk dv),
+-- P U (C²dv); backward: Pᵀ dO, dP, Mᵀ dU, dA (4 C²dv), dP Ǩ, diag(β) dA Ǩ and dǨ's two (4 C²dk), K_r dS, dS Uᵀ,
+-- S₀ dOᵀ, S₀ dBᵀ, Q̂ᵀ dO, K̂ᵀ dV (6 C dk dv). Per token: / C. The backward's recomputation of chunk states, the
+-- gate exponentials and the elementwise work are not counted, so the rate is a lower bound of the work done.
+local FLOP_FORMULA = "2 (7 C dk + 6 C dv + 9 dk dv) per token and head"
+local function flops_per_token(C, dk, dv) return 2 * (7 * C * dk + 6 * C * dv + 9 * dk * dv) end
+
+-- the sgemm ceiling: tide's f32 matmul at 2048³, best of reps after a warm-up call
+local function sgemm_ceiling(reps)
+  local n = 2048
+  local a, b = tide.randn({ n, n }), tide.randn({ n, n })
+  local best = math.huge
+  tide.no_grad(function()
+    a:matmul(b)
+    for _ = 1, reps do
+      local t0 = tide.time()
+      a:matmul(b)
+      best = math.min(best, tide.time() - t0)
+    end
+  end)
+  return 2 * n ^ 3 / best / 1e9
+end
 
 local loadavg = results.loadavg
 
@@ -74,6 +102,10 @@ local function kernel_table(cfg, record)
         r.seconds, r.forward_seconds, r.tokens_per_s, r.peak_bytes / 2 ^ 20))
     end
     row.chunk_over_recurrent = row.chunk.tokens_per_s / row.recurrent.tokens_per_s
+    if record.ceiling_gflops then
+      row.chunk.gflops = H * flops_per_token(CHUNK, DK, DV) * row.chunk.tokens_per_s / 1e9
+      row.chunk.pct_of_ceiling = 100 * row.chunk.gflops / record.ceiling_gflops
+    end
     record.kernel[#record.kernel + 1] = row
     x = nil
     collectgarbage()
@@ -95,6 +127,17 @@ local function kernel_table(cfg, record)
   if lo then
     record.target = { ratio = TARGET.ratio, from_T = TARGET.from_T, min_measured = lo, max_measured = hi,
       met = lo >= TARGET.ratio }
+  end
+  local plo, phi
+  for _, row in ipairs(record.kernel) do
+    if row.T >= TARGET_CEILING.from_T and row.chunk.pct_of_ceiling then
+      plo = math.min(plo or math.huge, row.chunk.pct_of_ceiling)
+      phi = math.max(phi or 0, row.chunk.pct_of_ceiling)
+    end
+  end
+  if plo then
+    record.target_ceiling = { pct = TARGET_CEILING.pct, from_T = TARGET_CEILING.from_T, min_measured = plo,
+      max_measured = phi, met = plo >= TARGET_CEILING.pct }
   end
 end
 
@@ -157,12 +200,23 @@ local function markdown(record)
     .. "lower bound %g; best of %d forward + backward passes.", record.date, record.device == "cpu"
     and string.format("%d threads, %s", record.threads, record.blas) or record.device_info, H, DK, CHUNK, LB, record.reps)
   L[#L + 1] = ""
+  local gf = record.ceiling_gflops ~= nil
   L[#L + 1] = "| T | chunk tok/s | recurrent tok/s | chunk / recurrent | chunk µs/token | recurrent µs/token | chunk peak MB | recurrent peak MB |"
-  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    .. (gf and " chunk GFLOP/s | % of sgemm ceiling |" or "")
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|" .. (gf and "---:|---:|" or "")
   for _, r in ipairs(record.kernel) do
     L[#L + 1] = string.format("| %d | %.0f | %.0f | %.2fx | %.2f | %.2f | %.1f | %.1f |", r.T, r.chunk.tokens_per_s,
       r.recurrent.tokens_per_s, r.chunk_over_recurrent, r.chunk.us_per_token, r.recurrent.us_per_token,
       r.chunk.peak_bytes / 2 ^ 20, r.recurrent.peak_bytes / 2 ^ 20)
+      .. (gf and string.format(" %.1f | %.1f%% |", r.chunk.gflops, r.chunk.pct_of_ceiling) or "")
+  end
+  if gf then
+    L[#L + 1] = ""
+    L[#L + 1] = string.format("Chunk GFLOP/s: the dense products of the chunk path's forward + backward, %s (%d FLOPs a "
+      .. "token at H = %d, C = %d, dk = dv = %d; the backward's recomputed chunk states and the elementwise work not "
+      .. "counted), over its forward + backward time. sgemm ceiling: tide's f32 matmul at 2048 x 2048 x 2048, best of %d "
+      .. "in this run: %.1f GFLOP/s.", record.flop_formula, H * flops_per_token(CHUNK, DK, DV), H, CHUNK, DK,
+      record.ceiling_reps, record.ceiling_gflops)
   end
   if record.target then
     local t = record.target
@@ -173,6 +227,12 @@ local function markdown(record)
       .. "12C² + 8C·dk + 6dk² ≈ 36K against 7·dk·dv ≈ 29K at C = 16, dk = dv = 64; kda.md §3, §4), and on a CPU "
       .. "the recurrent state (16 KB per head) stays in L1, so the recurrence is not memory-bound as it is on a "
       .. "GPU: the chunk form wins only by running its work as dense register-tiled products." end
+  end
+  if record.target_ceiling then
+    local t = record.target_ceiling
+    L[#L + 1] = ""
+    L[#L + 1] = string.format("Target (issue 20): chunk forward + backward >= %d%% of the sgemm ceiling at T >= %d; measured "
+      .. "%.1f%% to %.1f%%: %s.", t.pct, t.from_T, t.min_measured, t.max_measured, t.met and "met" or "not met")
   end
   if record.chunk_us_per_token_ratio then
     L[#L + 1] = ""
@@ -199,6 +259,11 @@ local function run(cfg)
   }
   tide.device(cfg.device, "kda bench --device")
   cfg.sizes = results.numbers(cfg.sizes)
+  if cfg.device == "cpu" then
+    record.ceiling_gflops, record.ceiling_reps, record.flop_formula = sgemm_ceiling(cfg.ceiling_reps), cfg.ceiling_reps,
+      FLOP_FORMULA
+    io.stderr:write(string.format("kda: sgemm ceiling %.1f GFLOP/s\n", record.ceiling_gflops))
+  end
   io.stderr:write("kda: kernel forward + backward, chunk vs recurrent\n")
   kernel_table(cfg, record)
   if cfg.model_tokens > 0 then
@@ -215,6 +280,7 @@ end
 return {
   sizes = "1024,4096,16384,65536", -- sequence lengths of the kernel table
   reps = 2,                        -- forward + backward passes per size and path; the best counts
+  ceiling_reps = 5,                -- timed 2048³ matmuls for the sgemm ceiling (CPU); the best counts
   model_tokens = 1048576,          -- the KDA-only model's sequence; 0 skips it
   segment = 65536,                 -- tokens per segment of that sequence
   device = "cpu",                  -- "cuda" runs everything on the GPU
