@@ -30,28 +30,40 @@ int tide_cpu_batch_invariant(void) { return g_batch_invariant; }
    count: a vector lane and a scalar fma round alike, so the tiles (IR rows by a panel of PW columns, the columns in
    vector lanes) and the narrow path (scalar chains, for fewer than IR rows) give the same bits. The fused operation
    is explicit (the FMA intrinsics, or fma() where the target has none), never left to the compiler's contraction. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef double v4d __attribute__((vector_size(32)));
-
-#if defined(__FMA__) && defined(__AVX__)
-#include <immintrin.h>
-static inline v8f vfma_f32(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
-static inline v4d vfma_f64(v4d a, v4d b, v4d c) { return (v4d)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c); }
-static inline v8f vset_f32(float s) { return (v8f)_mm256_set1_ps(s); }
-static inline v4d vset_f64(double s) { return (v4d)_mm256_set1_pd(s); }
+#if defined(__AVX512F__)
+#define TILE_BYTES 64           /* the widest vectors the target has: the tile's lanes (the chains do not change) */
 #else
-static inline v8f vfma_f32(v8f a, v8f b, v8f c)
+#define TILE_BYTES 32
+#endif
+typedef float tvf __attribute__((vector_size(TILE_BYTES)));
+typedef double tvd __attribute__((vector_size(TILE_BYTES)));
+enum { VLF = TILE_BYTES / 4, VLD = TILE_BYTES / 8 };   /* lanes of a tile vector */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline tvf vfma_f32(tvf a, tvf b, tvf c) { return (tvf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
+static inline tvd vfma_f64(tvd a, tvd b, tvd c) { return (tvd)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c); }
+static inline tvf vset_f32(float s) { return (tvf)_mm512_set1_ps(s); }
+static inline tvd vset_f64(double s) { return (tvd)_mm512_set1_pd(s); }
+#elif defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+static inline tvf vfma_f32(tvf a, tvf b, tvf c) { return (tvf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static inline tvd vfma_f64(tvd a, tvd b, tvd c) { return (tvd)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c); }
+static inline tvf vset_f32(float s) { return (tvf)_mm256_set1_ps(s); }
+static inline tvd vset_f64(double s) { return (tvd)_mm256_set1_pd(s); }
+#else
+static inline tvf vfma_f32(tvf a, tvf b, tvf c)
 {
-    for (int l = 0; l < 8; l++) c[l] = fmaf(a[l], b[l], c[l]);
+    for (int l = 0; l < VLF; l++) c[l] = fmaf(a[l], b[l], c[l]);
     return c;
 }
-static inline v4d vfma_f64(v4d a, v4d b, v4d c)
+static inline tvd vfma_f64(tvd a, tvd b, tvd c)
 {
-    for (int l = 0; l < 4; l++) c[l] = fma(a[l], b[l], c[l]);
+    for (int l = 0; l < VLD; l++) c[l] = fma(a[l], b[l], c[l]);
     return c;
 }
-static inline v8f vset_f32(float s) { return (v8f){0} + s; }
-static inline v4d vset_f64(double s) { return (v4d){0} + s; }
+static inline tvf vset_f32(float s) { return (tvf){0} + s; }
+static inline tvd vset_f64(double s) { return (tvd){0} + s; }
 #endif
 
 enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
@@ -84,8 +96,8 @@ enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
         V all[16] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33};        \
         memcpy(out, all, sizeof all);                                                                         \
     }
-DEFINE_TILE(float, v8f, 8, f32)
-DEFINE_TILE(double, v4d, 4, f64)
+DEFINE_TILE(float, tvf, VLF, f32)
+DEFINE_TILE(double, tvd, VLD, f64)
 #undef TILE_ROW
 #undef DEFINE_TILE
 _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 4 vectors");
@@ -220,7 +232,7 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
         pack_put(0, pa);
         return 0;
     }
-    int64_t PW = dtype == TIDE_F32 ? IV * 8 : IV * 4, np = (N + PW - 1) / PW, nb = (M + IR - 1) / IR;
+    int64_t PW = dtype == TIDE_F32 ? IV * VLF : IV * VLD, np = (N + PW - 1) / PW, nb = (M + IR - 1) / IR;
     void *pb = pack_panels(esz, tb, B, ldb, K, N, PW);
     if (!pb) { pack_put(0, pa); return -1; }
     _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
@@ -229,24 +241,31 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
         int m = M - i0 < IR ? (int)(M - i0) : IR, n = N - j0 < PW ? (int)(N - j0) : (int)PW;
         if (dtype == TIDE_F32) {
             const float *rows[IR];
-            float out[IR * IV * 8];
+            float out[IR * IV * VLF];
             for (int i = 0; i < IR; i++) rows[i] = (const float *)a + (i0 + (i < m ? i : m - 1)) * sa;
             tile_f32(rows, (const float *)pb + p * K * PW, K, out);
-            for (int i = 0; i < m; i++)
-                for (int j = 0; j < n; j++) {
-                    float *c = (float *)C + (i0 + i) * ldc + j0 + j, v = (float)alpha * out[i * PW + j];
-                    *c = beta == 0.0 ? v : fmaf((float)beta, *c, v);
-                }
+            float al = (float)alpha, be = (float)beta;
+            for (int i = 0; i < m; i++) {       /* the beta test outside the loops: they vectorise */
+                float *c = (float *)C + (i0 + i) * ldc + j0;
+                const float *o = out + i * PW;
+                if (beta == 0.0)
+                    for (int j = 0; j < n; j++) c[j] = al * o[j];
+                else
+                    for (int j = 0; j < n; j++) c[j] = fmaf(be, c[j], al * o[j]);
+            }
         } else {
             const double *rows[IR];
-            double out[IR * IV * 4];
+            double out[IR * IV * VLD];
             for (int i = 0; i < IR; i++) rows[i] = (const double *)a + (i0 + (i < m ? i : m - 1)) * sa;
             tile_f64(rows, (const double *)pb + p * K * PW, K, out);
-            for (int i = 0; i < m; i++)
-                for (int j = 0; j < n; j++) {
-                    double *c = (double *)C + (i0 + i) * ldc + j0 + j, v = alpha * out[i * PW + j];
-                    *c = beta == 0.0 ? v : fma(beta, *c, v);
-                }
+            for (int i = 0; i < m; i++) {
+                double *c = (double *)C + (i0 + i) * ldc + j0;
+                const double *o = out + i * PW;
+                if (beta == 0.0)
+                    for (int j = 0; j < n; j++) c[j] = alpha * o[j];
+                else
+                    for (int j = 0; j < n; j++) c[j] = fma(beta, c[j], alpha * o[j]);
+            }
         }
     }
     pack_put(0, pa);
