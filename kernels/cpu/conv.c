@@ -198,24 +198,32 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
                 }                                                                                             \
     }                                                                                                         \
     /* gw[c, j] = Σ_p ga[p, c] src_j(p)[c]: each thread owns a range of channels and walks the tokens in order   \
-       (so the sums do not depend on the thread count), the channels of a token row at once */                \
+       (so the sums do not depend on the thread count), the channels of a token row at once. Each thread sums   \
+       into its own block (the threads' ranges of one shared row met inside a cache line, which then moved     \
+       between the cores at every token), copied into acc at the end. */                                       \
     if (gw) {                                                                                                 \
         double *acc = calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc);                                   \
         if (!acc) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }     \
-        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN)")                                                             \
+        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
         {                                                                                                     \
             int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
-            int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;                                             \
-            for (int64_t p = 0; p < n; p++) {                                                                 \
-                const double *gp = ga + p * C;                                                                \
+            int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth, w_ = c1 - c0;                               \
+            double *my = calloc((size_t)(K * w_ > 0 ? K * w_ : 1), sizeof *my);                               \
+            if (!my) bad = 1;                                                                                 \
+            for (int64_t p = 0; my && p < n; p++) {                                                           \
+                const double *gp = ga + p * C + c0;                                                           \
                 for (int64_t j = 0; j < K; j++) {                                                             \
                     const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                          \
                     if (!src) continue;                                                                       \
-                    double *aj = acc + j * C;                                                                 \
-                    for (int64_t c = c0; c < c1; c++) aj[c] += gp[c] * (double)src[c];                        \
+                    double *restrict aj = my + j * w_;                                                        \
+                    const TT *restrict sj = src + c0;                                                         \
+                    for (int64_t c = 0; c < w_; c++) aj[c] += gp[c] * (double)sj[c];                          \
                 }                                                                                             \
             }                                                                                                 \
+            for (int64_t j = 0; my && j < K; j++) memcpy(acc + j * C + c0, my + j * w_, (size_t)w_ * sizeof *my); \
+            free(my);                                                                                         \
         }                                                                                                     \
+        if (bad) { free(acc); free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); } \
         for (int64_t c = 0; c < C; c++)                                                                       \
             for (int64_t j = 0; j < K; j++) gw[c * K + j] = (TT)acc[j * C + c];                               \
         free(acc);                                                                                            \
