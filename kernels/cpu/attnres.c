@@ -31,7 +31,7 @@ static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t
     _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
     for (int64_t tb = 0; tb < rows; tb += AR_RB) {                                                            \
         int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                   \
-        double *sb = scratch + (int64_t)omp_get_thread_num() * (AR_RB * n + d), *o = sb + AR_RB * n;          \
+        double *sb = scratch + (int64_t)omp_get_thread_num() * TIDE_CPU_PAD8(AR_RB * n + d), *o = sb + AR_RB * n; \
         for (int64_t i = 0; i < n; i++) {                                                                     \
             double ss[AR_RB] = {0}, dot[AR_RB] = {0};                                                         \
             if (nb == AR_RB) {                                                                                \
@@ -128,8 +128,8 @@ static void attnres_rowsum_##SFX(double *U, const double *coef, const TT *const 
 {                                                                                                             \
     _Pragma("omp parallel if(rows * d * n > TIDE_OMP_MIN)")                                                          \
     {                                                                                                         \
-        int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
-        int64_t c0 = d * tid / nth, c1 = d * (tid + 1) / nth;                                                 \
+        int64_t c0, c1;                       /* whole cache lines of U per thread */                          \
+        tide_cpu_column_range(d, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \
         for (int64_t c = c0; c < c1; c++) U[c] = 0;                                                           \
         for (int64_t t = 0; t < rows; t++)                                                                    \
             for (int64_t i = 0; i < n; i++) {                                                                 \
@@ -164,14 +164,17 @@ int tide_cpu_attnres(int dtype, void *out, void *stats, const void *const *srcs,
     if (check_args("attnres", dtype, n, rows, d)) return -1;
     if (rows == 0) return 0;
     int nth = omp_get_max_threads();
-    double *a = malloc((size_t)(d + (int64_t)nth * (AR_RB * n + d)) * sizeof *a);
+    /* a [d], then each thread's scratch on its own cache lines (64-byte aligned, whole lines apart) */
+    double *a = tide_cpu_malloc((size_t)(TIDE_CPU_PAD8(d) + (int64_t)nth * TIDE_CPU_PAD8(AR_RB * n + d)) * sizeof *a);
     if (!a) return tide_set_error("attnres: out of memory");
     for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
     if (dtype == TIDE_F32)
-        attnres_fwd_f32(out, stats, (float *)stats + n * rows, (const float *const *)srcs, n, rows, d, a, eps, a + d);
+        attnres_fwd_f32(out, stats, (float *)stats + n * rows, (const float *const *)srcs, n, rows, d, a, eps,
+                        a + TIDE_CPU_PAD8(d));
     else
-        attnres_fwd_f64(out, stats, (double *)stats + n * rows, (const double *const *)srcs, n, rows, d, a, eps, a + d);
-    free(a);
+        attnres_fwd_f64(out, stats, (double *)stats + n * rows, (const double *const *)srcs, n, rows, d, a, eps,
+                        a + TIDE_CPU_PAD8(d));
+    tide_cpu_free(a);
     return 0;
 }
 
@@ -180,11 +183,12 @@ int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu
 {
     if (check_args("attnres backward", dtype, n, rows, d)) return -1;
     int want_u = gw || gnu, nth = omp_get_max_threads();
-    /* a [d], per-thread scratch [2 AR_RB n], U [d], coef [n, rows] */
-    int64_t need = d + (int64_t)nth * 2 * AR_RB * n + (want_u ? d + n * rows : 0);
-    double *a = malloc((size_t)need * sizeof *a);
+    /* a [d], per-thread scratch [2 AR_RB n], U [d], coef [n, rows]: 64-byte aligned, each part on lines of its own
+       (2 AR_RB n doubles is whole lines) */
+    int64_t dp = TIDE_CPU_PAD8(d), need = dp + (int64_t)nth * 2 * AR_RB * n + (want_u ? dp + n * rows : 0);
+    double *a = tide_cpu_malloc((size_t)need * sizeof *a);
     if (!a) return tide_set_error("attnres backward: out of memory");
-    double *scratch = a + d, *U = want_u ? scratch + (int64_t)nth * 2 * AR_RB * n : NULL, *coef = want_u ? U + d : NULL;
+    double *scratch = a + dp, *U = want_u ? scratch + (int64_t)nth * 2 * AR_RB * n : NULL, *coef = want_u ? U + dp : NULL;
     for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
     if (dtype == TIDE_F32) {
         const float *P = stats, *R = P + n * rows;
@@ -205,6 +209,6 @@ int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu
             if (gnu) ((double *)gnu)[c] = gnc;
         }
     }
-    free(a);
+    tide_cpu_free(a);
     return 0;
 }

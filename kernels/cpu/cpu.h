@@ -11,8 +11,21 @@
    comes from tide_scratch_alloc(TIDE_CPU_DEVICE, ·) on the calling thread, outside parallel regions */
 #define TIDE_CPU_DEVICE 0
 
-void * tide_cpu_malloc(size_t nbytes);
+void * tide_cpu_malloc(size_t nbytes);   /* 64-byte aligned */
 void tide_cpu_free(void *p);
+
+/* Threads that sum into one shared array, each over its own range of columns, must not write the same 64-byte
+   line: the line then moves between the cores at every row (a kernel's whole inner loop stalls on it). With the
+   array 64-byte aligned (tide_cpu_malloc) and the offsets of its parts multiples of TIDE_CPU_PAD8 doubles,
+   tide_cpu_column_range splits C columns in whole lines of 8 doubles. Which thread sums a column does not change
+   the sum (each column is one thread's chain over the rows in order). */
+#define TIDE_CPU_PAD8(n) (((n) + 7) / 8 * 8)
+static inline void tide_cpu_column_range(int64_t C, int tid, int nth, int64_t *c0, int64_t *c1)
+{
+    int64_t lines = (C + 7) / 8, l0 = lines * tid / nth, l1 = lines * (tid + 1) / nth;
+    *c0 = l0 * 8 < C ? l0 * 8 : C;
+    *c1 = l1 * 8 < C ? l1 * 8 : C;
+}
 int tide_cpu_memcpy_h2d(void *dst, const void *src, size_t n);
 int tide_cpu_memcpy_d2h(void *dst, const void *src, size_t n);
 int tide_cpu_memcpy_d2d(void *dst, const void *src, size_t n);

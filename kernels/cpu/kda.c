@@ -198,14 +198,16 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
                                 const TT *b, int64_t N, int64_t H, int64_t D, double lb, int form)           \
 {                                                                                                             \
     int64_t HD = H * D;                                                                                       \
-    double *colA = (gA || gb) ? calloc((size_t)(2 * HD), sizeof(double)) : NULL;                              \
+    int64_t HP = TIDE_CPU_PAD8(HD);       /* colA: [0, HD) the A terms, [HP, HP + HD) the b terms */         \
+    double *colA = (gA || gb) ? tide_cpu_malloc((size_t)(2 * HP) * sizeof(double)) : NULL;                     \
     double *ea = malloc((size_t)(HD > 0 ? HD : 1) * sizeof *ea);                                              \
-    if (((gA || gb) && !colA) || !ea) { free(colA); free(ea); return tide_set_error("kda_gate backward: out of memory"); } \
+    if (((gA || gb) && !colA) || !ea) { tide_cpu_free(colA); free(ea); return tide_set_error("kda_gate backward: out of memory"); } \
+    if (colA) memset(colA, 0, (size_t)(2 * HP) * sizeof(double));                                             \
     for (int64_t c = 0; c < HD; c++) ea[c] = exp((double)A_log[c / D]);                                       \
     _Pragma("omp parallel if(N * HD > 65536)")                                                                \
     {                                                                                                         \
-        int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                          \
-        int64_t c0 = HD * tid / nth, c1 = HD * (tid + 1) / nth;                                               \
+        int64_t c0, c1;                       /* whole cache lines of colA per thread */                       \
+        tide_cpu_column_range(HD, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \
         for (int64_t n = 0; n < N; n++)                                                                       \
             for (int64_t c = c0; c < c1; c++) {                                                               \
                 double x = (double)z[n * HD + c] + (double)b[c];                                              \
@@ -219,17 +221,17 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
                     dga = -ea[c] * SOFTPLUS(x);                                                               \
                 }                                                                                             \
                 if (gz) gz[n * HD + c] = (TT)(go * dgx);                                                      \
-                if (colA) { colA[c] += go * dga; colA[HD + c] += go * dgx; }                                  \
+                if (colA) { colA[c] += go * dga; colA[HP + c] += go * dgx; }                                  \
             }                                                                                                 \
     }                                                                                                         \
-    if (gb) for (int64_t c = 0; c < HD; c++) gb[c] = (TT)colA[HD + c];                                        \
+    if (gb) for (int64_t c = 0; c < HD; c++) gb[c] = (TT)colA[HP + c];                                        \
     if (gA)                                                                                                   \
         for (int64_t h = 0; h < H; h++) {                                                                     \
             double s = 0;                                                                                     \
             for (int64_t d = 0; d < D; d++) s += colA[h * D + d];                                             \
             gA[h] = (TT)s;                                                                                    \
         }                                                                                                     \
-    free(colA);                                                                                               \
+    tide_cpu_free(colA);                                                                                      \
     free(ea);                                                                                                 \
     return 0;                                                                                                 \
 }

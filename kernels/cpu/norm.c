@@ -26,13 +26,8 @@
 /* rows are processed in parallel when a call touches more than TIDE_OMP_MIN elements (`if` clauses below):
    under that a parallel region costs more than it saves */
 
-/* column range [*c0, *c1) of thread `tid` out of `nth` */
-static void column_range(int64_t C, int tid, int nth, int64_t *c0, int64_t *c1)
-{
-    int64_t base = C / nth, rem = C % nth;
-    *c0 = tid * base + (tid < rem ? tid : rem);
-    *c1 = *c0 + base + (tid < rem ? 1 : 0);
-}
+/* column range [*c0, *c1) of thread `tid` out of `nth`, in whole cache lines of the (aligned) accumulators */
+#define column_range tide_cpu_column_range
 
 /* ---- RMSNorm ------------------------------------------------------------------------------------ */
 
@@ -112,14 +107,14 @@ int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, c
                               tide_cpu_dtype_str(dtype));
     double *acc = NULL;
     if (dw && C > 0) {
-        acc = malloc((size_t)C * sizeof(double));
+        acc = tide_cpu_malloc((size_t)C * sizeof(double));
         if (!acc)
             return tide_set_error("rmsnorm_backward: out of memory allocating %zu bytes",
                                   (size_t)C * sizeof(double));
     }
     if (dtype == TIDE_F32) rmsnorm_backward_f32(dx, dw, acc, dout, x, w, rstd, N, C);
     else rmsnorm_backward_f64(dx, dw, acc, dout, x, w, rstd, N, C);
-    free(acc);
+    tide_cpu_free(acc);
     return 0;
 }
 
@@ -173,7 +168,7 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
         }                                                                                               \
     }                                                                                                   \
     if (dw || db) {                                                                                     \
-        double *aw = acc, *ab = acc + C;                                                                \
+        double *aw = acc, *ab = acc + TIDE_CPU_PAD8(C);                                                                \
         _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
         {                                                                                               \
             int64_t c0, c1;                                                                             \
@@ -220,13 +215,13 @@ int tide_cpu_layernorm_backward(int dtype, void *dx, void *dw, void *db, const v
                               tide_cpu_dtype_str(dtype));
     double *acc = NULL;
     if ((dw || db) && C > 0) {
-        acc = malloc(2 * (size_t)C * sizeof(double));
+        acc = tide_cpu_malloc(2 * (size_t)TIDE_CPU_PAD8(C) * sizeof(double));
         if (!acc)
             return tide_set_error("layernorm_backward: out of memory allocating %zu bytes",
                                   2 * (size_t)C * sizeof(double));
     }
     if (dtype == TIDE_F32) layernorm_backward_f32(dx, dw, db, acc, dout, x, w, mean, rstd, N, C);
     else layernorm_backward_f64(dx, dw, db, acc, dout, x, w, mean, rstd, N, C);
-    free(acc);
+    tide_cpu_free(acc);
     return 0;
 }
