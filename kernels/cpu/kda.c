@@ -171,6 +171,25 @@ int tide_cpu_kda_unit_lower_inverse(int dtype, void *M, const void *A, int64_t c
 static inline double sigmoid_f64(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
 static inline double softplus_f64(double x) { return x > 30 ? x : log1p(exp(x)); }
 
+/* rows n of the gate backward over this thread's channels [c0, c1); BOUNDED, WZ (write gz) and WC (sum into colA)
+   are constants at each use */
+#define GATE_BWD_ROWS(TT, SIG, SOFTPLUS, BOUNDED, WZ, WC)                                                                   \
+    for (int64_t n = 0; n < N; n++)                                                                           \
+        for (int64_t c = c0; c < c1; c++) {                                                                   \
+            double x = (double)z[n * HD + c] + (double)b[c];                                                  \
+            double dgx, dga, go = (double)gg[n * HD + c];                                                     \
+            if (BOUNDED) {                                                                                    \
+                double u = ea[c] * x, s = SIG(u), ds = lb * s * (1 - s);                                      \
+                dgx = ds * ea[c];                                                                             \
+                dga = ds * u;                                                                                 \
+            } else {                                                                                          \
+                dgx = -ea[c] * SIG(x);                                                                        \
+                dga = -ea[c] * SOFTPLUS(x);                                                                   \
+            }                                                                                                 \
+            if (WZ) gz[n * HD + c] = (TT)(go * dgx);                                                          \
+            if (WC) { colA[c] += go * dga; colA[HP + c] += go * dgx; }                                        \
+        }
+
 #define DEFINE_GATE(TT, SFX2, SIG, SOFTPLUS)                                                                   \
 static int gate_##SFX2(TT *g, const TT *z, const TT *A_log, const TT *b, int64_t N, int64_t H, int64_t D,       \
                        double lb, int form)                                                                   \
@@ -208,21 +227,17 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
     {                                                                                                         \
         int64_t c0, c1;                       /* whole cache lines of colA per thread */                       \
         tide_cpu_column_range(HD, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \
-        for (int64_t n = 0; n < N; n++)                                                                       \
-            for (int64_t c = c0; c < c1; c++) {                                                               \
-                double x = (double)z[n * HD + c] + (double)b[c];                                              \
-                double dgx, dga, go = (double)gg[n * HD + c];                                                 \
-                if (form == TIDE_KDA_GATE_BOUNDED) {                                                          \
-                    double u = ea[c] * x, s = SIG(u), ds = lb * s * (1 - s);                                  \
-                    dgx = ds * ea[c];                                                                         \
-                    dga = ds * u;                                                                             \
-                } else {                                                                                      \
-                    dgx = -ea[c] * SIG(x);                                                                    \
-                    dga = -ea[c] * SOFTPLUS(x);                                                               \
-                }                                                                                             \
-                if (gz) gz[n * HD + c] = (TT)(go * dgx);                                                      \
-                if (colA) { colA[c] += go * dga; colA[HP + c] += go * dgx; }                                  \
-            }                                                                                                 \
+        /* the branches on the form and on which outputs are wanted taken once, outside the channel loops (the  \
+           bounded form's loops then vectorise) */                                                            \
+        if (form == TIDE_KDA_GATE_BOUNDED) {                                                                  \
+            if (gz && colA) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 1, 1, 1)                                                       \
+            else if (gz) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 1, 1, 0)                                                          \
+            else if (colA) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 1, 0, 1)                                                        \
+        } else {                                                                                              \
+            if (gz && colA) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 0, 1, 1)                                                       \
+            else if (gz) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 0, 1, 0)                                                          \
+            else if (colA) GATE_BWD_ROWS(TT, SIG, SOFTPLUS, 0, 0, 1)                                                        \
+        }                                                                                                     \
     }                                                                                                         \
     if (gb) for (int64_t c = 0; c < HD; c++) gb[c] = (TT)colA[HP + c];                                        \
     if (gA)                                                                                                   \
@@ -238,6 +253,7 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
 
 DEFINE_GATE(float, f32, sigmoid_f64x, softplus_f64)
 DEFINE_GATE(double, f64, sigmoid_f64, softplus_f64)
+#undef GATE_BWD_ROWS
 
 int tide_cpu_kda_gate(int dtype, void *g, const void *z, const void *A_log, const void *dt_bias, int64_t N, int64_t H,
                       int64_t D, double lb, int form)
