@@ -46,6 +46,22 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
         for (int64_t o_ = 0; o_ < (int64_t)((d) * sizeof(T)); o_ += 64) __builtin_prefetch(p_ + o_, 0, 3);      \
     } while (0)
 
+/* Σ a[i] b[i] in order, each product rounded before it is added (no fused multiply-add), and acc[i] += a[i] b[i]
+   likewise: the backward's sums for rowsum(K̂ ⊙ X) and the last row of dG have always been these (GCC vectorises
+   such loops as in-order reductions, which do not fuse), and a quickstart run's recall rows past the trained length
+   move with the rounding of the gradients. Not inlined, so that the contraction setting holds. */
+__attribute__((noinline, optimize("fp-contract=off"))) static T F(dot_inorder)(const T *a, const T *b, int64_t n)
+{
+    T s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+__attribute__((noinline, optimize("fp-contract=off"))) static void F(acc_products)(T *restrict acc, const T *restrict a,
+                                                                                   const T *restrict b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) acc[i] += a[i] * b[i];
+}
+
 /* M = (I + A)⁻¹ for a strictly lower-triangular A [c, c] (row stride C), by forward substitution:
    M[r][j] = δ_rj − Σ_{j ≤ m < r} A[r][m] M[m][j]  (kda.md §4; the reference form) */
 static void F(unit_lower_inverse)(T *M, const T *A, int64_t c, int64_t C)
@@ -76,8 +92,8 @@ typedef struct {
     T *Araw, *A, *P, *M, *W, *Ut, *U;
     /* scratch */
     T *KcT, *bK, *bV;
-    T *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dQhT, *dKhT, *dKrT, *dQh, *dKh, *dKr, *dKc, *gQ, *gK, *gG,
-      *lastG;
+    T *dO, *dU, *UT, *dP, *dB, *dA, *bdA, *dV, *dOT, *dVT, *dPT, *bdAT, *dQhT, *dKhT, *dKrT, *dQh, *dKh, *dKr, *dKc,
+      *gQ, *gK, *gG, *lastG;
     T *Ob;                             /* the forward's output rows before they are stored */
     T *buf;
     /* rows to bring into the cache while this chunk computes (KDA_PREFETCH_ROW): the next chunk's inputs during
@@ -109,7 +125,7 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
     int64_t ck = C * dk, cv = C * dv, cc = C * C;
     int64_t total = w->prep_size                     /* one prep area, for the forward */
                   + 2 * ck + cv                      /* KcT bK bV */
-                  + 7 * cv + 3 * cc                  /* dO dU UT dB dV dOT dVT, dP dA bdA */
+                  + 7 * cv + 5 * cc                  /* dO dU UT dB dV dOT dVT, dP dA bdA dPT bdAT */
                   + 10 * ck + dk                     /* dQhT dKhT dKrT dQh dKh dKr dKc gQ gK gG, lastG */
                   + cv;                              /* Ob */
     w->buf = tide_cpu_malloc((size_t)total * sizeof(T));   /* 64-byte aligned: whole-vector rows */
@@ -119,7 +135,8 @@ static int F(ws_init)(F(ws) *w, int64_t C, int64_t dk, int64_t dv)
 #define TAKE(name, n) (w->name = p, p += (n))
     TAKE(KcT, ck); TAKE(bK, ck); TAKE(bV, cv);
     TAKE(dO, cv); TAKE(dU, cv); TAKE(UT, cv); TAKE(dP, cc); TAKE(dB, cv); TAKE(dA, cc); TAKE(bdA, cc);
-    TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dQhT, ck); TAKE(dKhT, ck); TAKE(dKrT, ck);
+    TAKE(dV, cv); TAKE(dOT, cv); TAKE(dVT, cv); TAKE(dPT, cc); TAKE(bdAT, cc); TAKE(dQhT, ck); TAKE(dKhT, ck);
+    TAKE(dKrT, ck);
     TAKE(dQh, ck); TAKE(dKh, ck); TAKE(dKr, ck); TAKE(dKc, ck);
     TAKE(gQ, ck); TAKE(gK, ck); TAKE(gG, ck); TAKE(lastG, dk); TAKE(Ob, cv);
     w->pf_c = w->pg_c = 0;
@@ -260,7 +277,13 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     F(transpose)(w->UT, w->U, c, dv, dv);
     F(mm)(w->dKrT, C, dS, dv, 1, w->UT, c, dk, c, dv, 1, 0);       /* dK_rᵀ = dS_c Uᵀ  [dk, c] */
     const T *Gam_c = w->Gam + (c - 1) * dk;
-    for (int64_t i = 0; i < dk; i++) w->lastG[i] = Gam_c[i] * F(dot)(dS + i * dv, S0 + i * dv, dv);
+    /* (the reductions of this function keep their summation orders: see dot_inorder) */
+    for (int64_t i = 0; i < dk; i++) {
+        T s = 0;
+        _Pragma("omp simd reduction(+ : s)")
+        for (int64_t j = 0; j < dv; j++) s += dS[i * dv + j] * S0[i * dv + j];
+        w->lastG[i] = Gam_c[i] * s;
+    }
     /* dP = Tril(dO Uᵀ);  dB = Mᵀ dU;  dA = −StrictTril(dB Uᵀ);  dV = diag(β) dB */
     F(mm)(w->dP, C, w->dO, dv, 1, w->UT, c, c, c, dv, 1, 0);
     F(mm)(w->dB, dv, w->M, 1, C, w->dU, dv, c, dv, c, 1, 0);
@@ -271,36 +294,45 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
             if (j >= r) w->dA[r * C + j] = 0;
             w->bdA[r * C + j] = w->beta[r] * w->dA[r * C + j];
         }
-    /* X = dB S₀ᵀ, formed transposed ([dk, c]) so that the dk x dv state is never transposed, then turned back
-       into rows (dK̂ rows, as the products that share S₀ are; the rest of the backward works on rows). It gives
-       both dK̂ = −diag(β) X (+ the intra part) and, with R = V − K̂ S₀, rowsum(dB ⊙ R) = rowsum(dB ⊙ V) −
-       rowsum(K̂ ⊙ X) without forming R (one c x dk x dv product fewer) */
+    /* X = dB S₀ᵀ, formed transposed ([dk, c]) so that the dk x dv state is never transposed; it gives both
+       dK̂ = −diag(β) X (+ the intra part) and, with R = V − K̂ S₀, rowsum(dB ⊙ R) = rowsum(dB ⊙ V) − rowsum(K̂ ⊙ X)
+       without forming R (one c x dk x dv product fewer). dQ̂ and dK̂ stay transposed through their products (the
+       same products, so the same bits, whatever c and dk), then turn into rows for the rest of the backward. */
     F(transpose)(w->dVT, w->dB, c, dv, dv);
     F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, 1, 0);
-    F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);
+    F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);     /* X in rows, for rowsum(K̂ ⊙ X) */
     for (int64_t r = 0; r < c; r++) {
-        T b = w->beta[r];
-        T *dKh = w->dKh + r * dk;
-        _Pragma("omp simd")
-        for (int64_t j = 0; j < dv; j++) w->dV[r * dv + j] = b * w->dB[r * dv + j];
-        T s = F(dot)(w->dB + r * dv, w->V + r * dv, dv) - F(dot)(w->Kh + r * dk, dKh, dk);
+        T b = w->beta[r], s = 0, x = 0;
+        _Pragma("omp simd reduction(+ : s)")
+        for (int64_t j = 0; j < dv; j++) {
+            w->dV[r * dv + j] = b * w->dB[r * dv + j];
+            s += w->dB[r * dv + j] * w->V[r * dv + j];
+        }
+        x = F(dot_inorder)(w->Kh + r * dk, w->dKh + r * dk, dk);
+        s -= x;
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
         if (gv) F(copy_out)(gv + ((tok + r) * H + h) * dv, w->dV + r * dv, dv);
         if (r < w->pg_c && gout) KDA_PREFETCH_ROW(gout, w->pg_tok + r, H, h, dv);
+    }
+    for (int64_t i = 0; i < dk; i++) {
+        T *row = w->dKhT + i * C;
         _Pragma("omp simd")
-        for (int64_t i = 0; i < dk; i++) dKh[i] *= -b;
+        for (int64_t r = 0; r < c; r++) row[r] *= -w->beta[r];
     }
     /* dQ̂ = dO S₀ᵀ (+ dP Ǩ);  dK̂ = −dV S₀ᵀ (+ diag(β) dA Ǩ);  dǨ = dPᵀ Q̂ + (diag(β) dA)ᵀ K̂ */
     F(transpose)(w->dOT, w->dO, c, dv, dv);
     F(mm)(w->dQhT, C, S0, dv, 1, w->dOT, c, dk, c, dv, 1, 0);
-    F(transpose_ld)(w->dQh, dk, w->dQhT, dk, c, C);
     if (!safe) {
-        F(mm)(w->dQh, dk, w->dP, C, 1, w->Kc, dk, c, dk, c, 1, 1);
-        F(mm)(w->dKh, dk, w->bdA, C, 1, w->Kc, dk, c, dk, c, 1, 1);
+        F(transpose)(w->dPT, w->dP, c, c, C);
+        F(transpose)(w->bdAT, w->bdA, c, c, C);
+        F(mm)(w->dQhT, C, w->Kc, 1, dk, w->dPT, c, dk, c, c, 1, 1);
+        F(mm)(w->dKhT, C, w->Kc, 1, dk, w->bdAT, c, dk, c, c, 1, 1);
         F(mm)(w->dKc, dk, w->dP, 1, C, w->Qh, dk, c, dk, c, 1, 0);
         F(mm)(w->dKc, dk, w->bdA, 1, C, w->Kh, dk, c, dk, c, 1, 1);
     }
+    F(transpose_ld)(w->dQh, dk, w->dQhT, dk, c, C);
+    F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);
     /* dS₀ = diag(Γ_c) dS_c + Q̂ᵀ dO − K̂ᵀ dV  (in place) */
     for (int64_t i = 0; i < dk; i++) {
         T a = Gam_c[i];
@@ -351,11 +383,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     /* the last row of dG: + Σ_r dK_r ⊙ K_r over the chunk's rows (in row order) + Γ_c ⊙ rowsum(dS_c ⊙ S₀) */
     T *dGc = w->gG + (c - 1) * dk, *acc = w->dQhT;     /* dQhT is free by now: dk elements of scratch */
     for (int64_t i = 0; i < dk; i++) acc[i] = 0;
-    for (int64_t r = 0; r < c; r++) {
-        const T *dKr = w->dKr + r * dk, *Kr = w->Kr + r * dk;
-        _Pragma("omp simd")
-        for (int64_t i = 0; i < dk; i++) acc[i] += dKr[i] * Kr[i];
-    }
+    for (int64_t r = 0; r < c; r++) F(acc_products)(acc, w->dKr + r * dk, w->Kr + r * dk, dk);
     _Pragma("omp simd")
     for (int64_t i = 0; i < dk; i++) dGc[i] += acc[i] + w->lastG[i];
     /* dg_i = Σ_{r >= i} dG_r (reverse cumsum inside the chunk) */
