@@ -47,11 +47,28 @@ static void F(scores)(T *S, const T *Qt, const T *KT, int64_t bq, int64_t bk, in
                       const int64_t *lo, const int64_t *hi, int64_t j0)
 {
     F(mm)(S, MLA_BK, Qt, dqk, 1, KT, bk, bq, bk, dqk, (T)scale, 0);
-    for (int64_t r = 0; r < bq; r++)
-        for (int64_t jj = 0; jj < bk; jj++) {
-            int64_t j = j0 + jj;
-            S[r * MLA_BK + jj] = (j < lo[r] || j > hi[r]) ? (T)-INFINITY : S[r * MLA_BK + jj];
-        }
+    for (int64_t r = 0; r < bq; r++) {          /* the visible columns [a, e) of the row; the rest −inf */
+        int64_t a = lo[r] - j0, e = hi[r] - j0 + 1;
+        a = a < 0 ? 0 : a > bk ? bk : a;
+        e = e < a ? a : e > bk ? bk : e;
+        T *sr = S + r * MLA_BK;
+        for (int64_t jj = 0; jj < a; jj++) sr[jj] = (T)-INFINITY;
+        for (int64_t jj = e; jj < bk; jj++) sr[jj] = (T)-INFINITY;
+    }
+}
+
+/* max(m, x[0 .. n)) as the sequential "x > m ? x : m" finds it (a NaN is never taken), in TMM_VL lanes then
+   across them: the same value (max is associative for the values that compare), without a chain of n selects */
+static inline T F(row_max)(const T *x, int64_t n, T m)
+{
+    T lane[TMM_VL];
+    for (int l = 0; l < TMM_VL; l++) lane[l] = m;
+    int64_t j = 0;
+    for (; j + TMM_VL <= n; j += TMM_VL)
+        for (int l = 0; l < TMM_VL; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+    for (int l = 0; l < TMM_VL; l++) m = lane[l] > m ? lane[l] : m;
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
 }
 
 /* forward of one (row, head, query tile) */
@@ -80,8 +97,7 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
         for (int64_t jj = 0; jj < bk; jj++) F(copy)(Vt + jj * dv, v + ((b * Tk + j0 + jj) * H + h) * dv, dv);
         F(scores)(S, Qt, KT, bq, bk, dqk, scale, lo, hi, j0);
         for (int64_t r = 0; r < bq; r++) {
-            T *sr = S + r * MLA_BK, mx = m[r];
-            for (int64_t jj = 0; jj < bk; jj++) mx = sr[jj] > mx ? sr[jj] : mx;
+            T *sr = S + r * MLA_BK, mx = F(row_max)(sr, bk, m[r]);
             if (mx == (T)-INFINITY) {                    /* nothing visible in this tile yet */
                 for (int64_t jj = 0; jj < bk; jj++) sr[jj] = 0;
                 continue;
