@@ -239,34 +239,25 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     for (int64_t t = 0; t < np * nb; t++) {
         int64_t p = t / nb, i0 = (t % nb) * IR, j0 = p * PW;
         int m = M - i0 < IR ? (int)(M - i0) : IR, n = N - j0 < PW ? (int)(N - j0) : (int)PW;
-        if (dtype == TIDE_F32) {
-            const float *rows[IR];
-            float out[IR * IV * VLF];
-            for (int i = 0; i < IR; i++) rows[i] = (const float *)a + (i0 + (i < m ? i : m - 1)) * sa;
-            tile_f32(rows, (const float *)pb + p * K * PW, K, out);
-            float al = (float)alpha, be = (float)beta;
-            for (int i = 0; i < m; i++) {       /* the beta test outside the loops: they vectorise */
-                float *c = (float *)C + (i0 + i) * ldc + j0;
-                const float *o = out + i * PW;
-                if (beta == 0.0)
-                    for (int j = 0; j < n; j++) c[j] = al * o[j];
-                else
-                    for (int j = 0; j < n; j++) c[j] = fmaf(be, c[j], al * o[j]);
-            }
-        } else {
-            const double *rows[IR];
-            double out[IR * IV * VLD];
-            for (int i = 0; i < IR; i++) rows[i] = (const double *)a + (i0 + (i < m ? i : m - 1)) * sa;
-            tile_f64(rows, (const double *)pb + p * K * PW, K, out);
-            for (int i = 0; i < m; i++) {
-                double *c = (double *)C + (i0 + i) * ldc + j0;
-                const double *o = out + i * PW;
-                if (beta == 0.0)
-                    for (int j = 0; j < n; j++) c[j] = alpha * o[j];
-                else
-                    for (int j = 0; j < n; j++) c[j] = fma(beta, c[j], alpha * o[j]);
-            }
+        /* one tile, then its rows into C: alpha · out (+ beta · C), the beta test outside the loops so they vectorise */
+#define TILE_AND_STORE(T, VL, SUF, FMA)                                                                       \
+        {                                                                                                     \
+            const T *rows[IR];                                                                                \
+            T out[IR * IV * VL], al = (T)alpha, be = (T)beta;                                                 \
+            for (int i = 0; i < IR; i++) rows[i] = (const T *)a + (i0 + (i < m ? i : m - 1)) * sa;            \
+            tile_##SUF(rows, (const T *)pb + p * K * PW, K, out);                                             \
+            for (int i = 0; i < m; i++) {                                                                     \
+                T *c = (T *)C + (i0 + i) * ldc + j0;                                                          \
+                const T *o = out + i * PW;                                                                    \
+                if (beta == 0.0)                                                                              \
+                    for (int j = 0; j < n; j++) c[j] = al * o[j];                                             \
+                else                                                                                          \
+                    for (int j = 0; j < n; j++) c[j] = FMA(be, c[j], al * o[j]);                              \
+            }                                                                                                 \
         }
+        if (dtype == TIDE_F32) TILE_AND_STORE(float, VLF, f32, fmaf)
+        else TILE_AND_STORE(double, VLD, f64, fma)
+#undef TILE_AND_STORE
     }
     pack_put(0, pa);
     pack_put(1, pb);
