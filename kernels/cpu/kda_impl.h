@@ -729,3 +729,4 @@ static int F(kda_backward)(T *gq, T *gk, T *gv, T *gg, T *gbeta, T *gs0, const T
 #undef KDA_PREFETCH_ROW
 #undef TMM_VL
 #undef TMM_NV
+#undef TMM_STAGES

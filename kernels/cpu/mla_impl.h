@@ -271,3 +271,4 @@ static int F(backward)(T *gq, T *gkn, T *gkr, T *gv, const T *gout, const T *q, 
 #undef KCAT_
 #undef TMM_VL
 #undef TMM_NV
+#undef TMM_STAGES

@@ -1,7 +1,7 @@
 /*
  * tile_mm.h — small dense products for the fused CPU kernels (KDA chunks, MLA attention tiles), for one
  * float type: included inside a kernel body that has defined T (float or double) and F(name) (a name with
- * the type's suffix). The including file undefines TMM_VL and TMM_NV at its end.
+ * the type's suffix). The including file undefines TMM_VL, TMM_NV and TMM_STAGES at its end.
  */
 /* ---- a small dense product ------------------------------------------------------------------------ */
 /* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
@@ -25,45 +25,21 @@ static inline void F(copy)(T *restrict dst, const T *restrict src, int64_t n)
 typedef __typeof__(_Generic((T)0, float: (int32_t)0, double: (int64_t)0)) F(ielem);
 typedef F(ielem) F(ivec) __attribute__((vector_size(64)));
 
-/* shuffle masks as constants (built lane by lane at run time they cost more than the shuffles). For stage t,
-   s = VL >> (t + 1): [t][0] and [t][1] swap the off-diagonal s x s blocks of a pair of rows (tblock), [t][2]
-   rotates the lanes by s (dot's tree). Rows hold 16 lanes; a type with 8 lanes reads the first 8. */
+/* tblock's shuffle masks as constants (built lane by lane at run time they cost more than the shuffles). For stage
+   t, s = VL >> (t + 1): [t][0] and [t][1] swap the off-diagonal s x s blocks of a pair of rows. Rows hold 16 lanes;
+   a type with 8 lanes reads the first 8. */
 #define TMM_LO(s, j) ((j) & (s) ? TMM_VL + (j) - (s) : (j))
 #define TMM_HI(s, j) ((j) & (s) ? TMM_VL + (j) : (j) + (s))
-#define TMM_ROT(s, j) (((j) + (s)) % TMM_VL)
 #define TMM_16(f, s) f(s, 0), f(s, 1), f(s, 2), f(s, 3), f(s, 4), f(s, 5), f(s, 6), f(s, 7), f(s, 8), f(s, 9), \
                      f(s, 10), f(s, 11), f(s, 12), f(s, 13), f(s, 14), f(s, 15)
-#define TMM_STAGE(s) { {TMM_16(TMM_LO, s)}, {TMM_16(TMM_HI, s)}, {TMM_16(TMM_ROT, s)} }
-static const F(ielem) F(tmask)[4][3][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TMM_VL / 4), TMM_STAGE(TMM_VL / 8),
+#define TMM_STAGE(s) { {TMM_16(TMM_LO, s)}, {TMM_16(TMM_HI, s)} }
+static const F(ielem) F(tmask)[4][2][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TMM_VL / 4), TMM_STAGE(TMM_VL / 8),
                                              TMM_STAGE(TMM_VL / 16 ? TMM_VL / 16 : 1) };
 #undef TMM_STAGE
 #undef TMM_16
-#undef TMM_ROT
 #undef TMM_HI
 #undef TMM_LO
 #define TMM_STAGES (TMM_VL == 16 ? 4 : TMM_VL == 8 ? 3 : TMM_VL == 4 ? 2 : 1)
-
-/* Σ a[i] b[i]: whole vectors into one vector accumulator, its lanes added pairwise (a tree of rotations, not a
-   chain of VL dependent adds), then the tail in order. A fixed order for a given build. */
-static inline T F(dot)(const T *a, const T *b, int64_t n)
-{
-    F(vec) acc = {0};
-    int64_t i = 0;
-    for (; i + TMM_VL <= n; i += TMM_VL) {
-        F(vec) x, y;
-        F(vload)(&x, a + i);
-        F(vload)(&y, b + i);
-        acc += x * y;
-    }
-    for (int t = 0; t < TMM_STAGES; t++) {
-        F(ivec) m;
-        memcpy(&m, F(tmask)[t][2], sizeof m);
-        acc += __builtin_shuffle(acc, m);
-    }
-    T s = acc[0];
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 
 #define TMM_TILE(MR)                                                                                      \
     {                                                                                                     \
