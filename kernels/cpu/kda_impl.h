@@ -50,15 +50,25 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
    likewise: the backward's sums for rowsum(K̂ ⊙ X) and the last row of dG have always been these (GCC vectorises
    such loops as in-order reductions, which do not fuse), and a quickstart run's recall rows past the trained length
    move with the rounding of the gradients. Not inlined, so that the contraction setting holds. */
-__attribute__((noinline, optimize("fp-contract=off"))) static T F(dot_inorder)(const T *a, const T *b, int64_t n)
+#ifndef KDA_NO_CONTRACT
+#if defined(__clang__)
+#define KDA_NO_CONTRACT __attribute__((noinline))
+#define KDA_NO_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#else
+#define KDA_NO_CONTRACT __attribute__((noinline, optimize("fp-contract=off")))
+#define KDA_NO_CONTRACT_BODY
+#endif
+#endif
+KDA_NO_CONTRACT static T F(dot_inorder)(const T *a, const T *b, int64_t n)
 {
+    KDA_NO_CONTRACT_BODY
     T s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
-__attribute__((noinline, optimize("fp-contract=off"))) static void F(acc_products)(T *restrict acc, const T *restrict a,
-                                                                                   const T *restrict b, int64_t n)
+KDA_NO_CONTRACT static void F(acc_products)(T *restrict acc, const T *restrict a, const T *restrict b, int64_t n)
 {
+    KDA_NO_CONTRACT_BODY
     for (int64_t i = 0; i < n; i++) acc[i] += a[i] * b[i];
 }
 

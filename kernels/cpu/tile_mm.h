@@ -89,6 +89,11 @@ static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, cons
    floats: 64 shuffles against 256 scalar moves). */
 static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
 {
+#if defined(__clang__)
+    /* clang has no two-source shuffle with a mask from memory (__builtin_shufflevector takes constants): moves */
+    for (int i = 0; i < TMM_VL; i++)
+        for (int j = 0; j < TMM_VL; j++) out[j * ldo + i] = in[i * ldi + j];
+#else
     F(vec) a[TMM_VL];
     for (int i = 0; i < TMM_VL; i++) F(vload)(&a[i], in + i * ldi);
     for (int t = 0; t < TMM_STAGES; t++) {
@@ -104,6 +109,7 @@ static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
             }
     }
     for (int i = 0; i < TMM_VL; i++) F(vstore)(out + i * ldo, &a[i]);
+#endif
 }
 
 /* out [n, m] (row stride ldo) = in [m, n]ᵀ (in has row stride ld): whole VL x VL blocks by shuffles, the edges
