@@ -147,9 +147,22 @@ static void cross_entropy_f64(double *loss, double *valid, double *lse, const do
     }
 }
 
-/* dlogits = g (softmax − onehot) from the stored lse; f32 in float on exp_f32, f64 on libm */
-static inline float ce_exp_f32(float x) { return exp_f32(x); }
-static inline double ce_exp_f64(double x) { return exp(x); }
+/* the exponential of the backward passes (and of token_logprobs): f32 in float on exp_f32, f64 on libm */
+static inline float exp_t_f32(float x) { return exp_f32(x); }
+static inline double exp_t_f64(double x) { return exp(x); }
+
+/* the start of a backward's row n: its logits xr, its gradient row dr and its target t; a row whose target is
+   `ignore` gets a zero gradient and the loop goes on to the next row */
+#define GRAD_ROW_START(T)                                                                               \
+    const T *xr = logits + n * V;                                                                       \
+    T *dr = dlogits + n * V;                                                                            \
+    int64_t t = target_at(targets, tdtype, n);                                                          \
+    if (t == ignore) {                                                                                  \
+        for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                      \
+        continue;                                                                                       \
+    }
+
+/* dlogits = g (softmax − onehot) from the stored lse */
 
 #define CE_BACKWARD(T, SFX)                                                                             \
 static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *logits, const T *lse,    \
@@ -158,16 +171,10 @@ static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *lo
 {                                                                                                       \
     _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                                \
     for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = logits + n * V;                                                                   \
-        T *dr = dlogits + n * V;                                                                        \
-        int64_t t = target_at(targets, tdtype, n);                                                      \
-        if (t == ignore) {                                                                              \
-            for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                  \
-            continue;                                                                                   \
-        }                                                                                               \
+        GRAD_ROW_START(T)                                                                               \
         T g = (T)((double)dloss[n] * (weights ? (double)weights[n] : 1.0)), l = lse[n];                 \
-        for (int64_t v = 0; v < V; v++) dr[v] = g * ce_exp_##SFX(xr[v] - l);                           \
-        dr[t] = g * (ce_exp_##SFX(xr[t] - l) - (T)1);                                                   \
+        for (int64_t v = 0; v < V; v++) dr[v] = g * exp_t_##SFX(xr[v] - l);                           \
+        dr[t] = g * (exp_t_##SFX(xr[t] - l) - (T)1);                                                   \
     }                                                                                                   \
 }
 CE_BACKWARD(float, f32)
@@ -207,8 +214,6 @@ int tide_cpu_cross_entropy_backward(int dtype, void *dlogits, const void *dloss,
 }
 
 /* ---- token_logprobs ------------------------------------------------------------------------------------------ */
-static inline float exp_t_f32(float x) { return exp_f32(x); }
-static inline double exp_t_f64(double x) { return exp(x); }
 
 #define DEFINE_TOKEN_LOGPROBS(T, SFX)                                                                   \
 static void token_logprobs_##SFX(T *logp, T *ent, T *lse, const T *logits, const void *targets,        \
@@ -247,13 +252,7 @@ static void token_logprobs_backward_##SFX(T *dlogits, const T *dlogp, const T *d
 {                                                                                                       \
     _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                               \
     for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = logits + n * V;                                                                   \
-        T *dr = dlogits + n * V;                                                                        \
-        int64_t t = target_at(targets, tdtype, n);                                                      \
-        if (t == ignore) {                                                                              \
-            for (int64_t v = 0; v < V; v++) dr[v] = 0;                                                  \
-            continue;                                                                                   \
-        }                                                                                               \
+        GRAD_ROW_START(T)                                                                               \
         T a = dlogp ? dlogp[n] : (T)0, b = dent ? dent[n] : (T)0, l = lse[n], H = ent[n];               \
         _Pragma("omp simd")                                                                            \
         for (int64_t v = 0; v < V; v++) {                                                               \
@@ -266,6 +265,7 @@ static void token_logprobs_backward_##SFX(T *dlogits, const T *dlogp, const T *d
 
 DEFINE_TOKEN_LOGPROBS(float, f32)
 DEFINE_TOKEN_LOGPROBS(double, f64)
+#undef GRAD_ROW_START
 
 int tide_cpu_token_logprobs(int dtype, void *logp, void *entropy, void *lse, const void *logits, const void *targets,
                             int tdtype, int64_t N, int64_t V, int64_t ignore)
