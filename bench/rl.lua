@@ -139,14 +139,15 @@ local function pause_round(m, tok, cfg, seed, pause_at)
   for _, mode in ipairs({ "replay", "prefill", "state" }) do
     local _, st2, _, w = run_rollout(m, tok, cfg, G, seed, { prompts = {}, resume = entries, resume_mode = mode,
       budget = 1, max_new = max_new })
-    raw[mode] = { wall = w, forwards = st2.forwards, t_forward = st2.t_forward, resumed = st2.resumed }
+    raw[mode] = { wall = w, forwards = st2.forwards, t_forward = st2.t_forward, resumed = st2.resumed,
+      prompts = st2.t_resume_prompts }
   end
   -- the state path's forwards are the one decode per row alone
   local d = raw.state.t_forward / math.max(raw.state.forwards, 1)
   for mode, x in pairs(raw) do
     local cost = math.max(x.wall - R * d, 0)
     r.modes[mode] = { wall_s = x.wall, resume_s = cost, ratio = cost / prefix_s, forwards = x.forwards,
-      resumed = x.resumed }
+      resumed = x.resumed, prompts_s = x.prompts }
   end
   r.decode_s_per_row = d
   return r
@@ -466,24 +467,24 @@ local function markdown(rec)
     .. "rata of their tokens). Both include the prompts' prefills (%s tokens, once per group). Median of the rounds.",
     rec.prompts, table.concat(rec.prompt_tokens, " / "))
   L[#L + 1] = ""
-  L[#L + 1] = "| pause_at | max_new | round | rows paused | prefix tokens | prefix s | prefill s (ratio) | replay s (ratio) | state s (ratio) |"
-  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---|---|---|"
+  L[#L + 1] = "| pause_at | max_new | round | rows paused | prefix tokens | prefix s | prefill s (ratio) | of it the prompts s | replay s (ratio) | state s (ratio) |"
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---|---:|---|---|"
   for _, p in ipairs(rec.pause_resume.levels) do
     for i, r in ipairs(p.rounds) do
-      L[#L + 1] = fmt("| %d | %d | %d | %d | %d | %.3f | %.3f (%.3f) | %.3f (%.3f) | %.4f (%.4f) |", p.pause_at, p.max_new,
-        i, r.rows, r.prefix_tokens, r.prefix_s, r.modes.prefill.resume_s, r.modes.prefill.ratio, r.modes.replay.resume_s,
-        r.modes.replay.ratio, r.modes.state.resume_s, r.modes.state.ratio)
+      L[#L + 1] = fmt("| %d | %d | %d | %d | %d | %.3f | %.3f (%.3f) | %.3f | %.3f (%.3f) | %.4f (%.4f) |", p.pause_at,
+        p.max_new, i, r.rows, r.prefix_tokens, r.prefix_s, r.modes.prefill.resume_s, r.modes.prefill.ratio,
+        r.modes.prefill.prompts_s or 0, r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.state.resume_s,
+        r.modes.state.ratio)
     end
   end
   L[#L + 1] = ""
   L[#L + 1] = "\"prefill\" (the default) and \"replay\" run each paused group's prompt once and copy its caches to the "
-    .. "group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill in one exact "
-    .. "forward per row (or per cohort of rows with the prompt and suffix length in common), replay as the rows' "
-    .. "forward schedules again (single tokens batched across the resumed rows); both are bit-identical to an "
-    .. "uninterrupted run. \"state\" restores the saved caches (in memory). Both re-prefill paths pay the prompts' "
-    .. "re-prefill under the new weights; the prefill path also pays one exact forward per row whose suffix length no "
-    .. "other row shares (a row's own cohort), at about a quarter of a sampled token's cost per token here, so a longer "
-    .. "prefix does not make it cheaper relative to re-sampling."
+    .. "group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill as exact "
+    .. "forwards of the group's rows together in stages ([rows, L], L the shortest remainder; the rows that are done "
+    .. "leave the batch), replay as the rows' forward schedules again (single tokens batched across the resumed rows); "
+    .. "both are bit-identical to an uninterrupted run. \"state\" restores the saved caches (in memory). Both "
+    .. "re-prefill paths pay the prompts' re-prefill under the new weights (\"of it the prompts\": the prefill path's "
+    .. "share of them), which the sampling paid once too: a floor on their ratio that only a longer prefix lowers."
   L[#L + 1] = ""
   local v = {}
   for _, r in ipairs(rec.rollouts) do

@@ -371,4 +371,76 @@ T.test("resume by one re-prefill (rows of a prompt and suffix length batched): f
   end
 end)
 
+-- the model with tool calls at random places: after a byte id divisible by 5, <|tool_call_end|> (the calc tool
+-- then runs on the text since the call's start, and its result is fed), so sampled rows grow at different rates.
+-- Only the logits change; forwards of more than one token are logged as {rows, tokens}
+local function calling(m)
+  local call_end = tok:id("<|tool_call_end|>")
+  local w = { training = false, schedule_invariant = m.schedule_invariant, log = {} }
+  function w:eval() m:eval() end
+  function w:train(on) m:train(on) end
+  function w:new_cache() return m:new_cache() end
+  function w:forward(ids, cache, opts)
+    local logits = m:forward(ids, cache, opts)
+    local flat, B, T_ = ids:reshape(-1):tolist(), ids:size(1), ids:size(2)
+    if T_ > 1 then w.log[#w.log + 1] = { B, T_ } end
+    local bias, any = {}, false
+    for r = 1, B do
+      local row = {}
+      for v = 1, V do row[v] = 0 end
+      local last = flat[r * T_]
+      if last < 256 and last % 5 == 0 then row[call_end + 1], any = 1e4, true end
+      bias[r] = { row }
+    end
+    if not any then return logits end
+    local b = tide.zeros({ B, T_, V })
+    b:narrow(2, T_, 1):copy_(tide.tensor(bias))
+    return logits + b
+  end
+  return w
+end
+
+T.test("re-prefill in stages: the rows of a prompt with different suffix lengths share [rows, L] forwards, == uninterrupted bitwise", function()
+  local w = calling(model())
+  local base = { env = "countdown", env_cfg = { tools = "calc" }, prompts = { { seed = 3 } }, G = 6, max_new = 40,
+    max_turns = 20, seed = 11, temperature = 1 }
+  local full = rollout.run(w, tok, base)
+  local o = {}
+  for k, v in pairs(base) do o[k] = v end
+  o.budget = 6 * 12
+  local first, _, paused = rollout.run(w, tok, o)
+  local lens, rows = {}, 0
+  for _, e in ipairs(paused) do
+    if not e.fresh then
+      rows = rows + 1
+      lens[#e.traj.tokens - e.schedule[1]] = true
+    end
+  end
+  local distinct = 0
+  for _ in pairs(lens) do distinct = distinct + 1 end
+  T.ok(rows >= 3 and distinct >= 3, string.format("%d rows paused with %d distinct suffix lengths", rows, distinct))
+  -- the resume's multi-token forwards: the prompt once, then one stage per distinct length, the first over all rows
+  w.log = {}
+  local o2 = {}
+  for k, v in pairs(base) do o2[k] = v end
+  o2.prompts, o2.resume, o2.resume_mode = {}, paused, "prefill"
+  local rest = rollout.run(w, tok, o2)
+  local shapes = {}
+  for i = 1, 1 + distinct do shapes[i] = w.log[i] end
+  T.eq(shapes[1][1], 1, "the prompt, once")
+  T.eq(shapes[2][1], rows, "the first stage runs every paused row of the prompt")
+  for i = 3, 1 + distinct do T.ok(shapes[i][1] < shapes[i - 1][1], "each later stage runs fewer rows") end
+  local by_uid = {}
+  for _, t in ipairs(full) do by_uid[t.uid] = t end
+  T.eq(#first + #rest, #full, "every sample ends once")
+  local calls = 0
+  for _, t in ipairs(rest) do
+    local f = by_uid[t.uid]
+    T.eq(t.tokens, f.tokens, "uid " .. t.uid .. " tokens")
+    T.eq(t.logp_old, f.logp_old, "uid " .. t.uid .. " log-probs")
+    for i = 1, t:len() do if t.roles[i] == rl.traj.ROLE.tool_result then calls = calls + 1 end end
+  end
+  T.ok(calls > 0, "tool results in the resumed rows")
+end)
+
 T.run()

@@ -200,7 +200,7 @@ function rollout.run(model, tok, o)
   local u = ffi.new("double[1]")
   local st = { samples = 0, tokens = 0, tool_calls = 0, tool_errors = 0, tool_timeouts = 0, malformed_calls = 0,
     env_errors = 0, nonfinite_rewards = 0, truncated = 0, finished = 0, forwards = 0, t_forward = 0, t_tools = 0,
-    paused = 0, resumed = 0 }
+    paused = 0, resumed = 0, t_resume_prompts = 0 }
   local out = {}
 
   local function timed_feed(cache, ids)
@@ -474,7 +474,9 @@ function rollout.run(model, tok, o)
         row.cache = model:new_cache()
         local ids = {}
         for j = 1, n1 do ids[j] = t.tokens[j] end
+        local t0 = tide.time()
         row_feed(row, ids)
+        st.t_resume_prompts = st.t_resume_prompts + (tide.time() - t0)
         resumed_prompts[key] = { tokens = ids, cache = copy_cache(row.cache), logits = row.logits }
       end
       local pos = n1
@@ -483,8 +485,7 @@ function rollout.run(model, tok, o)
           local ids = {}
           for j = pos + 1, t:len() do ids[#ids + 1] = t.tokens[j] end
           -- run with the other resumed rows of its prompt and suffix length (prefill_all)
-          row.prefill_ids, row.prefill_key = ids, fmt("%s|%d", key, #ids)
-          row.schedule[#row.schedule + 1] = #ids
+          row.prefill_ids, row.prefill_key, row.prefill_prompt = ids, fmt("%s|%d", key, #ids), key
           pos = t:len()
         end
       else
@@ -530,34 +531,71 @@ function rollout.run(model, tok, o)
     for _, row in ipairs(rows) do row.replay, row.replay_k, row.replay_pos = nil, nil, nil end
   end
 
-  -- the "prefill" resumption of the restored rows: the rest of each row's prefix in one forward, rows with
-  -- the same prompt and suffix length as one batch (their caches stacked, then each row's views of them)
+  -- the "prefill" resumption of the restored rows: the rest of each row's prefix in as few batched forwards as the
+  -- rows' lengths allow. The rows of one prompt all stand at its end, so they stack into one batch; with a
+  -- schedule-invariant model (exact forwards: a row's bits depend neither on the rows beside it nor on how its
+  -- tokens are split into calls) the rows run in stages: every row's next L tokens as one [rows, L] forward, L the
+  -- shortest remainder, the rows that have finished leaving the batch. Other models run one forward per cohort of
+  -- rows with the same prompt and suffix length (each row's whole suffix in one call, as the `schedule` records).
+  local function stacked_forward(c, ids)
+    if #c == 1 then
+      c[1].logits = timed_feed(c[1].cache, ids[1])
+      return
+    end
+    local caches = {}
+    for i, row in ipairs(c) do caches[i] = row.cache end
+    local batch = stack_caches(caches)
+    local t0 = tide.time()
+    local n = #ids[1]
+    local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
+    st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
+    local V = nv / #c
+    for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
+  end
   local function prefill_all(rows)
-    local cohorts, order = {}, {}
+    local staged = model.schedule_invariant
+    local groups, order = {}, {}
     for _, row in ipairs(rows) do
       if row.prefill_ids then
-        local k = row.prefill_key
-        if not cohorts[k] then cohorts[k] = {}; order[#order + 1] = k end
-        local c = cohorts[k]
+        local k = staged and row.prefill_prompt or row.prefill_key
+        if not groups[k] then groups[k] = {}; order[#order + 1] = k end
+        local c = groups[k]
         c[#c + 1] = row
       end
     end
     for _, k in ipairs(order) do
-      local c = cohorts[k]
-      if #c == 1 then
-        c[1].logits = timed_feed(c[1].cache, c[1].prefill_ids)
+      local c = groups[k]
+      if staged then
+        -- stages: the rows by remaining length (ties in row order), each stage the shortest remainder
+        local active = {}
+        for i, row in ipairs(c) do active[i] = row end
+        table.sort(active, function(a, b)
+          if #a.prefill_ids ~= #b.prefill_ids then return #a.prefill_ids < #b.prefill_ids end
+          return a.uid < b.uid
+        end)
+        local pos, first = 0, 1
+        while first <= #active do
+          local L = #active[first].prefill_ids - pos
+          local part, ids = {}, {}
+          for i = first, #active do
+            local row, t = active[i], {}
+            for j = 1, L do t[j] = row.prefill_ids[pos + j] end
+            part[#part + 1], ids[#ids + 1] = row, t
+            row.schedule[#row.schedule + 1] = L
+          end
+          stacked_forward(part, ids)
+          pos = pos + L
+          while first <= #active and #active[first].prefill_ids == pos do first = first + 1 end
+        end
       else
-        local ids, caches = {}, {}
-        for i, row in ipairs(c) do ids[i], caches[i] = row.prefill_ids, row.cache end
-        local batch = stack_caches(caches)
-        local t0 = tide.time()
-        local n = #ids[1]
-        local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
-        st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
-        local V = nv / #c
-        for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
+        local ids = {}
+        for i, row in ipairs(c) do
+          ids[i] = row.prefill_ids
+          row.schedule[#row.schedule + 1] = #row.prefill_ids
+        end
+        stacked_forward(c, ids)
       end
-      for _, row in ipairs(c) do row.prefill_ids, row.prefill_key = nil, nil end
+      for _, row in ipairs(c) do row.prefill_ids, row.prefill_key, row.prefill_prompt = nil, nil, nil end
     end
   end
 
