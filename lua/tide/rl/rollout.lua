@@ -88,6 +88,7 @@ local function stack_caches(list)
   end
   return out
 end
+rollout.stack_caches = stack_caches
 
 local function split_cache(c, b)
   if tide.is_tensor(c) then return c:narrow(1, b, 1) end
