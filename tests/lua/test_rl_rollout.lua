@@ -443,4 +443,33 @@ T.test("re-prefill in stages: the rows of a prompt with different suffix lengths
   T.ok(calls > 0, "tool results in the resumed rows")
 end)
 
+T.test("the prompts that start together prefill as one batch (in stages), and each row's samples == its prompt run alone, bitwise", function()
+  local w = calling(model())
+  local prompts = { { seed = 3 }, { seed = 8 }, { seed = 21 } }
+  local base = { env = "countdown", env_cfg = { tools = "calc" }, G = 2, max_new = 16, max_turns = 20, seed = 5,
+    temperature = 1 }
+  local o = {}
+  for k, v in pairs(base) do o[k] = v end
+  o.prompts = prompts
+  w.log = {}
+  local all = rollout.run(w, tok, o)
+  T.eq(w.log[1][1], #prompts, "the first forward runs every prompt")
+  T.eq(#all, #prompts * base.G)
+  for k, pr in ipairs(prompts) do
+    local one = {}
+    for kk, v in pairs(base) do one[kk] = v end
+    one.prompts = { { seed = pr.seed, index = k, prompt_id = k - 1, group_id = k - 1 } }
+    w.log = {}
+    local alone = rollout.run(w, tok, one)
+    T.eq(w.log[1][1], 1, "one prompt, one row in its prefill")
+    for _, t in ipairs(alone) do
+      local twin
+      for _, u in ipairs(all) do if u.uid == t.uid then twin = u end end
+      T.ok(twin ~= nil, "uid " .. t.uid)
+      T.eq(t.tokens, twin.tokens, "uid " .. t.uid .. " tokens")
+      T.eq(t.logp_old, twin.logp_old, "uid " .. t.uid .. " log-probs")
+    end
+  end
+end)
+
 T.run()

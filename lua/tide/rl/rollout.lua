@@ -215,6 +215,86 @@ function rollout.run(model, tok, o)
     row.schedule[#row.schedule + 1] = #ids
     row.logits = timed_feed(row.cache, ids)
   end
+  -- rows (or prompts) that stand at one length, their next tokens ids[i] (all of one length) as one [#c, L] forward
+  -- over their caches stacked; each gets its views of the stacked caches and its last logits
+  local function stacked_forward(c, ids)
+    if #c == 1 then
+      c[1].logits = timed_feed(c[1].cache, ids[1])
+      return
+    end
+    local caches = {}
+    for i, row in ipairs(c) do caches[i] = row.cache end
+    local batch = stack_caches(caches)
+    local t0 = tide.time()
+    local n = #ids[1]
+    local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
+    st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
+    local V = nv / #c
+    for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
+  end
+  -- stages(items, tokens_of): the items' token lists run from their caches (all at one length) as few stacked
+  -- forwards as their lengths allow: every item's next L tokens, L the shortest remainder, the finished items leaving
+  -- the batch. With a schedule-invariant model each item's caches and logits are the bits of one call over its tokens.
+  -- calls(item, L) notes each call
+  local function stages(items, tokens_of, calls)
+    local active = {}
+    for i, it in ipairs(items) do active[i] = { it = it, n = #tokens_of(it), i = i } end
+    table.sort(active, function(a, b) if a.n ~= b.n then return a.n < b.n end return a.i < b.i end)
+    local pos, first = 0, 1
+    while first <= #active do
+      local L = active[first].n - pos
+      local part, ids = {}, {}
+      for i = first, #active do
+        local it, tk, row = active[i].it, tokens_of(active[i].it), {}
+        for j = 1, L do row[j] = tk[pos + j] end
+        part[#part + 1], ids[#ids + 1] = it, row
+        if calls then calls(it, L) end
+      end
+      stacked_forward(part, ids)
+      pos = pos + L
+      while first <= #active and active[first].n == pos do first = first + 1 end
+    end
+  end
+
+  -- prompt prefills: a prompt runs once and its caches are copied to its rows. The prompts that rows start with in
+  -- one pass wait for one batched prefill (run_prefills: in stages on a schedule-invariant model, whose bits do not
+  -- depend on the batch, else one forward per prompt); a row started later takes the caches kept for it
+  local waiting = {}
+  local function attach(pf, row)
+    if pf.shared then
+      row.cache = copy_cache(pf.cache)
+    else
+      pf.users = pf.users - 1
+      row.cache = pf.users > 0 and copy_cache(pf.cache) or pf.cache
+      if pf.users == 0 and pf.done then pf.done(pf) end
+    end
+    row.logits = pf.logits
+  end
+  local function want_prefill(pf, row)
+    if pf.cache then attach(pf, row) return end
+    if not pf.rows then
+      pf.rows = {}
+      waiting[#waiting + 1] = pf
+    end
+    pf.rows[#pf.rows + 1] = row
+  end
+  local function run_prefills()
+    if #waiting == 0 then return 0 end
+    local t0, list = tide.time(), waiting
+    waiting = {}
+    for _, pf in ipairs(list) do pf.cache = model:new_cache() end
+    if model.schedule_invariant and #list > 1 then
+      stages(list, function(pf) return pf.tokens end)
+    else
+      for _, pf in ipairs(list) do pf.logits = timed_feed(pf.cache, pf.tokens) end
+    end
+    for _, pf in ipairs(list) do
+      local rows = pf.rows
+      pf.rows = nil
+      for _, row in ipairs(rows) do attach(pf, row) end
+    end
+    return tide.time() - t0
+  end
   -- one decoding step of the rows that each sampled a token (row.next_id): one batched forward over their own
   -- caches (model:decode_rows), whose logits are bitwise each row's step alone, so the batch a row decodes in
   -- does not change its tokens; models without decode_rows step row by row
@@ -272,16 +352,13 @@ function rollout.run(model, tok, o)
     local key = item.key or item.p
     local pf = prefills[key]
     if not pf then
-      local cache = model:new_cache()
-      local lg = timed_feed(cache, t.tokens)
-      pf = { cache = cache, logits = lg, users = item.users or G }
+      local ids = {}
+      for j = 1, t:len() do ids[j] = t.tokens[j] end
+      pf = { tokens = ids, users = item.users or G, done = function() prefills[key] = nil end }
       prefills[key] = pf
     end
-    pf.users = pf.users - 1
-    row.cache = pf.users > 0 and copy_cache(pf.cache) or pf.cache
-    row.logits = pf.logits
     row.schedule[1] = t:len()
-    if pf.users == 0 then prefills[key] = nil end
+    want_prefill(pf, row)
     return row
   end
 
@@ -468,18 +545,14 @@ function rollout.run(model, tok, o)
           if t.tokens[j] ~= shared.tokens[j] then shared = nil break end
         end
       end
-      if shared then
-        row.cache, row.logits = copy_cache(shared.cache), shared.logits
-        row.schedule[1] = n1
-      else
-        row.cache = model:new_cache()
+      if not shared then
         local ids = {}
         for j = 1, n1 do ids[j] = t.tokens[j] end
-        local t0 = tide.time()
-        row_feed(row, ids)
-        st.t_resume_prompts = st.t_resume_prompts + (tide.time() - t0)
-        resumed_prompts[key] = { tokens = ids, cache = copy_cache(row.cache), logits = row.logits }
+        shared = { tokens = ids, shared = true }
+        resumed_prompts[key] = shared
       end
+      row.schedule[1] = n1
+      want_prefill(shared, row)
       local pos = n1
       if resume_mode == "prefill" then
         if pos < t:len() then
@@ -538,21 +611,6 @@ function rollout.run(model, tok, o)
   -- tokens are split into calls) the rows run in stages: every row's next L tokens as one [rows, L] forward, L the
   -- shortest remainder, the rows that have finished leaving the batch. Other models run one forward per cohort of
   -- rows with the same prompt and suffix length (each row's whole suffix in one call, as the `schedule` records).
-  local function stacked_forward(c, ids)
-    if #c == 1 then
-      c[1].logits = timed_feed(c[1].cache, ids[1])
-      return
-    end
-    local caches = {}
-    for i, row in ipairs(c) do caches[i] = row.cache end
-    local batch = stack_caches(caches)
-    local t0 = tide.time()
-    local n = #ids[1]
-    local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
-    st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
-    local V = nv / #c
-    for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
-  end
   local function prefill_all(rows)
     local staged = model.schedule_invariant
     local groups, order = {}, {}
@@ -564,35 +622,16 @@ function rollout.run(model, tok, o)
         c[#c + 1] = row
       end
     end
+    local function note(row, L) row.schedule[#row.schedule + 1] = L end
     for _, k in ipairs(order) do
       local c = groups[k]
       if staged then
-        -- stages: the rows by remaining length (ties in row order), each stage the shortest remainder
-        local active = {}
-        for i, row in ipairs(c) do active[i] = row end
-        table.sort(active, function(a, b)
-          if #a.prefill_ids ~= #b.prefill_ids then return #a.prefill_ids < #b.prefill_ids end
-          return a.uid < b.uid
-        end)
-        local pos, first = 0, 1
-        while first <= #active do
-          local L = #active[first].prefill_ids - pos
-          local part, ids = {}, {}
-          for i = first, #active do
-            local row, t = active[i], {}
-            for j = 1, L do t[j] = row.prefill_ids[pos + j] end
-            part[#part + 1], ids[#ids + 1] = row, t
-            row.schedule[#row.schedule + 1] = L
-          end
-          stacked_forward(part, ids)
-          pos = pos + L
-          while first <= #active and #active[first].prefill_ids == pos do first = first + 1 end
-        end
+        stages(c, function(row) return row.prefill_ids end, note)
       else
         local ids = {}
         for i, row in ipairs(c) do
           ids[i] = row.prefill_ids
-          row.schedule[#row.schedule + 1] = #row.prefill_ids
+          note(row, #row.prefill_ids)
         end
         stacked_forward(c, ids)
       end
@@ -616,6 +655,7 @@ function rollout.run(model, tok, o)
       end
       if not row.done then live[#live + 1] = row end
     end
+    st.t_resume_prompts = st.t_resume_prompts + run_prefills()
     replay_all(live)
     prefill_all(live)
     local pausing = false
@@ -626,6 +666,7 @@ function rollout.run(model, tok, o)
         next_pending = next_pending + 1
         if not row.done then live[#live + 1] = row end
       end
+      run_prefills()
       if #live == 0 then break end
       local progressed = false
       for _, row in ipairs(live) do
