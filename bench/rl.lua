@@ -478,8 +478,8 @@ local function markdown(rec)
     end
   end
   L[#L + 1] = ""
-  L[#L + 1] = "\"prefill\" (the default) and \"replay\" run each paused group's prompt once and copy its caches to the "
-    .. "group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill as exact "
+  L[#L + 1] = "\"prefill\" (the default) and \"replay\" run each paused group's prompt once (the prompts together, as one "
+    .. "batched forward in stages) and copy its caches to the group's resumed rows, as the sampling did, then rebuild the rest of each row's prefix: prefill as exact "
     .. "forwards of the group's rows together in stages ([rows, L], L the shortest remainder; the rows that are done "
     .. "leave the batch), replay as the rows' forward schedules again (single tokens batched across the resumed rows); "
     .. "both are bit-identical to an uninterrupted run. \"state\" restores the saved caches (in memory). Both "
