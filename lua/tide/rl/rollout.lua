@@ -88,7 +88,6 @@ local function stack_caches(list)
   end
   return out
 end
-rollout.stack_caches = stack_caches
 
 local function split_cache(c, b)
   if tide.is_tensor(c) then return c:narrow(1, b, 1) end
@@ -558,7 +557,7 @@ function rollout.run(model, tok, o)
         if pos < t:len() then
           local ids = {}
           for j = pos + 1, t:len() do ids[#ids + 1] = t.tokens[j] end
-          -- run with the other resumed rows of its prompt and suffix length (prefill_all)
+          -- run with the other resumed rows of its prompt (prefill_all)
           row.prefill_ids, row.prefill_key, row.prefill_prompt = ids, fmt("%s|%d", key, #ids), key
           pos = t:len()
         end
