@@ -12,6 +12,7 @@
 --
 --   tide run bench/kda.lua [--sizes=1024,4096,16384,65536] [--model_tokens=1048576] [--segment=65536]
 --                          [--reps=2] [--ceiling_reps=5] [--device=cpu|cuda] [--results=DIR]
+--                          [--heads=4] [--head_dim=64]   (the kernel table's H and dk = dv; K3: 96 and 128)
 local ffi = require "ffi"
 local tide = require "tide"
 local results = require "tide.results"
@@ -258,6 +259,14 @@ local function run(cfg)
     device = cfg.device, device_info = cfg.device ~= "cpu" and ffi.string(tide.C.tide_cuda_info()) or nil,
   }
   tide.device(cfg.device, "kda bench --device")
+  for _, f in ipairs { "heads", "head_dim" } do
+    local x = cfg[f]
+    if type(x) ~= "number" or x < 1 or x ~= math.floor(x) then
+      error(string.format("kda bench: --%s must be a positive integer, got %s", f, tostring(x)), 0)
+    end
+  end
+  H, DK, DV = cfg.heads, cfg.head_dim, cfg.head_dim
+  record.heads, record.head_dim = H, DK
   cfg.sizes = results.numbers(cfg.sizes)
   if cfg.device == "cpu" then
     record.ceiling_gflops, record.ceiling_reps, record.flop_formula = sgemm_ceiling(cfg.ceiling_reps), cfg.ceiling_reps,
@@ -279,6 +288,8 @@ end
 
 return {
   sizes = "1024,4096,16384,65536", -- sequence lengths of the kernel table
+  heads = 4,                       -- the kernel table's KDA heads
+  head_dim = 64,                   -- its dk = dv
   reps = 2,                        -- forward + backward passes per size and path; the best counts
   ceiling_reps = 5,                -- timed 2048³ matmuls for the sgemm ceiling (CPU); the best counts
   model_tokens = 1048576,          -- the KDA-only model's sequence; 0 skips it

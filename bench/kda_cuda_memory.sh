@@ -3,7 +3,8 @@
 # one segment of T tokens), T = 8K .. 1M, before and after the checkpointed backward (kernels/cuda/kda.cu).
 # Before: one start state per chunk of 16 tokens (chunks x H x dk x dv floats). After: the forward's checkpoints
 # (every TIDE_KDA_CUDA_CKPT_CHUNKS-th chunk, kept by the engine until the backward) plus the backward's scratch
-# (a block's start states, the carried dS, the segment table), from kda_backward_plan / kda_backward_bytes: the
+# (a block's start states, the carried dS, the segment table, and where the (segment, head) blocks do not fill an
+# H100's 132 SMs the column split's partial dq/dk/dg/dβ), from kda_backward_plan / kda_backward_bytes: the
 # functions the backward sizes its allocations with. The emulator check (tests/gpu/emu/run.sh kdackpt) holds the
 # backward's measured peak to the same formula at small sizes, with gradients bitwise equal to the every-state
 # backward. Runs on the CPU (no GPU needed); writes bench/results/kda_cuda_memory.{md,json} and prints the table.
@@ -20,7 +21,10 @@ res=$root/bench/results
     echo "# CUDA KDA backward memory at K3 head shapes"
     echo
     echo "One KDA layer, H 96, dk = dv 128, chunk 16, B 1 (bench/kda_cuda_memory.sh; formulas of kernels/cuda/kda.cu,"
-    echo "the backward's peak checked against them under the emulator)."
+    echo "the backward's peak checked against them under the emulator). The backward's blocks are split over dv columns"
+    echo "where the (segment, head) blocks do not fill the device (launch.h tide_kda_vsplit; here 96 blocks on an"
+    echo "H100's 132 SMs: 2 splits); each split's partial dq, dk, dg, dβ over a block of chunks are kept until they"
+    echo "are added (TIDE_KDA_VSPLIT=1 turns the split off and saves them)."
     echo
     echo "$table"
 } > "$res/kda_cuda_memory.md.tmp"

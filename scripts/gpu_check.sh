@@ -71,6 +71,11 @@ stages=(
     "kda|150|$(bench kda "$kda_opts")"
     "mla|120|$(bench mla "$mla_opts")"
 )
+# K3 head shapes (96 heads of one sequence: fewer blocks than SMs): KDA with its column split off, then as chosen
+k3_kda="--device=cuda --heads=96 --head_dim=128 --sizes=16384 --reps=1 --model_tokens=0"
+[ $mode = full ] && stages+=(
+    "kda_k3_nosplit|60|env TIDE_KDA_VSPLIT=1 $tide run bench/kda.lua $k3_kda --results=$out/kda_k3_nosplit"
+    "kda_k3_split|60|$tide run bench/kda.lua $k3_kda --results=$out/kda_k3_split")
 [ $mode = full ] && stages+=("moe|120|$(bench moe "--sizes=8192,32768 --reps=3")")
 stages+=("quickstart_step|150|$(bench quickstart_step "$qs_opts")")
 [ $mode = full ] && stages+=("quickstart_recipe|180|$recipe_cmd" "dense_recipe|120|$dense_cmd")
@@ -131,7 +136,7 @@ if [ $dry = 1 ]; then
     fi
     [ $nobuild = 1 ] && { [ -x "$tide" ] || missing+=("$tide (--no-build needs a built tree)"); [ -x "$build_dir/gpu-test-parity" ] || missing+=("$build_dir/gpu-test-parity (--no-build)"); }
     need_opts bench/step_dense.lua --only --baseline --batch --seq --warmup --steps --device --results
-    need_opts bench/kda.lua --sizes --reps --model_tokens --device --results
+    need_opts bench/kda.lua --sizes --reps --model_tokens --device --results --heads --head_dim
     need_opts bench/mla.lua --sizes --baseline_max --reps --device --results
     need_opts bench/moe.lua --sizes --reps --device --results
     need_opts bench/quickstart_step.lua --stages --warmup --steps --device --results
@@ -283,6 +288,7 @@ def counts(log):
     return {"passed": sum(int(a) for a, _ in m), "failed": sum(int(b) for _, b in m)} if m else {}
 def key(name, log):
     r = load(name)
+    if name in ("kda_k3_nosplit", "kda_k3_split"): r, name = load(name + "/kda"), "kda"
     if name == "parity":   # the pass counts, and the peak device memory of the K3 KDA backward case
         c = counts(log)
         try: m = re.search(r"kda backward memory K3 T 64K\s+\S+\s+peak ([0-9.]+) GiB; the backward's own \+(-?[0-9]+) MiB", open(log).read())

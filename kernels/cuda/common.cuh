@@ -26,10 +26,7 @@ int tide_cuda_get_cublas(cublasHandle_t *out);
    staging ring (backend_cuda.cu): the host copy may be freed or reused as soon as this returns, and the upload
    does not wait on the driver's pageable staging. Tables over the ring's slot size go pageable. */
 cudaError_t tide_cuda_upload(void *dst, const void *src, size_t n, cudaStream_t s);
-/* KDA: chunks (of the op's chunk size) between the forward's state checkpoints (backend.h kda_ckpt_chunks).
-   The CUDA backward recomputes a block's start states from its checkpoint, so this sets its memory, not its
-   work: at K3 heads one checkpoint per 1,024 tokens (6 KiB per token) and a buffer of 64 states. */
-#define TIDE_KDA_CUDA_CKPT_CHUNKS 64
+/* KDA's checkpoint spacing, TIDE_KDA_CUDA_CKPT_CHUNKS: launch.h */
 /* a small device scratch area for reductions and error flags (TIDE_CUDA_SCRATCH_PARTIALS doubles,
    then flags); only valid in stream order between one entry's launches */
 #define TIDE_CUDA_SCRATCH_PARTIALS 1024

@@ -3,7 +3,15 @@
  * token recurrence that decode uses (§3), and the decay gate (§2), over packed segments (§8).
  *
  * One block of KDA_NT threads owns one (segment, head) and walks its chunks in order, with the state S
- * (dk x dv, fp32) in shared memory. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
+ * (dk x dv, fp32) in shared memory. Where those blocks do not fill the device (K3's 96 heads of one long sequence
+ * on 132 SMs), each is split over the columns of S (launch.h tide_kda_vsplit): a column of S evolves on its own
+ * (S_c = diag(Γ_c) S₀ + K_rᵀ M diag(β)(V − K̂S₀) acts on each column alone), so nv blocks each own dv / nv
+ * columns of S, V, O and redo the chunk's dk-side work (K̂Ǩᵀ, Q̂Ǩᵀ, the inverse). The forward's bits do not
+ * change (a column's sums run in the same order in any block). In the backward dv and dS stay per column, while
+ * dq, dk, dg and dβ sum over all columns: each split writes its partial sums, and kda_vsum_kernel adds them in
+ * split order after each block of chunks (deterministic; in bf16 rounded once). The dependent chain stays
+ * T / 16 chunks long; the split shortens each step (the column products are the bulk of a chunk's work) and
+ * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
  * chunk runs as chunks of 16, which is the same function (§4) with a smaller |G|. Rows of a ragged chunk
  * are zero (q = k = v = β = g = 0): they add nothing, and G of the last row stays G_c.
  *
@@ -163,16 +171,23 @@ __device__ __forceinline__ float kda_warp_sum(float v)
     return v;
 }
 
+/* element idx of a block's dk x bv slice of a state, in the [dk, DV] state of its head (columns from v0) */
+__device__ __forceinline__ int64_t kda_sidx(int idx, int bv, int DV, int v0)
+{
+    int i = idx / bv;
+    return (int64_t)i * DV + v0 + (idx - i * bv);
+}
+
 /* ---- one chunk, shared by the forward and the backward -------------------------------------------- */
 
-/* rows [0, rows) of the chunk from token tok0; the rest zero. q, k, g go where prep expects them raw:
+/* rows [0, rows) of the chunk from token tok0; the rest zero; v and dO: the block's dv columns from v0 of DV. q, k, g go where prep expects them raw:
    into q, k, G when kept (safe path, and G in the backward), else straight into Qh, Kh, Kc, which prep
    then transforms in place. v goes to R (R = V − K̂S₀ is formed in place). Flags g outside [lb, 0], the
    factorised path's precondition (kda.md §5); NaN passes, as on the cpu. */
 template <typename T>
 __device__ void kda_load(const kda_views &w, const T *q, const T *k, const T *v, const T *g, const T *beta,
-                         const T *gout, int64_t tok0, int rows, int h, int H, int dk, int dv, int check, double lb,
-                         unsigned long long *bad, unsigned long long base = 0)
+                         const T *gout, int64_t tok0, int rows, int h, int H, int dk, int dv, int DV, int v0,
+                         int check, double lb, unsigned long long *bad, unsigned long long base = 0)
 {
     float *qd = w.q ? w.q : w.Qh, *kd = w.k ? w.k : w.Kh, *gd = w.G ? w.G : w.Kc;
     for (int idx = threadIdx.x; idx < KDA_CT * dk; idx += KDA_NT) {
@@ -191,7 +206,7 @@ __device__ void kda_load(const kda_views &w, const T *q, const T *k, const T *v,
     }
     for (int idx = threadIdx.x; idx < KDA_CT * dv; idx += KDA_NT) {
         int r = idx / dv, j = idx - r * dv;
-        int64_t off = ((tok0 + r) * H + h) * (int64_t)dv + j;
+        int64_t off = ((tok0 + r) * H + h) * (int64_t)DV + v0 + j;
         if (w.R) w.R[idx] = r < rows ? tide_ld(v, off) : 0.f;
         if (w.dO) w.dO[idx] = (gout && r < rows) ? tide_ld(gout, off) : 0.f;
     }
@@ -334,9 +349,10 @@ template <typename T> struct kda_fwd_args {
     const float *s0;
     const kda_seg *seg;
     int H, dk, dv, C, safe, check;
+    int nv;                        /* column split (launch.h tide_kda_vsplit): blocks (segment, head, dv / nv columns) */
     double lb;
     unsigned long long *bad, bad_base;   /* the deferred record and this call's key (common.cuh) */
-    kda_smem L;
+    kda_smem L;                    /* sized for dv / nv columns */
 };
 
 template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_chunk_kernel(kda_fwd_args<T> a)
@@ -344,9 +360,10 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
     extern __shared__ __align__(128) float4 kda_smem4[]; /* wmma wants 32-byte aligned tiles */
     float *sm = reinterpret_cast<float *>(kda_smem4);
     const kda_views w = kda_make_views(sm, a.L);
-    const kda_seg sg = a.seg[blockIdx.x / a.H];
-    const int h = blockIdx.x % a.H, dk = a.dk, dv = a.dv, H = a.H;
-    const int64_t sz = (int64_t)dk * dv;
+    const int bid = blockIdx.x / a.nv, DV = a.dv, dv = DV / a.nv, v0 = (blockIdx.x - bid * a.nv) * dv;
+    const kda_seg sg = a.seg[bid / a.H];
+    const int h = bid % a.H, dk = a.dk, H = a.H;
+    const int64_t sz = (int64_t)dk * DV;
 
     const int64_t nch = (sg.len + a.C - 1) / a.C;
     int64_t c0 = 0, c1 = nch;
@@ -357,7 +374,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
         s0 = a.ckpt + ((sg.ck0 + a.blk) * H + h) * sz;
     }
-    for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[idx] : 0.f;
+    for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[kda_sidx(idx, dv, DV, v0)] : 0.f;
 
     for (int64_t ch = c0; ch < c1; ch++) {
         const int64_t tok0 = sg.start + ch * a.C;
@@ -365,15 +382,15 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         __syncthreads();                 /* S is final for this chunk; the buffers are free */
         if (a.blk < 0 && a.ckpt && ch % sg.kbc == 0) {
             float *st = a.ckpt + ((sg.ck0 + ch / sg.kbc) * H + h) * sz;
-            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[idx] = w.S[idx];
+            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
         }
         if (a.states) {
             float *st = a.states + ((sg.buf0 + ch - c0) * H + h) * sz;
-            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[idx] = w.S[idx];
+            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
             if (ch == c1 - 1) return;    /* the block's last start state: its chunk is the backward's */
         }
-        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, dk, dv, a.check, a.lb,
-                    a.bad, a.bad_base);
+        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, dk, dv, DV, v0, a.check,
+                    a.lb, a.bad, a.bad_base);
         __syncthreads();
         kda_prep<WMMA>(w, rows, dk);
         __syncthreads();
@@ -397,7 +414,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
                 int o = (r0 + rr) * dv + j;
                 w.O[o] = qs[rr];
                 if constexpr (WMMA) {
-                    float vv = r0 + rr < rows ? tide_ld(a.v, ((tok0 + r0 + rr) * H + h) * (int64_t)dv + j) : 0.f;
+                    float vv = r0 + rr < rows ? tide_ld(a.v, ((tok0 + r0 + rr) * H + h) * (int64_t)DV + v0 + j) : 0.f;
                     kda_split(w.Rb, KDA_CT * dv, o, w.beta[r0 + rr] * (vv - ks[rr]));
                 } else {
                     w.R[o] -= ks[rr];
@@ -473,7 +490,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
                 }
 #pragma unroll
                 for (int rr = 0; rr < KDA_RB; rr++)
-                    if (r0 + rr < rows) tide_st(a.o, ((tok0 + r0 + rr) * H + h) * (int64_t)dv + j, ov[rr]);
+                    if (r0 + rr < rows) tide_st(a.o, ((tok0 + r0 + rr) * H + h) * (int64_t)DV + v0 + j, ov[rr]);
             }
         }
         for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
@@ -487,7 +504,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
     __syncthreads();
     if (sg.sout_row >= 0 && a.s_out) {
         float *so = a.s_out + (sg.sout_row * H + h) * sz;
-        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) so[idx] = w.S[idx];
+        for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) so[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
     }
 }
 
@@ -594,38 +611,47 @@ template <typename T> struct kda_bwd_args {
     const T *q, *k, *v, *g, *beta;
     const kda_seg *seg;
     int H, dk, dv, C, safe;
-    kda_smem L;
+    int nv;                        /* column split (kda_fwd_args); nv > 1: the dk-side gradients go to part */
+    float *part;                   /* [nv, prow, H, KDA_PW(dk)]: each split's dq, dk, dg, dβ over its columns, the rows */
+    int64_t prow;                  /* of the group's state slots (slot·C + r); kda_vsum_kernel adds them in order */
+    kda_smem L;                    /* sized for dv / nv columns */
 };
+
+#define KDA_PW(dk) (3 * (dk) + 1)  /* a row's partial gradients: dq, dk, dg, then dβ */
 
 template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backward_kernel(kda_bwd_args<T> a)
 {
     extern __shared__ __align__(128) float4 kda_smem4[]; /* wmma wants 32-byte aligned tiles */
     float *sm = reinterpret_cast<float *>(kda_smem4);
     const kda_views w = kda_make_views(sm, a.L);
-    const kda_seg sg = a.seg[blockIdx.x / a.H];
-    const int h = blockIdx.x % a.H, dk = a.dk, dv = a.dv, H = a.H, lds = w.lds, safe = a.safe;
+    const int bid = blockIdx.x / a.nv, vs = blockIdx.x - bid * a.nv, DV = a.dv, dv = DV / a.nv, v0 = vs * dv;
+    const kda_seg sg = a.seg[bid / a.H];
+    const int h = bid % a.H, dk = a.dk, H = a.H, lds = w.lds, safe = a.safe;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t sz = (int64_t)dk * dv;
+    const int64_t sz = (int64_t)dk * DV;
+    /* split: this block's partial dq, dk, dg, dβ rows (a row: slot·C + r of the group's state slots) */
+    float *part = a.nv > 1 ? a.part + (int64_t)vs * a.prow * H * KDA_PW(dk) : nullptr;
     float *dS = w.S;
     float *dGs = w.R, *KrT = w.dU;   /* R and dU are dead by the time these are written */
 
     const int64_t nch = (sg.len + a.C - 1) / a.C, c0 = a.blk * sg.kbc;
     if (c0 >= nch) return;               /* the whole block: this segment has no such block */
     const int64_t c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
-    float *carry = a.carry + ((int64_t)blockIdx.x) * sz;   /* (segment of the group, head) */
+    float *carry = a.carry ? a.carry + (int64_t)bid * sz : nullptr;   /* (segment of the group, head) */
     const float *gso = c1 < nch ? carry
                        : (sg.sout_row >= 0 && a.gs_out) ? a.gs_out + (sg.sout_row * H + h) * sz : nullptr;
     for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
         int i = idx / dv, j = idx - i * dv;
-        dS[i * lds + j] = gso ? gso[idx] : 0.f;
+        dS[i * lds + j] = gso ? gso[kda_sidx(idx, dv, DV, v0)] : 0.f;
     }
 
     for (int64_t ch = c1 - 1; ch >= c0; ch--) {
         const int64_t tok0 = sg.start + ch * a.C;
         const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
-        const float *S0 = a.states + ((sg.buf0 + ch - c0) * H + h) * sz;
+        const float *S0 = a.states + ((sg.buf0 + ch - c0) * H + h) * sz + v0;   /* row stride DV */
+        const int64_t prow0 = (sg.buf0 + ch - c0) * a.C;                      /* the chunk's first partial row */
         __syncthreads();
-        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, a.gout, tok0, rows, h, H, dk, dv, 0, 0.0, nullptr);
+        kda_load<T>(w, a.q, a.k, a.v, a.g, a.beta, a.gout, tok0, rows, h, H, dk, dv, DV, v0, 0, 0.0, nullptr);
         __syncthreads();
         kda_prep<false>(w, rows, dk);
         __syncthreads();
@@ -637,7 +663,7 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
 #pragma unroll
             for (int rr = 0; rr < KDA_RB; rr++) ks[rr] = du[rr] = 0.f;
             for (int i = 0; i < dk; i++) {
-                float s = S0[i * dv + j], d = dS[i * lds + j];
+                float s = S0[i * DV + j], d = dS[i * lds + j];
 #pragma unroll
                 for (int rr = 0; rr < KDA_RB; rr++) {
                     ks[rr] += w.Kh[(r0 + rr) * dk + i] * s;
@@ -718,15 +744,16 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
         if (a.gv)
             for (int idx = threadIdx.x; idx < rows * dv; idx += KDA_NT) {
                 int r = idx / dv, j = idx - r * dv;
-                tide_st(a.gv, ((tok0 + r) * H + h) * (int64_t)dv + j, w.beta[r] * w.dB[idx]);
+                tide_st(a.gv, ((tok0 + r) * H + h) * (int64_t)DV + v0 + j, w.beta[r] * w.dB[idx]);
             }
         __syncthreads();
         /* dβ = rowsum(dB ⊙ R) + rowsum(dA ⊙ K̂Ǩᵀ) */
-        if (a.gbeta && threadIdx.x < rows) {
+        if ((a.gbeta || part) && threadIdx.x < rows) {
             int r = threadIdx.x;
             float s = w.dbr[r];
             for (int j = 0; j < r; j++) s += w.dA[r * KDA_CT + j] * w.Af[r * KDA_CT + j];
-            tide_st(a.gbeta, (tok0 + r) * H + h, s);
+            if (part) part[((prow0 + r) * H + h) * KDA_PW(dk) + 3 * dk] = s;
+            else tide_st(a.gbeta, (tok0 + r) * H + h, s);
         }
         /* per (row group, channel): dQ̂, dK̂, dǨ, dK_r (kda.md §6) -> dq, dk, and dG (the K_r term apart).
            State parts: dQ̂ = dO S₀ᵀ, dK̂ = −diag(β) dB S₀ᵀ, dK_r = U dSᵀ. Intra parts per the path: the
@@ -738,7 +765,7 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
 #pragma unroll
             for (int rr = 0; rr < KDA_RB; rr++) aq[rr] = ak[rr] = ar[rr] = 0.f;
             for (int j = 0; j < dv; j++) {
-                float s0 = S0[i * dv + j], d = dS[i * lds + j];
+                float s0 = S0[i * DV + j], d = dS[i * lds + j];
                 rs += d * s0;
 #pragma unroll
                 for (int rr = 0; rr < KDA_RB; rr++) {
@@ -785,9 +812,15 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
                 dGs[o] = dg;
                 KrT[o] = ar[rr] * w.Kr[o];
                 if (r < rows) {
-                    int64_t go = ((tok0 + r) * H + h) * (int64_t)dk + i;
-                    if (a.gq) tide_st(a.gq, go, dq);
-                    if (a.gk) tide_st(a.gk, go, dkk);
+                    if (part) {
+                        float *pr = part + ((prow0 + r) * H + h) * KDA_PW(dk);
+                        pr[i] = dq;
+                        pr[dk + i] = dkk;
+                    } else {
+                        int64_t go = ((tok0 + r) * H + h) * (int64_t)dk + i;
+                        if (a.gq) tide_st(a.gq, go, dq);
+                        if (a.gk) tide_st(a.gk, go, dkk);
+                    }
                 }
             }
         }
@@ -803,7 +836,7 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
         }
         /* dg = reverse cumsum of dG; the last row adds colsum(dK_r ⊙ K_r) + Γ_c ⊙ rowsum(dS_c ⊙ S₀), which
            every row of the chunk inherits through the cumsum */
-        if (a.gg)
+        if (a.gg || part)
             for (int i = threadIdx.x; i < dk; i += KDA_NT) {
                 float acc = w.eGc[i] * w.rs[i];
 #pragma unroll
@@ -811,7 +844,10 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
 #pragma unroll
                 for (int r = KDA_CT - 1; r >= 0; r--) {
                     acc += dGs[r * dk + i] - KrT[r * dk + i];
-                    if (r < rows) tide_st(a.gg, ((tok0 + r) * H + h) * (int64_t)dk + i, acc);
+                    if (r < rows) {
+                        if (part) part[((prow0 + r) * H + h) * KDA_PW(dk) + 2 * dk + i] = acc;
+                        else tide_st(a.gg, ((tok0 + r) * H + h) * (int64_t)dk + i, acc);
+                    }
                 }
             }
     }
@@ -820,8 +856,39 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
     if (o)
         for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) {
             int i = idx / dv, j = idx - i * dv;
-            o[idx] = dS[i * lds + j];
+            o[kda_sidx(idx, dv, DV, v0)] = dS[i * lds + j];
         }
+}
+
+/* the split backward's dq, dk, dg, dβ: each row's partials over the nv column splits, added in split order in
+   fp32 and rounded once. Rows are the group's state slots (slot·C + r); a row's segment is the last whose first
+   slot is at or before it; rows past a segment's block or tokens are unused. */
+template <typename T>
+__global__ void kda_vsum_kernel(T *gq, T *gk, T *gg, T *gbeta, const float *part, const kda_seg *seg, int nseg,
+                                int64_t blk, int64_t prow, int H, int dk, int C, int nv)
+{
+    const int W = KDA_PW(dk);
+    const int64_t per = (int64_t)H * W, stride = prow * per;
+    TIDE_GRID_LOOP(idx, prow * per) {
+        int64_t p = idx / per, rem = idx - p * per, slot = p / C;
+        int h = (int)(rem / W), c = (int)(rem - (int64_t)h * W);
+        int lo = 0, hi = nseg - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (seg[mid].buf0 <= slot) lo = mid;
+            else hi = mid - 1;
+        }
+        const kda_seg sg = seg[lo];
+        int64_t nch = (sg.len + C - 1) / C, ch = blk * sg.kbc + (slot - sg.buf0), t = ch * C + (p - slot * C);
+        if (slot - sg.buf0 >= sg.kbc || ch >= nch || t >= sg.len) continue;
+        float s = 0.f;
+        for (int v = 0; v < nv; v++) s += part[v * stride + idx];
+        int64_t tok = sg.start + t;
+        if (c < dk) { if (gq) tide_st(gq, (tok * H + h) * (int64_t)dk + c, s); }
+        else if (c < 2 * dk) { if (gk) tide_st(gk, (tok * H + h) * (int64_t)dk + c - dk, s); }
+        else if (c < 3 * dk) { if (gg) tide_st(gg, (tok * H + h) * (int64_t)dk + c - 2 * dk, s); }
+        else if (gbeta) tide_st(gbeta, tok * H + h, s);
+    }
 }
 
 /* ---- host side -------------------------------------------------------------------------------------- */
@@ -913,6 +980,26 @@ static int kda_groups(kda_seg *s, int64_t nseg, int64_t C, int64_t budget, std::
    emulator set them. */
 static int64_t kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
 static int64_t kda_bwd_budget = 0;
+
+/* the column split of a chunked call (launch.h tide_kda_vsplit) over `blocks` (segment, head) blocks. TIDE_KDA_VSPLIT
+   (a positive integer dividing dv; 1 = never split) overrides the choice, for benchmarks; tests of the emulator set
+   kda_vsplit_force. -1 with the error set on a bad value. */
+static int kda_vsplit_force = 0;
+
+static int kda_vsplit(const char *what, int64_t blocks, int64_t dv)
+{
+    int force = kda_vsplit_force;
+    const char *env = getenv("TIDE_KDA_VSPLIT");
+    if (!force && env && *env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 1 || v > dv || dv % v || (dv % 16 == 0 && (dv / v) % 16))
+            return tide_set_error("%s: TIDE_KDA_VSPLIT=%s: expected a positive integer that divides dv = %lld%s", what,
+                                  env, (long long)dv, dv % 16 == 0 ? " into multiples of 16" : "");
+        force = (int)v;
+    }
+    return tide_kda_vsplit(blocks, dv, tide_cuda_sm_count(), force);
+}
 
 static int kda_smem_limit(void)
 {
@@ -1025,10 +1112,11 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
                               const T *q, const T *k,
                               const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
                               int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
-                              unsigned long long *bad, unsigned long long bad_base, cudaStream_t s)
+                              unsigned long long *bad, unsigned long long bad_base, int nv, cudaStream_t s)
 {
-    /* tensor cores for bf16 on the factorised path (kda.md §5); f32 and the per-pair path use FMA */
-    bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && dv % 16 == 0;
+    /* tensor cores for bf16 on the factorised path (kda.md §5), whole 16-column tiles in every split; f32 and the
+       per-pair path use FMA. The split changes no bit: a column's sums run in the same order in any block. */
+    bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && (dv / nv) % 16 == 0;
     kda_fwd_args<T> args;
     args.o = o;
     args.s_out = s_out;
@@ -1051,12 +1139,15 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
     args.lb = lb;
     args.bad = bad;
     args.bad_base = bad_base;
-    args.L = kda_layout((int)dk, (int)dv, safe, wmma, 0);
-    if (nseg * H > INT_MAX) return tide_set_error("%s: %lld segments x %lld heads is too many blocks", what, (long long)nseg, (long long)H);
+    args.nv = nv;
+    args.L = kda_layout((int)dk, (int)(dv / nv), safe, wmma, 0);
+    if (nseg * H * nv > INT_MAX)
+        return tide_set_error("%s: %lld segments x %lld heads x %d column splits is too many blocks", what,
+                              (long long)nseg, (long long)H, nv);
     if constexpr (sizeof(T) == 2) {
-        if (wmma) return kda_launch_forward<T, true>(what, args, nseg * H, s);
+        if (wmma) return kda_launch_forward<T, true>(what, args, nseg * H * nv, s);
     }
-    return kda_launch_forward<T, false>(what, args, nseg * H, s);
+    return kda_launch_forward<T, false>(what, args, nseg * H * nv, s);
 }
 
 template <typename T>
@@ -1110,6 +1201,8 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
     if (B * T_ * H * dk >= (1ll << TIDE_DEFER_SHIFT)) check = 0;   /* past the record's position bits (2^40) */
     tide_cuda_scratch *sc = NULL;
     unsigned long long base = 0;
+    int nv = path == TIDE_KDA_RECURRENT ? 1 : kda_vsplit(what, nseg * H, dv);
+    if (nv < 0) rc = -1;
     if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
     if (!rc) {
         if (path == TIDE_KDA_RECURRENT)
@@ -1119,7 +1212,7 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
             rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (float *)NULL, -1, (const T *)q,
                                        (const T *)k, (const T *)v, (const T *)g, (const T *)beta, (const float *)s0,
                                        seg_d, nseg, H, dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
-                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, s);
+                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, nv, s);
     }
     tide_cuda_release(seg_d, s);
     if (!rc && check) rc = kda_check_end<T>(sc, base, g, s);
@@ -1145,13 +1238,13 @@ int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k,
    own), the groups (kda_groups) and per group its segments' most blocks */
 struct kda_bwd_plan {
     kda_seg *seg;                 /* malloc'ed; the caller frees it */
-    int64_t nseg, n_ck, slots, gsegs, maxblk;
-    int own;
+    int64_t nseg, n_ck, slots, gsegs, maxblk, C;
+    int own, nv;                  /* nv: the column split (kda_vsplit) over the largest group's blocks */
     std::vector<int64_t> groups, nblk;
 };
 
-static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_, int path,
-                             int64_t chunk, int no_ckpt, kda_bwd_plan &p)
+static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_, int64_t H,
+                             int64_t dv, int path, int64_t chunk, int no_ckpt, kda_bwd_plan &p)
 {
     int64_t C = kda_chunk_of(path, chunk);
     /* the forward's checkpoints in the engine's layout, else our own: every kda_bwd_ckpt_chunks-th chunk */
@@ -1160,6 +1253,13 @@ static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg,
                      &p.seg, &p.nseg, &p.n_ck))
         return -1;
     kda_groups(p.seg, p.nseg, C, kda_bwd_budget > 0 ? kda_bwd_budget : p.n_ck, p.groups, &p.slots, &p.gsegs);
+    p.C = C;
+    p.nv = kda_vsplit(what, p.gsegs * H, dv);
+    if (p.nv < 0) {
+        free(p.seg);
+        p.seg = NULL;
+        return -1;
+    }
     p.nblk.assign(p.groups.size(), 0);
     p.maxblk = 0;
     for (size_t gi = 0; gi + 1 < p.groups.size(); gi++) {
@@ -1172,23 +1272,30 @@ static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg,
     return 0;
 }
 
-/* device bytes the backward allocates (segment table, its own checkpoints, the state and carry buffers) and
-   the forward's checkpoint tensor that the engine keeps for it (*ckpt_bytes; 0 for the recurrent path) */
+/* device bytes the backward allocates (segment table, its own checkpoints, the state and carry buffers, and
+   with a column split the partial dq, dk, dg, dβ of every split over the group's slot rows) and the forward's
+   checkpoint tensor that the engine keeps for it (*ckpt_bytes; 0 for the recurrent path) */
+static size_t kda_partial_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk)
+{
+    return p.nv > 1 ? (size_t)p.nv * (size_t)(p.slots * p.C) * (size_t)H * (size_t)KDA_PW(dk) * sizeof(float) : 0;
+}
+
 static size_t kda_backward_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk, int64_t dv, size_t *ckpt_bytes)
 {
     const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
     *ckpt_bytes = p.own ? 0 : (size_t)p.n_ck * sz;
     return (size_t)p.nseg * sizeof(kda_seg) + (p.own ? (size_t)p.n_ck * sz : 0) + (size_t)p.slots * sz +
-           (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0);
+           (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0) + kda_partial_bytes(p, H, dk);
 }
 
 /* one block of chunks of the backward: blk of every segment in the group seg_d[0, nseg) */
 template <typename T>
 static int kda_backward_block(const char *what, kda_bwd_args<T> args, int64_t nseg, size_t bytes, cudaStream_t s)
 {
-    if (nseg * args.H > INT_MAX)
-        return tide_set_error("%s: %lld segments x %d heads is too many blocks", what, (long long)nseg, args.H);
-    kda_chunk_backward_kernel<T><<<(unsigned)(nseg * args.H), KDA_NT, bytes, s>>>(args);
+    if (nseg * args.H * args.nv > INT_MAX)
+        return tide_set_error("%s: %lld segments x %d heads x %d column splits is too many blocks", what,
+                              (long long)nseg, args.H, args.nv);
+    kda_chunk_backward_kernel<T><<<(unsigned)(nseg * args.H * args.nv), KDA_NT, bytes, s>>>(args);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return tide_set_error("cuda %s kernel: %s", what, cudaGetErrorString(e));
     return 0;
@@ -1214,24 +1321,25 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     /* the recurrence's gradient is the chunk form's (the same function), on the per-pair path */
     int safe = path != TIDE_KDA_CHUNK, C = kda_chunk_of(path, chunk);
     kda_bwd_plan pl;
-    if (kda_backward_plan(what, cu, n_seg, B, T_, path, chunk, ckpt_in == NULL, pl)) return -1;
-    const int own = pl.own;
+    if (kda_backward_plan(what, cu, n_seg, B, T_, H, dv, path, chunk, ckpt_in == NULL, pl)) return -1;
+    const int own = pl.own, nv = pl.nv;
     const int64_t nseg = pl.nseg, n_ck = pl.n_ck, slots = pl.slots, gsegs = pl.gsegs;
     const std::vector<int64_t> &groups = pl.groups, &nblk = pl.nblk;
     kda_seg *seg_d = NULL;
     int rc = kda_upload_segments(what, pl.seg, nseg, &seg_d, s);
     free(pl.seg);
     const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
-    float *ckpt = (float *)ckpt_in, *states = NULL, *carry = NULL;
+    float *ckpt = (float *)ckpt_in, *states = NULL, *carry = NULL, *part = NULL;
     cudaError_t e = cudaSuccess;
     if (!rc && own) e = tide_cuda_alloc((void **)&ckpt, (size_t)n_ck * sz, s);
     if (!rc && e == cudaSuccess) e = tide_cuda_alloc((void **)&states, (size_t)slots * sz, s);
     if (!rc && e == cudaSuccess && pl.maxblk > 1) e = tide_cuda_alloc((void **)&carry, (size_t)gsegs * sz, s);
+    if (!rc && e == cudaSuccess && nv > 1) e = tide_cuda_alloc((void **)&part, kda_partial_bytes(pl, H, dk), s);
     if (!rc && e != cudaSuccess) {
         size_t ck_bytes;
         rc = tide_set_error("cuda %s: %zu bytes of scratch (%lld checkpoints%s, %lld chunk start states, %lld carried "
-                            "gradients): %s", what, kda_backward_bytes(pl, H, dk, dv, &ck_bytes), (long long)n_ck,
-                            own ? "" : " kept by the forward", (long long)slots, (long long)gsegs,
+                            "gradients, %d column splits): %s", what, kda_backward_bytes(pl, H, dk, dv, &ck_bytes),
+                            (long long)n_ck, own ? "" : " kept by the forward", (long long)slots, (long long)gsegs, nv,
                             cudaGetErrorString(e));
     }
     /* the bound check rides on the forward that writes the checkpoints: here only when we write them */
@@ -1244,7 +1352,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
         rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, (float *)NULL, -1, (const T *)q, (const T *)k,
                                    (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk,
                                    dv, safe, C, check, lb, check ? &sc->defer_key : (unsigned long long *)NULL, base,
-                                   s);
+                                   nv, s);
     kda_bwd_args<T> args;
     args.gq = (T *)gq;
     args.gk = (T *)gk;
@@ -1266,7 +1374,10 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     args.dv = (int)dv;
     args.C = C;
     args.safe = safe;
-    args.L = kda_layout((int)dk, (int)dv, safe, 0, 1);
+    args.nv = nv;
+    args.part = part;
+    args.prow = slots * C;
+    args.L = kda_layout((int)dk, (int)(dv / nv), safe, 0, 1);
     size_t bytes = (size_t)args.L.total * sizeof(float);
     if (!rc) {
         int limit = kda_dyn_limit(kda_chunk_backward_kernel<T>);
@@ -1283,12 +1394,21 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
         for (int64_t blk = nblk[gi] - 1; blk >= 0 && !rc; blk--) {
             rc = kda_forward_chunks<T>(what, (T *)NULL, (float *)NULL, ckpt, states, blk, (const T *)q, (const T *)k,
                                        (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, seg_d + g0, ng,
-                                       H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, 0, s);
+                                       H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, 0, nv, s);
             args.seg = seg_d + g0;
             args.blk = blk;
             if (!rc) rc = kda_backward_block<T>(what, args, ng, bytes, s);
+            if (!rc && nv > 1) {
+                int64_t n = args.prow * H * KDA_PW(dk);
+                kda_vsum_kernel<T><<<tide_blocks(n), TIDE_THREADS, 0, s>>>(args.gq, args.gk, args.gg, args.gbeta, part,
+                                                                           seg_d + g0, (int)ng, blk, args.prow, (int)H,
+                                                                           (int)dk, C, nv);
+                cudaError_t le = cudaGetLastError();
+                if (le != cudaSuccess) rc = tide_set_error("cuda %s column-split sum kernel: %s", what, cudaGetErrorString(le));
+            }
         }
     }
+    tide_cuda_release(part, s);
     tide_cuda_release(carry, s);
     tide_cuda_release(states, s);
     if (own) tide_cuda_release(ckpt, s);

@@ -112,4 +112,26 @@ static inline unsigned tide_index_rows_threads(int64_t cols)
     return cols >= TIDE_THREADS ? TIDE_THREADS : (unsigned)((cols + 31) / 32 * 32);
 }
 
+/* KDA: chunks (of the op's chunk size) between the forward's state checkpoints (backend.h kda_ckpt_chunks).
+   The CUDA backward recomputes a block's start states from its checkpoint, so this sets its memory, not its
+   work: at K3 heads one checkpoint per 1,024 tokens (6 KiB per token) and a buffer of 64 states. */
+#define TIDE_KDA_CUDA_CKPT_CHUNKS 64
+
+/* KDA (kda.cu): a block per (segment, head) walks its chunks in order, with the state S (dk x dv) in shared memory.
+   The columns of S evolve independently (kda.md §4: S_c = diag(Γ_c) S₀ + K_rᵀ M diag(β)(V − K̂S₀) acts on each
+   column alone), so when the (segment, head) blocks do not fill the device, each is split into nv blocks over
+   dv / nv columns: each redoes the chunk's dk-side work (K̂Ǩᵀ, the inverse) and owns its columns' products. The
+   split halves until the blocks fill the SMs, keeping >= TIDE_KDA_MIN_BV columns a block (KDA_RG x columns work
+   items for KDA_NT threads: below that the column phases leave threads idle) and whole 16-column tiles for wmma.
+   Returns nv (1: no split); force > 0 asks for that split (tests), 0 chooses. */
+#define TIDE_KDA_MIN_BV 64
+static inline int tide_kda_vsplit(int64_t blocks, int64_t dv, int sms, int force)
+{
+    if (force > 0) return dv % force == 0 ? force : 1;
+    int nv = 1;
+    while (blocks * nv < sms && dv % (2 * nv) == 0 && dv / (2 * nv) >= TIDE_KDA_MIN_BV && (dv / (2 * nv)) % 16 == 0)
+        nv *= 2;
+    return nv;
+}
+
 #endif

@@ -49,6 +49,7 @@ static void emit(const char *kernel, const char *cfg, const char *shape, int64_t
 }
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* the grid-stride kernels of TIDE_THREADS threads over n elements (tide_blocks) */
 static void grid_stride(const char *kernel, const config *c, const char *shape, int64_t n, int sms)
@@ -180,11 +181,18 @@ static void one_config(const config *c, int64_t T, int sms)
         grid_stride("conv_rows_kernel<*>", c, "decode", c->batch * conv_c, sms);
         /* kda.cu's gate backward sizes its chunks with the same formula (inline there) */
         colsum("kda_gate_backward_kernel<*>", c, shape, HD, N, sms);
-        /* one block per (segment, head); segments: one per sequence up to one per 16 tokens */
-        emit("kda_chunk_kernel<*>", c->name, shape, c->batch * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
-        emit("kda_recurrent_kernel<*>", c->name, shape, c->batch * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
-        emit("kda_chunk_backward_kernel<*>", c->name, shape, c->batch * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
-        emit("kda_chunk_kernel<*>", c->name, "docs of 16 tokens", (N / 16) * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        /* one block per (segment, head) and column split (tide_kda_vsplit); segments: one per sequence up to one
+           per 16 tokens. The split backward adds its partial sums over the rows of a block of at most
+           TIDE_KDA_CUDA_CKPT_CHUNKS chunks of 16 per segment, grid-stride. */
+        int64_t segs = c->batch, docs = N / 16;
+        int nv = tide_kda_vsplit(segs * c->kda_h, c->kda_dv, sms, 0), nvd = tide_kda_vsplit(docs * c->kda_h, c->kda_dv, sms, 0);
+        int64_t prow = segs * 16 * min64((T + 15) / 16, TIDE_KDA_CUDA_CKPT_CHUNKS);
+        emit("kda_chunk_kernel<*>", c->name, shape, segs * c->kda_h * nv, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        emit("kda_recurrent_kernel<*>", c->name, shape, segs * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        emit("kda_chunk_backward_kernel<*>", c->name, shape, segs * c->kda_h * nv, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        emit("kda_vsum_kernel<*>", c->name, shape, tide_grid_blocks(prow * c->kda_h * (3 * c->kda_dk + 1), sms), 1, 1,
+             TIDE_THREADS, 1, 1, 0, 0, N * HD);
+        emit("kda_chunk_kernel<*>", c->name, "docs of 16 tokens", docs * c->kda_h * nvd, 1, 1, 0, 0, 0, -1, 1, N * HD);
         emit("kdec_kernel<*>", c->name, "decode", c->batch * c->kda_h, 1, 1, 0, 0, 0, (int64_t)(3 * c->kda_dk) * 4, 0,
              c->batch * c->kda_h * c->kda_dk * c->kda_dv);
     }

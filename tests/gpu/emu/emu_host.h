@@ -89,7 +89,8 @@ void tide_cuda_release(void *p, cudaStream_t)
     }
     free(p);
 }
-int tide_cuda_sm_count(void) { return 2; }
+int emu_sm_count = 2;   // what the kernels see as the device's SM count (the memory table sets a real one)
+int tide_cuda_sm_count(void) { return emu_sm_count; }
 cudaError_t tide_cuda_upload(void *d, const void *s, size_t n, cudaStream_t) { return cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, 0); }
 
 // the deferred checks' host side (common.cuh), as the real backend has it

@@ -3,7 +3,7 @@
 // themselves checked by central differences; softmax attention against the cpu kernel in f64 (attention_cases.h))
 // and against the cpu kernels; mla.cu's latent path with gemm.cu over a cuBLAS stand-in (emu_cublas.h) against the
 // cpu kernel in f64 and f32 (mla_latent_cases.h). Usage:
-// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|kdackpt|kdamem|bound|mlasmall|mlaedge|mla64|mla128|mlalatent|varlen|attnsmall|attn64]...
+// tests/gpu/emu/run.sh [gate|conv|kdasmall|kda16|kda64|kda128|kdackpt|kdasplit|kdamem|bound|mlasmall|mlaedge|mla64|mla128|mlalatent|varlen|attnsmall|attn64]...
 // Env: NO_CPU=1 skips the cpu cross-check, EMU_SEED=n reorders the emulated threads, KDA_LAYOUT=1 and
 // MLA_LAYOUT=1 print the shared-memory sizes (MLA: the tiles each kernel picks at sm_80 and sm_90 limits).
 #include "emu.h"
@@ -683,7 +683,7 @@ static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk
         kda_bwd_ckpt_chunks = every;
         kda_bwd_budget = budget;
         kda_bwd_plan pl;
-        int rc = kda_backward_plan("plan", p.cu.data(), nseg, p.B, p.T, path, chunk, ckpt == nullptr, pl);
+        int rc = kda_backward_plan("plan", p.cu.data(), nseg, p.B, p.T, p.H, p.dv, path, chunk, ckpt == nullptr, pl);
         size_t ckb = 0;
         r.want = rc ? 0 : kda_backward_bytes(pl, p.H, p.dk, p.dv, &ckb);
         r.blocks = rc ? 0 : (int)pl.maxblk;
@@ -734,23 +734,138 @@ static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk
     }
 }
 
+// ---- KDA column split (issue: too few blocks for the device) ------------------------------------------------
+// A (segment, head) block split over dv / nv columns must leave the forward's bits (output, final state,
+// checkpoints) unchanged, and its backward's dv and ds0 (per-column work); dq, dk, dg, dβ add the splits'
+// partial sums, so they match the unsplit backward to rounding, and two runs match bit for bit.
+template <class T>
+static void run_kda_split(const char *name, const KdaProb &p, int path, int chunk, int nv, double tol)
+{
+    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
+    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s, %d column splits]\n", name, p.B, p.T, p.H,
+           p.dk, p.dv, p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32", nv);
+    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
+    std::vector<float> s0(p.s0.begin(), p.s0.end());
+    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
+    int64_t nseg = (int64_t)p.cu.size() - 1, n_ck = 0;
+    for (int64_t i = 0; i < nseg && path != TIDE_KDA_RECURRENT; i++)
+        n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+    vd r1(No), r2(Ns);
+    for (auto &x : r1) x = randn();
+    for (auto &x : r2) x = randn();
+    auto gout = to_dev<T>(r1);
+    std::vector<float> gso(r2.begin(), r2.end());
+    struct Out {
+        std::vector<T> o, gq, gk, gv, gg, gb;
+        std::vector<float> so, ck, gs0;
+    };
+    auto run = [&](int split, Out &r) {
+        kda_vsplit_force = split;
+        r.o.assign(No, T(NAN));
+        r.so.assign(Ns, NAN);
+        r.ck.assign((size_t)n_ck * p.H * p.dk * p.dv, NAN);
+        float *ck = path == TIDE_KDA_RECURRENT ? nullptr : r.ck.data();
+        int rc = tide_cuda_kda(dtype, r.o.data(), r.so.data(), q.data(), k.data(), v.data(), g.data(), be.data(),
+                               s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk, -5, ck);
+        r.gq.assign(Nk, T(NAN));
+        r.gk = r.gq;
+        r.gg = r.gq;
+        r.gv.assign(No, T(NAN));
+        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
+        r.gs0.assign(Ns, NAN);
+        if (!rc)
+            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
+                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
+                                        be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk,
+                                        -5, ck);
+        kda_vsplit_force = 0;
+        if (rc) printf("  failed: %s\n", err_buf);
+        return rc;
+    };
+    auto same = [](const auto &a, const auto &b) { return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof a[0]); };
+    Out one, a, b;
+    if (run(1, one) || run(nv, a) || run(nv, b)) {
+        n_fail++;
+        return;
+    }
+    auto verdict = [&](const char *what, bool ok) {
+        printf("  %-46s %s\n", what, ok ? "ok" : "FAIL");
+        if (ok) n_pass++;
+        else n_fail++;
+    };
+    verdict("forward: output, state, checkpoints bitwise", same(one.o, a.o) && same(one.so, a.so) && same(one.ck, a.ck));
+    verdict("backward: dv and ds0 bitwise", same(one.gv, a.gv) && same(one.gs0, a.gs0));
+    verdict("backward: two split runs bitwise", same(a.gq, b.gq) && same(a.gk, b.gk) && same(a.gg, b.gg) &&
+                                                    same(a.gb, b.gb) && same(a.gv, b.gv) && same(a.gs0, b.gs0));
+    check("dq against the unsplit backward", from_dev(a.gq), from_dev(one.gq), tol);
+    check("dk against the unsplit backward", from_dev(a.gk), from_dev(one.gk), tol);
+    check("dg against the unsplit backward", from_dev(a.gg), from_dev(one.gg), tol);
+    check("dbeta against the unsplit backward", from_dev(a.gb), from_dev(one.gb), tol);
+}
+
+// the split the host code chooses (launch.h tide_kda_vsplit): the device filled, >= 64 columns a block
+static void kda_split_choice()
+{
+    struct {
+        int64_t blocks, dv;
+        int sms, want;
+    } c[] = {{96, 128, 132, 2},  {96, 128, 108, 2}, {192, 128, 132, 1}, {4, 64, 132, 1},  {4, 128, 132, 2},
+             {1, 256, 132, 4},   {48, 256, 132, 4}, {66, 256, 132, 2},  {96, 96, 132, 1},  {2, 16, 2, 1}};
+    bool ok = true;
+    for (auto &x : c) {
+        int got = tide_kda_vsplit(x.blocks, x.dv, x.sms, 0);
+        if (got != x.want) {
+            printf("  tide_kda_vsplit(%lld blocks, dv %lld, %d SMs) = %d, expected %d\n", (long long)x.blocks,
+                   (long long)x.dv, x.sms, got, x.want);
+            ok = false;
+        }
+    }
+    // TIDE_KDA_VSPLIT: a split that does not divide dv (or breaks its 16-column tiles) is refused by name
+    KdaProb p = make_prob(1, 5, 1, 4, 16, {}, -5, false, false);
+    auto q = to_dev<float>(p.q), k = to_dev<float>(p.k), v = to_dev<float>(p.v), g = to_dev<float>(p.g),
+         be = to_dev<float>(p.beta);
+    std::vector<float> o(p.v.size()), so((size_t)p.dk * p.dv);
+    for (const char *bad : {"3", "2", "0", "x"}) {
+        setenv("TIDE_KDA_VSPLIT", bad, 1);
+        int rc = tide_cuda_kda(TIDE_F32, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), nullptr,
+                               p.cu.data(), 1, 1, p.T, 1, p.dk, p.dv, TIDE_KDA_CHUNK, 16, -5, nullptr);
+        if (!rc || !strstr(err_buf, "TIDE_KDA_VSPLIT=")) {
+            printf("  TIDE_KDA_VSPLIT=%s: %s\n", bad, rc ? err_buf : "accepted");
+            ok = false;
+        }
+    }
+    setenv("TIDE_KDA_VSPLIT", "1", 1);
+    if (tide_cuda_kda(TIDE_F32, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), nullptr,
+                      p.cu.data(), 1, 1, p.T, 1, p.dk, p.dv, TIDE_KDA_CHUNK, 16, -5, nullptr)) {
+        printf("  TIDE_KDA_VSPLIT=1 refused: %s\n", err_buf);
+        ok = false;
+    }
+    unsetenv("TIDE_KDA_VSPLIT");
+    printf("kda column split choice  %s\n", ok ? "ok" : "FAIL");
+    if (ok) n_pass++;
+    else n_fail++;
+}
+
 // the memory table (bench/results/kda_cuda_memory.md): one K3 KDA layer's backward at T = 8K .. 1M, B = 1,
 // from kda_backward_plan / kda_backward_bytes, beside the earlier every-state buffer (chunks x H x dk x dv floats)
 static void kda_memory_table()
 {
     const int64_t H = 96, dk = 128, dv = 128, chunk = 16;
+    const int sms = emu_sm_count;
+    emu_sm_count = 132;   // an H100's SMs: the column split the backward would choose there (96 blocks: 2 splits)
     printf("| T | chunks | before: every start state | after: checkpoints (forward) | after: backward scratch | "
-           "after: total | before/after |\n|---|---|---|---|---|---|---|\n");
+           "of it the column splits' partial sums | after: total | before/after |\n|---|---|---|---|---|---|---|---|\n");
     std::string json = "[";
     for (int64_t T : {8192LL, 65536LL, 262144LL, 1048576LL}) {
         int64_t cu[2] = {0, T};
         kda_bwd_plan pl;
-        if (kda_backward_plan("table", cu, 1, 1, T, TIDE_KDA_CHUNK, chunk, 0, pl)) {
+        if (kda_backward_plan("table", cu, 1, 1, T, H, dv, TIDE_KDA_CHUNK, chunk, 0, pl)) {
             printf("plan failed: %s\n", err_buf);
             n_fail++;
             return;
         }
-        size_t ckb = 0, bw = kda_backward_bytes(pl, H, dk, dv, &ckb);
+        size_t ckb = 0, bw = kda_backward_bytes(pl, H, dk, dv, &ckb), pb = kda_partial_bytes(pl, H, dk);
+        int nv = pl.nv;
         free(pl.seg);
         int64_t nch = (T + KDA_CT - 1) / KDA_CT;
         double before = (double)nch * H * dk * dv * 4, after = (double)(ckb + bw);
@@ -760,16 +875,18 @@ static void kda_memory_table()
             while (b >= 1024 && i < 3) b /= 1024, i++;
             snprintf(o, 32, "%.4g %s", b, u[i]);
         };
-        char a[32], b[32], c[32], d[32];
-        fmt(before, a), fmt((double)ckb, b), fmt((double)bw, c), fmt(after, d);
-        printf("| %lld | %lld | %s (%.0f KiB/token) | %s | %s | %s (%.2f KiB/token) | %.0fx |\n", (long long)T,
-               (long long)nch, a, before / T / 1024, b, c, d, after / T / 1024, before / after);
+        char a[32], b[32], c[32], d[32], e[32];
+        fmt(before, a), fmt((double)ckb, b), fmt((double)bw, c), fmt(after, d), fmt((double)pb, e);
+        printf("| %lld | %lld | %s (%.0f KiB/token) | %s | %s | %s (%d splits) | %s (%.2f KiB/token) | %.0fx |\n",
+               (long long)T, (long long)nch, a, before / T / 1024, b, c, e, nv, d, after / T / 1024, before / after);
         json += std::string(json.size() > 1 ? "," : "") + "{\"T\": " + std::to_string(T) + ", \"chunks\": " +
                 std::to_string(nch) + ", \"before_bytes\": " + std::to_string((long long)before) +
                 ", \"ckpt_bytes\": " + std::to_string(ckb) + ", \"backward_scratch_bytes\": " + std::to_string(bw) +
+                ", \"column_splits\": " + std::to_string(nv) + ", \"split_partial_bytes\": " + std::to_string(pb) +
                 ", \"after_bytes\": " + std::to_string((long long)after) + "}";
     }
     printf("json %s]\n", json.c_str());
+    emu_sm_count = sms;
 }
 
 int main(int argc, char **argv)
@@ -871,6 +988,24 @@ int main(int argc, char **argv)
         // long enough that the forward's own checkpoints (every 64 chunks of 2 tokens) come several per segment
         KdaProb pl = make_prob(1, 140, 1, 8, 8, {}, -5, false, false);
         run_kda_ckpt<float>("kda checkpointed backward, forward's checkpoints", pl, TIDE_KDA_CHUNK, 2, 8);
+    }
+    if (want("kdasplit")) {
+        kda_split_choice();
+        // segments of 1 to 2 chunks, a row ending mid-chunk; 2 and 4 splits of 16 columns
+        KdaProb p = make_prob(2, 40, 1, 8, 16, {9, 50, 60}, -5, false, false);
+        run_kda_split<float>("kda split f32", p, TIDE_KDA_CHUNK, 16, 2, 1e-6);
+        run_kda_split<float>("kda split f32 safe", p, TIDE_KDA_CHUNK_SAFE, 16, 4, 1e-6);
+        run_kda_split<float>("kda split f32 recurrent", p, TIDE_KDA_RECURRENT, 0, 2, 1e-6);
+        KdaProb pb = make_prob(1, 40, 1, 16, 32, {23}, -5, false, true);
+        run_kda_split<__nv_bfloat16>("kda split bf16 (wmma)", pb, TIDE_KDA_CHUNK, 16, 2, 1.0 / 128);
+        // against the fp64 reference and the cpu, split (kda128's bf16 case splits by the device's choice)
+        kda_vsplit_force = 4;
+        KdaProb pr = make_prob(2, 37, 1, 8, 16, {5, 40, 60}, -5, false, false);
+        run_kda_case<float>("kda chunk f32, 4 column splits", pr, TIDE_KDA_CHUNK, 7, -5, 1e-5, 1e-5);
+        // the checkpointed backward's bits and its peak bytes (the partial buffer counted) with a split
+        kda_vsplit_force = 2;
+        run_kda_ckpt<float>("kda checkpointed backward f32, 2 column splits", p, TIDE_KDA_CHUNK, 16);
+        kda_vsplit_force = 0;
     }
     if (want("kdamem")) kda_memory_table();
     run_mla(want);

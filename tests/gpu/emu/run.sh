@@ -23,7 +23,7 @@ g++ -std=c++20 -O1 -w -I"$out" -I"$here" -I"$root/kernels/cuda" -I"$root/kernels
 "$out/harness" mlasmall mlaedge mla64 mla128 mlalatent varlen attnsmall attn64 > "$out/mla.log" 2>&1 &
 mla=$!
 rc=0
-"$out/harness" gate conv kdasmall kda16 kda64 kda128 kdackpt bound || rc=1
+"$out/harness" gate conv kdasmall kda16 kda64 kda128 kdackpt kdasplit bound || rc=1
 wait $mla || rc=1
 cat "$out/mla.log"
 sh "$here/run_one.sh" mla_decode || rc=1
