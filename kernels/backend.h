@@ -319,8 +319,10 @@ typedef struct tide_backend {
        [perm (m·k) | pos (m·k) | offsets (n + 1)] of the stable sort by (expert, t, slot), pre [m·k, 2 d_e]
        (gate | up pre-activations, sorted rows) and y [m·k, d_out] (expert outputs, sorted rows); rows past
        offsets[n] are unused. capacity < 0: dropless; else each expert keeps its first `capacity` rows and
-       *dropped (host) gets the count of the others. act: TIDE_MOE_SITU or TIDE_MOE_SWIGLU. The backward
-       writes dx, dp and OVERWRITES dw_gate_up, dw_down (any may be NULL), reducing in a fixed order. */
+       *dropped (host) gets the count of the others. act: TIDE_MOE_SITU or TIDE_MOE_SWIGLU. host_off (host memory,
+       n + 1 int64; may be NULL) gets a copy of the offsets, for the backward: given it back, a backend whose route
+       lives in device memory needs no read of the offsets (CUDA: no stream synchronisation in the backward). The
+       backward writes dx, dp and OVERWRITES dw_gate_up, dw_down (any may be NULL), reducing in a fixed order. */
     int (*situ_glu)(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
     int (*situ_glu_backward)(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n,
                              double k_gate, double k_lin);
@@ -328,11 +330,12 @@ typedef struct tide_backend {
     int (*moe_experts)(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                        int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                        int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
-                       int64_t capacity, int64_t *dropped);
+                       int64_t capacity, int64_t *dropped, int64_t *host_off);
     int (*moe_experts_backward)(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
-                                const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
-                                const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
-                                int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
+                                const int64_t *route, const int64_t *host_off, const void *pre, const void *y,
+                                const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m,
+                                int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate,
+                                double k_lin);
 
     /* AdamW in place (optim.md §2); bc1 = 1 - beta1^(t+1), bc2 = 1 - beta2^(t+1). nonfinite: NULL, or one int in
        the device's memory set to 1 (never cleared) when a stored value of p, m or v is a NaN or an infinity */

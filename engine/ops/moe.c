@@ -118,7 +118,8 @@ int tide_topk(tide_tensor *x, int k, tide_tensor **values, tide_tensor **indices
 /* outputs: the combined expert outputs, and the count of (token, slot) rows the capacity dropped (int64 [1] on
    the host: the kernel counts them there) */
 enum { MOE_OUT_Y, MOE_OUT_DROPPED };
-enum { MOE_SAVED_X, MOE_SAVED_P, MOE_SAVED_W_GATE_UP, MOE_SAVED_W_DOWN, MOE_SAVED_ROUTE, MOE_SAVED_PRE, MOE_SAVED_Y };
+enum { MOE_SAVED_X, MOE_SAVED_P, MOE_SAVED_W_GATE_UP, MOE_SAVED_W_DOWN, MOE_SAVED_ROUTE, MOE_SAVED_PRE, MOE_SAVED_Y,
+       MOE_SAVED_OFFSETS };   /* offsets: the route's group offsets on the host (int64 [n + 1]), for the backward */
 
 int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
 {
@@ -132,20 +133,21 @@ int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *route = o ? tide_empty(TIDE_I64, 1, (int64_t[]){2 * A + ne + 1}, x->device) : NULL;
     tide_tensor *pre = route ? tide_empty(x->dtype, 2, (int64_t[]){A, 2 * d_e}, x->device) : NULL;
     tide_tensor *y = pre ? tide_empty(x->dtype, 2, (int64_t[]){A, d_out}, x->device) : NULL;
-    int rc = y ? 0 : -1;
+    tide_tensor *hoff = y ? tide_empty(TIDE_I64, 1, (int64_t[]){ne + 1}, TIDE_CPU) : NULL;
+    int rc = hoff ? 0 : -1;
     int64_t dropped = 0;
     if (!rc)
         rc = TIDE_DISPATCH(x->device, moe_experts, "moe_experts", x->dtype, tide_data(o), tide_data(route),
                            tide_data(pre), tide_data(y), tide_data(x), tide_data(sel), sel->dtype, tide_data(p),
                            tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out, n->attr.moe_experts.activation,
                            n->attr.moe_experts.k_gate, n->attr.moe_experts.k_lin, n->attr.moe_experts.capacity,
-                           &dropped);
+                           &dropped, (int64_t *)tide_data(hoff));
     tide_tensor *dr = rc ? NULL : tide_full(TIDE_I64, 1, (int64_t[]){1}, TIDE_CPU, (double)dropped);
     if (!dr) rc = -1;
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, p) || tide_node_save(n, wgu) || tide_node_save(n, wd) ||
-                  tide_node_save(n, route) || tide_node_save(n, pre) || tide_node_save(n, y);
+                  tide_node_save(n, route) || tide_node_save(n, pre) || tide_node_save(n, y) || tide_node_save(n, hoff);
     for (int i = 0; i < 5; i++) tide_tensor_release(c[i]);
-    tide_tensor_release(route); tide_tensor_release(pre); tide_tensor_release(y);
+    tide_tensor_release(route); tide_tensor_release(pre); tide_tensor_release(y); tide_tensor_release(hoff);
     if (rc) { tide_tensor_release(o); tide_tensor_release(dr); return -1; }
     out[MOE_OUT_Y] = o;
     out[MOE_OUT_DROPPED] = dr;
@@ -156,7 +158,7 @@ int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
 {
     tide_tensor *x = n->saved[MOE_SAVED_X], *p = n->saved[MOE_SAVED_P], *wgu = n->saved[MOE_SAVED_W_GATE_UP];
     tide_tensor *wd = n->saved[MOE_SAVED_W_DOWN], *route = n->saved[MOE_SAVED_ROUTE], *pre = n->saved[MOE_SAVED_PRE];
-    tide_tensor *y = n->saved[MOE_SAVED_Y];
+    tide_tensor *y = n->saved[MOE_SAVED_Y], *hoff = n->saved[MOE_SAVED_OFFSETS];
     int64_t m = x->shape[0], d_in = x->shape[1], k = p->shape[1], ne = wgu->shape[0], d_e = wgu->shape[1] / 2;
     int64_t d_out = wd->shape[1];
     tide_tensor *g = tide_contiguous_nograd(gout[MOE_OUT_Y]);
@@ -168,7 +170,8 @@ int tide_moe_experts_backward(tide_node *n, tide_tensor **gout, tide_tensor **gi
 #define GP(i) (grads[i] ? tide_data(grads[i]) : NULL)
     if (!rc)
         rc = TIDE_DISPATCH(x->device, moe_experts_backward, "moe_experts", x->dtype, GP(0), GP(2), GP(3), GP(4),
-                           tide_data(g), tide_data(route), tide_data(pre), tide_data(y), tide_data(x), tide_data(p),
+                           tide_data(g), tide_data(route), (const int64_t *)tide_data(hoff), tide_data(pre),
+                           tide_data(y), tide_data(x), tide_data(p),
                            tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out, n->attr.moe_experts.activation,
                            n->attr.moe_experts.k_gate, n->attr.moe_experts.k_lin);
 #undef GP

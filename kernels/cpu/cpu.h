@@ -109,8 +109,8 @@ int tide_cpu_attnres_backward(int dtype, void *const *gsrcs, void *gw, void *gnu
 int tide_cpu_situ_glu(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
 int tide_cpu_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
 int tide_cpu_topk(int dtype, void *values, int64_t *indices, const void *x, int64_t rows, int64_t C, int64_t k);
-int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel, int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin, int64_t capacity, int64_t *dropped);
-int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du, const int64_t *route, const void *pre, const void *y, const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
+int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel, int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin, int64_t capacity, int64_t *dropped, int64_t *host_off);
+int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du, const int64_t *route, const int64_t *host_off, const void *pre, const void *y, const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
 int tide_cpu_adamw(int dtype, void *p, const void *g, void *m, void *v, int *nonfinite, int64_t n, double lr, double beta1, double beta2, double eps, double wd, double bc1, double bc2);
 
 /* bf16 is the upper half of an IEEE float32 */

@@ -285,7 +285,7 @@ static int check_blas_range(const char *op, int64_t R, int64_t d_in, int64_t d_e
 int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                          int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                          int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
-                         int64_t capacity, int64_t *dropped)
+                         int64_t capacity, int64_t *dropped, int64_t *host_off)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("moe_experts: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
@@ -293,6 +293,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     if (nd < 0) return tide_set_error("moe_experts: out of memory (%lld experts)", (long long)n);
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
     int64_t R = off[n], nt = 0;
+    if (host_off) memcpy(host_off, off, (size_t)(n + 1) * sizeof(int64_t));
     if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
     /* the gathered rows and h: engine scratch (cached blocks, so a training step does not fault fresh pages in) */
@@ -372,10 +373,12 @@ MOE_BW(float)
 MOE_BW(double)
 
 int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
-                                  const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
-                                  const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
-                                  int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin)
+                                  const int64_t *route, const int64_t *host_off, const void *pre, const void *y,
+                                  const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m,
+                                  int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act,
+                                  double k_gate, double k_lin)
 {
+    (void)host_off;   /* the route is in host memory already */
     if (dtype != TIDE_F32 && dtype != TIDE_F64)
         return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     int64_t A = m * k;

@@ -413,9 +413,10 @@ int tide_cuda_topk(int dtype, void *values, int64_t *indices, const void *x, int
 int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                           int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                           int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
-                          int64_t capacity, int64_t *dropped);
+                          int64_t capacity, int64_t *dropped, int64_t *host_off);
 int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
-                                   const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
-                                   const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
-                                   int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin);
+                                   const int64_t *route, const int64_t *host_off, const void *pre, const void *y,
+                                   const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m,
+                                   int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act,
+                                   double k_gate, double k_lin);
 #endif

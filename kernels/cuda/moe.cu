@@ -10,7 +10,7 @@
  * number is a count of the assignments before a given one, so no atomic and no thread schedule enters: the
  * permutation is the CPU's exactly.
  * The offsets come back to the host (the forward's one sync): cuBLAS's grouped GEMM takes the group sizes in host
- * arrays. Each GEMM stage (gate/up; down; backward: dW_down with dh, then dW_gate_up with dX) is ONE
+ * arrays. The forward hands a copy to the op (host_off), which gives it back to the backward: no sync there. Each GEMM stage (gate/up; down; backward: dW_down with dh, then dW_gate_up with dX) is ONE
  * cublasGemmGroupedBatchedEx over the experts with rows, one group per expert (bf16 in, fp32 compute, as
  * tide_cuda_gemm). Gather, activation, combine and their backward are row kernels; the combine and dx sum each
  * token's slots in order in fp32: no atomics, bitwise reproducible.
@@ -526,7 +526,7 @@ static int moe_scratch(char **buf, void ***dptr, size_t rows_bytes, int64_t per_
 int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                           int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                           int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
-                          int64_t capacity, int64_t *dropped)
+                          int64_t capacity, int64_t *dropped, int64_t *host_off)
 {
     if (tide_cuda_check_index_dtype(sel_dtype, "moe_experts")) return -1;
     if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
@@ -544,6 +544,7 @@ int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void 
         return rc;
     }
     if (dropped) *dropped = hoff[n + 1];
+    if (host_off) memcpy(host_off, hoff, (size_t)(n + 1) * sizeof(int64_t));
     int64_t R = hoff[n], R1 = R > 0 ? R : 1;
     size_t es = moe_esz(dtype);
     char *xg = NULL, *h;
@@ -587,9 +588,10 @@ int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void 
 }
 
 int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
-                                   const int64_t *route, const void *pre, const void *y, const void *x, const void *p,
-                                   const void *w_gate_up, const void *w_down, int64_t m, int64_t k, int64_t n,
-                                   int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin)
+                                   const int64_t *route, const int64_t *host_off, const void *pre, const void *y,
+                                   const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m,
+                                   int64_t k, int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act,
+                                   double k_gate, double k_lin)
 {
     if (dtype != TIDE_F32 && dtype != TIDE_F64 && dtype != TIDE_BF16)
         return tide_set_error("moe_experts backward: dtype %s is not supported on the cuda backend (f32, f64, bf16)",
@@ -597,12 +599,17 @@ int tide_cuda_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_
     TIDE_STREAM(s);
     int64_t A_ = m * k;
     const int64_t *perm = route, *pos = route + A_, *off = route + 2 * A_;
-    /* the op keeps only the device route: the group sizes come to the host again (the backward's one sync) */
+    /* the group sizes: the forward's host copy when the op kept it, else read back from the route (one sync) */
     int64_t *hoff = (int64_t *)malloc((size_t)(n + 1) * sizeof(int64_t));
     moe_prod *pr = (moe_prod *)malloc((size_t)(4 * n) * sizeof(moe_prod));
     cudaError_t e1 = cudaErrorMemoryAllocation;
-    if (hoff && pr) e1 = cudaMemcpyAsync(hoff, off, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
-    if (e1 == cudaSuccess) e1 = cudaStreamSynchronize(s);
+    if (hoff && pr && host_off) {
+        memcpy(hoff, host_off, (size_t)(n + 1) * sizeof(int64_t));
+        e1 = cudaSuccess;
+    } else if (hoff && pr) {
+        e1 = cudaMemcpyAsync(hoff, off, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
+        if (e1 == cudaSuccess) e1 = cudaStreamSynchronize(s);
+    }
     if (e1 != cudaSuccess) {
         int rc = !hoff || !pr ? tide_set_error("moe_experts backward: out of host memory (%lld experts)", (long long)n)
                               : tide_set_error("cuda moe_experts backward offsets: %s", cudaGetErrorString(e1));

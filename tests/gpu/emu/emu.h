@@ -383,7 +383,8 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float, void> &d, const fr
 #define cudaMemcpyAsync(d, s, n, k, st) emu::memcpy_async((d), (s), (n))
 #define cudaMemsetAsync(p, v, n, st) (memset((p), (v), (n)), cudaSuccess)
 #define cudaMemset2DAsync(p, pitch, v, w, h, st) (emu::memset_2d((p), (pitch), (v), (w), (h)), cudaSuccess)
-#define cudaStreamSynchronize(s) cudaSuccess
+namespace emu { inline int n_syncs = 0; }   // stream synchronisations the host code asked for
+#define cudaStreamSynchronize(s) (emu::n_syncs++, cudaSuccess)
 #define cudaGetLastError() cudaSuccess
 #define cudaGetErrorString(e) "emu error"
 #define cudaFuncSetAttribute(...) emu::func_set_attr(__VA_ARGS__)

@@ -154,6 +154,10 @@ static void check(const char *name, const std::vector<float> &got, const std::ve
     printf("  %-40s %s err/max %.2e (tol %.1e)%s\n", name, ok ? "ok  " : "FAIL", rel, tol, nonfin ? "  NONFINITE" : "");
     if (ok) n_pass++; else n_fail++;
 }
+template <class T> static bool same_bits(const std::vector<T> &a, const std::vector<T> &b)
+{
+    return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(T));
+}
 static void check_exact(const char *name, bool ok)
 {
     printf("  %-40s %s\n", name, ok ? "ok  " : "FAIL");
@@ -272,11 +276,12 @@ static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t d
     std::vector<int64_t> rc(2 * A + n + 1);
     std::vector<float> oc(m * dout), prc(A * 2 * de), yc(A * dout), dxc(m * din), dpc(A), dwguc(wgu.size()), dwdc(wd.size());
     int64_t dropc = -1, dropg = -2;
+    std::vector<int64_t> hoc(n + 1, -3), hog(n + 1, -4);
     tide_cpu_backend.moe_experts(TIDE_F32, oc.data(), rc.data(), prc.data(), yc.data(), x.data(), sel.data(), TIDE_I64, p.data(),
-                                 wgu.data(), wd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropc);
+                                 wgu.data(), wd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropc, hoc.data());
     tide_cpu_backend.moe_experts_backward(TIDE_F32, dxc.data(), dpc.data(), dwguc.data(), dwdc.data(), du.data(), rc.data(),
-                                          prc.data(), yc.data(), x.data(), p.data(), wgu.data(), wd.data(), m, k, n, din, de,
-                                          dout, act, 1.5, 2.0);
+                                          hoc.data(), prc.data(), yc.data(), x.data(), p.data(), wgu.data(), wd.data(), m,
+                                          k, n, din, de, dout, act, 1.5, 2.0);
     // emulated cuda, outputs poisoned with NaN
     auto xd = to_dev<T>(x), wgud = to_dev<T>(wgu), wdd = to_dev<T>(wd), dud = to_dev<T>(du), pd = to_dev<T>(p);
     auto nan = [](size_t sz) { return to_dev<T>(std::vector<float>(sz, NAN)); };
@@ -284,15 +289,33 @@ static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t d
     std::vector<T> og = nan(m * dout), prg = nan(A * 2 * de), yg = nan(A * dout), dxg = nan(m * din), dpg = nan(A),
                    dwgug = nan(wgu.size()), dwdg = nan(wd.size());
     n_grouped = n_gemm = 0;
-    if (tide_cuda_moe_experts(dt, og.data(), rg.data(), prg.data(), yg.data(), xd.data(), sel.data(), TIDE_I64, pd.data(),
-                              wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropg) ||
-        tide_cuda_moe_experts_backward(dt, dxg.data(), dpg.data(), dwgug.data(), dwdg.data(), dud.data(), rg.data(),
-                                       prg.data(), yg.data(), xd.data(), pd.data(), wgud.data(), wdd.data(), m, k, n, din, de,
-                                       dout, act, 1.5, 2.0)) {
+    int syncs0 = emu::n_syncs, syncs1 = 0, syncs2 = 0;
+    // the backward given the forward's host offsets (the op's route), then without them (read back from the route)
+    std::vector<T> dxg2 = nan(m * din), dpg2 = nan(A), dwgug2 = nan(wgu.size()), dwdg2 = nan(wd.size());
+    bool failed = tide_cuda_moe_experts(dt, og.data(), rg.data(), prg.data(), yg.data(), xd.data(), sel.data(), TIDE_I64,
+                                        pd.data(), wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap,
+                                        &dropg, hog.data());
+    syncs1 = emu::n_syncs;
+    failed = failed || tide_cuda_moe_experts_backward(dt, dxg.data(), dpg.data(), dwgug.data(), dwdg.data(), dud.data(),
+                                                      rg.data(), hog.data(), prg.data(), yg.data(), xd.data(), pd.data(),
+                                                      wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0);
+    syncs2 = emu::n_syncs;
+    int grouped_fb = n_grouped, gemm_fb = n_gemm;
+    failed = failed || tide_cuda_moe_experts_backward(dt, dxg2.data(), dpg2.data(), dwgug2.data(), dwdg2.data(), dud.data(),
+                                                      rg.data(), nullptr, prg.data(), yg.data(), xd.data(), pd.data(),
+                                                      wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0);
+    n_grouped = grouped_fb, n_gemm = gemm_fb;
+    if (failed) {
         printf("  failed: %s\n", err_buf);
         n_fail++;
         return;
     }
+    check_exact("host offsets == the route's, cpu and cuda", hoc == std::vector<int64_t>(rc.begin() + 2 * A, rc.end()) &&
+                                                              hog == hoc);
+    check_exact("one sync in the forward, none in the backward given the host offsets",
+                syncs1 - syncs0 == 1 && syncs2 == syncs1);
+    check_exact("the backward without them: one sync, the same bits", emu::n_syncs - syncs2 == 1 && same_bits(dxg, dxg2) &&
+                same_bits(dpg, dpg2) && same_bits(dwgug, dwgug2) && same_bits(dwdg, dwdg2));
     check_exact("route (perm | pos | offsets) == cpu", rg == rc);
     check_exact("dropped count == cpu", dropg == dropc);
     if (grouped) check_exact("one grouped GEMM per stage (2 + 2)", n_grouped == 4 && n_gemm == 0);
