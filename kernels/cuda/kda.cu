@@ -11,7 +11,10 @@
  * dq, dk, dg and dβ sum over all columns: each split writes its partial sums, and kda_vsum_kernel adds them in
  * split order after each block of chunks (deterministic; in bf16 rounded once). The dependent chain stays
  * T / 16 chunks long; the split shortens each step (the column products are the bulk of a chunk's work) and
- * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
+ * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). The backward also moves the state-free work
+ * off that chain: before each block of chunks a pre-pass (kda_intra_kernel, a block per chunk and head, all in
+ * parallel) forms every chunk's Af, P and M (the K̂Ǩᵀ / Q̂Ǩᵀ products and the 16-step substitution), and the
+ * sequential kernel reads them; the same functions on the same chunk give the same bits. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
  * chunk runs as chunks of 16, which is the same function (§4) with a smaller |G|. Rows of a ragged chunk
  * are zero (q = k = v = β = g = 0): they add nothing, and G of the last row stays G_c.
  *
@@ -123,6 +126,31 @@ static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward)
         L.Ub = kda_take(bp, 2 * cv);
         cur = (b + 1) / 2;
     }
+    L.total = cur;
+    return L;
+}
+
+/* kda_intra_kernel's layout: a chunk's dk-side work only (as the backward lays it out, without S and dv) */
+static kda_smem kda_layout_intra(int dk, int safe)
+{
+    kda_smem L;
+    memset(&L, 0xff, sizeof L);
+    int cur = 0, ck = KDA_CT * dk, cc = KDA_CT * KDA_CT;
+    L.lds = 0;
+    L.Qh = kda_take(&cur, ck);
+    L.Kh = kda_take(&cur, ck);
+    L.Kr = kda_take(&cur, ck);
+    L.G = kda_take(&cur, ck);
+    if (!safe) L.Kc = kda_take(&cur, ck);
+    if (safe) {
+        L.q = kda_take(&cur, ck);
+        L.k = kda_take(&cur, ck);
+    }
+    L.Af = kda_take(&cur, cc);
+    L.P = kda_take(&cur, cc);
+    L.M = kda_take(&cur, cc);
+    L.beta = kda_take(&cur, KDA_CT);
+    L.eGc = kda_take(&cur, dk);
     L.total = cur;
     return L;
 }
@@ -614,8 +642,11 @@ template <typename T> struct kda_bwd_args {
     int nv;                        /* column split (kda_fwd_args); nv > 1: the dk-side gradients go to part */
     float *part;                   /* [nv, prow, H, KDA_PW(dk)]: each split's dq, dk, dg, dβ over its columns, the rows */
     int64_t prow;                  /* of the group's state slots (slot·C + r); kda_vsum_kernel adds them in order */
+    const float *intra;            /* NULL, or per state slot and head the chunk's Af, P, M (kda_intra_kernel) */
     kda_smem L;                    /* sized for dv / nv columns */
 };
+
+#define KDA_INTRA (3 * KDA_CT * KDA_CT)   /* a chunk's Af, P, M */
 
 #define KDA_PW(dk) (3 * (dk) + 1)  /* a row's partial gradients: dq, dk, dg, then dβ */
 
@@ -655,7 +686,16 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
         __syncthreads();
         kda_prep<false>(w, rows, dk);
         __syncthreads();
-        kda_pairs<false>(w, dk, safe);
+        const float *pre = a.intra ? a.intra + ((sg.buf0 + ch - c0) * H + h) * (int64_t)KDA_INTRA : nullptr;
+        if (pre) {   /* the pre-pass's bits: the same functions on the same chunk */
+            for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
+                w.Af[idx] = pre[idx];
+                w.P[idx] = pre[KDA_CT * KDA_CT + idx];
+                w.M[idx] = pre[2 * KDA_CT * KDA_CT + idx];
+            }
+        } else {
+            kda_pairs<false>(w, dk, safe);
+        }
         /* R = V − K̂S₀, and the state part of dU: K_r dS_c */
         for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
             int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
@@ -678,7 +718,7 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
             }
         }
         __syncthreads();
-        kda_solve<false>(w);
+        if (!pre) kda_solve<false>(w);
         __syncthreads();
         /* U = M diag(β) R;  dU += Pᵀ dO */
         for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
@@ -860,6 +900,54 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_chunk_backwa
         }
 }
 
+/* the backward's pre-pass over a block of chunks: per chunk and head, in parallel, the dk-side work that needs no
+   state (kda.md §4: Af = StrictTril(K̂Ǩᵀ), P = Tril(Q̂Ǩᵀ), M = (I + diag(β)Af)⁻¹), written per state slot (the group's
+   slots, as kda_vsum_kernel maps them) for the sequential kernel to read instead of forming them on its critical
+   path: the K̂Ǩᵀ products and the 16-step substitution leave the chain of T / 16 dependent steps. Blocks: slot x head. */
+template <typename T> struct kda_intra_args {
+    float *out;                    /* [slots, H, KDA_INTRA] */
+    const T *q, *k, *g, *beta;
+    const kda_seg *seg;
+    int nseg, H, dk, C, safe;
+    int64_t blk;
+    kda_smem L;
+};
+
+template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_intra_kernel(kda_intra_args<T> a)
+{
+    extern __shared__ __align__(128) float4 kda_smem4[];
+    float *sm = reinterpret_cast<float *>(kda_smem4);
+    const kda_views w = kda_make_views(sm, a.L);
+    const int H = a.H, h = blockIdx.x % H;
+    const int64_t slot = blockIdx.x / H;
+    int lo = 0, hi = a.nseg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (a.seg[mid].buf0 <= slot) lo = mid;
+        else hi = mid - 1;
+    }
+    const kda_seg sg = a.seg[lo];
+    const int64_t nch = (sg.len + a.C - 1) / a.C, ch = a.blk * sg.kbc + (slot - sg.buf0);
+    if (slot - sg.buf0 >= sg.kbc || ch >= nch) return;   /* block-uniform */
+    const int64_t tok0 = sg.start + ch * a.C;
+    const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
+    kda_load<T>(w, a.q, a.k, (const T *)nullptr, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, a.dk, 0, 0, 0, 0,
+                0.0, nullptr);
+    __syncthreads();
+    kda_prep<false>(w, rows, a.dk);
+    __syncthreads();
+    kda_pairs<false>(w, a.dk, a.safe);
+    __syncthreads();
+    kda_solve<false>(w);
+    __syncthreads();
+    float *o = a.out + (slot * H + h) * (int64_t)KDA_INTRA;
+    for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
+        o[idx] = w.Af[idx];
+        o[KDA_CT * KDA_CT + idx] = w.P[idx];
+        o[2 * KDA_CT * KDA_CT + idx] = w.M[idx];
+    }
+}
+
 /* the split backward's dq, dk, dg, dβ: each row's partials over the nv column splits, added in split order in
    fp32 and rounded once. Rows are the group's state slots (slot·C + r); a row's segment is the last whose first
    slot is at or before it; rows past a segment's block or tokens are unused. */
@@ -985,6 +1073,9 @@ static int64_t kda_bwd_budget = 0;
    (a positive integer dividing dv; 1 = never split) overrides the choice, for benchmarks; tests of the emulator set
    kda_vsplit_force. -1 with the error set on a bad value. */
 static int kda_vsplit_force = 0;
+/* tests of the emulator: 1 runs the backward without its pre-pass (kda_intra_kernel), each chunk's Af, P, M formed
+   in the sequential kernel as the forward does */
+static int kda_intra_off = 0;
 
 static int kda_vsplit(const char *what, int64_t blocks, int64_t dv)
 {
@@ -1240,6 +1331,7 @@ struct kda_bwd_plan {
     kda_seg *seg;                 /* malloc'ed; the caller frees it */
     int64_t nseg, n_ck, slots, gsegs, maxblk, C;
     int own, nv;                  /* nv: the column split (kda_vsplit) over the largest group's blocks */
+    int intra;                    /* the pre-pass (kda_intra_kernel) runs */
     std::vector<int64_t> groups, nblk;
 };
 
@@ -1254,6 +1346,7 @@ static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg,
         return -1;
     kda_groups(p.seg, p.nseg, C, kda_bwd_budget > 0 ? kda_bwd_budget : p.n_ck, p.groups, &p.slots, &p.gsegs);
     p.C = C;
+    p.intra = !kda_intra_off;
     p.nv = kda_vsplit(what, p.gsegs * H, dv);
     if (p.nv < 0) {
         free(p.seg);
@@ -1280,12 +1373,17 @@ static size_t kda_partial_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk)
     return p.nv > 1 ? (size_t)p.nv * (size_t)(p.slots * p.C) * (size_t)H * (size_t)KDA_PW(dk) * sizeof(float) : 0;
 }
 
+static size_t kda_intra_bytes(const kda_bwd_plan &p, int64_t H)
+{
+    return p.intra ? (size_t)p.slots * (size_t)H * KDA_INTRA * sizeof(float) : 0;
+}
+
 static size_t kda_backward_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk, int64_t dv, size_t *ckpt_bytes)
 {
     const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
     *ckpt_bytes = p.own ? 0 : (size_t)p.n_ck * sz;
     return (size_t)p.nseg * sizeof(kda_seg) + (p.own ? (size_t)p.n_ck * sz : 0) + (size_t)p.slots * sz +
-           (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0) + kda_partial_bytes(p, H, dk);
+           (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0) + kda_partial_bytes(p, H, dk) + kda_intra_bytes(p, H);
 }
 
 /* one block of chunks of the backward: blk of every segment in the group seg_d[0, nseg) */
@@ -1329,16 +1427,17 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     int rc = kda_upload_segments(what, pl.seg, nseg, &seg_d, s);
     free(pl.seg);
     const size_t sz = (size_t)H * (size_t)dk * (size_t)dv * sizeof(float);
-    float *ckpt = (float *)ckpt_in, *states = NULL, *carry = NULL, *part = NULL;
+    float *ckpt = (float *)ckpt_in, *states = NULL, *carry = NULL, *part = NULL, *intra = NULL;
     cudaError_t e = cudaSuccess;
     if (!rc && own) e = tide_cuda_alloc((void **)&ckpt, (size_t)n_ck * sz, s);
     if (!rc && e == cudaSuccess) e = tide_cuda_alloc((void **)&states, (size_t)slots * sz, s);
     if (!rc && e == cudaSuccess && pl.maxblk > 1) e = tide_cuda_alloc((void **)&carry, (size_t)gsegs * sz, s);
     if (!rc && e == cudaSuccess && nv > 1) e = tide_cuda_alloc((void **)&part, kda_partial_bytes(pl, H, dk), s);
+    if (!rc && e == cudaSuccess && pl.intra) e = tide_cuda_alloc((void **)&intra, kda_intra_bytes(pl, H), s);
     if (!rc && e != cudaSuccess) {
         size_t ck_bytes;
         rc = tide_set_error("cuda %s: %zu bytes of scratch (%lld checkpoints%s, %lld chunk start states, %lld carried "
-                            "gradients, %d column splits): %s", what, kda_backward_bytes(pl, H, dk, dv, &ck_bytes),
+                            "gradients, %d column splits, the pre-pass): %s", what, kda_backward_bytes(pl, H, dk, dv, &ck_bytes),
                             (long long)n_ck, own ? "" : " kept by the forward", (long long)slots, (long long)gsegs, nv,
                             cudaGetErrorString(e));
     }
@@ -1377,8 +1476,21 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     args.nv = nv;
     args.part = part;
     args.prow = slots * C;
+    args.intra = intra;
     args.L = kda_layout((int)dk, (int)(dv / nv), safe, 0, 1);
     size_t bytes = (size_t)args.L.total * sizeof(float);
+    kda_intra_args<T> ia;
+    ia.out = intra;
+    ia.q = (const T *)q;
+    ia.k = (const T *)k;
+    ia.g = (const T *)g;
+    ia.beta = (const T *)beta;
+    ia.H = (int)H;
+    ia.dk = (int)dk;
+    ia.C = C;
+    ia.safe = safe;
+    ia.L = kda_layout_intra((int)dk, safe);
+    size_t ibytes = (size_t)ia.L.total * sizeof(float);
     if (!rc) {
         int limit = kda_dyn_limit(kda_chunk_backward_kernel<T>);
         if (bytes > (size_t)limit)
@@ -1387,6 +1499,18 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
         else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)bytes) != cudaSuccess)
             rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!rc && intra) {
+        int limit = kda_dyn_limit(kda_intra_kernel<T>);
+        if (ibytes > (size_t)limit)
+            rc = tide_set_error("%s: dk %lld needs %zu bytes of shared memory per block in the pre-pass; the device "
+                                "allows %d", what, (long long)dk, ibytes, limit);
+        else if (cudaFuncSetAttribute(kda_intra_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ibytes) !=
+                 cudaSuccess)
+            rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
+        if (!rc && slots * H > INT_MAX)
+            rc = tide_set_error("%s: %lld state slots x %lld heads is too many blocks", what, (long long)slots,
+                                (long long)H);
     }
     /* each group: its blocks from the last, the start states of a block then its chunks in reverse */
     for (size_t gi = 0; !rc && gi + 1 < groups.size(); gi++) {
@@ -1397,6 +1521,14 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
                                        H, dk, dv, safe, C, 0, lb, (unsigned long long *)NULL, 0, nv, s);
             args.seg = seg_d + g0;
             args.blk = blk;
+            if (!rc && intra) {
+                ia.seg = seg_d + g0;
+                ia.nseg = (int)ng;
+                ia.blk = blk;
+                kda_intra_kernel<T><<<(unsigned)(slots * H), KDA_NT, ibytes, s>>>(ia);
+                cudaError_t le = cudaGetLastError();
+                if (le != cudaSuccess) rc = tide_set_error("cuda %s pre-pass kernel: %s", what, cudaGetErrorString(le));
+            }
             if (!rc) rc = kda_backward_block<T>(what, args, ng, bytes, s);
             if (!rc && nv > 1) {
                 int64_t n = args.prow * H * KDA_PW(dk);
@@ -1408,6 +1540,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
             }
         }
     }
+    tide_cuda_release(intra, s);
     tide_cuda_release(part, s);
     tide_cuda_release(carry, s);
     tide_cuda_release(states, s);

@@ -193,6 +193,9 @@ static void one_config(const config *c, int64_t T, int sms)
         emit("kda_vsum_kernel<*>", c->name, shape, tide_grid_blocks(prow * c->kda_h * (3 * c->kda_dk + 1), sms), 1, 1,
              TIDE_THREADS, 1, 1, 0, 0, N * HD);
         emit("kda_chunk_kernel<*>", c->name, "docs of 16 tokens", docs * c->kda_h * nvd, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        /* the backward's pre-pass: a block per state slot (a block of chunks per segment; docs: one chunk each) and head */
+        emit("kda_intra_kernel<*>", c->name, shape, prow / 16 * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
+        emit("kda_intra_kernel<*>", c->name, "docs of 16 tokens", docs * c->kda_h, 1, 1, 0, 0, 0, -1, 1, N * HD);
         emit("kdec_kernel<*>", c->name, "decode", c->batch * c->kda_h, 1, 1, 0, 0, 0, (int64_t)(3 * c->kda_dk) * 4, 0,
              c->batch * c->kda_h * c->kda_dk * c->kda_dv);
     }

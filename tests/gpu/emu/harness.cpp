@@ -803,6 +803,72 @@ static void run_kda_split(const char *name, const KdaProb &p, int path, int chun
     check("dbeta against the unsplit backward", from_dev(a.gb), from_dev(one.gb), tol);
 }
 
+// the backward's pre-pass (kda_intra_kernel: each chunk's Af, P, M in parallel, read by the sequential kernel) must
+// give the bits of the backward that forms them in the sequential kernel
+template <class T>
+static void run_kda_intra(const char *name, const KdaProb &p, int path, int chunk, int nv)
+{
+    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
+    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s, %d column splits]\n", name, p.B, p.T, p.H,
+           p.dk, p.dv, p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32", nv);
+    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
+    std::vector<float> s0(p.s0.begin(), p.s0.end());
+    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
+    int64_t nseg = (int64_t)p.cu.size() - 1;
+    vd r1(No), r2(Ns);
+    for (auto &x : r1) x = randn();
+    for (auto &x : r2) x = randn();
+    auto gout = to_dev<T>(r1);
+    std::vector<float> gso(r2.begin(), r2.end());
+    struct Out {
+        std::vector<T> gq, gk, gv, gg, gb;
+        std::vector<float> gs0;
+        size_t peak, want;
+    };
+    auto run = [&](int off, Out &r) {
+        kda_intra_off = off;
+        kda_vsplit_force = nv;
+        kda_bwd_ckpt_chunks = 2;   // blocks of 2 chunks: the pre-pass runs per block, segments in groups
+        r.gq.assign(Nk, T(NAN));
+        r.gk = r.gq;
+        r.gg = r.gq;
+        r.gv.assign(No, T(NAN));
+        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
+        r.gs0.assign(Ns, NAN);
+        kda_bwd_plan pl;
+        int rc = kda_backward_plan("plan", p.cu.data(), nseg, p.B, p.T, p.H, p.dv, path, chunk, 1, pl);
+        size_t ckb = 0;
+        r.want = rc ? 0 : kda_backward_bytes(pl, p.H, p.dk, p.dv, &ckb);
+        free(pl.seg);
+        emu::peak_bytes = emu::live_bytes;
+        size_t base = emu::live_bytes;
+        if (!rc)
+            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
+                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
+                                        be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk,
+                                        -5, nullptr);
+        r.peak = emu::peak_bytes - base;
+        kda_intra_off = 0;
+        kda_vsplit_force = 0;
+        kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
+        if (rc) printf("  failed: %s\n", err_buf);
+        return rc;
+    };
+    auto same = [](const auto &a, const auto &b) { return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof a[0]); };
+    Out with, without;
+    if (run(0, with) || run(1, without)) {
+        n_fail++;
+        return;
+    }
+    bool bits = same(with.gq, without.gq) && same(with.gk, without.gk) && same(with.gv, without.gv) &&
+                same(with.gg, without.gg) && same(with.gb, without.gb) && same(with.gs0, without.gs0);
+    bool mem = with.peak == with.want && without.peak == without.want && with.want > without.want;
+    printf("  %-46s %s  peak %zu bytes (formula %zu; without the pre-pass %zu)\n", "pre-pass: the same bits",
+           bits && mem ? "ok  " : "FAIL", with.peak, with.want, without.peak);
+    if (bits && mem) n_pass++;
+    else n_fail++;
+}
+
 // the split the host code chooses (launch.h tide_kda_vsplit): the device filled, >= 64 columns a block
 static void kda_split_choice()
 {
@@ -854,7 +920,8 @@ static void kda_memory_table()
     const int sms = emu_sm_count;
     emu_sm_count = 132;   // an H100's SMs: the column split the backward would choose there (96 blocks: 2 splits)
     printf("| T | chunks | before: every start state | after: checkpoints (forward) | after: backward scratch | "
-           "of it the column splits' partial sums | after: total | before/after |\n|---|---|---|---|---|---|---|---|\n");
+           "of it the column splits' partial sums | of it the pre-pass's chunk matrices | after: total | before/after |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
     std::string json = "[";
     for (int64_t T : {8192LL, 65536LL, 262144LL, 1048576LL}) {
         int64_t cu[2] = {0, T};
@@ -864,7 +931,8 @@ static void kda_memory_table()
             n_fail++;
             return;
         }
-        size_t ckb = 0, bw = kda_backward_bytes(pl, H, dk, dv, &ckb), pb = kda_partial_bytes(pl, H, dk);
+        size_t ckb = 0, bw = kda_backward_bytes(pl, H, dk, dv, &ckb), pb = kda_partial_bytes(pl, H, dk),
+               ib = kda_intra_bytes(pl, H);
         int nv = pl.nv;
         free(pl.seg);
         int64_t nch = (T + KDA_CT - 1) / KDA_CT;
@@ -875,14 +943,14 @@ static void kda_memory_table()
             while (b >= 1024 && i < 3) b /= 1024, i++;
             snprintf(o, 32, "%.4g %s", b, u[i]);
         };
-        char a[32], b[32], c[32], d[32], e[32];
-        fmt(before, a), fmt((double)ckb, b), fmt((double)bw, c), fmt(after, d), fmt((double)pb, e);
-        printf("| %lld | %lld | %s (%.0f KiB/token) | %s | %s | %s (%d splits) | %s (%.2f KiB/token) | %.0fx |\n",
-               (long long)T, (long long)nch, a, before / T / 1024, b, c, e, nv, d, after / T / 1024, before / after);
+        char a[32], b[32], c[32], d[32], e[32], f[32];
+        fmt(before, a), fmt((double)ckb, b), fmt((double)bw, c), fmt(after, d), fmt((double)pb, e), fmt((double)ib, f);
+        printf("| %lld | %lld | %s (%.0f KiB/token) | %s | %s | %s (%d splits) | %s | %s (%.2f KiB/token) | %.0fx |\n",
+               (long long)T, (long long)nch, a, before / T / 1024, b, c, e, nv, f, d, after / T / 1024, before / after);
         json += std::string(json.size() > 1 ? "," : "") + "{\"T\": " + std::to_string(T) + ", \"chunks\": " +
                 std::to_string(nch) + ", \"before_bytes\": " + std::to_string((long long)before) +
                 ", \"ckpt_bytes\": " + std::to_string(ckb) + ", \"backward_scratch_bytes\": " + std::to_string(bw) +
-                ", \"column_splits\": " + std::to_string(nv) + ", \"split_partial_bytes\": " + std::to_string(pb) +
+                ", \"column_splits\": " + std::to_string(nv) + ", \"split_partial_bytes\": " + std::to_string(pb) + ", \"prepass_bytes\": " + std::to_string(ib) +
                 ", \"after_bytes\": " + std::to_string((long long)after) + "}";
     }
     printf("json %s]\n", json.c_str());
@@ -1002,6 +1070,11 @@ int main(int argc, char **argv)
         kda_vsplit_force = 4;
         KdaProb pr = make_prob(2, 37, 1, 8, 16, {5, 40, 60}, -5, false, false);
         run_kda_case<float>("kda chunk f32, 4 column splits", pr, TIDE_KDA_CHUNK, 7, -5, 1e-5, 1e-5);
+        // the backward's pre-pass: its bits are the sequential kernel's, on every path, split or not
+        run_kda_intra<float>("kda backward pre-pass f32", p, TIDE_KDA_CHUNK, 16, 1);
+        run_kda_intra<float>("kda backward pre-pass f32 safe, 2 splits", p, TIDE_KDA_CHUNK_SAFE, 16, 2);
+        run_kda_intra<float>("kda backward pre-pass f32 recurrent", p, TIDE_KDA_RECURRENT, 0, 1);
+        run_kda_intra<__nv_bfloat16>("kda backward pre-pass bf16", pb, TIDE_KDA_CHUNK, 16, 1);
         // the checkpointed backward's bits and its peak bytes (the partial buffer counted) with a split
         kda_vsplit_force = 2;
         run_kda_ckpt<float>("kda checkpointed backward f32, 2 column splits", p, TIDE_KDA_CHUNK, 16);
