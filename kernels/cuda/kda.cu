@@ -11,10 +11,12 @@
  * dq, dk, dg and dβ sum over all columns: each split writes its partial sums, and kda_vsum_kernel adds them in
  * split order after each block of chunks (deterministic; in bf16 rounded once). The dependent chain stays
  * T / 16 chunks long; the split shortens each step (the column products are the bulk of a chunk's work) and
- * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). The backward also moves the state-free work
- * off that chain: before each block of chunks a pre-pass (kda_intra_kernel, a block per chunk and head, all in
- * parallel) forms every chunk's Af, P and M (the K̂Ǩᵀ / Q̂Ǩᵀ products and the 16-step substitution), and the
- * sequential kernel reads them; the same functions on the same chunk give the same bits. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
+ * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). The state-free work also leaves that chain:
+ * before each block of chunks a pre-pass (kda_intra_kernel, a block per chunk and head, all in parallel) forms every
+ * chunk's Af, P and M (the K̂Ǩᵀ / Q̂Ǩᵀ products and the 16-step substitution), and the sequential kernel reads them;
+ * the same functions on the same chunk give the same bits. The backward runs block by block anyway; the training
+ * forward (checkpoints kept) runs in the same rounds (kda_forward_rounds), each block from its checkpoint, so the
+ * pre-pass buffer holds one block of chunks per segment group, as the backward's state buffer does. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
  * chunk runs as chunks of 16, which is the same function (§4) with a smaller |G|. Rows of a ragged chunk
  * are zero (q = k = v = β = g = 0): they add nothing, and G of the last row stays G_c.
  *
@@ -48,6 +50,7 @@
 #define KDA_NW (KDA_NT / 32)
 #define KDA_RB 4                  /* rows per thread in the [CT, n] products */
 #define KDA_RG (KDA_CT / KDA_RB)  /* row groups */
+#define KDA_INTRA (3 * KDA_CT * KDA_CT)   /* a chunk's Af, P, M (kda_intra_kernel) */
 
 typedef __nv_bfloat16 kda_bf16;
 
@@ -130,8 +133,9 @@ static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward)
     return L;
 }
 
-/* kda_intra_kernel's layout: a chunk's dk-side work only (as the backward lays it out, without S and dv) */
-static kda_smem kda_layout_intra(int dk, int safe)
+/* kda_intra_kernel's layout: a chunk's dk-side work only (as the backward lays it out, without S and dv; with the
+   bf16 halves the tensor-core products take) */
+static kda_smem kda_layout_intra(int dk, int safe, int wmma)
 {
     kda_smem L;
     memset(&L, 0xff, sizeof L);
@@ -151,6 +155,15 @@ static kda_smem kda_layout_intra(int dk, int safe)
     L.M = kda_take(&cur, cc);
     L.beta = kda_take(&cur, KDA_CT);
     L.eGc = kda_take(&cur, dk);
+    if (wmma) {
+        int b = 2 * cur, *bp = &b;
+        L.Qb = kda_take(bp, 2 * ck);
+        L.Kb = kda_take(bp, 2 * ck);
+        L.Cb = kda_take(bp, 2 * ck);
+        L.Mb = kda_take(bp, 2 * cc);
+        L.Pb = kda_take(bp, 2 * cc);
+        cur = (b + 1) / 2;
+    }
     L.total = cur;
     return L;
 }
@@ -372,7 +385,10 @@ template <typename T> struct kda_fwd_args {
     float *s_out;
     float *ckpt;                   /* blk < 0: checkpoints written here (or NULL); blk >= 0: read from here */
     float *states;                 /* blk >= 0: the block's chunk start states [slot, H, dk, dv], slot buf0 + i */
-    int64_t blk;                   /* -1: whole segments from s0; else block blk of each segment, states only */
+    int64_t blk;                   /* -1: whole segments from s0; else block blk of each segment: states only, or
+                                      with o the training forward's round blk (kda_forward_rounds): o for the block's
+                                      chunks from s0 (blk 0) or checkpoint blk, then checkpoint blk + 1 or s_out */
+    const float *intra;            /* NULL, or per state slot and head the chunk's Af, P, M (kda_intra_kernel) */
     const T *q, *k, *v, *g, *beta;
     const float *s0;
     const kda_seg *seg;
@@ -400,7 +416,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         c0 = a.blk * sg.kbc;
         if (c0 >= nch) return;           /* the whole block: this segment has no such block */
         c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
-        s0 = a.ckpt + ((sg.ck0 + a.blk) * H + h) * sz;
+        if (!a.o || a.blk > 0) s0 = a.ckpt + ((sg.ck0 + a.blk) * H + h) * sz;
     }
     for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[kda_sidx(idx, dv, DV, v0)] : 0.f;
 
@@ -408,7 +424,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         const int64_t tok0 = sg.start + ch * a.C;
         const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
         __syncthreads();                 /* S is final for this chunk; the buffers are free */
-        if (a.blk < 0 && a.ckpt && ch % sg.kbc == 0) {
+        if (a.ckpt && ch % sg.kbc == 0 && (a.blk < 0 || (a.o && ch == 0))) {
             float *st = a.ckpt + ((sg.ck0 + ch / sg.kbc) * H + h) * sz;
             for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
         }
@@ -422,7 +438,15 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         __syncthreads();
         kda_prep<WMMA>(w, rows, dk);
         __syncthreads();
-        kda_pairs<WMMA>(w, dk, a.safe);
+        const float *pre = a.intra ? a.intra + ((sg.buf0 + ch - c0) * H + h) * (int64_t)KDA_INTRA : nullptr;
+        if (pre) {   /* the pre-pass's P and M (the same functions on the same chunk); Af only feeds the inverse */
+            for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
+                w.P[idx] = pre[KDA_CT * KDA_CT + idx];
+                w.M[idx] = pre[2 * KDA_CT * KDA_CT + idx];
+            }
+        } else {
+            kda_pairs<WMMA>(w, dk, a.safe);
+        }
         /* R = V − K̂S₀ and O = Q̂S₀ (the inter-chunk part), RB rows x one column per item */
         for (int it = threadIdx.x; it < KDA_RG * dv; it += KDA_NT) {
             int rg = it / dv, j = it - rg * dv, r0 = rg * KDA_RB;
@@ -450,7 +474,14 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
             }
         }
         __syncthreads();
-        kda_solve<WMMA>(w);
+        if (!pre) {
+            kda_solve<WMMA>(w);
+        } else if constexpr (WMMA) {   /* the bf16 hi/lo halves kda_solve makes of M and the masked P */
+            for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
+                kda_split(w.Mb, KDA_CT * KDA_CT, idx, w.M[idx]);
+                kda_split(w.Pb, KDA_CT * KDA_CT, idx, w.P[idx]);
+            }
+        }
         __syncthreads();
         /* U = M diag(β) R; with wmma each warp owns 16 columns and also adds P U into O there */
         if constexpr (WMMA) {
@@ -530,7 +561,12 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         }
     }
     __syncthreads();
-    if (sg.sout_row >= 0 && a.s_out) {
+    if (a.blk >= 0 && c1 < nch) {        /* a round that is not the segment's last: the next block's checkpoint */
+        if (a.o && a.ckpt) {
+            float *st = a.ckpt + ((sg.ck0 + a.blk + 1) * H + h) * sz;
+            for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
+        }
+    } else if (sg.sout_row >= 0 && a.s_out) {
         float *so = a.s_out + (sg.sout_row * H + h) * sz;
         for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) so[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
     }
@@ -645,8 +681,6 @@ template <typename T> struct kda_bwd_args {
     const float *intra;            /* NULL, or per state slot and head the chunk's Af, P, M (kda_intra_kernel) */
     kda_smem L;                    /* sized for dv / nv columns */
 };
-
-#define KDA_INTRA (3 * KDA_CT * KDA_CT)   /* a chunk's Af, P, M */
 
 #define KDA_PW(dk) (3 * (dk) + 1)  /* a row's partial gradients: dq, dk, dg, then dβ */
 
@@ -913,7 +947,7 @@ template <typename T> struct kda_intra_args {
     kda_smem L;
 };
 
-template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_intra_kernel(kda_intra_args<T> a)
+template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_intra_kernel(kda_intra_args<T> a)
 {
     extern __shared__ __align__(128) float4 kda_smem4[];
     float *sm = reinterpret_cast<float *>(kda_smem4);
@@ -934,11 +968,11 @@ template <typename T> __global__ void __launch_bounds__(KDA_NT) kda_intra_kernel
     kda_load<T>(w, a.q, a.k, (const T *)nullptr, a.g, a.beta, (const T *)nullptr, tok0, rows, h, H, a.dk, 0, 0, 0, 0,
                 0.0, nullptr);
     __syncthreads();
-    kda_prep<false>(w, rows, a.dk);
+    kda_prep<WMMA>(w, rows, a.dk);
     __syncthreads();
-    kda_pairs<false>(w, a.dk, a.safe);
+    kda_pairs<WMMA>(w, a.dk, a.safe);
     __syncthreads();
-    kda_solve<false>(w);
+    kda_solve<WMMA>(w);
     __syncthreads();
     float *o = a.out + (slot * H + h) * (int64_t)KDA_INTRA;
     for (int idx = threadIdx.x; idx < KDA_CT * KDA_CT; idx += KDA_NT) {
@@ -1197,13 +1231,14 @@ static int kda_launch_forward(const char *what, const kda_fwd_args<T> &args, int
 }
 
 /* the chunked forward of one dtype (kda_fwd_args): blk < 0: o, s_out and ckpt (each may be NULL); blk >= 0: the
-   start states of block blk of every segment into states, from ckpt */
+   start states of block blk of every segment into states, from ckpt, or with o round blk of kda_forward_rounds */
 template <typename T>
 static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt, float *states, int64_t blk,
                               const T *q, const T *k,
                               const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
                               int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
-                              unsigned long long *bad, unsigned long long bad_base, int nv, cudaStream_t s)
+                              unsigned long long *bad, unsigned long long bad_base, int nv, cudaStream_t s,
+                              const float *intra = nullptr)
 {
     /* tensor cores for bf16 on the factorised path (kda.md §5), whole 16-column tiles in every split; f32 and the
        per-pair path use FMA. The split changes no bit: a column's sums run in the same order in any block. */
@@ -1231,6 +1266,7 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
     args.bad = bad;
     args.bad_base = bad_base;
     args.nv = nv;
+    args.intra = intra;
     args.L = kda_layout((int)dk, (int)(dv / nv), safe, wmma, 0);
     if (nseg * H * nv > INT_MAX)
         return tide_set_error("%s: %lld segments x %lld heads x %d column splits is too many blocks", what,
@@ -1270,59 +1306,6 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
     kda_recurrent_kernel<T><<<(unsigned)(nseg * H), KDA_NT, bytes, s>>>(args);
     TIDE_CU_LAUNCH("kda recurrent kernel");
     return 0;
-}
-
-template <typename T>
-static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
-                             const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
-                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
-{
-    const char *what = "kda";
-    TIDE_STREAM(s);
-    if (B * T_ == 0) return kda_empty_rows(what, (float *)s_out, (const float *)s0, B, H, dk, dv, s);
-    int C = kda_chunk_of(path, chunk);
-    kda_seg *seg = NULL, *seg_d = NULL;
-    int64_t nseg = 0, n_ck = 0;
-    if (kda_segments(what, cu, n_seg, B, T_, C, path == TIDE_KDA_RECURRENT ? C : chunk, TIDE_KDA_CUDA_CKPT_CHUNKS,
-                     &seg, &nseg, &n_ck))
-        return -1;
-    int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
-    free(seg);
-    int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
-    if (B * T_ * H * dk >= (1ll << TIDE_DEFER_SHIFT)) check = 0;   /* past the record's position bits (2^40) */
-    tide_cuda_scratch *sc = NULL;
-    unsigned long long base = 0;
-    int nv = path == TIDE_KDA_RECURRENT ? 1 : kda_vsplit(what, nseg * H, dv);
-    if (nv < 0) rc = -1;
-    if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
-    if (!rc) {
-        if (path == TIDE_KDA_RECURRENT)
-            rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
-                                          (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
-        else
-            rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (float *)NULL, -1, (const T *)q,
-                                       (const T *)k, (const T *)v, (const T *)g, (const T *)beta, (const float *)s0,
-                                       seg_d, nseg, H, dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
-                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, nv, s);
-    }
-    tide_cuda_release(seg_d, s);
-    if (!rc && check) rc = kda_check_end<T>(sc, base, g, s);
-    return rc;
-}
-
-int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
-                  const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
-                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
-{
-    if (kda_check_sizes("kda", dtype, B, T, H, dk, dv)) return -1;
-    if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
-        return tide_set_error("kda: unknown path %d (TIDE_KDA_CHUNK, TIDE_KDA_CHUNK_SAFE, TIDE_KDA_RECURRENT)", path);
-    if (path != TIDE_KDA_RECURRENT && chunk < 1) return tide_set_error("kda: chunk %lld must be positive", (long long)chunk);
-    if (dtype == TIDE_F32)
-        return kda_forward_typed<float>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
-                                        path == TIDE_KDA_RECURRENT ? NULL : ckpt);
-    return kda_forward_typed<kda_bf16>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
-                                       path == TIDE_KDA_RECURRENT ? NULL : ckpt);
 }
 
 /* what the backward runs over: the segments with their checkpoint layout (the forward's, or its own when
@@ -1384,6 +1367,146 @@ static size_t kda_backward_bytes(const kda_bwd_plan &p, int64_t H, int64_t dk, i
     *ckpt_bytes = p.own ? 0 : (size_t)p.n_ck * sz;
     return (size_t)p.nseg * sizeof(kda_seg) + (p.own ? (size_t)p.n_ck * sz : 0) + (size_t)p.slots * sz +
            (p.maxblk > 1 ? (size_t)p.gsegs * sz : 0) + kda_partial_bytes(p, H, dk) + kda_intra_bytes(p, H);
+}
+
+/* the pre-pass over block blk of the group's segments seg_d[0, ng): a block per state slot and head */
+template <typename T, bool WMMA>
+static int kda_launch_intra(const char *what, kda_intra_args<T> ia, int64_t slots, int64_t H, cudaStream_t s)
+{
+    size_t bytes = (size_t)ia.L.total * sizeof(float);
+    int limit = kda_dyn_limit(kda_intra_kernel<T, WMMA>);
+    if (bytes > (size_t)limit)
+        return tide_set_error("%s: dk %d needs %zu bytes of shared memory per block in the pre-pass; the device allows %d",
+                              what, ia.dk, bytes, limit);
+    if (slots * H > INT_MAX)
+        return tide_set_error("%s: %lld state slots x %lld heads is too many blocks", what, (long long)slots, (long long)H);
+    TIDE_CU(cudaFuncSetAttribute(kda_intra_kernel<T, WMMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+            "kda pre-pass (shared memory attribute)");
+    kda_intra_kernel<T, WMMA><<<(unsigned)(slots * H), KDA_NT, bytes, s>>>(ia);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tide_set_error("cuda %s pre-pass kernel: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+template <typename T>
+static kda_intra_args<T> kda_intra_of(float *out, const void *q, const void *k, const void *g, const void *beta,
+                                      int64_t H, int64_t dk, int C, int safe, int wmma)
+{
+    kda_intra_args<T> ia;
+    memset(&ia, 0, sizeof ia);
+    ia.out = out;
+    ia.q = (const T *)q;
+    ia.k = (const T *)k;
+    ia.g = (const T *)g;
+    ia.beta = (const T *)beta;
+    ia.H = (int)H;
+    ia.dk = (int)dk;
+    ia.C = C;
+    ia.safe = safe;
+    ia.L = kda_layout_intra((int)dk, safe, wmma);
+    return ia;
+}
+
+/* The training forward (checkpoints kept, kda_forward_typed) in rounds: per group of segments (kda_groups, as the
+   backward takes them) and block of kbc chunks, the pre-pass forms every chunk's P and M in parallel, then the
+   sequential kernel runs the block from s0 or the block's checkpoint and writes the next block's checkpoint. The
+   same functions on the same chunks: o, the final states and the checkpoints are the single-launch forward's bits. */
+template <typename T>
+static int kda_forward_rounds(const char *what, T *o, float *s_out, float *ckpt, const T *q, const T *k, const T *v,
+                              const T *g, const T *beta, const float *s0, const int64_t *cu, int64_t n_seg, int64_t B,
+                              int64_t T_, int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, int check,
+                              double lb, unsigned long long *bad, unsigned long long bad_base, cudaStream_t s)
+{
+    int safe = path == TIDE_KDA_CHUNK_SAFE, C = kda_chunk_of(path, chunk);
+    kda_bwd_plan pl;
+    if (kda_backward_plan(what, cu, n_seg, B, T_, H, dv, path, chunk, 0, pl)) return -1;
+    kda_seg *seg_d = NULL;
+    int rc = kda_upload_segments(what, pl.seg, pl.nseg, &seg_d, s);
+    free(pl.seg);
+    const int nv = pl.nv;
+    const bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && (dv / nv) % 16 == 0;
+    float *intra = NULL;
+    if (!rc && tide_cuda_alloc((void **)&intra, kda_intra_bytes(pl, H), s) != cudaSuccess)
+        rc = tide_set_error("cuda %s: %zu bytes of scratch for the pre-pass", what, kda_intra_bytes(pl, H));
+    kda_intra_args<T> ia = kda_intra_of<T>(intra, q, k, g, beta, H, dk, C, safe, wmma);
+    for (size_t gi = 0; !rc && gi + 1 < pl.groups.size(); gi++) {
+        int64_t g0 = pl.groups[gi], ng = pl.groups[gi + 1] - g0;
+        for (int64_t blk = 0; blk < pl.nblk[gi] && !rc; blk++) {
+            ia.seg = seg_d + g0;
+            ia.nseg = (int)ng;
+            ia.blk = blk;
+            if constexpr (sizeof(T) == 2) {
+                if (wmma) rc = kda_launch_intra<T, true>(what, ia, pl.slots, H, s);
+                else rc = kda_launch_intra<T, false>(what, ia, pl.slots, H, s);
+            } else {
+                rc = kda_launch_intra<T, false>(what, ia, pl.slots, H, s);
+            }
+            if (!rc)
+                rc = kda_forward_chunks<T>(what, o, s_out, ckpt, (float *)NULL, blk, q, k, v, g, beta, s0, seg_d + g0, ng,
+                                           H, dk, dv, safe, C, check, lb, bad, bad_base, nv, s, intra);
+        }
+    }
+    tide_cuda_release(intra, s);
+    tide_cuda_release(seg_d, s);
+    return rc;
+}
+
+template <typename T>
+static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                             const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T_,
+                             int64_t H, int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
+{
+    const char *what = "kda";
+    TIDE_STREAM(s);
+    if (B * T_ == 0) return kda_empty_rows(what, (float *)s_out, (const float *)s0, B, H, dk, dv, s);
+    int C = kda_chunk_of(path, chunk);
+    kda_seg *seg = NULL, *seg_d = NULL;
+    int64_t nseg = 0, n_ck = 0;
+    if (kda_segments(what, cu, n_seg, B, T_, C, path == TIDE_KDA_RECURRENT ? C : chunk, TIDE_KDA_CUDA_CKPT_CHUNKS,
+                     &seg, &nseg, &n_ck))
+        return -1;
+    int rc = kda_upload_segments(what, seg, nseg, &seg_d, s);
+    free(seg);
+    int check = path == TIDE_KDA_CHUNK && !(isinf(lb) && lb < 0);
+    if (B * T_ * H * dk >= (1ll << TIDE_DEFER_SHIFT)) check = 0;   /* past the record's position bits (2^40) */
+    tide_cuda_scratch *sc = NULL;
+    unsigned long long base = 0;
+    int nv = path == TIDE_KDA_RECURRENT ? 1 : kda_vsplit(what, nseg * H, dv);
+    if (nv < 0) rc = -1;
+    if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
+    if (!rc) {
+        if (path == TIDE_KDA_RECURRENT)
+            rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
+                                          (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
+        else if (o && ckpt && !kda_intra_off)   /* training: in rounds behind the pre-pass */
+            rc = kda_forward_rounds<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (const T *)q, (const T *)k,
+                                       (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, cu, n_seg, B,
+                                       T_, H, dk, dv, path, chunk, check, lb,
+                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, s);
+        else
+            rc = kda_forward_chunks<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (float *)NULL, -1, (const T *)q,
+                                       (const T *)k, (const T *)v, (const T *)g, (const T *)beta, (const float *)s0,
+                                       seg_d, nseg, H, dk, dv, path == TIDE_KDA_CHUNK_SAFE, C, check, lb,
+                                       check ? &sc->defer_key : (unsigned long long *)NULL, base, nv, s);
+    }
+    tide_cuda_release(seg_d, s);
+    if (!rc && check) rc = kda_check_end<T>(sc, base, g, s);
+    return rc;
+}
+
+int tide_cuda_kda(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,
+                  const void *beta, const void *s0, const int64_t *cu, int64_t n_seg, int64_t B, int64_t T, int64_t H,
+                  int64_t dk, int64_t dv, int path, int64_t chunk, double lb, void *ckpt)
+{
+    if (kda_check_sizes("kda", dtype, B, T, H, dk, dv)) return -1;
+    if (path != TIDE_KDA_CHUNK && path != TIDE_KDA_CHUNK_SAFE && path != TIDE_KDA_RECURRENT)
+        return tide_set_error("kda: unknown path %d (TIDE_KDA_CHUNK, TIDE_KDA_CHUNK_SAFE, TIDE_KDA_RECURRENT)", path);
+    if (path != TIDE_KDA_RECURRENT && chunk < 1) return tide_set_error("kda: chunk %lld must be positive", (long long)chunk);
+    if (dtype == TIDE_F32)
+        return kda_forward_typed<float>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
+                                        path == TIDE_KDA_RECURRENT ? NULL : ckpt);
+    return kda_forward_typed<kda_bf16>(o, s_out, q, k, v, g, beta, s0, cu, n_seg, B, T, H, dk, dv, path, chunk, lb,
+                                       path == TIDE_KDA_RECURRENT ? NULL : ckpt);
 }
 
 /* one block of chunks of the backward: blk of every segment in the group seg_d[0, nseg) */
@@ -1479,18 +1602,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     args.intra = intra;
     args.L = kda_layout((int)dk, (int)(dv / nv), safe, 0, 1);
     size_t bytes = (size_t)args.L.total * sizeof(float);
-    kda_intra_args<T> ia;
-    ia.out = intra;
-    ia.q = (const T *)q;
-    ia.k = (const T *)k;
-    ia.g = (const T *)g;
-    ia.beta = (const T *)beta;
-    ia.H = (int)H;
-    ia.dk = (int)dk;
-    ia.C = C;
-    ia.safe = safe;
-    ia.L = kda_layout_intra((int)dk, safe);
-    size_t ibytes = (size_t)ia.L.total * sizeof(float);
+    kda_intra_args<T> ia = kda_intra_of<T>(intra, q, k, g, beta, H, dk, C, safe, 0);
     if (!rc) {
         int limit = kda_dyn_limit(kda_chunk_backward_kernel<T>);
         if (bytes > (size_t)limit)
@@ -1499,18 +1611,6 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
         else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)bytes) != cudaSuccess)
             rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
-    }
-    if (!rc && intra) {
-        int limit = kda_dyn_limit(kda_intra_kernel<T>);
-        if (ibytes > (size_t)limit)
-            rc = tide_set_error("%s: dk %lld needs %zu bytes of shared memory per block in the pre-pass; the device "
-                                "allows %d", what, (long long)dk, ibytes, limit);
-        else if (cudaFuncSetAttribute(kda_intra_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ibytes) !=
-                 cudaSuccess)
-            rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
-        if (!rc && slots * H > INT_MAX)
-            rc = tide_set_error("%s: %lld state slots x %lld heads is too many blocks", what, (long long)slots,
-                                (long long)H);
     }
     /* each group: its blocks from the last, the start states of a block then its chunks in reverse */
     for (size_t gi = 0; !rc && gi + 1 < groups.size(); gi++) {
@@ -1525,9 +1625,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
                 ia.seg = seg_d + g0;
                 ia.nseg = (int)ng;
                 ia.blk = blk;
-                kda_intra_kernel<T><<<(unsigned)(slots * H), KDA_NT, ibytes, s>>>(ia);
-                cudaError_t le = cudaGetLastError();
-                if (le != cudaSuccess) rc = tide_set_error("cuda %s pre-pass kernel: %s", what, cudaGetErrorString(le));
+                rc = kda_launch_intra<T, false>(what, ia, slots, H, s);
             }
             if (!rc) rc = kda_backward_block<T>(what, args, ng, bytes, s);
             if (!rc && nv > 1) {

@@ -806,7 +806,7 @@ static void run_kda_split(const char *name, const KdaProb &p, int path, int chun
 // the backward's pre-pass (kda_intra_kernel: each chunk's Af, P, M in parallel, read by the sequential kernel) must
 // give the bits of the backward that forms them in the sequential kernel
 template <class T>
-static void run_kda_intra(const char *name, const KdaProb &p, int path, int chunk, int nv)
+static void run_kda_intra(const char *name, const KdaProb &p, int path, int chunk, int nv, bool backward = true)
 {
     int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
     printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s, %d column splits]\n", name, p.B, p.T, p.H,
@@ -855,6 +855,29 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         return rc;
     };
     auto same = [](const auto &a, const auto &b) { return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof a[0]); };
+    // the training forward (checkpoints kept): in rounds behind the pre-pass, or in one launch
+    if (path != TIDE_KDA_RECURRENT) {
+        int64_t n_ck = 0;
+        for (int64_t i = 0; i < nseg; i++)
+            n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+        std::vector<T> o1(No, T(NAN)), o2(No, T(NAN));
+        std::vector<float> so1(Ns, NAN), so2(Ns, NAN), ck1((size_t)n_ck * p.H * p.dk * p.dv, NAN), ck2 = ck1;
+        int rc = 0;
+        for (int off = 0; off < 2 && !rc; off++) {
+            kda_intra_off = off;
+            kda_vsplit_force = nv;
+            rc = tide_cuda_kda(dtype, off ? o2.data() : o1.data(), off ? so2.data() : so1.data(), q.data(), k.data(),
+                               v.data(), g.data(), be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv,
+                               path, chunk, -5, off ? ck2.data() : ck1.data());
+            kda_intra_off = 0;
+            kda_vsplit_force = 0;
+        }
+        bool ok = !rc && same(o1, o2) && same(so1, so2) && same(ck1, ck2);
+        printf("  %-46s %s%s\n", "pre-pass forward: the same bits", ok ? "ok" : "FAIL", rc ? err_buf : "");
+        if (ok) n_pass++;
+        else n_fail++;
+    }
+    if (!backward) return;
     Out with, without;
     if (run(0, with) || run(1, without)) {
         n_fail++;
@@ -1075,6 +1098,9 @@ int main(int argc, char **argv)
         run_kda_intra<float>("kda backward pre-pass f32 safe, 2 splits", p, TIDE_KDA_CHUNK_SAFE, 16, 2);
         run_kda_intra<float>("kda backward pre-pass f32 recurrent", p, TIDE_KDA_RECURRENT, 0, 1);
         run_kda_intra<__nv_bfloat16>("kda backward pre-pass bf16", pb, TIDE_KDA_CHUNK, 16, 1);
+        // two rounds of the forward (chunk 2: 70 chunks of a 140-token row, blocks of 64), a short second row
+        KdaProb pl2 = make_prob(2, 140, 1, 8, 8, {150}, -5, false, false);
+        run_kda_intra<float>("kda pre-pass, forward rounds f32", pl2, TIDE_KDA_CHUNK, 2, 1, false);
         // the checkpointed backward's bits and its peak bytes (the partial buffer counted) with a split
         kda_vsplit_force = 2;
         run_kda_ckpt<float>("kda checkpointed backward f32, 2 column splits", p, TIDE_KDA_CHUNK, 16);
