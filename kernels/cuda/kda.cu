@@ -81,23 +81,26 @@ static int kda_take(int *cur, int n)
     return off;
 }
 
-static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward)
+/* intra: kda_intra_kernel's layout, a chunk's dk-side work only (no S, nothing of dv; G kept as the backward keeps
+   it, with the bf16 halves the tensor-core products take) */
+static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward, int intra = 0)
 {
     kda_smem L;
     memset(&L, 0xff, sizeof L);   /* every offset -1 */
     int cur = 0, ck = KDA_CT * dk, cv = KDA_CT * dv, cc = KDA_CT * KDA_CT;
     L.lds = backward ? dv + 1 : dv;   /* odd stride: the dK_r = U dSᵀ loop reads dS down columns */
-    L.S = kda_take(&cur, dk * L.lds);
+    if (!intra) L.S = kda_take(&cur, dk * L.lds);
     L.Qh = kda_take(&cur, ck);
     L.Kh = kda_take(&cur, ck);
     L.Kr = kda_take(&cur, ck);
-    if (safe || backward) L.G = kda_take(&cur, ck);
+    if (safe || backward || intra) L.G = kda_take(&cur, ck);
     if (!safe) L.Kc = kda_take(&cur, ck);
     if (safe) {
         L.q = kda_take(&cur, ck);
         L.k = kda_take(&cur, ck);
     }
-    if (backward) {
+    if (intra) {
+    } else if (backward) {
         int cm = KDA_CT * (dk > dv ? dk : dv);    /* R then dG, dU then dK_r⊙K_r */
         L.R = kda_take(&cur, cm);
         L.dU = kda_take(&cur, cm);
@@ -125,43 +128,10 @@ static kda_smem kda_layout(int dk, int dv, int safe, int wmma, int backward)
         L.Cb = kda_take(bp, 2 * ck);
         L.Mb = kda_take(bp, 2 * cc);
         L.Pb = kda_take(bp, 2 * cc);
-        L.Rb = kda_take(bp, 2 * cv);
-        L.Ub = kda_take(bp, 2 * cv);
-        cur = (b + 1) / 2;
-    }
-    L.total = cur;
-    return L;
-}
-
-/* kda_intra_kernel's layout: a chunk's dk-side work only (as the backward lays it out, without S and dv; with the
-   bf16 halves the tensor-core products take) */
-static kda_smem kda_layout_intra(int dk, int safe, int wmma)
-{
-    kda_smem L;
-    memset(&L, 0xff, sizeof L);
-    int cur = 0, ck = KDA_CT * dk, cc = KDA_CT * KDA_CT;
-    L.lds = 0;
-    L.Qh = kda_take(&cur, ck);
-    L.Kh = kda_take(&cur, ck);
-    L.Kr = kda_take(&cur, ck);
-    L.G = kda_take(&cur, ck);
-    if (!safe) L.Kc = kda_take(&cur, ck);
-    if (safe) {
-        L.q = kda_take(&cur, ck);
-        L.k = kda_take(&cur, ck);
-    }
-    L.Af = kda_take(&cur, cc);
-    L.P = kda_take(&cur, cc);
-    L.M = kda_take(&cur, cc);
-    L.beta = kda_take(&cur, KDA_CT);
-    L.eGc = kda_take(&cur, dk);
-    if (wmma) {
-        int b = 2 * cur, *bp = &b;
-        L.Qb = kda_take(bp, 2 * ck);
-        L.Kb = kda_take(bp, 2 * ck);
-        L.Cb = kda_take(bp, 2 * ck);
-        L.Mb = kda_take(bp, 2 * cc);
-        L.Pb = kda_take(bp, 2 * cc);
+        if (!intra) {
+            L.Rb = kda_take(bp, 2 * cv);
+            L.Ub = kda_take(bp, 2 * cv);
+        }
         cur = (b + 1) / 2;
     }
     L.total = cur;
@@ -1403,7 +1373,7 @@ static kda_intra_args<T> kda_intra_of(float *out, const void *q, const void *k, 
     ia.dk = (int)dk;
     ia.C = C;
     ia.safe = safe;
-    ia.L = kda_layout_intra((int)dk, safe, wmma);
+    ia.L = kda_layout((int)dk, 0, safe, wmma, 0, 1);
     return ia;
 }
 

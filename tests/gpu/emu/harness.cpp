@@ -636,6 +636,53 @@ template <class T> static void run_conv_rows(const char *name, int K, double tol
 #include "mla_latent_cases.h"
 #include "attention_cases.h"
 
+// a KDA problem on the (emulated) device for the checkpoint, split and pre-pass checks: its inputs in T, sizes, the
+// engine's checkpoint count (engine/ops/kda.c; none on the recurrent path) and random cotangents of o and the state
+template <class T> struct KdaDev {
+    int dtype;
+    std::vector<T> q, k, v, g, be, gout;
+    std::vector<float> s0, gso;
+    size_t No, Ns, Nk;
+    int64_t nseg, n_ck = 0;
+    KdaDev(const char *name, const KdaProb &p, int path, int chunk, int nv = 0)
+    {
+        dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
+        printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s", name, p.B, p.T, p.H, p.dk, p.dv,
+               p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32");
+        if (nv) printf(", %d column splits", nv);
+        printf("]\n");
+        q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
+        s0.assign(p.s0.begin(), p.s0.end());
+        No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
+        nseg = (int64_t)p.cu.size() - 1;
+        for (int64_t i = 0; i < nseg && path != TIDE_KDA_RECURRENT; i++)
+            n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+        vd r1(No), r2(Ns);
+        for (auto &x : r1) x = randn();
+        for (auto &x : r2) x = randn();
+        gout = to_dev<T>(r1);
+        gso.assign(r2.begin(), r2.end());
+    }
+    struct Grads {
+        std::vector<T> gq, gk, gv, gg, gb;
+        std::vector<float> gs0;
+    };
+    // the backward into r (poisoned with NaN first), from the forward's checkpoints ckpt or its own (NULL)
+    int backward(const KdaProb &p, Grads &r, int path, int chunk, const float *ckpt)
+    {
+        r.gq.assign(Nk, T(NAN));
+        r.gk = r.gq;
+        r.gg = r.gq;
+        r.gv.assign(No, T(NAN));
+        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
+        r.gs0.assign(Ns, NAN);
+        return tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
+                                      r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
+                                      be.data(), s0.empty() ? nullptr : s0.data(), p.cu.data(), nseg, p.B, p.T, p.H,
+                                      p.dk, p.dv, path, chunk, -5, ckpt);
+    }
+};
+
 // ---- KDA checkpointed backward (issue: memory at long T) --------------------------------------------------
 // The backward recomputes each block's chunk start states from a checkpoint. Every way of placing the
 // checkpoints and grouping the segments must give the bits of the backward that keeps every chunk's start
@@ -644,16 +691,13 @@ template <class T> static void run_conv_rows(const char *name, int K, double tol
 template <class T>
 static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk, unsigned which = 15)
 {
-    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
-    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s]\n", name, p.B, p.T, p.H, p.dk, p.dv,
-           p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32");
-    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
-    std::vector<float> s0(p.s0.begin(), p.s0.end());
-    const float *s0p = s0.empty() ? nullptr : s0.data();
-    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
-    int64_t nseg = (int64_t)p.cu.size() - 1, n_ck = 0;
-    for (int64_t i = 0; i < nseg && path != TIDE_KDA_RECURRENT; i++)   // the engine's count (engine/ops/kda.c)
-        n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+    KdaDev<T> d(name, p, path, chunk);
+    auto &q = d.q, &k = d.k, &v = d.v, &g = d.g, &be = d.be, &gout = d.gout;
+    auto &gso = d.gso;
+    const int dtype = d.dtype;
+    const size_t No = d.No, Ns = d.Ns, Nk = d.Nk;
+    const int64_t nseg = d.nseg, n_ck = d.n_ck;
+    const float *s0p = d.s0.empty() ? nullptr : d.s0.data();
     std::vector<float> ck((size_t)n_ck * p.H * p.dk * p.dv, NAN), so(Ns);
     std::vector<T> o(No);
     if (tide_cuda_kda(dtype, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), s0p, p.cu.data(),
@@ -662,24 +706,11 @@ static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk
         n_fail++;
         return;
     }
-    vd r1(No), r2(Ns);
-    for (auto &x : r1) x = randn();
-    for (auto &x : r2) x = randn();
-    auto gout = to_dev<T>(r1);
-    std::vector<float> gso(r2.begin(), r2.end());
-    struct Out {
-        std::vector<T> gq, gk, gv, gg, gb;
-        std::vector<float> gs0;
+    struct Out : KdaDev<T>::Grads {
         size_t peak, want;
         int blocks;
     };
     auto run = [&](int64_t every, int64_t budget, const float *ckpt, Out &r) {
-        r.gq.assign(Nk, T(NAN));
-        r.gk = r.gq;
-        r.gg = r.gq;
-        r.gv.assign(No, T(NAN));
-        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
-        r.gs0.assign(Ns, NAN);
         kda_bwd_ckpt_chunks = every;
         kda_bwd_budget = budget;
         kda_bwd_plan pl;
@@ -690,11 +721,7 @@ static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk
         free(pl.seg);
         emu::peak_bytes = emu::live_bytes;
         size_t base = emu::live_bytes;
-        if (!rc)
-            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
-                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
-                                        be.data(), s0p, p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk, -5,
-                                        ckpt);
+        if (!rc) rc = d.backward(p, r, path, chunk, ckpt);
         r.peak = emu::peak_bytes - base;
         kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
         kda_bwd_budget = 0;
@@ -741,23 +768,15 @@ static void run_kda_ckpt(const char *name, const KdaProb &p, int path, int chunk
 template <class T>
 static void run_kda_split(const char *name, const KdaProb &p, int path, int chunk, int nv, double tol)
 {
-    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
-    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s, %d column splits]\n", name, p.B, p.T, p.H,
-           p.dk, p.dv, p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32", nv);
-    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
-    std::vector<float> s0(p.s0.begin(), p.s0.end());
-    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
-    int64_t nseg = (int64_t)p.cu.size() - 1, n_ck = 0;
-    for (int64_t i = 0; i < nseg && path != TIDE_KDA_RECURRENT; i++)
-        n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
-    vd r1(No), r2(Ns);
-    for (auto &x : r1) x = randn();
-    for (auto &x : r2) x = randn();
-    auto gout = to_dev<T>(r1);
-    std::vector<float> gso(r2.begin(), r2.end());
-    struct Out {
-        std::vector<T> o, gq, gk, gv, gg, gb;
-        std::vector<float> so, ck, gs0;
+    KdaDev<T> d(name, p, path, chunk, nv);
+    auto &q = d.q, &k = d.k, &v = d.v, &g = d.g, &be = d.be;
+    auto &s0 = d.s0;
+    const int dtype = d.dtype;
+    const size_t No = d.No, Ns = d.Ns;
+    const int64_t nseg = d.nseg, n_ck = d.n_ck;
+    struct Out : KdaDev<T>::Grads {
+        std::vector<T> o;
+        std::vector<float> so, ck;
     };
     auto run = [&](int split, Out &r) {
         kda_vsplit_force = split;
@@ -767,17 +786,7 @@ static void run_kda_split(const char *name, const KdaProb &p, int path, int chun
         float *ck = path == TIDE_KDA_RECURRENT ? nullptr : r.ck.data();
         int rc = tide_cuda_kda(dtype, r.o.data(), r.so.data(), q.data(), k.data(), v.data(), g.data(), be.data(),
                                s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk, -5, ck);
-        r.gq.assign(Nk, T(NAN));
-        r.gk = r.gq;
-        r.gg = r.gq;
-        r.gv.assign(No, T(NAN));
-        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
-        r.gs0.assign(Ns, NAN);
-        if (!rc)
-            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
-                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
-                                        be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk,
-                                        -5, ck);
+        if (!rc) rc = d.backward(p, r, path, chunk, ck);
         kda_vsplit_force = 0;
         if (rc) printf("  failed: %s\n", err_buf);
         return rc;
@@ -808,33 +817,19 @@ static void run_kda_split(const char *name, const KdaProb &p, int path, int chun
 template <class T>
 static void run_kda_intra(const char *name, const KdaProb &p, int path, int chunk, int nv, bool backward = true)
 {
-    int dtype = sizeof(T) == 2 ? TIDE_BF16 : TIDE_F32;
-    printf("%s  [B %d T %d H %d dk %d dv %d, %zu segs, path %d chunk %d, %s, %d column splits]\n", name, p.B, p.T, p.H,
-           p.dk, p.dv, p.cu.size() - 1, path, chunk, sizeof(T) == 2 ? "bf16" : "f32", nv);
-    auto q = to_dev<T>(p.q), k = to_dev<T>(p.k), v = to_dev<T>(p.v), g = to_dev<T>(p.g), be = to_dev<T>(p.beta);
-    std::vector<float> s0(p.s0.begin(), p.s0.end());
-    size_t No = (size_t)p.B * p.T * p.H * p.dv, Ns = (size_t)p.B * p.H * p.dk * p.dv, Nk = (size_t)p.B * p.T * p.H * p.dk;
-    int64_t nseg = (int64_t)p.cu.size() - 1;
-    vd r1(No), r2(Ns);
-    for (auto &x : r1) x = randn();
-    for (auto &x : r2) x = randn();
-    auto gout = to_dev<T>(r1);
-    std::vector<float> gso(r2.begin(), r2.end());
-    struct Out {
-        std::vector<T> gq, gk, gv, gg, gb;
-        std::vector<float> gs0;
+    KdaDev<T> d(name, p, path, chunk, nv);
+    auto &q = d.q, &k = d.k, &v = d.v, &g = d.g, &be = d.be;
+    auto &s0 = d.s0;
+    const int dtype = d.dtype;
+    const size_t No = d.No, Ns = d.Ns;
+    const int64_t nseg = d.nseg;
+    struct Out : KdaDev<T>::Grads {
         size_t peak, want;
     };
     auto run = [&](int off, Out &r) {
         kda_intra_off = off;
         kda_vsplit_force = nv;
         kda_bwd_ckpt_chunks = 2;   // blocks of 2 chunks: the pre-pass runs per block, segments in groups
-        r.gq.assign(Nk, T(NAN));
-        r.gk = r.gq;
-        r.gg = r.gq;
-        r.gv.assign(No, T(NAN));
-        r.gb.assign((size_t)p.B * p.T * p.H, T(NAN));
-        r.gs0.assign(Ns, NAN);
         kda_bwd_plan pl;
         int rc = kda_backward_plan("plan", p.cu.data(), nseg, p.B, p.T, p.H, p.dv, path, chunk, 1, pl);
         size_t ckb = 0;
@@ -842,11 +837,7 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         free(pl.seg);
         emu::peak_bytes = emu::live_bytes;
         size_t base = emu::live_bytes;
-        if (!rc)
-            rc = tide_cuda_kda_backward(dtype, r.gq.data(), r.gk.data(), r.gv.data(), r.gg.data(), r.gb.data(),
-                                        r.gs0.data(), gout.data(), gso.data(), q.data(), k.data(), v.data(), g.data(),
-                                        be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv, path, chunk,
-                                        -5, nullptr);
+        if (!rc) rc = d.backward(p, r, path, chunk, nullptr);
         r.peak = emu::peak_bytes - base;
         kda_intra_off = 0;
         kda_vsplit_force = 0;
@@ -857,9 +848,7 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
     auto same = [](const auto &a, const auto &b) { return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof a[0]); };
     // the training forward (checkpoints kept): in rounds behind the pre-pass, or in one launch
     if (path != TIDE_KDA_RECURRENT) {
-        int64_t n_ck = 0;
-        for (int64_t i = 0; i < nseg; i++)
-            n_ck += ((p.cu[i + 1] - p.cu[i] + chunk - 1) / chunk + TIDE_KDA_CUDA_CKPT_CHUNKS - 1) / TIDE_KDA_CUDA_CKPT_CHUNKS;
+        const int64_t n_ck = d.n_ck;
         std::vector<T> o1(No, T(NAN)), o2(No, T(NAN));
         std::vector<float> so1(Ns, NAN), so2(Ns, NAN), ck1((size_t)n_ck * p.H * p.dk * p.dv, NAN), ck2 = ck1;
         int rc = 0;
