@@ -2,10 +2,11 @@
 # gpu_check.sh — one-shot validation of the CUDA backend on a machine with an NVIDIA GPU (one that may never have
 # run CUDA before): checks the driver, the device, its architecture and the toolkit, builds with CUDA, runs the
 # CPU-vs-GPU parity test of every op and the CUDA emulator cases, and times the GPU benchmarks (the dense step at
-# GPT-2-small shape, KDA chunk forward + backward at T = 4K/16K/64K, MLA attention, the MoE layer, the quickstart
-# model's training step). Every stage runs under its own timeout and the run goes on after a failed stage; logs,
-# benchmark JSON and a summary (summary.md, summary.json: each stage's status, time and key numbers) go to the
-# output directory. Exit 0 when every stage passed, 1 when one failed, 2 on a bad argument.
+# GPT-2-small shape, KDA chunk forward + backward at T = 4K/16K/64K, and at K3 head shapes with its column split off,
+# its chunk pre-pass off and both on, MLA attention, the MoE layer, the quickstart model's training step). Every
+# stage runs under its own timeout and the run goes on after a failed stage; logs, benchmark JSON and a summary
+# (summary.md, summary.json: each stage's status, time and key numbers) go to the output directory. Exit 0 when
+# every stage passed, 1 when one failed, 2 on a bad argument.
 #
 #   scripts/gpu_check.sh              everything, within about 8 minutes on an H200 (a build of ~2.5 min included)
 #   scripts/gpu_check.sh --quick      smaller sizes, fewer benchmarks: under 3 minutes after the build
@@ -28,7 +29,7 @@ for a in "$@"; do
     --out=*) out=${a#*=} ;;
     --budget=*) budget=${a#*=} ;;
     --jobs=*) jobs=${a#*=} ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$a' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -71,10 +72,12 @@ stages=(
     "kda|150|$(bench kda "$kda_opts")"
     "mla|120|$(bench mla "$mla_opts")"
 )
-# K3 head shapes (96 heads of one sequence: fewer blocks than SMs): KDA with its column split off, then as chosen
+# K3 head shapes (96 heads of one sequence: fewer blocks than SMs): KDA with its column split off, with its
+# chunk pre-pass off, then as the code chooses (both on)
 k3_kda="--device=cuda --heads=96 --head_dim=128 --sizes=16384 --reps=1 --model_tokens=0"
 [ $mode = full ] && stages+=(
     "kda_k3_nosplit|60|env TIDE_KDA_VSPLIT=1 $tide run bench/kda.lua $k3_kda --results=$out/kda_k3_nosplit"
+    "kda_k3_noprepass|60|env TIDE_KDA_PREPASS=0 $tide run bench/kda.lua $k3_kda --results=$out/kda_k3_noprepass"
     "kda_k3_split|60|$tide run bench/kda.lua $k3_kda --results=$out/kda_k3_split")
 [ $mode = full ] && stages+=("moe|120|$(bench moe "--sizes=8192,32768 --reps=3")")
 stages+=("quickstart_step|150|$(bench quickstart_step "$qs_opts")")
@@ -288,7 +291,7 @@ def counts(log):
     return {"passed": sum(int(a) for a, _ in m), "failed": sum(int(b) for _, b in m)} if m else {}
 def key(name, log):
     r = load(name)
-    if name in ("kda_k3_nosplit", "kda_k3_split"): r, name = load(name + "/kda"), "kda"
+    if name in ("kda_k3_nosplit", "kda_k3_noprepass", "kda_k3_split"): r, name = load(name + "/kda"), "kda"
     if name == "parity":   # the pass counts, and the peak device memory of the K3 KDA backward case
         c = counts(log)
         try: m = re.search(r"kda backward memory K3 T 64K\s+\S+\s+peak ([0-9.]+) GiB; the backward's own \+(-?[0-9]+) MiB", open(log).read())

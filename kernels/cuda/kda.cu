@@ -1077,9 +1077,16 @@ static int64_t kda_bwd_budget = 0;
    (a positive integer dividing dv; 1 = never split) overrides the choice, for benchmarks; tests of the emulator set
    kda_vsplit_force. -1 with the error set on a bad value. */
 static int kda_vsplit_force = 0;
-/* tests of the emulator: 1 runs the backward without its pre-pass (kda_intra_kernel), each chunk's Af, P, M formed
-   in the sequential kernel as the forward does */
-static int kda_intra_off = 0;
+/* whether the pre-pass (kda_intra_kernel) runs: TIDE_KDA_PREPASS=0 turns it off (benchmarks, the emulator's bitwise
+   check): each chunk's Af, P, M are then formed in the sequential kernel and the training forward runs in one launch;
+   1 or unset keeps it; -1 with the error set on another value */
+static int kda_prepass(const char *what)
+{
+    const char *env = getenv("TIDE_KDA_PREPASS");
+    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
+        return tide_set_error("%s: TIDE_KDA_PREPASS=%s: expected 0 (off) or 1 (on)", what, env);
+    return !(env && !strcmp(env, "0"));
+}
 
 static int kda_vsplit(const char *what, int64_t blocks, int64_t dv)
 {
@@ -1299,8 +1306,8 @@ static int kda_backward_plan(const char *what, const int64_t *cu, int64_t n_seg,
         return -1;
     kda_groups(p.seg, p.nseg, C, kda_bwd_budget > 0 ? kda_bwd_budget : p.n_ck, p.groups, &p.slots, &p.gsegs);
     p.C = C;
-    p.intra = !kda_intra_off;
-    p.nv = kda_vsplit(what, p.gsegs * H, dv);
+    p.intra = kda_prepass(what);
+    p.nv = p.intra < 0 ? -1 : kda_vsplit(what, p.gsegs * H, dv);
     if (p.nv < 0) {
         free(p.seg);
         p.seg = NULL;
@@ -1442,13 +1449,14 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
     tide_cuda_scratch *sc = NULL;
     unsigned long long base = 0;
     int nv = path == TIDE_KDA_RECURRENT ? 1 : kda_vsplit(what, nseg * H, dv);
-    if (nv < 0) rc = -1;
+    int prepass = path == TIDE_KDA_RECURRENT || !o || !ckpt ? 0 : kda_prepass(what);
+    if (nv < 0 || prepass < 0) rc = -1;
     if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
     if (!rc) {
         if (path == TIDE_KDA_RECURRENT)
             rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
                                           (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
-        else if (o && ckpt && !kda_intra_off)   /* training: in rounds behind the pre-pass */
+        else if (prepass)   /* training (checkpoints kept): in rounds behind the pre-pass */
             rc = kda_forward_rounds<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (const T *)q, (const T *)k,
                                        (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, cu, n_seg, B,
                                        T_, H, dk, dv, path, chunk, check, lb,

@@ -827,7 +827,7 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         size_t peak, want;
     };
     auto run = [&](int off, Out &r) {
-        kda_intra_off = off;
+        if (off) setenv("TIDE_KDA_PREPASS", "0", 1);
         kda_vsplit_force = nv;
         kda_bwd_ckpt_chunks = 2;   // blocks of 2 chunks: the pre-pass runs per block, segments in groups
         kda_bwd_plan pl;
@@ -839,7 +839,7 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         size_t base = emu::live_bytes;
         if (!rc) rc = d.backward(p, r, path, chunk, nullptr);
         r.peak = emu::peak_bytes - base;
-        kda_intra_off = 0;
+        unsetenv("TIDE_KDA_PREPASS");
         kda_vsplit_force = 0;
         kda_bwd_ckpt_chunks = TIDE_KDA_CUDA_CKPT_CHUNKS;
         if (rc) printf("  failed: %s\n", err_buf);
@@ -853,12 +853,12 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         std::vector<float> so1(Ns, NAN), so2(Ns, NAN), ck1((size_t)n_ck * p.H * p.dk * p.dv, NAN), ck2 = ck1;
         int rc = 0;
         for (int off = 0; off < 2 && !rc; off++) {
-            kda_intra_off = off;
+            if (off) setenv("TIDE_KDA_PREPASS", "0", 1);
             kda_vsplit_force = nv;
             rc = tide_cuda_kda(dtype, off ? o2.data() : o1.data(), off ? so2.data() : so1.data(), q.data(), k.data(),
                                v.data(), g.data(), be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv,
                                path, chunk, -5, off ? ck2.data() : ck1.data());
-            kda_intra_off = 0;
+            unsetenv("TIDE_KDA_PREPASS");
             kda_vsplit_force = 0;
         }
         bool ok = !rc && same(o1, o2) && same(so1, so2) && same(ck1, ck2);
@@ -919,6 +919,16 @@ static void kda_split_choice()
         ok = false;
     }
     unsetenv("TIDE_KDA_VSPLIT");
+    // TIDE_KDA_PREPASS: 0 or 1, anything else refused by name (the training forward reads it)
+    std::vector<float> ck((size_t)p.dk * p.dv);
+    setenv("TIDE_KDA_PREPASS", "2", 1);
+    if (!tide_cuda_kda(TIDE_F32, o.data(), so.data(), q.data(), k.data(), v.data(), g.data(), be.data(), nullptr,
+                       p.cu.data(), 1, 1, p.T, 1, p.dk, p.dv, TIDE_KDA_CHUNK, 16, -5, ck.data()) ||
+        !strstr(err_buf, "TIDE_KDA_PREPASS=2")) {
+        printf("  TIDE_KDA_PREPASS=2: %s\n", err_buf);
+        ok = false;
+    }
+    unsetenv("TIDE_KDA_PREPASS");
     printf("kda column split choice  %s\n", ok ? "ok" : "FAIL");
     if (ok) n_pass++;
     else n_fail++;
