@@ -16,6 +16,7 @@
 local ffi = require "ffi"
 local tide = require "tide"
 local results = require "tide.results"
+local options = require "tide.options"
 local F = tide.F
 
 local H, DK, DV, CHUNK, LB = 4, 64, 64, 16, -5
@@ -259,13 +260,9 @@ local function run(cfg)
     device = cfg.device, device_info = cfg.device ~= "cpu" and ffi.string(tide.C.tide_cuda_info()) or nil,
   }
   tide.device(cfg.device, "kda bench --device")
-  for _, f in ipairs { "heads", "head_dim" } do
-    local x = cfg[f]
-    if type(x) ~= "number" or x < 1 or x ~= math.floor(x) then
-      error(string.format("kda bench: --%s must be a positive integer, got %s", f, tostring(x)), 0)
-    end
-  end
-  H, DK, DV = cfg.heads, cfg.head_dim, cfg.head_dim
+  H = options.pos_int(cfg.heads, "--heads", "kda bench")
+  DK = options.pos_int(cfg.head_dim, "--head_dim", "kda bench")
+  DV = DK
   record.heads, record.head_dim = H, DK
   cfg.sizes = results.numbers(cfg.sizes)
   if cfg.device == "cpu" then

@@ -1126,6 +1126,25 @@ template <typename K> static int kda_dyn_limit(K kernel)
     return limit - (int)fa.sharedSizeBytes;
 }
 
+/* a kernel's dynamic shared memory: refused by name past the device's limit (dk x dv, or dk alone when dv is 0;
+   `where` says which pass), else its attribute set */
+template <typename K>
+static int kda_smem_attr(K kernel, size_t bytes, const char *what, int64_t dk, int64_t dv, const char *where)
+{
+    int limit = kda_dyn_limit(kernel);
+    if (bytes > (size_t)limit) {
+        char sizes[64];
+        if (dv) snprintf(sizes, sizeof sizes, "dk %lld x dv %lld", (long long)dk, (long long)dv);
+        else snprintf(sizes, sizeof sizes, "dk %lld", (long long)dk);
+        return tide_set_error("%s: %s needs %zu bytes of shared memory per block%s; the device allows %d", what, sizes,
+                              bytes, where, limit);
+    }
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess)
+        return tide_set_error("cuda %s (shared memory attribute%s): %s", what, where,
+                              cudaGetErrorString(cudaGetLastError()));
+    return 0;
+}
+
 static int kda_check_sizes(const char *what, int dtype, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv)
 {
     if (dtype == TIDE_F64) return tide_set_error("%s: not implemented on the cuda backend for f64", what);
@@ -1196,12 +1215,7 @@ template <typename T, bool WMMA>
 static int kda_launch_forward(const char *what, const kda_fwd_args<T> &args, int64_t blocks, cudaStream_t s)
 {
     size_t bytes = (size_t)args.L.total * sizeof(float);
-    int limit = kda_dyn_limit(kda_chunk_kernel<T, WMMA>);
-    if (bytes > (size_t)limit)
-        return tide_set_error("%s: dk %d x dv %d needs %zu bytes of shared memory per block; the device allows %d",
-                              what, args.dk, args.dv, bytes, limit);
-    TIDE_CU(cudaFuncSetAttribute(kda_chunk_kernel<T, WMMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-            "kda forward (shared memory attribute)");
+    if (kda_smem_attr(kda_chunk_kernel<T, WMMA>, bytes, what, args.dk, args.dv, "")) return -1;
     kda_chunk_kernel<T, WMMA><<<(unsigned)blocks, KDA_NT, bytes, s>>>(args);
     TIDE_CU_LAUNCH("kda forward kernel");
     return 0;
@@ -1273,13 +1287,8 @@ static int kda_forward_recurrent(const char *what, T *o, float *s_out, const T *
     args.dk = (int)dk;
     args.dv = (int)dv;
     size_t bytes = kda_recurrent_smem((int)dk, (int)dv);
-    int limit = kda_dyn_limit(kda_recurrent_kernel<T>);
-    if (bytes > (size_t)limit)
-        return tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
-                              what, (long long)dk, (long long)dv, bytes, limit);
+    if (kda_smem_attr(kda_recurrent_kernel<T>, bytes, what, dk, dv, "")) return -1;
     if (nseg * H > INT_MAX) return tide_set_error("%s: %lld segments x %lld heads is too many blocks", what, (long long)nseg, (long long)H);
-    TIDE_CU(cudaFuncSetAttribute(kda_recurrent_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-            "kda recurrent (shared memory attribute)");
     kda_recurrent_kernel<T><<<(unsigned)(nseg * H), KDA_NT, bytes, s>>>(args);
     TIDE_CU_LAUNCH("kda recurrent kernel");
     return 0;
@@ -1351,14 +1360,9 @@ template <typename T, bool WMMA>
 static int kda_launch_intra(const char *what, kda_intra_args<T> ia, int64_t slots, int64_t H, cudaStream_t s)
 {
     size_t bytes = (size_t)ia.L.total * sizeof(float);
-    int limit = kda_dyn_limit(kda_intra_kernel<T, WMMA>);
-    if (bytes > (size_t)limit)
-        return tide_set_error("%s: dk %d needs %zu bytes of shared memory per block in the pre-pass; the device allows %d",
-                              what, ia.dk, bytes, limit);
+    if (kda_smem_attr(kda_intra_kernel<T, WMMA>, bytes, what, ia.dk, 0, " in the pre-pass")) return -1;
     if (slots * H > INT_MAX)
         return tide_set_error("%s: %lld state slots x %lld heads is too many blocks", what, (long long)slots, (long long)H);
-    TIDE_CU(cudaFuncSetAttribute(kda_intra_kernel<T, WMMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-            "kda pre-pass (shared memory attribute)");
     kda_intra_kernel<T, WMMA><<<(unsigned)(slots * H), KDA_NT, bytes, s>>>(ia);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return tide_set_error("cuda %s pre-pass kernel: %s", what, cudaGetErrorString(e));
@@ -1581,15 +1585,7 @@ static int kda_backward_typed(void *gq, void *gk, void *gv, void *gg, void *gbet
     args.L = kda_layout((int)dk, (int)(dv / nv), safe, 0, 1);
     size_t bytes = (size_t)args.L.total * sizeof(float);
     kda_intra_args<T> ia = kda_intra_of<T>(intra, q, k, g, beta, H, dk, C, safe, 0);
-    if (!rc) {
-        int limit = kda_dyn_limit(kda_chunk_backward_kernel<T>);
-        if (bytes > (size_t)limit)
-            rc = tide_set_error("%s: dk %lld x dv %lld needs %zu bytes of shared memory per block; the device allows %d",
-                                what, (long long)dk, (long long)dv, bytes, limit);
-        else if (cudaFuncSetAttribute(kda_chunk_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)bytes) != cudaSuccess)
-            rc = tide_set_error("cuda %s (shared memory attribute): %s", what, cudaGetErrorString(cudaGetLastError()));
-    }
+    if (!rc) rc = kda_smem_attr(kda_chunk_backward_kernel<T>, bytes, what, dk, dv, "");
     /* each group: its blocks from the last, the start states of a block then its chunks in reverse */
     for (size_t gi = 0; !rc && gi + 1 < groups.size(); gi++) {
         int64_t g0 = groups[gi], ng = groups[gi + 1] - g0;

@@ -6,7 +6,8 @@
 #     (at least registers x threads; the table shows both)
 #   threads <= 1,024 (x, y <= 1,024, z <= 64) and <= the kernel's __launch_bounds__
 #   shared memory: static + dynamic <= 48 KiB, or the opt-in limit (sm_80 163 KiB, sm_90 227 KiB) for a kernel
-#     that raises its limit with cudaFuncSetAttribute
+#     that raises its limit with cudaFuncSetAttribute (directly, or through a helper named *_smem_attr whose first
+#     argument is the kernel)
 #   grid: x <= 2^31 - 1, y, z <= 65,535
 #   64-bit indexing: a kernel addressing more than 2^31 - 1 elements may not form a block offset in 32 bits
 #     (blockIdx * blockDim without a 64-bit cast) nor keep one in an int (a static read of its source)
@@ -107,7 +108,7 @@ def main():
     srcs = kernel_sources(a.src)
     optin_src = {}
     for cu in glob.glob(os.path.join(a.src, "*.cu")):
-        for m in re.finditer(r"cudaFuncSetAttribute\(\s*(\w+)", open(cu).read()):
+        for m in re.finditer(r"(?:cudaFuncSetAttribute|\w+_smem_attr)\(\s*(\w+)", open(cu).read()):
             optin_src[m.group(1)] = True
 
     out = subprocess.run([a.shapes], capture_output=True, text=True, check=True).stdout.splitlines()
