@@ -56,19 +56,6 @@ static int check_targets(const char *op, const void *targets, int tdtype, int64_
 #define CE_LANES 16
 #define CE_BLOCK 2048
 
-static float ce_block_max_f32(const float *xr, int64_t V)
-{
-    float m[CE_LANES];
-    for (int j = 0; j < CE_LANES; j++) m[j] = -INFINITY;
-    int64_t v = 0;
-    for (; v + CE_LANES <= V; v += CE_LANES)
-        for (int j = 0; j < CE_LANES; j++) m[j] = xr[v + j] > m[j] ? xr[v + j] : m[j];
-    for (int j = 0; v + j < V; j++) m[j] = xr[v + j] > m[j] ? xr[v + j] : m[j];
-    float mx = m[0];
-    for (int j = 1; j < CE_LANES; j++) mx = m[j] > mx ? m[j] : mx;
-    return mx;
-}
-
 /* log Σ_v e^(x_v); NaN when the row holds a NaN, is all −inf or holds +inf (as e^(x − max) makes it in the f64
    path) */
 static double ce_row_lse_f32(const float *xr, int64_t V)
@@ -79,7 +66,7 @@ static double ce_row_lse_f32(const float *xr, int64_t V)
     for (int64_t b0 = 0; b0 < V; b0 += CE_BLOCK) {
         const float *x = xr + b0;
         int64_t n = V - b0 < CE_BLOCK ? V - b0 : CE_BLOCK;
-        float bm = ce_block_max_f32(x, n);
+        float bm = max_f32(x, n, -INFINITY);
         if (bm > m) {
             if (m > -INFINITY) {
                 double sc = exp((double)m - (double)bm);
@@ -179,6 +166,8 @@ static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *lo
 }
 CE_BACKWARD(float, f32)
 CE_BACKWARD(double, f64)
+
+
 
 int tide_cpu_cross_entropy(int dtype, void *loss, void *valid, void *lse, const void *logits, const void *targets,
                            int tdtype, const void *weights, int64_t N, int64_t V, int64_t ignore)

@@ -57,20 +57,6 @@ static void F(scores)(T *S, const T *Qt, const T *KT, int64_t bq, int64_t bk, in
     }
 }
 
-/* max(m, x[0 .. n)) as the sequential "x > m ? x : m" finds it (a NaN is never taken), in TMM_VL lanes then
-   across them: the same value (max is associative for the values that compare), without a chain of n selects */
-static inline T F(row_max)(const T *x, int64_t n, T m)
-{
-    T lane[TMM_VL];
-    for (int l = 0; l < TMM_VL; l++) lane[l] = m;
-    int64_t j = 0;
-    for (; j + TMM_VL <= n; j += TMM_VL)
-        for (int l = 0; l < TMM_VL; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
-    for (int l = 0; l < TMM_VL; l++) m = lane[l] > m ? lane[l] : m;
-    for (; j < n; j++) m = x[j] > m ? x[j] : m;
-    return m;
-}
-
 /* forward of one (row, head, query tile) */
 static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr, const T *v, const int64_t *seg_start,
                             const int64_t *seg_end, int64_t b, int64_t h, int64_t i0, int64_t Tq, int64_t Tk, int64_t H,
@@ -97,7 +83,7 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
         for (int64_t jj = 0; jj < bk; jj++) F(copy)(Vt + jj * dv, v + ((b * Tk + j0 + jj) * H + h) * dv, dv);
         F(scores)(S, Qt, KT, bq, bk, dqk, scale, lo, hi, j0);
         for (int64_t r = 0; r < bq; r++) {
-            T *sr = S + r * MLA_BK, mx = F(row_max)(sr, bk, m[r]);
+            T *sr = S + r * MLA_BK, mx = F(max)(sr, bk, m[r]);   /* fastmath.h: the sequential max, in vector lanes */
             if (mx == (T)-INFINITY) {                    /* nothing visible in this tile yet */
                 for (int64_t jj = 0; jj < bk; jj++) sr[jj] = 0;
                 continue;

@@ -26,6 +26,9 @@
  * LayerNorm f32 (its row reductions vectorised) against a double LayerNorm on rows of 64, 256 and 1000 values:
  * y and dx |Δ| <= 5e-7; dw and db |Δ|/(1 + |ref|) <= 1e-5 (the mean and rstd the backward reads are saved in
  * f32: their rounding, summed over 4096 rows, is the error).
+ * max_f32 / max_f64 (the softmax row maxima) against the sequential "x > m ? x : m": the same value for every
+ * length 0..100 and 50,304, offsets into the buffer 0..3, starting maxima −inf / NaN / a value inside the data,
+ * with NaNs, ±inf, ties and ±0 mixed in (equal zeros of either sign count as the same value).
  */
 #include <float.h>
 #include <math.h>
@@ -297,6 +300,45 @@ static void check_layernorm(int64_t N, int64_t C)
     free(x); free(g); free(y); free(dx); free(w); free(b); free(dw); free(db); free(mu); free(rs); free(rdw); free(rdb);
 }
 
+/* max_f32 / max_f64 against the sequential scan they replace; xs random values with specials mixed in */
+#define CHECK_MAX(T, SFX)                                                                                      \
+    static int64_t check_max_##SFX(void)                                                                     \
+    {                                                                                                         \
+        enum { CAP = 50304 + 8 };                                                                             \
+        T *x = malloc(CAP * sizeof *x);                                                                       \
+        uint64_t st = 0x243F6A8885A308D3ull;                                                                  \
+        int64_t bad = 0, cases = 0;                                                                           \
+        for (int mix = 0; mix < 4; mix++) {                                                                   \
+            for (int64_t i = 0; i < CAP; i++) {                                                               \
+                st = st * 6364136223846793005ull + 1442695040888963407ull;                                    \
+                uint32_t r = (uint32_t)(st >> 33);                                                            \
+                T v = (T)((double)(r % 20001) / 100.0 - 100.0);                                               \
+                int sp = (int)((st >> 20) % 97);                                                              \
+                if (mix >= 1 && sp == 0) v = (T)NAN;                                                          \
+                if (mix >= 2 && sp == 1) v = (T)INFINITY;                                                     \
+                if (mix >= 2 && sp == 2) v = (T)-INFINITY;                                                    \
+                if (mix == 3) v = sp < 48 ? (T)-0.0 : sp < 95 ? (T)0.0 : v;                                   \
+                x[i] = v;                                                                                     \
+            }                                                                                                 \
+            for (int64_t n = 0; n <= 101; n++)                                                                \
+                for (int off = 0; off < 4; off++)                                                             \
+                    for (int s0 = 0; s0 < 3; s0++) {                                                          \
+                        int64_t len = n == 101 ? 50304 : n;                                                   \
+                        const T *p = x + off;                                                                 \
+                        T m0 = s0 == 0 ? (T)-INFINITY : s0 == 1 ? (T)NAN : (T)3.5, m = m0;                    \
+                        for (int64_t j = 0; j < len; j++) m = p[j] > m ? p[j] : m;                            \
+                        T got = max_##SFX(p, len, m0);                                                        \
+                        cases++;                                                                              \
+                        if (!(isnan(m) ? isnan(got) : got == m)) bad++;                                      \
+                    }                                                                                         \
+        }                                                                                                     \
+        free(x);                                                                                              \
+        return cases > 0 ? bad : -1;                                                                          \
+    }
+CHECK_MAX(float, f32)
+CHECK_MAX(double, f64)
+#undef CHECK_MAX
+
 int main(void)
 {
     int64_t n;
@@ -314,6 +356,9 @@ int main(void)
     check_layernorm(4096, 64);
     check_layernorm(512, 256);
     check_layernorm(64, 1000);
+    int64_t bm32 = check_max_f32(), bm64 = check_max_f64();
+    report(bm32 == 0, "max_f32 == the sequential max (4,896 scans)", (double)bm32, 0);
+    report(bm64 == 0, "max_f64 == the sequential max (4,896 scans)", (double)bm64, 0);
     free(x);
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
