@@ -321,7 +321,9 @@ typedef struct tide_backend {
        offsets[n] are unused. capacity < 0: dropless; else each expert keeps its first `capacity` rows and
        *dropped (host) gets the count of the others. act: TIDE_MOE_SITU or TIDE_MOE_SWIGLU. host_off (host memory,
        n + 1 int64; may be NULL) gets a copy of the offsets, for the backward: given it back, a backend whose route
-       lives in device memory needs no read of the offsets (CUDA: no stream synchronisation in the backward). The
+       lives in device memory needs no read of the offsets (CUDA: no stream synchronisation in the backward). NULL
+       (the op passes it when no backward will follow) lets such a backend keep them on the device: CUDA's forward
+       of a small dropless batch then runs without a synchronisation (launch.h TIDE_MOE_DEVICE_ROWS). The
        backward writes dx, dp and OVERWRITES dw_gate_up, dw_down (any may be NULL), reducing in a fixed order. */
     int (*situ_glu)(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin);
     int (*situ_glu_backward)(int dtype, void *dg, void *du, const void *dout, const void *g, const void *u, int64_t n,

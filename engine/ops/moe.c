@@ -133,15 +133,17 @@ int tide_moe_experts_forward(tide_node *n, tide_tensor **in, tide_tensor **out)
     tide_tensor *route = o ? tide_empty(TIDE_I64, 1, (int64_t[]){2 * A + ne + 1}, x->device) : NULL;
     tide_tensor *pre = route ? tide_empty(x->dtype, 2, (int64_t[]){A, 2 * d_e}, x->device) : NULL;
     tide_tensor *y = pre ? tide_empty(x->dtype, 2, (int64_t[]){A, d_out}, x->device) : NULL;
-    tide_tensor *hoff = y ? tide_empty(TIDE_I64, 1, (int64_t[]){ne + 1}, TIDE_CPU) : NULL;
-    int rc = hoff ? 0 : -1;
+    /* the segment offsets on the host, for the backward only: a forward no backward will follow (not recorded) asks
+       for none, which lets a device backend route a small batch without reading them back (cuda: no host sync) */
+    tide_tensor *hoff = y && !n->no_saves ? tide_empty(TIDE_I64, 1, (int64_t[]){ne + 1}, TIDE_CPU) : NULL;
+    int rc = y && (hoff || n->no_saves) ? 0 : -1;
     int64_t dropped = 0;
     if (!rc)
         rc = TIDE_DISPATCH(x->device, moe_experts, "moe_experts", x->dtype, tide_data(o), tide_data(route),
                            tide_data(pre), tide_data(y), tide_data(x), tide_data(sel), sel->dtype, tide_data(p),
                            tide_data(wgu), tide_data(wd), m, k, ne, d_in, d_e, d_out, n->attr.moe_experts.activation,
                            n->attr.moe_experts.k_gate, n->attr.moe_experts.k_lin, n->attr.moe_experts.capacity,
-                           &dropped, (int64_t *)tide_data(hoff));
+                           &dropped, hoff ? (int64_t *)tide_data(hoff) : NULL);
     tide_tensor *dr = rc ? NULL : tide_full(TIDE_I64, 1, (int64_t[]){1}, TIDE_CPU, (double)dropped);
     if (!dr) rc = -1;
     if (!rc) rc = tide_node_save(n, x) || tide_node_save(n, p) || tide_node_save(n, wgu) || tide_node_save(n, wd) ||

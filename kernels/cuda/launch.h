@@ -134,4 +134,21 @@ static inline int tide_kda_vsplit(int64_t blocks, int64_t dv, int sms, int force
     return nv;
 }
 
+/* MoE (moe.cu) for decoding-sized batches: at most TIDE_MOE_DEVICE_ROWS routed rows (m·k, dropless), when the caller
+   needs no host offsets (no backward), the two expert products run as moe_rows_gemm_kernel, which reads the
+   per-expert row counts on the device: no host sync. A block per (expert, tile of TIDE_MOE_RG_THREADS / 32 warps x
+   TIDE_MOE_RG_COLS columns), grid-stride over them, at most 32 blocks per SM. */
+#define TIDE_MOE_DEVICE_ROWS 1024
+#define TIDE_MOE_RG_THREADS 256
+#define TIDE_MOE_RG_COLS 4
+#define TIDE_MOE_RG_ROWS 8
+#define TIDE_MOE_RG_TILE (TIDE_MOE_RG_THREADS / 32 * TIDE_MOE_RG_COLS)   /* output columns per block */
+static inline int64_t tide_moe_rows_tiles(int64_t N) { return (N + TIDE_MOE_RG_TILE - 1) / TIDE_MOE_RG_TILE; }
+static inline unsigned tide_moe_rows_blocks(int64_t n_experts, int64_t N, int sms)
+{
+    int64_t b = n_experts * tide_moe_rows_tiles(N), cap = (int64_t)sms * 32;
+    if (b > cap) b = cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
 #endif

@@ -10,7 +10,10 @@
  * number is a count of the assignments before a given one, so no atomic and no thread schedule enters: the
  * permutation is the CPU's exactly.
  * The offsets come back to the host (the forward's one sync): cuBLAS's grouped GEMM takes the group sizes in host
- * arrays. The forward hands a copy to the op (host_off), which gives it back to the backward: no sync there. Each GEMM stage (gate/up; down; backward: dW_down with dh, then dW_gate_up with dX) is ONE
+ * arrays. The forward hands a copy to the op (host_off), which gives it back to the backward: no sync there. A forward
+ * that needs no host offsets (no backward follows: the op passes none under no_grad), drops nothing and routes at most
+ * TIDE_MOE_DEVICE_ROWS rows (decoding) runs without the sync: moe_rows_gemm_kernel reads the offsets on the device.
+ * Each GEMM stage (gate/up; down; backward: dW_down with dh, then dW_gate_up with dX) is ONE
  * cublasGemmGroupedBatchedEx over the experts with rows, one group per expert (bf16 in, fp32 compute, as
  * tide_cuda_gemm). Gather, activation, combine and their backward are row kernels; the combine and dx sum each
  * token's slots in order in fp32: no atomics, bitwise reproducible.
@@ -272,7 +275,8 @@ static unsigned moe_grid(int64_t items, int64_t per_sm)
 }
 
 /* §8 step 1: route = [perm (A) | pos (A) | off (n + 1)] exactly as kernels/cpu/moe.c builds it, for the A = m·k
-   assignments of sel; hoff [n + 2] gets off and the dropped count on the host (one sync) */
+   assignments of sel; hoff [n + 2] gets off and the dropped count on the host (one sync), or with hoff NULL
+   everything stays on the device (no sync) */
 static int moe_sort(int64_t *route, int64_t *hoff, const void *sel, int is64, int64_t A, int64_t n, int64_t cap,
                     cudaStream_t s)
 {
@@ -302,8 +306,8 @@ static int moe_sort(int64_t *route, int64_t *hoff, const void *sel, int is64, in
     }
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaMemcpyAsync(off, offx, (size_t)(n + 1) * sizeof(int64_t), cudaMemcpyDeviceToDevice, s);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(hoff, offx, (size_t)(n + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e == cudaSuccess && hoff) e = cudaMemcpyAsync(hoff, offx, (size_t)(n + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess && hoff) e = cudaStreamSynchronize(s);
     tide_cuda_release(buf, s);
     if (e != cudaSuccess) return tide_set_error("cuda moe_experts sort: %s", cudaGetErrorString(e));
     return 0;
@@ -391,6 +395,46 @@ template <typename T> __global__ void moe_dx_kernel(T *dx, const T *dxg, const i
     }
 }
 
+
+/* C[r, j] = Σ_i A[r, i] W[e, j, i] over the rows r of expert e's segment [off[e], off[e + 1]) (W [n, N, K] row-major:
+   a stage's weights, gate/up or down), with the segment bounds read on the device. A block per (expert, tile of
+   TIDE_MOE_RG_TILE columns), grid-stride; a warp per TIDE_MOE_RG_COLS columns, its lanes over i (coalesced weight rows),
+   TIDE_MOE_RG_ROWS rows per pass, so an active expert's weights are read once per pass and an idle expert's not at
+   all; each sum in the accumulation type, lanes combined by a fixed butterfly (the order is fixed: reproducible). */
+template <typename T>
+__global__ void __launch_bounds__(TIDE_MOE_RG_THREADS)
+moe_rows_gemm_kernel(T *C, const T *A_, const T *W, const int64_t *off, int64_t n, int64_t N, int64_t K, int64_t tiles)
+{
+    typedef TIDE_ACC(T) Acc;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t b = blockIdx.x; b < n * tiles; b += gridDim.x) {
+        int64_t e = b / tiles, j0 = (b % tiles) * TIDE_MOE_RG_TILE + (int64_t)warp * TIDE_MOE_RG_COLS;
+        int64_t r1 = off[e + 1];
+        if (j0 >= N) continue;
+        const T *We = W + e * N * K;
+        for (int64_t rb = off[e]; rb < r1; rb += TIDE_MOE_RG_ROWS) {
+            int nr = r1 - rb < TIDE_MOE_RG_ROWS ? (int)(r1 - rb) : TIDE_MOE_RG_ROWS;
+            Acc acc[TIDE_MOE_RG_COLS][TIDE_MOE_RG_ROWS];
+            for (int c = 0; c < TIDE_MOE_RG_COLS; c++)
+                for (int r = 0; r < TIDE_MOE_RG_ROWS; r++) acc[c][r] = Acc(0);
+            for (int64_t i = lane; i < K; i += 32) {
+                Acc a[TIDE_MOE_RG_ROWS];
+                for (int r = 0; r < TIDE_MOE_RG_ROWS; r++) a[r] = r < nr ? tide_ld(A_, (rb + r) * K + i) : Acc(0);
+                for (int c = 0; c < TIDE_MOE_RG_COLS; c++) {
+                    if (j0 + c >= N) break;
+                    Acc w = tide_ld(We, (j0 + c) * K + i);
+                    for (int r = 0; r < TIDE_MOE_RG_ROWS; r++) acc[c][r] += w * a[r];
+                }
+            }
+            for (int c = 0; c < TIDE_MOE_RG_COLS; c++)
+                for (int r = 0; r < TIDE_MOE_RG_ROWS; r++) {
+                    Acc v = acc[c][r];
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                    if (lane == 0 && r < nr && j0 + c < N) tide_st(C, (rb + r) * N + j0 + c, v);
+                }
+        }
+    }
+}
 
 static size_t moe_esz(int dtype) { return dtype == TIDE_F64 ? 8 : dtype == TIDE_F32 ? 4 : 2; }
 /* element i of a buffer of es-byte elements */
@@ -523,6 +567,43 @@ static int moe_scratch(char **buf, void ***dptr, size_t rows_bytes, int64_t per_
     return 0;
 }
 
+/* the forward of a decoding-sized batch without a host sync (launch.h: TIDE_MOE_DEVICE_ROWS): dropless, so the rows
+   are exactly the m·k assignments and only their split over the experts is unknown on the host; the sort leaves the
+   offsets on the device, where moe_rows_gemm_kernel reads them. Gather, activation and combine as below. */
+static int moe_experts_device(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
+                              int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
+                              int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
+                              int64_t *dropped, cudaStream_t s)
+{
+    int64_t R = m * k, *perm = route, *pos = route + R, *off = route + 2 * R;
+    if (moe_sort(route, NULL, sel, sel_dtype == TIDE_I64, R, n, -1, s)) return -1;
+    if (dropped) *dropped = 0;
+    if (R == 0 || (m * d_out == 0)) {
+        if (m * d_out > 0) TIDE_CU(cudaMemsetAsync(out, 0, (size_t)(m * d_out) * moe_esz(dtype), s), "moe_experts");
+        return 0;
+    }
+    size_t es = moe_esz(dtype);
+    char *xg = NULL;
+    if (tide_cuda_alloc((void **)&xg, (size_t)R * (size_t)(d_in + d_e) * es, s) != cudaSuccess)
+        return tide_set_error("moe_experts: out of device memory (%lld rows of scratch)", (long long)R);
+    char *h = moe_at(xg, R * d_in, es);
+    int sms = tide_cuda_sm_count();
+    int64_t t1 = tide_moe_rows_tiles(2 * d_e), t2 = tide_moe_rows_tiles(d_out);
+    TIDE_FLOAT_DISPATCH(dtype, "moe_experts", {
+        moe_gather_kernel<T><<<tide_blocks(R * d_in), TIDE_THREADS, 0, s>>>((T *)xg, (const T *)x, perm, R, k, d_in);
+        moe_rows_gemm_kernel<T><<<tide_moe_rows_blocks(n, 2 * d_e, sms), TIDE_MOE_RG_THREADS, 0, s>>>(
+            (T *)pre, (const T *)xg, (const T *)w_gate_up, off, n, 2 * d_e, d_in, t1);
+        moe_act_kernel<T><<<tide_blocks(R * d_e), TIDE_THREADS, 0, s>>>((T *)h, (const T *)pre, R, d_e, act, k_gate, k_lin);
+        moe_rows_gemm_kernel<T><<<tide_moe_rows_blocks(n, d_out, sms), TIDE_MOE_RG_THREADS, 0, s>>>(
+            (T *)y, (const T *)h, (const T *)w_down, off, n, d_out, d_e, t2);
+        moe_combine_kernel<T><<<tide_blocks(m * d_out), TIDE_THREADS, 0, s>>>((T *)out, (const T *)y, (const T *)p, pos, m, k,
+                                                                              d_out);
+    });
+    tide_cuda_release(xg, s);
+    TIDE_CU_LAUNCH("moe_experts kernels (no host sync)");
+    return 0;
+}
+
 int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *y, const void *x, const void *sel,
                           int sel_dtype, const void *p, const void *w_gate_up, const void *w_down, int64_t m, int64_t k,
                           int64_t n, int64_t d_in, int64_t d_e, int64_t d_out, int act, double k_gate, double k_lin,
@@ -534,6 +615,9 @@ int tide_cuda_moe_experts(int dtype, void *out, int64_t *route, void *pre, void 
                               tide_cuda_dtype_str(dtype));
     TIDE_STREAM(s);
     int64_t A_ = m * k, *perm = route, *pos = route + A_;
+    if (!host_off && capacity < 0 && A_ <= TIDE_MOE_DEVICE_ROWS)
+        return moe_experts_device(dtype, out, route, pre, y, x, sel, sel_dtype, p, w_gate_up, w_down, m, k, n, d_in, d_e,
+                                  d_out, act, k_gate, k_lin, dropped, s);
     /* the offsets on the host: the grouped GEMMs take their group sizes from host arrays */
     int64_t *hoff = (int64_t *)malloc((size_t)(n + 2) * sizeof(int64_t));
     moe_prod *pr = (moe_prod *)malloc((size_t)(2 * n) * sizeof(moe_prod));

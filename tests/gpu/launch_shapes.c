@@ -226,6 +226,11 @@ static void one_config(const config *c, int64_t T, int sms)
         emit("moe_rank_kernel", c->name, shape, (int64_t)sms * 16, 1, 1, 0, 0, 0, c->moe_n * 4, 0, A);
         emit("moe_tile_scan_kernel", c->name, shape, (int64_t)sms * 32, 1, 1, 0, 0, 0, 0, 0, A);
         emit("moe_offsets_kernel", c->name, shape, 1, 1, 1, 0, 0, 0, 0, 0, c->moe_n);
+        /* a decoding step's experts without a host sync: a block per (expert, column tile) of either product, capped;
+           the largest index is into the weights [n, N, K] */
+        int64_t wide = max64(2 * c->moe_de, c->d);
+        emit("moe_rows_gemm_kernel<*>", c->name, "decode", tide_moe_rows_blocks(c->moe_n, wide, sms), 1, 1, 0, 0, 0, 0,
+             0, c->moe_n * 2 * c->moe_de * max64(c->moe_dlat, c->d));
     }
     if (c->vit_d) {
         int64_t hd = c->vit_d / c->vit_heads;

@@ -1719,7 +1719,9 @@ static int test_attnres_case(const attnres_case *ac)
 /* ---- MoE experts (moe.md §8): k 2, expert 3 in every token; n 8: experts 5 and 6 idle, else n − 2 and n − 1;
    forward, dx, dp, dw vs the CPU; the GPU run repeated is bitwise equal (no atomics); the capacity drops the same
    count on both. m·k past 1,024 and n past 256 take the device sort over several tiles; bf16 rows whose length is
-   not a multiple of 8 take the per-product GEMM fallback instead of the grouped one ---- */
+   not a multiple of 8 take the per-product GEMM fallback instead of the grouped one. Under no_grad (no backward, so
+   no host offsets) m·k up to TIDE_MOE_DEVICE_ROWS runs without a host sync (moe_rows_gemm_kernel): the same output
+   within the tolerance, and bitwise equal run to run ---- */
 typedef struct {
     int bf16;
     double tol;
@@ -1756,7 +1758,7 @@ static int test_moe_case(const moe_case *mc)
     most = most > n * dout * de ? most : n * dout * de;
     double *buf = malloc((size_t)most * sizeof *buf);
     tide_tensor *c[NIN] = {0}, *g[NIN] = {0}, *oc = NULL, *og = NULL, *og2 = NULL, *og32 = NULL, *r = NULL, *rg = NULL,
-                *lc = NULL, *lg = NULL, *cap_c = NULL, *cap_g = NULL;
+                *lc = NULL, *lg = NULL, *cap_c = NULL, *cap_g = NULL, *ng = NULL, *ng2 = NULL, *ng32 = NULL;
     static const int cyc[5] = {7, 0, 4, 1, 2};
     char detail[512] = "", name[160];
     moe_case_name(mc, name, sizeof name);
@@ -1787,15 +1789,22 @@ static int test_moe_case(const moe_case *mc)
     cap_c = og2 ? tide_moe_experts(c[X], c[SEL], c[P], c[WGU], c[WD], TIDE_MOE_SWIGLU, 4, 25, 0.75, &dc) : NULL;
     cap_g = cap_c ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SWIGLU, 4, 25, 0.75, &dg) : NULL;
     og32 = og ? (og->dtype == TIDE_F32 ? (tide_tensor_retain(og), og) : tide_to_dtype(og, TIDE_F32)) : NULL;
-    if (ok && !(og32 && cap_g)) snprintf(detail, sizeof detail, "%s", tide_last_error());
-    ok = ok && og32 && cap_g;
+    int prev_grad = tide_set_grad_enabled(0);
+    ng = cap_g ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SITU, 4, 25, 0, NULL) : NULL;
+    ng2 = ng ? tide_moe_experts(g[X], g[SEL], g[P], g[WGU], g[WD], TIDE_MOE_SITU, 4, 25, 0, NULL) : NULL;
+    ng32 = ng2 ? (ng->dtype == TIDE_F32 ? (tide_tensor_retain(ng), ng) : tide_to_dtype(ng, TIDE_F32)) : NULL;
+    tide_set_grad_enabled(prev_grad);
+    if (ok && !(og32 && cap_g && ng32)) snprintf(detail, sizeof detail, "%s", tide_last_error());
+    ok = ok && og32 && cap_g && ng32;
     int pass = ok;
     if (ok) {
-        double *a = host_values(og), *b = host_values(og2);
+        double *a = host_values(og), *b = host_values(og2), *na = host_values(ng), *nb = host_values(ng2);
         int same = a && b && !memcmp(a, b, (size_t)og->numel * sizeof *a);
-        free(a); free(b);
-        if (!same) snprintf(detail, sizeof detail, "two GPU runs differ ");
-        pass = same && dc == dg && dc > 0 && check_scaled(name, "out", oc, og32, tol, detail, sizeof detail) &&
+        int nsame = na && nb && !memcmp(na, nb, (size_t)ng->numel * sizeof *na);
+        free(a); free(b); free(na); free(nb);
+        if (!same || !nsame) snprintf(detail, sizeof detail, "two GPU runs differ%s ", same ? " (no_grad)" : "");
+        pass = same && nsame && dc == dg && dc > 0 && check_scaled(name, "out", oc, og32, tol, detail, sizeof detail) &&
+               check_scaled(name, "no_grad out", oc, ng32, tol, detail, sizeof detail) &&
                check_scaled(name, "capacity out", cap_c, cap_g, tol, detail, sizeof detail);
         if (dc != dg) { size_t len = strlen(detail); snprintf(detail + len, sizeof detail - len, " dropped cpu %lld gpu %lld", (long long)dc, (long long)dg); }
         r = tide_randn(TIDE_F32, 2, oc->shape, CPU, 0.0, 1.0);
@@ -1813,7 +1822,7 @@ static int test_moe_case(const moe_case *mc)
         tide_tensor_release(gc);
         tide_tensor_release(gg);
     }
-    tide_tensor *all[] = {oc, og, og2, og32, r, rg, lc, lg, cap_c, cap_g};
+    tide_tensor *all[] = {oc, og, og2, og32, r, rg, lc, lg, cap_c, cap_g, ng, ng2, ng32};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
     for (int i = 0; i < NIN; i++) { tide_tensor_release(c[i]); tide_tensor_release(g[i]); }
     free(buf);

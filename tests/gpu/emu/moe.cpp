@@ -8,7 +8,9 @@
 // (pointer arrays in device memory, bf16 pointers 16-byte aligned), tide_cuda_gemm (the per-product fallback of a
 // misaligned bf16 stage) a row-major one. Both count their calls: every GEMM stage must be ONE grouped call, unless
 // the loaded cuBLAS is older than 12.5 (cublasGetVersion's stand-in says so for one case): then a GEMM per product.
-// Usage: tests/gpu/emu/run_one.sh moe (EMU_SEED=n reorders threads).
+// The forward with no host offsets asked (no backward follows) on a small dropless batch: no sync, no cuBLAS call,
+// the route exact, out / pre / y within the same tolerances; with a capacity or past TIDE_MOE_DEVICE_ROWS rows the
+// grouped path. Usage: tests/gpu/emu/run_one.sh moe (EMU_SEED=n reorders threads).
 #include "emu.h"
 #include "common.cuh"
 #include <cstdarg>
@@ -331,6 +333,59 @@ static void run_moe(const char *name, int64_t m, int64_t k, int64_t n, int64_t d
     check("dw_down", from_dev(dwdg), dwdc, tol);
 }
 
+// the forward without host offsets (no backward follows): a dropless batch of at most TIDE_MOE_DEVICE_ROWS rows runs
+// without a sync and without cuBLAS (moe_rows_gemm_kernel reads the offsets on the device); the route equals the
+// cpu's exactly, out and pre within tol; a batch with a capacity or more rows takes the grouped path (one sync)
+template <class T>
+static void run_moe_device(const char *name, int64_t m, int64_t k, int64_t n, int64_t din, int64_t de, int64_t dout,
+                           int act, double cf, double tol, bool device)
+{
+    const bool bf = !std::is_same<T, float>::value;
+    const int dt = bf ? TIDE_BF16 : TIDE_F32;
+    printf("%s: %s, m %lld k %lld n %lld, d %lld/%lld/%lld, no host offsets\n", name, bf ? "bf16" : "f32", (long long)m,
+           (long long)k, (long long)n, (long long)din, (long long)de, (long long)dout);
+    int64_t A = m * k, cap = cf > 0 ? (int64_t)ceil(cf * (double)A / (double)n) : -1;
+    std::vector<int64_t> sel(A);
+    // experts 0 and n - 1 idle, expert 1 in every token (more rows than a pass of the kernel holds)
+    for (int64_t a = 0; a < A; a++) sel[a] = a % k == 0 ? 1 : 1 + (int64_t)(gen() % (uint64_t)(n - 2));
+    auto x = rv(m * din), wgu = rv(n * 2 * de * din, 0.3f), wd = rv(n * dout * de, 0.3f);
+    std::vector<float> p(A);
+    for (auto &v : p) v = 0.1f + 0.9f * (float)(gen() % 1000) / 1000.0f;
+    if (bf)
+        for (auto *v : {&x, &wgu, &wd, &p})
+            for (auto &e : *v) e = bf16_round(e);
+    std::vector<int64_t> rc(2 * A + n + 1);
+    std::vector<float> oc(m * dout), prc(A * 2 * de), yc(A * dout);
+    int64_t dropc = -1, dropg = -2;
+    tide_cpu_backend.moe_experts(TIDE_F32, oc.data(), rc.data(), prc.data(), yc.data(), x.data(), sel.data(), TIDE_I64, p.data(),
+                                 wgu.data(), wd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropc, nullptr);
+    auto xd = to_dev<T>(x), wgud = to_dev<T>(wgu), wdd = to_dev<T>(wd), pd = to_dev<T>(p);
+    auto nan = [](size_t sz) { return to_dev<T>(std::vector<float>(sz, NAN)); };
+    std::vector<int64_t> rg(2 * A + n + 1, -7);
+    std::vector<T> og = nan(m * dout), prg = nan(A * 2 * de), yg = nan(A * dout);
+    n_grouped = n_gemm = 0;
+    int syncs0 = emu::n_syncs;
+    if (tide_cuda_moe_experts(dt, og.data(), rg.data(), prg.data(), yg.data(), xd.data(), sel.data(), TIDE_I64, pd.data(),
+                              wgud.data(), wdd.data(), m, k, n, din, de, dout, act, 1.5, 2.0, cap, &dropg, nullptr)) {
+        printf("  failed: %s\n", err_buf);
+        n_fail++;
+        return;
+    }
+    if (device)
+        check_exact("no sync, no cuBLAS call", emu::n_syncs == syncs0 && n_grouped == 0 && n_gemm == 0);
+    else
+        check_exact("the grouped path: one sync, a grouped GEMM per stage", emu::n_syncs - syncs0 == 1 && n_grouped == 2);
+    check_exact("route (perm | pos | offsets) == cpu", rg == rc);
+    check_exact("dropped count == cpu", dropg == dropc);
+    int64_t R = rc[2 * A + n];
+    auto prf = from_dev(prg), yf = from_dev(yg);
+    check("out", from_dev(og), oc, tol);
+    check("pre (kept rows)", std::vector<float>(prf.begin(), prf.begin() + R * 2 * de),
+          std::vector<float>(prc.begin(), prc.begin() + R * 2 * de), tol);
+    check("y (kept rows)", std::vector<float>(yf.begin(), yf.begin() + R * dout),
+          std::vector<float>(yc.begin(), yc.begin() + R * dout), tol);
+}
+
 int main()
 {
     if (getenv("EMU_SEED")) emu::rng.seed(atoi(getenv("EMU_SEED")));
@@ -377,6 +432,13 @@ int main()
     run_moe<float>("cuBLAS 12.4", 29, 2, 8, 12, 8, 10, TIDE_MOE_SITU, 0, 3, 1e-5, false);
     run_moe<__nv_bfloat16>("cuBLAS 12.4, bf16 aligned rows", 23, 2, 6, 16, 8, 24, TIDE_MOE_SITU, 0, 2, 1.0 / 64, false);
     cublas_version = CUBLAS_VERSION;
+    // decoding-sized batches with no backward: widths past a warp's 32 lanes and past a block's column tile, rows of
+    // expert 1 past a pass of 8; then a capacity and a batch past TIDE_MOE_DEVICE_ROWS, which read the offsets back
+    run_moe_device<float>("device offsets", 13, 2, 7, 45, 21, 37, TIDE_MOE_SITU, 0, 1e-5, true);
+    run_moe_device<float>("device offsets, swiglu, k 4", 5, 4, 9, 70, 17, 40, TIDE_MOE_SWIGLU, 0, 1e-5, true);
+    run_moe_device<__nv_bfloat16>("device offsets, bf16", 11, 2, 6, 33, 9, 19, TIDE_MOE_SITU, 0, 1.0 / 64, true);
+    run_moe_device<float>("capacity 0.75 (host offsets)", 13, 2, 7, 12, 8, 10, TIDE_MOE_SITU, 0.75, 1e-5, false);
+    run_moe_device<float>("1,026 rows (host offsets)", 513, 2, 5, 6, 4, 5, TIDE_MOE_SITU, 0, 1e-5, false);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
