@@ -127,7 +127,7 @@ typedef struct tide_backend {
     /* every index in [0, n); *bad gets the first offending value when not. defer = 1: the kernels that read these
        indices are safe with any value (they read 0 and write nowhere out of range), so a backend may record a
        problem on the device and report it, named by `what`, at its next synchronisation instead of waiting here
-       (*ok = 1 then); defer = 0 (the indices address memory, as MoE's expert ids do): answer now */
+       (*ok = 1 then); defer = 0 (the indices address memory, as 2D RoPE positions do): answer now */
     int (*check_index)(const char *what, const void *idx, int idx_dtype, int64_t count, int64_t n, int defer,
                        int64_t *bad, int *ok);
 

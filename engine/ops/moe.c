@@ -209,13 +209,14 @@ static tide_tensor *moe_experts(tide_tensor *x, tide_tensor *sel, tide_tensor *p
     TIDE_CHECK(isfinite(capacity_factor) && capacity_factor >= 0,
                "moe_experts: capacity_factor = %g must be 0 (dropless) or positive", capacity_factor);
     int64_t ne = w_gate_up->shape[0], A = sel->numel;
-    /* every expert id in [0, n): the kernels index weights with them */
+    /* every expert id in [0, n): the kernels index weights with them. Deferrable: the sort leaves an id outside
+       [0, n) unrouted, so no kernel reads out of bounds (a device backend may report it at its next synchronisation) */
     tide_tensor *sc = tide_contiguous_nograd(sel);
     int64_t bad = 0;
     int good = 1;
     if (!sc) return NULL;
     int rc = A > 0 ? TIDE_DISPATCH(sel->device, check_index, "moe_experts", "moe_experts", tide_data(sc), sc->dtype, A,
-                                   ne, 0, &bad, &good) : 0;
+                                   ne, 1, &bad, &good) : 0;
     tide_tensor_release(sc);
     if (rc) return NULL;
     TIDE_CHECK(good, "moe_experts: sel holds expert id %lld, outside [0, %lld) (w_gate_up %s)", (long long)bad, (long long)ne,

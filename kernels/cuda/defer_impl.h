@@ -44,6 +44,9 @@ int tide_cuda_deferred_report(void)
         if (!strcmp(c.what, "embedding"))
             return tide_set_error("embedding: token id %lld at position %llu is out of range for a vocabulary of %lld "
                                   "(%s)", (long long)value, pos, (long long)c.n, where);
+        if (!strcmp(c.what, "moe_experts"))
+            return tide_set_error("moe_experts: sel holds expert id %lld at position %llu, outside [0, %lld) (%s)",
+                                  (long long)value, pos, (long long)c.n, where);
         return tide_set_error("%s: index %lld at position %llu is out of range [0, %lld) (%s)", c.what,
                               (long long)value, pos, (long long)c.n, where);
     case TIDE_DEFER_TARGET:

@@ -172,7 +172,9 @@ __device__ int64_t moe_block_scan(int64_t v, int64_t *sh, int64_t *total)
    tile_count[e, b] (expert-major, [n, tiles]) = the tile's assignments to e. The block takes its tile 32 at a time,
    in order: lanes with the same expert find each other with __match_any_sync (inside the warp, a lane's rank = the
    equal lanes below it), then the warps take turns, one barrier each, reading and advancing hist[e], the tile's
-   running count. Ids outside [0, n) (the op layer rejects them) stay unrouted rather than index out of bounds. */
+   running count. Ids outside [0, n) stay unrouted (pos −1) rather than index out of bounds: the op checks them on
+   the device and reports one at the next synchronisation (check_index, deferred), so every kernel here is safe with
+   any id meanwhile. */
 __global__ void __launch_bounds__(MOE_SORT_THREADS)
 moe_rank_kernel(int32_t *rank, int64_t *tile_count, const void *sel, int is64, int64_t A, int64_t n, int64_t ts,
                 int64_t tiles)
@@ -314,9 +316,14 @@ static int moe_sort(int64_t *route, int64_t *hoff, const void *sel, int is64, in
 }
 
 /* ---- row kernels ---------------------------------------------------------------------------------------------------- */
+/* rows past the kept ones (perm -1: an id outside [0, n), which the op's deferred check reports) read zeros */
 template <typename T> __global__ void moe_gather_kernel(T *xg, const T *x, const int64_t *perm, int64_t R, int64_t k, int64_t d)
 {
-    TIDE_GRID_LOOP(i, R * d) xg[i] = x[(perm[i / d] / k) * d + i % d];
+    TIDE_GRID_LOOP(i, R * d) {
+        int64_t a = perm[i / d];
+        if (a >= 0) xg[i] = x[(a / k) * d + i % d];
+        else tide_st(xg, i, TIDE_ACC(T)(0));
+    }
 }
 template <typename T>
 __global__ void moe_act_kernel(T *h, const T *pre, int64_t R, int64_t de, int act, double k1, double k2)

@@ -1949,6 +1949,38 @@ static int test_tlp_bad_target(void)
     return report("token_logprobs bad target -> error", ok, detail);
 }
 
+/* an expert id outside [0, n) is an error on the GPU too, found on the device (the kernels leave it unrouted): with
+   gradients (the grouped path) and under no_grad (the path without a host sync); the run after it works again */
+static int test_moe_bad_id(void)
+{
+    int64_t sx[2] = {4, 6}, ss[2] = {4, 2}, sgu[3] = {3, 8, 6}, sd[3] = {3, 5, 4};
+    double sv[8] = {0, 1, 2, 1, 0, 3, 2, 2};   /* id 3 at position 5, n = 3 */
+    tide_tensor *x = tide_randn(TIDE_F32, 2, sx, GPU, 0.0, 1.0), *p = tide_rand(TIDE_F32, 2, ss, GPU, 0.1, 1.0);
+    tide_tensor *wgu = tide_randn(TIDE_F32, 3, sgu, GPU, 0.0, 0.3), *wd = tide_randn(TIDE_F32, 3, sd, GPU, 0.0, 0.3);
+    tide_tensor *sc = tide_from_f64(TIDE_I64, 2, ss, CPU, sv), *sel = sc ? tide_to_device(sc, GPU) : NULL;
+    int ok = x && p && wgu && wd && sel && !tide_set_requires_grad(x, 1);
+    char detail[320] = "";
+    for (int ng = 0; ng < 2 && ok; ng++) {
+        int prev = tide_set_grad_enabled(!ng);
+        tide_tensor *o = tide_moe_experts(x, sel, p, wgu, wd, TIDE_MOE_SWIGLU, 4, 25, 0, NULL);
+        tide_set_grad_enabled(prev);
+        ok = o && host_read_fails(o) && strstr(tide_last_error(), "expert id 3 at position 5, outside [0, 3)") != NULL;
+        snprintf(detail, sizeof detail, "%s: %s", ng ? "no_grad" : "grad", tide_last_error());
+        tide_clear_error();
+        tide_tensor_release(o);
+    }
+    tide_tensor_release(sc);
+    tide_tensor_release(sel);
+    sv[5] = 1;
+    sc = ok ? tide_from_f64(TIDE_I64, 2, ss, CPU, sv) : NULL;
+    sel = sc ? tide_to_device(sc, GPU) : NULL;
+    tide_tensor *o = sel ? tide_moe_experts(x, sel, p, wgu, wd, TIDE_MOE_SWIGLU, 4, 25, 0, NULL) : NULL;
+    if (ok && !(o && !host_read_fails(o))) { ok = 0; snprintf(detail, sizeof detail, "after it: %s", tide_last_error()); }
+    tide_tensor *all[] = {x, p, wgu, wd, sc, sel, o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tide_tensor_release(all[i]);
+    return report("moe_experts bad expert id -> error", ok, detail);
+}
+
 /* ---- coverage: every op of the registry -> the cases above that exercise it, or why it has none ------------------
    cases: case names, '|'-separated, each of which must exist in a case table; reason: instead, when the op has no
    case of its own. An op of tide_op_defs without an entry here fails the test, with or without a GPU. */
@@ -2275,7 +2307,7 @@ int main(void)
         else failed++;
     }
     int (*const extra[])(void) = {test_random, test_guard, test_vector_helpers, test_first_nonfinite_gpu, test_adamw,
-                                  test_bad_target, test_tlp_bad_target, test_kda, test_kda_bound, test_kdec, test_cdec, test_attnres, test_mla, test_mla_latent, test_decode,
+                                  test_bad_target, test_tlp_bad_target, test_moe_bad_id, test_kda, test_kda_bound, test_kdec, test_cdec, test_attnres, test_mla, test_mla_latent, test_decode,
                                   test_varlen, test_attention, test_moe, test_scatter_determinism, test_kda_memory,
                                   test_mla_latent_memory};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {

@@ -386,6 +386,38 @@ static void run_moe_device(const char *name, int64_t m, int64_t k, int64_t n, in
           std::vector<float>(yc.begin(), yc.begin() + R * dout), tol);
 }
 
+// an expert id outside [0, n) (the op's deferred check reports it at the next synchronisation): the kernels leave it
+// unrouted (pos -1) on both paths and read nothing out of bounds; out equals the cpu's with that slot's p at 0
+static void run_moe_bad_id(bool device)
+{
+    const int64_t m = 9, k = 1, n = 5, din = 7, de = 6, dout = 8, A = m * k, badpos = 7;   // k 1: a tail row would read x[-din]
+    printf("bad expert id, %s path\n", device ? "no-sync" : "grouped");
+    std::vector<int64_t> sel(A), selc(A);
+    for (int64_t a = 0; a < A; a++) sel[a] = (int64_t)(gen() % (uint64_t)n);
+    selc = sel;
+    sel[badpos] = n + 3;
+    auto x = rv(m * din), wgu = rv(n * 2 * de * din, 0.3f), wd = rv(n * dout * de, 0.3f);
+    std::vector<float> p(A), pc;
+    for (auto &v : p) v = 0.1f + 0.9f * (float)(gen() % 1000) / 1000.0f;
+    pc = p;
+    pc[badpos] = 0;
+    std::vector<int64_t> rc(2 * A + n + 1), rg(2 * A + n + 1, -7), hog(n + 1, -4);
+    std::vector<float> oc(m * dout), prc(A * 2 * de), yc(A * dout);
+    std::vector<float> og(m * dout, NAN), prg(A * 2 * de, NAN), yg(A * dout, NAN);
+    int64_t dropc = -1, dropg = -2;
+    tide_cpu_backend.moe_experts(TIDE_F32, oc.data(), rc.data(), prc.data(), yc.data(), x.data(), selc.data(), TIDE_I64,
+                                 pc.data(), wgu.data(), wd.data(), m, k, n, din, de, dout, TIDE_MOE_SITU, 1.5, 2.0, -1,
+                                 &dropc, nullptr);
+    int syncs0 = emu::n_syncs;
+    int r = tide_cuda_moe_experts(TIDE_F32, og.data(), rg.data(), prg.data(), yg.data(), x.data(), sel.data(), TIDE_I64,
+                                  p.data(), wgu.data(), wd.data(), m, k, n, din, de, dout, TIDE_MOE_SITU, 1.5, 2.0, -1,
+                                  &dropg, device ? nullptr : hog.data());
+    if (r) printf("  failed: %s\n", err_buf);
+    check_exact("runs, the bad assignment unrouted (pos -1), one row fewer", r == 0 && rg[A + badpos] == -1 &&
+                rg[2 * A + n] == A - 1 && (device ? emu::n_syncs == syncs0 : hog[n] == A - 1));
+    check("out (the bad slot contributes nothing)", og, oc, 1e-5);
+}
+
 int main()
 {
     if (getenv("EMU_SEED")) emu::rng.seed(atoi(getenv("EMU_SEED")));
@@ -439,6 +471,8 @@ int main()
     run_moe_device<__nv_bfloat16>("device offsets, bf16", 11, 2, 6, 33, 9, 19, TIDE_MOE_SITU, 0, 1.0 / 64, true);
     run_moe_device<float>("capacity 0.75 (host offsets)", 13, 2, 7, 12, 8, 10, TIDE_MOE_SITU, 0.75, 1e-5, false);
     run_moe_device<float>("1,026 rows (host offsets)", 513, 2, 5, 6, 4, 5, TIDE_MOE_SITU, 0, 1e-5, false);
+    run_moe_bad_id(true);
+    run_moe_bad_id(false);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
