@@ -206,7 +206,8 @@ typedef struct tide_backend {
        per pair; TIDE_KDA_RECURRENT runs the token recurrence. chunk is C for the chunk paths.
        backward: gradients of every input from gout [B, T, H, dv] and gs_out (NULL = zero); any gradient
        pointer may be NULL when not wanted.
-       ckpt (chunk paths, when kda_ckpt_chunks > 0, else NULL): the forward writes the start state of every
+       ckpt (chunk paths, when kda_ckpt_chunks > 0 and a backward will follow, else NULL; the backward then
+       computes its own): the forward writes the start state of every
        kda_ckpt_chunks-th chunk of each segment and the backward reads them instead of recomputing them;
        layout [Σ_seg ceil(chunks(seg) / kda_ckpt_chunks), H, dk, dv], segments in order, state dtype. */
     int (*kda)(int dtype, void *o, void *s_out, const void *q, const void *k, const void *v, const void *g,

@@ -29,13 +29,15 @@ static int kda_state_dtype(int dtype) { return dtype == TIDE_BF16 ? TIDE_F32 : d
 enum { KDA_SAVED_Q, KDA_SAVED_K, KDA_SAVED_V, KDA_SAVED_G, KDA_SAVED_BETA, KDA_SAVED_S0, KDA_SAVED_CKPT };
 
 /* the backend's chunk start-state checkpoints for the backward (backend.h: kda_ckpt_chunks) of a node with state
-   width dv: *ck a new tensor, or NULL when the backend or the path keeps none; -1 when it cannot be allocated */
+   width dv: *ck a new tensor, or NULL when the backend or the path keeps none or no backward will run; -1 when it
+   cannot be allocated */
 static int kda_ckpt_alloc(const tide_node *n, const tide_backend *bk, int64_t H, int64_t dk, int64_t dv, int dtype,
                           int device, tide_tensor **ck)
 {
     *ck = NULL;
     int64_t chunk = n->attr.kda.chunk;
-    if (bk->kda_ckpt_chunks <= 0 || n->attr.kda.path == TIDE_KDA_RECURRENT) return 0;
+    /* none for a forward no backward follows (not recorded): they would be written and dropped */
+    if (bk->kda_ckpt_chunks <= 0 || n->attr.kda.path == TIDE_KDA_RECURRENT || n->no_saves) return 0;
     int64_t n_ck = 0;
     for (int sg = 0; sg + 1 < n->attr.n_list; sg++) {
         int64_t nch = (n->attr.list[sg + 1] - n->attr.list[sg] + chunk - 1) / chunk;

@@ -14,9 +14,10 @@
  * fills the SMs. TIDE_KDA_VSPLIT overrides the choice (1: never split). The state-free work also leaves that chain:
  * before each block of chunks a pre-pass (kda_intra_kernel, a block per chunk and head, all in parallel) forms every
  * chunk's Af, P and M (the K̂Ǩᵀ / Q̂Ǩᵀ products and the 16-step substitution), and the sequential kernel reads them;
- * the same functions on the same chunk give the same bits. The backward runs block by block anyway; the training
- * forward (checkpoints kept) runs in the same rounds (kda_forward_rounds), each block from its checkpoint, so the
- * pre-pass buffer holds one block of chunks per segment group, as the backward's state buffer does. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
+ * the same functions on the same chunk give the same bits. The backward runs block by block anyway; the forward
+ * runs in the same rounds (kda_forward_rounds), each block from its checkpoint (no checkpoints kept, under no_grad:
+ * from one scratch slot per segment, rewritten each round), so the pre-pass buffer holds one block of chunks per segment group,
+ * as the backward's state buffer does. A chunk is at most KDA_CT = 16 tokens (kda.md §5): a larger requested
  * chunk runs as chunks of 16, which is the same function (§4) with a smaller |G|. Rows of a ragged chunk
  * are zero (q = k = v = β = g = 0): they add nothing, and G of the last row stays G_c.
  *
@@ -359,6 +360,9 @@ template <typename T> struct kda_fwd_args {
                                       with o the training forward's round blk (kda_forward_rounds): o for the block's
                                       chunks from s0 (blk 0) or checkpoint blk, then checkpoint blk + 1 or s_out */
     const float *intra;            /* NULL, or per state slot and head the chunk's Af, P, M (kda_intra_kernel) */
+    int roll;                      /* the rounds of a forward that keeps no checkpoints: every block of a segment
+                                      reads its start state from, and leaves the next block's in, one scratch slot
+                                      ck0 (a block reads its slot into shared memory before it writes it back) */
     const T *q, *k, *v, *g, *beta;
     const float *s0;
     const kda_seg *seg;
@@ -386,7 +390,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         c0 = a.blk * sg.kbc;
         if (c0 >= nch) return;           /* the whole block: this segment has no such block */
         c1 = c0 + sg.kbc < nch ? c0 + sg.kbc : nch;
-        if (!a.o || a.blk > 0) s0 = a.ckpt + ((sg.ck0 + a.blk) * H + h) * sz;
+        if (!a.o || a.blk > 0) s0 = a.ckpt + ((sg.ck0 + (a.roll ? 0 : a.blk)) * H + h) * sz;
     }
     for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) w.S[idx] = s0 ? s0[kda_sidx(idx, dv, DV, v0)] : 0.f;
 
@@ -394,7 +398,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
         const int64_t tok0 = sg.start + ch * a.C;
         const int rows = (int)(sg.len - ch * a.C < a.C ? sg.len - ch * a.C : a.C);
         __syncthreads();                 /* S is final for this chunk; the buffers are free */
-        if (a.ckpt && ch % sg.kbc == 0 && (a.blk < 0 || (a.o && ch == 0))) {
+        if (a.ckpt && !a.roll && ch % sg.kbc == 0 && (a.blk < 0 || (a.o && ch == 0))) {
             float *st = a.ckpt + ((sg.ck0 + ch / sg.kbc) * H + h) * sz;
             for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
         }
@@ -533,7 +537,7 @@ template <typename T, bool WMMA> __global__ void __launch_bounds__(KDA_NT) kda_c
     __syncthreads();
     if (a.blk >= 0 && c1 < nch) {        /* a round that is not the segment's last: the next block's checkpoint */
         if (a.o && a.ckpt) {
-            float *st = a.ckpt + ((sg.ck0 + a.blk + 1) * H + h) * sz;
+            float *st = a.ckpt + ((sg.ck0 + (a.roll ? 0 : a.blk + 1)) * H + h) * sz;
             for (int idx = threadIdx.x; idx < dk * dv; idx += KDA_NT) st[kda_sidx(idx, dv, DV, v0)] = w.S[idx];
         }
     } else if (sg.sout_row >= 0 && a.s_out) {
@@ -1229,7 +1233,7 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
                               const T *v, const T *g, const T *beta, const float *s0, const kda_seg *seg_d,
                               int64_t nseg, int64_t H, int64_t dk, int64_t dv, int safe, int C, int check, double lb,
                               unsigned long long *bad, unsigned long long bad_base, int nv, cudaStream_t s,
-                              const float *intra = nullptr)
+                              const float *intra = nullptr, int roll = 0)
 {
     /* tensor cores for bf16 on the factorised path (kda.md §5), whole 16-column tiles in every split; f32 and the
        per-pair path use FMA. The split changes no bit: a column's sums run in the same order in any block. */
@@ -1258,6 +1262,7 @@ static int kda_forward_chunks(const char *what, T *o, float *s_out, float *ckpt,
     args.bad_base = bad_base;
     args.nv = nv;
     args.intra = intra;
+    args.roll = roll;
     args.L = kda_layout((int)dk, (int)(dv / nv), safe, wmma, 0);
     if (nseg * H * nv > INT_MAX)
         return tide_set_error("%s: %lld segments x %lld heads x %d column splits is too many blocks", what,
@@ -1388,10 +1393,11 @@ static kda_intra_args<T> kda_intra_of(float *out, const void *q, const void *k, 
     return ia;
 }
 
-/* The training forward (checkpoints kept, kda_forward_typed) in rounds: per group of segments (kda_groups, as the
-   backward takes them) and block of kbc chunks, the pre-pass forms every chunk's P and M in parallel, then the
-   sequential kernel runs the block from s0 or the block's checkpoint and writes the next block's checkpoint. The
-   same functions on the same chunks: o, the final states and the checkpoints are the single-launch forward's bits. */
+/* The forward with an output (kda_forward_typed) in rounds: per group of segments (kda_groups, as the backward takes
+   them) and block of kbc chunks, the pre-pass forms every chunk's P and M in parallel, then the sequential kernel
+   runs the block from s0 or the block's checkpoint and writes the next block's checkpoint. The same functions on the
+   same chunks: o, the final states and the checkpoints are the single-launch forward's bits. Without checkpoints
+   (ckpt NULL: no backward follows) the start states pass through one scratch slot per segment instead. */
 template <typename T>
 static int kda_forward_rounds(const char *what, T *o, float *s_out, float *ckpt, const T *q, const T *k, const T *v,
                               const T *g, const T *beta, const float *s0, const int64_t *cu, int64_t n_seg, int64_t B,
@@ -1401,14 +1407,23 @@ static int kda_forward_rounds(const char *what, T *o, float *s_out, float *ckpt,
     int safe = path == TIDE_KDA_CHUNK_SAFE, C = kda_chunk_of(path, chunk);
     kda_bwd_plan pl;
     if (kda_backward_plan(what, cu, n_seg, B, T_, H, dv, path, chunk, 0, pl)) return -1;
+    /* no checkpoints kept (no backward follows): a segment's round start states pass through one scratch slot, which
+       each round reads and then overwrites with the next round's */
+    const int roll = ckpt == NULL;
+    const int64_t roll_slots = roll ? pl.nseg : 0;
+    for (int64_t i = 0; i < roll_slots; i++) pl.seg[i].ck0 = i;
     kda_seg *seg_d = NULL;
     int rc = kda_upload_segments(what, pl.seg, pl.nseg, &seg_d, s);
     free(pl.seg);
     const int nv = pl.nv;
     const bool wmma = sizeof(T) == 2 && !safe && dk % 16 == 0 && (dv / nv) % 16 == 0;
-    float *intra = NULL;
+    float *intra = NULL, *own = NULL;
     if (!rc && tide_cuda_alloc((void **)&intra, kda_intra_bytes(pl, H), s) != cudaSuccess)
         rc = tide_set_error("cuda %s: %zu bytes of scratch for the pre-pass", what, kda_intra_bytes(pl, H));
+    size_t roll_bytes = (size_t)roll_slots * (size_t)(H * dk * dv) * sizeof(float);
+    if (!rc && roll && tide_cuda_alloc((void **)&own, roll_bytes, s) != cudaSuccess)
+        rc = tide_set_error("cuda %s: %zu bytes of scratch for the round start states", what, roll_bytes);
+    if (roll) ckpt = own;
     kda_intra_args<T> ia = kda_intra_of<T>(intra, q, k, g, beta, H, dk, C, safe, wmma);
     for (size_t gi = 0; !rc && gi + 1 < pl.groups.size(); gi++) {
         int64_t g0 = pl.groups[gi], ng = pl.groups[gi + 1] - g0;
@@ -1424,9 +1439,10 @@ static int kda_forward_rounds(const char *what, T *o, float *s_out, float *ckpt,
             }
             if (!rc)
                 rc = kda_forward_chunks<T>(what, o, s_out, ckpt, (float *)NULL, blk, q, k, v, g, beta, s0, seg_d + g0, ng,
-                                           H, dk, dv, safe, C, check, lb, bad, bad_base, nv, s, intra);
+                                           H, dk, dv, safe, C, check, lb, bad, bad_base, nv, s, intra, roll);
         }
     }
+    tide_cuda_release(own, s);
     tide_cuda_release(intra, s);
     tide_cuda_release(seg_d, s);
     return rc;
@@ -1453,14 +1469,14 @@ static int kda_forward_typed(void *o, void *s_out, const void *q, const void *k,
     tide_cuda_scratch *sc = NULL;
     unsigned long long base = 0;
     int nv = path == TIDE_KDA_RECURRENT ? 1 : kda_vsplit(what, nseg * H, dv);
-    int prepass = path == TIDE_KDA_RECURRENT || !o || !ckpt ? 0 : kda_prepass(what);
+    int prepass = path == TIDE_KDA_RECURRENT || !o ? 0 : kda_prepass(what);
     if (nv < 0 || prepass < 0) rc = -1;
     if (!rc && check) rc = kda_check_begin(what, T_, H, dk, lb, &sc, &base);
     if (!rc) {
         if (path == TIDE_KDA_RECURRENT)
             rc = kda_forward_recurrent<T>(what, (T *)o, (float *)s_out, (const T *)q, (const T *)k, (const T *)v,
                                           (const T *)g, (const T *)beta, (const float *)s0, seg_d, nseg, H, dk, dv, s);
-        else if (prepass)   /* training (checkpoints kept): in rounds behind the pre-pass */
+        else if (prepass)   /* in rounds behind the pre-pass (no checkpoints kept: rolling start states) */
             rc = kda_forward_rounds<T>(what, (T *)o, (float *)s_out, (float *)ckpt, (const T *)q, (const T *)k,
                                        (const T *)v, (const T *)g, (const T *)beta, (const float *)s0, cu, n_seg, B,
                                        T_, H, dk, dv, path, chunk, check, lb,

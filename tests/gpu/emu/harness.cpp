@@ -865,6 +865,23 @@ static void run_kda_intra(const char *name, const KdaProb &p, int path, int chun
         printf("  %-46s %s%s\n", "pre-pass forward: the same bits", ok ? "ok" : "FAIL", rc ? err_buf : "");
         if (ok) n_pass++;
         else n_fail++;
+        // no checkpoints kept (no backward follows): the rounds pass their start states through one scratch slot per
+        // segment; with the pre-pass and without (one launch): the same output and final states
+        std::vector<T> o3(No, T(NAN)), o4(No, T(NAN));
+        std::vector<float> so3(Ns, NAN), so4(Ns, NAN);
+        for (int off = 0; off < 2 && !rc; off++) {
+            if (off) setenv("TIDE_KDA_PREPASS", "0", 1);
+            kda_vsplit_force = nv;
+            rc = tide_cuda_kda(dtype, off ? o4.data() : o3.data(), off ? so4.data() : so3.data(), q.data(), k.data(),
+                               v.data(), g.data(), be.data(), s0.data(), p.cu.data(), nseg, p.B, p.T, p.H, p.dk, p.dv,
+                               path, chunk, -5, nullptr);
+            unsetenv("TIDE_KDA_PREPASS");
+            kda_vsplit_force = 0;
+        }
+        ok = !rc && same(o1, o3) && same(so1, so3) && same(o1, o4) && same(so1, so4);
+        printf("  %-46s %s%s\n", "no checkpoints (rolling rounds): the same bits", ok ? "ok" : "FAIL", rc ? err_buf : "");
+        if (ok) n_pass++;
+        else n_fail++;
     }
     if (!backward) return;
     Out with, without;
@@ -1100,6 +1117,9 @@ int main(int argc, char **argv)
         // two rounds of the forward (chunk 2: 70 chunks of a 140-token row, blocks of 64), a short second row
         KdaProb pl2 = make_prob(2, 140, 1, 8, 8, {150}, -5, false, false);
         run_kda_intra<float>("kda pre-pass, forward rounds f32", pl2, TIDE_KDA_CHUNK, 2, 1, false);
+        // four rounds (chunk 2: 200 chunks of a 400-token row), 2 column splits
+        KdaProb pl4 = make_prob(1, 400, 1, 8, 16, {}, -5, false, false);
+        run_kda_intra<float>("kda pre-pass, 4 forward rounds f32, 2 splits", pl4, TIDE_KDA_CHUNK, 2, 2, false);
         // the checkpointed backward's bits and its peak bytes (the partial buffer counted) with a split
         kda_vsplit_force = 2;
         run_kda_ckpt<float>("kda checkpointed backward f32, 2 column splits", p, TIDE_KDA_CHUNK, 16);
