@@ -24,6 +24,9 @@
 #define ATT_BLOCK 64
 static inline double att_exp_f32(double x) { return exp_f64(x); }
 static inline double att_exp_f64(double x) { return exp(x); }
+/* a row's max over its first n scores, as double (the float max widened: the same value as comparing in double) */
+static inline double att_max_f32(const float *x, int64_t n) { return (double)max_f32(x, n, -INFINITY); }
+static inline double att_max_f64(const double *x, int64_t n) { return max_f64(x, n, -INFINITY); }
 
 /* index of the last key query i may see (−1: none) */
 static inline int64_t last_key(int64_t i, int64_t Tq, int64_t Tk, int causal)
@@ -67,8 +70,7 @@ static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int
         } else if (last < 0) {                                                                          \
             l = -INFINITY;                                                                              \
         } else {                                                                                        \
-            double mx = -INFINITY, sum = 0.0;                                                           \
-            for (int64_t j = 0; j <= last; j++) if ((double)sr[j] > mx) mx = (double)sr[j];             \
+            double mx = att_max_##SFX(sr, last + 1), sum = 0.0;                                        \
             double e[ATT_BLOCK];                                                                        \
             for (int64_t j0 = 0; j0 <= last; j0 += ATT_BLOCK) {                                         \
                 int64_t m = last + 1 - j0 < ATT_BLOCK ? last + 1 - j0 : ATT_BLOCK;                      \

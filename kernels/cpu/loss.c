@@ -116,8 +116,7 @@ static void cross_entropy_f64(double *loss, double *valid, double *lse, const do
 #pragma omp parallel for if(N * V > TIDE_OMP_MIN)
     for (int64_t n = 0; n < N; n++) {
         const double *xr = logits + n * V;
-        double mx = -INFINITY;
-        for (int64_t v = 0; v < V; v++) if (xr[v] > mx) mx = xr[v];
+        double mx = max_f64(xr, V, -INFINITY);
         double sum = 0.0;
         for (int64_t v = 0; v < V; v++) sum += exp(xr[v] - mx);
         double l = mx + log(sum);
@@ -211,9 +210,7 @@ static void token_logprobs_##SFX(T *logp, T *ent, T *lse, const T *logits, const
     _Pragma("omp parallel for if(N * V > TIDE_OMP_MIN)")                                               \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = logits + n * V;                                                                   \
-        T mx = -INFINITY;                                                                               \
-        _Pragma("omp simd reduction(max:mx)")                                                          \
-        for (int64_t v = 0; v < V; v++) mx = xr[v] > mx ? xr[v] : mx;                                   \
+        T mx = max_##SFX(xr, V, (T)-INFINITY);                                                          \
         T sh = isinf(mx) ? (T)0 : mx;                  /* an all -inf row: lse -inf, not NaN */         \
         double s = 0.0, u = 0.0;                                                                        \
         _Pragma("omp simd reduction(+:s, u)")                                                          \

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include "cpu.h"
+#include "fastmath.h"
 
 #define DEFINE_SOFTMAX(T, SFX)                                                                          \
 static void softmax_##SFX(T *y, const T *x, int64_t N, int64_t C, int log_out)                         \
@@ -17,8 +18,7 @@ static void softmax_##SFX(T *y, const T *x, int64_t N, int64_t C, int log_out)  
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = x + n * C;                                                                        \
         T *yr = y + n * C;                                                                              \
-        double mx = -INFINITY;                                                                          \
-        for (int64_t c = 0; c < C; c++) if ((double)xr[c] > mx) mx = (double)xr[c];                     \
+        double mx = (double)max_##SFX(xr, C, (T)-INFINITY);   /* fastmath.h: vector lanes, the same value */  \
         double sum = 0.0;                                                                               \
         for (int64_t c = 0; c < C; c++) sum += exp((double)xr[c] - mx);                                 \
         if (log_out) {                                                                                  \
