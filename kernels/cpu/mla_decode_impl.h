@@ -212,14 +212,8 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             T inv[HG];
             for (int hh = 0; hh < nh; hh++) {
                 T *sh = s + hh * stride;
-                /* the max in 8 lanes, then across them: a max is exact, so any order gives the same value */
-                T ml[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-                int64_t t8 = L & ~(int64_t)7;
-                for (int64_t t = 0; t < t8; t += 8)
-                    for (int j = 0; j < 8; j++) ml[j] = sh[t + j] > ml[j] ? sh[t + j] : ml[j];
-                for (int64_t t = t8; t < L; t++) ml[0] = sh[t] > ml[0] ? sh[t] : ml[0];
-                T m = ml[0];
-                for (int j = 1; j < 8; j++) m = ml[j] > m ? ml[j] : m;
+                /* the max in vector lanes (fastmath.h): a max is exact, so any order gives the same value */
+                T m = DCAT(max, SFX)(sh, L, (T)-INFINITY);
                 /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
                 T sc = (T)scale, ms = m * sc;
                 for (int64_t t = 0; t < L; t++) sh[t] = EXP(sh[t] * sc - ms);
