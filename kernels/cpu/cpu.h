@@ -143,6 +143,16 @@ static inline const char *tide_cpu_dtype_str(int dtype)
    start costs more than the loop saves. A macro, so that it expands inside _Pragma("omp ... if(...)"). */
 #define TIDE_OMP_MIN 16384
 
+/* one step of a spin-wait on another thread of the same region (a hint to the core; a no-op elsewhere) */
+static inline void tide_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* chunks per KDA state checkpoint (kda.c: also the backward's recompute block) */
 #define TIDE_KDA_CPU_CKPT_CHUNKS 16
 

@@ -167,15 +167,14 @@ static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, cons
     return tide_cpu_gemm(dtype, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, ldc);
 }
 
-/* sorted rows [R, d] <- x[t(perm[r])] */
-#define GATHER(T)                                                                                           \
-    static void gather_rows_##T(T *xg, const T *x, const int64_t *perm, int64_t R, int64_t k, int64_t d)    \
-    {                                                                                                       \
-        _Pragma("omp parallel for if(R * d > TIDE_OMP_MIN) schedule(static)")                                      \
-        for (int64_t r = 0; r < R; r++) memcpy(xg + r * d, x + (perm[r] / k) * d, (size_t)d * sizeof(T));   \
-    }
-GATHER(float)
-GATHER(double)
+/* sorted rows [r0, r0 + rows) of xg [R, d] <- x[t(perm[r])]; serial: called per tile, inside the tiles' parallel
+   region, so a tile's rows are gathered just before its product reads them */
+static void gather_rows(size_t es, char *xg, const char *x, const int64_t *perm, int64_t r0, int64_t rows, int64_t k,
+                        int64_t d)
+{
+    size_t row = (size_t)d * es;
+    for (int64_t r = r0; r < r0 + rows; r++) memcpy(xg + (size_t)r * row, x + (size_t)(perm[r] / k) * row, row);
+}
 
 /* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region. The
    activation is chosen outside the loops, so each inner loop is one function over a row (it vectorises) */
@@ -305,12 +304,12 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R);
     }
     int failed = 0;
-    if (dtype == TIDE_F32) gather_rows_float((float *)xg, x, perm, R, k, d_in);
-    else gather_rows_double((double *)xg, x, perm, R, k, d_in);
-    /* §8 step 2 per row tile: gate/up, activation, down; each tile one single-threaded BLAS call per product */
+    /* §8 step 2 per row tile: gather, gate/up, activation, down; each tile one single-threaded BLAS call per
+       product */
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (int64_t i = 0; i < nt; i++) {
         int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
+        gather_rows(es, xg, x, perm, r0, rows, k, d_in);
         char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es, *he = (char *)h + (size_t)(r0 * d_e) * es;
         if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, (const char *)xg + (size_t)(r0 * d_in) * es, d_in,
                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e)) { failed = 1; continue; }
@@ -335,24 +334,20 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
    dh = dY Wd, dWd = dYᵀ h, dpre = act'(dh), dWgu = dpreᵀ X, dX = dpre Wgu; dx[t] = Σ_slot dX[pos(t, slot)] in
    slot order. dWgu / dWd are overwritten (experts with no rows get 0). */
 #define MOE_BW(T)                                                                                           \
-    static void dy_rows_##T(T *dy, const T *du, const T *p, const int64_t *perm, int64_t R, int64_t k,       \
-                            int64_t d)                                                                      \
+    /* sorted rows [r0, r0 + rows): dY[r] = p[a] du[t] and, when dp, dp[a] = du[t] · Y[r] (a = perm[r], t = a/k;  \
+       the dot product in channel order from 0). Serial: called per tile, inside the tiles' parallel region */   \
+    static void dy_rows_##T(T *dy, T *dp, const T *du, const T *y, const T *p, const int64_t *perm, int64_t r0, \
+                            int64_t rows, int64_t k, int64_t d)                                             \
     {                                                                                                       \
-        _Pragma("omp parallel for if(R * d > TIDE_OMP_MIN) schedule(static)")                                      \
-        for (int64_t r = 0; r < R; r++) {                                                                   \
+        for (int64_t r = r0; r < r0 + rows; r++) {                                                          \
             int64_t a = perm[r];                                                                            \
-            for (int64_t c = 0; c < d; c++) dy[r * d + c] = p[a] * du[(a / k) * d + c];                     \
-        }                                                                                                   \
-    }                                                                                                       \
-    static void dp_rows_##T(T *dp, const T *du, const T *y, const int64_t *pos, int64_t m, int64_t k,       \
-                            int64_t d)                                                                      \
-    {                                                                                                       \
-        _Pragma("omp parallel for if(m * k * d > TIDE_OMP_MIN) schedule(static)")                                  \
-        for (int64_t a = 0; a < m * k; a++) {                                                               \
-            int64_t r = pos[a];                                                                             \
-            T acc = 0;                                                                                      \
-            if (r >= 0) for (int64_t c = 0; c < d; c++) acc += du[(a / k) * d + c] * y[r * d + c];          \
-            dp[a] = acc;                                                                                    \
+            const T *dur = du + (a / k) * d;                                                                \
+            for (int64_t c = 0; c < d; c++) dy[r * d + c] = p[a] * dur[c];                                  \
+            if (dp) {                                                                                       \
+                T acc = 0;                                                                                  \
+                for (int64_t c = 0; c < d; c++) acc += dur[c] * y[r * d + c];                               \
+                dp[a] = acc;                                                                                \
+            }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
     static void dx_rows_##T(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)        \
@@ -396,56 +391,72 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
     char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
     char *dh = dy + (size_t)(R1 * d_out) * es, *dpre = dh + (size_t)(R1 * d_e) * es, *dxg = dpre + (size_t)(R1 * 2 * d_e) * es;
     int f32 = dtype == TIDE_F32, failed = 0;
-    if (f32) {
-        gather_rows_float((float *)xg, x, perm, R, k, d_in);
-        dy_rows_float((float *)dy, du, p, perm, R, k, d_out);
-        if (dp) dp_rows_float(dp, du, y, pos, m, k, d_out);
-    } else {
-        gather_rows_double((double *)xg, x, perm, R, k, d_in);
-        dy_rows_double((double *)dy, du, p, perm, R, k, d_out);
-        if (dp) dp_rows_double(dp, du, y, pos, m, k, d_out);
-    }
-    /* per row tile: dh = dY Wd, then h (recomputed) and dpre = act'(dh) in one pass, dX = dpre Wgu */
-#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
-    for (int64_t i = 0; i < nt; i++) {
-        int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
-        const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
-        const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
-        char *he = h + (size_t)(r0 * d_e) * es, *dhe = dh + (size_t)(r0 * d_e) * es, *dpe = dpre + (size_t)(r0 * 2 * d_e) * es;
-        if (gemm(dtype, 0, 0, rows, d_e, d_out, dy + (size_t)(r0 * d_out) * es, d_out, wd, d_e, dhe, d_e)) {
-            failed = 1;
-            continue;
-        }
-        if (f32) act_fb_float((float *)he, (float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e, rows,
-                              d_e, act, (float)k_gate, (float)k_lin);
-        else act_fb_double((double *)he, (double *)dpe, (const double *)dhe, (const double *)pre + r0 * 2 * d_e,
-                           rows, d_e, act, k_gate, k_lin);
-        if (dx && gemm(dtype, 0, 0, rows, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in, dxg + (size_t)(r0 * d_in) * es, d_in))
-            failed = 1;
-    }
-    /* weight gradients, which reduce over the segment's rows: tiles of TILE_ROWS output rows (of dWd, then of
-       dWgu) per expert, each with the whole segment as K in one call, so no partial sums are ever combined.
-       cnt = 0: the products have K = 0 and write zeros (gemm.c): an idle expert gets 0 */
+    /* a dropped assignment has no sorted row (no tile writes its dp): its weight's gradient is 0 */
+    if (dp)
+        for (int64_t a = 0; a < A; a++)
+            if (pos[a] < 0) memset((char *)dp + (size_t)a * es, 0, es);
+    /* One queue of work items, taken in order by the threads of one parallel region:
+         first the row tiles: the gathered x and dY rows (and dp), dh = dY Wd, then h (recomputed) and
+           dpre = act'(dh) in one pass, dX = dpre Wgu;
+         then the weight gradients, which reduce over the segment's rows: tiles of TILE_ROWS output rows (of dWd,
+           then of dWgu) per expert, each with the whole segment as K in one call, so no partial sums are ever
+           combined. cnt = 0: the products have K = 0 and write zeros (gemm.c): an idle expert gets 0.
+       A weight-gradient item waits until its expert's row tiles are done (left[e] = 0). The tiles were taken
+       before it and no tile waits, so the wait ends; as the items go in expert order it is rare (only an expert
+       whose tile another thread is still running). One region instead of two: no barrier and no idle tail
+       between the phases. The calls are the same whichever thread runs them, so the bits are too. */
     int64_t td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0;
     int64_t tg = dw_gate_up ? (2 * d_e + TILE_ROWS - 1) / TILE_ROWS : 0, per = td + tg;
-    if (!failed) {
-#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
-        for (int64_t i = 0; i < n * per; i++) {
-            int64_t e = i / per, j = i % per, r0 = off[e], cnt = off[e + 1] - off[e];
-            int64_t o0 = (j < td ? j : j - td) * TILE_ROWS, M = j < td ? d_out : 2 * d_e;
-            int64_t rows = M - o0 < TILE_ROWS ? M - o0 : TILE_ROWS;
-            int bad;
-            if (j < td)   /* dWd[o0 + ·] = dY[:, o0 + ·]ᵀ h */
-                bad = gemm(dtype, 1, 0, rows, d_e, cnt, dy + (size_t)(r0 * d_out + o0) * es, d_out,
-                           h + (size_t)(r0 * d_e) * es, d_e, (char *)dw_down + (size_t)(e * d_out * d_e + o0 * d_e) * es,
-                           d_e);
-            else          /* dWgu[o0 + ·] = dpre[:, o0 + ·]ᵀ X */
-                bad = gemm(dtype, 1, 0, rows, d_in, cnt, dpre + (size_t)(r0 * 2 * d_e + o0) * es, 2 * d_e,
-                           xg + (size_t)(r0 * d_in) * es, d_in,
-                           (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in + o0 * d_in) * es, d_in);
-            if (bad) failed = 1;
-        }
+    int64_t *left = calloc((size_t)(n > 0 ? n : 1), sizeof *left), next = 0, n_items = nt + n * per;
+    if (!left) {
+        tide_scratch_free(TIDE_CPU_DEVICE, buf);
+        free(tl);
+        return tide_set_error("moe_experts_backward: out of memory (%lld experts)", (long long)n);
     }
+    for (int64_t i = 0; i < nt; i++) left[tl[i].e]++;
+#pragma omp parallel
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        if (i >= n_items) break;
+        if (i < nt) {
+            int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
+            gather_rows(es, xg, x, perm, r0, rows, k, d_in);
+            if (f32) dy_rows_float((float *)dy, dp, du, y, p, perm, r0, rows, k, d_out);
+            else dy_rows_double((double *)dy, dp, du, y, p, perm, r0, rows, k, d_out);
+            const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
+            const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
+            char *he = h + (size_t)(r0 * d_e) * es, *dhe = dh + (size_t)(r0 * d_e) * es;
+            char *dpe = dpre + (size_t)(r0 * 2 * d_e) * es;
+            int bad = gemm(dtype, 0, 0, rows, d_e, d_out, dy + (size_t)(r0 * d_out) * es, d_out, wd, d_e, dhe, d_e);
+            if (!bad) {
+                if (f32) act_fb_float((float *)he, (float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e,
+                                      rows, d_e, act, (float)k_gate, (float)k_lin);
+                else act_fb_double((double *)he, (double *)dpe, (const double *)dhe,
+                                   (const double *)pre + r0 * 2 * d_e, rows, d_e, act, k_gate, k_lin);
+                bad = dx && gemm(dtype, 0, 0, rows, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in,
+                                 dxg + (size_t)(r0 * d_in) * es, d_in);
+            }
+            if (bad) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_sub(&left[e], 1, __ATOMIC_RELEASE);
+            continue;
+        }
+        int64_t e = (i - nt) / per, j = (i - nt) % per, r0 = off[e], cnt = off[e + 1] - off[e];
+        while (__atomic_load_n(&left[e], __ATOMIC_ACQUIRE) > 0) tide_cpu_relax();
+        if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) continue;
+        int64_t o0 = (j < td ? j : j - td) * TILE_ROWS, M = j < td ? d_out : 2 * d_e;
+        int64_t rows = M - o0 < TILE_ROWS ? M - o0 : TILE_ROWS;
+        int bad;
+        if (j < td)   /* dWd[o0 + ·] = dY[:, o0 + ·]ᵀ h */
+            bad = gemm(dtype, 1, 0, rows, d_e, cnt, dy + (size_t)(r0 * d_out + o0) * es, d_out,
+                       h + (size_t)(r0 * d_e) * es, d_e, (char *)dw_down + (size_t)(e * d_out * d_e + o0 * d_e) * es,
+                       d_e);
+        else          /* dWgu[o0 + ·] = dpre[:, o0 + ·]ᵀ X */
+            bad = gemm(dtype, 1, 0, rows, d_in, cnt, dpre + (size_t)(r0 * 2 * d_e + o0) * es, 2 * d_e,
+                       xg + (size_t)(r0 * d_in) * es, d_in,
+                       (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in + o0 * d_in) * es, d_in);
+        if (bad) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+    }
+    free(left);
     int rc = failed ? tide_set_error("moe_experts_backward: an expert product failed (%lld rows, d_in = %lld, d_e = "
                                      "%lld, d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e,
                                      (long long)d_out) : 0;
