@@ -7,6 +7,10 @@
  * split the output and the edge micro-kernels round differently); moe.c relies on the single-threaded
  * case for its thread-count-invariant tiles.
  *
+ * Two shapes run our own kernels in the default mode too, where OpenBLAS's packing and its scaling of C cost more
+ * than the products: a short inner dimension (own_is_faster: the batch-invariant kernel) and few output columns
+ * (narrow_applies: C = A Bᵀ with N <= 32, a router's logits).
+ *
  * Batch-invariant mode (tide_set_batch_invariant): BLAS picks its blocking and edge kernels from M, so row i of
  * an M-row product need not equal the same row computed alone. A decode step of R rows must give each row the
  * bits it gets as a one-row step (rl.md oracle 9: a replayed row equals the batched sampling that made it), so in
@@ -264,6 +268,103 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     return 0;
 }
 
+/* ---- few output columns: C = alpha A Bᵀ + beta C with N <= NARROW_MAX_N, f32 ---------------------------------
+   OpenBLAS packs all of A (M x K) for a product that does only N multiply-adds per element of it, and scales C
+   column by column: a router's logits (N = 16 experts, K = 256, M = 2048 tokens) ran at ~45 GFLOP/s. Here both
+   operands are read in place along k (row i of A and row j of B are contiguous), each output element c_ij is one
+   64-byte vector of lane partial sums over k (lane l holds the k ≡ l mod 16 terms, the last partial vector
+   zero-padded), and 16 of them are reduced together by a fixed shuffle-and-add tree. A tile is NR_I rows by
+   NR_J columns (16 accumulators); rows and columns past the edge reuse the last one and are not stored. Each
+   element's arithmetic depends on K alone (not on M, N, the tile or the thread count). */
+#define NARROW_MAX_N 32
+#define NARROW_MIN_K 97
+typedef float nvf __attribute__((vector_size(64)));
+typedef int32_t nvi __attribute__((vector_size(64)));
+enum { NVL = 16, NR_I = 4, NR_J = 4 };
+
+static int narrow_applies(int dtype, int ta, int tb, int64_t N, int64_t K)
+{
+    return dtype == TIDE_F32 && !ta && tb && N <= NARROW_MAX_N && K >= NARROW_MIN_K;
+}
+
+static inline nvf nv_load(const float *p) { nvf v; memcpy(&v, p, sizeof v); return v; }
+static inline nvf nv_load_part(const float *p, int n)
+{
+    nvf v = {0};
+    memcpy(&v, p, (size_t)n * sizeof(float));
+    return v;
+}
+
+/* sum the lanes of 16 vectors at once: after the stages with half-width h = 8, 4, 2, 1 lane l holds the sum of
+   v[bitrev4(l)]; each sum is the same fixed tree over its vector's lanes */
+static inline nvf nv_reduce16(nvf v[16])
+{
+#define NV_LO(h, j) ((j) & (h) ? NVL + (j) - (h) : (j))
+#define NV_HI(h, j) ((j) & (h) ? NVL + (j) : (j) + (h))
+#define NV_M16(f, h) f(h, 0), f(h, 1), f(h, 2), f(h, 3), f(h, 4), f(h, 5), f(h, 6), f(h, 7), f(h, 8), f(h, 9), \
+                     f(h, 10), f(h, 11), f(h, 12), f(h, 13), f(h, 14), f(h, 15)
+#define NV_STAGE(h, n)                                                                                       \
+    for (int q = 0; q < (n); q++) {                                                                          \
+        nvf lo = __builtin_shuffle(v[2 * q], v[2 * q + 1], (nvi){NV_M16(NV_LO, h)});                         \
+        nvf hi = __builtin_shuffle(v[2 * q], v[2 * q + 1], (nvi){NV_M16(NV_HI, h)});                         \
+        v[q] = lo + hi;                                                                                      \
+    }
+    NV_STAGE(8, 8) NV_STAGE(4, 4) NV_STAGE(2, 2) NV_STAGE(1, 1)
+#undef NV_STAGE
+#undef NV_M16
+#undef NV_HI
+#undef NV_LO
+    return v[0];
+}
+
+static const int nv_bitrev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+static void gemm_narrow(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                        int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    int64_t ni = (M + NR_I - 1) / NR_I, nj = (N + NR_J - 1) / NR_J, K16 = K - K % NVL;
+    int tail = (int)(K - K16);
+    _Pragma("omp parallel for if(M * N * K > 4 * TIDE_OMP_MIN) schedule(static)")
+    for (int64_t bi = 0; bi < ni; bi++) {
+        const float *a[NR_I];
+        for (int r = 0; r < NR_I; r++) a[r] = A + (bi * NR_I + r < M ? bi * NR_I + r : M - 1) * lda;
+        for (int64_t bj = 0; bj < nj; bj++) {
+            const float *b[NR_J];
+            for (int c = 0; c < NR_J; c++) b[c] = B + (bj * NR_J + c < N ? bj * NR_J + c : N - 1) * ldb;
+            nvf acc[NR_I * NR_J];
+            for (int t = 0; t < NR_I * NR_J; t++) acc[t] = (nvf){0};
+            for (int64_t k = 0; k < K16; k += NVL) {
+                nvf av[NR_I], bv[NR_J];
+                for (int r = 0; r < NR_I; r++) av[r] = nv_load(a[r] + k);
+                for (int c = 0; c < NR_J; c++) bv[c] = nv_load(b[c] + k);
+                for (int r = 0; r < NR_I; r++)
+                    for (int c = 0; c < NR_J; c++) acc[r * NR_J + c] += av[r] * bv[c];
+            }
+            if (tail) {
+                nvf av[NR_I], bv[NR_J];
+                for (int r = 0; r < NR_I; r++) av[r] = nv_load_part(a[r] + K16, tail);
+                for (int c = 0; c < NR_J; c++) bv[c] = nv_load_part(b[c] + K16, tail);
+                for (int r = 0; r < NR_I; r++)
+                    for (int c = 0; c < NR_J; c++) acc[r * NR_J + c] += av[r] * bv[c];
+            }
+            /* slot s of the tree gets the accumulator whose sum should land in lane s */
+            nvf v[16];
+            for (int s = 0; s < 16; s++) v[s] = acc[nv_bitrev4[s]];
+            nvf sum = nv_reduce16(v);
+            for (int r = 0; r < NR_I; r++) {
+                int64_t i = bi * NR_I + r;
+                if (i >= M) break;
+                for (int c = 0; c < NR_J; c++) {
+                    int64_t j = bj * NR_J + c;
+                    if (j >= N) break;
+                    float *o = C + i * ldc + j, x = alpha * sum[r * NR_J + c];
+                    *o = beta == 0.0f ? x : fmaf(beta, *o, x);
+                }
+            }
+        }
+    }
+}
+
 /* C[M, N] = beta C when the product is empty (K = 0); beta = 0 overwrites, so NaN in C does not survive */
 static void scale_c(int dtype, void *C, int64_t ldc, int64_t M, int64_t N, double beta)
 {
@@ -320,6 +421,10 @@ static int gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, 
         if (gemm_invariant(dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
             return tide_set_error("gemm: out of memory packing a %lld x %lld operand", (long long)K,
                                   (long long)(ta ? M : N));
+        return 0;
+    }
+    if (narrow_applies(dtype, ta, tb, N, K)) {
+        gemm_narrow(M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc);
         return 0;
     }
     enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;

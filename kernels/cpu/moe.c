@@ -31,6 +31,7 @@
 #include <string.h>
 #include "cpu.h"
 #include "fastmath.h"
+#include <omp.h>
 
 /* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
 #define TILE_ROWS 512
@@ -167,13 +168,23 @@ static int gemm(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, cons
     return tide_cpu_gemm(dtype, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, ldc);
 }
 
-/* sorted rows [r0, r0 + rows) of xg [R, d] <- x[t(perm[r])]; serial: called per tile, inside the tiles' parallel
-   region, so a tile's rows are gathered just before its product reads them */
-static void gather_rows(size_t es, char *xg, const char *x, const int64_t *perm, int64_t r0, int64_t rows, int64_t k,
+/* the sorted rows [r0, r0 + rows) into dst [rows, d]: dst[r − r0] = x[t(perm[r])]; serial: called per tile, inside
+   the tiles' parallel region, so a tile's rows are gathered just before its product reads them */
+static void gather_rows(size_t es, char *dst, const char *x, const int64_t *perm, int64_t r0, int64_t rows, int64_t k,
                         int64_t d)
 {
     size_t row = (size_t)d * es;
-    for (int64_t r = r0; r < r0 + rows; r++) memcpy(xg + (size_t)r * row, x + (size_t)(perm[r] / k) * row, row);
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + (size_t)r * row, x + (size_t)(perm[r0 + r] / k) * row, row);
+}
+
+/* per-thread scratch of `each` bytes for the threads of the next parallel region (omp_get_thread_num() indexes it):
+   a tile's gathered rows and intermediates go to its thread's block, which the thread's next tile reuses while it
+   is still in the cache, instead of a fresh part of one large buffer whose every line is a miss on first write */
+static char *thread_blocks(size_t each, int *count)
+{
+    int t = omp_get_max_threads();
+    *count = t > 0 ? t : 1;
+    return tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)*count * each);
 }
 
 /* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region. The
@@ -295,12 +306,14 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     if (host_off) memcpy(host_off, off, (size_t)(n + 1) * sizeof(int64_t));
     if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
-    /* the gathered rows and h: engine scratch (cached blocks, so a training step does not fault fresh pages in) */
-    size_t R1 = (size_t)(R > 0 ? R : 1);
-    char *xg = tide_scratch_alloc(TIDE_CPU_DEVICE, R1 * (size_t)(d_in + d_e) * es), *h = xg ? xg + R1 * (size_t)d_in * es : NULL;
-    row_tile *tl = xg ? row_tiles(off, n, &nt) : NULL;
-    if (!xg || !tl) {
-        tide_scratch_free(TIDE_CPU_DEVICE, xg);
+    /* a tile's gathered rows and h: its thread's block of engine scratch (cached blocks, so a training step does not
+       fault fresh pages in) */
+    size_t each = ((size_t)TILE_ROWS * (size_t)(d_in + d_e) * es + 63) & ~(size_t)63;
+    int nthr = 1;
+    char *blk = thread_blocks(each, &nthr);
+    row_tile *tl = blk ? row_tiles(off, n, &nt) : NULL;
+    if (!blk || !tl) {
+        tide_scratch_free(TIDE_CPU_DEVICE, blk);
         return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R);
     }
     int failed = 0;
@@ -309,9 +322,10 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (int64_t i = 0; i < nt; i++) {
         int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
+        char *xg = blk + (size_t)omp_get_thread_num() * each, *he = xg + (size_t)(rows * d_in) * es;
         gather_rows(es, xg, x, perm, r0, rows, k, d_in);
-        char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es, *he = (char *)h + (size_t)(r0 * d_e) * es;
-        if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, (const char *)xg + (size_t)(r0 * d_in) * es, d_in,
+        char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es;
+        if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, xg, d_in,
                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e)) { failed = 1; continue; }
         if (dtype == TIDE_F32) act_fw_float((float *)he, (const float *)pe, rows, d_e, act, (float)k_gate, (float)k_lin);
         else act_fw_double((double *)he, (const double *)pe, rows, d_e, act, k_gate, k_lin);
@@ -324,7 +338,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         if (dtype == TIDE_F32) combine_float(out, y, p, pos, m, k, d_out);
         else combine_double(out, y, p, pos, m, k, d_out);
     }
-    tide_scratch_free(TIDE_CPU_DEVICE, xg);
+    tide_scratch_free(TIDE_CPU_DEVICE, blk);
     free(tl);
     if (dropped) *dropped = nd;
     return rc;
@@ -334,15 +348,17 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
    dh = dY Wd, dWd = dYᵀ h, dpre = act'(dh), dWgu = dpreᵀ X, dX = dpre Wgu; dx[t] = Σ_slot dX[pos(t, slot)] in
    slot order. dWgu / dWd are overwritten (experts with no rows get 0). */
 #define MOE_BW(T)                                                                                           \
-    /* sorted rows [r0, r0 + rows): dY[r] = p[a] du[t] and, when dp, dp[a] = du[t] · Y[r] (a = perm[r], t = a/k;  \
-       the dot product in channel order from 0). Serial: called per tile, inside the tiles' parallel region */   \
-    static void dy_rows_##T(T *dy, T *dp, const T *du, const T *y, const T *p, const int64_t *perm, int64_t r0, \
+    /* sorted rows [r0, r0 + rows): dY rows into dst [rows, d], dst[r − r0] = p[a] du[t], and, when dp,        \
+       dp[a] = du[t] · Y[r] (a = perm[r], t = a/k; the dot product in channel order from 0). Serial: called per  \
+       tile, inside the tiles' parallel region */                                                           \
+    static void dy_rows_##T(T *dst, T *dp, const T *du, const T *y, const T *p, const int64_t *perm, int64_t r0, \
                             int64_t rows, int64_t k, int64_t d)                                             \
     {                                                                                                       \
         for (int64_t r = r0; r < r0 + rows; r++) {                                                          \
             int64_t a = perm[r];                                                                            \
             const T *dur = du + (a / k) * d;                                                                \
-            for (int64_t c = 0; c < d; c++) dy[r * d + c] = p[a] * dur[c];                                  \
+            T *dy = dst + (r - r0) * d;                                                                     \
+            for (int64_t c = 0; c < d; c++) dy[c] = p[a] * dur[c];                                          \
             if (dp) {                                                                                       \
                 T acc = 0;                                                                                  \
                 for (int64_t c = 0; c < d; c++) acc += dur[c] * y[r * d + c];                               \
@@ -367,6 +383,168 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
 MOE_BW(float)
 MOE_BW(double)
 
+/* one backward call's operands, shared by its work items */
+typedef struct {
+    int dtype, act;
+    size_t es;
+    double k_gate, k_lin;
+    int64_t k, d_in, d_e, d_out, td, tg;   /* td, tg: output tiles of dWd and of dWgu (0 when not wanted) */
+    const int64_t *perm, *off;
+    const void *du, *pre, *y, *x, *p, *w_gate_up, *w_down;
+    void *dp, *dw_gate_up, *dw_down;
+    char *dxg;                             /* dX [R, d_in], shared; NULL when dx is not wanted */
+} moe_bw;
+
+/* the per-row intermediates of a run of one segment's rows, row 0 = the run's first row, rows contiguous */
+typedef struct { char *xg, *dy, *h, *dh, *dpre; } bw_rows;
+
+/* the widths of bw_rows, in elements per row, and the run of `rows` rows from `base` */
+static int64_t bw_width(const moe_bw *b) { return b->d_in + b->d_out + b->d_e + b->d_e + 2 * b->d_e; }
+static bw_rows bw_carve(const moe_bw *b, char *base, int64_t rows)
+{
+    bw_rows w;
+    w.xg = base;
+    w.dy = w.xg + (size_t)(rows * b->d_in) * b->es;
+    w.h = w.dy + (size_t)(rows * b->d_out) * b->es;
+    w.dh = w.h + (size_t)(rows * b->d_e) * b->es;
+    w.dpre = w.dh + (size_t)(rows * b->d_e) * b->es;
+    return w;
+}
+
+/* a run's row q */
+static bw_rows bw_at(const moe_bw *b, bw_rows w, int64_t q)
+{
+    w.xg += (size_t)(q * b->d_in) * b->es;
+    w.dy += (size_t)(q * b->d_out) * b->es;
+    w.h += (size_t)(q * b->d_e) * b->es;
+    w.dh += (size_t)(q * b->d_e) * b->es;
+    w.dpre += (size_t)(q * 2 * b->d_e) * b->es;
+    return w;
+}
+
+/* row tile [r0, r0 + rows) of expert e into w (at the tile's first row): the gathered x and dY rows (and dp),
+   dh = dY Wd, then h (recomputed) and dpre = act'(dh) in one pass, dX = dpre Wgu into the shared dxg */
+static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows w)
+{
+    size_t es = b->es;
+    int64_t d_in = b->d_in, d_e = b->d_e, d_out = b->d_out;
+    gather_rows(es, w.xg, b->x, b->perm, r0, rows, b->k, d_in);
+    if (b->dtype == TIDE_F32) dy_rows_float((float *)w.dy, b->dp, b->du, b->y, b->p, b->perm, r0, rows, b->k, d_out);
+    else dy_rows_double((double *)w.dy, b->dp, b->du, b->y, b->p, b->perm, r0, rows, b->k, d_out);
+    const char *wgu = (const char *)b->w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
+    const char *wd = (const char *)b->w_down + (size_t)(e * d_out * d_e) * es;
+    if (gemm(b->dtype, 0, 0, rows, d_e, d_out, w.dy, d_out, wd, d_e, w.dh, d_e)) return -1;
+    if (b->dtype == TIDE_F32)
+        act_fb_float((float *)w.h, (float *)w.dpre, (const float *)w.dh, (const float *)b->pre + r0 * 2 * d_e, rows,
+                     d_e, b->act, (float)b->k_gate, (float)b->k_lin);
+    else
+        act_fb_double((double *)w.h, (double *)w.dpre, (const double *)w.dh, (const double *)b->pre + r0 * 2 * d_e,
+                      rows, d_e, b->act, b->k_gate, b->k_lin);
+    return b->dxg ? gemm(b->dtype, 0, 0, rows, d_in, 2 * d_e, w.dpre, 2 * d_e, wgu, d_in,
+                         b->dxg + (size_t)(r0 * d_in) * es, d_in) : 0;
+}
+
+/* output tile j (of td + tg) of expert e's weight gradients, which reduce over the segment's cnt rows (w holds
+   them from its first): TILE_ROWS output rows of dWd (j < td), then of dWgu, each with the whole segment as K in
+   one call, so no partial sums are ever combined. cnt = 0: the products have K = 0 and write zeros (gemm.c): an
+   idle expert gets 0 */
+static int bw_weights(const moe_bw *b, int64_t e, int64_t j, int64_t cnt, bw_rows w)
+{
+    size_t es = b->es;
+    int64_t d_in = b->d_in, d_e = b->d_e, d_out = b->d_out, td = b->td;
+    int64_t o0 = (j < td ? j : j - td) * TILE_ROWS, M = j < td ? d_out : 2 * d_e;
+    int64_t rows = M - o0 < TILE_ROWS ? M - o0 : TILE_ROWS;
+    if (j < td)   /* dWd[o0 + ·] = dY[:, o0 + ·]ᵀ h */
+        return gemm(b->dtype, 1, 0, rows, d_e, cnt, w.dy + (size_t)o0 * es, d_out, w.h, d_e,
+                    (char *)b->dw_down + (size_t)(e * d_out * d_e + o0 * d_e) * es, d_e);
+    /* dWgu[o0 + ·] = dpre[:, o0 + ·]ᵀ X */
+    return gemm(b->dtype, 1, 0, rows, d_in, cnt, w.dpre + (size_t)o0 * es, 2 * d_e, w.xg, d_in,
+                (char *)b->dw_gate_up + (size_t)(e * 2 * d_e * d_in + o0 * d_in) * es, d_in);
+}
+
+/* The work, in one of two forms; both run the same products on the same rows, so they give the same bits.
+   By expert: an item is one expert, its row tiles and then its weight gradients, on one thread, whose block of
+     scratch holds the segment's intermediates: the thread's next expert reuses the block while it is still in
+     the cache, and the weight gradients read rows just written. The items go largest segment first, so the
+     last ones are short. Chosen when there are experts enough to keep the threads busy (n >= 4 threads) and
+     the blocks cost no more than one shared buffer would (threads x the largest segment <= all rows).
+   By tile (otherwise: few experts for the threads, or a skewed routing): one shared buffer and one queue,
+     first the row tiles, then the weight-gradient tiles; a weight-gradient item waits until its expert's row
+     tiles are done (left[e] = 0). The tiles were taken before it and no tile waits, so the wait ends; as the
+     items go in expert order it is rare. One parallel region: no barrier and no idle tail between the phases.
+   Returns 0, or -1 (a product failed, or out of memory: *oom set). */
+static int bw_by_expert(const moe_bw *b, int64_t n, int64_t rmax, int nthr, int *oom)
+{
+    const int64_t *off = b->off;
+    size_t each = ((size_t)(rmax > 0 ? rmax : 1) * (size_t)bw_width(b) * b->es + 63) & ~(size_t)63;
+    char *blk = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)nthr * each);
+    int64_t *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    if (!blk || !order) {
+        tide_scratch_free(TIDE_CPU_DEVICE, blk);
+        free(order);
+        *oom = 1;
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {          /* insertion sort: rows descending, ties by expert id */
+        int64_t c = off[i + 1] - off[i], j = i;
+        while (j > 0 && off[order[j - 1] + 1] - off[order[j - 1]] < c) { order[j] = order[j - 1]; j--; }
+        order[j] = i;
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+    for (int64_t i = 0; i < n; i++) {
+        int64_t e = order[i], s0 = off[e], cnt = off[e + 1] - s0;
+        bw_rows w = bw_carve(b, blk + (size_t)omp_get_thread_num() * each, rmax);
+        int bad = 0;
+        for (int64_t r0 = s0; r0 < s0 + cnt && !bad; r0 += TILE_ROWS)
+            bad = bw_tile(b, e, r0, s0 + cnt - r0 < TILE_ROWS ? s0 + cnt - r0 : TILE_ROWS, bw_at(b, w, r0 - s0));
+        for (int64_t j = 0; j < b->td + b->tg && !bad; j++) bad = bw_weights(b, e, j, cnt, w);
+        if (bad) failed = 1;
+    }
+    tide_scratch_free(TIDE_CPU_DEVICE, blk);
+    free(order);
+    return failed ? -1 : 0;
+}
+
+static int bw_by_tile(const moe_bw *b, int64_t n, int64_t R, int *oom)
+{
+    const int64_t *off = b->off;
+    int64_t nt = 0, per = b->td + b->tg, next = 0;
+    char *buf = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)(R > 0 ? R : 1) * (size_t)bw_width(b) * b->es);
+    row_tile *tl = buf ? row_tiles(off, n, &nt) : NULL;
+    int64_t *left = tl ? calloc((size_t)(n > 0 ? n : 1), sizeof *left) : NULL;
+    if (!left) {
+        tide_scratch_free(TIDE_CPU_DEVICE, buf);
+        free(tl);
+        *oom = 1;
+        return -1;
+    }
+    bw_rows all = bw_carve(b, buf, R > 0 ? R : 1);
+    int64_t n_items = nt + n * per;
+    int failed = 0;
+    for (int64_t i = 0; i < nt; i++) left[tl[i].e]++;
+#pragma omp parallel
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        if (i >= n_items) break;
+        if (i < nt) {
+            int64_t e = tl[i].e;
+            if (bw_tile(b, e, tl[i].r0, tl[i].rows, bw_at(b, all, tl[i].r0))) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_sub(&left[e], 1, __ATOMIC_RELEASE);
+            continue;
+        }
+        int64_t e = (i - nt) / per;
+        while (__atomic_load_n(&left[e], __ATOMIC_ACQUIRE) > 0) tide_cpu_relax();
+        if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) continue;
+        if (bw_weights(b, e, (i - nt) % per, off[e + 1] - off[e], bw_at(b, all, off[e])))
+            __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+    }
+    tide_scratch_free(TIDE_CPU_DEVICE, buf);
+    free(tl);
+    free(left);
+    return failed ? -1 : 0;
+}
+
 int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_up, void *dw_down, const void *du,
                                   const int64_t *route, const int64_t *host_off, const void *pre, const void *y,
                                   const void *x, const void *p, const void *w_gate_up, const void *w_down, int64_t m,
@@ -378,93 +556,36 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
         return tide_set_error("moe_experts_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     int64_t A = m * k;
     const int64_t *perm = route, *pos = route + A, *off = route + 2 * A;
-    int64_t R = off[n], R1 = R > 0 ? R : 1, nt = 0;
+    int64_t R = off[n];
     if (check_blas_range("moe_experts_backward", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
-    /* scratch: gathered x, h (recomputed from pre), dY, dh, dpre, dX */
-    char *buf = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)R1 * (size_t)(d_in + d_e + d_out + d_e + 2 * d_e + d_in) * es);
-    row_tile *tl = buf ? row_tiles(off, n, &nt) : NULL;
-    if (!buf || !tl) {
-        tide_scratch_free(TIDE_CPU_DEVICE, buf);
-        return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
-    }
-    char *xg = buf, *h = xg + (size_t)(R1 * d_in) * es, *dy = h + (size_t)(R1 * d_e) * es;
-    char *dh = dy + (size_t)(R1 * d_out) * es, *dpre = dh + (size_t)(R1 * d_e) * es, *dxg = dpre + (size_t)(R1 * 2 * d_e) * es;
-    int f32 = dtype == TIDE_F32, failed = 0;
+    /* dX rows, shared by all the work (dx sums a token's slots over experts) */
+    char *dxg = dx ? tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)(R > 0 ? R : 1) * (size_t)d_in * es) : NULL;
+    if (dx && !dxg) return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
+    moe_bw b = {
+        .dtype = dtype, .act = act, .es = es, .k_gate = k_gate, .k_lin = k_lin, .k = k, .d_in = d_in, .d_e = d_e,
+        .d_out = d_out, .td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0,
+        .tg = dw_gate_up ? (2 * d_e + TILE_ROWS - 1) / TILE_ROWS : 0, .perm = perm, .off = off, .du = du,
+        .pre = pre, .y = y, .x = x, .p = p, .w_gate_up = w_gate_up, .w_down = w_down, .dp = dp,
+        .dw_gate_up = dw_gate_up, .dw_down = dw_down, .dxg = dxg,
+    };
     /* a dropped assignment has no sorted row (no tile writes its dp): its weight's gradient is 0 */
     if (dp)
         for (int64_t a = 0; a < A; a++)
             if (pos[a] < 0) memset((char *)dp + (size_t)a * es, 0, es);
-    /* One queue of work items, taken in order by the threads of one parallel region:
-         first the row tiles: the gathered x and dY rows (and dp), dh = dY Wd, then h (recomputed) and
-           dpre = act'(dh) in one pass, dX = dpre Wgu;
-         then the weight gradients, which reduce over the segment's rows: tiles of TILE_ROWS output rows (of dWd,
-           then of dWgu) per expert, each with the whole segment as K in one call, so no partial sums are ever
-           combined. cnt = 0: the products have K = 0 and write zeros (gemm.c): an idle expert gets 0.
-       A weight-gradient item waits until its expert's row tiles are done (left[e] = 0). The tiles were taken
-       before it and no tile waits, so the wait ends; as the items go in expert order it is rare (only an expert
-       whose tile another thread is still running). One region instead of two: no barrier and no idle tail
-       between the phases. The calls are the same whichever thread runs them, so the bits are too. */
-    int64_t td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0;
-    int64_t tg = dw_gate_up ? (2 * d_e + TILE_ROWS - 1) / TILE_ROWS : 0, per = td + tg;
-    int64_t *left = calloc((size_t)(n > 0 ? n : 1), sizeof *left), next = 0, n_items = nt + n * per;
-    if (!left) {
-        tide_scratch_free(TIDE_CPU_DEVICE, buf);
-        free(tl);
-        return tide_set_error("moe_experts_backward: out of memory (%lld experts)", (long long)n);
-    }
-    for (int64_t i = 0; i < nt; i++) left[tl[i].e]++;
-#pragma omp parallel
-    for (;;) {
-        int64_t i = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-        if (i >= n_items) break;
-        if (i < nt) {
-            int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
-            gather_rows(es, xg, x, perm, r0, rows, k, d_in);
-            if (f32) dy_rows_float((float *)dy, dp, du, y, p, perm, r0, rows, k, d_out);
-            else dy_rows_double((double *)dy, dp, du, y, p, perm, r0, rows, k, d_out);
-            const char *wgu = (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
-            const char *wd = (const char *)w_down + (size_t)(e * d_out * d_e) * es;
-            char *he = h + (size_t)(r0 * d_e) * es, *dhe = dh + (size_t)(r0 * d_e) * es;
-            char *dpe = dpre + (size_t)(r0 * 2 * d_e) * es;
-            int bad = gemm(dtype, 0, 0, rows, d_e, d_out, dy + (size_t)(r0 * d_out) * es, d_out, wd, d_e, dhe, d_e);
-            if (!bad) {
-                if (f32) act_fb_float((float *)he, (float *)dpe, (const float *)dhe, (const float *)pre + r0 * 2 * d_e,
-                                      rows, d_e, act, (float)k_gate, (float)k_lin);
-                else act_fb_double((double *)he, (double *)dpe, (const double *)dhe,
-                                   (const double *)pre + r0 * 2 * d_e, rows, d_e, act, k_gate, k_lin);
-                bad = dx && gemm(dtype, 0, 0, rows, d_in, 2 * d_e, dpe, 2 * d_e, wgu, d_in,
-                                 dxg + (size_t)(r0 * d_in) * es, d_in);
-            }
-            if (bad) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_sub(&left[e], 1, __ATOMIC_RELEASE);
-            continue;
-        }
-        int64_t e = (i - nt) / per, j = (i - nt) % per, r0 = off[e], cnt = off[e + 1] - off[e];
-        while (__atomic_load_n(&left[e], __ATOMIC_ACQUIRE) > 0) tide_cpu_relax();
-        if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) continue;
-        int64_t o0 = (j < td ? j : j - td) * TILE_ROWS, M = j < td ? d_out : 2 * d_e;
-        int64_t rows = M - o0 < TILE_ROWS ? M - o0 : TILE_ROWS;
-        int bad;
-        if (j < td)   /* dWd[o0 + ·] = dY[:, o0 + ·]ᵀ h */
-            bad = gemm(dtype, 1, 0, rows, d_e, cnt, dy + (size_t)(r0 * d_out + o0) * es, d_out,
-                       h + (size_t)(r0 * d_e) * es, d_e, (char *)dw_down + (size_t)(e * d_out * d_e + o0 * d_e) * es,
-                       d_e);
-        else          /* dWgu[o0 + ·] = dpre[:, o0 + ·]ᵀ X */
-            bad = gemm(dtype, 1, 0, rows, d_in, cnt, dpre + (size_t)(r0 * 2 * d_e + o0) * es, 2 * d_e,
-                       xg + (size_t)(r0 * d_in) * es, d_in,
-                       (char *)dw_gate_up + (size_t)(e * 2 * d_e * d_in + o0 * d_in) * es, d_in);
-        if (bad) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-    }
-    free(left);
-    int rc = failed ? tide_set_error("moe_experts_backward: an expert product failed (%lld rows, d_in = %lld, d_e = "
-                                     "%lld, d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e,
-                                     (long long)d_out) : 0;
+    int64_t rmax = 0;
+    for (int64_t e = 0; e < n; e++) rmax = off[e + 1] - off[e] > rmax ? off[e + 1] - off[e] : rmax;
+    int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1, oom = 0;
+    int rc = n >= 4 * (int64_t)nthr && nthr * rmax <= R ? bw_by_expert(&b, n, rmax, nthr, &oom)
+                                                        : bw_by_tile(&b, n, R, &oom);
+    if (rc)
+        rc = oom ? tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R)
+                 : tide_set_error("moe_experts_backward: an expert product failed (%lld rows, d_in = %lld, d_e = "
+                                  "%lld, d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e, (long long)d_out);
     if (!rc && dx) {
-        if (f32) dx_rows_float(dx, (const float *)dxg, pos, m, k, d_in);
+        if (dtype == TIDE_F32) dx_rows_float(dx, (const float *)dxg, pos, m, k, d_in);
         else dx_rows_double(dx, (const double *)dxg, pos, m, k, d_in);
     }
-    tide_scratch_free(TIDE_CPU_DEVICE, buf);
-    free(tl);
+    tide_scratch_free(TIDE_CPU_DEVICE, dxg);
     return rc;
 }

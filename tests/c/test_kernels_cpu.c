@@ -1,6 +1,6 @@
 /*
  * test_kernels_cpu.c — the CPU kernels called directly on small buffers and compared with reference
- * loops written here: gemm, unary (+ backward by central differences), binary broadcasting, reductions,
+ * loops written here: gemm (BLAS, batch-invariant, short-K and narrow kernels), unary (+ backward by central differences), binary broadcasting, reductions,
  * index ops, strided copy with dtype conversion, Philox streams, AdamW, threads.
  * Prints "N passed, M failed"; exits non-zero on any failure.
  */
@@ -842,6 +842,60 @@ static void test_gemm_short_k(void)
           "bits (the default mode should run the same kernel)", differ);
 }
 
+/* few output columns (gemm.c gemm_narrow: f32, C = A Bᵀ, N <= 32, K >= 97): against the double triple loop, with
+   padded leading dimensions, alpha and beta, K a multiple of 16 and not (the zero-padded last partial vector),
+   M and N past and short of the 4 x 4 tile; then bitwise the same at 1, 2 and 3 threads, and a row computed
+   alone bitwise the same row of the batch (each element's arithmetic depends on K alone) */
+static void test_gemm_narrow(void)
+{
+    static const int shapes[][3] = { {1, 1, 97}, {3, 5, 100}, {4, 4, 112}, {37, 16, 256}, {70, 32, 130},
+                                     {301, 17, 1000}, {2048, 16, 256} };
+    enum { PAD = 5 };
+    int bad = 0, differ = 0, alone = 0, cases = 0, threads0 = tide_cpu_get_threads();
+    for (int si = 0; si < 7; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = K + PAD, ldb = K + PAD + 1, ldc = N + PAD;
+        size_t na = (size_t)M * lda, nb = (size_t)N * ldb, nc = (size_t)M * ldc;
+        double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
+        float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C[3], *C0 = malloc(nc * sizeof *C0);
+        fill_rand(A, (int64_t)na, -1, 1);
+        fill_rand(B, (int64_t)nb, -1, 1);
+        fill_rand(W, (int64_t)nc, -1, 1);
+        f64_to_f32(Af, A, (int64_t)na);
+        f64_to_f32(Bf, B, (int64_t)nb);
+        f32_to_f64(A, Af, (int64_t)na);
+        f32_to_f64(B, Bf, (int64_t)nb);
+        f64_to_f32(C0, W, (int64_t)nc);
+        f32_to_f64(W, C0, (int64_t)nc);
+        ref_gemm(0, 1, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
+        for (int th = 1; th <= 3; th++) {
+            C[th - 1] = malloc(nc * sizeof *C0);
+            memcpy(C[th - 1], C0, nc * sizeof *C0);
+            tide_cpu_set_threads(th);
+            CHECK(tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C[th - 1], ldc) == 0,
+                  "narrow gemm: %s", tide_last_error());
+        }
+        tide_cpu_set_threads(threads0);
+        for (size_t i = 0; i < nc; i++) {
+            double tol = 1e-5 * (1.0 + fabs(W[i])) * sqrt((double)K);
+            if (fabs((double)C[0][i] - W[i]) > tol) bad++;
+            if (memcmp(&C[0][i], &C[1][i], sizeof(float)) || memcmp(&C[0][i], &C[2][i], sizeof(float))) differ++;
+        }
+        /* the last row alone, beta = 0 */
+        float *row = malloc((size_t)N * sizeof *row);
+        tide_cpu_gemm(TIDE_F32, 0, 1, 1, N, K, 1.0, Af + (size_t)(M - 1) * lda, lda, Bf, ldb, 0.0, row, N);
+        float *full = malloc((size_t)M * N * sizeof *full);
+        tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 1.0, Af, lda, Bf, ldb, 0.0, full, N);
+        alone += memcmp(row, full + (size_t)(M - 1) * N, (size_t)N * sizeof *row) != 0;
+        cases++;
+        free(row); free(full);
+        for (int t = 0; t < 3; t++) free(C[t]);
+        free(A); free(B); free(W); free(Af); free(Bf); free(C0);
+    }
+    CHECK(bad == 0, "narrow gemm (f32, N <= 32, K >= 97): %d elements off the double reference in %d products", bad, cases);
+    CHECK(differ == 0, "narrow gemm: %d elements differ between 1, 2 and 3 threads", differ);
+    CHECK(alone == 0, "narrow gemm: %d of %d products give their last row other bits than the row alone", alone, cases);
+}
+
 /* ---- index ops ---------------------------------------------------------------------------------- */
 
 static void test_index(void)
@@ -1091,6 +1145,7 @@ int main(void)
     test_gemm();
     test_gemm_invariant(threads);
     test_gemm_short_k();
+    test_gemm_narrow();
     test_index();
     test_adamw();
     test_first_nonfinite();

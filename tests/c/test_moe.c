@@ -6,9 +6,9 @@
  *   moe_experts (oracle 7, §8): n 8, k 2 with two experts idle and one receiving every token == a dense per-token
  *     loop (f64 <= 1e-12, f32 <= 1e-5, both relative to 1 + |u|); f64 central differences for x, p, w_gate_up,
  *     w_down (|num - ana| <= 1e-7 + 1e-6 |ana|); idle experts get exactly zero weight gradients; forward and
- *     backward bitwise equal at 1, 2 and 3 threads in f32 and f64 (sizes past the OpenMP thresholds, two
- *     tiles per expert); sizes past the kernel's 128-row tiles == the dense loop (f64 <= 1e-12) and directional
- *     central differences; the capacity factor drops exactly the assignments past ceil(cf·m·k/n) in (t, slot)
+ *     backward bitwise equal at 1, 2 and 3 threads in f32 and f64 (sizes past the OpenMP thresholds; the
+ *     backward's work by expert and by tile, and segments of one and of several row tiles); sizes past the
+ *     kernel's 512-row tiles == the dense loop (f64 <= 1e-12) and directional central differences; the capacity factor drops exactly the assignments past ceil(cf·m·k/n) in (t, slot)
  *     order and reports their count; argument errors name op and values.
  */
 #include <math.h>
@@ -294,13 +294,18 @@ static void test_gradients(void)
     free(sel);
 }
 
-/* forward + backward bytes at 1, 2 and 3 threads (sizes past the OpenMP thresholds; ~150 rows per expert, so
-   the kernel's 128-row tiles are two per expert, spread over the threads differently at each count) */
-static void test_determinism(void)
+/* forward + backward bytes at 1, 2 and 3 threads (sizes past the OpenMP thresholds). moe.c's backward works by
+   expert when n >= 4 threads and threads x the largest segment <= all rows, else by tile, so the counts compare
+   both forms: the balanced routing (~150 rows per expert, one 512-row tile each) runs by expert at 1 and 2
+   threads and by tile at 3; the skewed one (expert 0: 1,250 of 2,400 rows, three tiles) by expert at 1 thread
+   and by tile at 2 and 3 */
+static void determinism_case(const moe_dims *Dp, int skewed)
 {
-    moe_dims D = {600, 2, 8, 48, 40, 56};
+    moe_dims D = *Dp;
     double *sel = malloc((size_t)(D.m * D.k) * sizeof *sel);
-    for (int64_t a = 0; a < D.m * D.k; a++) sel[a] = (double)((a * 7 + a / 5) % 8);
+    for (int64_t a = 0; a < D.m * D.k; a++)
+        sel[a] = skewed ? (a % 2 == 0 && a / 2 < 1250 ? 0.0 : (double)(1 + (a * 7 + a / 5) % 7))
+                        : (double)((a * 7 + a / 5) % 8);
     int saved = tide_num_threads();
     for (int dt = 0; dt < 2; dt++) {
         int dtype = dt ? TIDE_F32 : TIDE_F64;
@@ -330,21 +335,28 @@ static void test_determinism(void)
             tide_tensor_release(L); tide_tensor_release(hu); tide_tensor_release(u);
             release_inputs(&I);
         }
-        CHECK(same, "moe_experts %s: forward and gradients bitwise equal at 1, 2, 3 threads", tide_dtype_name(dtype));
+        CHECK(same, "moe_experts %s (%s routing): forward and gradients bitwise equal at 1, 2, 3 threads",
+              tide_dtype_name(dtype), skewed ? "skewed" : "balanced");
         for (int o = 0; o < 5; o++) free(ref[o]);
     }
     tide_set_num_threads(saved);
     free(sel);
 }
 
-/* sizes past the kernel's 128-row tiles (moe.c): experts 0-3 get 150 rows each (two row tiles), expert 4 none;
-   dWd has 136 output rows and dWgu 144 (two output tiles each). f64 forward == the dense loop (<= 1e-12), and for
+static void test_determinism(void)
+{
+    determinism_case(&(moe_dims){600, 2, 8, 48, 40, 56}, 0);
+    determinism_case(&(moe_dims){1200, 2, 8, 24, 40, 32}, 1);
+}
+
+/* sizes past the kernel's 512-row tiles (moe.c): experts 0-3 get 550 rows each (two row tiles), expert 4 none;
+   dWd has 520 output rows and dWgu 528 (two output tiles each). f64 forward == the dense loop (<= 1e-12), and for
    every input the gradient's directional derivative along a random v matches central differences of
    L = Σ u ⊙ r: |num - ana| <= 1e-7 (1 + |ana|). Step 1e-5: truncation ε² L'''/6 ~ 1e-10 |L|, rounding
    ~1e-16 Σ|u ⊙ r| / ε ~ 1e-11 |L|-scale; a wrong tile offset moves ⟨g, v⟩ by a share of a whole tile, O(0.1 |ana|). */
 static void test_tiles(void)
 {
-    moe_dims D = {300, 2, 5, 24, 72, 136};
+    moe_dims D = {1100, 2, 5, 24, 264, 520};
     double *sel = malloc((size_t)(D.m * D.k) * sizeof *sel);
     for (int64_t t = 0; t < D.m; t++) { sel[2 * t] = (double)(t % 4); sel[2 * t + 1] = (double)((t + 2) % 4); }
     moe_in I = make_inputs(&D, sel, TIDE_F64, 61);
