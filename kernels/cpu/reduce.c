@@ -113,6 +113,24 @@ int tide_cpu_reduce(int op, int dtype, void *out, const void *x, int64_t outer, 
         }
         return 0;
     }
+    if (op == TIDE_RED_SUM && inner == 1) {
+        /* a sum over each contiguous row (the last dim): one plain loop per row instead of an item of one position;
+           the same sum (in double, r in order) as reduce_item's. A router's [2048, 2] weight sum took 35 us */
+        #pragma omp parallel for if(outer * red > PAR_MIN) schedule(static)
+        for (int64_t o = 0; o < outer; o++) {
+            double acc = 0.0;
+            if (dtype == TIDE_F32) {
+                const float *xr = (const float *)x + o * red;
+                for (int64_t r = 0; r < red; r++) acc += (double)xr[r];
+                ((float *)out)[o] = (float)acc;
+            } else {
+                const double *xr = (const double *)x + o * red;
+                for (int64_t r = 0; r < red; r++) acc += xr[r];
+                ((double *)out)[o] = acc;
+            }
+        }
+        return 0;
+    }
     int64_t nblk = (inner + RED_BLOCK - 1) / RED_BLOCK;
     #pragma omp parallel for if(outer * red * inner > PAR_MIN) schedule(static)
     for (int64_t w = 0; w < outer * nblk; w++) {
