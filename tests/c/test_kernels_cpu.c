@@ -796,6 +796,21 @@ static void test_gemm_invariant(int threads)
     CHECK(tide_cpu_set_batch_invariant(0) == 1 && tide_cpu_batch_invariant() == 0, "batch-invariant mode turns off");
 }
 
+/* random A, B and C in [-1, 1), each held as f32 (Af, Bf, Cf) and as the same values in f64 (A, B, W) */
+static void f32_operands(double *A, float *Af, size_t na, double *B, float *Bf, size_t nb, double *W, float *Cf,
+                         size_t nc)
+{
+    fill_rand(A, (int64_t)na, -1, 1);
+    fill_rand(B, (int64_t)nb, -1, 1);
+    fill_rand(W, (int64_t)nc, -1, 1);
+    f64_to_f32(Af, A, (int64_t)na);
+    f64_to_f32(Bf, B, (int64_t)nb);
+    f64_to_f32(Cf, W, (int64_t)nc);
+    f32_to_f64(A, Af, (int64_t)na);
+    f32_to_f64(B, Bf, (int64_t)nb);
+    f32_to_f64(W, Cf, (int64_t)nc);
+}
+
 /* the default mode's short-K products (gemm.c own_is_faster: f32, A not transposed, K <= 96, M >= 256) run the
    fma-chain kernel: against the double triple loop, and bitwise the batch-invariant mode's result (the same
    kernel; OpenBLAS would round differently); K = 97 and a transposed A stay on BLAS (only the triple loop) */
@@ -812,15 +827,7 @@ static void test_gemm_short_k(void)
                 double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
                 float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C1 = malloc(nc * sizeof *C1),
                       *C2 = malloc(nc * sizeof *C2);
-                fill_rand(A, (int64_t)na, -1, 1);
-                fill_rand(B, (int64_t)nb, -1, 1);
-                fill_rand(W, (int64_t)nc, -1, 1);
-                f64_to_f32(Af, A, (int64_t)na);
-                f64_to_f32(Bf, B, (int64_t)nb);
-                f32_to_f64(A, Af, (int64_t)na);
-                f32_to_f64(B, Bf, (int64_t)nb);
-                f64_to_f32(C1, W, (int64_t)nc);
-                f32_to_f64(W, C1, (int64_t)nc);
+                f32_operands(A, Af, na, B, Bf, nb, W, C1, nc);
                 memcpy(C2, C1, nc * sizeof *C1);
                 ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
                 CHECK(tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C1, ldc) == 0,
@@ -857,15 +864,7 @@ static void test_gemm_narrow(void)
         size_t na = (size_t)M * lda, nb = (size_t)N * ldb, nc = (size_t)M * ldc;
         double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
         float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C[3], *C0 = malloc(nc * sizeof *C0);
-        fill_rand(A, (int64_t)na, -1, 1);
-        fill_rand(B, (int64_t)nb, -1, 1);
-        fill_rand(W, (int64_t)nc, -1, 1);
-        f64_to_f32(Af, A, (int64_t)na);
-        f64_to_f32(Bf, B, (int64_t)nb);
-        f32_to_f64(A, Af, (int64_t)na);
-        f32_to_f64(B, Bf, (int64_t)nb);
-        f64_to_f32(C0, W, (int64_t)nc);
-        f32_to_f64(W, C0, (int64_t)nc);
+        f32_operands(A, Af, na, B, Bf, nb, W, C0, nc);
         ref_gemm(0, 1, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
         for (int th = 1; th <= 3; th++) {
             C[th - 1] = malloc(nc * sizeof *C0);
