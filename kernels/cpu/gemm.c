@@ -18,6 +18,7 @@
  * sequence, whatever M, N, the leading dimensions, the tiling or the thread count.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,10 +114,32 @@ enum { PACK_KEEP = 8 << 20 };
 static __thread void *t_pack[2];
 static __thread size_t t_pack_cap[2];
 
+/* A thread that ends frees its kept buffers: a pthread key whose destructor runs at the thread's exit (an OpenMP
+   worker the runtime retires when the team shrinks, say; the buffers would otherwise be lost with its TLS) */
+static pthread_key_t g_pack_key;
+static pthread_once_t g_pack_once = PTHREAD_ONCE_INIT;
+static int g_pack_key_ok;
+
+static void pack_release(void *unused)
+{
+    (void)unused;
+    for (int s = 0; s < 2; s++) {
+        free(t_pack[s]);
+        t_pack[s] = NULL;
+        t_pack_cap[s] = 0;
+    }
+}
+
+static void pack_key_init(void) { g_pack_key_ok = pthread_key_create(&g_pack_key, pack_release) == 0; }
+
 static void *pack_get(int slot, size_t n)
 {
     if (n > PACK_KEEP) return malloc(n);
     if (n > t_pack_cap[slot]) {
+        pthread_once(&g_pack_once, pack_key_init);
+        /* without the key (out of keys) the buffer is not kept past this call: pack_put frees it */
+        if (!g_pack_key_ok) return malloc(n);
+        if (!pthread_getspecific(g_pack_key)) pthread_setspecific(g_pack_key, t_pack);
         size_t cap = 2 * t_pack_cap[slot] > n ? 2 * t_pack_cap[slot] : n;
         if (cap > PACK_KEEP) cap = PACK_KEEP;
         free(t_pack[slot]);
