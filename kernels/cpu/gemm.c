@@ -326,14 +326,22 @@ static inline nvf nv_reduce16(nvf v[16])
 #define NV_HI(h, j) ((j) & (h) ? NVL + (j) : (j) + (h))
 #define NV_M16(f, h) f(h, 0), f(h, 1), f(h, 2), f(h, 3), f(h, 4), f(h, 5), f(h, 6), f(h, 7), f(h, 8), f(h, 9), \
                      f(h, 10), f(h, 11), f(h, 12), f(h, 13), f(h, 14), f(h, 15)
+/* a two-source shuffle with a constant mask: GCC's __builtin_shuffle takes a mask vector, clang's
+   __builtin_shufflevector the indices (the same lanes either way) */
+#if defined(__clang__)
+#define NV_SHUF(a, b, f, h) __builtin_shufflevector(a, b, NV_M16(f, h))
+#else
+#define NV_SHUF(a, b, f, h) __builtin_shuffle(a, b, (nvi){NV_M16(f, h)})
+#endif
 #define NV_STAGE(h, n)                                                                                       \
     for (int q = 0; q < (n); q++) {                                                                          \
-        nvf lo = __builtin_shuffle(v[2 * q], v[2 * q + 1], (nvi){NV_M16(NV_LO, h)});                         \
-        nvf hi = __builtin_shuffle(v[2 * q], v[2 * q + 1], (nvi){NV_M16(NV_HI, h)});                         \
+        nvf lo = NV_SHUF(v[2 * q], v[2 * q + 1], NV_LO, h);                                                  \
+        nvf hi = NV_SHUF(v[2 * q], v[2 * q + 1], NV_HI, h);                                                  \
         v[q] = lo + hi;                                                                                      \
     }
     NV_STAGE(8, 8) NV_STAGE(4, 4) NV_STAGE(2, 2) NV_STAGE(1, 1)
 #undef NV_STAGE
+#undef NV_SHUF
 #undef NV_M16
 #undef NV_HI
 #undef NV_LO
