@@ -177,14 +177,14 @@ static void gather_rows(size_t es, char *dst, const char *x, const int64_t *perm
     for (int64_t r = 0; r < rows; r++) memcpy(dst + (size_t)r * row, x + (size_t)(perm[r0 + r] / k) * row, row);
 }
 
-/* per-thread scratch of `each` bytes for the threads of the next parallel region (omp_get_thread_num() indexes it):
-   a tile's gathered rows and intermediates go to its thread's block, which the thread's next tile reuses while it
-   is still in the cache, instead of a fresh part of one large buffer whose every line is a miss on first write */
-static char *thread_blocks(size_t each, int *count)
+/* the most threads the next parallel region can have: per-thread scratch comes as this many blocks, indexed by
+   omp_get_thread_num(). A tile's gathered rows and intermediates go to its thread's block, which the thread's next
+   tile reuses while it is still in the cache, instead of a fresh part of one large buffer whose every line is a
+   miss on first write */
+static int team_size(void)
 {
     int t = omp_get_max_threads();
-    *count = t > 0 ? t : 1;
-    return tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)*count * each);
+    return t > 0 ? t : 1;
 }
 
 /* h [R, de] from pre [R, 2 de] (gate | up); serial: called per tile, inside the tiles' parallel region. The
@@ -309,8 +309,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     /* a tile's gathered rows and h: its thread's block of engine scratch (cached blocks, so a training step does not
        fault fresh pages in) */
     size_t each = ((size_t)TILE_ROWS * (size_t)(d_in + d_e) * es + 63) & ~(size_t)63;
-    int nthr = 1;
-    char *blk = thread_blocks(each, &nthr);
+    char *blk = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)team_size() * each);
     row_tile *tl = blk ? row_tiles(off, n, &nt) : NULL;
     if (!blk || !tl) {
         tide_scratch_free(TIDE_CPU_DEVICE, blk);
@@ -575,7 +574,7 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
             if (pos[a] < 0) memset((char *)dp + (size_t)a * es, 0, es);
     int64_t rmax = 0;
     for (int64_t e = 0; e < n; e++) rmax = off[e + 1] - off[e] > rmax ? off[e + 1] - off[e] : rmax;
-    int nthr = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1, oom = 0;
+    int nthr = team_size(), oom = 0;
     int rc = n >= 4 * (int64_t)nthr && nthr * rmax <= R ? bw_by_expert(&b, n, rmax, nthr, &oom)
                                                         : bw_by_tile(&b, n, R, &oom);
     if (rc)
