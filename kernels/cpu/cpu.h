@@ -31,6 +31,10 @@ int tide_cpu_memcpy_d2h(void *dst, const void *src, size_t n);
 int tide_cpu_memcpy_d2d(void *dst, const void *src, size_t n);
 int tide_cpu_synchronize(void);
 int tide_cpu_fill(void *out, int dtype, int64_t n, double value);
+/* zero M rows of `row_bytes` bytes each, `ld_bytes` apart: a region of TIDE_CPU_ZERO_STREAM_MIN bytes or more gets
+   non-temporal stores (elementwise.c), which skip reading each line before its write */
+void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes);
+#define TIDE_CPU_ZERO_STREAM_MIN ((size_t)4 << 20)
 int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype, const int64_t *xstride, int ndim, const int64_t *shape);
 int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
 int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);

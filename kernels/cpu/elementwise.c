@@ -14,6 +14,10 @@
 #include <string.h>
 #include <tgmath.h>
 #include <omp.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include "cpu.h"
 #include "fastmath.h"
 #include "../philox.h"
@@ -123,9 +127,82 @@ static int is_int_dtype(int dtype)
 
 /* ---- fill ------------------------------------------------------------------------------------------ */
 
+/* Zeroing a region larger than the caches with ordinary stores reads every line before it writes it (the read for
+   ownership): 206 MB took 20.7 ms on 2 cores against 5.0 ms with non-temporal stores, which write whole lines
+   without reading them. Below TIDE_CPU_ZERO_STREAM_MIN the lines are worth keeping in cache for the next reader,
+   and memset serves. */
+#define ZERO_STREAM_BLOCK ((size_t)256 << 10)
+
+static void zero_stream(char *p, size_t n)
+{
+#if defined(__AVX512F__) || defined(__AVX2__)
+    size_t head = (size_t)(-(uintptr_t)p & 63);
+    if (head > n) head = n;
+    memset(p, 0, head);
+    p += head;
+    n -= head;
+    size_t body = n & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+#if defined(__AVX512F__)
+        _mm512_stream_si512((void *)(p + i), _mm512_setzero_si512());
+#else
+        _mm256_stream_si256((__m256i *)(p + i), _mm256_setzero_si256());
+        _mm256_stream_si256((__m256i *)(p + i) + 1, _mm256_setzero_si256());
+#endif
+    }
+    memset(p + body, 0, n - body);
+#else
+    memset(p, 0, n);
+#endif
+}
+
+/* the streamed lines are ordered before the region's end (a later reader on another thread sees zeros) */
+static void zero_stream_fence(void)
+{
+#if defined(__AVX512F__) || defined(__AVX2__)
+    _mm_sfence();
+#endif
+}
+
+void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes)
+{
+    char *c = p;
+    size_t total = (size_t)M * row_bytes;
+    if (M <= 0 || row_bytes == 0) return;
+    if (total < TIDE_CPU_ZERO_STREAM_MIN) {
+        if (ld_bytes == row_bytes) memset(c, 0, total);
+        else for (int64_t i = 0; i < M; i++) memset(c + (size_t)i * ld_bytes, 0, row_bytes);
+        return;
+    }
+    if (ld_bytes == row_bytes) {                      /* one contiguous region, in blocks */
+        int64_t nb = (int64_t)((total + ZERO_STREAM_BLOCK - 1) / ZERO_STREAM_BLOCK);
+        _Pragma("omp parallel")
+        {
+            _Pragma("omp for schedule(static)")
+            for (int64_t b = 0; b < nb; b++) {
+                size_t off = (size_t)b * ZERO_STREAM_BLOCK;
+                zero_stream(c + off, total - off < ZERO_STREAM_BLOCK ? total - off : ZERO_STREAM_BLOCK);
+            }
+            zero_stream_fence();
+        }
+        return;
+    }
+    _Pragma("omp parallel")
+    {
+        _Pragma("omp for schedule(static)")
+        for (int64_t i = 0; i < M; i++) zero_stream(c + (size_t)i * ld_bytes, row_bytes);
+        zero_stream_fence();
+    }
+}
+
 int tide_cpu_fill(void *out, int dtype, int64_t n, double value)
 {
     if (n < 0) return tide_set_error("fill: n = %lld must be >= 0", (long long)n);
+    size_t bytes = (size_t)n * tide_dtype_size(dtype);
+    if (value == 0.0 && !signbit(value) && bytes >= TIDE_CPU_ZERO_STREAM_MIN) {
+        tide_cpu_zero_rows(out, 1, bytes, bytes);     /* every dtype's +0 is all zero bits */
+        return 0;
+    }
     switch (dtype) {
     case TIDE_F32: { float *o = out; float v = (float)value; EW_CHEAP(o[i] = v); break; }
     case TIDE_F64: { double *o = out; EW_CHEAP(o[i] = value); break; }

@@ -99,6 +99,54 @@ static void test_fill(void)
     CHECK(tide_cpu_fill(f, 17, 1, 0.0) != 0, "fill rejects dtype 17");
 }
 
+/* zeroing past the caches (tide_cpu_zero_rows: non-temporal stores from TIDE_CPU_ZERO_STREAM_MIN bytes): rows of
+   every misalignment and a stride, the bytes between rows and around the region untouched; fill(0) of a large
+   buffer at an odd address; fill(-0.0) keeps its sign bit (not the all-zero path) */
+static void test_zero_rows(void)
+{
+    size_t big = TIDE_CPU_ZERO_STREAM_MIN + 4096;
+    unsigned char *buf = malloc(big + 256);
+    int bad = 0;
+    for (int off = 0; off < 64; off += 13) {                 /* one contiguous region at offsets 0, 13, 26, 39, 52 */
+        memset(buf, 0xA5, big + 256);
+        size_t n = big - 3 * (size_t)off;
+        tide_cpu_zero_rows(buf + 64 + off, 1, n, n);
+        for (size_t i = 0; i < big + 256; i++) {
+            int inside = i >= 64 + (size_t)off && i < 64 + (size_t)off + n;
+            bad += inside ? buf[i] != 0 : buf[i] != 0xA5;
+        }
+    }
+    CHECK(bad == 0, "zero_rows contiguous: %d bytes wrong (zero inside, untouched outside)", bad);
+    /* 1,100 rows of 4,001 bytes, 4,107 apart: 4.4 MB (past the threshold), rows starting at every alignment */
+    int64_t M = 1100;
+    size_t row = 4001, ld = 4107;
+    unsigned char *r = malloc((size_t)M * ld + 64);
+    memset(r, 0xA5, (size_t)M * ld + 64);
+    tide_cpu_zero_rows(r + 3, M, row, ld);
+    bad = 0;
+    for (size_t i = 0; i < (size_t)M * ld + 64; i++) {
+        size_t j = i - 3;
+        int inside = i >= 3 && j / ld < (size_t)M && j % ld < row;
+        bad += inside ? r[i] != 0 : r[i] != 0xA5;
+    }
+    CHECK(bad == 0, "zero_rows strided: %d bytes wrong", bad);
+    free(r);
+    /* fill(0.0) of a big f32 buffer 4 bytes past alignment, and fill(-0.0) of the same */
+    float *f = (float *)(buf + 4);
+    int64_t n = (int64_t)(big / 4) - 2;
+    memset(buf, 0xA5, big + 256);
+    CHECK(tide_cpu_fill(f, TIDE_F32, n, 0.0) == 0, "fill big zero: %s", tide_last_error());
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += f[i] != 0.0f || signbit(f[i]);
+    CHECK(bad == 0 && buf[3] == 0xA5 && buf[4 + 4 * n] == 0xA5, "fill big zero: %d elements wrong or bytes outside "
+          "written", bad);
+    tide_cpu_fill(f, TIDE_F32, n, -0.0);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += f[i] != 0.0f || !signbit(f[i]);
+    CHECK(bad == 0, "fill big -0.0: %d elements lost the sign", bad);
+    free(buf);
+}
+
 /* ---- copy -------------------------------------------------------------------------------------- */
 
 static void store_any(void *p, int dt, int64_t i, double v)
@@ -895,6 +943,35 @@ static void test_gemm_narrow(void)
     CHECK(alone == 0, "narrow gemm: %d of %d products give their last row other bits than the row alone", alone, cases);
 }
 
+/* beta = 0 on a C past the caches (gemm.c zeroes it with streaming stores and adds the product with beta 1): NaN in C
+   does not survive, the padding columns stay as they were, the values match the double reference, and the bits equal
+   the same product with beta = 1 onto a zeroed C (what OpenBLAS's own beta = 0 does) */
+static void test_gemm_beta0_large(void)
+{
+    enum { M = 1100, N = 1000, K = 100, PAD = 3 };
+    int lda = K, ldb = K, ldc = N + PAD;
+    size_t na = (size_t)M * lda, nb = (size_t)N * ldb, nc = (size_t)M * ldc;
+    double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
+    float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C = malloc(nc * sizeof *C),
+          *Z = malloc(nc * sizeof *Z);
+    f32_operands(A, Af, na, B, Bf, nb, W, C, nc);
+    ref_gemm(0, 1, M, N, K, 0.7, A, lda, B, ldb, 0.0, W, ldc);
+    for (size_t i = 0; i < nc; i++) { C[i] = (i % ldc) < N ? NAN : -7.0f; Z[i] = (i % ldc) < N ? 0.0f : -7.0f; }
+    CHECK(tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 0.7, Af, lda, Bf, ldb, 0.0, C, ldc) == 0, "gemm beta 0: %s",
+          tide_last_error());
+    tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 0.7, Af, lda, Bf, ldb, 1.0, Z, ldc);
+    int bad = 0, pad = 0, differ = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if ((i % ldc) >= N) { pad += C[i] != -7.0f; continue; }
+        if (!(fabs((double)C[i] - W[i]) <= 1e-5 * (1.0 + fabs(W[i])) * 10.0)) bad++;
+        differ += memcmp(&C[i], &Z[i], sizeof(float)) != 0;
+    }
+    CHECK(bad == 0, "gemm beta 0 on a large C: %d elements off the double reference (NaN kept?)", bad);
+    CHECK(pad == 0, "gemm beta 0 on a large C: %d padding elements written", pad);
+    CHECK(differ == 0, "gemm beta 0 on a large C: %d elements differ from beta 1 onto zeros", differ);
+    free(A); free(B); free(W); free(Af); free(Bf); free(C); free(Z);
+}
+
 /* ---- index ops ---------------------------------------------------------------------------------- */
 
 static void test_index(void)
@@ -1135,6 +1212,7 @@ int main(void)
     int threads = tide_cpu_get_threads();   /* before any test changes it */
     test_memory();
     test_fill();
+    test_zero_rows();
     test_copy();
     test_random();
     test_unary();
@@ -1145,6 +1223,7 @@ int main(void)
     test_gemm_invariant(threads);
     test_gemm_short_k();
     test_gemm_narrow();
+    test_gemm_beta0_large();
     test_index();
     test_adamw();
     test_first_nonfinite();
