@@ -80,8 +80,10 @@ static double ce_row_lse_f32(const float *xr, int64_t V)
             continue;
         }
         int64_t v = 0;
-        for (; v + CE_LANES <= n; v += CE_LANES)
+        for (; v + CE_LANES <= n; v += CE_LANES) {
+            __builtin_prefetch(x + CE_BLOCK + v);
             for (int j = 0; j < CE_LANES; j++) acc[j] += (double)exp_f32(x[v + j] - m);
+        }
         for (int j = 0; v + j < n; j++) acc[j] += (double)exp_f32(x[v + j] - m);
     }
     if (nan || m == -INFINITY) return NAN;
@@ -159,7 +161,12 @@ static void cross_entropy_backward_##SFX(T *dlogits, const T *dloss, const T *lo
     for (int64_t n = 0; n < N; n++) {                                                                   \
         GRAD_ROW_START(T)                                                                               \
         T g = (T)((double)dloss[n] * (weights ? (double)weights[n] : 1.0)), l = lse[n];                 \
-        for (int64_t v = 0; v < V; v++) dr[v] = g * exp_t_##SFX(xr[v] - l);                           \
+        int64_t v = 0;                                                                                  \
+        for (; v + CE_LANES <= V; v += CE_LANES) {                                                      \
+            __builtin_prefetch(xr + v + CE_BLOCK);                                                      \
+            for (int j = 0; j < CE_LANES; j++) dr[v + j] = g * exp_t_##SFX(xr[v + j] - l);             \
+        }                                                                                               \
+        for (; v < V; v++) dr[v] = g * exp_t_##SFX(xr[v] - l);                                         \
         dr[t] = g * (exp_t_##SFX(xr[t] - l) - (T)1);                                                   \
     }                                                                                                   \
 }
