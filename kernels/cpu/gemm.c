@@ -7,9 +7,10 @@
  * split the output and the edge micro-kernels round differently); moe.c relies on the single-threaded
  * case for its thread-count-invariant tiles.
  *
- * Two shapes run our own kernels in the default mode too, where OpenBLAS's packing and its scaling of C cost more
- * than the products: a short inner dimension (own_is_faster: the batch-invariant kernel) and few output columns
- * (narrow_applies: C = A Bᵀ with N <= 32, a router's logits).
+ * Three shapes run our own kernels in the default mode too, where OpenBLAS's packing and its scaling of C cost more
+ * than the products: a short inner dimension (own_is_faster: the batch-invariant kernel), few output columns
+ * (narrow_applies: C = A Bᵀ with N <= 32, a router's logits) and a long inner dimension with a small C
+ * (long_k_applies: C = Aᵀ B over K >= 1,024 rows, a weight gradient over a batch's tokens).
  *
  * Batch-invariant mode (tide_set_batch_invariant): BLAS picks its blocking and edge kernels from M, so row i of
  * an M-row product need not equal the same row computed alone. A decode step of R rows must give each row the
@@ -396,6 +397,134 @@ static void gemm_narrow(int64_t M, int64_t N, int64_t K, float alpha, const floa
     }
 }
 
+/* ---- a long inner dimension: C = Aᵀ B over many rows (a weight gradient summed over a batch's tokens) ----------
+   At M, N <= 64 and K = 4,096 OpenBLAS ran at 80-140 GFLOP/s on 2 cores: its threads split the small C and it
+   packs both operands. Here the K rows go in fixed segments of LK_SEG: each segment's partial C is a register
+   tile's fused multiply-add chains over its rows in order (LK_MR rows of C by two vectors of columns, A's values
+   broadcast from their rows, B's rows loaded as they are), the items (segment, panel of LK_MP rows of C) run in
+   parallel, and C sums the segments' partials in segment order. Rows and columns at the edges run the same tile on
+   zero-padded copies (a padded lane adds nothing to the others). Each element's arithmetic depends on K alone, not
+   on M, N or the thread count. 250-265 GFLOP/s at those shapes (the one-off comparison behind LK_MIN_K and
+   LK_MAX_MN: at 256 x 256 x 1,024 the two are even; at 768 x 256 OpenBLAS wins). */
+#define LK_SEG 512
+#define LK_MIN_K 1024
+#define LK_MAX_MN 65536
+#define LK_MP 64
+#if defined(__AVX512F__)
+#define LK_MR 8             /* 16 accumulators of the 32 vector registers */
+#else
+#define LK_MR 4             /* 8 of 16 */
+#endif
+enum { LK_NR = 2 * VLF };
+
+static int long_k_applies(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K)
+{
+    return dtype == TIDE_F32 && ta && !tb && K >= LK_MIN_K && M * N <= LK_MAX_MN;
+}
+
+/* P [LK_MR][LK_NR] (rows ldp apart) = the chains over k < kn of a[k][0..LK_MR) (rows lda apart) with
+   b[k][0..LK_NR) (rows ldb apart) */
+static void lk_tile(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t kn, float *P, int64_t ldp)
+{
+    tvf c[LK_MR][2];
+    for (int i = 0; i < LK_MR; i++) c[i][0] = c[i][1] = vset_f32(0.0f);
+    for (int64_t k = 0; k < kn; k++) {
+        const float *ak = a + k * lda, *bk = b + k * ldb;
+        tvf b0, b1;
+        memcpy(&b0, bk, sizeof b0);
+        memcpy(&b1, bk + VLF, sizeof b1);
+#pragma GCC unroll 8
+        for (int i = 0; i < LK_MR; i++) {
+            tvf x = vset_f32(ak[i]);
+            c[i][0] = vfma_f32(x, b0, c[i][0]);
+            c[i][1] = vfma_f32(x, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < LK_MR; i++) {
+        memcpy(P + i * ldp, &c[i][0], sizeof c[i][0]);
+        memcpy(P + i * ldp + VLF, &c[i][1], sizeof c[i][1]);
+    }
+}
+
+/* rows [r0, r0 + nr) of a row-major block, columns [c0, c0 + nc), into out [nr][w] with zeros past nc */
+static void lk_pad(float *out, int64_t w, const float *x, int64_t ld, int64_t nr, int64_t c0, int64_t nc)
+{
+    for (int64_t r = 0; r < nr; r++) {
+        float *o = out + r * w;
+        memcpy(o, x + r * ld + c0, (size_t)nc * sizeof(float));
+        for (int64_t c = nc; c < w; c++) o[c] = 0.0f;
+    }
+}
+
+/* one item: the partial P [M, N] of the segment's kn rows (A and B at its first row) for C rows [m0, m1) */
+static void lk_item(const float *A, int64_t lda, const float *B, int64_t ldb, int64_t kn, int64_t m0, int64_t m1,
+                    int64_t N, float *P, float *pad)
+{
+    int64_t NB = N - N % LK_NR;
+    float *at = pad, *bt = pad + LK_SEG * LK_MR, tmp[LK_MR * LK_NR];
+    if (NB < N) lk_pad(bt, LK_NR, B, ldb, kn, NB, N - NB);
+    for (int64_t m = m0; m < m1; m += LK_MR) {
+        int64_t mr = m1 - m < LK_MR ? m1 - m : LK_MR;
+        const float *a = A + m;
+        int64_t la = lda;
+        if (mr < LK_MR) {
+            lk_pad(at, LK_MR, A, lda, kn, m, mr);
+            a = at;
+            la = LK_MR;
+        }
+        for (int64_t n = 0; n < N; n += LK_NR) {
+            int full_n = n < NB;
+            const float *b = full_n ? B + n : bt;
+            int64_t lb = full_n ? ldb : LK_NR;
+            if (mr == LK_MR && full_n) {
+                lk_tile(a, la, b, lb, kn, P + m * N + n, N);
+                continue;
+            }
+            lk_tile(a, la, b, lb, kn, tmp, LK_NR);
+            int64_t nc = full_n ? LK_NR : N - NB;
+            for (int64_t i = 0; i < mr; i++) memcpy(P + (m + i) * N + n, tmp + i * LK_NR, (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+/* C = alpha Aᵀ B + beta C, A [K, M] and B [K, N] row-major; -1 when out of memory */
+static int gemm_long_k(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                       int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    int64_t nseg = (K + LK_SEG - 1) / LK_SEG, npan = (M + LK_MP - 1) / LK_MP, items = nseg * npan;
+    float *P = malloc((size_t)(nseg * M * N) * sizeof *P);
+    if (!P) return -1;
+    int failed = 0;
+    _Pragma("omp parallel if(items > 1)")
+    {
+        float *pad = malloc((size_t)LK_SEG * (LK_MR + LK_NR) * sizeof *pad);
+        if (!pad) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+        _Pragma("omp for schedule(dynamic, 1)")
+        for (int64_t it = 0; it < items; it++) {
+            if (!pad) continue;
+            int64_t s = it / npan, m0 = (it % npan) * LK_MP, m1 = m0 + LK_MP < M ? m0 + LK_MP : M;
+            int64_t k0 = s * LK_SEG, kn = K - k0 < LK_SEG ? K - k0 : LK_SEG;
+            lk_item(A + k0 * lda, lda, B + k0 * ldb, ldb, kn, m0, m1, N, P + s * M * N, pad);
+        }
+        free(pad);
+    }
+    if (!failed) {
+        _Pragma("omp parallel for if(M * N > TIDE_OMP_MIN) schedule(static)")
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                float sum = P[m * N + n];
+                for (int64_t g = 1; g < nseg; g++) sum += P[(g * M + m) * N + n];
+                float *c = C + m * ldc + n;
+                *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+            }
+    }
+    free(P);
+    return failed ? -1 : 0;
+}
+
 /* C[M, N] = beta C when the product is empty (K = 0); beta = 0 overwrites, so NaN in C does not survive */
 static void scale_c(int dtype, void *C, int64_t ldc, int64_t M, int64_t N, double beta)
 {
@@ -456,6 +585,12 @@ static int gemm_one(int dtype, int ta, int tb, int64_t M, int64_t N, int64_t K, 
     }
     if (narrow_applies(dtype, ta, tb, N, K)) {
         gemm_narrow(M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc);
+        return 0;
+    }
+    if (long_k_applies(dtype, ta, tb, M, N, K)) {
+        if (gemm_long_k(M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc))
+            return tide_set_error("gemm: out of memory for the partial sums of a %lld x %lld product over %lld rows",
+                                  (long long)M, (long long)N, (long long)K);
         return 0;
     }
     /* OpenBLAS zeroes C for beta = 0 with ordinary stores; a C past the caches is zeroed faster by streaming stores

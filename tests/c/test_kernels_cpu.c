@@ -1,6 +1,6 @@
 /*
  * test_kernels_cpu.c — the CPU kernels called directly on small buffers and compared with reference
- * loops written here: gemm (BLAS, batch-invariant, short-K and narrow kernels), unary (+ backward by central differences), binary broadcasting, reductions,
+ * loops written here: gemm (BLAS, batch-invariant, short-K, narrow and long-K kernels), unary (+ backward by central differences), binary broadcasting, reductions,
  * index ops, strided copy with dtype conversion, Philox streams, AdamW, threads.
  * Prints "N passed, M failed"; exits non-zero on any failure.
  */
@@ -943,6 +943,55 @@ static void test_gemm_narrow(void)
     CHECK(alone == 0, "narrow gemm: %d of %d products give their last row other bits than the row alone", alone, cases);
 }
 
+/* a long inner dimension (gemm.c gemm_long_k: f32, C = Aᵀ B, K >= 1,024, M N <= 65,536): against the double triple
+   loop with padded leading dimensions, alpha and beta, M and N off the tile and the segment (K not a multiple of
+   512), beta = 0 over NaN; bitwise the same at 1, 2 and 3 threads; the first columns of A alone give bitwise the
+   same rows as within the wider product (each element's arithmetic depends on K alone) */
+static void test_gemm_long_k(void)
+{
+    static const int shapes[][3] = { {64, 64, 1024}, {37, 70, 1100}, {8, 32, 1536}, {130, 17, 2049}, {5, 3, 1024},
+                                      {320, 64, 4096} };
+    enum { PAD = 3 };
+    int bad = 0, differ = 0, alone = 0, nan_kept = 0, cases = 0, threads0 = tide_cpu_get_threads();
+    for (int si = 0; si < 6; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = M + PAD, ldb = N + PAD + 1, ldc = N + PAD;
+        size_t na = (size_t)K * lda, nb = (size_t)K * ldb, nc = (size_t)M * ldc;
+        double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
+        float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C[3], *C0 = malloc(nc * sizeof *C0);
+        f32_operands(A, Af, na, B, Bf, nb, W, C0, nc);
+        ref_gemm(1, 0, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
+        for (int th = 1; th <= 3; th++) {
+            C[th - 1] = malloc(nc * sizeof *C0);
+            memcpy(C[th - 1], C0, nc * sizeof *C0);
+            tide_cpu_set_threads(th);
+            CHECK(tide_cpu_gemm(TIDE_F32, 1, 0, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C[th - 1], ldc) == 0,
+                  "long-K gemm: %s", tide_last_error());
+        }
+        tide_cpu_set_threads(threads0);
+        for (size_t i = 0; i < nc; i++) {
+            double tol = 1e-5 * (1.0 + fabs(W[i])) * sqrt((double)K);
+            if (fabs((double)C[0][i] - W[i]) > tol) bad++;
+            if (memcmp(&C[0][i], &C[1][i], sizeof(float)) || memcmp(&C[0][i], &C[2][i], sizeof(float))) differ++;
+        }
+        /* beta = 0 over NaN; then the first half of A's columns alone (rows 0 .. M/2 of C) */
+        float *full = malloc((size_t)M * N * sizeof *full), *part = malloc((size_t)M * N * sizeof *part);
+        for (int64_t i = 0; i < (int64_t)M * N; i++) full[i] = part[i] = NAN;
+        tide_cpu_gemm(TIDE_F32, 1, 0, M, N, K, 1.0, Af, lda, Bf, ldb, 0.0, full, N);
+        for (int64_t i = 0; i < (int64_t)M * N; i++) nan_kept += isnan(full[i]);
+        int Mh = M / 2 > 0 ? M / 2 : 1;
+        tide_cpu_gemm(TIDE_F32, 1, 0, Mh, N, K, 1.0, Af, lda, Bf, ldb, 0.0, part, N);
+        alone += memcmp(part, full, (size_t)Mh * N * sizeof *part) != 0;
+        cases++;
+        free(full); free(part);
+        for (int t = 0; t < 3; t++) free(C[t]);
+        free(A); free(B); free(W); free(Af); free(Bf); free(C0);
+    }
+    CHECK(bad == 0, "long-K gemm (f32, Aᵀ B, K >= 1024): %d elements off the double reference in %d products", bad, cases);
+    CHECK(differ == 0, "long-K gemm: %d elements differ between 1, 2 and 3 threads", differ);
+    CHECK(nan_kept == 0, "long-K gemm: beta = 0 kept %d NaN of C", nan_kept);
+    CHECK(alone == 0, "long-K gemm: %d of %d products give their first rows other bits than the wider product", alone, cases);
+}
+
 /* beta = 0 on a C past the caches (gemm.c zeroes it with streaming stores and adds the product with beta 1): NaN in C
    does not survive, the padding columns stay as they were, the values match the double reference, and the bits equal
    the same product with beta = 1 onto a zeroed C (what OpenBLAS's own beta = 0 does) */
@@ -1224,6 +1273,7 @@ int main(void)
     test_gemm_short_k();
     test_gemm_narrow();
     test_gemm_beta0_large();
+    test_gemm_long_k();
     test_index();
     test_adamw();
     test_first_nonfinite();
