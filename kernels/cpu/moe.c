@@ -55,12 +55,26 @@ static inline double sigmoid_f64(double x)
     static inline T sig_##T(T x) { return SIG(x); }                                                         \
     static inline T TANH_##T(T x) { return TANH(x); }                                                       \
     static inline T situ_h_##T(T g, T u, T k1, T k2) { return k1 * TANH(g / k1) * sig_##T(g) * (k2 * TANH(u / k2)); } \
-    static inline void situ_grad_##T(T d, T g, T u, T k1, T k2, T *dg, T *du)                               \
+    /* the standalone op (F.situ_glu, nn.MLP's FFN) step by step as its unfused form                          \
+       ((tanh(g·(1/k1))·k1)·σ(g))·(tanh(u·(1/k2))·k2) rounds, and its gradient as autograd's chain of those     \
+       ops (each product rounded, 1 − t² as the tanh backward writes it, g's two paths added last), so the      \
+       fused node gives the unfused form's bits */                                                           \
+    static inline T situ_op_h_##T(T g, T u, T i1, T k1, T i2, T k2)                                        \
     {                                                                                                       \
-        T tg = TANH(g / k1), s = sig_##T(g), tu = TANH(u / k2);                                             \
-        T pg = k1 * tg * s, pu = k2 * tu;                                                                   \
-        *dg = d * ((((T)1 - tg * tg) * s + k1 * tg * s * ((T)1 - s)) * pu);                                  \
-        *du = d * (pg * ((T)1 - tu * tu));                                                                  \
+        T a = TANH(g * i1) * k1 * sig_##T(g), b = TANH(u * i2) * k2;                                        \
+        return a * b;                                                                                       \
+    }                                                                                                       \
+    /* g's two paths are returned apart (dg_tanh, dg_sig): the caller adds them in a separate loop, so neither  \
+       product is contracted into that sum (the unfused form rounds both before autograd adds them) */         \
+    static inline void situ_op_grad_##T(T d, T g, T u, T i1, T k1, T i2, T k2, T *dg_tanh, T *dg_sig, T *du)  \
+    {                                                                                                       \
+        T tg = TANH(g * i1), s = sig_##T(g), tu = TANH(u * i2);                                             \
+        T a3 = tg * k1, a4 = a3 * s, b3 = tu * k2;                                                          \
+        T da4 = d * b3, db3 = d * a4;                                                                       \
+        *du = db3 * k2 * ((T)1 - tu * tu) * i2;                                                             \
+        T da3 = da4 * s, ds = da4 * a3;                                                                     \
+        *dg_sig = ds * s * ((T)1 - s);                                                                      \
+        *dg_tanh = da3 * k1 * ((T)1 - tg * tg) * i1;                                                        \
     }                                                                                                       \
     static inline T swiglu_h_##T(T g, T u) { return g * sig_##T(g) * u; }                                   \
     static inline void swiglu_grad_##T(T d, T g, T u, T *dg, T *du)                                         \
@@ -73,16 +87,26 @@ static inline double sigmoid_f64(double x)
 SITU(float, sigmoid_f32, tanh_f32)
 SITU(double, sigmoid_f64, tanh)
 
+#define SITU_BLOCK 256   /* elements a backward pass keeps g's sigmoid path of, before adding it */
 #define SITU_KERNELS(T)                                                                                     \
-    static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, T k1, T k2)                          \
+    static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, double k1, double k2)                \
     {                                                                                                       \
+        T i1 = (T)(1.0 / k1), i2 = (T)(1.0 / k2), f1 = (T)k1, f2 = (T)k2;                                   \
         _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
-        for (int64_t i = 0; i < n; i++) out[i] = situ_h_##T(g[i], u[i], k1, k2);                            \
+        for (int64_t i = 0; i < n; i++) out[i] = situ_op_h_##T(g[i], u[i], i1, f1, i2, f2);                 \
     }                                                                                                       \
-    static void situ_bw_##T(T *dg, T *du, const T *d, const T *g, const T *u, int64_t n, T k1, T k2)        \
+    static void situ_bw_##T(T *dg, T *du, const T *d, const T *g, const T *u, int64_t n, double k1, double k2) \
     {                                                                                                       \
+        T i1 = (T)(1.0 / k1), i2 = (T)(1.0 / k2), f1 = (T)k1, f2 = (T)k2;                                   \
+        int64_t nb = (n + SITU_BLOCK - 1) / SITU_BLOCK;                                                     \
         _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
-        for (int64_t i = 0; i < n; i++) situ_grad_##T(d[i], g[i], u[i], k1, k2, &dg[i], &du[i]);            \
+        for (int64_t b = 0; b < nb; b++) {                                                                  \
+            int64_t i0 = b * SITU_BLOCK, m = n - i0 < SITU_BLOCK ? n - i0 : SITU_BLOCK;                     \
+            T sg[SITU_BLOCK];                                                                               \
+            for (int64_t j = 0; j < m; j++)                                                                 \
+                situ_op_grad_##T(d[i0 + j], g[i0 + j], u[i0 + j], i1, f1, i2, f2, &dg[i0 + j], &sg[j], &du[i0 + j]); \
+            for (int64_t j = 0; j < m; j++) dg[i0 + j] += sg[j];                                            \
+        }                                                                                                   \
     }
 SITU_KERNELS(float)
 SITU_KERNELS(double)
@@ -90,7 +114,7 @@ SITU_KERNELS(double)
 int tide_cpu_situ_glu(int dtype, void *out, const void *g, const void *u, int64_t n, double k_gate, double k_lin)
 {
     switch (dtype) {
-    case TIDE_F32: situ_fw_float(out, g, u, n, (float)k_gate, (float)k_lin); return 0;
+    case TIDE_F32: situ_fw_float(out, g, u, n, k_gate, k_lin); return 0;
     case TIDE_F64: situ_fw_double(out, g, u, n, k_gate, k_lin); return 0;
     default: return tide_set_error("situ_glu: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }
@@ -100,7 +124,7 @@ int tide_cpu_situ_glu_backward(int dtype, void *dg, void *du, const void *dout, 
                                double k_gate, double k_lin)
 {
     switch (dtype) {
-    case TIDE_F32: situ_bw_float(dg, du, dout, g, u, n, (float)k_gate, (float)k_lin); return 0;
+    case TIDE_F32: situ_bw_float(dg, du, dout, g, u, n, k_gate, k_lin); return 0;
     case TIDE_F64: situ_bw_double(dg, du, dout, g, u, n, k_gate, k_lin); return 0;
     default: return tide_set_error("situ_glu_backward: dtype %s not supported on cpu (expected f32 or f64)", tide_cpu_dtype_str(dtype));
     }

@@ -21,6 +21,30 @@ T.test("situ_glu == the formula (defaults 4, 25 and given caps); bounded by k_ga
   T.raises(function() F.situ_glu(g, 3) end, "situ_glu: u must be a tensor")
 end)
 
+-- nn.MLP's SiTU FFN runs the fused op; on the CPU it rounds as the unfused chain of ten ops it replaced did, so a
+-- model's numbers did not move with the switch: forward and both gradients bitwise, f32, over a wide range
+T.test("situ_glu (f32, CPU) == the unfused chain ((tanh(g/k1)·k1)·σ(g))·(tanh(u/k2)·k2) bitwise, with its gradients", function()
+  tide.manual_seed(11)
+  local n = 20000
+  local g0, u0, d0 = tide.randn({ n }) * 6, tide.randn({ n }) * 40, tide.randn({ n })
+  for _, k in ipairs({ { 4, 25 }, { 1.5, 3 } }) do
+    local function run(fused)
+      local g, u = g0:detach():requires_grad_(true), u0:detach():requires_grad_(true)
+      local h = fused and F.situ_glu(g, u, { k_gate = k[1], k_lin = k[2] })
+        or ((g * (1 / k[1])):tanh() * k[1] * g:sigmoid()) * ((u * (1 / k[2])):tanh() * k[2])
+      local l = (h * d0):sum()
+      l:backward()
+      return { h:f64_array(), g:grad():f64_array(), u:grad():f64_array() }
+    end
+    local a, b = run(false), run(true)
+    for j, what in ipairs({ "h", "dg", "du" }) do
+      local differ = 0
+      for i = 0, n - 1 do if a[j][i] ~= b[j][i] then differ = differ + 1 end end
+      T.eq(differ, 0, string.format("k %g, %g: elements of %s that differ from the unfused chain", k[1], k[2], what))
+    end
+  end
+end)
+
 T.test("topk: descending, ties to the lowest index, 0-based i64 indices, gradient to the chosen entries", function()
   local x = tide.tensor({ { 1, 3, 3, 2, 3 }, { 0, -1, 5, 5, 4 } }, { dtype = "f64", requires_grad = true })
   local v, i = F.topk(x, 3)

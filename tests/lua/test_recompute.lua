@@ -195,14 +195,14 @@ T.test("regions open only while gradients are recorded: none under no_grad or fo
   tide.recompute = function(...) calls = calls + 1; return orig(...) end
   local ok, err = pcall(function()
     local function count(fn) calls = 0; fn(); discard_records(m); return calls end
-    -- "layer": one region per layer; "selective": per layer the two PreNorm sites and the SiTU MLP (dense or shared)
+    -- "layer": one region per layer; "selective": per layer the two PreNorm sites
     T.eq(count(function() m:forward(x) end), 4, "layer, gradients recorded")
     T.eq(count(function() tide.no_grad(function() m:forward(x) end) end), 0, "layer under no_grad")
     local cache = m:new_cache()
     T.eq(count(function() m:forward(x, cache) end), 4, "prefill through caches with gradients: regions")
     T.eq(count(function() m:forward(ids(1, 1, 19), cache) end), 0, "a one-token decode step runs plainly")
     m:set_recompute("selective")
-    T.eq(count(function() m:forward(x) end), 12, "selective, gradients recorded")
+    T.eq(count(function() m:forward(x) end), 8, "selective, gradients recorded")
     T.eq(count(function() tide.no_grad(function() m:forward(x) end) end), 0, "selective under no_grad")
     m:set_recompute("none")
     T.eq(count(function() m:forward(x) end), 0, "none")

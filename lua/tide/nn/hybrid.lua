@@ -13,11 +13,9 @@
 --   "selective"        only cheap, memory-heavy pieces are regions: (a) each of the layer's two PreNorm sites —
 --                      the residual mix (AttnRes mix / prefix add / gamma update) together with the RMSNorm that
 --                      reads it, so the mixed [T, d] input of each norm is not kept (two per layer with AttnRes;
---                      with PreNorm or the gamma chain it is the stream itself, kept anyway: nothing saved); (b) the
---                      SiTU-GLU activation chain of the dense FFN and of the MoE shared experts (nn.MLP
---                      recompute_activation: its ~6 [T, hidden] intermediates are replaced by the gate and up
---                      pre-activations). Not covered, because an engine region replays whole graph nodes: SwiGLU
---                      (one fused node that saves only its inputs: nothing to drop), the routed experts' activation
+--                      with PreNorm or the gamma chain it is the stream itself, kept anyway: nothing saved). Not
+--                      covered, because an engine region replays whole graph nodes: SwiGLU and SiTU-GLU (each one
+--                      fused node that saves only its inputs: nothing to drop), the routed experts' activation
 --                      (F.moe_experts already recomputes it), the MLA up-projection (its K/V are saved by the
 --                      attention node, so dropping them replays the O(T²) attention forward: that is "layer"), the
 --                      LatentMoE down-projection (its output is saved by the experts node: dropping it replays the
@@ -326,11 +324,6 @@ function HybridLM:set_recompute(mode, budget)
   if budget ~= nil then options.positive_number(budget, "recompute budget", WHO) end
   self.cfg.recompute, self.model.recompute = mode, mode
   self.model.auto_modes, self.model.auto_budget = {}, budget
-  for l = 1, self.cfg.n_layers do
-    local ffn = self.model.layers:get(l).ffn
-    local mlp = ffn.shared_experts or (ffn.gate_proj and ffn) or nil    -- the MoE's shared experts, or the dense FFN
-    if mlp then mlp.recompute_activation = mode == "selective" end
-  end
 end
 
 -- forward(ids [B, T] int, caches, opts) -> logits [B, T, V]; opts.cu_seqlens packs documents (every layer

@@ -26,24 +26,11 @@ function MLP:init(dim, hidden, opts)
   self:child("down_proj", lin(hidden, dim, opts.out_std or std))
 end
 
-local SITU_GATE, SITU_LINEAR = defaults.situ.k_gate, defaults.situ.k_lin      -- κ1, κ2 (moe.md §6)
-
--- σ takes the uncapped g (moe.md §6)
-local function situ(g, u)
-  return ((g * (1 / SITU_GATE)):tanh() * SITU_GATE * g:sigmoid()) * ((u * (1 / SITU_LINEAR)):tanh() * SITU_LINEAR)
-end
-
--- self.recompute_activation = true (set by nn.HybridLM's recompute = "selective", long_context.md §4) makes the
--- SiTU chain a recompute region while gradients are recorded: its intermediates are replayed in the backward
--- instead of kept (SwiGLU is one fused node that keeps only g and u, so it has nothing to drop)
+-- either activation is one fused node that keeps only g and u (F.situ_glu: σ takes the uncapped g, moe.md §6; on the
+-- CPU it rounds as the unfused ((tanh(g/κ1)·κ1)·σ(g))·(tanh(u/κ2)·κ2) chain of ten ops did, its gradient too)
 function MLP:forward(x)
   local g, u = self.gate_proj:forward(x), self.up_proj:forward(x)
-  local h
-  if self.activation == "situ" then
-    if self.recompute_activation and tide.grad_enabled() then h = tide.recompute(situ, g, u) else h = situ(g, u) end
-  else
-    h = F.swiglu(g, u)
-  end
+  local h = self.activation == "situ" and F.situ_glu(g, u) or F.swiglu(g, u)
   return self.down_proj:forward(h)
 end
 

@@ -188,9 +188,8 @@ end
 -- creates, per token (an "item"), with what keeps each one:
 --   none  kept after the forward with recompute = "none" (saved by some node)
 --   sel   kept with recompute = "selective" as nn/hybrid.lua implements it: the residual mix + RMSNorm of both
---         PreNorm sites and the SiTU chain of nn.MLP are regions, so the mixed norm inputs, their stats and the SiTU
---         intermediates go, and a region keeps its external inputs instead (the SiTU gate and up outputs, the mixer
---         output m). long_context.md §4 also lists the MLA up-projections and the LatentMoE down-projection; the
+--         PreNorm sites are regions, so the mixed norm inputs and their stats go, and a region keeps its external
+--         inputs instead (the mixer output m). long_context.md §4 also lists the MLA up-projections and the LatentMoE down-projection; the
 --         engine cannot drop those yet (nn/hybrid.lua says why), so they count as kept.
 --   ckpt  kept with recompute = "layer" (every layer a region): what enters a later layer from outside it — the
 --         residual stream at each layer boundary (Block AttnRes: the `prefix`; the block sources are those same
@@ -209,9 +208,7 @@ end
 --     plus the CPU kernel's chunk-start states (one [H, dk, dv] fp32 every 16 chunks: H·dk·dv/(16·C) per token)
 --   MLA: q_a d_q + rstd 1 + normed d_q, q H(d_n+d_r), latent copy d_c + rstd 1 + ĉ d_c, k_r copy d_r, k_n H·d_n and
 --     v H·dv copies, o H·dv, lse H (acc), output gate logits + σ + product 3·H·dv; kv_a and kv_b outputs garbage
---   FFN of width h: SiTU-GLU as nn.MLP writes it keeps 10h (g, σ(g), g/4 and its tanh, u/25 and its tanh, the two
---     rescaled tanh, the two products); u itself is garbage (selective keeps g, u, h: 3h); SwiGLU (one fused node)
---     keeps g, u, h: 3h
+--   FFN of width h: SiTU-GLU and SwiGLU (one fused node each) keep g, u, h: 3h
 --   MoE: router scores (sigmoid: logits + s = 2n, acc; bf16 adds the router's fp32 copy of x, d), ids k (i64),
 --     ρ·s_sel k + denominator 1 + p k (acc),
 --     LatentMoE input z d_lat, dispatch records 2k (i64), expert pre-activations 2·k·d_e, expert outputs k·d_out,
@@ -247,20 +244,11 @@ end
 -- tensor of its size is ever made
 local function nograd(list) list[#list].nograd = true end
 
--- an FFN of width h with the given activation, input already counted
-local function ffn_items(list, cat, h, act)
-  if act == "situ" then
-    item(list, cat, "gate", h, "act", "ns")
-    item(list, cat, "up", h, "act", "s")
-    for _, name in ipairs({ "gate/4", "tanh(gate/4)", "4·tanh", "σ(gate)", "gate act", "up/25", "tanh(up/25)", "25·tanh" }) do
-      item(list, cat, name, h, "act", "n")
-    end
-    item(list, cat, "h", h, "act", "ns")
-  else
-    item(list, cat, "gate", h, "act", "ns")
-    item(list, cat, "up", h, "act", "ns")
-    item(list, cat, "h", h, "act", "ns")
-  end
+-- an FFN of width h (SiTU-GLU or SwiGLU: one fused node that saves g and u), input already counted
+local function ffn_items(list, cat, h)
+  item(list, cat, "gate", h, "act", "ns")
+  item(list, cat, "up", h, "act", "ns")
+  item(list, cat, "h", h, "act", "ns")
 end
 
 local function kda_items(list, r, ckpt_chunks)
@@ -359,7 +347,7 @@ local function moe_items(list, r, d, bf16)
     item(list, "moe", "u", d, "act", "")
   end
   if e.shared > 0 then
-    ffn_items(list, "moe", e.shared, e.activation)
+    ffn_items(list, "moe", e.shared)
     item(list, "moe", "shared out", d, "act", "")
   end
 end
@@ -424,7 +412,7 @@ local function layer_lists(r, bf16, ckpt_chunks)
     item(list, "residual", "post norm rstd", 1, "act", "n"); nograd(list)
     item(list, "residual", "xn₂", d, "act", "ns")
     -- the FFN
-    if is_moe(r, l) then moe_items(list, r, d, bf16) else ffn_items(list, "ffn", r.ffn_dim, r.activation) end
+    if is_moe(r, l) then moe_items(list, r, d, bf16) else ffn_items(list, "ffn", r.ffn_dim) end
     -- the FFN output joins the stream
     if res == "attnres_full" then
       item(list, "residual", "f", d, "act", "ns", true)
