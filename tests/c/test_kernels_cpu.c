@@ -943,7 +943,7 @@ static void test_gemm_narrow(void)
     CHECK(alone == 0, "narrow gemm: %d of %d products give their last row other bits than the row alone", alone, cases);
 }
 
-/* a long inner dimension (gemm.c gemm_long_k: f32, C = Aᵀ B, K >= 1,024, M N <= 65,536): against the double triple
+/* a long inner dimension (gemm.c gemm_long_k: f32, C = Aᵀ B, K >= 1,024, M N <= 32,768): against the double triple
    loop with padded leading dimensions, alpha and beta, M and N off the tile and the segment (K not a multiple of
    512), beta = 0 over NaN; bitwise the same at 1, 2 and 3 threads; the first columns of A alone give bitwise the
    same rows as within the wider product (each element's arithmetic depends on K alone) */
