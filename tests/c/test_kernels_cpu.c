@@ -897,6 +897,37 @@ static void test_gemm_short_k(void)
           "bits (the default mode should run the same kernel)", differ);
 }
 
+/* one f32 product of an own kernel, C = 0.7 op(A) op(B) + 0.3 C on random operands with padded leading dimensions,
+   run at 1, 2 and 3 threads: *bad counts elements off the double triple loop, *differ those whose bits change with the
+   thread count. The float operands stay in *Af, *Bf for the caller's own checks (it frees them). */
+static void gemm_threads_case(const char *what, int ta, int tb, int M, int N, int K, int lda, int ldb, float **Af,
+                              float **Bf, int *bad, int *differ)
+{
+    int ldc = N + 3, threads0 = tide_cpu_get_threads();
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
+    float *C[3], *C0 = malloc(nc * sizeof *C0);
+    *Af = malloc(na * sizeof **Af);
+    *Bf = malloc(nb * sizeof **Bf);
+    f32_operands(A, *Af, na, B, *Bf, nb, W, C0, nc);
+    ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
+    for (int th = 1; th <= 3; th++) {
+        C[th - 1] = malloc(nc * sizeof *C0);
+        memcpy(C[th - 1], C0, nc * sizeof *C0);
+        tide_cpu_set_threads(th);
+        CHECK(tide_cpu_gemm(TIDE_F32, ta, tb, M, N, K, 0.7, *Af, lda, *Bf, ldb, 0.3, C[th - 1], ldc) == 0, "%s: %s",
+              what, tide_last_error());
+    }
+    tide_cpu_set_threads(threads0);
+    for (size_t i = 0; i < nc; i++) {
+        double tol = 1e-5 * (1.0 + fabs(W[i])) * sqrt((double)K);
+        if (fabs((double)C[0][i] - W[i]) > tol) (*bad)++;
+        if (memcmp(&C[0][i], &C[1][i], sizeof(float)) || memcmp(&C[0][i], &C[2][i], sizeof(float))) (*differ)++;
+    }
+    for (int t = 0; t < 3; t++) free(C[t]);
+    free(A); free(B); free(W); free(C0);
+}
+
 /* few output columns (gemm.c gemm_narrow: f32, C = A Bᵀ, N <= 32, K >= 97): against the double triple loop, with
    padded leading dimensions, alpha and beta, K a multiple of 16 and not (the zero-padded last partial vector),
    M and N past and short of the 4 x 4 tile; then bitwise the same at 1, 2 and 3 threads, and a row computed
@@ -905,28 +936,11 @@ static void test_gemm_narrow(void)
 {
     static const int shapes[][3] = { {1, 1, 97}, {3, 5, 100}, {4, 4, 112}, {37, 16, 256}, {70, 32, 130},
                                      {301, 17, 1000}, {2048, 16, 256} };
-    enum { PAD = 5 };
-    int bad = 0, differ = 0, alone = 0, cases = 0, threads0 = tide_cpu_get_threads();
+    int bad = 0, differ = 0, alone = 0, cases = 0;
     for (int si = 0; si < 7; si++) {
-        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = K + PAD, ldb = K + PAD + 1, ldc = N + PAD;
-        size_t na = (size_t)M * lda, nb = (size_t)N * ldb, nc = (size_t)M * ldc;
-        double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
-        float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C[3], *C0 = malloc(nc * sizeof *C0);
-        f32_operands(A, Af, na, B, Bf, nb, W, C0, nc);
-        ref_gemm(0, 1, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
-        for (int th = 1; th <= 3; th++) {
-            C[th - 1] = malloc(nc * sizeof *C0);
-            memcpy(C[th - 1], C0, nc * sizeof *C0);
-            tide_cpu_set_threads(th);
-            CHECK(tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C[th - 1], ldc) == 0,
-                  "narrow gemm: %s", tide_last_error());
-        }
-        tide_cpu_set_threads(threads0);
-        for (size_t i = 0; i < nc; i++) {
-            double tol = 1e-5 * (1.0 + fabs(W[i])) * sqrt((double)K);
-            if (fabs((double)C[0][i] - W[i]) > tol) bad++;
-            if (memcmp(&C[0][i], &C[1][i], sizeof(float)) || memcmp(&C[0][i], &C[2][i], sizeof(float))) differ++;
-        }
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = K + 5, ldb = K + 6;
+        float *Af, *Bf;
+        gemm_threads_case("narrow gemm", 0, 1, M, N, K, lda, ldb, &Af, &Bf, &bad, &differ);
         /* the last row alone, beta = 0 */
         float *row = malloc((size_t)N * sizeof *row);
         tide_cpu_gemm(TIDE_F32, 0, 1, 1, N, K, 1.0, Af + (size_t)(M - 1) * lda, lda, Bf, ldb, 0.0, row, N);
@@ -934,9 +948,7 @@ static void test_gemm_narrow(void)
         tide_cpu_gemm(TIDE_F32, 0, 1, M, N, K, 1.0, Af, lda, Bf, ldb, 0.0, full, N);
         alone += memcmp(row, full + (size_t)(M - 1) * N, (size_t)N * sizeof *row) != 0;
         cases++;
-        free(row); free(full);
-        for (int t = 0; t < 3; t++) free(C[t]);
-        free(A); free(B); free(W); free(Af); free(Bf); free(C0);
+        free(row); free(full); free(Af); free(Bf);
     }
     CHECK(bad == 0, "narrow gemm (f32, N <= 32, K >= 97): %d elements off the double reference in %d products", bad, cases);
     CHECK(differ == 0, "narrow gemm: %d elements differ between 1, 2 and 3 threads", differ);
@@ -951,28 +963,11 @@ static void test_gemm_long_k(void)
 {
     static const int shapes[][3] = { {64, 64, 1024}, {37, 70, 1100}, {8, 32, 1536}, {130, 17, 2049}, {5, 3, 1024},
                                       {320, 64, 4096} };
-    enum { PAD = 3 };
-    int bad = 0, differ = 0, alone = 0, nan_kept = 0, cases = 0, threads0 = tide_cpu_get_threads();
+    int bad = 0, differ = 0, alone = 0, nan_kept = 0, cases = 0;
     for (int si = 0; si < 6; si++) {
-        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = M + PAD, ldb = N + PAD + 1, ldc = N + PAD;
-        size_t na = (size_t)K * lda, nb = (size_t)K * ldb, nc = (size_t)M * ldc;
-        double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *W = malloc(nc * sizeof *W);
-        float *Af = malloc(na * sizeof *Af), *Bf = malloc(nb * sizeof *Bf), *C[3], *C0 = malloc(nc * sizeof *C0);
-        f32_operands(A, Af, na, B, Bf, nb, W, C0, nc);
-        ref_gemm(1, 0, M, N, K, 0.7, A, lda, B, ldb, 0.3, W, ldc);
-        for (int th = 1; th <= 3; th++) {
-            C[th - 1] = malloc(nc * sizeof *C0);
-            memcpy(C[th - 1], C0, nc * sizeof *C0);
-            tide_cpu_set_threads(th);
-            CHECK(tide_cpu_gemm(TIDE_F32, 1, 0, M, N, K, 0.7, Af, lda, Bf, ldb, 0.3, C[th - 1], ldc) == 0,
-                  "long-K gemm: %s", tide_last_error());
-        }
-        tide_cpu_set_threads(threads0);
-        for (size_t i = 0; i < nc; i++) {
-            double tol = 1e-5 * (1.0 + fabs(W[i])) * sqrt((double)K);
-            if (fabs((double)C[0][i] - W[i]) > tol) bad++;
-            if (memcmp(&C[0][i], &C[1][i], sizeof(float)) || memcmp(&C[0][i], &C[2][i], sizeof(float))) differ++;
-        }
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = M + 3, ldb = N + 4;
+        float *Af, *Bf;
+        gemm_threads_case("long-K gemm", 1, 0, M, N, K, lda, ldb, &Af, &Bf, &bad, &differ);
         /* beta = 0 over NaN; then the first half of A's columns alone (rows 0 .. M/2 of C) */
         float *full = malloc((size_t)M * N * sizeof *full), *part = malloc((size_t)M * N * sizeof *part);
         for (int64_t i = 0; i < (int64_t)M * N; i++) full[i] = part[i] = NAN;
@@ -982,9 +977,7 @@ static void test_gemm_long_k(void)
         tide_cpu_gemm(TIDE_F32, 1, 0, Mh, N, K, 1.0, Af, lda, Bf, ldb, 0.0, part, N);
         alone += memcmp(part, full, (size_t)Mh * N * sizeof *part) != 0;
         cases++;
-        free(full); free(part);
-        for (int t = 0; t < 3; t++) free(C[t]);
-        free(A); free(B); free(W); free(Af); free(Bf); free(C0);
+        free(full); free(part); free(Af); free(Bf);
     }
     CHECK(bad == 0, "long-K gemm (f32, Aᵀ B, K >= 1024): %d elements off the double reference in %d products", bad, cases);
     CHECK(differ == 0, "long-K gemm: %d elements differ between 1, 2 and 3 threads", differ);
