@@ -14,7 +14,6 @@
 #include <string.h>
 #include <tgmath.h>
 #include <omp.h>
-#include <string.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -169,28 +168,22 @@ void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes)
     char *c = p;
     size_t total = (size_t)M * row_bytes;
     if (M <= 0 || row_bytes == 0) return;
+    int contiguous = ld_bytes == row_bytes;
     if (total < TIDE_CPU_ZERO_STREAM_MIN) {
-        if (ld_bytes == row_bytes) memset(c, 0, total);
+        if (contiguous) memset(c, 0, total);
         else for (int64_t i = 0; i < M; i++) memset(c + (size_t)i * ld_bytes, 0, row_bytes);
         return;
     }
-    if (ld_bytes == row_bytes) {                      /* one contiguous region, in blocks */
-        int64_t nb = (int64_t)((total + ZERO_STREAM_BLOCK - 1) / ZERO_STREAM_BLOCK);
-        _Pragma("omp parallel")
-        {
-            _Pragma("omp for schedule(static)")
-            for (int64_t b = 0; b < nb; b++) {
-                size_t off = (size_t)b * ZERO_STREAM_BLOCK;
-                zero_stream(c + off, total - off < ZERO_STREAM_BLOCK ? total - off : ZERO_STREAM_BLOCK);
-            }
-            zero_stream_fence();
-        }
-        return;
-    }
+    /* the items: blocks of one contiguous region, else the rows */
+    int64_t items = contiguous ? (int64_t)((total + ZERO_STREAM_BLOCK - 1) / ZERO_STREAM_BLOCK) : M;
     _Pragma("omp parallel")
     {
         _Pragma("omp for schedule(static)")
-        for (int64_t i = 0; i < M; i++) zero_stream(c + (size_t)i * ld_bytes, row_bytes);
+        for (int64_t it = 0; it < items; it++) {
+            size_t off = contiguous ? (size_t)it * ZERO_STREAM_BLOCK : (size_t)it * ld_bytes;
+            size_t len = !contiguous ? row_bytes : total - off < ZERO_STREAM_BLOCK ? total - off : ZERO_STREAM_BLOCK;
+            zero_stream(c + off, len);
+        }
         zero_stream_fence();
     }
 }

@@ -447,7 +447,7 @@ static void lk_tile(const float *a, int64_t lda, const float *b, int64_t ldb, in
     }
 }
 
-/* rows [r0, r0 + nr) of a row-major block, columns [c0, c0 + nc), into out [nr][w] with zeros past nc */
+/* the first nr rows of a row-major block (rows ld apart), columns [c0, c0 + nc), into out [nr][w], zeros past nc */
 static void lk_pad(float *out, int64_t w, const float *x, int64_t ld, int64_t nr, int64_t c0, int64_t nc)
 {
     for (int64_t r = 0; r < nr; r++) {
