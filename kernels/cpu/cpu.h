@@ -35,6 +35,9 @@ int tide_cpu_fill(void *out, int dtype, int64_t n, double value);
    non-temporal stores (elementwise.c), which skip reading each line before its write */
 void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes);
 #define TIDE_CPU_ZERO_STREAM_MIN ((size_t)4 << 20)
+/* copy n bytes from src (in cache) to dst (not) with non-temporal stores, then a store fence; serial (a caller
+   inside a parallel region copies its own part) */
+void tide_cpu_copy_stream(void *dst, const void *src, size_t n);
 int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype, const int64_t *xstride, int ndim, const int64_t *shape);
 int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
 int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);

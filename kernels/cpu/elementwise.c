@@ -163,6 +163,33 @@ static void zero_stream_fence(void)
 #endif
 }
 
+void tide_cpu_copy_stream(void *dst, const void *src, size_t n)
+{
+    char *d = dst;
+    const char *s = src;
+#if defined(__AVX512F__) || defined(__AVX2__)
+    size_t head = (size_t)(-(uintptr_t)d & 63);
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    size_t body = n & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+#if defined(__AVX512F__)
+        _mm512_stream_si512((void *)(d + i), _mm512_loadu_si512((const void *)(s + i)));
+#else
+        _mm256_stream_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
+        _mm256_stream_si256((__m256i *)(d + i) + 1, _mm256_loadu_si256((const __m256i *)(s + i) + 1));
+#endif
+    }
+    memcpy(d + body, s + body, n - body);
+    _mm_sfence();
+#else
+    memcpy(d, s, n);
+#endif
+}
+
 void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes)
 {
     char *c = p;

@@ -335,9 +335,11 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     if (host_off) memcpy(host_off, off, (size_t)(n + 1) * sizeof(int64_t));
     if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
-    /* a tile's gathered rows and h: its thread's block of engine scratch (cached blocks, so a training step does not
-       fault fresh pages in) */
-    size_t each = ((size_t)TILE_ROWS * (size_t)(d_in + d_e) * es + 63) & ~(size_t)63;
+    /* a tile's gathered rows, pre, h and y: its thread's block of engine scratch (cached blocks, so a training step
+       does not fault fresh pages in). The products write pre and y there, in the cache (OpenBLAS zeroes C before a
+       beta = 0 product: on the saved tensors that read every line from memory first), and the tile streams them out
+       to the saved tensors with non-temporal stores */
+    size_t each = ((size_t)TILE_ROWS * (size_t)(d_in + d_e + 2 * d_e + d_out) * es + 63) & ~(size_t)63;
     char *blk = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)team_size() * each);
     row_tile *tl = blk ? row_tiles(off, n, &nt) : NULL;
     if (!blk || !tl) {
@@ -351,14 +353,16 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     for (int64_t i = 0; i < nt; i++) {
         int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
         char *xg = blk + (size_t)omp_get_thread_num() * each, *he = xg + (size_t)(rows * d_in) * es;
+        char *pe = he + (size_t)(rows * d_e) * es, *ye = pe + (size_t)(rows * 2 * d_e) * es;
         gather_rows(es, xg, x, perm, r0, rows, k, d_in);
-        char *pe = (char *)pre + (size_t)(r0 * 2 * d_e) * es;
         if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, xg, d_in,
                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e)) { failed = 1; continue; }
         if (dtype == TIDE_F32) act_fw_float((float *)he, (const float *)pe, rows, d_e, act, (float)k_gate, (float)k_lin);
         else act_fw_double((double *)he, (const double *)pe, rows, d_e, act, k_gate, k_lin);
         if (gemm(dtype, 0, 1, rows, d_out, d_e, he, d_e, (const char *)w_down + (size_t)(e * d_out * d_e) * es, d_e,
-                 (char *)y + (size_t)(r0 * d_out) * es, d_out)) failed = 1;
+                 ye, d_out)) { failed = 1; continue; }
+        tide_cpu_copy_stream((char *)pre + (size_t)(r0 * 2 * d_e) * es, pe, (size_t)(rows * 2 * d_e) * es);
+        tide_cpu_copy_stream((char *)y + (size_t)(r0 * d_out) * es, ye, (size_t)(rows * d_out) * es);
     }
     int rc = failed ? tide_set_error("moe_experts: an expert product failed (%lld rows, d_in = %lld, d_e = %lld, "
                                      "d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e, (long long)d_out) : 0;
@@ -372,26 +376,55 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     return rc;
 }
 
+/* dy_rows: rows whose dot products advance together, and the channels of their products buffered at a time */
+#define DY_GROUP 8
+#define DY_CHUNK 64
+
+/* the lines of a row about to be read from memory */
+static inline void prefetch_row(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+}
+
 /* backward through the same permutation (§8): dY = p ⊙ du (gathered), dp = du · Y, then per segment
    dh = dY Wd, dWd = dYᵀ h, dpre = act'(dh), dWgu = dpreᵀ X, dX = dpre Wgu; dx[t] = Σ_slot dX[pos(t, slot)] in
    slot order. dWgu / dWd are overwritten (experts with no rows get 0). */
 #define MOE_BW(T)                                                                                           \
     /* sorted rows [r0, r0 + rows): dY rows into dst [rows, d], dst[r − r0] = p[a] du[t], and, when dp,        \
-       dp[a] = du[t] · Y[r] (a = perm[r], t = a/k; the dot product in channel order from 0). Serial: called per  \
-       tile, inside the tiles' parallel region */                                                           \
+       dp[a] = du[t] · Y[r] (a = perm[r], t = a/k): each dot product the sum of the rounded products in channel  \
+       order from 0. The du rows are a gather from memory: the next group's are prefetched while this group's     \
+       are read. A row's sum is one chain of dependent adds; DY_GROUP rows' chains advance together (their        \
+       products first, in a separate loop through a buffer, so no add is contracted with its product). Serial:  \
+       called per tile, inside the tiles' parallel region */                                                   \
     static void dy_rows_##T(T *dst, T *dp, const T *du, const T *y, const T *p, const int64_t *perm, int64_t r0, \
                             int64_t rows, int64_t k, int64_t d)                                             \
     {                                                                                                       \
-        for (int64_t r = r0; r < r0 + rows; r++) {                                                          \
-            int64_t a = perm[r];                                                                            \
-            const T *dur = du + (a / k) * d;                                                                \
-            T *dy = dst + (r - r0) * d;                                                                     \
-            for (int64_t c = 0; c < d; c++) dy[c] = p[a] * dur[c];                                          \
-            if (dp) {                                                                                       \
-                T acc = 0;                                                                                  \
-                for (int64_t c = 0; c < d; c++) acc += dur[c] * y[r * d + c];                               \
-                dp[a] = acc;                                                                                \
+        T prod[DY_GROUP * DY_CHUNK];                                                                        \
+        for (int64_t g0 = r0; g0 < r0 + rows; g0 += DY_GROUP) {                                             \
+            int64_t ng = r0 + rows - g0 < DY_GROUP ? r0 + rows - g0 : DY_GROUP;                             \
+            for (int64_t r = g0 + DY_GROUP; r < g0 + DY_GROUP + ng && r < r0 + rows; r++)                   \
+                prefetch_row(du + (perm[r] / k) * d, (size_t)d * sizeof(T));                                \
+            for (int64_t j = 0; j < ng; j++) {                                                              \
+                int64_t a = perm[g0 + j];                                                                   \
+                const T *dur = du + (a / k) * d;                                                            \
+                T *dy = dst + (g0 + j - r0) * d;                                                            \
+                for (int64_t c = 0; c < d; c++) dy[c] = p[a] * dur[c];                                      \
             }                                                                                               \
+            if (!dp) continue;                                                                              \
+            T acc[DY_GROUP] = {0};                                                                          \
+            for (int64_t j = ng; j < DY_GROUP; j++)   /* a short last group: its idle chains add zeros */     \
+                for (int64_t c = 0; c < DY_CHUNK; c++) prod[j * DY_CHUNK + c] = 0;                          \
+            for (int64_t c0 = 0; c0 < d; c0 += DY_CHUNK) {                                                  \
+                int64_t nc = d - c0 < DY_CHUNK ? d - c0 : DY_CHUNK;                                         \
+                for (int64_t j = 0; j < ng; j++) {                                                          \
+                    const T *dur = du + (perm[g0 + j] / k) * d + c0, *yr = y + (g0 + j) * d + c0;           \
+                    T *pr = prod + j * DY_CHUNK;                                                            \
+                    for (int64_t c = 0; c < nc; c++) pr[c] = dur[c] * yr[c];                                \
+                }                                                                                           \
+                for (int64_t c = 0; c < nc; c++)                                                            \
+                    for (int64_t j = 0; j < DY_GROUP; j++) acc[j] += prod[j * DY_CHUNK + c];                \
+            }                                                                                               \
+            for (int64_t j = 0; j < ng; j++) dp[perm[g0 + j]] = acc[j];                                     \
         }                                                                                                   \
     }                                                                                                       \
     static void dx_rows_##T(T *dx, const T *dxg, const int64_t *pos, int64_t m, int64_t k, int64_t d)        \
