@@ -456,19 +456,26 @@ typedef struct {
     char *dxg;                             /* dX [R, d_in], shared; NULL when dx is not wanted */
 } moe_bw;
 
-/* the per-row intermediates of a run of one segment's rows, row 0 = the run's first row, rows contiguous */
-typedef struct { char *xg, *dy, *h, *dh, *dpre; } bw_rows;
+/* the per-row intermediates of a run of one segment's rows, row 0 = the run's first row, rows contiguous (what the
+   weight gradients read) */
+typedef struct { char *xg, *dy, *h, *dpre; } bw_rows;
 
 /* the widths of bw_rows, in elements per row, and the run of `rows` rows from `base` */
-static int64_t bw_width(const moe_bw *b) { return b->d_in + b->d_out + b->d_e + b->d_e + 2 * b->d_e; }
+static int64_t bw_width(const moe_bw *b) { return b->d_in + b->d_out + b->d_e + 2 * b->d_e; }
+
+/* a thread's tile scratch, reused tile after tile (so in the cache): dh [TILE_ROWS, d_e] and the dX tile
+   [TILE_ROWS, d_in], which is streamed to the shared dxg from there */
+static size_t bw_tmp_bytes(const moe_bw *b)
+{
+    return ((size_t)TILE_ROWS * (size_t)(b->d_e + b->d_in) * b->es + 63) & ~(size_t)63;
+}
 static bw_rows bw_carve(const moe_bw *b, char *base, int64_t rows)
 {
     bw_rows w;
     w.xg = base;
     w.dy = w.xg + (size_t)(rows * b->d_in) * b->es;
     w.h = w.dy + (size_t)(rows * b->d_out) * b->es;
-    w.dh = w.h + (size_t)(rows * b->d_e) * b->es;
-    w.dpre = w.dh + (size_t)(rows * b->d_e) * b->es;
+    w.dpre = w.h + (size_t)(rows * b->d_e) * b->es;
     return w;
 }
 
@@ -478,14 +485,14 @@ static bw_rows bw_at(const moe_bw *b, bw_rows w, int64_t q)
     w.xg += (size_t)(q * b->d_in) * b->es;
     w.dy += (size_t)(q * b->d_out) * b->es;
     w.h += (size_t)(q * b->d_e) * b->es;
-    w.dh += (size_t)(q * b->d_e) * b->es;
     w.dpre += (size_t)(q * 2 * b->d_e) * b->es;
     return w;
 }
 
 /* row tile [r0, r0 + rows) of expert e into w (at the tile's first row): the gathered x and dY rows (and dp),
-   dh = dY Wd, then h (recomputed) and dpre = act'(dh) in one pass, dX = dpre Wgu into the shared dxg */
-static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows w)
+   dh = dY Wd (into tmp), then h (recomputed) and dpre = act'(dh) in one pass, dX = dpre Wgu (into tmp, then
+   streamed to the shared dxg) */
+static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows w, char *tmp)
 {
     size_t es = b->es;
     int64_t d_in = b->d_in, d_e = b->d_e, d_out = b->d_out;
@@ -494,15 +501,18 @@ static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows
     else dy_rows_double((double *)w.dy, b->dp, b->du, b->y, b->p, b->perm, r0, rows, b->k, d_out);
     const char *wgu = (const char *)b->w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
     const char *wd = (const char *)b->w_down + (size_t)(e * d_out * d_e) * es;
-    if (gemm(b->dtype, 0, 0, rows, d_e, d_out, w.dy, d_out, wd, d_e, w.dh, d_e)) return -1;
+    char *dh = tmp, *dxt = tmp + (size_t)(TILE_ROWS * d_e) * es;
+    if (gemm(b->dtype, 0, 0, rows, d_e, d_out, w.dy, d_out, wd, d_e, dh, d_e)) return -1;
     if (b->dtype == TIDE_F32)
-        act_fb_float((float *)w.h, (float *)w.dpre, (const float *)w.dh, (const float *)b->pre + r0 * 2 * d_e, rows,
+        act_fb_float((float *)w.h, (float *)w.dpre, (const float *)dh, (const float *)b->pre + r0 * 2 * d_e, rows,
                      d_e, b->act, (float)b->k_gate, (float)b->k_lin);
     else
-        act_fb_double((double *)w.h, (double *)w.dpre, (const double *)w.dh, (const double *)b->pre + r0 * 2 * d_e,
+        act_fb_double((double *)w.h, (double *)w.dpre, (const double *)dh, (const double *)b->pre + r0 * 2 * d_e,
                       rows, d_e, b->act, b->k_gate, b->k_lin);
-    return b->dxg ? gemm(b->dtype, 0, 0, rows, d_in, 2 * d_e, w.dpre, 2 * d_e, wgu, d_in,
-                         b->dxg + (size_t)(r0 * d_in) * es, d_in) : 0;
+    if (!b->dxg) return 0;
+    if (gemm(b->dtype, 0, 0, rows, d_in, 2 * d_e, w.dpre, 2 * d_e, wgu, d_in, dxt, d_in)) return -1;
+    tide_cpu_copy_stream(b->dxg + (size_t)(r0 * d_in) * es, dxt, (size_t)(rows * d_in) * es);
+    return 0;
 }
 
 /* output tile j (of td + tg) of expert e's weight gradients, which reduce over the segment's cnt rows (w holds
@@ -537,7 +547,7 @@ static int bw_weights(const moe_bw *b, int64_t e, int64_t j, int64_t cnt, bw_row
 static int bw_by_expert(const moe_bw *b, int64_t n, int64_t rmax, int nthr, int *oom)
 {
     const int64_t *off = b->off;
-    size_t each = ((size_t)(rmax > 0 ? rmax : 1) * (size_t)bw_width(b) * b->es + 63) & ~(size_t)63;
+    size_t each = (((size_t)(rmax > 0 ? rmax : 1) * (size_t)bw_width(b) * b->es + 63) & ~(size_t)63) + bw_tmp_bytes(b);
     char *blk = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)nthr * each);
     int64_t *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
     if (!blk || !order) {
@@ -555,10 +565,11 @@ static int bw_by_expert(const moe_bw *b, int64_t n, int64_t rmax, int nthr, int 
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
     for (int64_t i = 0; i < n; i++) {
         int64_t e = order[i], s0 = off[e], cnt = off[e + 1] - s0;
-        bw_rows w = bw_carve(b, blk + (size_t)omp_get_thread_num() * each, rmax);
+        char *mine = blk + (size_t)omp_get_thread_num() * each, *tmp = mine + each - bw_tmp_bytes(b);
+        bw_rows w = bw_carve(b, mine, rmax);
         int bad = 0;
         for (int64_t r0 = s0; r0 < s0 + cnt && !bad; r0 += TILE_ROWS)
-            bad = bw_tile(b, e, r0, s0 + cnt - r0 < TILE_ROWS ? s0 + cnt - r0 : TILE_ROWS, bw_at(b, w, r0 - s0));
+            bad = bw_tile(b, e, r0, s0 + cnt - r0 < TILE_ROWS ? s0 + cnt - r0 : TILE_ROWS, bw_at(b, w, r0 - s0), tmp);
         for (int64_t j = 0; j < b->td + b->tg && !bad; j++) bad = bw_weights(b, e, j, cnt, w);
         if (bad) failed = 1;
     }
@@ -571,7 +582,8 @@ static int bw_by_tile(const moe_bw *b, int64_t n, int64_t R, int *oom)
 {
     const int64_t *off = b->off;
     int64_t nt = 0, per = b->td + b->tg, next = 0;
-    char *buf = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)(R > 0 ? R : 1) * (size_t)bw_width(b) * b->es);
+    size_t rows_bytes = ((size_t)(R > 0 ? R : 1) * (size_t)bw_width(b) * b->es + 63) & ~(size_t)63;
+    char *buf = tide_scratch_alloc(TIDE_CPU_DEVICE, rows_bytes + (size_t)team_size() * bw_tmp_bytes(b));
     row_tile *tl = buf ? row_tiles(off, n, &nt) : NULL;
     int64_t *left = tl ? calloc((size_t)(n > 0 ? n : 1), sizeof *left) : NULL;
     if (!left) {
@@ -590,7 +602,9 @@ static int bw_by_tile(const moe_bw *b, int64_t n, int64_t R, int *oom)
         if (i >= n_items) break;
         if (i < nt) {
             int64_t e = tl[i].e;
-            if (bw_tile(b, e, tl[i].r0, tl[i].rows, bw_at(b, all, tl[i].r0))) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+            char *tmp = buf + rows_bytes + (size_t)omp_get_thread_num() * bw_tmp_bytes(b);
+            if (bw_tile(b, e, tl[i].r0, tl[i].rows, bw_at(b, all, tl[i].r0), tmp))
+                __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
             __atomic_fetch_sub(&left[e], 1, __ATOMIC_RELEASE);
             continue;
         }
