@@ -40,6 +40,9 @@
 
 /* rows per tile; a tile's bits depend on it, so it is a constant, never derived from the thread count */
 #define TILE_ROWS 512
+/* the products whose outputs (pre and y, dX) are at least this large write in the tile scratch and stream the
+   tiles out; smaller outputs stay in the caches for their readers, and the products write them in place */
+#define MOE_STREAM_MIN ((size_t)16 << 20)
 
 static inline int64_t idx_at(const void *p, int dt, int64_t i)
 {
@@ -346,7 +349,7 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         tide_scratch_free(TIDE_CPU_DEVICE, blk);
         return tide_set_error("moe_experts: out of memory for %lld rows", (long long)R);
     }
-    int failed = 0;
+    int failed = 0, stream = (size_t)R * (size_t)(2 * d_e + d_out) * es >= MOE_STREAM_MIN;
     /* §8 step 2 per row tile: gather, gate/up, activation, down; each tile one single-threaded BLAS call per
        product */
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
@@ -354,6 +357,8 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         int64_t e = tl[i].e, r0 = tl[i].r0, rows = tl[i].rows;
         char *xg = blk + (size_t)omp_get_thread_num() * each, *he = xg + (size_t)(rows * d_in) * es;
         char *pe = he + (size_t)(rows * d_e) * es, *ye = pe + (size_t)(rows * 2 * d_e) * es;
+        char *pd = (char *)pre + (size_t)(r0 * 2 * d_e) * es, *yd = (char *)y + (size_t)(r0 * d_out) * es;
+        if (!stream) pe = pd, ye = yd;
         gather_rows(es, xg, x, perm, r0, rows, k, d_in);
         if (gemm(dtype, 0, 1, rows, 2 * d_e, d_in, xg, d_in,
                  (const char *)w_gate_up + (size_t)(e * 2 * d_e * d_in) * es, d_in, pe, 2 * d_e)) { failed = 1; continue; }
@@ -361,8 +366,10 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
         else act_fw_double((double *)he, (const double *)pe, rows, d_e, act, k_gate, k_lin);
         if (gemm(dtype, 0, 1, rows, d_out, d_e, he, d_e, (const char *)w_down + (size_t)(e * d_out * d_e) * es, d_e,
                  ye, d_out)) { failed = 1; continue; }
-        tide_cpu_copy_stream((char *)pre + (size_t)(r0 * 2 * d_e) * es, pe, (size_t)(rows * 2 * d_e) * es);
-        tide_cpu_copy_stream((char *)y + (size_t)(r0 * d_out) * es, ye, (size_t)(rows * d_out) * es);
+        if (stream) {
+            tide_cpu_copy_stream(pd, pe, (size_t)(rows * 2 * d_e) * es);
+            tide_cpu_copy_stream(yd, ye, (size_t)(rows * d_out) * es);
+        }
     }
     int rc = failed ? tide_set_error("moe_experts: an expert product failed (%lld rows, d_in = %lld, d_e = %lld, "
                                      "d_out = %lld)", (long long)R, (long long)d_in, (long long)d_e, (long long)d_out) : 0;
@@ -446,7 +453,7 @@ MOE_BW(double)
 
 /* one backward call's operands, shared by its work items */
 typedef struct {
-    int dtype, act;
+    int dtype, act, stream;   /* stream: the dX tiles go to dxg through the tile scratch (dxg >= MOE_STREAM_MIN) */
     size_t es;
     double k_gate, k_lin;
     int64_t k, d_in, d_e, d_out, td, tg;   /* td, tg: output tiles of dWd and of dWgu (0 when not wanted) */
@@ -501,7 +508,7 @@ static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows
     else dy_rows_double((double *)w.dy, b->dp, b->du, b->y, b->p, b->perm, r0, rows, b->k, d_out);
     const char *wgu = (const char *)b->w_gate_up + (size_t)(e * 2 * d_e * d_in) * es;
     const char *wd = (const char *)b->w_down + (size_t)(e * d_out * d_e) * es;
-    char *dh = tmp, *dxt = tmp + (size_t)(TILE_ROWS * d_e) * es;
+    char *dh = tmp, *dxd = b->dxg + (size_t)(r0 * d_in) * es, *dxt = b->stream ? tmp + (size_t)(TILE_ROWS * d_e) * es : dxd;
     if (gemm(b->dtype, 0, 0, rows, d_e, d_out, w.dy, d_out, wd, d_e, dh, d_e)) return -1;
     if (b->dtype == TIDE_F32)
         act_fb_float((float *)w.h, (float *)w.dpre, (const float *)dh, (const float *)b->pre + r0 * 2 * d_e, rows,
@@ -511,7 +518,7 @@ static int bw_tile(const moe_bw *b, int64_t e, int64_t r0, int64_t rows, bw_rows
                       rows, d_e, b->act, b->k_gate, b->k_lin);
     if (!b->dxg) return 0;
     if (gemm(b->dtype, 0, 0, rows, d_in, 2 * d_e, w.dpre, 2 * d_e, wgu, d_in, dxt, d_in)) return -1;
-    tide_cpu_copy_stream(b->dxg + (size_t)(r0 * d_in) * es, dxt, (size_t)(rows * d_in) * es);
+    if (b->stream) tide_cpu_copy_stream(dxd, dxt, (size_t)(rows * d_in) * es);
     return 0;
 }
 
@@ -639,7 +646,7 @@ int tide_cpu_moe_experts_backward(int dtype, void *dx, void *dp, void *dw_gate_u
     if (dx && !dxg) return tide_set_error("moe_experts_backward: out of memory for %lld rows", (long long)R);
     moe_bw b = {
         .dtype = dtype, .act = act, .es = es, .k_gate = k_gate, .k_lin = k_lin, .k = k, .d_in = d_in, .d_e = d_e,
-        .d_out = d_out, .td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0,
+        .d_out = d_out, .stream = (size_t)R * (size_t)d_in * es >= MOE_STREAM_MIN, .td = dw_down ? (d_out + TILE_ROWS - 1) / TILE_ROWS : 0,
         .tg = dw_gate_up ? (2 * d_e + TILE_ROWS - 1) / TILE_ROWS : 0, .perm = perm, .off = off, .du = du,
         .pre = pre, .y = y, .x = x, .p = p, .w_gate_up = w_gate_up, .w_down = w_down, .dp = dp,
         .dw_gate_up = dw_gate_up, .dw_down = dw_down, .dxg = dxg,
