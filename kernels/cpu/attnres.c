@@ -20,9 +20,103 @@
 static inline double ar_exp_f32(double x) { return exp_f64(x); }
 static inline double ar_exp_f64(double x) { return exp(x); }
 
-/* the forward's rows in blocks of AR_RB: a block's score sums (2 chains per row and source, each over c in order)
-   are advanced together, so the chains of the block's rows overlap instead of waiting on each other */
-#define AR_RB 4
+/* rows in blocks of AR_RB: a block's row sums (2 chains per row and source, each over c in order) are advanced
+   together, so the chains of the block's rows overlap instead of waiting on each other */
+#define AR_RB 8
+
+/* The two chains of rows x_u = x0 + u d, u < nb: p[u] = Σ_c y_u[c] x_u[c] (y_u = x_u when y0 is NULL, else
+   y0 + u d) and q[u] = Σ_c a[c] x_u[c], each a fused multiply-add chain over c in order from 0, in double (a
+   product of two floats is exact in double, so only q's fma rounds differently from a multiply and an add; the
+   fma is explicit, never left to the compiler's contraction). f32 blocks of 8 rows under AVX-512: the rows in
+   the 8 lanes of a double vector (each lane its row's chain), the floats transposed 8 x 8 on the way in */
+#define DEFINE_AR_CHAINS(TT, SFX)                                                                             \
+static void ar_chains_generic_##SFX(const TT *x0, const TT *y0, int64_t nb, int64_t d, const double *a,      \
+                                    double *p, double *q)                                                     \
+{                                                                                                             \
+    int64_t u = 0;                                                                                            \
+    for (; u + 4 <= nb; u += 4) {                                                                             \
+        const TT *x_0 = x0 + u * d, *x_1 = x_0 + d, *x_2 = x_1 + d, *x_3 = x_2 + d;                           \
+        const TT *y_0 = y0 ? y0 + u * d : x_0, *y_1 = y_0 + d, *y_2 = y_1 + d, *y_3 = y_2 + d;                \
+        double p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;                                \
+        for (int64_t c = 0; c < d; c++) {                                                                     \
+            p0 = fma((double)y_0[c], (double)x_0[c], p0); q0 = fma(a[c], (double)x_0[c], q0);                 \
+            p1 = fma((double)y_1[c], (double)x_1[c], p1); q1 = fma(a[c], (double)x_1[c], q1);                 \
+            p2 = fma((double)y_2[c], (double)x_2[c], p2); q2 = fma(a[c], (double)x_2[c], q2);                 \
+            p3 = fma((double)y_3[c], (double)x_3[c], p3); q3 = fma(a[c], (double)x_3[c], q3);                 \
+        }                                                                                                     \
+        p[u] = p0, p[u + 1] = p1, p[u + 2] = p2, p[u + 3] = p3;                                               \
+        q[u] = q0, q[u + 1] = q1, q[u + 2] = q2, q[u + 3] = q3;                                               \
+    }                                                                                                         \
+    for (; u < nb; u++) {                                                                                     \
+        const TT *x = x0 + u * d, *y = y0 ? y0 + u * d : x;                                                   \
+        double pu = 0, qu = 0;                                                                                \
+        for (int64_t c = 0; c < d; c++) { pu = fma((double)y[c], (double)x[c], pu); qu = fma(a[c], (double)x[c], qu); } \
+        p[u] = pu, q[u] = qu;                                                                                 \
+    }                                                                                                         \
+}
+DEFINE_AR_CHAINS(float, f32)
+DEFINE_AR_CHAINS(double, f64)
+#undef DEFINE_AR_CHAINS
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* r[k] = column k of the 8 x 8 block whose rows are r[0..7] */
+static inline void ar_transpose8(__m256 r[8])
+{
+    __m256 t[8], s[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x20);
+        r[k + 4] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x31);
+    }
+}
+
+static void ar_chains_f32(const float *x0, const float *y0, int64_t nb, int64_t d, const double *a, double *p,
+                          double *q)
+{
+    if (nb != 8) { ar_chains_generic_f32(x0, y0, nb, d, a, p, q); return; }
+    __m512d P = _mm512_setzero_pd(), Q = _mm512_setzero_pd();
+    int64_t c = 0;
+    for (; c + 8 <= d; c += 8) {
+        __m256 xr[8], yr[8];
+        for (int u = 0; u < 8; u++) xr[u] = _mm256_loadu_ps(x0 + u * d + c);
+        ar_transpose8(xr);
+        if (y0) {
+            for (int u = 0; u < 8; u++) yr[u] = _mm256_loadu_ps(y0 + u * d + c);
+            ar_transpose8(yr);
+        }
+        for (int k = 0; k < 8; k++) {
+            __m512d xv = _mm512_cvtps_pd(xr[k]), yv = y0 ? _mm512_cvtps_pd(yr[k]) : xv;
+            P = _mm512_fmadd_pd(yv, xv, P);
+            Q = _mm512_fmadd_pd(_mm512_set1_pd(a[c + k]), xv, Q);
+        }
+    }
+    for (; c < d; c++) {
+        double xs[8], ys[8];
+        for (int u = 0; u < 8; u++) {
+            xs[u] = x0[u * d + c];
+            ys[u] = y0 ? y0[u * d + c] : xs[u];
+        }
+        __m512d xv = _mm512_loadu_pd(xs), yv = _mm512_loadu_pd(ys);
+        P = _mm512_fmadd_pd(yv, xv, P);
+        Q = _mm512_fmadd_pd(_mm512_set1_pd(a[c]), xv, Q);
+    }
+    _mm512_storeu_pd(p, P);
+    _mm512_storeu_pd(q, Q);
+}
+#else
+#define ar_chains_f32 ar_chains_generic_f32
+#endif
+#define ar_chains_f64 ar_chains_generic_f64
 
 #define DEFINE_ATTNRES(TT, SFX)                                                                               \
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
@@ -33,21 +127,8 @@ static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t
         int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                   \
         double *sb = scratch + (int64_t)omp_get_thread_num() * TIDE_CPU_PAD8(AR_RB * n + d), *o = sb + AR_RB * n; \
         for (int64_t i = 0; i < n; i++) {                                                                     \
-            double ss[AR_RB] = {0}, dot[AR_RB] = {0};                                                         \
-            if (nb == AR_RB) {                                                                                \
-                const TT *x0 = v[i] + tb * d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;                       \
-                for (int64_t c = 0; c < d; c++) {                                                             \
-                    ss[0] += (double)x0[c] * x0[c]; dot[0] += a[c] * x0[c];                                   \
-                    ss[1] += (double)x1[c] * x1[c]; dot[1] += a[c] * x1[c];                                   \
-                    ss[2] += (double)x2[c] * x2[c]; dot[2] += a[c] * x2[c];                                   \
-                    ss[3] += (double)x3[c] * x3[c]; dot[3] += a[c] * x3[c];                                   \
-                }                                                                                             \
-            } else {                                                                                          \
-                for (int64_t u = 0; u < nb; u++) {                                                            \
-                    const TT *x = v[i] + (tb + u) * d;                                                        \
-                    for (int64_t c = 0; c < d; c++) { ss[u] += (double)x[c] * x[c]; dot[u] += a[c] * x[c]; }  \
-                }                                                                                             \
-            }                                                                                                 \
+            double ss[AR_RB], dot[AR_RB];                                                                     \
+            ar_chains_##SFX(v[i] + tb * d, NULL, nb, d, a, ss, dot);                                          \
             for (int64_t u = 0; u < nb; u++) {                                                                \
                 double r = 1.0 / sqrt(ss[u] / (double)d + eps);                                               \
                 sb[u * n + i] = r * dot[u];                                                                   \
@@ -83,22 +164,8 @@ static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const
       /* the block's dot products first, 2 chains per row and source advanced together over c (each chain's   \
          adds in order, as the forward's), so they overlap instead of waiting on each other */                \
       for (int64_t i = 0; i < n; i++) {                                                                       \
-          double e[AR_RB] = {0}, dot[AR_RB] = {0};                                                            \
-          if (nb == AR_RB) {                                                                                  \
-              const TT *x0 = v[i] + tb * d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;                         \
-              const TT *g0 = gout + tb * d, *g1 = g0 + d, *g2 = g1 + d, *g3 = g2 + d;                         \
-              for (int64_t c = 0; c < d; c++) {                                                               \
-                  e[0] += (double)g0[c] * x0[c]; dot[0] += a[c] * x0[c];                                      \
-                  e[1] += (double)g1[c] * x1[c]; dot[1] += a[c] * x1[c];                                      \
-                  e[2] += (double)g2[c] * x2[c]; dot[2] += a[c] * x2[c];                                      \
-                  e[3] += (double)g3[c] * x3[c]; dot[3] += a[c] * x3[c];                                      \
-              }                                                                                               \
-          } else {                                                                                            \
-              for (int64_t u = 0; u < nb; u++) {                                                              \
-                  const TT *x = v[i] + (tb + u) * d, *go = gout + (tb + u) * d;                               \
-                  for (int64_t c = 0; c < d; c++) { e[u] += (double)go[c] * x[c]; dot[u] += a[c] * x[c]; }    \
-              }                                                                                               \
-          }                                                                                                   \
+          double e[AR_RB], dot[AR_RB];                                                                        \
+          ar_chains_##SFX(v[i] + tb * d, gout + tb * d, nb, d, a, e, dot);                                    \
           for (int64_t u = 0; u < nb; u++) { dpb[u * n + i] = e[u]; sbk[u * n + i] = dot[u]; }                \
       }                                                                                                       \
       for (int64_t u = 0; u < nb; u++) {                                                                      \

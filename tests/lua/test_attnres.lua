@@ -41,6 +41,31 @@ T.test("F.attnres: f64 gradient check of every source, w and nu (atol 1e-8)", fu
   T.ok(worst <= 1e-8, "max error " .. worst)
 end)
 
+T.test("F.attnres: an f32 row's output and source gradients are the same bits wherever it sits (8-row blocks in "
+  .. "vector lanes, the rest of the rows one by one; d = 13 leaves a tail of channels)", function()
+  tide.manual_seed(7)
+  local rows, d, n = 13, 13, 3
+  local v = {}
+  for i = 1, n do v[i] = tide.randn({ rows, d }) end
+  local w, nu, g = tide.randn({ d }), tide.randn({ d }) + 1, tide.randn({ rows, d })
+  -- the rows in the order perm (0-based original indices): output and source gradients
+  local function run(perm)
+    local idx = tide.tensor(perm, { dtype = "i64" })
+    local vs = {}
+    for i = 1, n do vs[i] = F.index_select(v[i], 1, idx):detach():requires_grad_(true) end
+    local y = F.attnres(vs, w, nu)
+    y:backward(F.index_select(g, 1, idx))
+    local out = { y:detach() }
+    for i = 1, n do out[#out + 1] = vs[i]:grad() end
+    return out
+  end
+  local id, shifted = {}, {}
+  for j = 0, rows - 1 do id[j + 1], shifted[j + 1] = j, (j + 5) % rows end
+  local a, b = run(id), run(shifted)
+  local back = tide.tensor(shifted, { dtype = "i64" })
+  for k = 1, #a do T.eq(b[k], F.index_select(a[k], 1, back), "tensor " .. k) end
+end)
+
 T.test("F.attnres: bad arguments name the op and the argument", function()
   local d = 4
   local v = { randn({ 2, d }), randn({ 3, d }) }
