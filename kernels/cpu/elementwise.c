@@ -7,9 +7,13 @@
  * for float and exp for double; constants are cast to T so float code stays in float.
  */
 /* GCC keeps a loop with a float compare-and-select scalar under -ftrapping-math (the default), so exp_f32 and the
-   activations built on it would not vectorise; tide never reads the floating-point exception flags */
+   activations built on it would not vectorise; tide never reads the floating-point exception flags. 512-bit vectors
+   where AVX-512 exists (GCC prefers 256; every loop here is element by element, so the same bits) */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+#if defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
 #endif
 #include <string.h>
 #include <tgmath.h>
