@@ -41,21 +41,21 @@ static const F(ielem) F(tmask)[4][2][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TM
 #undef TMM_LO
 #define TMM_STAGES (TMM_VL == 16 ? 4 : TMM_VL == 8 ? 3 : TMM_VL == 4 ? 2 : 1)
 
-#define TMM_TILE(MR)                                                                                      \
+#define TMM_TILE(MR, NV)                                                                                  \
     {                                                                                                     \
-        F(vec) t[MR][TMM_NV];                                                                             \
+        F(vec) t[MR][NV];                                                                                 \
         for (int rr = 0; rr < MR; rr++)                                                                   \
-            for (int v = 0; v < TMM_NV; v++) t[rr][v] = (F(vec)){0};                                      \
+            for (int v = 0; v < NV; v++) t[rr][v] = (F(vec)){0};                                          \
         for (int64_t kk = 0; kk < k; kk++) {                                                              \
-            F(vec) b[TMM_NV];                                                                             \
-            for (int v = 0; v < TMM_NV; v++) F(vload)(&b[v], B + kk * ldb + j0 + v * TMM_VL);           \
+            F(vec) b[NV];                                                                                 \
+            for (int v = 0; v < NV; v++) F(vload)(&b[v], B + kk * ldb + j0 + v * TMM_VL);               \
             for (int rr = 0; rr < MR; rr++) {                                                             \
                 T a = A[(r0 + rr) * sar + kk * sak];                                                      \
-                for (int v = 0; v < TMM_NV; v++) t[rr][v] += a * b[v];                                    \
+                for (int v = 0; v < NV; v++) t[rr][v] += a * b[v];                                        \
             }                                                                                             \
         }                                                                                                 \
         for (int rr = 0; rr < MR; rr++)                                                                   \
-            for (int v = 0; v < TMM_NV; v++) {                                                            \
+            for (int v = 0; v < NV; v++) {                                                                \
                 T *c = Cm + (r0 + rr) * ldc + j0 + v * TMM_VL;                                            \
                 F(vec) cv;                                                                                \
                 if (acc) { F(vload)(&cv, c); cv = cv + alpha * t[rr][v]; } else cv = alpha * t[rr][v];   \
@@ -63,13 +63,20 @@ static const F(ielem) F(tmask)[4][2][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TM
             }                                                                                             \
     }
 
+/* columns in tiles of TMM_WCOLS (32 floats: two vectors, 16 accumulators, so each broadcast of A feeds two fused
+   multiply-adds; 16 doubles), then a 16-column tile; every element the same chain over k whatever its tile */
+#define TMM_WCOLS (TMM_VL == 16 ? 32 : 16)
 static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
                   int64_t n, int64_t k, T alpha, int acc)
 {
-    int64_t m8 = m - m % 8, n16 = n - n % 16;
-    for (int64_t j0 = 0; j0 < n16; j0 += 16) {
-        for (int64_t r0 = 0; r0 < m8; r0 += 8) TMM_TILE(8)
-        for (int64_t r0 = m8; r0 < m; r0++) TMM_TILE(1)
+    int64_t m8 = m - m % 8, n16 = n - n % 16, j0 = 0;
+    for (; j0 + TMM_WCOLS <= n; j0 += TMM_WCOLS) {
+        for (int64_t r0 = 0; r0 < m8; r0 += 8) TMM_TILE(8, TMM_WCOLS / TMM_VL)
+        for (int64_t r0 = m8; r0 < m; r0++) TMM_TILE(1, TMM_WCOLS / TMM_VL)
+    }
+    for (; j0 < n16; j0 += 16) {
+        for (int64_t r0 = 0; r0 < m8; r0 += 8) TMM_TILE(8, TMM_NV)
+        for (int64_t r0 = m8; r0 < m; r0++) TMM_TILE(1, TMM_NV)
     }
     if (n16 == n) return;
     for (int64_t r = 0; r < m; r++) {          /* columns [n16, n) */
@@ -83,6 +90,7 @@ static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, cons
     }
 }
 #undef TMM_TILE
+#undef TMM_WCOLS
 
 /* a VL x VL block (VL = TMM_VL, one vector a row): out rows (stride ldo) = the in rows' (stride ldi) transpose. Each
    stage swaps the off-diagonal s x s blocks of every 2s x 2s block with two-source shuffles, s = VL/2 ... 1 (16 x 16
