@@ -78,9 +78,9 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
     }
     for (int64_t j0 = kmin; j0 <= kmax; j0 += MLA_BK) {
         int64_t bk = kmax + 1 - j0 < MLA_BK ? kmax + 1 - j0 : MLA_BK;
-        F(load_k)(Kt, kn, kr, b, h, j0, bk, Tk, H, dn, dr);
-        F(transpose)(KT, Kt, bk, dqk, dqk);
-        for (int64_t jj = 0; jj < bk; jj++) F(copy)(Vt + jj * dv, v + ((b * Tk + j0 + jj) * H + h) * dv, dv);
+        /* Kᵀ straight from k_n's and k_r's rows (no row-major copy first); V is read in place below */
+        F(transpose_ld)(KT, bk, kn + ((b * Tk + j0) * H + h) * dn, bk, dn, H * dn);
+        if (dr) F(transpose_ld)(KT + dn * bk, bk, kr + (b * Tk + j0) * dr, bk, dr, dr);
         F(scores)(S, Qt, KT, bq, bk, dqk, scale, lo, hi, j0);
         for (int64_t r = 0; r < bq; r++) {
             T *sr = S + r * MLA_BK, mx = F(max)(sr, bk, m[r]);   /* fastmath.h: the sequential max, in vector lanes */
@@ -94,7 +94,7 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
             m[r] = mx;
             for (int64_t c = 0; c < dv; c++) O[r * dv + c] *= alpha;
         }
-        F(mm)(O, dv, S, MLA_BK, 1, Vt, dv, bq, dv, bk, 1, 1);
+        F(mm)(O, dv, S, MLA_BK, 1, v + ((b * Tk + j0) * H + h) * dv, H * dv, bq, dv, bk, 1, 1);
     }
     for (int64_t r = 0; r < bq; r++) {
         T *o = out + ((b * Tq + i0 + r) * H + h) * dv;
