@@ -18,10 +18,13 @@
 --      pauses again (its forward time from the state path's counters); ratio = resume cost / the time the paused
 --      rows' prefixes took to sample (the budgeted call's wall time, pro rata of the paused rows' share of its
 --      sampled tokens). Both sides include the prompt prefills (once per group), so short prefixes are bounded by them.
+--      Each round waits for an idle machine first (a resume is one call of tens of milliseconds: a moment of other
+--      load on a shared machine moved a round's ratio 3x).
 -- Writes <results>/rl.json and <results>/rl.md and prints the table. It reports speed; it asserts nothing timed.
 --
 --   tide run bench/rl.lua [--rounds=2] [--Gs=8,32] [--prompts=2] [--max_new=48] [--tide_threads=1,2]
---                         [--torch_threads=1,2] [--pause_at=24,64] [--baseline=false] [--results=DIR]
+--                         [--torch_threads=1,2] [--pause_at=24,64] [--wait=true]
+--                         [--baseline=false] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -124,6 +127,7 @@ local function pause_round(m, tok, cfg, seed, pause_at)
   local G = 8
   local rows = cfg.prompts * G
   local max_new = math.max(cfg.max_new, 2 * pause_at)
+  local busy = cfg.wait ~= false and results.wait_idle().busy or nil
   local _, st, paused, wall = run_rollout(m, tok, cfg, G, seed, { budget = rows * pause_at, max_new = max_new })
   local entries = {}
   for _, e in ipairs(paused) do if not e.fresh then entries[#entries + 1] = e end end
@@ -134,7 +138,7 @@ local function pause_round(m, tok, cfg, seed, pause_at)
   end
   local prefix_s = wall * sum_n_new(entries) / math.max(st.tokens, 1)
   local r = { rows = R, prefix_tokens = sum_n_new(entries), budget_tokens = st.tokens, budget_wall_s = wall,
-    prefix_s = prefix_s, modes = {} }
+    prefix_s = prefix_s, modes = {}, busy_before = busy }
   local raw = {}
   for _, mode in ipairs({ "replay", "prefill", "state" }) do
     local _, st2, _, w = run_rollout(m, tok, cfg, G, seed, { prompts = {}, resume = entries, resume_mode = mode,
@@ -464,15 +468,17 @@ local function markdown(rec)
   L[#L + 1] = fmt("Pause/resume (tide, G = 8, %d prompts): rows paused at a budget of about `pause_at` tokens each; a "
     .. "resume mode's cost = the resume call's wall time less the one token each resumed row samples before pausing "
     .. "again; ratio = that cost / the time the paused rows' prefixes took to sample (the budgeted call's wall time pro "
-    .. "rata of their tokens). Both include the prompts' prefills (%s tokens, once per group). Median of the rounds.",
+    .. "rata of their tokens). Both include the prompts' prefills (%s tokens, once per group). Each round after a wait "
+    .. "for an idle machine (cores at most 15%% busy over 1 s, or 60 s). Median of the rounds.",
     rec.prompts, table.concat(rec.prompt_tokens, " / "))
   L[#L + 1] = ""
-  L[#L + 1] = "| pause_at | max_new | round | rows paused | prefix tokens | prefix s | prefill s (ratio) | of it the prompts s | replay s (ratio) | state s (ratio) |"
-  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---|---:|---|---|"
+  L[#L + 1] = "| pause_at | max_new | round | cores busy before | rows paused | prefix tokens | prefix s | prefill s (ratio) | of it the prompts s | replay s (ratio) | state s (ratio) |"
+  L[#L + 1] = "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"
   for _, p in ipairs(rec.pause_resume.levels) do
     for i, r in ipairs(p.rounds) do
-      L[#L + 1] = fmt("| %d | %d | %d | %d | %d | %.3f | %.3f (%.3f) | %.3f | %.3f (%.3f) | %.4f (%.4f) |", p.pause_at,
-        p.max_new, i, r.rows, r.prefix_tokens, r.prefix_s, r.modes.prefill.resume_s, r.modes.prefill.ratio,
+      L[#L + 1] = fmt("| %d | %d | %d | %s | %d | %d | %.3f | %.3f (%.3f) | %.3f | %.3f (%.3f) | %.4f (%.4f) |", p.pause_at,
+        p.max_new, i, r.busy_before and fmt("%.2f", r.busy_before) or "-", r.rows, r.prefix_tokens, r.prefix_s,
+        r.modes.prefill.resume_s, r.modes.prefill.ratio,
         r.modes.prefill.prompts_s or 0, r.modes.replay.resume_s, r.modes.replay.ratio, r.modes.state.resume_s,
         r.modes.state.ratio)
     end
@@ -543,6 +549,7 @@ return {
   prompts = 2,                  -- countdown prompts per rollout
   max_new = 48,                 -- sampled tokens per row at most
   pause_at = "24,64",           -- the pause budgets: about this many sampled tokens per row (one measurement each)
+  wait = true,                  -- wait for an idle machine before each pause round
   probe_steps = 20,             -- decode steps timed by the batched-forward probe
   tide_threads = "1,2",         -- tide's thread counts tried each round ("" = the engine's default); its fastest counts
   torch_threads = "1,2",        -- PyTorch's thread counts tried each round; its fastest counts
