@@ -38,6 +38,19 @@ void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes);
 /* copy n bytes from src (in cache) to dst (not) with non-temporal stores, then a store fence; serial (a caller
    inside a parallel region copies its own part) */
 void tide_cpu_copy_stream(void *dst, const void *src, size_t n);
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+/* one 64-byte line from src to dst (64-byte aligned) with non-temporal stores; the caller fences */
+static inline void tide_cpu_stream_line(void *dst, const void *src)
+{
+#if defined(__AVX512F__)
+    _mm512_stream_si512(dst, _mm512_loadu_si512(src));
+#else
+    _mm256_stream_si256((__m256i *)dst, _mm256_loadu_si256((const __m256i *)src));
+    _mm256_stream_si256((__m256i *)dst + 1, _mm256_loadu_si256((const __m256i *)src + 1));
+#endif
+}
+#endif
 int tide_cpu_copy(void *out, int odtype, const int64_t *ostride, const void *x, int xdtype, const int64_t *xstride, int ndim, const int64_t *shape);
 int tide_cpu_randn(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);
 int tide_cpu_rand(void *out, int dtype, int64_t n, uint64_t seed, uint64_t offset, double a, double b);

@@ -179,14 +179,7 @@ void tide_cpu_copy_stream(void *dst, const void *src, size_t n)
     s += head;
     n -= head;
     size_t body = n & ~(size_t)63;
-    for (size_t i = 0; i < body; i += 64) {
-#if defined(__AVX512F__)
-        _mm512_stream_si512((void *)(d + i), _mm512_loadu_si512((const void *)(s + i)));
-#else
-        _mm256_stream_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
-        _mm256_stream_si256((__m256i *)(d + i) + 1, _mm256_loadu_si256((const __m256i *)(s + i) + 1));
-#endif
-    }
+    for (size_t i = 0; i < body; i += 64) tide_cpu_stream_line(d + i, s + i);
     memcpy(d + body, s + body, n - body);
     _mm_sfence();
 #else

@@ -22,14 +22,7 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
 {
 #if defined(__AVX512F__) || defined(__AVX2__)
     if (((uintptr_t)dst & 63) == 0 && n % TMM_VL == 0) {
-        for (int64_t i = 0; i < n; i += TMM_VL) {
-#if defined(__AVX512F__)
-            _mm512_stream_si512((void *)(dst + i), _mm512_loadu_si512((const void *)(src + i)));
-#else
-            _mm256_stream_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
-            _mm256_stream_si256((__m256i *)(dst + i) + 1, _mm256_loadu_si256((const __m256i *)(src + i) + 1));
-#endif
-        }
+        for (int64_t i = 0; i < n; i += TMM_VL) tide_cpu_stream_line(dst + i, src + i);
         return;
     }
 #endif
