@@ -34,6 +34,11 @@ static inline double ar_exp_f64(double x) { return exp(x); }
    product of two floats is exact in double, so only q's fma rounds differently from a multiply and an add; the
    fma is explicit, never left to the compiler's contraction). f32 blocks of 8 rows under AVX-512: the rows in
    the 8 lanes of a double vector (each lane its row's chain), the floats transposed 8 x 8 on the way in */
+#if defined(__FMA__) || defined(__AVX512F__)
+#define AR_FMA(x, y, acc) fma(x, y, acc)
+#else
+#define AR_FMA(x, y, acc) ((acc) + (x) * (y))   /* no fused multiply-add in hardware: not libm's software fma */
+#endif
 #define DEFINE_AR_CHAINS(TT, SFX)                                                                             \
 static void ar_chains_generic_##SFX(const TT *x0, const TT *y0, int64_t nb, int64_t d, const double *a,      \
                                     double *p, double *q)                                                     \
@@ -44,10 +49,14 @@ static void ar_chains_generic_##SFX(const TT *x0, const TT *y0, int64_t nb, int6
         const TT *y_0 = y0 ? y0 + u * d : x_0, *y_1 = y_0 + d, *y_2 = y_1 + d, *y_3 = y_2 + d;                \
         double p0 = 0, p1 = 0, p2 = 0, p3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0;                                \
         for (int64_t c = 0; c < d; c++) {                                                                     \
-            p0 = fma((double)y_0[c], (double)x_0[c], p0); q0 = fma(a[c], (double)x_0[c], q0);                 \
-            p1 = fma((double)y_1[c], (double)x_1[c], p1); q1 = fma(a[c], (double)x_1[c], q1);                 \
-            p2 = fma((double)y_2[c], (double)x_2[c], p2); q2 = fma(a[c], (double)x_2[c], q2);                 \
-            p3 = fma((double)y_3[c], (double)x_3[c], p3); q3 = fma(a[c], (double)x_3[c], q3);                 \
+            p0 = AR_FMA((double)y_0[c], (double)x_0[c], p0);                                                  \
+            q0 = AR_FMA(a[c], (double)x_0[c], q0);                                                            \
+            p1 = AR_FMA((double)y_1[c], (double)x_1[c], p1);                                                  \
+            q1 = AR_FMA(a[c], (double)x_1[c], q1);                                                            \
+            p2 = AR_FMA((double)y_2[c], (double)x_2[c], p2);                                                  \
+            q2 = AR_FMA(a[c], (double)x_2[c], q2);                                                            \
+            p3 = AR_FMA((double)y_3[c], (double)x_3[c], p3);                                                  \
+            q3 = AR_FMA(a[c], (double)x_3[c], q3);                                                            \
         }                                                                                                     \
         p[u] = p0, p[u + 1] = p1, p[u + 2] = p2, p[u + 3] = p3;                                               \
         q[u] = q0, q[u + 1] = q1, q[u + 2] = q2, q[u + 3] = q3;                                               \
@@ -55,7 +64,10 @@ static void ar_chains_generic_##SFX(const TT *x0, const TT *y0, int64_t nb, int6
     for (; u < nb; u++) {                                                                                     \
         const TT *x = x0 + u * d, *y = y0 ? y0 + u * d : x;                                                   \
         double pu = 0, qu = 0;                                                                                \
-        for (int64_t c = 0; c < d; c++) { pu = fma((double)y[c], (double)x[c], pu); qu = fma(a[c], (double)x[c], qu); } \
+        for (int64_t c = 0; c < d; c++) {                                                                     \
+            pu = AR_FMA((double)y[c], (double)x[c], pu);                                                      \
+            qu = AR_FMA(a[c], (double)x[c], qu);                                                              \
+        }                                                                                                     \
         p[u] = pu, q[u] = qu;                                                                                 \
     }                                                                                                         \
 }

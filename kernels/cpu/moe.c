@@ -339,9 +339,9 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
     if (check_blas_range("moe_experts", R, d_in, d_e, d_out)) return -1;
     size_t es = esz(dtype);
     /* a tile's gathered rows, pre, h and y: its thread's block of engine scratch (cached blocks, so a training step
-       does not fault fresh pages in). The products write pre and y there, in the cache (OpenBLAS zeroes C before a
-       beta = 0 product: on the saved tensors that read every line from memory first), and the tile streams them out
-       to the saved tensors with non-temporal stores */
+       does not fault fresh pages in). When the saved pre and y are MOE_STREAM_MIN or more, the products write them
+       there, in the cache (OpenBLAS zeroes C before a beta = 0 product: on the saved tensors that read every line
+       from memory first), and the tile streams them out with non-temporal stores; smaller ones are written in place */
     size_t each = ((size_t)TILE_ROWS * (size_t)(d_in + d_e + 2 * d_e + d_out) * es + 63) & ~(size_t)63;
     char *blk = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)team_size() * each);
     row_tile *tl = blk ? row_tiles(off, n, &nt) : NULL;
