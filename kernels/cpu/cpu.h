@@ -35,6 +35,11 @@ int tide_cpu_fill(void *out, int dtype, int64_t n, double value);
    non-temporal stores (elementwise.c), which skip reading each line before its write */
 void tide_cpu_zero_rows(void *p, int64_t M, size_t row_bytes, size_t ld_bytes);
 #define TIDE_CPU_ZERO_STREAM_MIN ((size_t)4 << 20)
+/* the lines of [p, p + bytes) into the cache ahead of a read (a row gathered from memory) */
+static inline void tide_cpu_prefetch_bytes(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+}
 /* copy n bytes from src (in cache) to dst (not) with non-temporal stores, then a store fence; serial (a caller
    inside a parallel region copies its own part) */
 void tide_cpu_copy_stream(void *dst, const void *src, size_t n);

@@ -35,8 +35,7 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
    whole chunk's rows fills the line-fill buffers and stalls the pipeline as surely as the misses did. */
 #define KDA_PREFETCH_ROW(base, row, H, h, d)                                                                   \
     do {                                                                                                       \
-        const char *p_ = (const char *)((base) + ((row) * (H) + (h)) * (d));                                   \
-        for (int64_t o_ = 0; o_ < (int64_t)((d) * sizeof(T)); o_ += 64) __builtin_prefetch(p_ + o_, 0, 3);      \
+        tide_cpu_prefetch_bytes((base) + ((row) * (H) + (h)) * (d), (size_t)(d) * sizeof(T));                 \
     } while (0)
 
 /* Σ a[i] b[i] in order, each product rounded before it is added (no fused multiply-add), and acc[i] += a[i] b[i]

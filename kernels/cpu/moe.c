@@ -387,12 +387,6 @@ int tide_cpu_moe_experts(int dtype, void *out, int64_t *route, void *pre, void *
 #define DY_GROUP 8
 #define DY_CHUNK 64
 
-/* the lines of a row about to be read from memory */
-static inline void prefetch_row(const void *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
-}
-
 /* backward through the same permutation (§8): dY = p ⊙ du (gathered), dp = du · Y, then per segment
    dh = dY Wd, dWd = dYᵀ h, dpre = act'(dh), dWgu = dpreᵀ X, dX = dpre Wgu; dx[t] = Σ_slot dX[pos(t, slot)] in
    slot order. dWgu / dWd are overwritten (experts with no rows get 0). */
@@ -410,7 +404,7 @@ static inline void prefetch_row(const void *p, size_t bytes)
         for (int64_t g0 = r0; g0 < r0 + rows; g0 += DY_GROUP) {                                             \
             int64_t ng = r0 + rows - g0 < DY_GROUP ? r0 + rows - g0 : DY_GROUP;                             \
             for (int64_t r = g0 + DY_GROUP; r < g0 + DY_GROUP + ng && r < r0 + rows; r++)                   \
-                prefetch_row(du + (perm[r] / k) * d, (size_t)d * sizeof(T));                                \
+                tide_cpu_prefetch_bytes(du + (perm[r] / k) * d, (size_t)d * sizeof(T));                                \
             for (int64_t j = 0; j < ng; j++) {                                                              \
                 int64_t a = perm[g0 + j];                                                                   \
                 const T *dur = du + (a / k) * d;                                                            \
