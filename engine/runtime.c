@@ -40,6 +40,7 @@ void tide_set_num_threads(int n) { tide_cpu_set_threads(n); }
 int tide_set_batch_invariant(int on) { return tide_cpu_set_batch_invariant(on); }
 int tide_batch_invariant(void) { return tide_cpu_batch_invariant(); }
 const char *tide_blas_info(void) { return tide_cpu_blas_info(); }
+const char *tide_blas_core_hint(void) { return tide_cpu_blas_core_hint(); }
 
 int tide_cuda_device_count(void)
 {

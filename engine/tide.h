@@ -161,6 +161,9 @@ void tide_set_num_threads(int n);
 int tide_set_batch_invariant(int on);
 int tide_batch_invariant(void);
 const char *tide_blas_info(void);                           /* e.g. "OpenBLAS 0.3.21 Haswell openmp" */
+/* the OpenBLAS kernels (an OPENBLAS_CORETYPE name) this CPU should load instead of the generic fallback OpenBLAS
+   chose, NULL when OPENBLAS_CORETYPE is set or the detected kernels stand; read by the tide executable at start */
+const char *tide_blas_core_hint(void);
 int tide_cuda_available(void);                              /* 1 when built with CUDA and a GPU is present */
 int tide_cuda_device_count(void);
 const char *tide_cuda_info(void);                           /* build/runtime summary, never NULL */

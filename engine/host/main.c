@@ -323,23 +323,41 @@ static int run(lua_State *L, int argc, char **argv)
     return code;
 }
 
-/* OpenMP worker threads that spin between parallel regions take the cores away from everything else
+/* The environment the libraries read once, when they are loaded, before main runs; when it needs a change the
+   executable sets it and re-executes itself once (TIDE_NO_REEXEC marks the second start; "spin" while the spin
+   below is ours).
+
+   OpenMP worker threads that spin between parallel regions take the cores away from everything else
    on the machine (a second process, or OpenBLAS and the main thread under load): libgomp's default (about
    300,000 spins, a few ms) measured 10x slower training steps on 2 cores. Workers that never spin (PASSIVE)
    sleep in the kernel after every parallel region, and waking them costs more than a small op: the
    quickstart model's step at 2,048 tokens took 0.129 s passive and 0.102 s with a short spin (GOMP_SPINCOUNT
    = 3000, tens of microseconds), while two such processes sharing the 2 cores took 0.309 s passive and 0.357 s
-   with that spin per 4,096-token step (a spin of 20,000 doubled it). libgomp reads both variables once, when it is loaded, before main
-   runs, so when the user has chosen neither we set PASSIVE with the short spin and re-execute ourselves once
-   (libgomp also cuts the spin to 100 when it has more threads than CPUs). */
-static void ensure_passive_openmp(char **argv)
+   with that spin per 4,096-token step (a spin of 20,000 doubled it). So when the user has chosen neither we set
+   PASSIVE with the short spin (libgomp also cuts the spin to 100 when it has more threads than CPUs).
+
+   OpenBLAS falls back to its generic SSE3 kernels on a CPU model newer than the library (tide_blas_core_hint:
+   4.6x slower sgemm on an AVX-512 Xeon that Debian 12's OpenBLAS does not know); OPENBLAS_CORETYPE then names
+   the kernels that fit the CPU's vector units. The processes tide starts inherit it (a PyTorch baseline on the
+   same OpenBLAS gets the same kernels). */
+static void ensure_runtime_env(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("TIDE_NO_REEXEC")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    setenv("GOMP_SPINCOUNT", "3000", 1);
-    setenv("TIDE_NO_REEXEC", "spin", 1);
+    if (getenv("TIDE_NO_REEXEC")) return;
+    int spin = 0, again = 0;
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        setenv("GOMP_SPINCOUNT", "3000", 1);
+        spin = again = 1;
+    }
+    const char *core = tide_blas_core_hint();
+    if (core) {
+        setenv("OPENBLAS_CORETYPE", core, 1);
+        again = 1;
+    }
+    if (!again) return;
+    setenv("TIDE_NO_REEXEC", spin ? "spin" : "1", 1);
     execv("/proc/self/exe", argv);
-    /* exec failed (no /proc): carry on with the default policy */
+    /* exec failed (no /proc): carry on as loaded */
 }
 
 /* after the re-exec libgomp has read the spin: the processes tide starts (a PyTorch baseline, a helper) see
@@ -354,7 +372,7 @@ static void forget_spin(void)
 
 int main(int argc, char **argv)
 {
-    ensure_passive_openmp(argv);
+    ensure_runtime_env(argv);
     forget_spin();
     /* past a file-size limit (ulimit -f) write() then fails with EFBIG, reported like a full disk, instead of
        SIGXFSZ killing the process with no message in the middle of a save */

@@ -185,6 +185,8 @@ static inline void tide_cpu_relax(void)
 void tide_cpu_set_threads(int n);
 int tide_cpu_get_threads(void);
 const char *tide_cpu_blas_info(void);
+const char *tide_cpu_blas_core_choice(const char *detected, int avx512, int avx2_fma, int avx);
+const char *tide_cpu_blas_core_hint(void);
 
 /* test hook (kda.c): (I + A)⁻¹ of a strictly lower-triangular c x c matrix, f64 only; method 0 = forward
    substitution (the kernel's), 1 = the nilpotent product (I − A)(I + A²)(I + A⁴)… */

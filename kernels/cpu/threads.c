@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <omp.h>
 #include <cblas.h>
 #include "cpu.h"
@@ -71,6 +72,46 @@ int tide_cpu_get_threads(void)
 {
     pthread_once(&g_once, init_once);
     return g_threads;
+}
+
+/* OpenBLAS's dynamic-arch build picks its kernels from the CPU model at load. A model newer than the library
+   (Debian 12's 0.3.21 on an Emerald Rapids Xeon, model 207) falls back to the generic Prescott (SSE3) kernels:
+   sgemm at 65 GFLOP/s on 2 cores where the SkylakeX kernels run 300. OPENBLAS_CORETYPE names the kernels to load
+   instead, read once at load; the tide executable sets it and re-executes itself (engine/host/main.c).
+   tide_cpu_blas_core_choice: the kernels a CPU with these vector units should get when OpenBLAS detected
+   `detected`: NULL when that is already right (a detected core other than a generic fallback is OpenBLAS's own
+   judgement and kept) or when the CPU has nothing wider than SSE. */
+const char *tide_cpu_blas_core_choice(const char *detected, int avx512, int avx2_fma, int avx)
+{
+    static const char *const generic[] = { "Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Katmai",
+                                           "Coppermine", "Northwood", "Banias" };
+    if (!detected) return NULL;
+    int fallback = 0;
+    for (size_t i = 0; i < sizeof generic / sizeof generic[0]; i++)
+        if (strcasecmp(detected, generic[i]) == 0) fallback = 1;
+    if (!fallback) return NULL;
+    if (avx512) return "SkylakeX";
+    if (avx2_fma) return "Haswell";
+    if (avx) return "Sandybridge";
+    return NULL;
+}
+
+/* the choice for this process: NULL when OPENBLAS_CORETYPE is already set (the user's, or ours after the
+   re-execution) or nothing better fits. avx512 means F, BW, DQ and VL (SkylakeX's kernels use all four);
+   __builtin_cpu_supports also checks that the OS saves the vector state. */
+const char *tide_cpu_blas_core_hint(void)
+{
+    if (getenv("OPENBLAS_CORETYPE")) return NULL;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    int avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int avx = __builtin_cpu_supports("avx");
+    return tide_cpu_blas_core_choice(openblas_get_corename(), avx512, avx2_fma, avx);
+#else
+    return NULL;
+#endif
 }
 
 const char *tide_cpu_blas_info(void)

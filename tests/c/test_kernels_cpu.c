@@ -1217,6 +1217,33 @@ static void test_threads(int initial)
     printf("threads %d, %s\n", initial, info);
 }
 
+/* ---- the OpenBLAS kernels for a CPU that OpenBLAS did not recognise ----------------------------------------
+   Only a generic fallback core is replaced, by the widest kernels the CPU's vector units run; a core OpenBLAS chose
+   itself stays, whatever the vector units. */
+static void test_blas_core_choice(void)
+{
+    static const struct { const char *detected; int avx512, avx2_fma, avx; const char *want; } cases[] = {
+        { "Prescott", 1, 1, 1, "SkylakeX" },   { "prescott", 1, 1, 1, "SkylakeX" }, { "Prescott", 0, 1, 1, "Haswell" },
+        { "Prescott", 0, 0, 1, "Sandybridge" }, { "Prescott", 0, 0, 0, NULL },      { "Core2", 0, 1, 1, "Haswell" },
+        { "Nehalem", 1, 1, 1, "SkylakeX" },    { "Penryn", 0, 0, 1, "Sandybridge" }, { "Haswell", 1, 1, 1, NULL },
+        { "SkylakeX", 1, 1, 1, NULL },         { "Zen", 0, 1, 1, NULL },            { "Sandybridge", 0, 1, 1, NULL },
+        { "Cooperlake", 1, 1, 1, NULL },       { NULL, 1, 1, 1, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = tide_cpu_blas_core_choice(cases[i].detected, cases[i].avx512, cases[i].avx2_fma, cases[i].avx);
+        int same = got && cases[i].want ? strcmp(got, cases[i].want) == 0 : got == cases[i].want;
+        CHECK(same, "blas core choice for %s (avx512 %d, avx2+fma %d, avx %d): %s, expected %s",
+              cases[i].detected ? cases[i].detected : "(null)", cases[i].avx512, cases[i].avx2_fma, cases[i].avx,
+              got ? got : "(null)", cases[i].want ? cases[i].want : "(null)");
+    }
+    /* the process's own hint: none once OPENBLAS_CORETYPE is set (the user's choice, or the executable's) */
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+    CHECK(tide_cpu_blas_core_hint() == NULL, "core hint with OPENBLAS_CORETYPE set: %s", tide_cpu_blas_core_hint());
+    if (env) setenv("OPENBLAS_CORETYPE", env, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+}
+
 /* ---- first_nonfinite over many buffers, against a per-buffer reference ----------------------------------
    Sizes straddle the chunk size (65,536); each round plants one non-finite value (a NaN with an odd payload,
    an infinity, a bf16 NaN) at a random place of a random buffer, sometimes two, and checks the smallest failing
@@ -1297,6 +1324,7 @@ int main(void)
     test_first_nonfinite();
     tide_cpu_set_threads(threads);
     test_threads(threads);
+    test_blas_core_choice();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -45,6 +45,34 @@ T.test("tide info prints the build summary", function()
   contains(tide_cmd("help"), "info                          version, build type and commit, threads, BLAS, CUDA, MPI, LuaJIT, memory")
 end)
 
+T.test("the executable's start-up environment: OpenBLAS kernels that fit the CPU, the user's choices kept", function()
+  -- a fresh start (the test runner's own environment has both already set)
+  local fresh = "env -u TIDE_NO_REEXEC -u OPENBLAS_CORETYPE -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT"
+  local function core_of(out) return out:match("blas%s+OpenBLAS [%d.]+ (%S+)") end
+  local out, code = tide_cmd("info", fresh)
+  T.eq(code, 0, out)
+  local core = core_of(out)
+  T.ok(core, "a blas line naming the core:\n" .. out)
+  local f = io.open("/proc/cpuinfo")
+  local flags = f and (f:read("*a"):match("\nflags%s*:([^\n]*)") or "") or ""
+  if f then f:close() end
+  local function has(x) return flags:find(" " .. x .. " ", 1, true) or flags:find(" " .. x .. "$") end
+  local generic = { Prescott = true, Core2 = true, Penryn = true, Dunnington = true, Nehalem = true }
+  if has("avx2") and has("fma") then
+    T.ok(not generic[core], "an AVX2 CPU runs OpenBLAS's generic kernels: " .. core)
+  end
+  -- an OPENBLAS_CORETYPE of the user's stands
+  out, code = tide_cmd("info", fresh .. " OPENBLAS_CORETYPE=Prescott")
+  T.eq(code, 0, out)
+  T.eq(core_of(out), "Prescott", out)
+  -- as do the user's OpenMP settings, whether or not the executable starts again for the BLAS kernels
+  local probe = write("env_probe.lua", "print('env', os.getenv('OMP_WAIT_POLICY'), os.getenv('GOMP_SPINCOUNT'))\nos.exit(0)\n")
+  out = tide_cmd("run " .. probe, fresh .. " OMP_WAIT_POLICY=ACTIVE")
+  contains(out, "env\tACTIVE\tnil")
+  out = tide_cmd("run " .. probe, fresh)
+  contains(out, "env\tPASSIVE\tnil")   -- ours: the short spin read at load, then left out of the children's
+end)
+
 T.test("require 'tide' works from a plain luajit with the library path set", function()
   local root = exe:gsub("/[^/]*/tide$", "")            -- <repo>/build/tide -> <repo>
   local lib = exe:gsub("/tide$", "/libtide.so")
