@@ -356,6 +356,13 @@ static void ensure_runtime_env(char **argv)
     }
     if (!again) return;
     setenv("TIDE_NO_REEXEC", spin ? "spin" : "1", 1);
+    /* by its real path, so the process keeps its name (ps, top and perf show "tide", not "exe") */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
     execv("/proc/self/exe", argv);
     /* exec failed (no /proc): carry on as loaded */
 }

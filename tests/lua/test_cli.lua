@@ -71,6 +71,9 @@ T.test("the executable's start-up environment: OpenBLAS kernels that fit the CPU
   contains(out, "env\tACTIVE\tnil")
   out = tide_cmd("run " .. probe, fresh)
   contains(out, "env\tPASSIVE\tnil")   -- ours: the short spin read at load, then left out of the children's
+  -- the started-again process keeps its name (ps, top, perf)
+  local comm = write("comm_probe.lua", "local f = io.open('/proc/self/comm')\nprint('comm', f and f:read('*l'))\nos.exit(0)\n")
+  contains(tide_cmd("run " .. comm, fresh), "comm\ttide")
 end)
 
 T.test("require 'tide' works from a plain luajit with the library path set", function()
