@@ -7,6 +7,8 @@
 # under the temporary folder; the wall time, the final loss and the recall rows are read from its output.
 # Writes bench/results/quickstart_e2e.md and .json (RESULTS to change the folder) and prints the table.
 # Environment: BUILD_DIR (this tree's build, default build; built here when its tide is missing), JOBS (default 2).
+# Both builds run on the same OpenBLAS kernels: the OPENBLAS_CORETYPE this tree's executable would choose (tide info)
+# is exported for both, unless one is set already (an older BASE does not replace OpenBLAS's generic fallback itself).
 set -eu
 
 base=${1:-074ec3c}
@@ -35,6 +37,11 @@ if [ ! -x "$build/tide" ]; then
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$build" -j "$jobs" --target tide_exe >/dev/null
 fi
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    core=$(env -u TIDE_NO_REEXEC "$build/tide" info | awk '$1 == "blas" { print $4 }')
+    if [ -n "$core" ]; then export OPENBLAS_CORETYPE="$core"; fi
+fi
+echo "quickstart_e2e: OpenBLAS kernels ${OPENBLAS_CORETYPE:-as detected} for both builds" >&2
 echo "quickstart_e2e: building $base in a temporary worktree" >&2
 git -C "$root" worktree add --detach "$tmp/base" "$base_full" >/dev/null 2>&1
 cmake -S "$tmp/base" -B "$tmp/base/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
