@@ -343,6 +343,7 @@ static int run(lua_State *L, int argc, char **argv)
 static void ensure_runtime_env(char **argv)
 {
     if (getenv("TIDE_NO_REEXEC")) return;
+    unsetenv("TIDE_BLAS_FALLBACK");   /* ours alone: set below when this start replaces OpenBLAS's choice */
     int spin = 0, again = 0;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
@@ -351,6 +352,12 @@ static void ensure_runtime_env(char **argv)
     }
     const char *core = tide_blas_core_hint();
     if (core) {
+        /* what OpenBLAS chose itself, for `tide info` */
+        const char *info = tide_blas_info(), *sp = strchr(info, ' ');
+        sp = sp ? strchr(sp + 1, ' ') : NULL;     /* "OpenBLAS <version> <core> (...)" */
+        char detected[64] = "";
+        if (sp) sscanf(sp + 1, "%63s", detected);
+        setenv("TIDE_BLAS_FALLBACK", detected[0] ? detected : "generic", 1);
         setenv("OPENBLAS_CORETYPE", core, 1);
         again = 1;
     }

@@ -690,7 +690,10 @@ function M.info()
   print("tide " .. i.version)
   print("  build     " .. i.build)
   print(string.format("  threads   %d", i.threads))
-  print("  blas      " .. i.blas)
+  local fallback = os.getenv("TIDE_BLAS_FALLBACK")
+  print("  blas      " .. i.blas .. (fallback and fallback ~= "" and os.getenv("OPENBLAS_CORETYPE")
+    and string.format(" (OPENBLAS_CORETYPE=%s set at start: OpenBLAS had fallen back to %s on this CPU)",
+      os.getenv("OPENBLAS_CORETYPE"), fallback) or ""))
   print(string.format("  cuda      %s (%d device%s) %s", i.cuda and "available" or "not available",
                       i.cuda_devices, i.cuda_devices == 1 and "" or "s", i.cuda_info))
   print("  mpi       " .. (i.mpi and "available" or "not available"))

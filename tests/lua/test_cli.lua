@@ -61,10 +61,14 @@ T.test("the executable's start-up environment: OpenBLAS kernels that fit the CPU
   if has("avx2") and has("fma") then
     T.ok(not generic[core], "an AVX2 CPU runs OpenBLAS's generic kernels: " .. core)
   end
+  -- tide info says when the kernels are the executable's choice, and over what
+  local said = out:match("OPENBLAS_CORETYPE=(%S+) set at start: OpenBLAS had fallen back to (%S+) on this CPU")
+  if said then T.eq(said, core, out) end
   -- an OPENBLAS_CORETYPE of the user's stands
   out, code = tide_cmd("info", fresh .. " OPENBLAS_CORETYPE=Prescott")
   T.eq(code, 0, out)
   T.eq(core_of(out), "Prescott", out)
+  T.ok(not out:find("set at start", 1, true), "the user's own OPENBLAS_CORETYPE reported as the executable's:\n" .. out)
   -- as do the user's OpenMP settings, whether or not the executable starts again for the BLAS kernels
   local probe = write("env_probe.lua", "print('env', os.getenv('OMP_WAIT_POLICY'), os.getenv('GOMP_SPINCOUNT'))\nos.exit(0)\n")
   out = tide_cmd("run " .. probe, fresh .. " OMP_WAIT_POLICY=ACTIVE")
