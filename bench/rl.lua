@@ -15,7 +15,7 @@
 --   3. pause/resume (tide only), at each prefix length of --pause_at: rows paused at a token budget (about
 --      `pause_at` tokens each; max_new at least twice that), then resumed in each resume_mode ("prefill", "replay",
 --      "state"); the resume cost is the resume call's wall time less the one token each resumed row samples before it
---      pauses again (its forward time from the state path's counters); ratio = resume cost / the time the paused
+--      pauses again (the state path's forward time: one batched step of the resumed rows); ratio = resume cost / the time the paused
 --      rows' prefixes took to sample (the budgeted call's wall time, pro rata of the paused rows' share of its
 --      sampled tokens). Both sides include the prompt prefills (once per group), so short prefixes are bounded by them.
 --      Each round waits for an idle machine first (a resume is one call of tens of milliseconds: a moment of other
@@ -146,14 +146,16 @@ local function pause_round(m, tok, cfg, seed, pause_at)
     raw[mode] = { wall = w, forwards = st2.forwards, t_forward = st2.t_forward, resumed = st2.resumed,
       prompts = st2.t_resume_prompts }
   end
-  -- the state path's forwards are the one decode per row alone
-  local d = raw.state.t_forward / math.max(raw.state.forwards, 1)
+  -- the state path's forwards are the one token each row samples before it pauses again, and nothing else: those
+  -- forwards' time (one batched step of the R rows; rl.rollout steps the rows that sampled a token together) is
+  -- what every mode spends past its resume
+  local d = raw.state.t_forward
   for mode, x in pairs(raw) do
-    local cost = math.max(x.wall - R * d, 0)
+    local cost = math.max(x.wall - d, 0)
     r.modes[mode] = { wall_s = x.wall, resume_s = cost, ratio = cost / prefix_s, forwards = x.forwards,
       resumed = x.resumed, prompts_s = x.prompts }
   end
-  r.decode_s_per_row = d
+  r.decode_s = d
   return r
 end
 
