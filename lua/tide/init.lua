@@ -58,6 +58,18 @@ end
 tide.C = C
 tide.version = ffi.string(C.tide_version())
 
+-- OpenBLAS on a CPU model newer than the library runs its generic kernels; the tide executable sets
+-- OPENBLAS_CORETYPE before the library loads (engine/host/main.c), a plain luajit cannot: say so, once
+if not tide.in_host and not rawget(_G, "__tide_blas_hint_said") then
+  local hint = C.tide_blas_core_hint()
+  if hint ~= nil then
+    rawset(_G, "__tide_blas_hint_said", true)
+    io.stderr:write(string.format("tide: OpenBLAS runs its generic kernels on this CPU (%s; the CPU model is newer "
+      .. "than the library): export OPENBLAS_CORETYPE=%s before starting luajit for several times faster matrix "
+      .. "products (the tide executable sets it itself)\n", ffi.string(C.tide_blas_info()), ffi.string(hint)))
+  end
+end
+
 -- ---- reading files ------------------------------------------------------------------------------------
 -- tide.read_file(path, max_bytes) -> the whole file as a string, or nil and one line naming the file and what is
 -- wrong: it is missing, it is not a regular file (a FIFO, a device, a directory: refused without blocking), or it

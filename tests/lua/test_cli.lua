@@ -96,6 +96,20 @@ print(string.format("plain %g %g", y:item(), x:grad():totable()[3]))
   local out = p:read("*a")
   p:close()
   contains(out, "plain 14 6")
+  -- without OPENBLAS_CORETYPE, on a CPU whose model OpenBLAS does not know, the plain luajit says what to export
+  local p2 = io.popen("env -u OPENBLAS_CORETYPE " .. cmd)
+  local out2 = p2:read("*a")
+  p2:close()
+  contains(out2, "plain 14 6")
+  local fresh = tide_cmd("info", "env -u TIDE_NO_REEXEC -u OPENBLAS_CORETYPE")
+  local want = fresh:match("OPENBLAS_CORETYPE=(%S+) set at start")
+  if want then
+    contains(out2, "tide: OpenBLAS runs its generic kernels on this CPU")
+    contains(out2, "export OPENBLAS_CORETYPE=" .. want .. " before starting luajit")
+  else
+    T.ok(not out2:find("generic kernels", 1, true), "a hint where OpenBLAS chose its own kernels:\n" .. out2)
+  end
+  T.ok(not out:find("generic kernels", 1, true), "a hint with OPENBLAS_CORETYPE set:\n" .. out)
 end)
 
 T.test("a recipe with a syntax error reports file:line", function()
