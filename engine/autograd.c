@@ -176,6 +176,58 @@ static int region_add(tide_region *r, tide_node *n)
     return 0;
 }
 
+/* ---- the op profiler (tide_profile_*) ---------------------------------------------------------------
+   Per op and kind (forward, backward, recompute replay): calls and self time, the host wall time inside the call
+   less the time of the ops it ran itself (a backward that runs matmuls counts the rest of its own work; the
+   matmuls count as matmul). The engine's ops run on the thread that drives it, so plain statics do. */
+enum { PROF_FWD, PROF_BWD, PROF_REPLAY, PROF_KINDS };
+enum { PROF_DEPTH = 64 };
+static int g_prof;
+static double g_prof_self[TIDE_OP_COUNT][PROF_KINDS];
+static int64_t g_prof_calls[TIDE_OP_COUNT][PROF_KINDS];
+static double g_prof_child[PROF_DEPTH];
+static int g_prof_depth;
+
+static double prof_begin(void)
+{
+    if (g_prof_depth < PROF_DEPTH) g_prof_child[g_prof_depth] = 0;
+    g_prof_depth++;
+    return tide_time_now();
+}
+
+static void prof_end(int op, int kind, double t0)
+{
+    double el = tide_time_now() - t0;
+    g_prof_depth--;
+    double child = g_prof_depth < PROF_DEPTH ? g_prof_child[g_prof_depth] : 0;
+    g_prof_self[op][kind] += el - child;
+    g_prof_calls[op][kind]++;
+    if (g_prof_depth > 0 && g_prof_depth - 1 < PROF_DEPTH) g_prof_child[g_prof_depth - 1] += el;
+}
+
+int tide_profile_set(int on)
+{
+    int prev = g_prof;
+    g_prof = on != 0;
+    return prev;
+}
+
+void tide_profile_reset(void)
+{
+    memset(g_prof_self, 0, sizeof g_prof_self);
+    memset(g_prof_calls, 0, sizeof g_prof_calls);
+}
+
+int tide_profile_read(int op, double *seconds, int64_t *calls)
+{
+    if (op < 0 || op >= TIDE_OP_COUNT) return tide_set_error("profile_read: op %d out of range [0, %d)", op, TIDE_OP_COUNT);
+    for (int k = 0; k < PROF_KINDS; k++) {
+        if (seconds) seconds[k] = g_prof_self[op][k];
+        if (calls) calls[k] = g_prof_calls[op][k];
+    }
+    return 0;
+}
+
 int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out, const tide_attrs *attr)
 {
     if (op < 0 || op >= TIDE_OP_COUNT) return tide_set_error("unknown op id %d", op);
@@ -193,7 +245,10 @@ int tide_op_run(int op, int n_in, tide_tensor **in, int n_out, tide_tensor **out
 
     int prev = g_grad_enabled;
     g_grad_enabled = 0;
+    int prof = g_prof;
+    double t0 = prof ? prof_begin() : 0;
     int rc = def->forward(n, in, out);
+    if (prof) prof_end(op, PROF_FWD, t0);
     g_grad_enabled = prev;
     if (rc) {
         for (int k = 0; k < n_out; k++) { tide_tensor_release(out[k]); out[k] = NULL; }
@@ -375,7 +430,12 @@ static int replay_region(tide_region *r)
             m->replay_out = calloc((size_t)m->n_out + 1, sizeof *m->replay_out);
             if (!m->replay_out) rc = tide_set_error("out of memory replaying a recompute region");
         }
-        if (!rc) rc = tide_op_defs[m->op].forward(m, in, m->replay_out);
+        if (!rc) {
+            int prof = g_prof;
+            double t0 = prof ? prof_begin() : 0;
+            rc = tide_op_defs[m->op].forward(m, in, m->replay_out);
+            if (prof) prof_end(m->op, PROF_REPLAY, t0);
+        }
         if (in != ins) free(in);
         if (rc) return -1;
     }
@@ -483,7 +543,10 @@ int tide_backward(tide_tensor *loss, const tide_tensor *grad)
             if (!gin) rc = tide_set_error("backward: out of memory");
             if (!rc) {
                 for (int i = 0; i < m->n_in; i++) gin[i] = NULL;
+                int prof = g_prof;
+                double t0 = prof ? prof_begin() : 0;
                 rc = def->backward(m, m->out_grad, gin);
+                if (prof) prof_end(m->op, PROF_BWD, t0);
                 for (int i = 0; i < m->n_in; i++) {
                     if (!gin[i]) continue;
                     if (!rc && m->in_needs_grad[i]) {

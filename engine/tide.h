@@ -600,6 +600,12 @@ void tide_dist_finalize(void);
 /* ---- op registry (for tests, the REPL and tools) --------------------------------------------------- */
 int tide_op_count(void);
 const char *tide_op_name(int op);
+/* the op profiler (tide.profile): per op, calls and self seconds (host wall time inside the op less the ops it ran
+   itself; on CUDA the launch, the kernels run asynchronously) of its forwards, backwards and recompute replays, in
+   that order in seconds[3] / calls[3]. Off by default; set returns the previous state */
+int tide_profile_set(int on);
+void tide_profile_reset(void);
+int tide_profile_read(int op, double *seconds, int64_t *calls);
 
 /* TIDE_CDEF_END */
 

@@ -217,6 +217,70 @@ function tide.info()
   }
 end
 
+-- ---- the op profiler ----------------------------------------------------------------------------------------
+-- tide.profile(fn, ...) -> report, fn's results: the engine's ops while fn runs, per op its calls and self time
+-- (host wall time inside the op less the ops it ran itself) as forward, backward and recompute replay:
+--   report.ops = { {name, total_s, fwd_s, fwd_calls, bwd_s, bwd_calls, replay_s, replay_calls}, ... } (largest
+--   first), report.ops_s (their sum), report.wall_s (fn's wall time: the rest is Lua, the optimiser's update and
+--   other engine calls that are not ops; gradient sums in the backward count as add), report:table(n) the n largest
+--   as text. On CUDA an op's time is its launch (the kernels run asynchronously). Not nested.
+local ProfileReport = {}
+ProfileReport.__index = ProfileReport
+
+function ProfileReport:table(n)
+  n = n or 20
+  local L = { string.format("%-24s %10s %6s %20s %20s %20s", "op", "total ms", "share", "forward ms (calls)",
+    "backward ms (calls)", "recompute ms (calls)") }
+  local function cell(s, c) return c > 0 and string.format("%10.2f (%7d)", s * 1e3, c) or string.format("%20s", "-") end
+  for i = 1, math.min(n, #self.ops) do
+    local e = self.ops[i]
+    L[#L + 1] = string.format("%-24s %10.2f %5.1f%% %s %s %s", e.name, e.total_s * 1e3,
+      self.wall_s > 0 and 100 * e.total_s / self.wall_s or 0, cell(e.fwd_s, e.fwd_calls), cell(e.bwd_s, e.bwd_calls),
+      cell(e.replay_s, e.replay_calls))
+  end
+  L[#L + 1] = string.format("ops %.2f ms of %.2f ms wall (%d ops listed of %d); the rest: Lua, the optimiser's update, "
+    .. "engine calls that are not ops", self.ops_s * 1e3, self.wall_s * 1e3, math.min(n, #self.ops), #self.ops)
+  return table.concat(L, "\n")
+end
+
+function tide.profile(fn, ...)
+  if type(fn) ~= "function" then error("profile: expected a function to run, got " .. type(fn), 2) end
+  local prev = C.tide_profile_set(1)
+  if prev ~= 0 then
+    C.tide_profile_set(prev)
+    error("profile: a profile is already running (tide.profile does not nest)", 2)
+  end
+  C.tide_profile_reset()
+  local t0 = tide.time()
+  local res = { n = 0 }
+  local function keep(ok, ...)
+    res.ok, res.n = ok, select("#", ...)
+    for i = 1, res.n do res[i] = select(i, ...) end
+  end
+  keep(pcall(fn, ...))
+  local wall = tide.time() - t0
+  C.tide_profile_set(0)
+  if not res.ok then error(res[1], 0) end
+  local secs, calls = ffi.new("double[3]"), ffi.new("int64_t[3]")
+  local ops, sum = {}, 0
+  for i = 0, C.tide_op_count() - 1 do
+    C.tide_profile_read(i, secs, calls)
+    local c0, c1, c2 = tonumber(calls[0]), tonumber(calls[1]), tonumber(calls[2])
+    if c0 + c1 + c2 > 0 then
+      local e = { name = ffi.string(C.tide_op_name(i)), fwd_s = secs[0], fwd_calls = c0, bwd_s = secs[1], bwd_calls = c1,
+        replay_s = secs[2], replay_calls = c2 }
+      e.total_s = e.fwd_s + e.bwd_s + e.replay_s
+      sum = sum + e.total_s
+      ops[#ops + 1] = e
+    end
+  end
+  table.sort(ops, function(a, b)
+    if a.total_s ~= b.total_s then return a.total_s > b.total_s end
+    return a.name < b.name
+  end)
+  return setmetatable({ ops = ops, ops_s = sum, wall_s = wall }, ProfileReport), unpack(res, 1, res.n)
+end
+
 -- ---- lazily loaded submodules ------------------------------------------------------------------------
 -- (a module that is missing or broken raises its require error on first access, not at require "tide")
 local lazy = {

@@ -3,6 +3,7 @@
 local T = require "tide.testing"
 local tide = require "tide"
 local F = tide.F
+local fmt = string.format
 
 local function leaf(v) return tide.tensor(v, { dtype = "f64", requires_grad = true }) end
 
@@ -121,6 +122,45 @@ T.test("gradcheck of softmax, rmsnorm and attention", function()
   local k = tide.randn({1, 2, 3, 4}, { dtype = "f64", requires_grad = true })
   local v = tide.randn({1, 2, 3, 4}, { dtype = "f64", requires_grad = true })
   T.gradcheck(function(a, b, c) return F.attention(a, b, c, { causal = true }) end, {q, k, v})
+end)
+
+T.test("tide.profile: each op's forward, backward and recompute calls, self times, fn's results and errors", function()
+  local x, w1, b1, w2, tg = mlp_params()
+  local r, a, b, c = tide.profile(function()
+    local loss = tide.recompute(mlp, x, w1, b1, w2, tg)
+    loss:backward()
+    return "kept", nil, 3
+  end)
+  T.eq(a, "kept"); T.eq(b, nil); T.eq(c, 3)
+  local by = {}
+  for _, e in ipairs(r.ops) do by[e.name] = e end
+  -- two Linears: each forward once, replayed once (the recompute region), its backward once, and that backward's
+  -- products as matmul calls of their own (dx for the second layer only: x needs no gradient)
+  T.ok(by.linear, "linear profiled:\n" .. r:table())
+  T.eq(by.linear.fwd_calls, 2)
+  T.eq(by.linear.replay_calls, 2)
+  T.eq(by.linear.bwd_calls, 2)
+  T.ok(by.matmul and by.matmul.fwd_calls >= 3, "the backward's products count as matmul:\n" .. r:table())
+  T.eq(by.matmul.bwd_calls, 0)
+  local sum, prev = 0, math.huge
+  for _, e in ipairs(r.ops) do
+    for _, k in ipairs({ "fwd_s", "bwd_s", "replay_s" }) do T.ok(e[k] >= 0, e.name .. " " .. k .. " " .. e[k]) end
+    T.ok(e.total_s <= prev, "largest first")
+    prev = e.total_s
+    sum = sum + e.total_s
+  end
+  T.near(r.ops_s, sum, 1e-12)
+  T.ok(r.ops_s <= r.wall_s, fmt("self times %.6f s within the wall %.6f s", r.ops_s, r.wall_s))
+  T.ok(r:table(3):find("linear", 1, true), r:table(3))
+  -- off again: ops after it are not counted
+  T.eq(tide.C.tide_profile_set(0), 0)
+  -- an error inside propagates and leaves the profiler off; a profile does not nest
+  T.raises(function() tide.profile(function() error("inside", 0) end) end, "inside")
+  T.eq(tide.C.tide_profile_set(0), 0)
+  T.raises(function() tide.profile(function() tide.profile(function() end) end) end, "does not nest")
+  T.raises(function() tide.profile(42) end, "expected a function")
+  local r2 = tide.profile(function() return (w1 * 2):sum() end)
+  T.eq(#r2.ops, 2, r2:table())
 end)
 
 T.test("backward errors are clear", function()
