@@ -43,6 +43,15 @@ static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : ex
 #define sigm_f32 sigmoid_f64x
 #define sigm_f64 sigm
 
+/* the backward's way out when an allocation fails: what it holds so far freed (NULL: nothing) */
+static int conv_backward_oom(double *ga, double *wt, double *acc)
+{
+    tide_scratch_free(TIDE_CPU_DEVICE, ga);
+    free(wt);
+    free(acc);
+    return tide_set_error("causal_conv1d backward: out of memory");
+}
+
 #define DEFINE_CONV(TT, SFX)                                                                                  \
 /* tap j of token p = (b, t) reads one row of C channels: x's row p - (K-1) + j inside the segment, else the   \
    cache's row of the same offset when the segment is the row's first, else zeros (NULL) */                   \
@@ -145,8 +154,11 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
                                int64_t C, int64_t K, int silu)                                                \
 {                                                                                                             \
     /* ga = dL/d(pre-activation), the pre-activation recomputed row by row as in the forward */               \
-    double *ga = malloc((size_t)(n * C > 0 ? n * C : 1) * sizeof *ga), *wt = transposed_##SFX(w, C, K);       \
-    if (!ga || !wt) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }   \
+    /* ga (n·C doubles) from the engine's pool: a block of that size from malloc can be fresh pages (faults and  \
+       zeroing) at every call */                                                                              \
+    double *ga = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)(n * C > 0 ? n * C : 1) * sizeof *ga);           \
+    double *wt = ga ? transposed_##SFX(w, C, K) : NULL;                                                       \
+    if (!ga || !wt) return conv_backward_oom(ga, wt, NULL);                                                   \
     int bad = 0;                                                                                              \
     _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
     {                                                                                                         \
@@ -166,7 +178,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
         }                                                                                                     \
         free(a);                                                                                              \
     }                                                                                                         \
-    if (bad) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }          \
+    if (bad) return conv_backward_oom(ga, wt, NULL);                                                          \
     /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment, taps in order */        \
     if (gx) {                                                                                                 \
         _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
@@ -188,7 +200,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
             }                                                                                                 \
             free(s);                                                                                          \
         }                                                                                                     \
-        if (bad) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }      \
+        if (bad) return conv_backward_oom(ga, wt, NULL);                                                      \
     }                                                                                                         \
     /* cache slot m holds time m − (K−1) of row b; token t of the row's first segment reads it at tap j = m − t */ \
     if (gcache) {                                                                                             \
@@ -209,7 +221,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
        between the cores at every token), copied into acc at the end. */                                       \
     if (gw) {                                                                                                 \
         double *acc = calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc);                                   \
-        if (!acc) { free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); }     \
+        if (!acc) return conv_backward_oom(ga, wt, NULL);                                                     \
         _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
         {                                                                                                     \
             int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
@@ -229,12 +241,12 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
             for (int64_t j = 0; my && j < K; j++) memcpy(acc + j * C + c0, my + j * w_, (size_t)w_ * sizeof *my); \
             free(my);                                                                                         \
         }                                                                                                     \
-        if (bad) { free(acc); free(ga); free(wt); return tide_set_error("causal_conv1d backward: out of memory"); } \
+        if (bad) return conv_backward_oom(ga, wt, acc);                                                       \
         for (int64_t c = 0; c < C; c++)                                                                       \
             for (int64_t j = 0; j < K; j++) gw[c * K + j] = (TT)acc[j * C + c];                               \
         free(acc);                                                                                            \
     }                                                                                                         \
-    free(ga);                                                                                                 \
+    tide_scratch_free(TIDE_CPU_DEVICE, ga);                                                                   \
     free(wt);                                                                                                 \
     return 0;                                                                                                 \
 }
