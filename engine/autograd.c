@@ -220,7 +220,8 @@ void tide_profile_reset(void)
 
 int tide_profile_read(int op, double *seconds, int64_t *calls)
 {
-    if (op < 0 || op >= TIDE_OP_COUNT) return tide_set_error("profile_read: op %d out of range [0, %d)", op, TIDE_OP_COUNT);
+    if (op < 0 || op >= TIDE_OP_COUNT)
+        return tide_set_error("profile_read: op %d out of range [0, %d)", op, TIDE_OP_COUNT);
     for (int k = 0; k < PROF_KINDS; k++) {
         if (seconds) seconds[k] = g_prof_self[op][k];
         if (calls) calls[k] = g_prof_calls[op][k];

@@ -352,12 +352,19 @@ static void ensure_runtime_env(char **argv)
     }
     const char *core = tide_blas_core_hint();
     if (core) {
-        /* what OpenBLAS chose itself, for `tide info` */
-        const char *info = tide_blas_info(), *sp = strchr(info, ' ');
-        sp = sp ? strchr(sp + 1, ' ') : NULL;     /* "OpenBLAS <version> <core> (...)" */
-        char detected[64] = "";
-        if (sp) sscanf(sp + 1, "%63s", detected);
-        setenv("TIDE_BLAS_FALLBACK", detected[0] ? detected : "generic", 1);
+        /* what OpenBLAS chose itself, for `tide info`: the word before " (" in "OpenBLAS <version> <core> (...)" */
+        const char *info = tide_blas_info(), *par = strstr(info, " (");
+        char detected[64] = "generic";
+        if (par) {
+            const char *w = par;
+            while (w > info && w[-1] != ' ') w--;
+            size_t len = (size_t)(par - w);
+            if (len > 0 && len < sizeof detected) {
+                memcpy(detected, w, len);
+                detected[len] = '\0';
+            }
+        }
+        setenv("TIDE_BLAS_FALLBACK", detected, 1);
         setenv("OPENBLAS_CORETYPE", core, 1);
         again = 1;
     }

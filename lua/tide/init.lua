@@ -267,8 +267,8 @@ function tide.profile(fn, ...)
     C.tide_profile_read(i, secs, calls)
     local c0, c1, c2 = tonumber(calls[0]), tonumber(calls[1]), tonumber(calls[2])
     if c0 + c1 + c2 > 0 then
-      local e = { name = ffi.string(C.tide_op_name(i)), fwd_s = secs[0], fwd_calls = c0, bwd_s = secs[1], bwd_calls = c1,
-        replay_s = secs[2], replay_calls = c2 }
+      local e = { name = ffi.string(C.tide_op_name(i)), fwd_s = secs[0], fwd_calls = c0, bwd_s = secs[1],
+        bwd_calls = c1, replay_s = secs[2], replay_calls = c2 }
       e.total_s = e.fwd_s + e.bwd_s + e.replay_s
       sum = sum + e.total_s
       ops[#ops + 1] = e
