@@ -29,6 +29,8 @@ usage: tide <command> [arguments]
       --check                   fail (exit 1) when the recipe's `expect` bounds are missed (else a warning)
       --dry-run                 load and patch the recipe, print its plan (a curriculum) or the resulting
                                 config, run nothing
+      --profile[=N]             at the end, the N (25) ops that took the most time (tide.profile: calls and self
+                                time as forward, backward and recompute, and what the ops left to Lua)
       --stage=NAME              (curricula) start at stage NAME, from the --resume checkpoint if given
       --scale=NAME              (curricula) a recipe-defined scale, e.g. --scale=tiny
       --out=DIR --seed=N --threads=N   cfg.out / cfg.seed / cfg.threads (seed and threads act at once)
@@ -53,7 +55,7 @@ end
 
 -- top-level keys a flag may set even when the recipe does not define them
 M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true,
-  overwrite = true, check = true }
+  overwrite = true, check = true, profile = true }
 
 local UsageError = { __tostring = function(e) return e.msg end }
 -- one line whatever the user typed: control characters echoed from an argument are shown escaped
@@ -505,7 +507,8 @@ function M.recipe_help(path, cfg)
   end
   walk(cfg, "", {})
   lines[#lines + 1] = "  (any other key of the config schema may be set too, e.g. --train.quiet=true; flags: --resume[=DIR]"
-  lines[#lines + 1] = "   --overwrite --check --dry-run --out=DIR --seed=N --threads=N; curricula: --stage=NAME --scale=NAME)"
+  lines[#lines + 1] = "   --overwrite --check --dry-run --profile[=N] --out=DIR --seed=N --threads=N; curricula: --stage=NAME"
+  lines[#lines + 1] = "   --scale=NAME)"
   return table.concat(lines, "\n")
 end
 
@@ -549,13 +552,24 @@ function M.run(args)
     print("return " .. M.dump(cfg))
     return 0
   end
-  local r
-  if type(cfg.run) == "function" then
-    r = cfg.run(cfg)
-  else
+  local function go()
+    if type(cfg.run) == "function" then return cfg.run(cfg) end
     local train = require "tide.train"
-    if type(train) == "table" and type(train.run) == "function" then r = train.run(cfg)
-    else r = train(cfg) end
+    if type(train) == "table" and type(train.run) == "function" then return train.run(cfg) end
+    return train(cfg)
+  end
+  local r
+  if cfg.profile ~= nil and cfg.profile ~= false then
+    if cfg.profile ~= true then flag("profile", options.pos_int) end
+    local report
+    report, r = tide.profile(go)
+    -- one table per job: rank 0's
+    if tide.C.tide_dist_active() == 0 or tide.C.tide_dist_rank() == 0 then
+      print(string.format("profile (--profile): the %d ops that took the most time", cfg.profile == true and 25 or cfg.profile))
+      print(report:table(cfg.profile == true and 25 or cfg.profile))
+    end
+  else
+    r = go()
   end
   return type(r) == "number" and r or 0
 end

@@ -140,6 +140,34 @@ return {
   contains(out, path .. ":4: stage exploded at step 2")
 end)
 
+T.test("--profile[=N]: the run's ops that took the most time, after the run; a bad N is one clear line", function()
+  local path = write("profiled.lua", [[
+local tide = require "tide"
+return {
+  run = function()
+    local x = tide.randn({8, 4}, {requires_grad = true})
+    local w = tide.randn({3, 4}, {requires_grad = true})
+    tide.F.linear(x, w):sum():backward()
+    print("ran")
+    return 0
+  end,
+}
+]])
+  local out, code = tide_cmd("run " .. path .. " --profile=2")
+  T.eq(code, 0, out)
+  T.ok(out:find("ran\nprofile (--profile): the 2 ops that took the most time\n", 1, true), out)
+  T.ok(out:find("\nlinear%s+[%d.]+%s+[%d.]+%%%s+[%d.]+ %(%s*1%)%s+[%d.]+ %(%s*1%)"), "linear's forward and backward, once each:\n" .. out)
+  T.ok(out:match("ops [%d.]+ ms of [%d.]+ ms wall %(2 ops listed of %d+%)"), out)
+  out, code = tide_cmd("run " .. path .. " --profile")
+  T.eq(code, 0, out)
+  contains(out, "the 25 ops that took the most time")
+  out, code = tide_cmd("run " .. path)
+  T.ok(not out:find("profile", 1, true), out)
+  out, code = tide_cmd("run " .. path .. " --profile=0")
+  T.eq(code, 1, out)
+  contains(out, "--profile must be a positive integer")
+end)
+
 T.test("a tensor error in a recipe points at the recipe's line", function()
   local path = write("tensor_error.lua", [[
 local tide = require "tide"
