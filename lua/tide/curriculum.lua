@@ -55,7 +55,7 @@ local TOP = {
   expect = true, scales = true, on_nonfinite = true, results = true,
   -- set by the command line (--resume, --stage=NAME, --scale=NAME, --dry-run, --out, --seed, --threads)
   resume = true, stage = true, scale = true, scale_applied = true, dry_run = true, out = true, seed = true,
-  threads = true, overwrite = true, check = true,
+  threads = true, overwrite = true, check = true, profile = true,
   -- the tokenizer: "byte" (the default: byte level with the model's vocab_size) or the path of a tokenizer.json
   tokenizer = true,
   -- set by Curriculum()

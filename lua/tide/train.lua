@@ -43,7 +43,7 @@ local TOP = {
   name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true, dist = true,
   sample = true, on_nonfinite = true, resume = true, run = true, loss = true, expect = true,
   -- set by the command line (--out, --seed, --threads, --dry-run); they override train.out/seed/threads
-  out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true,
+  out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true, profile = true,
 }
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
 local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true, tokenizer = true }

@@ -301,6 +301,19 @@ T.test("patch() keeps types and accepts the top-level flags", function()
   T.raises(function() cli.patch(cfg, "stepz", "1") end, "unknown recipe key 'stepz'")
 end)
 
+T.test("every driver's config takes every command-line flag (tide.train, curricula, the RL loop)", function()
+  local drivers = { ["tide.train"] = require("tide.train").KEYS.top, ["tide.curriculum"] = require("tide.curriculum").KEYS.top,
+    ["tide.rl.loop"] = require("tide.rl.loop").KEYS.top }
+  for name, top in pairs(drivers) do
+    for flag in pairs(cli.TOP_LEVEL_FLAGS) do
+      -- scale and stage steer a curriculum (a shortened scale, a stage to start at); the others are every driver's
+      if (flag ~= "scale" and flag ~= "stage") or name == "tide.curriculum" then
+        T.ok(top[flag], name .. " refuses the flag --" .. flag:gsub("_", "-"))
+      end
+    end
+  end
+end)
+
 T.test("REPL evaluates expressions, continues incomplete chunks and reports errors", function()
   local input = write("repl_input.txt", table.concat({
     "1 + 2",
