@@ -186,16 +186,28 @@ local function scale_with_steps(cfg, node, parts, old, new, explicit, notes)
       targets[#targets + 1] = { t = cfg.schedule, k = k, path = "schedule." .. k, below = k == "warmup" and new or new + 1 }
     end
   end
+  local by = {}
   for _, x in ipairs(targets) do
     local v = x.t[x.k]
     if type(v) == "number" and not explicit[M.canonical_key(cfg, x.path)] then
-      local scaled = math.floor(v * new / old + 0.5)
-      if scaled >= x.below then scaled = math.max(x.below - 1, 0) end
-      if scaled ~= v then
-        x.t[x.k] = scaled
-        notes[#notes + 1] = string.format("note: %s %d -> %d (scaled with %s %d -> %d; set --%s to choose)", x.path, v,
-          scaled, table.concat(parts, "."), old, new, x.path)
-      end
+      x.v, x.scaled = v, math.floor(v * new / old + 0.5)
+      if x.scaled >= x.below then x.scaled = math.max(x.below - 1, 0) end
+    end
+    by[x.k] = x
+  end
+  -- the schedule's order survives the rounding (warmup <= decay_start < decay_end: 480 and 600 of 600 steps are
+  -- both 2 of 2): a scaled decay_start moves below decay_end, then a scaled warmup down to decay_start
+  local function val(x) return x and (x.scaled or x.t[x.k]) end
+  local w, st, en = by.warmup, by.decay_start, by.decay_end
+  if st and st.scaled and type(val(en)) == "number" and st.scaled >= val(en) then
+    st.scaled = math.max(val(en) - 1, 0)
+  end
+  if w and w.scaled and type(val(st)) == "number" and w.scaled > val(st) then w.scaled = val(st) end
+  for _, x in ipairs(targets) do
+    if x.scaled and x.scaled ~= x.v then
+      x.t[x.k] = x.scaled
+      notes[#notes + 1] = string.format("note: %s %d -> %d (scaled with %s %d -> %d; set --%s to choose)", x.path, x.v,
+        x.scaled, table.concat(parts, "."), old, new, x.path)
     end
   end
 end

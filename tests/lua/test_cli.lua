@@ -372,6 +372,15 @@ T.test("override UX: stages by name, warmups scaled with steps, schema keys, --h
   -- tide.train: the schedule's warmup and decay window follow train.steps
   cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.steps", text = "60" } })
   T.eq({ cfg.schedule.warmup, cfg.schedule.decay_start, cfg.schedule.decay_end }, { 3, 48, 60 })
+  -- a run so short that the window rounds shut (480 and 600 of 600 are both 2 of 2) keeps its order, which
+  -- tide.train requires (warmup <= decay_start < decay_end); what the command line sets stands
+  for _, c in ipairs({ { "2", { 0, 1, 2 } }, { "1", { 0, 0, 1 } }, { "3", { 0, 2, 3 } } }) do
+    cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.steps", text = c[1] } })
+    T.eq({ cfg.schedule.warmup, cfg.schedule.decay_start, cfg.schedule.decay_end }, c[2], "train.steps " .. c[1])
+  end
+  cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.steps", text = "2" },
+    { key = "schedule.decay_start", text = "2" } })
+  T.eq(cfg.schedule.decay_start, 2, "an explicit decay_start is left for the driver to judge")
   -- keys of the schema the recipe does not spell out
   cfg = cli.load_recipe("recipes/dense.lua", { { key = "train.quiet", text = "true" }, { key = "model.norm_eps", text = "1e-6" } })
   T.eq({ cfg.train.quiet, cfg.model.norm_eps }, { true, 1e-6 })
