@@ -54,8 +54,7 @@ function M.usage()
 end
 
 -- top-level keys a flag may set even when the recipe does not define them
-M.TOP_LEVEL_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, stage = true, scale = true,
-  overwrite = true, check = true, profile = true }
+M.TOP_LEVEL_FLAGS = require("tide.options").with_run_flags({ stage = true, scale = true })
 
 local UsageError = { __tostring = function(e) return e.msg end }
 -- one line whatever the user typed: control characters echoed from an argument are shown escaped

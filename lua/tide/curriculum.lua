@@ -49,13 +49,12 @@ local F = tide.F
 local fmt = string.format
 local curriculum = {}
 
-local TOP = {
+local TOP = options.with_run_flags {
   name = true, description = true, model = true, optim = true, tokens_per_step = true, micro_tokens = true,
   sources = true, stages = true, val = true, evals = true, hooks = true, train = true, parallel = true, dist = true,
   expect = true, scales = true, on_nonfinite = true, results = true,
-  -- set by the command line (--resume, --stage=NAME, --scale=NAME, --dry-run, --out, --seed, --threads)
-  resume = true, stage = true, scale = true, scale_applied = true, dry_run = true, out = true, seed = true,
-  threads = true, overwrite = true, check = true, profile = true,
+  -- set by the command line besides the flags of every driver (options.RUN_FLAGS)
+  stage = true, scale = true, scale_applied = true,
   -- the tokenizer: "byte" (the default: byte level with the model's vocab_size) or the path of a tokenizer.json
   tokenizer = true,
   -- set by Curriculum()

@@ -162,4 +162,13 @@ function options.deep_copy(v)
   return out
 end
 
+-- the config keys the command line sets for every driver (tide run --resume, --dry-run, --out, --seed, --threads,
+-- --overwrite, --check, --profile): with_run_flags(keys) adds them to a driver's top-level keys and returns it
+options.RUN_FLAGS = { resume = true, dry_run = true, out = true, seed = true, threads = true, overwrite = true,
+  check = true, profile = true }
+function options.with_run_flags(keys)
+  for k in pairs(options.RUN_FLAGS) do keys[k] = true end
+  return keys
+end
+
 return options

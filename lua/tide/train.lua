@@ -39,11 +39,10 @@ local SECTIONS = {
   expect = { final_loss_below = true },
   dist = dist.KEYS,
 }
-local TOP = {
+-- and the command line's flags (options.RUN_FLAGS): --out, --seed, --threads override train.out/seed/threads
+local TOP = options.with_run_flags {
   name = true, description = true, model = true, data = true, optim = true, schedule = true, train = true, dist = true,
-  sample = true, on_nonfinite = true, resume = true, run = true, loss = true, expect = true,
-  -- set by the command line (--out, --seed, --threads, --dry-run); they override train.out/seed/threads
-  out = true, seed = true, threads = true, dry_run = true, overwrite = true, check = true, profile = true,
+  sample = true, on_nonfinite = true, run = true, loss = true, expect = true,
 }
 -- packed data: documents of named sources (tide.data.sources) packed into rows of seq_len, as a curriculum stage
 local PACKED = { sources = true, mix = true, seq_len = true, batch_size = true, seed = true, tokenizer = true }

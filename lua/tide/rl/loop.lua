@@ -38,10 +38,9 @@ local fmt = string.format
 local WHO = "rl"
 local function bad(msg, level) options.fail(WHO, msg, level) end
 
-local TOP = { kind = true, run = true, plan = true, name = true, description = true, model = true, init = true,
-  tokenizer = true, sft = true, rl = true, optim = true, train = true, expect = true, resume = true, dry_run = true,
-  out = true, seed = true, threads = true, overwrite = true, check = true, profile = true, on_nonfinite = true,
-  dist = true }
+local TOP = options.with_run_flags { kind = true, run = true, plan = true, name = true, description = true,
+  model = true, init = true, tokenizer = true, sft = true, rl = true, optim = true, train = true, expect = true,
+  on_nonfinite = true, dist = true }
 local SFT = { steps = true, rows = true, lr = true, seed = true, data = true }
 local RL = { env = true, env_cfg = true, objective = true, iterations = true, prompts = true, G = true, max_new = true,
   max_turns = true, temperature = true, top_k = true, top_p = true, lr = true, updates = true, eps = true,
