@@ -132,6 +132,17 @@ void tide_rng_set(uint64_t seed, uint64_t offset);
 /* the raw stream, for tests and for Lua-side sampling: n uniforms in [0,1) from (seed, offset) */
 void tide_philox_uniform(uint64_t seed, uint64_t offset, double *out, int64_t n);
 
+/* ---- Quantile Balancing's host arithmetic (spec/moe.md §4.1; engine/balance.c), on row-major double arrays ---- */
+/* mu [m·n] = s − c_t, c_t the (k+1)-th largest s_t + b over the experts allowed[t·n + j] != 0 (allowed NULL: all) */
+int tide_qb_margins(const double *s, const double *b, int64_t m, int64_t n, int64_t k, const uint8_t *allowed,
+                    double *mu);
+/* theta [n]: column j's (1 − k/n) quantile of mu, linearly interpolated / its bare (⌊m·k/n⌋ + 1)-th largest */
+int tide_qb_theta_exact(const double *mu, int64_t m, int64_t n, int64_t k, double *theta);
+int tide_qb_theta_order_statistic(const double *mu, int64_t m, int64_t n, int64_t k, double *theta);
+/* counts [n·bins] of the required bias −mu over [lo, hi) in uniform bins, the values outside in the edge bins */
+int tide_qb_histogram(const double *mu, int64_t m, int64_t n, double lo, double hi, int64_t bins, int64_t *counts,
+                      int64_t *clamped);
+
 /* ---- memory ---------------------------------------------------------------------------------- */
 typedef struct tide_memory_stats {
     int64_t current;              /* bytes held by live storages */

@@ -328,6 +328,95 @@ T.test("QB exact estimator (oracle 5): the interpolated (1 − k/n) column quant
   T.ok(g_exact > 1e-9, "the interpolated quantile leaves a positive gap: " .. g_exact)
 end)
 
+T.test("QB host arithmetic (engine/balance.c) == sort-based Lua references, bitwise: margins (with group masks, " ..
+  "ties), both thresholds, the histogram; bad sizes named", function()
+  local ffi = require "ffi"
+  local seed = 12345
+  local function u01() seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 end
+  local checked = 0
+  for _, shape in ipairs({ { 1, 2, 1 }, { 7, 3, 1 }, { 64, 8, 2 }, { 257, 8, 3 }, { 100, 16, 7 }, { 33, 5, 4 } }) do
+    local m, n, k = shape[1], shape[2], shape[3]
+    for variant = 1, 3 do
+      local s, b = ffi.new("double[?]", m * n), ffi.new("double[?]", n)
+      for i = 0, m * n - 1 do
+        -- variant 2: few distinct values (ties everywhere); 3: wide range
+        s[i] = variant == 2 and math.floor(u01() * 4) / 4 or (variant == 3 and (u01() - 0.5) * 1e6 or u01())
+      end
+      for j = 0, n - 1 do b[j] = variant == 2 and 0 or (u01() - 0.5) * 0.2 end
+      -- a mask allowing k+1 or more experts per token (half the tokens), all of them for the rest
+      local allowed = ffi.new("uint8_t[?]", m * n)
+      for t = 0, m - 1 do
+        local cnt = 0
+        for j = 0, n - 1 do
+          local a = (t % 2 == 0 or u01() < 0.6) and 1 or 0
+          allowed[t * n + j] = a
+          cnt = cnt + a
+        end
+        for j = 0, n - 1 do
+          if cnt >= k + 1 then break end
+          if allowed[t * n + j] == 0 then allowed[t * n + j] = 1; cnt = cnt + 1 end
+        end
+      end
+      for _, mask in ipairs({ false, true }) do
+        local mu = qb.margins(s, b, m, n, k, mask and allowed or nil)
+        local bad = 0
+        for t = 0, m - 1 do
+          local vals = {}
+          for j = 0, n - 1 do
+            if not mask or allowed[t * n + j] ~= 0 then vals[#vals + 1] = s[t * n + j] + b[j] end
+          end
+          table.sort(vals, function(x, y) return x > y end)
+          local c = vals[k + 1]
+          for j = 0, n - 1 do if mu[t * n + j] ~= s[t * n + j] - c then bad = bad + 1 end end
+        end
+        T.eq(bad, 0, fmt("margins m=%d n=%d k=%d variant %d mask %s", m, n, k, variant, tostring(mask)))
+        -- thresholds: the column sorted ascending
+        local th, os_ = qb.theta_exact(mu, m, n, k), qb.theta_order_statistic(mu, m, n, k)
+        local pos = (1 - k / n) * (m - 1)
+        local i = math.floor(pos)
+        local frac = pos - i
+        local r = math.min(math.floor(m * k / n) + 1, m)
+        for j = 0, n - 1 do
+          local col = {}
+          for t = 0, m - 1 do col[t + 1] = mu[t * n + j] end
+          table.sort(col)
+          local lo = col[i + 1]
+          local want = (frac > 0 and i + 1 < m) and lo + frac * (col[i + 2] - lo) or lo
+          T.eq(th[j], want, fmt("theta_exact m=%d n=%d k=%d variant %d column %d", m, n, k, variant, j))
+          T.eq(os_[j], col[m - r + 1], fmt("theta_order_statistic m=%d n=%d k=%d column %d", m, n, k, j))
+        end
+        -- the histogram over a range that clamps some required biases
+        local lo_, hi_ = qb.histogram_range(b, n)
+        if variant == 3 then lo_, hi_ = -1e5, 1e5 end
+        local bins = 37
+        local counts, clamped = qb.histogram(mu, m, n, lo_, hi_, bins)
+        local want, wc = {}, 0
+        for x = 0, n * bins - 1 do want[x] = 0 end
+        local w = (hi_ - lo_) / bins
+        for t = 0, m - 1 do
+          for j = 0, n - 1 do
+            local x = math.floor((-mu[t * n + j] - lo_) / w)
+            if x < 0 then x = 0; wc = wc + 1 elseif x >= bins then x = bins - 1; wc = wc + 1 end
+            want[j * bins + x] = want[j * bins + x] + 1
+          end
+        end
+        local diff = 0
+        for x = 0, n * bins - 1 do if tonumber(counts[x]) ~= want[x] then diff = diff + 1 end end
+        T.eq(diff, 0, fmt("histogram counts m=%d n=%d k=%d variant %d", m, n, k, variant))
+        T.eq(clamped, wc, "histogram clamped count")
+        checked = checked + 1
+      end
+    end
+  end
+  T.eq(checked, 36, "cases checked")
+  -- bad sizes and a mask that allows too few experts: one named error each
+  local s2, b2 = ffi.new("double[?]", 6), ffi.new("double[?]", 3)
+  T.raises(function() qb.margins(s2, b2, 2, 3, 3) end, "qb margins: bad sizes")
+  local few = ffi.new("uint8_t[?]", 6, { 1, 0, 0, 1, 1, 1 })
+  T.raises(function() qb.margins(s2, b2, 2, 3, 1, few) end, "token 0 allows 1 experts, fewer than top_k + 1 = 2")
+  T.raises(function() qb.theta_exact(s2, 0, 3, 1) end, "qb theta: bad sizes")
+end)
+
 T.test("QB f32 and f64 runs on the same batch route identically for 20 alternations (interpolated quantile)", function()
   tide.manual_seed(15)
   local s64 = skewed_batch("f64")

@@ -28,9 +28,22 @@ balance.KINDS = { quantile = true, sign = true, aux = true, seq_aux = true, none
 balance.ESTIMATORS = { auto = true, exact = true, histogram = true, order_statistic = true }
 
 -- ---- plain-array helpers (QB statistics are small: m·n doubles per step) ----------------------------------
+-- f64_buffer(n) -> double[n] from malloc, freed by the collector: not zero-filled (ffi.new's arrays are, which for
+-- the step's [m·n] scores and margins cost as much as the QB arithmetic itself); every user writes it whole
+if not pcall(ffi.typeof, "struct tide_balance_malloc_declared") then
+  ffi.cdef("struct tide_balance_malloc_declared { int unused; };")
+  pcall(ffi.cdef, "void *malloc(size_t size); void free(void *p);")
+end
+local function f64_buffer(n)
+  local p = ffi.C.malloc(math.max(n, 1) * 8)
+  if p == nil then error(fmt("out of memory: a buffer of %d doubles", n), 0) end
+  return ffi.gc(ffi.cast("double *", p), ffi.C.free)
+end
+balance.f64_buffer = f64_buffer
+
 local function read_f64(t)
   local n = t:numel()
-  local buf = F64A(math.max(n, 1))
+  local buf = f64_buffer(n)
   tide.check_status(C.tide_to_f64_buffer(tide.raw(t), buf, n))
   return buf, n
 end
@@ -43,47 +56,16 @@ local function as_array(b, n)      -- a tensor, a 1-based Lua list or a double a
   return a
 end
 
--- the kk-th smallest (0-based) of a[0..n-1]; reorders a (Hoare quickselect, median-of-three pivot)
-local function select_kth(a, n, kk)
-  local lo, hi = 0, n - 1
-  while hi > lo do
-    local x, y, z = a[lo], a[floor((lo + hi) / 2)], a[hi]
-    local pivot = math.max(math.min(x, y), math.min(math.max(x, y), z))
-    local i, j = lo, hi
-    while i <= j do
-      while a[i] < pivot do i = i + 1 end
-      while a[j] > pivot do j = j - 1 end
-      if i <= j then a[i], a[j] = a[j], a[i]; i = i + 1; j = j - 1 end
-    end
-    if kk <= j then hi = j elseif kk >= i then lo = i else return a[kk] end
-  end
-  return a[kk]
-end
-
 -- Quantile Balancing pieces (moe.md §4.1), on double arrays: s [m·n] row-major scores, b [n]
 local qb = {}
 balance.qb = qb
 
 -- margins μ_{t,j} = s_{t,j} − c_t, c_t = the (k+1)-th largest of s_t + b (over the experts allowed[t·n + j] ~= 0
--- when a mask is given: group-limited routing)
+-- when a mask is given: group-limited routing). The loops are C (engine/balance.c), as are the thresholds and the
+-- histogram below: tests/lua/test_moe.lua holds them to Lua references
 function qb.margins(s, b, m, n, k, allowed)
-  local mu, top = F64A(m * n), F64A(k + 1)
-  for t = 0, m - 1 do
-    local row, cnt = t * n, 0
-    for j = 0, n - 1 do
-      if not allowed or allowed[row + j] ~= 0 then
-        local v = s[row + j] + b[j]
-        local i
-        if cnt <= k then i = cnt; cnt = cnt + 1 elseif v > top[k] then i = k end
-        if i then
-          while i > 0 and top[i - 1] < v do top[i] = top[i - 1]; i = i - 1 end
-          top[i] = v
-        end
-      end
-    end
-    local c = top[k]
-    for j = 0, n - 1 do mu[row + j] = s[row + j] - c end
-  end
+  local mu = f64_buffer(m * n)
+  tide.check_status(C.tide_qb_margins(s, b, m, n, k, allowed, mu))
   return mu
 end
 
@@ -117,22 +99,8 @@ end
 -- column sorted ascending x, pos = (1 − k/n)(m − 1), θ = x_⌊pos⌋ + frac(pos)·(x_⌊pos⌋+1 − x_⌊pos⌋). It lies between
 -- the (q+1)-th and the q-th largest margins (q = m·k/n), so the threshold token is not left on its own cutoff.
 function qb.theta_exact(mu, m, n, k)
-  local col, theta = F64A(m), F64A(n)
-  local pos = (1 - k / n) * (m - 1)
-  local i = floor(pos)
-  local frac = pos - i
-  for j = 0, n - 1 do
-    for t = 0, m - 1 do col[t] = mu[t * n + j] end
-    local lo = select_kth(col, m, i)
-    local v = lo
-    if frac > 0 and i + 1 < m then
-      -- select_kth leaves col[i+1..m-1] >= col[i]: their minimum is the (i+1)-th smallest
-      local hi = col[i + 1]
-      for t = i + 2, m - 1 do if col[t] < hi then hi = col[t] end end
-      v = lo + frac * (hi - lo)
-    end
-    theta[j] = v
-  end
+  local theta = F64A(n)
+  tide.check_status(C.tide_qb_theta_exact(mu, m, n, k, theta))
   return theta
 end
 
@@ -140,12 +108,8 @@ end
 -- an order statistic the threshold token sits exactly on its cutoff and the next step routes on ties (§4.1); kept
 -- as estimator = "order_statistic" for studies of that effect.
 function qb.theta_order_statistic(mu, m, n, k)
-  local r = math.min(floor(m * k / n) + 1, m)
-  local col, theta = F64A(m), F64A(n)
-  for j = 0, n - 1 do
-    for t = 0, m - 1 do col[t] = mu[t * n + j] end
-    theta[j] = select_kth(col, m, m - r)
-  end
+  local theta = F64A(n)
+  tide.check_status(C.tide_qb_theta_order_statistic(mu, m, n, k, theta))
   return theta
 end
 
@@ -164,16 +128,9 @@ end
 -- over [lo, hi): bin ⌊(r − lo)/w⌋; required biases outside go to the edge bins and are counted in `clamped`. These
 -- counts (and the token count m) are what the ranks sharing a routing batch all-reduce.
 function qb.histogram(mu, m, n, lo, hi, bins)
-  local counts = ffi.new("int64_t[?]", n * bins)
-  local w, clamped = (hi - lo) / bins, 0
-  for t = 0, m - 1 do
-    for j = 0, n - 1 do
-      local i = floor((-mu[t * n + j] - lo) / w)
-      if i < 0 then i = 0; clamped = clamped + 1 elseif i >= bins then i = bins - 1; clamped = clamped + 1 end
-      counts[j * bins + i] = counts[j * bins + i] + 1
-    end
-  end
-  return counts, clamped
+  local counts, clamped = ffi.new("int64_t[?]", n * bins), ffi.new("int64_t[1]")
+  tide.check_status(C.tide_qb_histogram(mu, m, n, lo, hi, bins, counts, clamped))
+  return counts, tonumber(clamped[0])
 end
 
 -- b̂_j from the (all-reduced) counts of m tokens: the first bin i (ascending r) whose cumulative count reaches ⌈q⌉,

@@ -410,7 +410,7 @@ local function gather_records(self)
   if #recs == 1 then return recs[1].s, recs[1].sel, recs[1].m, recs[1].dropped end
   local m, dropped = 0, 0
   for _, r in ipairs(recs) do m = m + r.m; dropped = dropped + r.dropped end
-  local s, sel = F64A(m * n), F64A(m * k)
+  local s, sel = balance.f64_buffer(m * n), balance.f64_buffer(m * k)
   local off = 0
   for _, r in ipairs(recs) do
     ffi.copy(s + off * n, r.s, r.m * n * 8)
