@@ -31,20 +31,38 @@
 
 /* ---- RMSNorm ------------------------------------------------------------------------------------ */
 
+#define RMS_ROWS 16    /* rows a thread takes at once */
+
 #define DEFINE_RMSNORM(T, SFX)                                                                          \
 static void rmsnorm_##SFX(T *out, T *rstd, const T *x, const T *w, int64_t N, int64_t C, double eps)  \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                \
-    for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = x + n * C;                                                                        \
-        T *yr = out + n * C;                                                                            \
-        double ss = 0.0;                                                                                \
-        _Pragma("omp simd reduction(+:ss)")                                                             \
-        for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * (double)xr[c];                            \
-        double r = 1.0 / sqrt((C > 0 ? ss / (double)C : 0.0) + eps);                                  \
-        rstd[n] = (T)r;                                                                                 \
-        for (int64_t c = 0; c < C; c++)                                                                 \
-            yr[c] = (T)((double)xr[c] * r * (w ? (double)w[c] : 1.0));                                  \
+    _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                    \
+    {                                                                                                   \
+        double rb[RMS_ROWS];                                                                            \
+        _Pragma("omp for schedule(static)")                                                             \
+        for (int64_t n0 = 0; n0 < N; n0 += RMS_ROWS) {                                                  \
+            int64_t nr = N - n0 < RMS_ROWS ? N - n0 : RMS_ROWS;                                         \
+            /* the rows' sums first, then their scales, then the outputs: each row's chain of dependent  \
+               adds, divisions and square root overlaps the next rows' instead of stalling its own output */ \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                const T *xr = x + (n0 + i) * C;                                                         \
+                double ss = 0.0;                                                                        \
+                _Pragma("omp simd reduction(+:ss)")                                                     \
+                for (int64_t c = 0; c < C; c++) ss += (double)xr[c] * (double)xr[c];                    \
+                rb[i] = ss;                                                                             \
+            }                                                                                           \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                rb[i] = 1.0 / sqrt((C > 0 ? rb[i] / (double)C : 0.0) + eps);                            \
+                rstd[n0 + i] = (T)rb[i];                                                                \
+            }                                                                                           \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                const T *xr = x + (n0 + i) * C;                                                         \
+                T *yr = out + (n0 + i) * C;                                                             \
+                double r = rb[i];                                                                       \
+                for (int64_t c = 0; c < C; c++)                                                         \
+                    yr[c] = (T)((double)xr[c] * r * (w ? (double)w[c] : 1.0));                          \
+            }                                                                                           \
+        }                                                                                               \
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
@@ -53,17 +71,29 @@ static void rmsnorm_backward_##SFX(T *dx, T *dw, double *dw_acc, const T *dout, 
                                    const T *w, const T *rstd, int64_t N, int64_t C)                   \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                            \
-        for (int64_t n = 0; n < N; n++) {                                                               \
-            const T *xr = x + n * C, *gr = dout + n * C;                                                \
-            T *dr = dx + n * C;                                                                         \
-            double r = (double)rstd[n], dot = 0.0;                                                      \
-            _Pragma("omp simd reduction(+:dot)")                                                        \
-            for (int64_t c = 0; c < C; c++)                                                             \
-                dot += (double)gr[c] * (w ? (double)w[c] : 1.0) * (double)xr[c];                        \
-            double k = C > 0 ? r * r * r * dot / (double)C : 0.0;                                       \
-            for (int64_t c = 0; c < C; c++)                                                             \
-                dr[c] = (T)(r * (double)gr[c] * (w ? (double)w[c] : 1.0) - k * (double)xr[c]);          \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
+        {                                                                                               \
+            double kb[RMS_ROWS];                                                                        \
+            _Pragma("omp for schedule(static)")                                                         \
+            for (int64_t n0 = 0; n0 < N; n0 += RMS_ROWS) {                                              \
+                int64_t nr = N - n0 < RMS_ROWS ? N - n0 : RMS_ROWS;                                     \
+                /* the rows' dot products first (their add chains overlap), then the outputs */         \
+                for (int64_t i = 0; i < nr; i++) {                                                      \
+                    const T *xr = x + (n0 + i) * C, *gr = dout + (n0 + i) * C;                          \
+                    double r = (double)rstd[n0 + i], dot = 0.0;                                         \
+                    _Pragma("omp simd reduction(+:dot)")                                                \
+                    for (int64_t c = 0; c < C; c++)                                                     \
+                        dot += (double)gr[c] * (w ? (double)w[c] : 1.0) * (double)xr[c];                \
+                    kb[i] = C > 0 ? r * r * r * dot / (double)C : 0.0;                                  \
+                }                                                                                       \
+                for (int64_t i = 0; i < nr; i++) {                                                      \
+                    const T *xr = x + (n0 + i) * C, *gr = dout + (n0 + i) * C;                          \
+                    T *dr = dx + (n0 + i) * C;                                                          \
+                    double r = (double)rstd[n0 + i], k = kb[i];                                         \
+                    for (int64_t c = 0; c < C; c++)                                                     \
+                        dr[c] = (T)(r * (double)gr[c] * (w ? (double)w[c] : 1.0) - k * (double)xr[c]);  \
+                }                                                                                       \
+            }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
     if (dw) {                                                                                           \
