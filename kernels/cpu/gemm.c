@@ -109,6 +109,37 @@ DEFINE_TILE(double, tvd, VLD, f64)
 #undef DEFINE_TILE
 _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 4 vectors");
 
+/* thin panels, for products with few output columns (a gate's N = 2 to 32): IRN rows by NV vectors, NV = 1 or 2,
+   IRN · NV = 16 accumulators as in the 4 x 4 tile. A 4 x 4 tile's 64-float panel computed 62 padded columns for
+   N = 2 (a KDA layer's β projection: 148 us a call at 4,096 tokens). The chains are the same, so the same bits. */
+#define DEFINE_THIN_TILE(T, V, VL, SUF, NV, IRN)                                                              \
+    static void tile_##SUF##_thin##NV(const T *const *a, const T *bp, int64_t K, T *out)                      \
+    {                                                                                                         \
+        V c[IRN][NV];                                                                                         \
+        _Pragma("GCC unroll 16")                                                                              \
+        for (int i = 0; i < IRN; i++)                                                                         \
+            _Pragma("GCC unroll 2")                                                                           \
+            for (int v = 0; v < NV; v++) c[i][v] = (V){0};                                                    \
+        for (int64_t k = 0; k < K; k++) {                                                                     \
+            V b[NV];                                                                                          \
+            _Pragma("GCC unroll 2")                                                                           \
+            for (int v = 0; v < NV; v++) memcpy(&b[v], bp + k * (NV * VL) + v * VL, sizeof b[v]);              \
+            _Pragma("GCC unroll 16")                                                                          \
+            for (int i = 0; i < IRN; i++) {                                                                   \
+                V x = vset_##SUF(a[i][k]);                                                                    \
+                _Pragma("GCC unroll 2")                                                                       \
+                for (int v = 0; v < NV; v++) c[i][v] = vfma_##SUF(x, b[v], c[i][v]);                          \
+            }                                                                                                 \
+        }                                                                                                     \
+        memcpy(out, c, sizeof c);                                                                             \
+    }
+DEFINE_THIN_TILE(float, tvf, VLF, f32, 1, 16)
+DEFINE_THIN_TILE(float, tvf, VLF, f32, 2, 8)
+DEFINE_THIN_TILE(double, tvd, VLD, f64, 1, 16)
+DEFINE_THIN_TILE(double, tvd, VLD, f64, 2, 8)
+#undef DEFINE_THIN_TILE
+enum { IR_MAX = 16 };
+
 /* the packing buffers of a thread (slot 0: op(A)'s rows, 1: op(B)'s panels), kept between calls up to PACK_KEEP
    bytes each: the many small products of a decoding step reuse them instead of a malloc and a free each (a large
    malloc also made glibc consolidate its free small chunks every call). Larger ones are allocated per call. */
@@ -261,22 +292,28 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
         pack_put(0, pa);
         return 0;
     }
-    int64_t PW = dtype == TIDE_F32 ? IV * VLF : IV * VLD, np = (N + PW - 1) / PW, nb = (M + IR - 1) / IR;
+    /* the panel: 4 vectors of columns (4-row tiles), or 1 or 2 when N fits them (16- and 8-row tiles) */
+    int64_t VL = dtype == TIDE_F32 ? VLF : VLD;
+    int nv = N <= VL ? 1 : N <= 2 * VL ? 2 : IV, ir = nv == 1 ? 16 : nv == 2 ? 8 : IR;
+    int64_t PW = nv * VL, np = (N + PW - 1) / PW, nb = (M + ir - 1) / ir;
     void *pb = pack_panels(esz, tb, B, ldb, K, N, PW);
     if (!pb) { pack_put(0, pa); return -1; }
     _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
     for (int64_t t = 0; t < np * nb; t++) {
         /* a row tile's panels one after another: its rows of A stay in L1 and C's rows are written whole (panel by
            panel, each over all the row tiles, ran 20-25% slower at N = 128-320, K = 64) */
-        int64_t p = t % np, i0 = (t / np) * IR, j0 = p * PW;
-        int m = M - i0 < IR ? (int)(M - i0) : IR, n = N - j0 < PW ? (int)(N - j0) : (int)PW;
+        int64_t p = t % np, i0 = (t / np) * ir, j0 = p * PW;
+        int m = M - i0 < ir ? (int)(M - i0) : ir, n = N - j0 < PW ? (int)(N - j0) : (int)PW;
         /* one tile, then its rows into C: alpha · out (+ beta · C), the beta test outside the loops so they vectorise */
 #define TILE_AND_STORE(T, VL, SUF, FMA)                                                                       \
         {                                                                                                     \
-            const T *rows[IR];                                                                                \
+            const T *rows[IR_MAX];                                                                            \
             T out[IR * IV * VL], al = (T)alpha, be = (T)beta;                                                 \
-            for (int i = 0; i < IR; i++) rows[i] = (const T *)a + (i0 + (i < m ? i : m - 1)) * sa;            \
-            tile_##SUF(rows, (const T *)pb + p * K * PW, K, out);                                             \
+            for (int i = 0; i < ir; i++) rows[i] = (const T *)a + (i0 + (i < m ? i : m - 1)) * sa;            \
+            const T *panel = (const T *)pb + p * K * PW;                                                      \
+            if (nv == 1) tile_##SUF##_thin1(rows, panel, K, out);                                             \
+            else if (nv == 2) tile_##SUF##_thin2(rows, panel, K, out);                                        \
+            else tile_##SUF(rows, panel, K, out);                                                             \
             for (int i = 0; i < m; i++) {                                                                     \
                 T *c = (T *)C + (i0 + i) * ldc + j0;                                                          \
                 const T *o = out + i * PW;                                                                    \
