@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 #include "cpu.h"
 #include "fastmath.h"
@@ -26,8 +27,11 @@ static inline double ar_exp_f32(double x) { return exp_f64(x); }
 static inline double ar_exp_f64(double x) { return exp(x); }
 
 /* rows in blocks of AR_RB: a block's row sums (2 chains per row and source, each over c in order) are advanced
-   together, so the chains of the block's rows overlap instead of waiting on each other */
+   together, so the chains of the block's rows overlap instead of waiting on each other. The forward takes two such
+   blocks at once (AR_RB_FWD: 4 chains in flight; with the backward's second operand they no longer fit the
+   registers, and the backward ran slower) */
 #define AR_RB 8
+#define AR_RB_FWD 16
 
 /* The two chains of rows x_u = x0 + u d, u < nb: p[u] = Σ_c y_u[c] x_u[c] (y_u = x_u when y0 is NULL, else
    y0 + u d) and q[u] = Σ_c a[c] x_u[c], each a fused multiply-add chain over c in order from 0, in double (a
@@ -97,10 +101,60 @@ static inline void ar_transpose8(__m256 r[8])
     }
 }
 
-static void ar_chains_f32(const float *x0, const float *y0, int64_t nb, int64_t d, const double *a, double *p,
-                          double *q)
+/* G groups of 8 rows (G = 1 or 2), the groups' chains interleaved: 2G independent chains of fused multiply-adds, so
+   the adds of one wait on the latency of the others less (each chain's order is the same) */
+#define AR_CHAINS_GROUPS(G)                                                                                   \
+    {                                                                                                         \
+        __m512d P[G], Q[G];                                                                                   \
+        for (int g = 0; g < G; g++) P[g] = Q[g] = _mm512_setzero_pd();                                        \
+        int64_t c = 0;                                                                                        \
+        for (; c + 8 <= d; c += 8) {                                                                          \
+            __m256 xr[G][8], yr[G][8];                                                                        \
+            for (int g = 0; g < G; g++) {                                                                     \
+                for (int u = 0; u < 8; u++) xr[g][u] = _mm256_loadu_ps(x0 + (g * 8 + u) * d + c);           \
+                ar_transpose8(xr[g]);                                                                         \
+                if (y0) {                                                                                     \
+                    for (int u = 0; u < 8; u++) yr[g][u] = _mm256_loadu_ps(y0 + (g * 8 + u) * d + c);        \
+                    ar_transpose8(yr[g]);                                                                     \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int k = 0; k < 8; k++) {                                                                     \
+                __m512d av = _mm512_set1_pd(a[c + k]);                                                        \
+                for (int g = 0; g < G; g++) {                                                                 \
+                    __m512d xv = _mm512_cvtps_pd(xr[g][k]), yv = y0 ? _mm512_cvtps_pd(yr[g][k]) : xv;        \
+                    P[g] = _mm512_fmadd_pd(yv, xv, P[g]);                                                     \
+                    Q[g] = _mm512_fmadd_pd(av, xv, Q[g]);                                                     \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; c < d; c++)                                                                                    \
+            for (int g = 0; g < G; g++) {                                                                     \
+                double xs[8], ys[8];                                                                          \
+                for (int u = 0; u < 8; u++) {                                                                 \
+                    xs[u] = x0[(g * 8 + u) * d + c];                                                          \
+                    ys[u] = y0 ? y0[(g * 8 + u) * d + c] : xs[u];                                             \
+                }                                                                                             \
+                __m512d xv = _mm512_loadu_pd(xs), yv = _mm512_loadu_pd(ys);                                   \
+                P[g] = _mm512_fmadd_pd(yv, xv, P[g]);                                                         \
+                Q[g] = _mm512_fmadd_pd(_mm512_set1_pd(a[c]), xv, Q[g]);                                       \
+            }                                                                                                 \
+        for (int g = 0; g < G; g++) {                                                                         \
+            _mm512_storeu_pd(p + 8 * g, P[g]);                                                                \
+            _mm512_storeu_pd(q + 8 * g, Q[g]);                                                                \
+        }                                                                                                     \
+    }
+
+/* 16 rows without a second operand (the forward's blocks): two groups; 8 rows: one; other counts: generic */
+static void ar_chains16_f32(const float *x0, const double *a, int64_t d, double *p, double *q)
 {
-    if (nb != 8) { ar_chains_generic_f32(x0, y0, nb, d, a, p, q); return; }
+    const float *y0 = NULL;
+    AR_CHAINS_GROUPS(2)
+}
+
+static void ar_chains8_f32(const float *x0, const float *y0, int64_t nb, int64_t d, const double *a, double *p,
+                           double *q)
+{
+    (void)nb;
     __m512d P = _mm512_setzero_pd(), Q = _mm512_setzero_pd();
     int64_t c = 0;
     for (; c + 8 <= d; c += 8) {
@@ -130,42 +184,99 @@ static void ar_chains_f32(const float *x0, const float *y0, int64_t nb, int64_t 
     _mm512_storeu_pd(p, P);
     _mm512_storeu_pd(q, Q);
 }
+static void ar_chains_f32(const float *x0, const float *y0, int64_t nb, int64_t d, const double *a, double *p,
+                          double *q)
+{
+    if (nb == 16 && !y0) ar_chains16_f32(x0, a, d, p, q);
+    else if (nb == 8) ar_chains8_f32(x0, y0, nb, d, a, p, q);
+    else ar_chains_generic_f32(x0, y0, nb, d, a, p, q);
+}
+#undef AR_CHAINS_GROUPS
 #else
 #define ar_chains_f32 ar_chains_generic_f32
 #endif
 #define ar_chains_f64 ar_chains_generic_f64
+
+/* 8 channels as doubles: loaded from floats or doubles, stored back converted; acc + p·x as one fused multiply-add
+   per lane (explicit where the target has FMA, as AR_FMA) */
+typedef double ar_v8d __attribute__((vector_size(64)));
+typedef float ar_v8f __attribute__((vector_size(32)));
+static inline ar_v8d AR_LOAD8_f32(const float *p) { ar_v8f f; memcpy(&f, p, sizeof f); return __builtin_convertvector(f, ar_v8d); }
+static inline ar_v8d AR_LOAD8_f64(const double *p) { ar_v8d f; memcpy(&f, p, sizeof f); return f; }
+static inline void AR_STORE8_f32(float *p, ar_v8d v) { ar_v8f f = __builtin_convertvector(v, ar_v8f); memcpy(p, &f, sizeof f); }
+static inline void AR_STORE8_f64(double *p, ar_v8d v) { memcpy(p, &v, sizeof v); }
+#if defined(__AVX512F__)
+static inline ar_v8d AR_VFMA(double p, ar_v8d x, ar_v8d acc)
+{
+    return (ar_v8d)_mm512_fmadd_pd(_mm512_set1_pd(p), (__m512d)x, (__m512d)acc);
+}
+#else
+static inline ar_v8d AR_VFMA(double p, ar_v8d x, ar_v8d acc)
+{
+    for (int l = 0; l < 8; l++) acc[l] = AR_FMA(p, x[l], acc[l]);
+    return acc;
+}
+#endif
 
 #define DEFINE_ATTNRES(TT, SFX)                                                                               \
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
                               const double *a, double eps, double *scratch)                                   \
 {                                                                                                             \
     _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
-    for (int64_t tb = 0; tb < rows; tb += AR_RB) {                                                            \
-        int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                   \
-        double *sb = scratch + (int64_t)omp_get_thread_num() * TIDE_CPU_PAD8(AR_RB * n + d), *o = sb + AR_RB * n; \
+    for (int64_t tb = 0; tb < rows; tb += AR_RB_FWD) {                                                            \
+        int64_t nb = rows - tb < AR_RB_FWD ? rows - tb : AR_RB_FWD;                                                   \
+        double *sb = scratch + (int64_t)omp_get_thread_num() * TIDE_CPU_PAD8(AR_RB_FWD * n + d);                    \
+        /* the block's scores sb[i·AR_RB_FWD + u] (source i, row u), then its softmaxes with the rows in vector lanes   \
+           (each row's arithmetic, in the order of its own loop, as before: the sources' maximum, exp and sum in  \
+           order, one division each), then each row's sum over the sources channel by channel in registers */    \
         for (int64_t i = 0; i < n; i++) {                                                                     \
-            double ss[AR_RB], dot[AR_RB];                                                                     \
+            double ss[AR_RB_FWD], dot[AR_RB_FWD], rr[AR_RB_FWD];                                                          \
             ar_chains_##SFX(v[i] + tb * d, NULL, nb, d, a, ss, dot);                                          \
+            _Pragma("omp simd")                                                                               \
             for (int64_t u = 0; u < nb; u++) {                                                                \
-                double r = 1.0 / sqrt(ss[u] / (double)d + eps);                                               \
-                sb[u * n + i] = r * dot[u];                                                                   \
-                R[i * rows + tb + u] = (TT)r;                                                                 \
+                rr[u] = 1.0 / sqrt(ss[u] / (double)d + eps);                                                  \
+                sb[i * AR_RB_FWD + u] = rr[u] * dot[u];                                                           \
             }                                                                                                 \
+            for (int64_t u = 0; u < nb; u++) R[i * rows + tb + u] = (TT)rr[u];                                \
+            for (int64_t u = nb; u < AR_RB_FWD; u++) sb[i * AR_RB_FWD + u] = 0;   /* (lanes past a last block's rows) */ \
+        }                                                                                                     \
+        double m[AR_RB_FWD], z[AR_RB_FWD];                                                                            \
+        for (int64_t u = 0; u < AR_RB_FWD; u++) { m[u] = -INFINITY; z[u] = 0; }                                   \
+        for (int64_t i = 0; i < n; i++)                                                                       \
+            _Pragma("omp simd")                                                                               \
+            for (int64_t u = 0; u < AR_RB_FWD; u++) m[u] = sb[i * AR_RB_FWD + u] > m[u] ? sb[i * AR_RB_FWD + u] : m[u];  \
+        for (int64_t i = 0; i < n; i++)                                                                       \
+            _Pragma("omp simd")                                                                               \
+            for (int64_t u = 0; u < AR_RB_FWD; u++) {                                                             \
+                double e = ar_exp_##SFX(sb[i * AR_RB_FWD + u] - m[u]);                                            \
+                sb[i * AR_RB_FWD + u] = e;                                                                        \
+                z[u] += e;                                                                                    \
+            }                                                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                                     \
+            _Pragma("omp simd")                                                                               \
+            for (int64_t u = 0; u < AR_RB_FWD; u++) sb[i * AR_RB_FWD + u] /= z[u];                                    \
+            for (int64_t u = 0; u < nb; u++) P[i * rows + tb + u] = (TT)sb[i * AR_RB_FWD + u];                    \
         }                                                                                                     \
         for (int64_t u = 0; u < nb; u++) {                                                                    \
             int64_t t = tb + u;                                                                               \
-            double *s = sb + u * n, m = -INFINITY, z = 0;                                                     \
-            for (int64_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;                                          \
-            for (int64_t i = 0; i < n; i++) { s[i] = ar_exp_##SFX(s[i] - m); z += s[i]; }                     \
-            for (int64_t i = 0; i < n; i++) { s[i] /= z; P[i * rows + t] = (TT)s[i]; }                        \
-            /* o[c] = Σ_i p_i v_i[t, c], the sources in order for every c (the channels at once) */          \
-            for (int64_t c = 0; c < d; c++) o[c] = 0;                                                         \
-            for (int64_t i = 0; i < n; i++) {                                                                 \
-                const TT *x = v[i] + t * d;                                                                   \
-                double p = s[i];                                                                              \
-                for (int64_t c = 0; c < d; c++) o[c] += p * x[c];                                             \
+            const double *pu = sb + u;                                                                        \
+            TT *ot = out + t * d;                                                                             \
+            /* out[t, c] = Σ_i p_i v_i[t, c], the sources in order for every c: 8 channels in a vector of      \
+               doubles at a time, each lane its channel's chain of fused multiply-adds from 0 */               \
+            int64_t c = 0;                                                                                    \
+            for (; c + 8 <= d; c += 8) {                                                                      \
+                ar_v8d acc = {0};                                                                             \
+                for (int64_t i = 0; i < n; i++) {                                                             \
+                    ar_v8d x = AR_LOAD8_##SFX(v[i] + t * d + c);                                              \
+                    acc = AR_VFMA(pu[i * AR_RB_FWD], x, acc);                                                     \
+                }                                                                                             \
+                AR_STORE8_##SFX(ot + c, acc);                                                                 \
             }                                                                                                 \
-            for (int64_t c = 0; c < d; c++) out[t * d + c] = (TT)o[c];                                        \
+            for (; c < d; c++) {                                                                              \
+                double acc = 0;                                                                               \
+                for (int64_t i = 0; i < n; i++) acc = AR_FMA(pu[i * AR_RB_FWD], (double)v[i][t * d + c], acc);   \
+                ot[c] = (TT)acc;                                                                              \
+            }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
 }                                                                                                             \
@@ -249,7 +360,7 @@ int tide_cpu_attnres(int dtype, void *out, void *stats, const void *const *srcs,
     if (rows == 0) return 0;
     int nth = omp_get_max_threads();
     /* a [d], then each thread's scratch on its own cache lines (64-byte aligned, whole lines apart) */
-    double *a = tide_cpu_malloc((size_t)(TIDE_CPU_PAD8(d) + (int64_t)nth * TIDE_CPU_PAD8(AR_RB * n + d)) * sizeof *a);
+    double *a = tide_cpu_malloc((size_t)(TIDE_CPU_PAD8(d) + (int64_t)nth * TIDE_CPU_PAD8(AR_RB_FWD * n + d)) * sizeof *a);
     if (!a) return tide_set_error("attnres: out of memory");
     for (int64_t c = 0; c < d; c++) a[c] = ld(dtype, w, c) * ld(dtype, nu, c);
     if (dtype == TIDE_F32)
