@@ -6,15 +6,17 @@
 -- AdamW, zero_grad, the QB update of every MoE layer (the optimiser settings of recipes/quickstart.lua), on one fixed
 -- batch of random tokens. Per model:
 --   1. correctness first, in f64: tide's weights and a batch (B 2 x T 64) go to a safetensors file with tide's loss and
---      every parameter gradient; PyTorch loads them and compares (loss, gradient norm, the worst tensor), then both
+--      every parameter gradient; PyTorch (each build) loads them and compares (loss, gradient norm, the worst tensor), then both
 --      train `check_steps` steps from there (AdamW and the QB bias updates included) and the losses are compared. Then
 --      in f32 at each benchmark shape, on the batch the timing uses: the loss and gradient norm. The bench fails when
 --      a delta is over its tolerance (below);
---   2. timing: PyTorch in long-lived processes (tide.results.server), one per OpenMP setting (libgomp's default
---      waiting and OMP_WAIT_POLICY=PASSIVE), each loaded with the same weights and batch as tide; `rounds` interleaved
+--   2. timing: PyTorch in long-lived processes (tide.results.server), one per build and OpenMP setting (every
+--      interpreter of --python, a comma-separated list: Debian's python3-torch, a PyPI build made by
+--      scripts/torch_pypi.sh; each with libgomp's default waiting and OMP_WAIT_POLICY=PASSIVE:
+--      tide.results.torch_engines), each loaded with the same weights and batch as tide; `rounds` interleaved
 --      rounds (tide.results.interleave: each after a wait for an idle machine, the engine order rotating) of `steps`
 --      steps per engine, an engine's figure for a round its median step; tok/s = B x T over the median of those;
---      tide / torch = the median (min-max) of the per-round ratios against each setting; the faster setting quoted;
+--      tide / torch = the median (min-max) of the per-round ratios against each engine; the fastest engine quoted;
 --   3. where tide's step goes: `perf record` (cpu-clock samples of every thread of this process) over
 --      `profile_steps` steps; samples by shared object and symbol, grouped as GEMM (OpenBLAS), tide kernels
 --      (functions defined under kernels/), tide engine (the rest of libtide), libm, OpenMP runtime, LuaJIT, libc,
@@ -22,7 +24,7 @@
 -- Writes <results>/hybrid.json and <results>/hybrid.md and prints the table. It asserts the correctness check only.
 --
 --   tide run bench/hybrid.lua [--only=tiny-hybrid|quickstart] [--shapes=256x16,1024x4] [--rounds=5] [--steps=3]
---                             [--baseline=false] [--profile=false] [--python=PATH] [--results=DIR]
+--                             [--baseline=false] [--profile=false] [--python=PATH[,PATH...]] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -136,30 +138,27 @@ local function export(path, model, opt, ids, tgt, dtype, extra)
 end
 
 -- ---- PyTorch ----------------------------------------------------------------------------------------------------
--- the settings compared: libgomp's default waiting and PASSIVE (the tide executable exports PASSIVE and a short spin
--- for itself, so both are set or cleared explicitly for the child)
-local TORCH_SETTINGS = {
-  { name = "default", env = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT" },
-  { name = "PASSIVE", env = "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE" },
-}
-
-local function start_torch(cfg, tmp)
+-- every PyTorch build of cfg.python (a comma-separated list: Debian's python3-torch, a PyPI build in build/torch-pypi)
+-- under both OpenMP settings (tide.results.torch_engines), one server each
+local function start_torch(engines, tmp)
   local out = {}
-  for _, st in ipairs(TORCH_SETTINGS) do
-    local cmd = fmt("%s %s %s --threads %d --serve {fifo}", st.env, shell_quote(cfg.python),
+  for i, e in ipairs(engines) do
+    local cmd = fmt("%s %s %s --threads %d --serve {fifo}", e.env, shell_quote(e.python),
       shell_quote(bench_dir .. "/torch_hybrid.py"), tide.num_threads())
-    local sv = results.server(cmd, tmp, "torch_hybrid_" .. st.name)
+    local sv = results.server(cmd, tmp, "torch_hybrid_" .. i)
     local info = sv:ask({ cmd = "info" })
-    out[#out + 1] = { setting = st.name, sv = sv, info = info }
+    out[#out + 1] = { setting = e.label, version = e.version, python = e.python, sv = sv, info = info }
   end
   return out
 end
 
-local function have_torch(python)
-  local p = io.popen(shell_quote(python) .. " -c 'import torch; print(torch.__version__)' 2>/dev/null")
-  local v = p and p:read("*l")
-  if p then p:close() end
-  return v and v ~= "" and v or nil
+-- the first server of each build (the correctness checks run once per build)
+local function first_of_builds(torch)
+  local out, seen = {}, {}
+  for _, e in ipairs(torch or {}) do
+    if not seen[e.version] then seen[e.version] = true; out[#out + 1] = e end
+  end
+  return out
 end
 
 -- ---- correctness --------------------------------------------------------------------------------------------------
@@ -409,7 +408,16 @@ local function bench_shape(cfg, c, shape, torch, tmp)
   local path = tmp .. "/" .. c.name .. "_" .. T .. ".safetensors"
   local loss0 = export(path, model, opt, ids, tgt, "f32")
   r.tide_loss0 = loss0
-  if torch then r.check = check_f32(c, shape, torch[1].sv, path, loss0) end
+  if torch then
+    -- each build's port checked at this shape; the table shows the first's deltas, the record keeps all
+    r.checks = {}
+    for _, e in ipairs(first_of_builds(torch)) do
+      local ch = check_f32(c, shape, e.sv, path, loss0)
+      ch.torch_version = e.version
+      r.checks[#r.checks + 1] = ch
+    end
+    r.check = r.checks[1]
+  end
 
   -- the engines, each from the same weights on the same batch
   local tide_steps, tide_losses = {}, {}
@@ -499,7 +507,8 @@ local function markdown(rec)
   L[#L + 1] = "# hybrid: training steps of the hybrid model, tide beside PyTorch eager (CPU, f32)"
   L[#L + 1] = ""
   L[#L + 1] = fmt("%s, tide %s, %d threads, %s; PyTorch: %s eager (bench/torch_hybrid.py), the same thread count, "
-    .. "libgomp's default waiting and OMP_WAIT_POLICY=PASSIVE (each recorded, the faster quoted). Load average %s at "
+    .. "each build with libgomp's default waiting and with OMP_WAIT_POLICY=PASSIVE (every one recorded, the fastest "
+    .. "quoted). Load average %s at "
     .. "start, %s at the end.", rec.date, rec.tide_version, rec.threads, rec.blas, rec.torch_version or "not run",
     num(rec.loadavg_start, "%.2f"), num(rec.loadavg_end, "%.2f"))
   L[#L + 1] = ""
@@ -517,35 +526,35 @@ local function markdown(rec)
     .. "(max |delta| / max |tide| per tensor), training losses %g; f32 loss %g, gradient norm %g (relative).",
     rec.check_steps, TOL.f64_loss, TOL.f64_grad, TOL.f64_train, TOL.f32_loss, TOL.f32_grad_norm)
   L[#L + 1] = ""
-  L[#L + 1] = "| model | params | B x T | tide tok/s | torch tok/s default | torch tok/s PASSIVE | tide / torch (fastest "
-    .. "setting) | tide / torch default | tide / torch PASSIVE | f32 loss rel delta | f32 grad-norm rel delta |"
-  L[#L + 1] = "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  L[#L + 1] = "| model | params | B x T | tide tok/s | fastest PyTorch (build, setting) | its tok/s | tide / torch (fastest) "
+    .. "| f32 loss rel delta | f32 grad-norm rel delta |"
+  L[#L + 1] = "|---|---:|---|---:|---|---:|---:|---:|---:|"
   for _, r in ipairs(rec.rows) do
-    local by = {}
-    for _, t in ipairs(r.torch_settings) do by[t.setting] = t end
-    L[#L + 1] = fmt("| %s | %d | %d x %d | %.0f | %s | %s | %s | %s | %s | %s | %s |", r.config, r.params, r.B, r.T,
-      r.tide.tok_per_s, num(by.default and by.default.tok_per_s, "%.0f"), num(by.PASSIVE and by.PASSIVE.tok_per_s, "%.0f"),
-      r.torch and (results.ratio_str(r.tide_over_torch) .. " (" .. r.torch.setting .. ")") or "-",
-      by.default and results.ratio_str(by.default.paired) or "-", by.PASSIVE and results.ratio_str(by.PASSIVE.paired) or "-",
+    L[#L + 1] = fmt("| %s | %d | %d x %d | %.0f | %s | %s | %s | %s | %s |", r.config, r.params, r.B, r.T,
+      r.tide.tok_per_s, r.torch and r.torch.setting or "-", num(r.torch and r.torch.tok_per_s, "%.0f"),
+      r.torch and results.ratio_str(r.tide_over_torch) or "-",
       num(r.check and r.check.loss_rel_delta, "%.1e"), num(r.check and r.check.grad_norm_rel_delta, "%.1e"))
   end
   L[#L + 1] = ""
-  L[#L + 1] = "| model | B x T | measured | recompute | cores busy before each round | tide step s per round | torch default "
-    .. "step s per round | torch PASSIVE step s per round |"
-  L[#L + 1] = "|---|---|---|---|---|---|---|---|"
+  L[#L + 1] = "Every PyTorch build and setting, each round's median step:"
+  L[#L + 1] = ""
+  L[#L + 1] = "| model | B x T | engine | tok/s | step s per round | tide / this (median, min-max) |"
+  L[#L + 1] = "|---|---|---|---:|---|---:|"
   local function list(xs)
     local s = {}
     for i, x in ipairs(xs or {}) do s[i] = fmt("%.3f", x) end
     return #s > 0 and table.concat(s, ", ") or "-"
   end
   for _, r in ipairs(rec.rows) do
-    local by = {}
-    for _, t in ipairs(r.torch_settings) do by[t.setting] = t end
     local busy = {}
     for i, w in ipairs(r.idle or {}) do busy[i] = w.busy or 0 end
-    L[#L + 1] = fmt("| %s | %d x %d | %s | %s | %s | %s | %s | %s |", r.config, r.B, r.T, r.date or rec.date, r.recompute,
-      list(busy):gsub("(%d%.%d%d)%d", "%1"), list(r.tide.round_s), list(by.default and by.default.round_s),
-      list(by.PASSIVE and by.PASSIVE.round_s))
+    L[#L + 1] = fmt("| %s | %d x %d | tide (measured %s, recompute %s; cores busy before each round %s) | %.0f | %s | - |",
+      r.config, r.B, r.T, r.date or rec.date, r.recompute, list(busy):gsub("(%d%.%d%d)%d", "%1"), r.tide.tok_per_s,
+      list(r.tide.round_s))
+    for _, t in ipairs(r.torch_settings or {}) do
+      L[#L + 1] = fmt("| %s | %d x %d | pytorch %s | %.0f | %s | %s |", r.config, r.B, r.T, t.setting, t.tok_per_s,
+        list(t.round_s), results.ratio_str(t.paired))
+    end
   end
   local any = false
   for _, r in ipairs(rec.rows) do any = any or (r.profile and r.profile.groups ~= nil) end
@@ -583,11 +592,12 @@ local function markdown(rec)
   L[#L + 1] = ""
   L[#L + 1] = "Correctness (f64, B 2 x T 64):"
   L[#L + 1] = ""
-  L[#L + 1] = "| model | tide loss | torch loss | loss rel delta | grad-norm rel delta | worst gradient rel delta | "
+  L[#L + 1] = "| model | PyTorch | tide loss | torch loss | loss rel delta | grad-norm rel delta | worst gradient rel delta | "
     .. "training losses, worst rel delta | QB bias max abs delta after the steps |"
-  L[#L + 1] = "|---|---:|---:|---:|---:|---|---:|---:|"
+  L[#L + 1] = "|---|---|---:|---:|---:|---:|---|---:|---:|"
   for _, ch in ipairs(rec.checks) do
-    L[#L + 1] = fmt("| %s | %.12f | %.12f | %.1e | %.1e | %.1e (%s) | %.1e | %.1e |", ch.config, ch.tide_loss, ch.loss,
+    L[#L + 1] = fmt("| %s | %s | %.12f | %.12f | %.1e | %.1e | %.1e (%s) | %.1e | %.1e |", ch.config,
+      ch.torch_version or "-", ch.tide_loss, ch.loss,
       ch.loss_rel_delta, ch.grad_norm_rel_delta, ch.grad_max_rel_delta, tostring(ch.grad_worst), ch.train_max_rel_delta,
       ch.bias_max_abs_delta)
   end
@@ -659,15 +669,22 @@ local function run(cfg)
   local torch
   local ok, err = pcall(function()
     if cfg.baseline then
-      local v = have_torch(cfg.python)
-      if not v then error("hybrid bench: " .. cfg.python .. " cannot import torch (--baseline=false runs tide alone)", 0) end
-      record.torch_version = "pytorch " .. v
-      torch = start_torch(cfg, tmp)
+      local engines, builds, skipped = results.torch_engines(cfg.python)
+      for _, sk in ipairs(skipped) do
+        io.stderr:write(fmt("hybrid bench: %s cannot import torch (%s): left out\n", sk.python, sk.why))
+      end
+      if #engines == 0 then
+        error("hybrid bench: no interpreter of --python=" .. cfg.python .. " imports torch (--baseline=false runs tide alone)", 0)
+      end
+      local vs = {}
+      for i, b in ipairs(builds) do vs[i] = "pytorch " .. b.version end
+      record.torch_version, record.torch_builds, record.torch_skipped = table.concat(vs, ", "), builds, skipped
+      torch = start_torch(engines, tmp)
     end
     for _, c in ipairs(want) do
-      if torch then
-        local ch = check_f64(cfg, c, torch[1].sv, tmp)
-        ch.config = c.name
+      for _, e in ipairs(first_of_builds(torch)) do
+        local ch = check_f64(cfg, c, e.sv, tmp)
+        ch.config, ch.torch_version = c.name, e.version
         record.checks[#record.checks + 1] = ch
       end
       for _, sh in ipairs(shapes) do
@@ -723,7 +740,7 @@ return {
   idle_timeout = 60,            -- ... or after this many seconds of waiting
   baseline = true,              -- run the PyTorch side (check and timing)
   profile = true,               -- the perf profile of tide's step
-  python = "build/pyenv/bin/python",
+  python = "build/pyenv/bin/python,build/torch-pypi/bin/python",   -- the PyTorch builds (missing ones left out)
   results = "bench/results",    -- where hybrid.json / hybrid.md go; "" writes nothing
   run = run,
 }

@@ -2,9 +2,10 @@
 -- AdamW, zero_grad) of nn.TransformerLM, beside two baselines measured in the same run:
 --   * the sgemm ceiling: bench-sgemm-ceiling times tide_matmul at this model's GEMM shapes (forward,
 --     input gradient and weight gradient of every Linear), best of `ceiling_reps`;
---   * PyTorch CPU eager running the same model (bench/torch_dense.py, one process per OpenMP setting: libgomp's
---     default waiting and OMP_WAIT_POLICY=PASSIVE; the faster one is quoted, both are recorded), when `python` can
---     import torch.
+--   * PyTorch CPU eager running the same model (bench/torch_dense.py, one process per build and OpenMP setting: every
+--     interpreter of `python` (a comma-separated list: Debian's python3-torch, a PyPI build made by
+--     scripts/torch_pypi.sh) that imports torch, each with libgomp's default waiting and OMP_WAIT_POLICY=PASSIVE;
+--     the fastest is quoted, all are recorded).
 -- The method (tide.results): each config is measured in `rounds` rounds; a round waits for an idle machine, then
 -- times `steps` steps of every engine, the order rotating from round to round; an engine's figure for a round is
 -- its median step. A ratio is the median (and range) over the rounds of the per-round ratios, so a slow moment of
@@ -155,13 +156,6 @@ local function tide_engine(c, warmup, device)
   return e
 end
 
--- the PyTorch settings compared: libgomp's default waiting and PASSIVE (the tide executable exports PASSIVE and a
--- short spin for itself, so both are set or cleared explicitly for the child)
-local TORCH_SETTINGS = {
-  { name = "default", env = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT" },
-  { name = "PASSIVE", env = "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE" },
-}
-
 local function ceiling_exe(cfg)
   if cfg.ceiling_exe ~= "" then return cfg.ceiling_exe end
   local exe = tide.cli.exe_path()
@@ -182,8 +176,8 @@ local function markdown(rec)
   L[#L + 1] = "# step_dense: one dense training step (forward, backward, AdamW, zero_grad)"
   L[#L + 1] = ""
   if rec.device == "cpu" then
-    L[#L + 1] = string.format("tide %s, %d threads, %s; PyTorch: %s (same thread count; libgomp's default waiting "
-      .. "and OMP_WAIT_POLICY=PASSIVE, the faster quoted). Load average %s at start, %s at the end.", rec.tide_version,
+    L[#L + 1] = string.format("tide %s, %d threads, %s; PyTorch: %s (same thread count; each build with libgomp's "
+      .. "default waiting and with OMP_WAIT_POLICY=PASSIVE, the fastest quoted). Load average %s at start, %s at the end.", rec.tide_version,
       rec.threads, rec.blas, rec.torch_version or "not run", fmt_num(rec.loadavg_start, "%.2f"),
       fmt_num(rec.loadavg_end, "%.2f"))
     L[#L + 1] = ""
@@ -218,7 +212,7 @@ local function markdown(rec)
   for _, r in ipairs(rec.configs) do any = any or r.torch_settings ~= nil end
   if any then
     L[#L + 1] = ""
-    L[#L + 1] = "| config | PyTorch setting | torch tok/s | torch step s per round | tide / torch per round |"
+    L[#L + 1] = "| config | PyTorch build and setting | torch tok/s | torch step s per round | tide / torch per round |"
     L[#L + 1] = "|---|---|---:|---|---|"
     for _, r in ipairs(rec.configs) do
       for _, t in ipairs(r.torch_settings or {}) do
@@ -263,13 +257,19 @@ local function run(cfg)
   tide.device(cfg.device, "step_dense --device")
   local on_cpu = cfg.device == "cpu"
   if not on_cpu then record.device_info = ffi.string(tide.C.tide_cuda_info()) end
-  local have_torch = false
+  -- every PyTorch build of --python (a comma-separated list) under both OpenMP settings (tide.results.torch_engines)
+  local engines = {}
   if cfg.baseline and on_cpu then
-    local probe = io.popen(shell_quote(cfg.python) .. " -c 'import torch; print(torch.__version__)' 2>/dev/null")
-    local v = probe and probe:read("*l")
-    if probe then probe:close() end
-    if v and v ~= "" then have_torch, record.torch_version = true, "pytorch " .. v
-    else io.stderr:write("step_dense: " .. cfg.python .. " cannot import torch; the PyTorch column stays empty\n") end
+    local builds, skipped
+    engines, builds, skipped = results.torch_engines(cfg.python)
+    for _, sk in ipairs(skipped) do
+      io.stderr:write("step_dense: " .. sk.python .. " cannot import torch (" .. sk.why .. "): left out\n")
+    end
+    local vs = {}
+    for i, b in ipairs(builds) do vs[i] = "pytorch " .. b.version end
+    if #vs > 0 then record.torch_version, record.torch_builds = table.concat(vs, ", "), builds
+    else io.stderr:write("step_dense: no interpreter of --python imports torch; the PyTorch column stays empty\n") end
+    record.torch_skipped = skipped
   end
   local cexe = ceiling_exe(cfg)
   local have_ceiling = on_cpu and file_exists(cexe)
@@ -292,30 +292,30 @@ local function run(cfg)
       record.steps_per_round = steps
       local runners = { { "tide", function() return eng.steps(steps) end } }
       local servers = {}
-      if have_torch then
-        for _, st in ipairs(TORCH_SETTINGS) do
+      do
+        for ei, st in ipairs(engines) do
           local cmd = string.format("%s %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d --seq %d --batch %d "
-            .. "--warmup %d --steps 1 --threads %d --serve {fifo}", st.env, shell_quote(cfg.python),
+            .. "--warmup %d --steps 1 --threads %d --serve {fifo}", st.env, shell_quote(st.python),
             shell_quote(bench_dir .. "/torch_dense.py"), c.vocab_size, c.dim, c.n_layers, c.n_heads, eng.ffn_dim,
             c.seq, c.batch, cfg.warmup, tide.num_threads())
-          local ok, sv = pcall(results.server, cmd, os.getenv("TMPDIR") or "/tmp", "torch_dense_" .. st.name)
+          local ok, sv = pcall(results.server, cmd, os.getenv("TMPDIR") or "/tmp", "torch_dense_" .. ei)
           if ok then
             local okq, info = pcall(sv.ask, sv, { cmd = "info" })
             if okq then
-              servers[#servers + 1] = { setting = st.name, sv = sv, info = info, steps = {} }
+              servers[#servers + 1] = { setting = st.label, sv = sv, info = info, steps = {} }
               local entry = servers[#servers]
-              runners[#runners + 1] = { "torch " .. st.name, function()
+              runners[#runners + 1] = { "torch " .. st.label, function()
                 local a = sv:ask({ cmd = "steps", n = steps })
                 for _, x in ipairs(a.step_s) do entry.steps[#entry.steps + 1] = x end
                 entry.losses = a.losses
                 return median(a.step_s)
               end }
             else
-              io.stderr:write("step_dense: PyTorch baseline (" .. st.name .. "): " .. tostring(info) .. "\n")
+              io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(info) .. "\n")
               sv:close()
             end
           else
-            io.stderr:write("step_dense: PyTorch baseline (" .. st.name .. "): " .. tostring(sv) .. "\n")
+            io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(sv) .. "\n")
           end
         end
       end
@@ -400,7 +400,7 @@ return {
   idle_timeout = 60,         -- ... or after this many seconds of waiting
   batch = 0, seq = 0,        -- B and T of every config; 0 keeps each config's own
   baseline = true,           -- time PyTorch on the same model when `python` imports torch
-  python = "/usr/bin/python3",
+  python = "/usr/bin/python3,build/torch-pypi/bin/python",   -- the PyTorch builds (missing ones left out)
   ceiling_reps = 5,
   ceiling_exe = "",          -- "" = bench-sgemm-ceiling beside the tide executable
   device = "cpu",            -- "cuda" times the step on the GPU (without the two CPU baselines)

@@ -263,6 +263,55 @@ function results.ratio_str(p)
   return string.format("%.2fx (%.2f-%.2fx)", p.median, p.min, p.max)
 end
 
+-- ---- the PyTorch baselines -------------------------------------------------------------------------------------
+-- Which PyTorch is fastest depends on the build as much as on the machine: Debian's python3-torch (1.13, OpenBLAS,
+-- libgomp) is fastest with OMP_WAIT_POLICY=PASSIVE on some workloads, a PyPI build (2.x, MKL) with its default
+-- environment. A benchmark with a PyTorch side runs every build it is given under both OpenMP settings and quotes the
+-- fastest, recording all.
+-- (the tide executable exports PASSIVE and a short spin for itself, so both are set or cleared for the child)
+results.TORCH_SETTINGS = {
+  { name = "default", env = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT" },
+  { name = "PASSIVE", env = "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE" },
+}
+
+-- torch_version(python) -> torch.__version__ as that interpreter imports it, or nil and why
+function results.torch_version(python)
+  local cli = require "tide.cli"
+  local p = io.popen(cli.shell_quote(python) .. " -c 'import torch; print(torch.__version__)' 2>&1")
+  local out = p and p:read("*a") or ""
+  if p then p:close() end
+  local v = out:match("^%s*(%d+%.%d+[^%s]*)%s*$")
+  if v then return v end
+  local last = out:gsub("%s+$", ""):match("([^\n]*)$")
+  return nil, (last and last ~= "") and last or "no output"
+end
+
+-- torch_engines(pythons) -> engines, builds, skipped: `pythons` a comma-separated list of interpreters (or a Lua
+-- list); each that imports torch is a build {python, version}, and every build runs under every setting: engine
+-- {python, version, setting, env, label = "<version> <setting>"}. skipped: {python, why} of those that do not
+-- import torch. The same version twice (two paths to one install) counts once.
+function results.torch_engines(pythons)
+  local list = {}
+  if type(pythons) == "table" then list = pythons
+  else for item in tostring(pythons or ""):gmatch("[^,]+") do list[#list + 1] = item:match("^%s*(.-)%s*$") end end
+  local engines, builds, skipped, seen = {}, {}, {}, {}
+  for _, py in ipairs(list) do
+    if py ~= "" then
+      local v, why = results.torch_version(py)
+      if not v then skipped[#skipped + 1] = { python = py, why = why }
+      elseif not seen[v] then
+        seen[v] = true
+        builds[#builds + 1] = { python = py, version = v }
+        for _, st in ipairs(results.TORCH_SETTINGS) do
+          engines[#engines + 1] = { python = py, version = v, setting = st.name, env = st.env,
+            label = v .. " " .. st.name }
+        end
+      end
+    end
+  end
+  return engines, builds, skipped
+end
+
 -- ---- a helper process: JSON commands through a FIFO, one JSON line back per command -----------------------------
 local Server = {}
 Server.__index = Server

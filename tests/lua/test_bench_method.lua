@@ -1,6 +1,7 @@
 -- bench_method: the measuring helpers of tide.results that the benchmarks share — interleaved rounds with the
--- engine order rotating, paired per-round ratios (median, min, max), the machine-idleness probe, and the helper
--- process answering JSON commands through a FIFO (its answers, its errors in one line, its end).
+-- engine order rotating, paired per-round ratios (median, min, max), the machine-idleness probe, the helper
+-- process answering JSON commands through a FIFO (its answers, its errors in one line, its end), and the PyTorch
+-- builds and settings a baseline runs under.
 local T = require "tide.testing"
 local tide = require "tide"
 local results = require "tide.results"
@@ -78,6 +79,41 @@ done < "$1"
   if gone then gone:close() end
   os.remove(script)
   os.remove(dir .. "/tide_test_helper.err")
+end)
+
+T.test("torch_engines: every interpreter that imports torch, under both OpenMP settings; the others named, one " ..
+  "version once", function()
+  local dir = os.getenv("TMPDIR") or "/tmp"
+  -- fake interpreters: `python -c CODE` prints a version, or fails the way a Python without torch does
+  local function fake(name, body)
+    local path = dir .. "/tide_test_" .. name
+    local f = assert(io.open(path, "w"))
+    f:write("#!/bin/sh\n" .. body .. "\n")
+    f:close()
+    os.execute("chmod +x " .. path)
+    return path
+  end
+  local a = fake("py_a", "echo 1.13.0a0")
+  local b = fake("py_b", "echo 2.15.0+cu132")
+  local b2 = fake("py_b2", "echo 2.15.0+cu132")
+  local none = fake("py_none", "echo 'ModuleNotFoundError: No module named torch' >&2; exit 1")
+  local engines, builds, skipped = results.torch_engines(table.concat({ a, none, b, b2, dir .. "/tide_test_absent" }, ","))
+  T.eq(#builds, 2, "two builds (b2 is b's version again)")
+  T.eq(builds[1].version, "1.13.0a0")
+  T.eq(builds[2].version, "2.15.0+cu132")
+  local labels = {}
+  for i, e in ipairs(engines) do labels[i] = e.label end
+  T.eq(table.concat(labels, "|"), "1.13.0a0 default|1.13.0a0 PASSIVE|2.15.0+cu132 default|2.15.0+cu132 PASSIVE")
+  T.eq(engines[2].env, results.TORCH_SETTINGS[2].env, "the PASSIVE engine's environment")
+  T.eq(engines[3].python, b)
+  T.eq(#skipped, 2, "the interpreter without torch and the missing one")
+  T.eq(skipped[1].python, none)
+  T.ok(skipped[1].why:find("No module named torch", 1, true), "why: " .. tostring(skipped[1].why))
+  -- a Lua list works as the comma-separated string does; an empty list gives nothing
+  local e2 = results.torch_engines({ b })
+  T.eq(#e2, 2)
+  T.eq(#(results.torch_engines("")), 0)
+  for _, p in ipairs({ a, b, b2, none }) do os.remove(p) end
 end)
 
 T.run()
