@@ -1,12 +1,14 @@
 -- bench/rl.lua — agentic RL on the CPU (spec/rl.md): rollout tokens/s of tide.rl.rollout (countdown with the calc
 -- tool) at G = 8 and G = 32, the split of one iteration between sampling, scoring and update, and the cost of resuming
--- paused rows, beside the same decode loop and update in PyTorch eager (bench/torch_rl.py, Debian's python3-torch)
--- measured in the same run. The model is recipes/agent_rl.lua's (hybrid KDA/MLA "KMKM", d 64), random init, f32.
+-- paused rows, beside the same decode loop and update in PyTorch eager (bench/torch_rl.py; every PyTorch build of
+-- --python, a comma-separated list: Debian's python3-torch, a PyPI build made by scripts/torch_pypi.sh) measured in the
+-- same run. The model is recipes/agent_rl.lua's (hybrid KDA/MLA "KMKM", d 64), random init, f32.
 --   1. rollouts: `prompts` countdown prompts x G samples, max_new sampled tokens, temperature 1; tokens/s = sampled
 --      tokens / wall time of the call (the prompt prefills, tool calls and tool results included). `rounds`
 --      interleaved rounds of tide at each of --tide_threads and PyTorch at each of --torch_threads (one long-lived
---      process fed by a FIFO, OMP_WAIT_POLICY=PASSIVE) after a warm-up round; medians; each engine's fastest thread
---      count is its number. tide decodes the rows that sampled a token as one batch over their own caches
+--      process per build and OpenMP setting, fed by a FIFO: libgomp's default waiting and OMP_WAIT_POLICY=PASSIVE)
+--      after a warm-up round; medians; each engine's fastest variant (threads; for PyTorch also build and setting) is
+--      its number. tide decodes the rows that sampled a token as one batch over their own caches
 --      (model:decode_rows; tools overlapped as coroutines); PyTorch decodes the G rows of a prompt as one batch.
 --   2. one iteration at G = 8: sampling (the rollout), scoring (update.batch, then two update.score passes: the
 --      reference's log-probs and the TIS recomputation under the sampling weights), update (one stepper:run of GRPO
@@ -24,7 +26,7 @@
 --
 --   tide run bench/rl.lua [--rounds=2] [--Gs=8,32] [--prompts=2] [--max_new=48] [--tide_threads=1,2]
 --                         [--torch_threads=1,2] [--pause_at=24,64] [--wait=true]
---                         [--baseline=false] [--results=DIR]
+--                         [--baseline=false] [--python=PATH[,PATH...]] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -52,12 +54,24 @@ local bench_dir = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "benc
 local shell_quote = cli.shell_quote
 local median = results.median
 
--- ---- PyTorch: one process, JSON commands through a FIFO, one JSON line back per command (tide.results.server) -----
-local Torch = {}
-
-function Torch.start(python, dir)
-  return results.server(fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve {fifo}", shell_quote(python),
-    shell_quote(bench_dir .. "/torch_rl.py")), dir, "torch_rl")
+-- ---- PyTorch: one process per build and OpenMP setting (tide.results.torch_engines), JSON commands through a FIFO,
+-- one JSON line back per command (tide.results.server); each runs at every thread count of --torch_threads
+local function torch_variants(cfg, dir, threads, record)
+  local engines, builds, skipped = results.torch_engines(cfg.python)
+  for _, sk in ipairs(skipped) do io.stderr:write(fmt("rl: %s cannot import torch (%s): left out\n", sk.python, sk.why)) end
+  if #engines == 0 then error("rl bench: no interpreter of --python=" .. cfg.python .. " imports torch (--baseline=false runs tide alone)", 0) end
+  local servers, variants, fw = {}, {}, {}
+  for i, e in ipairs(engines) do
+    local sv = results.server(fmt("%s %s %s --serve {fifo}", e.env, shell_quote(e.python),
+      shell_quote(bench_dir .. "/torch_rl.py")), dir, "torch_rl_" .. i)
+    servers[#servers + 1] = sv
+    if e.setting == results.TORCH_SETTINGS[1].name then fw[#fw + 1] = sv:ask({ cmd = "version" }).framework end
+    for _, n in ipairs(threads) do
+      variants[#variants + 1] = { sv = sv, threads = n, label = fmt("%s %dT", e.label, n) }
+    end
+  end
+  record.torch_version, record.torch_builds, record.torch_skipped = table.concat(fw, ", "), builds, skipped
+  return variants, servers
 end
 
 -- ---- tide ---------------------------------------------------------------------------------------------------------
@@ -213,20 +227,17 @@ local function bench(cfg, tmp, record)
   local default_threads = tide.num_threads()
   if #tide_threads == 0 then tide_threads = { default_threads } end
   local torch_threads = cfg.baseline and results.numbers(cfg.torch_threads) or {}
-  local torch
+  local variants, servers = {}, {}
   local sp = tok.specials
   local specials = { im_end = sp["<|im_end|>"], eos = sp["<|endoftext|>"], call_begin = sp["<|tool_call_begin|>"],
     call_end = sp["<|tool_call_end|>"], result_begin = sp["<|tool_result_begin|>"], result_end = sp["<|tool_result_end|>"] }
   local pids = prompt_ids(tok, prompts_of(cfg.prompts))
   record.prompt_tokens = {}
   for i, p in ipairs(pids) do record.prompt_tokens[i] = #p end
-  if #torch_threads > 0 then
-    torch = Torch.start(cfg.python, tmp)
-    record.torch_version = torch:ask({ cmd = "version" }).framework
-  end
-  local function torch_rollout(G, n, seed)
-    return torch:ask({ cmd = "rollout", prompts = pids, G = G, max_new = cfg.max_new, max_turns = MAX_TURNS,
-      temperature = 1.0, seed = seed, threads = n, specials = specials })
+  if #torch_threads > 0 then variants, servers = torch_variants(cfg, tmp, torch_threads, record) end
+  local function torch_rollout(v, G, seed)
+    return v.sv:ask({ cmd = "rollout", prompts = pids, G = G, max_new = cfg.max_new, max_turns = MAX_TURNS,
+      temperature = 1.0, seed = seed, threads = v.threads, specials = specials })
   end
 
   -- 1. rollouts, interleaved rounds
@@ -234,7 +245,7 @@ local function bench(cfg, tmp, record)
   for _, G in ipairs(Gs) do
     tt[G], th[G] = {}, {}
     for _, n in ipairs(tide_threads) do tt[G][n] = { wall = {}, tokens = {}, calls = {}, fwd = {} } end
-    for _, n in ipairs(torch_threads) do th[G][n] = { wall = {}, tokens = {}, calls = {}, steps = {} } end
+    for k in ipairs(variants) do th[G][k] = { wall = {}, tokens = {}, calls = {}, steps = {} } end
   end
   for round = 0, cfg.rounds do
     for _, G in ipairs(Gs) do
@@ -250,14 +261,14 @@ local function bench(cfg, tmp, record)
         line = line .. fmt(" tide %dT %d tok %.2f s (%.0f tok/s),", n, st.tokens, w, st.tokens / w)
       end
       tide.set_num_threads(default_threads)
-      for _, n in ipairs(torch_threads) do
-        local r = torch_rollout(G, n, 17 + round)
+      for k, v in ipairs(variants) do
+        local r = torch_rollout(v, G, 17 + round)
         if round > 0 then
-          local e = th[G][n]
+          local e = th[G][k]
           e.wall[#e.wall + 1], e.tokens[#e.tokens + 1], e.calls[#e.calls + 1] = r.wall_s, r.tokens, r.tool_calls
           e.steps[#e.steps + 1] = r.steps
         end
-        line = line .. fmt(" torch %dT %d tok %.2f s (%.0f tok/s),", n, r.tokens, r.wall_s, r.tokens / r.wall_s)
+        line = line .. fmt(" torch %s %d tok %.2f s (%.0f tok/s),", v.label, r.tokens, r.wall_s, r.tokens / r.wall_s)
       end
       io.stderr:write(line:sub(1, -2) .. "\n")
     end
@@ -285,12 +296,12 @@ local function bench(cfg, tmp, record)
     local b = best_of(r.tide.by_threads)
     r.tide.threads, r.tide.tok_per_s, r.tide.forward_share = b.threads, b.tok_per_s, b.forward_share
     r.tide.tok_per_s_min, r.tide.tok_per_s_max = b.tok_per_s_min, b.tok_per_s_max
-    if #torch_threads > 0 then
+    if #variants > 0 then
       r.torch = { by_threads = {} }
-      for _, n in ipairs(torch_threads) do r.torch.by_threads[#r.torch.by_threads + 1] = summarise(th[G][n], n,
-        { steps = th[G][n].steps }) end
+      for k, v in ipairs(variants) do r.torch.by_threads[#r.torch.by_threads + 1] = summarise(th[G][k], v.threads,
+        { steps = th[G][k].steps, variant = v.label, index = k }) end
       b = best_of(r.torch.by_threads)
-      r.torch.threads, r.torch.tok_per_s = b.threads, b.tok_per_s
+      r.torch.threads, r.torch.tok_per_s, r.torch.variant, r.torch.index = b.threads, b.tok_per_s, b.variant, b.index
       r.torch.tok_per_s_min, r.torch.tok_per_s_max = b.tok_per_s_min, b.tok_per_s_max
       r.tide_over_torch = r.tide.tok_per_s / r.torch.tok_per_s
       -- the ratio's range over the rounds: tide's slowest against PyTorch's fastest, and the reverse
@@ -328,15 +339,17 @@ local function bench(cfg, tmp, record)
     local line = fmt("rl: split %d: tide %dT sample %.2f s, batch %.3f s, score %.3f s, update %.3f s (B %d, L %d)",
       round, tn, w, s.batch_s, s.score_s, s.update_s, s.B, s.L)
     tide.set_num_threads(default_threads)
-    if torch then
-      local n = G8.torch.threads
-      local ro = torch_rollout(G8.G, n, 101 + round)
+    if G8.torch then
+      -- PyTorch at its fastest rollout variant (build, setting, threads)
+      local v = variants[G8.torch.index]
+      local ro = torch_rollout(v, G8.G, 101 + round)
       local lengths, plens = shape_of(trajs)
-      local u = torch:ask({ cmd = "update", lengths = lengths, prompt_lens = plens, G = G8.G, threads = n, seed = round })
+      local u = v.sv:ask({ cmd = "update", lengths = lengths, prompt_lens = plens, G = G8.G, threads = v.threads,
+        seed = round })
       u.sample_s, u.tokens = ro.wall_s, ro.tokens
       split.torch[#split.torch + 1] = u
-      split.torch_threads = n
-      line = line .. fmt("; torch %dT sample %.2f s, score %.3f s, update %.3f s", n, ro.wall_s, u.score_s, u.update_s)
+      split.torch_threads, split.torch_variant = v.threads, v.label
+      line = line .. fmt("; torch %s sample %.2f s, score %.3f s, update %.3f s", v.label, ro.wall_s, u.score_s, u.update_s)
     end
     io.stderr:write(line .. "\n")
   end
@@ -379,7 +392,7 @@ local function bench(cfg, tmp, record)
   end
   record.pause_resume = { levels = levels }
   tide.set_num_threads(default_threads)
-  if torch then torch:close() end
+  for _, sv in ipairs(servers) do sv:close() end
 end
 
 local function num(v, f) return v and fmt(f, v) or "-" end
@@ -388,8 +401,9 @@ local function markdown(rec)
   local L = {}
   L[#L + 1] = "# rl: rollouts with tool calls, one iteration's split, pause/resume (f32, CPU)"
   L[#L + 1] = ""
-  L[#L + 1] = fmt("%s, tide %s (%s), its fastest of %s threads; PyTorch: %s eager, OMP_WAIT_POLICY=PASSIVE, its "
-    .. "fastest of %s threads. Load average %s at start, %s at the end (a shared 2-core machine). Model: "
+  L[#L + 1] = fmt("%s, tide %s (%s), its fastest of %s threads; PyTorch: %s eager, each build with libgomp's default "
+    .. "waiting and with OMP_WAIT_POLICY=PASSIVE at %s threads, the fastest quoted. Load average %s at start, %s at "
+    .. "the end (a shared 2-core machine). Model: "
     .. "recipes/agent_rl.lua's hybrid KDA/MLA (KMKM, d 64, %d parameters), random init; countdown with the calc "
     .. "tool, %d prompts (prompt %s tokens), max_new %d, temperature 1, median of %d rounds after a warm-up, tide "
     .. "and PyTorch interleaved.", rec.date, rec.tide_version, rec.blas, rec.tide_threads,
@@ -408,17 +422,22 @@ local function markdown(rec)
   for _, r in ipairs(rec.rollouts) do
     local bt, bh = {}, {}
     for _, e in ipairs(r.tide.by_threads) do bt[#bt + 1] = fmt("%dT %.0f", e.threads, e.tok_per_s) end
-    for _, e in ipairs(r.torch and r.torch.by_threads or {}) do bh[#bh + 1] = fmt("%dT %.0f", e.threads, e.tok_per_s) end
+    for _, e in ipairs(r.torch and r.torch.by_threads or {}) do
+      bh[#bh + 1] = fmt("%s %.0f", e.variant or fmt("%dT", e.threads), e.tok_per_s)
+    end
     local function calls(side)
       if not side then return "-" end
-      for _, e in ipairs(side.by_threads) do if e.threads == side.threads then return table.concat(e.tool_calls, ",") end end
+      for _, e in ipairs(side.by_threads) do
+        if (e.variant or e.threads) == (side.variant or side.threads) then return table.concat(e.tool_calls, ",") end
+      end
     end
     local function range(x, lo, hi, f) return x and (fmt(f, x) .. " (" .. fmt(f, lo) .. "-" .. fmt(f, hi) .. ")") or "-" end
     L[#L + 1] = fmt("| %d | %d | %s | %s | %s | %d / %s | %.0f%% | %s / %s | %s | %s |", r.G, r.rows,
       range(r.tide.tok_per_s, r.tide.tok_per_s_min, r.tide.tok_per_s_max, "%.0f"),
       r.torch and range(r.torch.tok_per_s, r.torch.tok_per_s_min, r.torch.tok_per_s_max, "%.0f") or "-",
       r.torch and range(r.tide_over_torch, r.tide_over_torch_min, r.tide_over_torch_max, "%.2fx") or "-", r.tide.threads,
-      num(r.torch and r.torch.threads, "%d"), 100 * r.tide.forward_share, calls(r.tide), calls(r.torch),
+      r.torch and (r.torch.variant or fmt("%d", r.torch.threads)) or "-", 100 * r.tide.forward_share, calls(r.tide),
+      calls(r.torch),
       table.concat(bt, ", "), #bh > 0 and table.concat(bh, ", ") or "-")
   end
   local pb1 = rec.batched_probe and rec.batched_probe[1]
@@ -444,8 +463,9 @@ local function markdown(rec)
   for _, side in ipairs({ "tide", "torch" }) do
     local x = s[side .. "_median"]
     if x then
-      L[#L + 1] = fmt("| %s | %d | %d x %d | %.3f | %.3f | %.3f | %.3f | %.0f%% / %.0f%% / %.0f%% |", side,
-        side == "tide" and s.tide_threads or s.torch_threads, x.B, x.L, x.sample_s, x.score_s, x.update_s, x.total_s,
+      L[#L + 1] = fmt("| %s | %s | %d x %d | %.3f | %.3f | %.3f | %.3f | %.0f%% / %.0f%% / %.0f%% |",
+        side == "torch" and s.torch_variant and ("torch " .. s.torch_variant:gsub(" %d+T$", "")) or side,
+        tostring(side == "tide" and s.tide_threads or s.torch_threads), x.B, x.L, x.sample_s, x.score_s, x.update_s, x.total_s,
         100 * x.sample_s / x.total_s, 100 * x.score_s / x.total_s, 100 * x.update_s / x.total_s)
     end
   end
@@ -556,7 +576,7 @@ return {
   tide_threads = "1,2",         -- tide's thread counts tried each round ("" = the engine's default); its fastest counts
   torch_threads = "1,2",        -- PyTorch's thread counts tried each round; its fastest counts
   baseline = true,              -- run the PyTorch side
-  python = "/usr/bin/python3",
+  python = "/usr/bin/python3,build/torch-pypi/bin/python",   -- the PyTorch builds (missing ones left out)
   results = "bench/results",    -- where rl.json / rl.md go; "" writes nothing
   run = run,
 }
