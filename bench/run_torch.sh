@@ -15,7 +15,7 @@
 # ARGS are passed to `tide run bench/NAME.lua`. PyTorch's fastest setting (OMP_WAIT_POLICY=PASSIVE, on its command
 # only) is chosen inside the benchmark; tide runs with the environment as it is. Environment: BUILD_DIR (default
 # build), PYTHON (default /usr/bin/python3, the interpreter with Debian's python3-torch), JOBS (default 2). With
-# build/torch-pypi (scripts/torch_pypi.sh: PyTorch 2.x from PyPI), step_dense, hybrid and rl time that build too.
+# build/torch-pypi (scripts/torch_pypi.sh: PyTorch 2.x from PyPI), the benchmarks time that build too.
 set -eu
 
 name=${1:?usage: bench/run_torch.sh step_dense|vision|hybrid|rl [ARGS]}
@@ -35,10 +35,8 @@ fi
 cmake --build "$build" --target tide_exe bench-sgemm-ceiling -j "$jobs"
 
 cd "$root"
-# a PyPI build of PyTorch beside Debian's when scripts/torch_pypi.sh made one (step_dense, hybrid and rl time both and
-# quote the fastest; vision takes Debian's alone)
+# a PyPI build of PyTorch beside Debian's when scripts/torch_pypi.sh made one: every benchmark times both and quotes the
+# fastest
 pythons=$python
-case $name in
-    step_dense|hybrid|rl) [ -x build/torch-pypi/bin/python ] && pythons="$python,build/torch-pypi/bin/python" ;;
-esac
+[ -x build/torch-pypi/bin/python ] && pythons="$python,build/torch-pypi/bin/python"
 exec "$build/tide" run "bench/$name.lua" --python="$pythons" --results=bench/results "$@"

@@ -1,13 +1,15 @@
 -- bench/vision.lua — the vision encoder (spec/vision.md: nn.VisionEncoder + nn.VisionProjector) forward + backward
--- on the CPU, f32: patches/s and peak bytes of tide beside the same encoder in PyTorch eager (bench/torch_vision.py,
--- Debian's python3-torch) measured in the same run. Per config:
+-- on the CPU, f32: patches/s and peak bytes of tide beside the same encoder in PyTorch eager (bench/torch_vision.py;
+-- every PyTorch build of --python, a comma-separated list: Debian's python3-torch, a PyPI build made by
+-- scripts/torch_pypi.sh) measured in the same run. Per config:
 --   1. correctness first: tide's weights, patches and R go to a safetensors file; PyTorch loads them, runs the step
 --      and compares its output y and every parameter gradient with tide's (max |delta| over max |torch value|, per
 --      tensor); the bench fails when the worst relative delta is over 1e-3;
 --   2. timing: loss = sum(y * R) (R fixed random), forward + backward, warm-up first, then `rounds` interleaved rounds
 --      of one tide step at each thread count of --tide_threads and one PyTorch step at each of --torch_threads
---      (PyTorch in one long-lived process fed by a FIFO, OMP_WAIT_POLICY=PASSIVE); medians; each engine's fastest
---      thread count is its number (on a shared 2-core machine the 2-thread runs suffer most from other jobs);
+--      (PyTorch in one long-lived process per build and OpenMP setting, fed by a FIFO: libgomp's default waiting and
+--      OMP_WAIT_POLICY=PASSIVE); medians; each engine's fastest variant (threads; for PyTorch also build and setting)
+--      is its number (on a shared 2-core machine the 2-thread runs suffer most from other jobs);
 --   3. memory: tide's engine peak (tide.reset_peak, tide.memory().peak, above what exists before the step) at 1x,
 --      2x, 4x the packed images, as bytes per patch (must be flat: memory linear in the patch count); PyTorch's
 --      peak RSS growth (ru_maxrss after the step minus the RSS before it) in a fresh process per size;
@@ -19,7 +21,7 @@
 -- correctness check.
 --
 --   tide run bench/vision.lua [--only=tiny-vlm|moonvit-narrow] [--rounds=5] [--tide_threads=1,2] [--torch_threads=1,2]
---                             [--scales=1,2,4] [--baseline=false] [--profile=false] [--results=DIR]
+--                             [--scales=1,2,4] [--baseline=false] [--profile=false] [--python=PATH[,PATH...]] [--results=DIR]
 local ffi = require "ffi"
 local tide = require "tide"
 local json = require "tide.json"
@@ -134,17 +136,18 @@ local function export(path, m, x, y)
     layers = tostring(m.vc.layers), theta = tostring(m.vc.theta), eps = tostring(m.vc.eps) })
 end
 
--- ---- PyTorch: one process per config, text commands through a FIFO, one JSON line back each (tide.results.server) --
+-- ---- PyTorch: one process per config, build and OpenMP setting (tide.results.torch_engines), text commands through
+-- a FIFO, one JSON line back each (tide.results.server) --------------------------------------------------------------
 local Torch = {}
 
-function Torch.start(python, dir)
-  return results.server(fmt("OMP_WAIT_POLICY=PASSIVE %s %s --serve {fifo}", shell_quote(python),
-    shell_quote(bench_dir .. "/torch_vision.py")), dir, "torch_vision", "quit")
+function Torch.start(e, dir, i)
+  return results.server(fmt("%s %s %s --serve {fifo}", e.env, shell_quote(e.python),
+    shell_quote(bench_dir .. "/torch_vision.py")), dir, "torch_vision_" .. i, "quit")
 end
 
--- a fresh PyTorch process: one step at these grids; its peak RSS growth
-local function torch_memory(python, path, grids, threads)
-  local cmd = fmt("OMP_WAIT_POLICY=PASSIVE %s %s --memory %s --grids %s --threads %d 2>&1", shell_quote(python),
+-- a fresh PyTorch process (build and setting e): one step at these grids; its peak RSS growth
+local function torch_memory(e, path, grids, threads)
+  local cmd = fmt("%s %s %s --memory %s --grids %s --threads %d 2>&1", e.env, shell_quote(e.python),
     shell_quote(bench_dir .. "/torch_vision.py"), shell_quote(path), grid_string(grids), threads)
   local p = io.popen(cmd, "r")
   local text = p:read("*a")
@@ -225,31 +228,49 @@ local function bench_config(cfg, c, tmp)
     n_images = #grids, patches = x.n, tokens = x.n / 4, params = m.vit:num_parameters() + m.proj:num_parameters() }
   io.stderr:write(fmt("vision: %s: %d images (%s), %d patches, %d params\n", c.name, #grids, r.images, x.n, r.params))
 
-  local torch
+  -- the PyTorch side: every build and OpenMP setting of --python (one server each, each checked against tide), at
+  -- every thread count of --torch_threads: the variants timed
+  local servers, variants = {}, {}
   local path = tmp .. "/" .. c.name .. ".safetensors"
+  local threads = cfg.baseline and results.numbers(cfg.torch_threads) or {}
   if cfg.baseline then
     local y = step(m, x)
     export(path, m, x, y)
-    torch = Torch.start(cfg.python, tmp)
-    local chk = torch:ask("load " .. path)
-    r.check = chk
-    r.torch_version, r.torch_attention = chk.framework, chk.attention
-    io.stderr:write(fmt("  check: y max |delta| %.3g (rel %.3g); worst over y and %d gradients: rel %.3g (%s), abs %.3g\n",
-      chk.y_max_abs_delta, chk.y_max_rel_delta, chk.tensors_compared - 1, chk.max_rel_delta, chk.worst, chk.max_abs_delta))
-    if chk.max_rel_delta > TOLERANCE then
-      torch:close()
-      error(fmt("vision bench: %s: tide and PyTorch differ: %s max |delta| / max |torch| = %.3g > %g", c.name,
-        chk.worst, chk.max_rel_delta, TOLERANCE), 0)
+    local engines, _, skipped = results.torch_engines(cfg.python)
+    for _, sk in ipairs(skipped) do io.stderr:write(fmt("vision: %s cannot import torch (%s): left out\n", sk.python, sk.why)) end
+    if #engines == 0 then error("vision bench: no interpreter of --python=" .. cfg.python .. " imports torch", 0) end
+    local fw = {}
+    r.checks = {}
+    for i, e in ipairs(engines) do
+      local sv = Torch.start(e, tmp, i)
+      servers[#servers + 1] = sv
+      local chk = sv:ask("load " .. path)
+      chk.engine = e.label
+      r.checks[#r.checks + 1] = chk
+      if e.setting == results.TORCH_SETTINGS[1].name then fw[#fw + 1] = chk.framework end
+      r.torch_attention = r.torch_attention or chk.attention
+      io.stderr:write(fmt("  check (%s): y max |delta| %.3g (rel %.3g); worst over y and %d gradients: rel %.3g (%s), abs %.3g\n",
+        e.label, chk.y_max_abs_delta, chk.y_max_rel_delta, chk.tensors_compared - 1, chk.max_rel_delta, chk.worst,
+        chk.max_abs_delta))
+      if chk.max_rel_delta > TOLERANCE then
+        for _, s2 in ipairs(servers) do s2:close() end
+        error(fmt("vision bench: %s: tide and PyTorch %s differ: %s max |delta| / max |torch| = %.3g > %g", c.name,
+          e.label, chk.worst, chk.max_rel_delta, TOLERANCE), 0)
+      end
+      for _, n in ipairs(threads) do
+        variants[#variants + 1] = { sv = sv, engine = e, threads = n, label = fmt("%s %dT", e.label, n) }
+      end
     end
+    r.check = r.checks[1]
+    r.torch_version = table.concat(fw, ", ")
   end
 
-  local threads = cfg.baseline and results.numbers(cfg.torch_threads) or {}
   local tide_threads = results.numbers(cfg.tide_threads)
   local default_threads = tide.num_threads()
   if #tide_threads == 0 then tide_threads = { default_threads } end
   local tt, th = {}, {}
   for _, n in ipairs(tide_threads) do tt[n] = { step_s = {}, forward_s = {}, backward_s = {}, peak = 0 } end
-  for _, n in ipairs(threads) do th[n] = {} end
+  for k in ipairs(variants) do th[k] = {} end
   r.idle = {}
   for round = 0, cfg.rounds do        -- round 0 is the warm-up
     -- each timed round after a wait for an idle machine, tide and PyTorch first in turn (tide.results' method)
@@ -269,10 +290,10 @@ local function bench_config(cfg, c, tmp)
       tide.set_num_threads(default_threads)
     end
     local function run_torch()
-      for _, n in ipairs(threads) do
-        local t = torch:ask(fmt("time %d 1", n)).step_s[1]
-        if round > 0 then th[n][#th[n] + 1] = t end
-        line = line .. fmt(" torch %dT %.3f s,", n, t)
+      for k, v in ipairs(variants) do
+        local t = v.sv:ask(fmt("time %d 1", v.threads)).step_s[1]
+        if round > 0 then th[k][#th[k] + 1] = t end
+        line = line .. fmt(" torch %s %.3f s,", v.label, t)
       end
     end
     if round % 2 == 0 then run_torch(); run_tide() else run_tide(); run_torch() end
@@ -292,16 +313,18 @@ local function bench_config(cfg, c, tmp)
   for _, k in ipairs({ "threads", "step_s_median", "forward_s_median", "backward_s_median", "patches_per_s", "peak_bytes" }) do
     r.tide[k] = best[k]
   end
-  if #threads > 0 then
+  local bestv
+  if #variants > 0 then
     r.torch = { by_threads = {} }
     best = nil
-    for _, n in ipairs(threads) do
-      local e = { threads = n, step_s = th[n], step_s_median = median(th[n]) }
+    for k, v in ipairs(variants) do
+      local e = { threads = v.threads, variant = v.label, step_s = th[k], step_s_median = median(th[k]) }
       e.patches_per_s = x.n / e.step_s_median
       r.torch.by_threads[#r.torch.by_threads + 1] = e
-      if not best or e.step_s_median < best.step_s_median then best = e end
+      if not best or e.step_s_median < best.step_s_median then best, bestv = e, v end
     end
     r.torch.threads, r.torch.step_s_median, r.torch.patches_per_s = best.threads, best.step_s_median, best.patches_per_s
+    r.torch.variant = best.variant
     r.tide_over_torch_of_medians = r.tide.patches_per_s / r.torch.patches_per_s
     -- the ratio: round i pairs tide's and PyTorch's i-th steps (each at its fastest threads); the median of the
     -- per-round ratios is quoted, with their range
@@ -310,11 +333,11 @@ local function bench_config(cfg, c, tmp)
     local p = results.paired(ps, ts)
     r.tide_over_torch, r.ratio_min, r.ratio_max, r.ratios = p.median, p.min, p.max, p.ratios
     if cfg.profile then
-      r.torch_profile = torch:ask(fmt("profile %d", r.torch.threads))
-      r.torch_gemm = torch:ask(fmt("gemm %d 3", r.torch.threads))
+      r.torch_profile = bestv.sv:ask(fmt("profile %d", r.torch.threads))
+      r.torch_gemm = bestv.sv:ask(fmt("gemm %d 3", r.torch.threads))
     end
-    torch:close()
   end
+  for _, sv in ipairs(servers) do sv:close() end
 
   -- memory against the patch count
   r.memory = {}
@@ -325,8 +348,8 @@ local function bench_config(cfg, c, tmp)
     local _, f, b, peak = step(m, xs)
     local e = { scale = s, images = #gs, patches = xs.n, tide_peak_bytes = peak, tide_bytes_per_patch = peak / xs.n,
       tide_step_s = f + b }
-    if cfg.baseline then
-      local tm = torch_memory(cfg.python, path, gs, r.torch.threads)
+    if bestv then
+      local tm = torch_memory(bestv.engine, path, gs, r.torch.threads)
       if tm then
         e.torch_rss_growth = tm.growth
         e.torch_rss_bytes_per_patch = tm.growth / xs.n
@@ -363,9 +386,9 @@ local function markdown(rec)
   local L = {}
   L[#L + 1] = "# vision: ViT encoder + projector forward + backward (f32, CPU)"
   L[#L + 1] = ""
-  L[#L + 1] = fmt("%s, tide %s (%s; default %d threads), its fastest of %s threads; PyTorch: %s eager, "
-    .. "OMP_WAIT_POLICY=PASSIVE, its fastest of %s threads; attention in PyTorch: %s. Load average %s at start, %s at "
-    .. "the end (a shared 2-core machine).", rec.date, rec.tide_version, rec.blas, rec.threads, rec.tide_threads,
+  L[#L + 1] = fmt("%s, tide %s (%s; default %d threads), its fastest of %s threads; PyTorch: %s eager, each build "
+    .. "with libgomp's default waiting and with OMP_WAIT_POLICY=PASSIVE at %s threads, the fastest quoted; attention in "
+    .. "PyTorch: %s. Load average %s at start, %s at the end (a shared 2-core machine).", rec.date, rec.tide_version, rec.blas, rec.threads, rec.tide_threads,
     rec.torch_version or "not run", rec.torch_threads, rec.torch_attention or "-", num(rec.loadavg_start, "%.2f"),
     num(rec.loadavg_end, "%.2f"))
   L[#L + 1] = ""
@@ -389,7 +412,8 @@ local function markdown(rec)
     end
     L[#L + 1] = fmt("| %s | %s | %d | %.1f | %s | %s | %d / %s | %s | %s | %s | %s |", r.name, r.images, r.patches,
       r.tide.patches_per_s, num(r.torch and r.torch.patches_per_s, "%.1f"), num(r.tide_over_torch, "%.2fx") .. (r.ratio_min and fmt(" (%.2fx-%.2fx)", r.ratio_min, r.ratio_max) or ""),
-      r.tide.threads, num(r.torch and r.torch.threads, "%d"), num(r.check and r.check.y_max_abs_delta, "%.2e"),
+      r.tide.threads, r.torch and (r.torch.variant or fmt("%d", r.torch.threads)) or "-",
+      num(r.check and r.check.y_max_abs_delta, "%.2e"),
       r.check and fmt("%.2e (%s)", r.check.max_rel_delta, r.check.worst) or "-", table.concat(tp, " / "),
       table.concat(rp, " / "))
   end
@@ -401,7 +425,9 @@ local function markdown(rec)
     for _, e in ipairs(r.tide.by_threads) do
       tb[#tb + 1] = fmt("%dT %.3f (%.3f / %.3f)", e.threads, e.step_s_median, e.forward_s_median, e.backward_s_median)
     end
-    for _, e in ipairs(r.torch and r.torch.by_threads or {}) do bt[#bt + 1] = fmt("%dT %.3f", e.threads, e.step_s_median) end
+    for _, e in ipairs(r.torch and r.torch.by_threads or {}) do
+      bt[#bt + 1] = fmt("%s %.3f", e.variant or fmt("%dT", e.threads), e.step_s_median)
+    end
     for i, e in ipairs(r.memory) do mp[i] = fmt("%.1f", e.tide_peak_bytes / 1e6) end
     local g = r.grids
     if #g > 40 then g = g:sub(1, 24) .. "... (" .. r.n_images .. " images)" end
@@ -489,7 +515,7 @@ return {
   scales = "1,2,4",             -- the packed images repeated this many times for the memory column
   baseline = true,              -- run the PyTorch side (check, timing, memory)
   profile = true,               -- time each op of tide's step alone
-  python = "/usr/bin/python3",
+  python = "/usr/bin/python3,build/torch-pypi/bin/python",   -- the PyTorch builds (missing ones left out)
   results = "bench/results",    -- where vision.json / vision.md go; "" writes nothing
   run = run,
 }
