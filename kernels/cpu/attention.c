@@ -60,7 +60,7 @@ DEFINE_MM(double, f64, cblas_dgemm)
    passes the saved one in slse instead and P is recomputed from it). */                                \
 static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int causal)               \
 {                                                                                                       \
-    _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN)")                                                     \
+    _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN_MATH)")                                                     \
     for (int64_t i = 0; i < Tq; i++) {                                                                  \
         T *sr = S + i * Tk;                                                                             \
         int64_t last = last_key(i, Tq, Tk, causal);                                                     \
@@ -111,7 +111,7 @@ static void attention_backward_##SFX(T *dq, T *dk, T *dv, const T *dout, const T
         probs_##SFX(P, NULL, lse + h * Tq, Tq, Tk, causal);                                             \
         mm_##SFX(1, 0, Tk, D, Tq, 1.0, P, Tk, doh, D, dvh, D);          /* dV = Pᵀ dO */                \
         mm_##SFX(0, 1, Tq, Tk, D, 1.0, doh, D, vh, D, dS, Tk);          /* dP = dO Vᵀ */                \
-        _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN)")                                                 \
+        _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN_MATH)")                                                 \
         for (int64_t i = 0; i < Tq; i++) {                                                              \
             const T *orow = oh + i * D, *grow = doh + i * D, *pr = P + i * Tk;                          \
             T *dr = dS + i * Tk;                                                                        \

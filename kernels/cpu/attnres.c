@@ -5,7 +5,8 @@
  *
  * per row (token), over n sources given as separate buffers (no stacked copy). The direct form: every score
  * first, then the softmax, then the weighted sum; sums in double for both dtypes. Rows are independent and
- * split over threads. The backward's gw and gnu share one row sum U[c] = Σ_t Σ_i ds_i r_i v_i[t, c]
+ * split over threads (in parallel from 4 x TIDE_OMP_MIN_MATH elements over all sources: bench/omp_threshold.lua).
+ * The backward's gw and gnu share one row sum U[c] = Σ_t Σ_i ds_i r_i v_i[t, c]
  * (dw = ν ⊙ U, dν = w ⊙ U, §4): each thread owns a range of columns and adds rows in order, so the result
  * does not depend on the thread count.
  */
@@ -222,7 +223,7 @@ static inline ar_v8d AR_VFMA(double p, ar_v8d x, ar_v8d acc)
 static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t n, int64_t rows, int64_t d, \
                               const double *a, double eps, double *scratch)                                   \
 {                                                                                                             \
-    _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
+    _Pragma("omp parallel for if(rows * d * n > 4 * TIDE_OMP_MIN_MATH)")                                                      \
     for (int64_t tb = 0; tb < rows; tb += AR_RB_FWD) {                                                            \
         int64_t nb = rows - tb < AR_RB_FWD ? rows - tb : AR_RB_FWD;                                                   \
         double *sb = scratch + (int64_t)omp_get_thread_num() * TIDE_CPU_PAD8(AR_RB_FWD * n + d);                    \
@@ -285,7 +286,7 @@ static void attnres_fwd_##SFX(TT *out, TT *P, TT *R, const TT *const *v, int64_t
 static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const TT *const *v, const TT *P,   \
                               const TT *R, int64_t n, int64_t rows, int64_t d, const double *a, double *scratch) \
 {                                                                                                             \
-    _Pragma("omp parallel for if(rows * d * n > TIDE_OMP_MIN)")                                                      \
+    _Pragma("omp parallel for if(rows * d * n > 4 * TIDE_OMP_MIN_MATH)")                                                      \
     for (int64_t tb = 0; tb < rows; tb += AR_RB) {                                                            \
       int64_t nb = rows - tb < AR_RB ? rows - tb : AR_RB;                                                     \
       double *dpb = scratch + (int64_t)omp_get_thread_num() * 2 * AR_RB * n, *sbk = dpb + AR_RB * n;          \
@@ -321,7 +322,7 @@ static void attnres_bwd_##SFX(TT *const *gv, double *coef, const TT *gout, const
 static void attnres_rowsum_##SFX(double *U, const double *coef, const TT *const *v, int64_t n, int64_t rows,   \
                                  int64_t d)                                                                   \
 {                                                                                                             \
-    _Pragma("omp parallel if(rows * d * n > TIDE_OMP_MIN)")                                                          \
+    _Pragma("omp parallel if(rows * d * n > 4 * TIDE_OMP_MIN_MATH)")                                                          \
     {                                                                                                         \
         int64_t c0, c1;                       /* whole cache lines of U per thread */                          \
         tide_cpu_column_range(d, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \

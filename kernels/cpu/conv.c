@@ -94,7 +94,7 @@ static int conv_##SFX(TT *out, const TT *x, const TT *w, const TT *cache, const 
     double *wt = transposed_##SFX(w, C, K);                                                                   \
     if (!wt) return tide_set_error("causal_conv1d: out of memory");                                           \
     int bad = 0;                                                                                              \
-    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
+    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                        \
     {                                                                                                         \
         double *a = malloc((size_t)(C > 0 ? C : 1) * sizeof *a);                                              \
         if (!a) bad = 1;                                                                                      \
@@ -120,7 +120,7 @@ static int conv_rows_##SFX(TT *out, const TT *x, const TT *w, void *const *cache
     double *wt = transposed_##SFX(w, C, K);                                                                   \
     if (!wt) return tide_set_error("conv_decode_rows: out of memory");                                        \
     int bad = 0;                                                                                              \
-    _Pragma("omp parallel if(R * C * K > TIDE_OMP_MIN) reduction(|:bad)")                                    \
+    _Pragma("omp parallel if(R * C * K > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
     {                                                                                                         \
         double *a = malloc((size_t)(C > 0 ? C : 1) * sizeof *a);                                              \
         if (!a) bad = 1;                                                                                      \
@@ -160,7 +160,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
     double *wt = ga ? transposed_##SFX(w, C, K) : NULL;                                                       \
     if (!ga || !wt) return conv_backward_oom(ga, wt, NULL);                                                   \
     int bad = 0;                                                                                              \
-    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                        \
+    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                        \
     {                                                                                                         \
         double *a = silu ? malloc((size_t)(C > 0 ? C : 1) * sizeof *a) : NULL;                                \
         if (silu && !a) bad = 1;                                                                              \
@@ -181,7 +181,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
     if (bad) return conv_backward_oom(ga, wt, NULL);                                                          \
     /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment, taps in order */        \
     if (gx) {                                                                                                 \
-        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
+        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
         {                                                                                                     \
             double *s = malloc((size_t)(C > 0 ? C : 1) * sizeof *s);                                          \
             if (!s) bad = 1;                                                                                  \
@@ -222,7 +222,7 @@ static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const
     if (gw) {                                                                                                 \
         double *acc = calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc);                                   \
         if (!acc) return conv_backward_oom(ga, wt, NULL);                                                     \
-        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN) reduction(|:bad)")                                    \
+        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
         {                                                                                                     \
             int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
             int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth, w_ = c1 - c0;                               \

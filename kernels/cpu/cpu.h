@@ -164,9 +164,23 @@ static inline const char *tide_cpu_dtype_str(int dtype)
     return s ? s : "unknown";
 }
 
-/* OpenMP loops run in parallel only when a call touches more than this many elements: below it the team's
-   start costs more than the loop saves. A macro, so that it expands inside _Pragma("omp ... if(...)"). */
-#define TIDE_OMP_MIN 16384
+/* OpenMP loops run in parallel only when a call does enough work that starting and ending the team (a few us on
+   2 cores) costs less than the second thread saves: about 5-10 us of one core's work. How many elements that is
+   depends on the work per element, so each kernel's `if` clause names its cost class (crossovers measured by
+   bench/omp_threshold.lua, 1 thread against 2 with every loop forced parallel; bench/results/omp_threshold.md):
+     TIDE_OMP_MIN       elements of a few flops that stream (gathers, copies, column sums, cross-entropy rows): 16,384
+     TIDE_OMP_MIN_ROW   elements of row reductions and normalisations in double (RMSNorm, LayerNorm, RoPE): 3,072
+     TIDE_OMP_MIN_MATH  elements with an exponential or a chain of double fused multiply-adds each (the causal
+                        convolution's SiLU in double, softmax, AttnRes, SiTU, attention scores): 1,536; a kernel
+                        scales it by its own work per counted element (softmax a quarter, AttnRes 4x)
+     TIDE_OMP_MIN_FMA   multiply-adds of a product on the engine's own GEMM kernels (K <= 96): 786,432
+   Macros, so that they expand inside _Pragma("omp ... if(...)"). tide_cpu_omp_scale multiplies them all: 1, or
+   TIDE_OMP_SCALE at load (0: every loop parallel; the benchmark's measuring knob). */
+extern double tide_cpu_omp_scale;
+#define TIDE_OMP_MIN ((int64_t)(16384 * tide_cpu_omp_scale))
+#define TIDE_OMP_MIN_ROW ((int64_t)(3072 * tide_cpu_omp_scale))
+#define TIDE_OMP_MIN_MATH ((int64_t)(1536 * tide_cpu_omp_scale))
+#define TIDE_OMP_MIN_FMA ((int64_t)(786432 * tide_cpu_omp_scale))
 
 /* one step of a spin-wait on another thread of the same region (a hint to the core; a no-op elsewhere) */
 static inline void tide_cpu_relax(void)

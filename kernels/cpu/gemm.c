@@ -256,7 +256,7 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     if (M < IR) {
         /* the narrow path: each element its scalar chain, op(B) read in place, NC columns' chains interleaved */
         enum { NC = 8 };
-        _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
+        _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN_FMA)")
         for (int64_t j0 = 0; j0 < N; j0 += NC)
             for (int64_t i = 0; i < M; i++) {
                 int n = N - j0 < NC ? (int)(N - j0) : NC;
@@ -298,7 +298,7 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
     int64_t PW = nv * VL, np = (N + PW - 1) / PW, nb = (M + ir - 1) / ir;
     void *pb = pack_panels(esz, tb, B, ldb, K, N, PW);
     if (!pb) { pack_put(0, pa); return -1; }
-    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN)")
+    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN_FMA)")
     for (int64_t t = 0; t < np * nb; t++) {
         /* a row tile's panels one after another: its rows of A stay in L1 and C's rows are written whole (panel by
            panel, each over all the row tiles, ran 20-25% slower at N = 128-320, K = 64) */
@@ -396,7 +396,7 @@ static void gemm_narrow(int64_t M, int64_t N, int64_t K, float alpha, const floa
 {
     int64_t ni = (M + NR_I - 1) / NR_I, nj = (N + NR_J - 1) / NR_J, K16 = K - K % NVL;
     int tail = (int)(K - K16);
-    _Pragma("omp parallel for if(M * N * K > 4 * TIDE_OMP_MIN) schedule(static)")
+    _Pragma("omp parallel for if(M * N * K > TIDE_OMP_MIN_FMA) schedule(static)")
     for (int64_t bi = 0; bi < ni; bi++) {
         const float *a[NR_I];
         for (int r = 0; r < NR_I; r++) a[r] = A + (bi * NR_I + r < M ? bi * NR_I + r : M - 1) * lda;

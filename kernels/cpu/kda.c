@@ -62,7 +62,7 @@ static double load(int dtype, const void *p, int64_t i)
 #define BOUND_SCAN(TY)                                                                                          \
     {                                                                                                           \
         const TY *x = g;                                                                                        \
-        _Pragma("omp parallel for reduction(min : bad) schedule(static) if (n > 65536)")                        \
+        _Pragma("omp parallel for reduction(min : bad) schedule(static) if (n > 4 * TIDE_OMP_MIN)")                        \
         for (int64_t b0 = 0; b0 < n; b0 += 1024) {                                                              \
             int64_t b1 = b0 + 1024 < n ? b0 + 1024 : n;                                                         \
             int out = 0;                                                                                        \
@@ -198,7 +198,7 @@ static int gate_##SFX2(TT *g, const TT *z, const TT *A_log, const TT *b, int64_t
     double *ea = malloc((size_t)(HD > 0 ? HD : 1) * sizeof *ea);        /* exp(A_log) per channel */          \
     if (!ea) return tide_set_error("kda_gate: out of memory");                                                \
     for (int64_t c = 0; c < HD; c++) ea[c] = exp((double)A_log[c / D]);                                       \
-    _Pragma("omp parallel for if(N * HD > 65536)")                                                            \
+    _Pragma("omp parallel for if(N * HD > TIDE_OMP_MIN_MATH)")                                                            \
     for (int64_t n = 0; n < N; n++) {                                                                         \
         const TT *zr = z + n * HD;                                                                            \
         TT *gr = g + n * HD;                                                                                  \
@@ -223,7 +223,7 @@ static int gate_backward_##SFX2(TT *gz, TT *gA, TT *gb, const TT *gg, const TT *
     if (((gA || gb) && !colA) || !ea) { tide_cpu_free(colA); free(ea); return tide_set_error("kda_gate backward: out of memory"); } \
     if (colA) memset(colA, 0, (size_t)(2 * HP) * sizeof(double));                                             \
     for (int64_t c = 0; c < HD; c++) ea[c] = exp((double)A_log[c / D]);                                       \
-    _Pragma("omp parallel if(N * HD > 65536)")                                                                \
+    _Pragma("omp parallel if(N * HD > TIDE_OMP_MIN_MATH)")                                                                \
     {                                                                                                         \
         int64_t c0, c1;                       /* whole cache lines of colA per thread */                       \
         tide_cpu_column_range(HD, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \

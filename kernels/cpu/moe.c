@@ -100,14 +100,14 @@ SITU(double, sigmoid_f64, tanh)
     static void situ_fw_##T(T *out, const T *g, const T *u, int64_t n, double k1, double k2)                \
     {                                                                                                       \
         T i1 = (T)(1.0 / k1), i2 = (T)(1.0 / k2), f1 = (T)k1, f2 = (T)k2;                                   \
-        _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
+        _Pragma("omp parallel for if(n > TIDE_OMP_MIN_MATH) schedule(static)")                                          \
         for (int64_t i = 0; i < n; i++) out[i] = situ_op_h_##T(g[i], u[i], i1, f1, i2, f2);                 \
     }                                                                                                       \
     static void situ_bw_##T(T *dg, T *du, const T *d, const T *g, const T *u, int64_t n, double k1, double k2) \
     {                                                                                                       \
         T i1 = (T)(1.0 / k1), i2 = (T)(1.0 / k2), f1 = (T)k1, f2 = (T)k2;                                   \
         int64_t nb = (n + SITU_BLOCK - 1) / SITU_BLOCK;                                                     \
-        _Pragma("omp parallel for if(n > TIDE_OMP_MIN) schedule(static)")                                          \
+        _Pragma("omp parallel for if(n > TIDE_OMP_MIN_MATH) schedule(static)")                                          \
         for (int64_t b = 0; b < nb; b++) {                                                                  \
             int64_t i0 = b * SITU_BLOCK, m = n - i0 < SITU_BLOCK ? n - i0 : SITU_BLOCK;                     \
             T sg[SITU_BLOCK];                                                                               \

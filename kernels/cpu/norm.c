@@ -23,8 +23,8 @@
 #define THREAD_COUNT() 1
 #endif
 
-/* rows are processed in parallel when a call touches more than TIDE_OMP_MIN elements (`if` clauses below):
-   under that a parallel region costs more than it saves */
+/* rows are processed in parallel when a call touches more than TIDE_OMP_MIN_ROW elements (cpu.h: the cost classes
+   of the `if` clauses) */
 
 /* column range [*c0, *c1) of thread `tid` out of `nth`, in whole cache lines of the (aligned) accumulators */
 #define column_range tide_cpu_column_range
@@ -36,7 +36,7 @@
 #define DEFINE_RMSNORM(T, SFX)                                                                          \
 static void rmsnorm_##SFX(T *out, T *rstd, const T *x, const T *w, int64_t N, int64_t C, double eps)  \
 {                                                                                                       \
-    _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                    \
+    _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                    \
     {                                                                                                   \
         double rb[RMS_ROWS];                                                                            \
         _Pragma("omp for schedule(static)")                                                             \
@@ -71,7 +71,7 @@ static void rmsnorm_backward_##SFX(T *dx, T *dw, double *dw_acc, const T *dout, 
                                    const T *w, const T *rstd, int64_t N, int64_t C)                   \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                \
         {                                                                                               \
             double kb[RMS_ROWS];                                                                        \
             _Pragma("omp for schedule(static)")                                                         \
@@ -97,7 +97,7 @@ static void rmsnorm_backward_##SFX(T *dx, T *dw, double *dw_acc, const T *dout, 
         }                                                                                               \
     }                                                                                                   \
     if (dw) {                                                                                           \
-        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                \
         {                                                                                               \
             int64_t c0, c1;                                                                             \
             column_range(C, THREAD_ID(), THREAD_COUNT(), &c0, &c1);                                     \
@@ -154,7 +154,7 @@ int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, c
 static void layernorm_##SFX(T *out, T *mean, T *rstd, const T *x, const T *w, const T *b, int64_t N,   \
                             int64_t C, double eps)                                                      \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                                \
+    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN_ROW)")                                                \
     for (int64_t n = 0; n < N; n++) {                                                                   \
         const T *xr = x + n * C;                                                                        \
         T *yr = out + n * C;                                                                            \
@@ -178,7 +178,7 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
                                      const T *w, const T *mean, const T *rstd, int64_t N, int64_t C)  \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN)")                                            \
+        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN_ROW)")                                            \
         for (int64_t n = 0; n < N; n++) {                                                               \
             const T *xr = x + n * C, *gr = dout + n * C;                                                \
             T *dr = dx + n * C;                                                                         \
@@ -199,7 +199,7 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
     }                                                                                                   \
     if (dw || db) {                                                                                     \
         double *aw = acc, *ab = acc + TIDE_CPU_PAD8(C);                                                                \
-        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN)")                                                \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                \
         {                                                                                               \
             int64_t c0, c1;                                                                             \
             column_range(C, THREAD_ID(), THREAD_COUNT(), &c0, &c1);                                     \

@@ -19,7 +19,7 @@ static void rope_##SFX(T *out, const T *x, const double *cs, int64_t B, int64_t 
                        int64_t D)                                                                       \
 {                                                                                                       \
     int64_t half = D / 2, rows = B * T_ * H;                                                            \
-    _Pragma("omp parallel for if(rows * D > TIDE_OMP_MIN)")                                                    \
+    _Pragma("omp parallel for if(rows * D > TIDE_OMP_MIN_ROW)")                                                    \
     for (int64_t r = 0; r < rows; r++) {                                                                \
         int64_t t = (r / H) % T_;                                                                       \
         const double *cr = cs + t * 2 * half, *sr = cr + half;                                          \

@@ -50,8 +50,21 @@ static int default_threads(void)
     return n > 0 ? n : 1;
 }
 
+double tide_cpu_omp_scale = 1.0;
+
+/* TIDE_OMP_SCALE: a number >= 0 that multiplies the kernels' parallel thresholds (cpu.h); unset or unusable: 1 */
+static void omp_scale_from_env(void)
+{
+    const char *env = getenv("TIDE_OMP_SCALE");
+    if (!env || !*env) return;
+    char *end;
+    double v = strtod(env, &end);
+    if (*end == '\0' && v >= 0 && v <= 1e6) tide_cpu_omp_scale = v;
+}
+
 static void init_once(void)
 {
+    omp_scale_from_env();
     apply_threads(default_threads());
     describe_blas();
 }
