@@ -154,22 +154,42 @@ int tide_cpu_rmsnorm_backward(int dtype, void *dx, void *dw, const void *dout, c
 static void layernorm_##SFX(T *out, T *mean, T *rstd, const T *x, const T *w, const T *b, int64_t N,   \
                             int64_t C, double eps)                                                      \
 {                                                                                                       \
-    _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN_ROW)")                                                \
-    for (int64_t n = 0; n < N; n++) {                                                                   \
-        const T *xr = x + n * C;                                                                        \
-        T *yr = out + n * C;                                                                            \
-        double s = 0.0;                                                                                 \
-        _Pragma("omp simd reduction(+:s)")                                                              \
-        for (int64_t c = 0; c < C; c++) s += (double)xr[c];                                             \
-        double mu = C > 0 ? s / (double)C : 0.0, v = 0.0;                                               \
-        /* two passes: the variance of (x − mean) does not cancel catastrophically */                   \
-        _Pragma("omp simd reduction(+:v)")                                                              \
-        for (int64_t c = 0; c < C; c++) { double d = (double)xr[c] - mu; v += d * d; }                  \
-        double r = 1.0 / sqrt((C > 0 ? v / (double)C : 0.0) + eps);                                    \
-        mean[n] = (T)mu;                                                                                \
-        rstd[n] = (T)r;                                                                                 \
-        for (int64_t c = 0; c < C; c++)                                                                 \
-            yr[c] = (T)(((double)xr[c] - mu) * r * (w ? (double)w[c] : 1.0) + (b ? (double)b[c] : 0.0)); \
+    _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                \
+    {                                                                                                   \
+        double mb[RMS_ROWS], rb[RMS_ROWS];                                                              \
+        _Pragma("omp for schedule(static)")                                                             \
+        for (int64_t n0 = 0; n0 < N; n0 += RMS_ROWS) {                                                  \
+            int64_t nr = N - n0 < RMS_ROWS ? N - n0 : RMS_ROWS;                                         \
+            /* as RMSNorm's: the block's means, then its variances, then its scales, then the outputs, so \
+               the rows' dependent chains overlap */                                                    \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                const T *xr = x + (n0 + i) * C;                                                         \
+                double s = 0.0;                                                                         \
+                _Pragma("omp simd reduction(+:s)")                                                      \
+                for (int64_t c = 0; c < C; c++) s += (double)xr[c];                                     \
+                mb[i] = C > 0 ? s / (double)C : 0.0;                                                    \
+            }                                                                                           \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                const T *xr = x + (n0 + i) * C;                                                         \
+                double mu = mb[i], v = 0.0;                                                             \
+                /* two passes: the variance of (x − mean) does not cancel catastrophically */           \
+                _Pragma("omp simd reduction(+:v)")                                                      \
+                for (int64_t c = 0; c < C; c++) { double d = (double)xr[c] - mu; v += d * d; }          \
+                rb[i] = v;                                                                              \
+            }                                                                                           \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                rb[i] = 1.0 / sqrt((C > 0 ? rb[i] / (double)C : 0.0) + eps);                            \
+                mean[n0 + i] = (T)mb[i];                                                                \
+                rstd[n0 + i] = (T)rb[i];                                                                \
+            }                                                                                           \
+            for (int64_t i = 0; i < nr; i++) {                                                          \
+                const T *xr = x + (n0 + i) * C;                                                         \
+                T *yr = out + (n0 + i) * C;                                                             \
+                double mu = mb[i], r = rb[i];                                                           \
+                for (int64_t c = 0; c < C; c++)                                                         \
+                    yr[c] = (T)(((double)xr[c] - mu) * r * (w ? (double)w[c] : 1.0) + (b ? (double)b[c] : 0.0)); \
+            }                                                                                           \
+        }                                                                                               \
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
@@ -178,22 +198,37 @@ static void layernorm_backward_##SFX(T *dx, T *dw, T *db, double *acc, const T *
                                      const T *w, const T *mean, const T *rstd, int64_t N, int64_t C)  \
 {                                                                                                       \
     if (dx) {                                                                                           \
-        _Pragma("omp parallel for if(N * C > TIDE_OMP_MIN_ROW)")                                            \
-        for (int64_t n = 0; n < N; n++) {                                                               \
-            const T *xr = x + n * C, *gr = dout + n * C;                                                \
-            T *dr = dx + n * C;                                                                         \
-            double mu = (double)mean[n], r = (double)rstd[n], sg = 0.0, sgx = 0.0;                      \
-            _Pragma("omp simd reduction(+:sg, sgx)")                                                    \
-            for (int64_t c = 0; c < C; c++) {                                                           \
-                double g = (double)gr[c] * (w ? (double)w[c] : 1.0);                                    \
-                sg += g;                                                                                \
-                sgx += g * ((double)xr[c] - mu) * r;                                                    \
-            }                                                                                           \
-            double mg = C > 0 ? sg / (double)C : 0.0, mgx = C > 0 ? sgx / (double)C : 0.0;              \
-            for (int64_t c = 0; c < C; c++) {                                                           \
-                double g = (double)gr[c] * (w ? (double)w[c] : 1.0);                                    \
-                double xh = ((double)xr[c] - mu) * r;                                                   \
-                dr[c] = (T)(r * (g - mg - xh * mgx));                                                   \
+        _Pragma("omp parallel if(N * C > TIDE_OMP_MIN_ROW)")                                                \
+        {                                                                                               \
+            double gb[RMS_ROWS], gxb[RMS_ROWS];                                                         \
+            _Pragma("omp for schedule(static)")                                                         \
+            for (int64_t n0 = 0; n0 < N; n0 += RMS_ROWS) {                                              \
+                int64_t nr = N - n0 < RMS_ROWS ? N - n0 : RMS_ROWS;                                     \
+                /* the block's two sums per row first (their chains overlap), then the outputs */       \
+                for (int64_t i = 0; i < nr; i++) {                                                      \
+                    int64_t n = n0 + i;                                                                 \
+                    const T *xr = x + n * C, *gr = dout + n * C;                                        \
+                    double mu = (double)mean[n], r = (double)rstd[n], sg = 0.0, sgx = 0.0;              \
+                    _Pragma("omp simd reduction(+:sg, sgx)")                                            \
+                    for (int64_t c = 0; c < C; c++) {                                                   \
+                        double g = (double)gr[c] * (w ? (double)w[c] : 1.0);                            \
+                        sg += g;                                                                        \
+                        sgx += g * ((double)xr[c] - mu) * r;                                            \
+                    }                                                                                   \
+                    gb[i] = C > 0 ? sg / (double)C : 0.0;                                               \
+                    gxb[i] = C > 0 ? sgx / (double)C : 0.0;                                             \
+                }                                                                                       \
+                for (int64_t i = 0; i < nr; i++) {                                                      \
+                    int64_t n = n0 + i;                                                                 \
+                    const T *xr = x + n * C, *gr = dout + n * C;                                        \
+                    T *dr = dx + n * C;                                                                 \
+                    double mu = (double)mean[n], r = (double)rstd[n], mg = gb[i], mgx = gxb[i];         \
+                    for (int64_t c = 0; c < C; c++) {                                                   \
+                        double g = (double)gr[c] * (w ? (double)w[c] : 1.0);                            \
+                        double xh = ((double)xr[c] - mu) * r;                                           \
+                        dr[c] = (T)(r * (g - mg - xh * mgx));                                           \
+                    }                                                                                   \
+                }                                                                                       \
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
