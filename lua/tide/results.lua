@@ -274,16 +274,20 @@ results.TORCH_SETTINGS = {
   { name = "PASSIVE", env = "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE" },
 }
 
--- torch_version(python) -> torch.__version__ as that interpreter imports it, or nil and why
+-- torch_version(python) -> torch.__version__ as that interpreter imports it (the last line of its output: an
+-- import may print warnings first), or nil and why (the last line of what it printed on either stream)
 function results.torch_version(python)
   local cli = require "tide.cli"
-  local p = io.popen(cli.shell_quote(python) .. " -c 'import torch; print(torch.__version__)' 2>&1")
-  local out = p and p:read("*a") or ""
-  if p then p:close() end
-  local v = out:match("^%s*(%d+%.%d+[^%s]*)%s*$")
+  local function run(redirect)
+    local p = io.popen(cli.shell_quote(python) .. " -c 'import torch; print(torch.__version__)' " .. redirect)
+    local out = p and p:read("*a") or ""
+    if p then p:close() end
+    return (out:gsub("%s+$", ""):match("([^\n]*)$")) or ""
+  end
+  local v = run("2>/dev/null"):match("^%s*(%d+%.%d+%S*)$")
   if v then return v end
-  local last = out:gsub("%s+$", ""):match("([^\n]*)$")
-  return nil, (last and last ~= "") and last or "no output"
+  local last = run("2>&1")
+  return nil, last ~= "" and last or "no output"
 end
 
 -- torch_engines(pythons) -> engines, builds, skipped: `pythons` a comma-separated list of interpreters (or a Lua
