@@ -292,31 +292,29 @@ local function run(cfg)
       record.steps_per_round = steps
       local runners = { { "tide", function() return eng.steps(steps) end } }
       local servers = {}
-      do
-        for ei, st in ipairs(engines) do
-          local cmd = string.format("%s %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d --seq %d --batch %d "
-            .. "--warmup %d --steps 1 --threads %d --serve {fifo}", st.env, shell_quote(st.python),
-            shell_quote(bench_dir .. "/torch_dense.py"), c.vocab_size, c.dim, c.n_layers, c.n_heads, eng.ffn_dim,
-            c.seq, c.batch, cfg.warmup, tide.num_threads())
-          local ok, sv = pcall(results.server, cmd, os.getenv("TMPDIR") or "/tmp", "torch_dense_" .. ei)
-          if ok then
-            local okq, info = pcall(sv.ask, sv, { cmd = "info" })
-            if okq then
-              servers[#servers + 1] = { setting = st.label, sv = sv, info = info, steps = {} }
-              local entry = servers[#servers]
-              runners[#runners + 1] = { "torch " .. st.label, function()
-                local a = sv:ask({ cmd = "steps", n = steps })
-                for _, x in ipairs(a.step_s) do entry.steps[#entry.steps + 1] = x end
-                entry.losses = a.losses
-                return median(a.step_s)
-              end }
-            else
-              io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(info) .. "\n")
-              sv:close()
-            end
+      for ei, st in ipairs(engines) do
+        local cmd = string.format("%s %s %s --vocab %d --dim %d --layers %d --heads %d --ffn %d --seq %d --batch %d "
+          .. "--warmup %d --steps 1 --threads %d --serve {fifo}", st.env, shell_quote(st.python),
+          shell_quote(bench_dir .. "/torch_dense.py"), c.vocab_size, c.dim, c.n_layers, c.n_heads, eng.ffn_dim,
+          c.seq, c.batch, cfg.warmup, tide.num_threads())
+        local ok, sv = pcall(results.server, cmd, os.getenv("TMPDIR") or "/tmp", "torch_dense_" .. ei)
+        if ok then
+          local okq, info = pcall(sv.ask, sv, { cmd = "info" })
+          if okq then
+            servers[#servers + 1] = { setting = st.label, sv = sv, info = info, steps = {} }
+            local entry = servers[#servers]
+            runners[#runners + 1] = { "torch " .. st.label, function()
+              local a = sv:ask({ cmd = "steps", n = steps })
+              for _, x in ipairs(a.step_s) do entry.steps[#entry.steps + 1] = x end
+              entry.losses = a.losses
+              return median(a.step_s)
+            end }
           else
-            io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(sv) .. "\n")
+            io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(info) .. "\n")
+            sv:close()
           end
+        else
+          io.stderr:write("step_dense: PyTorch baseline (" .. st.label .. "): " .. tostring(sv) .. "\n")
         end
       end
       io.stderr:write(string.format("step_dense: %s: %d rounds of %d steps per engine (%d engines)\n", c.name,

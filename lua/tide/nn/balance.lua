@@ -30,10 +30,7 @@ balance.ESTIMATORS = { auto = true, exact = true, histogram = true, order_statis
 -- ---- plain-array helpers (QB statistics are small: m·n doubles per step) ----------------------------------
 -- f64_buffer(n) -> double[n] from malloc, freed by the collector: not zero-filled (ffi.new's arrays are, which for
 -- the step's [m·n] scores and margins cost as much as the QB arithmetic itself); every user writes it whole
-if not pcall(ffi.typeof, "struct tide_balance_malloc_declared") then
-  ffi.cdef("struct tide_balance_malloc_declared { int unused; };")
-  pcall(ffi.cdef, "void *malloc(size_t size); void free(void *p);")
-end
+pcall(ffi.cdef, "void *malloc(size_t size); void free(void *p);")   -- (a second declaration raises: ignored)
 local function f64_buffer(n)
   local p = ffi.C.malloc(math.max(n, 1) * 8)
   if p == nil then error(fmt("out of memory: a buffer of %d doubles", n), 0) end
