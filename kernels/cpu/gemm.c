@@ -73,6 +73,23 @@ static inline tvf vset_f32(float s) { return (tvf){0} + s; }
 static inline tvd vset_f64(double s) { return (tvd){0} + s; }
 #endif
 
+/* one vector of a full tile straight into C: alpha · chain, or fma(beta, c, alpha · chain) when beta != 0, lane by
+   lane the arithmetic of the scalar store (an IEEE product, then the explicit fused operation) */
+#define DEFINE_VSTORE(T, V, SUF)                                                                              \
+    static inline void vstore_##SUF(T *c, V acc, T al, T be, int hb)                                          \
+    {                                                                                                         \
+        V r = vset_##SUF(al) * acc;                                                                           \
+        if (hb) {                                                                                             \
+            V old;                                                                                            \
+            memcpy(&old, c, sizeof old);                                                                      \
+            r = vfma_##SUF(vset_##SUF(be), old, r);                                                           \
+        }                                                                                                     \
+        memcpy(c, &r, sizeof r);                                                                              \
+    }
+DEFINE_VSTORE(float, tvf, f32)
+DEFINE_VSTORE(double, tvd, f64)
+#undef DEFINE_VSTORE
+
 enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
 
 /* out[IR][IV * VL] = the chains of rows a[0..IR-1] (each K values) with the panel bp [K][IV * VL]; written out
@@ -86,7 +103,8 @@ enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
         c##i##3 = vfma_##SUF(x, b3, c##i##3);                                                                 \
     }
 #define DEFINE_TILE(T, V, VL, SUF)                                                                            \
-    static void tile_##SUF(const T *const *a, const T *bp, int64_t K, T *out)                                 \
+    static void tile_##SUF(const T *const *a, const T *bp, int64_t K, T *out, T *cd, int64_t ldc, T al, T be, \
+                          int hb)                                                                             \
     {                                                                                                         \
         const T *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3];                                               \
         V c00 = {0}, c01 = {0}, c02 = {0}, c03 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c13 = {0};             \
@@ -101,7 +119,9 @@ enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
             TILE_ROW(0, V, VL, SUF) TILE_ROW(1, V, VL, SUF) TILE_ROW(2, V, VL, SUF) TILE_ROW(3, V, VL, SUF)                                                 \
         }                                                                                                     \
         V all[16] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33};        \
-        memcpy(out, all, sizeof all);                                                                         \
+        if (!cd) { memcpy(out, all, sizeof all); return; }                                                    \
+        for (int i = 0; i < 4; i++)                                                                           \
+            for (int v = 0; v < 4; v++) vstore_##SUF(cd + i * ldc + v * VL, all[i * 4 + v], al, be, hb);          \
     }
 DEFINE_TILE(float, tvf, VLF, f32)
 DEFINE_TILE(double, tvd, VLD, f64)
@@ -113,7 +133,8 @@ _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 
    IRN · NV = 16 accumulators as in the 4 x 4 tile. A 4 x 4 tile's 64-float panel computed 62 padded columns for
    N = 2 (a KDA layer's β projection: 148 us a call at 4,096 tokens). The chains are the same, so the same bits. */
 #define DEFINE_THIN_TILE(T, V, VL, SUF, NV, IRN)                                                              \
-    static void tile_##SUF##_thin##NV(const T *const *a, const T *bp, int64_t K, T *out)                      \
+    static void tile_##SUF##_thin##NV(const T *const *a, const T *bp, int64_t K, T *out, T *cd, int64_t ldc,  \
+                                      T al, T be, int hb)                                                     \
     {                                                                                                         \
         V c[IRN][NV];                                                                                         \
         _Pragma("GCC unroll 16")                                                                              \
@@ -131,7 +152,9 @@ _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 
                 for (int v = 0; v < NV; v++) c[i][v] = vfma_##SUF(x, b[v], c[i][v]);                          \
             }                                                                                                 \
         }                                                                                                     \
-        memcpy(out, c, sizeof c);                                                                             \
+        if (!cd) { memcpy(out, c, sizeof c); return; }                                                        \
+        for (int i = 0; i < IRN; i++)                                                                         \
+            for (int v = 0; v < NV; v++) vstore_##SUF(cd + i * ldc + v * VL, c[i][v], al, be, hb);                \
     }
 DEFINE_THIN_TILE(float, tvf, VLF, f32, 1, 16)
 DEFINE_THIN_TILE(float, tvf, VLF, f32, 2, 8)
@@ -316,10 +339,12 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
             T out[IR * IV * VL], al = (T)alpha, be = (T)beta;                                                 \
             for (int i = 0; i < ir; i++) rows[i] = (const T *)a + (i0 + (i < m ? i : m - 1)) * sa;            \
             const T *panel = (const T *)pb + p * K * PW;                                                      \
-            if (nv == 1) tile_##SUF##_thin1(rows, panel, K, out);                                             \
-            else if (nv == 2) tile_##SUF##_thin2(rows, panel, K, out);                                        \
-            else tile_##SUF(rows, panel, K, out);                                                             \
-            for (int i = 0; i < m; i++) {                                                                     \
+            /* a full tile goes straight from its registers into C; an edge tile through out */              \
+            T *cd = m == ir && n == PW ? (T *)C + i0 * ldc + j0 : NULL;                                       \
+            if (nv == 1) tile_##SUF##_thin1(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                            \
+            else if (nv == 2) tile_##SUF##_thin2(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                       \
+            else tile_##SUF(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                                            \
+            for (int i = 0; !cd && i < m; i++) {                                                              \
                 T *c = (T *)C + (i0 + i) * ldc + j0;                                                          \
                 const T *o = out + i * PW;                                                                    \
                 if (beta == 0.0)                                                                              \
