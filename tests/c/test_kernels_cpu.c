@@ -1009,6 +1009,36 @@ static void test_gemm_long_k(void)
     CHECK(alone == 0, "long-K gemm: %d of %d products give their first rows other bits than the wider product", alone, cases);
 }
 
+/* the long-K product's arithmetic as gemm.c states it, element by element: per segment of 512 rows one fmaf chain over
+   its rows in order from 0, the segments' partials summed in order, then alpha times the sum (beta = 0). Bitwise,
+   so the kernel's blocking of rows and tiles (in L1-sized blocks, edge tiles on padded copies) never changes a bit */
+static void test_gemm_long_k_chains(void)
+{
+    static const int shapes[][3] = { {64, 64, 4096}, {37, 70, 1100}, {130, 17, 2049}, {5, 48, 1536} };
+    int differ = 0;
+    for (int si = 0; si < 4; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], lda = M + 1, ldb = N + 2;
+        float *A = malloc((size_t)K * lda * sizeof *A), *B = malloc((size_t)K * ldb * sizeof *B);
+        float *C = malloc((size_t)M * N * sizeof *C);
+        for (size_t i = 0; i < (size_t)K * lda; i++) A[i] = (float)urand(-1, 1);
+        for (size_t i = 0; i < (size_t)K * ldb; i++) B[i] = (float)urand(-1, 1);
+        tide_cpu_gemm(TIDE_F32, 1, 0, M, N, K, 0.7, A, lda, B, ldb, 0.0, C, N);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float sum = 0.0f;
+                for (int k0 = 0; k0 < K; k0 += 512) {
+                    float part = 0.0f;
+                    for (int k = k0; k < K && k < k0 + 512; k++) part = fmaf(A[(size_t)k * lda + i], B[(size_t)k * ldb + j], part);
+                    sum = k0 == 0 ? part : sum + part;
+                }
+                float want = 0.7f * sum;
+                differ += memcmp(&want, &C[(size_t)i * N + j], sizeof want) != 0;
+            }
+        free(A); free(B); free(C);
+    }
+    CHECK(differ == 0, "long-K gemm: %d elements differ from the segment chains' stated arithmetic", differ);
+}
+
 /* beta = 0 on a C past the caches (gemm.c zeroes it with streaming stores and adds the product with beta 1): NaN in C
    does not survive, the padding columns stay as they were, the values match the double reference, and the bits equal
    the same product with beta = 1 onto a zeroed C (what OpenBLAS's own beta = 0 does) */
@@ -1319,6 +1349,7 @@ int main(void)
     test_gemm_narrow();
     test_gemm_beta0_large();
     test_gemm_long_k();
+    test_gemm_long_k_chains();
     test_index();
     test_adamw();
     test_first_nonfinite();
