@@ -44,9 +44,8 @@ static inline double sigm(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : ex
 #define sigm_f64 sigm
 
 /* the backward's way out when an allocation fails: what it holds so far freed (NULL: nothing) */
-static int conv_backward_oom(double *ga, double *wt, double *acc)
+static int conv_backward_oom(double *wt, double *acc)
 {
-    tide_scratch_free(TIDE_CPU_DEVICE, ga);
     free(wt);
     free(acc);
     return tide_set_error("causal_conv1d backward: out of memory");
@@ -149,104 +148,104 @@ static int conv_rows_##SFX(TT *out, const TT *x, const TT *w, void *const *cache
     return bad ? tide_set_error("conv_decode_rows: out of memory") : 0;                                       \
 }                                                                                                             \
                                                                                                               \
+/* ga = dL/d(pre-activation) of token p, channels [c0, c0 + w_): the pre-activation recomputed (the forward's taps,   \
+   in order) and SiLU's derivative applied, or the output gradient itself without SiLU; a: w_ doubles of scratch */ \
+static inline void ga_row_##SFX(double *ga, double *a, const TT *gout, const TT *x, const TT *cache,            \
+                                const int64_t *start, const double *wt, int64_t p, int64_t T_, int64_t C,      \
+                                int64_t K, int64_t c0, int64_t w_, int silu)                                   \
+{                                                                                                             \
+    const TT *g = gout + p * C + c0;                                                                          \
+    if (!silu) { for (int64_t c = 0; c < w_; c++) ga[c] = (double)g[c]; return; }                             \
+    for (int64_t c = 0; c < w_; c++) a[c] = 0;                                                                \
+    for (int64_t j = 0; j < K; j++) {                                                                         \
+        const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                                      \
+        if (!src) continue;                                                                                   \
+        const double *wj = wt + j * C + c0;                                                                   \
+        src += c0;                                                                                            \
+        for (int64_t c = 0; c < w_; c++) a[c] += wj[c] * (double)src[c];                                      \
+    }                                                                                                         \
+    for (int64_t c = 0; c < w_; c++) {                                                                        \
+        double s = sigm_##SFX(a[c]);                                                                          \
+        ga[c] = (double)g[c] * (s + a[c] * s * (1 - s));                                                      \
+    }                                                                                                         \
+}                                                                                                             \
+                                                                                                              \
+/* The backward in one walk over the tokens, without an [n, C] ga in memory: each thread owns a range of channels  \
+   (whole lines of the gw accumulators) and, token by token, forms the token's ga (ga_row), keeps the last K rows  \
+   of it in a ring, adds the token's terms to its gw accumulators and writes gx of the token K - 1 back, whose      \
+   readers are then all in the ring. gx[p] = Σ_j w[j] ga[p + K−1−j] over the readers of p's segment, taps in order; \
+   gw[c, j] = Σ_p ga[p, c] src_j(p)[c], the tokens in order: neither sum depends on the thread count. (Writing ga   \
+   out and reading it back in two more passes cost more than forming it: 2 MB of doubles at 4,096 x 64.) */        \
 static int conv_backward_##SFX(TT *gx, TT *gw, TT *gcache, const TT *gout, const TT *x, const TT *w,           \
                                const TT *cache, const int64_t *start, int64_t B, int64_t n, int64_t T_,       \
                                int64_t C, int64_t K, int silu)                                                \
 {                                                                                                             \
-    /* ga = dL/d(pre-activation), the pre-activation recomputed row by row as in the forward */               \
-    /* ga (n·C doubles) from the engine's pool: a block of that size from malloc can be fresh pages (faults and  \
-       zeroing) at every call */                                                                              \
-    double *ga = tide_scratch_alloc(TIDE_CPU_DEVICE, (size_t)(n * C > 0 ? n * C : 1) * sizeof *ga);           \
-    double *wt = ga ? transposed_##SFX(w, C, K) : NULL;                                                       \
-    if (!ga || !wt) return conv_backward_oom(ga, wt, NULL);                                                   \
+    double *wt = transposed_##SFX(w, C, K);                                                                   \
+    double *acc = wt && gw ? calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc) : NULL;                      \
+    if (!wt || (gw && !acc)) return conv_backward_oom(wt, acc);                                         \
     int bad = 0;                                                                                              \
-    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                        \
+    _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
     {                                                                                                         \
-        double *a = silu ? malloc((size_t)(C > 0 ? C : 1) * sizeof *a) : NULL;                                \
-        if (silu && !a) bad = 1;                                                                              \
-        _Pragma("omp for schedule(static)")                                                                   \
-        for (int64_t p = 0; p < n; p++) {                                                                     \
-            const TT *g = gout + p * C;                                                                       \
-            double *gp = ga + p * C;                                                                          \
-            if (!silu) { for (int64_t c = 0; c < C; c++) gp[c] = (double)g[c]; continue; }                    \
-            if (!a) continue;                                                                                 \
-            taps_##SFX(a, x, cache, start, wt, p, T_, C, K);                                                  \
-            for (int64_t c = 0; c < C; c++) {                                                                 \
-                double s = sigm_##SFX(a[c]);                                                                  \
-                gp[c] = (double)g[c] * (s + a[c] * s * (1 - s));                                              \
-            }                                                                                                 \
-        }                                                                                                     \
-        free(a);                                                                                              \
-    }                                                                                                         \
-    if (bad) return conv_backward_oom(ga, wt, NULL);                                                          \
-    /* gx[p] = Σ_j w[j] ga[p + K−1−j] over readers p' = p + K−1−j of the same segment, taps in order */        \
-    if (gx) {                                                                                                 \
-        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
-        {                                                                                                     \
-            double *s = malloc((size_t)(C > 0 ? C : 1) * sizeof *s);                                          \
-            if (!s) bad = 1;                                                                                  \
-            _Pragma("omp for schedule(static)")                                                               \
-            for (int64_t p = 0; p < n; p++) {                                                                 \
-                if (!s) continue;                                                                             \
-                for (int64_t c = 0; c < C; c++) s[c] = 0;                                                     \
-                for (int64_t j = 0; j < K; j++) {                                                             \
-                    int64_t r = p + K - 1 - j;                                                                \
-                    if (r >= n || start[r] != start[p]) continue;                                             \
-                    const double *wj = wt + j * C, *gr = ga + r * C;                                          \
-                    for (int64_t c = 0; c < C; c++) s[c] += wj[c] * gr[c];                                    \
-                }                                                                                             \
-                TT *o = gx + p * C;                                                                           \
-                for (int64_t c = 0; c < C; c++) o[c] = (TT)s[c];                                              \
-            }                                                                                                 \
-            free(s);                                                                                          \
-        }                                                                                                     \
-        if (bad) return conv_backward_oom(ga, wt, NULL);                                                      \
-    }                                                                                                         \
-    /* cache slot m holds time m − (K−1) of row b; token t of the row's first segment reads it at tap j = m − t */ \
-    if (gcache) {                                                                                             \
-        for (int64_t b = 0; b < B; b++)                                                                       \
-            for (int64_t m = 0; m < K - 1; m++)                                                               \
-                for (int64_t c = 0; c < C; c++) {                                                             \
-                    double s = 0;                                                                             \
-                    for (int64_t t = 0; t <= m && t < T_; t++) {                                              \
-                        int64_t p = b * T_ + t;                                                               \
-                        if (start[p] == b * T_) s += (double)w[c * K + (m - t)] * ga[p * C + c];              \
-                    }                                                                                         \
-                    gcache[(b * (K - 1) + m) * C + c] = (TT)s;                                                \
-                }                                                                                             \
-    }                                                                                                         \
-    /* gw[c, j] = Σ_p ga[p, c] src_j(p)[c]: each thread owns a range of channels and walks the tokens in order   \
-       (so the sums do not depend on the thread count), the channels of a token row at once. Each thread sums   \
-       into its own block (the threads' ranges of one shared row met inside a cache line, which then moved     \
-       between the cores at every token), copied into acc at the end. */                                       \
-    if (gw) {                                                                                                 \
-        double *acc = calloc((size_t)(K * C > 0 ? K * C : 1), sizeof *acc);                                   \
-        if (!acc) return conv_backward_oom(ga, wt, NULL);                                                     \
-        _Pragma("omp parallel if(n * C > TIDE_OMP_MIN_MATH) reduction(|:bad)")                                    \
-        {                                                                                                     \
-            int nth = omp_get_num_threads(), tid = omp_get_thread_num();                                      \
-            int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth, w_ = c1 - c0;                               \
-            double *my = calloc((size_t)(K * w_ > 0 ? K * w_ : 1), sizeof *my);                               \
-            if (!my) bad = 1;                                                                                 \
-            for (int64_t p = 0; my && p < n; p++) {                                                           \
-                const double *gp = ga + p * C + c0;                                                           \
-                for (int64_t j = 0; j < K; j++) {                                                             \
+        int64_t c0, c1;                                                                                       \
+        tide_cpu_column_range(C, omp_get_thread_num(), omp_get_num_threads(), &c0, &c1);                     \
+        int64_t w_ = c1 - c0, nm = acc ? K * w_ : 0;                                                          \
+        /* ring [K][w_], the gw accumulators [K][w_], a gx row and the taps' scratch [w_] each */              \
+        double *ring = w_ > 0 ? malloc((size_t)(K * w_ + nm + 2 * w_) * sizeof *ring) : NULL;                 \
+        if (w_ > 0 && !ring) bad = 1;                                                                         \
+        double *my = ring ? ring + K * w_ : NULL, *s = my ? my + nm : NULL, *a = s ? s + w_ : NULL;           \
+        for (int64_t i = 0; i < nm && my; i++) my[i] = 0;                                                     \
+        for (int64_t p = 0; ring && p < n + K - 1; p++) {                                                     \
+            if (p < n) {                                                                                      \
+                double *gap = ring + (p % K) * w_;                                                            \
+                ga_row_##SFX(gap, a, gout, x, cache, start, wt, p, T_, C, K, c0, w_, silu);                   \
+                for (int64_t j = 0; acc && j < K; j++) {                                                      \
                     const TT *src = tap_row_##SFX(x, cache, start, p, j, T_, C, K);                          \
                     if (!src) continue;                                                                       \
                     double *restrict aj = my + j * w_;                                                        \
                     const TT *restrict sj = src + c0;                                                         \
-                    for (int64_t c = 0; c < w_; c++) aj[c] += gp[c] * (double)sj[c];                          \
+                    for (int64_t c = 0; c < w_; c++) aj[c] += gap[c] * (double)sj[c];                         \
                 }                                                                                             \
             }                                                                                                 \
-            for (int64_t j = 0; my && j < K; j++) memcpy(acc + j * C + c0, my + j * w_, (size_t)w_ * sizeof *my); \
-            free(my);                                                                                         \
+            int64_t q = p - (K - 1);                                                                          \
+            if (!gx || q < 0) continue;                                                                       \
+            for (int64_t c = 0; c < w_; c++) s[c] = 0;                                                        \
+            for (int64_t j = 0; j < K; j++) {                                                                 \
+                int64_t r = q + K - 1 - j;                                                                    \
+                if (r >= n || start[r] != start[q]) continue;                                                 \
+                const double *wj = wt + j * C + c0, *gr = ring + (r % K) * w_;                                \
+                for (int64_t c = 0; c < w_; c++) s[c] += wj[c] * gr[c];                                       \
+            }                                                                                                 \
+            TT *o = gx + q * C + c0;                                                                          \
+            for (int64_t c = 0; c < w_; c++) o[c] = (TT)s[c];                                                 \
         }                                                                                                     \
-        if (bad) return conv_backward_oom(ga, wt, acc);                                                       \
+        for (int64_t j = 0; acc && my && j < K; j++) memcpy(acc + j * C + c0, my + j * w_, (size_t)w_ * sizeof *my); \
+        free(ring);                                                                                           \
+    }                                                                                                         \
+    if (bad) return conv_backward_oom(wt, acc);                                                         \
+    if (gw)                                                                                                   \
         for (int64_t c = 0; c < C; c++)                                                                       \
             for (int64_t j = 0; j < K; j++) gw[c * K + j] = (TT)acc[j * C + c];                               \
-        free(acc);                                                                                            \
+    /* cache slot m holds time m − (K−1) of row b; token t of the row's first segment reads it at tap j = m − t    \
+       (ga of those tokens formed again here, a whole row at a time) */                                       \
+    if (gcache && K > 1) {                                                                                    \
+        double *gb = malloc((size_t)(2 * (K - 1) * C) * sizeof *gb);                                          \
+        if (!gb) return conv_backward_oom(wt, acc);                                                     \
+        for (int64_t b = 0; b < B; b++) {                                                                     \
+            for (int64_t t = 0; t < K - 1 && t < T_; t++)                                                     \
+                ga_row_##SFX(gb + t * C, gb + (K - 1) * C, gout, x, cache, start, wt, b * T_ + t, T_, C, K, 0, C, silu); \
+            for (int64_t m = 0; m < K - 1; m++)                                                               \
+                for (int64_t c = 0; c < C; c++) {                                                             \
+                    double sum = 0;                                                                           \
+                    for (int64_t t = 0; t <= m && t < T_; t++) {                                              \
+                        int64_t p = b * T_ + t;                                                               \
+                        if (start[p] == b * T_) sum += (double)w[c * K + (m - t)] * gb[t * C + c];            \
+                    }                                                                                         \
+                    gcache[(b * (K - 1) + m) * C + c] = (TT)sum;                                              \
+                }                                                                                             \
+        }                                                                                                     \
+        free(gb);                                                                                             \
     }                                                                                                         \
-    tide_scratch_free(TIDE_CPU_DEVICE, ga);                                                                   \
+    free(acc);                                                                                                \
     free(wt);                                                                                                 \
     return 0;                                                                                                 \
 }
