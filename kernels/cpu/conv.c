@@ -8,8 +8,9 @@
  * boundary: forgetting it leaks K−1 tokens across documents), except in the first document of a row,
  * where positions before t = 0 read the decode cache [B, K−1, C] (the previous K−1 inputs of the row).
  * The backward recomputes the pre-activation for SiLU instead of storing it. Every loop runs over the C
- * channels of a token row at once (vectorised); tap sums are in double. gw is reduced by channel ranges per
- * thread, each walking the tokens in order, so it does not depend on the thread count.
+ * channels of a token row at once (vectorised); tap sums are in double. The backward splits the channels among
+ * the threads, each walking the tokens in order (gx and gw in one walk), so it does not depend on the thread
+ * count.
  */
 /* the channel loops are compute-bound in double (the taps, σ's exp and division): 512-bit vectors where AVX-512
    exists (GCC prefers 256 by default; every lane does the same arithmetic, so the same bits): the forward 29% and
