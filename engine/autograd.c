@@ -378,10 +378,16 @@ static int check_grad_meta(const tide_tensor *g, const tide_meta *m, const char 
                           tide_dtype_name(m->dtype), tide_shape_str(m->ndim, m->shape, b, sizeof b));
 }
 
-/* acc += g, where acc may be NULL; takes a reference to g when it can */
+/* acc += g, where acc may be NULL; takes a reference to g when it can. An acc held by nothing else (no other
+   reference, no view of its storage, no graph node) is summed into in place: the bits of tide_add(acc, g), without
+   a fresh tensor per sum (a tensor read by several ops gets one gradient sum per extra reader) */
 static int accumulate(tide_tensor **acc, tide_tensor *g)
 {
     if (!*acc) { tide_tensor_retain(g); *acc = g; return 0; }
+    tide_tensor *a = *acc;
+    if (a->refcount == 1 && a->storage->refcount == 1 && !a->node && !g->node && a != g && tide_is_contiguous(a) &&
+        tide_same_shape(a, g) && a->dtype == g->dtype && a->device == g->device && a->storage != g->storage)
+        return tide_add_into_(a, g);
     tide_tensor *s = tide_add(*acc, g);
     if (!s) return -1;
     tide_tensor_release(*acc);

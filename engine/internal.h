@@ -199,6 +199,9 @@ int tide_load_boundaries(const char *op, tide_tensor *cu, int64_t B, int64_t T, 
 /* helpers for backward functions */
 /* sum g down to the given shape (reverse of broadcasting); new reference */
 tide_tensor *tide_sum_to_shape(tide_tensor *g, int ndim, const int64_t *shape);
+/* y = y + x in place, elementwise, y contiguous and x of y's shape, dtype and device (any strides): the bits of
+   tide_add(y, x) written into y, no graph recorded (autograd's gradient sums) */
+int tide_add_into_(tide_tensor *y, const tide_tensor *x);
 
 /* ---- RNG (rng.c) ----------------------------------------------------------------------------------- */
 /* reserve n counters of the global Philox stream: returns the first offset, *seed gets the seed */

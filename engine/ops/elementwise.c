@@ -90,6 +90,21 @@ static tide_tensor *binary(int op_id, int bop, tide_tensor *a, tide_tensor *b)
 }
 
 tide_tensor *tide_add(tide_tensor *a, tide_tensor *b) { return binary(TIDE_OP_ADD, TIDE_BIN_ADD, a, b); }
+
+int tide_add_into_(tide_tensor *y, const tide_tensor *x)
+{
+    if (!tide_is_contiguous(y) || !tide_same_shape(x, y) || x->dtype != y->dtype || x->device != y->device)
+        return tide_set_error("add_into_: y must be contiguous and x of its shape, dtype and device");
+    if (y->numel == 0) return 0;
+    int64_t sy[TIDE_MAX_DIMS], sx[TIDE_MAX_DIMS];
+    for (int i = 0; i < y->ndim; i++) {
+        sy[i] = y->shape[i] == 1 ? 0 : y->stride[i];
+        sx[i] = x->shape[i] == 1 ? 0 : x->stride[i];
+    }
+    /* the binary kernel with its output on its first operand: element i is read before it is written */
+    return TIDE_DISPATCH(y->device, binary, "add", TIDE_BIN_ADD, y->dtype, tide_data(y), tide_data(y), sy,
+                         tide_data(x), sx, y->ndim, y->shape);
+}
 tide_tensor *tide_sub(tide_tensor *a, tide_tensor *b) { return binary(TIDE_OP_SUB, TIDE_BIN_SUB, a, b); }
 tide_tensor *tide_mul(tide_tensor *a, tide_tensor *b) { return binary(TIDE_OP_MUL, TIDE_BIN_MUL, a, b); }
 tide_tensor *tide_div(tide_tensor *a, tide_tensor *b) { return binary(TIDE_OP_DIV, TIDE_BIN_DIV, a, b); }
