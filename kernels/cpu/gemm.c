@@ -121,7 +121,7 @@ enum { IR = 4, IV = 4 };   /* a tile: IR rows by IV vectors of columns */
         V all[16] = {c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33};        \
         if (!cd) { memcpy(out, all, sizeof all); return; }                                                    \
         for (int i = 0; i < 4; i++)                                                                           \
-            for (int v = 0; v < 4; v++) vstore_##SUF(cd + i * ldc + v * VL, all[i * 4 + v], al, be, hb);          \
+            for (int v = 0; v < 4; v++) vstore_##SUF(cd + i * ldc + v * VL, all[i * 4 + v], al, be, hb);      \
     }
 DEFINE_TILE(float, tvf, VLF, f32)
 DEFINE_TILE(double, tvd, VLD, f64)
@@ -154,7 +154,7 @@ _Static_assert(IR == 4 && IV == 4, "tile_f32 / tile_f64 are written out for 4 x 
         }                                                                                                     \
         if (!cd) { memcpy(out, c, sizeof c); return; }                                                        \
         for (int i = 0; i < IRN; i++)                                                                         \
-            for (int v = 0; v < NV; v++) vstore_##SUF(cd + i * ldc + v * VL, c[i][v], al, be, hb);                \
+            for (int v = 0; v < NV; v++) vstore_##SUF(cd + i * ldc + v * VL, c[i][v], al, be, hb);            \
     }
 DEFINE_THIN_TILE(float, tvf, VLF, f32, 1, 16)
 DEFINE_THIN_TILE(float, tvf, VLF, f32, 2, 8)
@@ -341,9 +341,10 @@ static int gemm_invariant(int dtype, int ta, int tb, int64_t M, int64_t N, int64
             const T *panel = (const T *)pb + p * K * PW;                                                      \
             /* a full tile goes straight from its registers into C; an edge tile through out */              \
             T *cd = m == ir && n == PW ? (T *)C + i0 * ldc + j0 : NULL;                                       \
-            if (nv == 1) tile_##SUF##_thin1(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                            \
-            else if (nv == 2) tile_##SUF##_thin2(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                       \
-            else tile_##SUF(rows, panel, K, out, cd, ldc, al, be, beta != 0.0);                                            \
+            int hb = beta != 0.0;                                                                             \
+            if (nv == 1) tile_##SUF##_thin1(rows, panel, K, out, cd, ldc, al, be, hb);                        \
+            else if (nv == 2) tile_##SUF##_thin2(rows, panel, K, out, cd, ldc, al, be, hb);                   \
+            else tile_##SUF(rows, panel, K, out, cd, ldc, al, be, hb);                                        \
             for (int i = 0; !cd && i < m; i++) {                                                              \
                 T *c = (T *)C + (i0 + i) * ldc + j0;                                                          \
                 const T *o = out + i * PW;                                                                    \
@@ -473,11 +474,12 @@ static void gemm_narrow(int64_t M, int64_t N, int64_t K, float alpha, const floa
    tile's fused multiply-add chains over its rows in order (LK_MR rows of C by two vectors of columns, A's values
    broadcast from their rows, B's rows loaded as they are; the segment's rows in L1-sized blocks, every tile of an
    item over one block before the next, each chain carried from block to block), the items (segment, panel of LK_MP
-   rows of C) run in parallel, and C sums the segments' partials in segment order. A weight gradient's operands usually come from
-   memory, not the cache: the items go to the threads in turn, and a thread prefetches the rows of its next item
-   while it computes this one (64 x 64 over 4,096 cold rows: 190 -> 163 us, one-off). Rows and columns at the edges
-   run the same tile on zero-padded copies (a padded lane adds nothing to the others). Each element's arithmetic
-   depends on K alone, not on M, N or the thread count. 250-265 GFLOP/s at those shapes (the one-off comparison
+   rows of C) run in parallel, and C sums the segments' partials in segment order. A weight gradient's operands
+   usually come from memory, not the cache: the items go to the threads in turn, and a thread prefetches the rows of
+   its next item while it computes this one (64 x 64 over 4,096 cold rows: 190 -> 163 us, one-off). Rows and columns
+   at the edges run the same tile on zero-padded copies (a padded lane adds nothing to the others), each edge tile's
+   chains in a buffer of their own. Each element's arithmetic depends on K alone, not on M, N or the thread count.
+   250-265 GFLOP/s at those shapes (the one-off comparison
    behind LK_MIN_K and LK_MAX_MN: at 256 x 256 x 1,024 the two are even on 2 threads, and on one thread, as a MoE
    expert's weight gradient runs inside its parallel region, OpenBLAS is ahead there: 127 against 110 GFLOP/s at
    K = 8,192). */
