@@ -479,10 +479,9 @@ static void gemm_narrow(int64_t M, int64_t N, int64_t K, float alpha, const floa
    its next item while it computes this one (64 x 64 over 4,096 cold rows: 190 -> 163 us, one-off). Rows and columns
    at the edges run the same tile on zero-padded copies (a padded lane adds nothing to the others), each edge tile's
    chains in a buffer of their own. Each element's arithmetic depends on K alone, not on M, N or the thread count.
-   250-265 GFLOP/s at those shapes (the one-off comparison
-   behind LK_MIN_K and LK_MAX_MN: at 256 x 256 x 1,024 the two are even on 2 threads, and on one thread, as a MoE
-   expert's weight gradient runs inside its parallel region, OpenBLAS is ahead there: 127 against 110 GFLOP/s at
-   K = 8,192). */
+   250-265 GFLOP/s at those shapes (the one-off comparison behind LK_MIN_K and LK_MAX_MN: at 256 x 256 x 1,024 the
+   two are even on 2 threads, and on one thread, as a MoE expert's weight gradient runs inside its parallel region,
+   OpenBLAS is ahead there: 127 against 110 GFLOP/s at K = 8,192). */
 #define LK_SEG 512
 #define LK_MIN_K 1024
 #define LK_MAX_MN 32768
