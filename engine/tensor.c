@@ -477,10 +477,18 @@ int tide_axpy_(tide_tensor *y, double a, const tide_tensor *x)
                               tide_shape_str(x->ndim, x->shape, s2, sizeof s2));
     }
     if (y->numel == 0) return 0;
-    /* bring x to y's device and dtype, contiguous */
-    tide_tensor *xc = tide_empty(y->dtype, y->ndim, y->shape, y->device);
-    if (!xc) return -1;
-    int rc = tide_copy_(xc, x);
+    /* x as it is when it is already contiguous on y's device in y's dtype and shares no storage with y (a gradient
+       added into a leaf's, at every micro-batch after the first), else brought there by a copy */
+    tide_tensor *xc;
+    int rc = 0;
+    if (tide_is_contiguous(x) && x->dtype == y->dtype && x->device == y->device && x->storage != y->storage) {
+        xc = (tide_tensor *)x;
+        tide_tensor_retain(xc);
+    } else {
+        xc = tide_empty(y->dtype, y->ndim, y->shape, y->device);
+        if (!xc) return -1;
+        rc = tide_copy_(xc, x);
+    }
     axpy_ctx ctx = {a, xc};
     if (!rc) rc = apply_inplace(y, do_axpy, &ctx);
     tide_tensor_release(xc);
