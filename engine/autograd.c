@@ -385,8 +385,9 @@ static int accumulate(tide_tensor **acc, tide_tensor *g)
 {
     if (!*acc) { tide_tensor_retain(g); *acc = g; return 0; }
     tide_tensor *a = *acc;
-    if (a->refcount == 1 && a->storage->refcount == 1 && !a->node && !g->node && a != g && tide_is_contiguous(a) &&
-        tide_same_shape(a, g) && a->dtype == g->dtype && a->device == g->device && a->storage != g->storage)
+    /* (a's storage held once: g is neither a nor a view of it) */
+    if (a->refcount == 1 && a->storage->refcount == 1 && !a->node && !g->node && tide_is_contiguous(a) &&
+        tide_same_shape(a, g) && a->dtype == g->dtype && a->device == g->device)
         return tide_add_into_(a, g);
     tide_tensor *s = tide_add(*acc, g);
     if (!s) return -1;
