@@ -325,6 +325,15 @@ T.test("oracle 1: a group with equal rewards has advantages exactly 0, DAPO drop
   T.eq(obj.advantages { 0.1, 0.1, 0.1 }, { 0, 0, 0 })
   T.ok(not obj.keep_group { 0.1, 0.1, 0.1 }, "DAPO drops an all-equal group")
   T.ok(obj.keep_group { 0.1, 0, 0, 0 }, "[0.1, 0, 0, 0] is kept (format bonus counts)")
+  -- ... but only a group with 0 < #correct < G counts toward the batch DAPO resamples for
+  T.ok(not obj.mixed_group({ 0.1, 0, 0, 0 }, { false, false, false, false }), "kept for the format bonus: not counted")
+  T.ok(obj.mixed_group({ 1, 0.1, 0, 0 }, { true, false, false, false }), "one of four correct: counted")
+  T.ok(not obj.mixed_group({ 1, 1.1, 1, 1 }, { true, true, true, true }), "all correct: not counted")
+  T.ok(obj.mixed_group({ 1, 0, 0 }, { true, nil, false }), "a truncated sample (no verdict) is not correct")
+  T.ok(obj.mixed_group({ 1, 1, 0 }, { true, true, nil }), "two of three correct: counted")
+  -- an environment without verdicts: its rewards decide, as for keeping
+  T.ok(obj.mixed_group({ 0.1, 0, 0, 0 }, {}), "no verdicts: a kept group counts")
+  T.ok(not obj.mixed_group({ 0.1, 0.1, 0.1 }, {}), "no verdicts: a flat group does not")
   local b = batch_of({ 0.1, 0.1, 0.1, 0.1 }, { 1, 1, 1 })
   for _, name in ipairs { "grpo", "dapo", "kimi" } do
     local opts = name == "grpo" and { beta_kl = 0 } or nil

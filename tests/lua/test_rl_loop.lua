@@ -153,6 +153,39 @@ T.test("partial rollouts in the loop: paused samples resume next iteration; a ch
     "rl.dynamic (resampling) and rl.budget (partial rollouts) do not combine")
 end)
 
+T.test("DAPO's dynamic sampling draws until enough kept groups have mixed verdicts (rl.md §4)", function()
+  -- every reward distinct, so no group is flat and every one is kept; the verdicts are set by the reward function:
+  -- none correct (kept for their rewards only: every round of max_resample is drawn), one per group (mixed: one
+  -- round), or no verdict at all (the rewards decide: one round)
+  local function run(verdict)
+    local out = T.tmpdir("rl_dyn_" .. verdict)
+    local n, seen = 0, {}
+    local function reward(t)
+      n = n + 1
+      if verdict == "none" then t.correct = false
+      elseif verdict == "mixed" then t.correct = not seen[t.group_id]; seen[t.group_id] = true
+      else t.correct = nil end
+      return n * 1e-3
+    end
+    rl.loop.run(recipe(out, { rl = { objective = "dapo", beta_kl = 0, iterations = 1, max_resample = 2,
+      reward = reward } }))
+    local lines = 0
+    for _ in T.read(out .. "/trajectories/iter_000001.jsonl"):gmatch("[^\n]+") do lines = lines + 1 end
+    local rec
+    for _, r in ipairs(records(out)) do if r.phase == "rl" then rec = r end end
+    return lines, rec
+  end
+  local lines, rec = run("none")
+  T.eq(lines, 3 * 2 * 3, "none correct: 3 rounds of 2 prompts x 3 samples")
+  T.eq(rec.zero_var_groups, 0, "every group kept")
+  T.eq(rec.accuracy, 0)
+  lines, rec = run("mixed")
+  T.eq(lines, 2 * 3, "one correct sample per group: one round")
+  T.eq(rec.accuracy, 1 / 3)
+  lines = run("unjudged")
+  T.eq(lines, 2 * 3, "no verdicts: the kept groups count, one round")
+end)
+
 T.test("the README's own-environment recipe runs as written (shortened)", function()
   local readme = T.read((debug.getinfo(1, "S").source:match("^@(.*)/tests/lua/") or ".") .. "/README.md")
   local code = readme:match("A user's environment, in a recipe.-```lua\n(.-)```")

@@ -5,8 +5,10 @@
 --   return rl.Recipe{model = ..., sft = ..., rl = {env = "countdown", objective = "grpo", ...}}   (tide.rl.loop)
 --
 -- An environment is a Lua table with reset(self, seed) -> {prompt, system?, tools?, observation?} and
--- step(self, action) -> {result? | observation?, reward? (process), terminal? (r_T, when done), done}, where action is
--- {call = {name, args}} (a tool call the policy wrote) or {text = "..."} (a turn that ended without a call).
+-- step(self, action) -> {result? | observation?, reward? (process), terminal? (r_T, when done), done, correct?,
+-- formatted?}, where action is {call = {name, args}} (a tool call the policy wrote) or {text = "..."} (a turn that
+-- ended without a call). correct and formatted are the verdicts of a done step (accuracy and format rate; correct
+-- also decides which groups DAPO's resampling counts); without them the sample has no verdict.
 -- Environments are deterministic given (env, seed): rl.stream gives each its own Philox stream.
 local options = require "tide.options"
 

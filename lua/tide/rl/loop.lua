@@ -475,7 +475,9 @@ end
 
 -- a sample's reward beyond the environment's: the recipe's own reward function (rl.reward), then DAPO's overlong
 -- shaping. A reward function that raises or returns a non-number or a non-finite number is recorded in the
--- trajectory's errors and counted (reward_errors); the sample's terminal reward is then 0.
+-- trajectory's errors and counted (reward_errors); the sample's terminal reward is then 0. The function sees the
+-- environment's verdict in t.correct (true / false; nil when it gives none) and may set it: the accuracy metric, the
+-- prompt pool and DAPO's resampling read it.
 local function score(S, t, st)
   local o = S.o
   st.reward_errors = st.reward_errors or 0
@@ -544,18 +546,21 @@ local function gather(S, trajs, st)
   return out, sum
 end
 
--- the rollouts of one iteration (DAPO's dynamic sampling draws more groups until enough have mixed rewards)
+-- the rollouts of one iteration. DAPO's dynamic sampling (rl.md §4) drops the groups whose total rewards are all
+-- equal and draws more rounds, up to max_resample, until `prompts` of the kept groups have mixed verdicts
+-- (0 < #correct < G, objectives.mixed_group): a group kept for its rewards alone (a format bonus) stays in the
+-- batch but does not count toward it
 local function sample(S, it)
   local o = S.o
   local base = o.prompt_seed + it * o.prompts * (o.max_resample + 1)
-  local kept, drawn, st_all = {}, 0, nil
+  local kept, drawn, st_all, mixed = {}, 0, nil, 0
   local picked = o.pool and pick_from_pool(S, it, o.prompts * ((o.dynamic and o.max_resample or 0) + 1)) or nil
   local function prompts_at(k)
     local seed = picked and picked[k + 1] or (base + k)
     return { seed = seed, prompt_id = it * 100000 + k, group_id = it * 100000 + k }
   end
   for round = 0, (o.dynamic and o.max_resample or 0) do
-    local need = o.prompts - #kept
+    local need = o.prompts - (o.dynamic and mixed or #kept)
     if need <= 0 then break end
     local prompts = {}
     for j = 1, need do prompts[j] = prompts_at(drawn + j - 1) end
@@ -584,7 +589,14 @@ local function sample(S, it)
     for _, g in ipairs(complete_groups(S, trajs, o.budget ~= nil)) do
       local r = {}
       for i, t in ipairs(g) do r[i] = t:total_reward() end
-      if not o.dynamic or objectives.keep_group(r) then kept[#kept + 1] = g end
+      if not o.dynamic then
+        kept[#kept + 1] = g
+      elseif objectives.keep_group(r) then
+        kept[#kept + 1] = g
+        local c = {}
+        for i, t in ipairs(g) do c[i] = t.correct end
+        if objectives.mixed_group(r, c) then mixed = mixed + 1 end
+      end
     end
     st_all.all_trajs = st_all.all_trajs or {}
     for _, t in ipairs(trajs) do st_all.all_trajs[#st_all.all_trajs + 1] = t end

@@ -44,6 +44,20 @@ function objectives.keep_group(rewards)
   return not flat
 end
 
+-- DAPO's resampling target (rl.md §4): the batch is drawn until it holds enough groups with 0 < #correct < G. A
+-- kept group counts when its samples' verdicts (correct[i]: the environment's true / false; nil, no verdict: a
+-- truncated sample, not correct) are mixed; a group of an environment that gives no verdicts at all (every entry
+-- nil) has only its rewards, and counts when it is kept
+function objectives.mixed_group(rewards, correct)
+  local n, judged = 0, false
+  for i = 1, #rewards do
+    if correct[i] ~= nil then judged = true end
+    if correct[i] == true then n = n + 1 end
+  end
+  if not judged then return objectives.keep_group(rewards) end
+  return n > 0 and n < #rewards
+end
+
 -- truncated importance sampling (Kimi Linear): w_t = min(exp(logp_train - logp_rollout), C) -> list, clipped count
 function objectives.tis_weights(logp_train, logp_rollout, C)
   C = C or 2

@@ -374,7 +374,12 @@ function rollout.run(model, tok, o)
   local function finish(row, terminal, truncated, res)
     local t = row.traj
     t.calls = row.calls
-    if res then t.formatted, t.correct = res.formatted == true, res.correct == true end
+    -- the verdict: true / false as the environment gives it; nil when it gives none (DAPO's resampling counts
+    -- such groups by their rewards alone)
+    if res then
+      t.formatted = res.formatted == true
+      if res.correct ~= nil then t.correct = res.correct == true end
+    end
     t.reward_terminal = add_reward(row, terminal, "terminal")
     t.truncated, t.finished = truncated or false, not truncated
     if truncated then st.truncated = st.truncated + 1; t.reward_terminal = 0 else st.finished = st.finished + 1 end
