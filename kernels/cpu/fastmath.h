@@ -118,8 +118,9 @@ static inline double sigmoid_f64x(double x)
 }
 
 /* max(m, x[0 .. n)) with the value the sequential "x > m ? x : m" finds (a NaN in x is never taken; a NaN m stays),
-   as 64-byte vectors of lanes that are then folded in order: max is associative over the values that compare, so
-   the result is the same number (of two equal zeros the sign may differ, which no caller can see through x − m).
+   as 64-byte vectors of lanes that are then folded pairwise (a tree of depth log2 N, not a chain of N dependent
+   selects: a row of 64 scores had waited on the chain): max is associative over the values that compare, so the
+   result is the same number (of two equal zeros the sign may differ, which no caller can see through x − m).
    GCC keeps the plain lane-array form of this loop scalar (16 dependent selects per 16 elements, most of the
    cross-entropy forward's time at V = 50K); the vector extension's compare-and-select compiles to one vector
    compare and blend per 64 bytes under GCC and clang alike. */
@@ -139,7 +140,9 @@ static inline double sigmoid_f64x(double x)
             }                                                                                                 \
             T l[N];                                                                                           \
             memcpy(l, &lane, sizeof l);                                                                       \
-            for (int i = 0; i < N; i++) m = l[i] > m ? l[i] : m;                                              \
+            for (int w = N / 2; w >= 1; w /= 2)                                                               \
+                for (int i = 0; i < w; i++) l[i] = l[i + w] > l[i] ? l[i + w] : l[i];                         \
+            m = l[0] > m ? l[0] : m;                                                                          \
         }                                                                                                     \
         for (; j < n; j++) m = x[j] > m ? x[j] : m;                                                           \
         return m;                                                                                             \

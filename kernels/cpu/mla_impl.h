@@ -57,6 +57,36 @@ static void F(scores)(T *S, const T *Qt, const T *KT, int64_t bq, int64_t bk, in
     }
 }
 
+/* sum[r] = S[r][0] + S[r][1] + ... + S[r][n - 1] for the n rows of S (row stride ld), each in sequence (the order of
+   the online softmax's l). Summed one row at a time, the sequence is a chain of dependent adds (GCC vectorises the
+   loop with the exps and then adds the lanes one by one: most of the forward tile's time); eight rows' chains
+   advance together here, so they overlap, and each row's sum is the same as alone. */
+static void F(row_sums)(T *sum, const T *S, int64_t ld, int64_t n, int64_t bk)
+{
+    int64_t r = 0;
+    for (; r + 8 <= n; r += 8) {
+        const T *p = S + r * ld;
+        T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+        for (int64_t j = 0; j < bk; j++) {
+            s0 += p[j];
+            s1 += p[ld + j];
+            s2 += p[2 * ld + j];
+            s3 += p[3 * ld + j];
+            s4 += p[4 * ld + j];
+            s5 += p[5 * ld + j];
+            s6 += p[6 * ld + j];
+            s7 += p[7 * ld + j];
+        }
+        sum[r] = s0; sum[r + 1] = s1; sum[r + 2] = s2; sum[r + 3] = s3;
+        sum[r + 4] = s4; sum[r + 5] = s5; sum[r + 6] = s6; sum[r + 7] = s7;
+    }
+    for (; r < n; r++) {
+        T s = 0;
+        for (int64_t j = 0; j < bk; j++) s += S[r * ld + j];
+        sum[r] = s;
+    }
+}
+
 /* forward of one (row, head, query tile) */
 static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr, const T *v, const int64_t *seg_start,
                             const int64_t *seg_end, int64_t b, int64_t h, int64_t i0, int64_t Tq, int64_t Tk, int64_t H,
@@ -82,18 +112,22 @@ static void F(forward_tile)(T *out, T *lse, const T *q, const T *kn, const T *kr
         F(transpose_ld)(KT, bk, kn + ((b * Tk + j0) * H + h) * dn, bk, dn, H * dn);
         if (dr) F(transpose_ld)(KT + dn * bk, bk, kr + (b * Tk + j0) * dr, bk, dr, dr);
         F(scores)(S, Qt, KT, bq, bk, dqk, scale, lo, hi, j0);
+        T alpha[MLA_BQ], sum[MLA_BQ];
         for (int64_t r = 0; r < bq; r++) {
             T *sr = S + r * MLA_BK, mx = F(max)(sr, bk, m[r]);   /* fastmath.h: the sequential max, in vector lanes */
-            if (mx == (T)-INFINITY) {                    /* nothing visible in this tile yet */
+            if (mx == (T)-INFINITY) {                    /* nothing visible in this tile yet: l and m stay */
                 for (int64_t jj = 0; jj < bk; jj++) sr[jj] = 0;
+                alpha[r] = (T)-INFINITY;
                 continue;
             }
-            T alpha = m[r] == (T)-INFINITY ? 0 : EXP(m[r] - mx), sum = 0;
-            for (int64_t jj = 0; jj < bk; jj++) { sr[jj] = EXP(sr[jj] - mx); sum += sr[jj]; }
-            l[r] = l[r] * alpha + sum;
+            alpha[r] = m[r] == (T)-INFINITY ? 0 : EXP(m[r] - mx);
+            for (int64_t jj = 0; jj < bk; jj++) sr[jj] = EXP(sr[jj] - mx);
             m[r] = mx;
-            for (int64_t c = 0; c < dv; c++) O[r * dv + c] *= alpha;
+            for (int64_t c = 0; c < dv; c++) O[r * dv + c] *= alpha[r];
         }
+        F(row_sums)(sum, S, MLA_BK, bq, bk);
+        for (int64_t r = 0; r < bq; r++)
+            if (alpha[r] != (T)-INFINITY) l[r] = l[r] * alpha[r] + sum[r];
         F(mm)(O, dv, S, MLA_BK, 1, v + ((b * Tk + j0) * H + h) * dv, H * dv, bq, dv, bk, 1, 1);
     }
     for (int64_t r = 0; r < bq; r++) {
