@@ -41,7 +41,10 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
 /* Σ a[i] b[i] in order, each product rounded before it is added (no fused multiply-add), and acc[i] += a[i] b[i]
    likewise: the backward's sums for rowsum(K̂ ⊙ X) and the last row of dG have always been these (GCC vectorises
    such loops as in-order reductions, which do not fuse), and a quickstart run's recall rows past the trained length
-   move with the rounding of the gradients. Not inlined, so that the contraction setting holds. */
+   move with the rounding of the gradients. Not inlined, so that the contraction setting holds. dots_inorder_t
+   forms the row sums: x[r] = Σ_i a[r][i] b[r][i] in that order for the c rows, from their transposes aT [n, lda]
+   and bT [n, ldb], the c sums advancing together, one lane a row (one row after another, each sum was a chain of
+   n dependent adds). */
 #ifndef KDA_NO_CONTRACT
 #if defined(__clang__)
 #define KDA_NO_CONTRACT __attribute__((noinline))
@@ -51,17 +54,18 @@ static inline void F(copy_out)(T *dst, const T *src, int64_t n)
 #define KDA_NO_CONTRACT_BODY
 #endif
 #endif
-KDA_NO_CONTRACT static T F(dot_inorder)(const T *a, const T *b, int64_t n)
-{
-    KDA_NO_CONTRACT_BODY
-    T s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 KDA_NO_CONTRACT static void F(acc_products)(T *restrict acc, const T *restrict a, const T *restrict b, int64_t n)
 {
     KDA_NO_CONTRACT_BODY
     for (int64_t i = 0; i < n; i++) acc[i] += a[i] * b[i];
+}
+KDA_NO_CONTRACT static void F(dots_inorder_t)(T *restrict x, const T *restrict aT, int64_t lda, const T *restrict bT,
+                                              int64_t ldb, int64_t c, int64_t n)
+{
+    KDA_NO_CONTRACT_BODY
+    for (int64_t r = 0; r < c; r++) x[r] = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t r = 0; r < c; r++) x[r] += aT[i * lda + r] * bT[i * ldb + r];
 }
 
 /* M = (I + A)⁻¹ for a strictly lower-triangular A [c, c] (row stride C), by forward substitution:
@@ -279,7 +283,7 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
     F(transpose)(w->UT, w->U, c, dv, dv);
     F(mm)(w->dKrT, C, dS, dv, 1, w->UT, c, dk, c, dv, 1, 0);       /* dK_rᵀ = dS_c Uᵀ  [dk, c] */
     const T *Gam_c = w->Gam + (c - 1) * dk;
-    /* (the reductions of this function keep their summation orders: see dot_inorder) */
+    /* (the reductions of this function keep their summation orders: see dots_inorder_t) */
     for (int64_t i = 0; i < dk; i++) {
         T s = 0;
         _Pragma("omp simd reduction(+ : s)")
@@ -302,15 +306,17 @@ static void F(chunk_backward)(F(ws) *w, const T *S0, T *dS, const T *gout, int64
        same products, so the same bits, whatever c and dk), then turn into rows for the rest of the backward. */
     F(transpose)(w->dVT, w->dB, c, dv, dv);
     F(mm)(w->dKhT, C, S0, dv, 1, w->dVT, c, dk, c, dv, 1, 0);
-    F(transpose_ld)(w->dKh, dk, w->dKhT, dk, c, C);     /* X in rows, for rowsum(K̂ ⊙ X) */
+    /* rowsum(K̂ ⊙ X) of every row, from K̂ᵀ and Xᵀ (into dOT; K̂ᵀ in dQhT: both free until their own products below) */
+    T *xr = w->dOT;
+    F(transpose)(w->dQhT, w->Kh, c, dk, dk);
+    F(dots_inorder_t)(xr, w->dQhT, c, w->dKhT, C, c, dk);
     for (int64_t r = 0; r < c; r++) {
-        T b = w->beta[r], s = 0, x = 0;
+        T b = w->beta[r], s = 0, x = xr[r];
         _Pragma("omp simd reduction(+ : s)")
         for (int64_t j = 0; j < dv; j++) {
             w->dV[r * dv + j] = b * w->dB[r * dv + j];
             s += w->dB[r * dv + j] * w->V[r * dv + j];
         }
-        x = F(dot_inorder)(w->Kh + r * dk, w->dKh + r * dk, dk);
         s -= x;
         for (int64_t j = 0; j < r; j++) s += w->dA[r * C + j] * w->Araw[r * C + j];
         if (gbeta) gbeta[(tok + r) * H + h] = s;
