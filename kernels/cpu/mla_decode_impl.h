@@ -164,6 +164,73 @@ static inline void DCAT(decode_scores8_full2, SFX)(T *sa, T *sb, const T *q1a, c
     DCAT(decode_sum8, SFX)(acc1, sb + t0);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(TIDE_DECODE_ZMM)
+/* float under AVX-512: two heads in one 16-lane register, head a's 8 lanes in the low half and head b's in the high
+   half; every lane runs the same fused multiply-adds in the same order as the 8-lane code above, so the bits are the
+   same, at half the instructions */
+#define TIDE_DECODE_ZMM 1
+enum { DZ_MAXB = 64 };   /* the packed path's most 8-value blocks of [q1 | q2]: dc + dr <= 512 */
+
+/* _mm256_hadd_ps on each 256-bit half: [a0 + a1, a2 + a3, b0 + b1, b2 + b3] in every 128-bit lane */
+static inline __m512 dz_hadd(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* decode_scores8_full2 of a full block of 8 tokens from t0: qp[i] = [q_a block i | q_b block i] over the dc / 8
+   latent blocks then the dr / 8 rope blocks; each token's block is broadcast to both halves. Lane l of a half is
+   decode_acc8's chain, and the lanes fold by decode_sum8's tree (the pairwise adds, then the 128-bit halves) */
+static inline void dz_scores8(float *sa, float *sb, const __m512 *qp, const float *c, int64_t dc, const float *k,
+                              int64_t dr, int64_t t0)
+{
+    __m512 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dc / 8; i++) {
+        __m512 q = qp[i];
+        const float *x = c + t0 * dc + 8 * i;
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_ps(q, _mm512_broadcast_f32x8(_mm256_loadu_ps(x + j * dc)), acc[j]);
+    }
+    for (int64_t i = 0; i < dr / 8; i++) {
+        __m512 q = qp[dc / 8 + i];
+        const float *x = k + t0 * dr + 8 * i;
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++) acc[j] = _mm512_fmadd_ps(q, _mm512_broadcast_f32x8(_mm256_loadu_ps(x + j * dr)), acc[j]);
+    }
+    __m512 u0 = dz_hadd(dz_hadd(acc[0], acc[1]), dz_hadd(acc[2], acc[3]));
+    __m512 u1 = dz_hadd(dz_hadd(acc[4], acc[5]), dz_hadd(acc[6], acc[7]));
+    /* u0: tokens 0-3 as [a lanes 0-3 | a lanes 4-7 | b lanes 0-3 | b lanes 4-7], u1 tokens 4-7 */
+    __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+    sum = _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(3, 1, 2, 0));   /* [a 0-3 | a 4-7 | b 0-3 | b 4-7] */
+    _mm256_storeu_ps(sa + t0, _mm512_castps512_ps256(sum));
+    _mm256_storeu_ps(sb + t0, _mm512_extractf32x8_ps(sum, 1));
+}
+
+/* decode_wsum32 in 16-lane registers: the same sums in the same order */
+static inline __attribute__((always_inline)) void dz_wsum32(float *acc, const float *s, int64_t stride,
+                                                            const float *c, int64_t dc, int64_t j0, int64_t L,
+                                                            const int NH)
+{
+    __m512 a[4][2];
+    for (int hh = 0; hh < 4; hh++) a[hh][0] = a[hh][1] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < L; t++) {
+        const float *x = c + t * dc + j0;
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        _Pragma("GCC unroll 4")
+        for (int hh = 0; hh < NH; hh++) {
+            __m512 p = _mm512_set1_ps(s[hh * stride + t]);
+            a[hh][0] = _mm512_fmadd_ps(p, x0, a[hh][0]);
+            a[hh][1] = _mm512_fmadd_ps(p, x1, a[hh][1]);
+        }
+    }
+    for (int hh = 0; hh < NH; hh++) {
+        _mm512_storeu_ps(acc + 32 * hh, a[hh][0]);
+        _mm512_storeu_ps(acc + 32 * hh + 16, a[hh][1]);
+    }
+}
+#endif
+
 static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_new, const T *kr_new, void *const *c_bufs,
                                   void *const *kr_bufs, const int64_t *lens, int64_t R, int64_t H, int64_t dc,
                                   int64_t dr, double scale)
@@ -194,10 +261,34 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
             int nh = H - h0 < HG ? (int)(H - h0) : HG;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
             const int aligned = dc % 8 == 0 && dr % 8 == 0;
+#if defined(TIDE_DECODE_ZMM)
+            /* the packed queries of the group's head pairs ([q_a | q_b] block by block) */
+            __m512 qp[HG / 2][DZ_MAXB];
+            const int zmm = sizeof(T) == sizeof(float) && aligned && (dc + dr) / 8 <= DZ_MAXB;
+            if (zmm)
+                for (int pi = 0; 2 * pi + 1 < nh; pi++) {
+                    int64_t ra = r * H + h0 + 2 * pi;
+                    for (int64_t i = 0; i < dc / 8; i++)
+                        qp[pi][i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)qt + ra * dc + 8 * i)),
+                                                       _mm256_loadu_ps((const float *)qt + (ra + 1) * dc + 8 * i), 1);
+                    for (int64_t i = 0; i < dr / 8; i++)
+                        qp[pi][dc / 8 + i] =
+                            _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)qr + ra * dr + 8 * i)),
+                                               _mm256_loadu_ps((const float *)qr + (ra + 1) * dr + 8 * i), 1);
+                }
+#endif
             for (int64_t t = 0; t < L; t += 8)
                 for (int hh = 0; hh < nh; hh++) {
                     int64_t rh = r * H + h0 + hh;
                     if (aligned && L - t >= 8 && hh + 1 < nh) {   /* two heads over one read of the block */
+#if defined(TIDE_DECODE_ZMM)
+                        if (zmm) {
+                            dz_scores8((float *)(s + hh * stride), (float *)(s + (hh + 1) * stride), qp[hh / 2],
+                                       (const float *)c, dc, (const float *)kr, dr, t);
+                            hh++;
+                            continue;
+                        }
+#endif
                         DCAT(decode_scores8_full2, SFX)(s + hh * stride, s + (hh + 1) * stride, qt + rh * dc,
                                                         qt + (rh + 1) * dc, c, dc, dr ? qr + rh * dr : NULL,
                                                         dr ? qr + (rh + 1) * dr : NULL, kr, dr, t);
@@ -230,6 +321,16 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
                 int64_t w = dc - j0 < 32 ? dc - j0 : 32;
                 DCAT(dvec8, SFX) acc[HG][4];
                 memset(acc, 0, sizeof acc);
+#if defined(TIDE_DECODE_ZMM)
+                if (w == 32 && zmm) {
+                    switch (nh) {
+                    case 1: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 1); break;
+                    case 2: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 2); break;
+                    case 3: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 3); break;
+                    default: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 4); break;
+                    }
+                } else
+#endif
                 if (w == 32) {
                     switch (nh) {
                     case 1: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 1); break;

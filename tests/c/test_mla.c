@@ -388,8 +388,10 @@ int main(void)
     test_decode_rows(TIDE_F64, 3, "decode_rows f64");
     test_decode_rows(TIDE_F32, 3, "decode_rows f32");
     test_decode_rows(TIDE_F64, 0, "decode_rows f64, no rope slot");
+    test_decode_rows(TIDE_F32, 16, "decode_rows f32, dc and dr multiples of 8 (the paired-head paths)");
     test_decode_rows_appended(TIDE_F32, 3, "decode_rows appended f32");
     test_decode_rows_appended(TIDE_F64, 0, "decode_rows appended f64, no rope slot");
+    test_decode_rows_appended(TIDE_F32, 8, "decode_rows appended f32, dc and dr multiples of 8");
     if (tide_graph_live_nodes() != 0) { printf("FAIL %lld graph nodes leaked\n", (long long)tide_graph_live_nodes()); g_fail++; }
     if (tide_live_tensors() != 0) { printf("FAIL %lld tensors leaked\n", (long long)tide_live_tensors()); g_fail++; }
     printf("\n%d passed, %d failed\n", g_pass, g_fail);
