@@ -289,4 +289,22 @@ T.test("memory accounting sees tensors and collection releases them", function()
   T.eq(keep, nil)
 end)
 
+T.test("the collection threshold: the engine bytes held, at least 16x the Lua heap, within 32-256 MiB", function()
+  local th = require("tide.tensor")._collect_threshold
+  local MiB = 2 ^ 20
+  T.eq(th(10 * MiB, 1 * MiB), 32 * MiB, "a small job keeps the 32 MiB floor")
+  T.eq(th(100 * MiB, 1 * MiB), 100 * MiB, "the bytes held")
+  T.eq(th(10 * MiB, 7 * MiB), 112 * MiB, "a large Lua heap: 16x its size")
+  T.eq(th(2000 * MiB, 1 * MiB), 256 * MiB, "capped at 256 MiB")
+  T.eq(th(10 * MiB, 100 * MiB), 256 * MiB, "capped whatever the heap")
+  -- with a large Lua heap, a loop of temporaries still stays bounded
+  local big = {}
+  for i = 1, 200000 do big[i] = { i } end   -- about 10 MiB of live Lua objects
+  tide.collect()
+  local peak0 = tide.memory().current
+  for _ = 1, 300 do local _ = tide.zeros({1024, 1024}) end   -- 1200 MiB in total
+  T.ok(tide.memory().current < peak0 + 300 * MiB, "temporaries are collected under pressure with a large heap")
+  T.eq(#big, 200000)
+end)
+
 T.run()
