@@ -189,6 +189,7 @@ function tide.reset_peak(device) C.tide_memory_reset_peak(Tensor.device_id(devic
 function tide.empty_cache(device) C.tide_memory_empty_cache(Tensor.device_id(device or "cpu")) end
 function tide.set_memory_limit(bytes, device)
   Tensor.check_status(C.tide_memory_set_limit(Tensor.device_id(device or "cpu"), bytes or 0))
+  Tensor.limit_changed()
 end
 function tide.live_tensors() return tonumber(C.tide_live_tensors()) end
 

@@ -97,15 +97,29 @@ for long, short in pairs { float32 = "f32", float64 = "f64", bfloat16 = "bf16", 
 end
 local FLOAT_DTYPES = { [C.TIDE_F32] = true, [C.TIDE_F64] = true, [C.TIDE_BF16] = true }
 
+-- Under a memory limit (tide.set_memory_limit) the counters are read every eighth of the smallest limit (when that
+-- is less than PRESSURE_BYTES), and a device with less than a quarter of its limit plus that interval left is
+-- collected at every reading: unreachable tensors must not make an allocation fail.
+local check_bytes = PRESSURE_BYTES
+
+-- the engine bytes held on every device, and whether a device with a limit is near it (check_bytes updated)
 local function engine_bytes()
   if not n_devices then
     n_devices = 1 + (C.tide_cuda_available() ~= 0 and C.tide_cuda_device_count() or 0)
   end
-  local total = 0
+  local total, near_limit, every = 0, false, PRESSURE_BYTES
   for d = 0, n_devices - 1 do
-    if C.tide_memory_stats_get(d, stats) == 0 then total = total + tonumber(stats.current) end
+    if C.tide_memory_stats_get(d, stats) == 0 then
+      local cur, limit = tonumber(stats.current), tonumber(stats.limit)
+      total = total + cur
+      if limit > 0 then
+        if limit / 8 < every then every = limit / 8 end
+        if limit - cur < 0.25 * limit + every then near_limit = true end
+      end
+    end
   end
-  return total
+  check_bytes = every
+  return total, near_limit
 end
 
 local function collect_full()
@@ -116,7 +130,8 @@ end
 
 local function pressure_check()
   pending_bytes, pending_count = 0, 0
-  local cur = engine_bytes()
+  local cur, near_limit = engine_bytes()
+  if near_limit then collect_full() return end
   if not base_bytes or cur < base_bytes then base_bytes = cur; return end
   if cur > base_bytes + collect_threshold(base_bytes, collectgarbage("count") * 1024) then collect_full() end
 end
@@ -127,7 +142,7 @@ local function release(t) C.tide_tensor_release(t.handle) end
 local function wrap(p)
   pending_bytes = pending_bytes + tonumber(p.numel) * (dtype_size[p.dtype] or 8)
   pending_count = pending_count + 1
-  if pending_bytes > PRESSURE_BYTES or pending_count > PRESSURE_COUNT then pressure_check() end
+  if pending_bytes > check_bytes or pending_count > PRESSURE_COUNT then pressure_check() end
   return ffi.gc(LT(p), release)
 end
 
@@ -158,6 +173,9 @@ function M.device_memory(device)
   if C.tide_device_memory(d, mem_free, mem_total) ~= 0 then raise(last_error()) end
   return { free = tonumber(mem_free[0]), total = tonumber(mem_total[0]) }
 end
+
+-- a memory limit changed (tide.set_memory_limit): read the counters at the next tensor, so the interval follows it
+function M.limit_changed() check_bytes = 0 end
 
 function M.collect(device)
   collect_full()

@@ -289,6 +289,24 @@ T.test("memory accounting sees tensors and collection releases them", function()
   T.eq(keep, nil)
 end)
 
+T.test("under a memory limit, unreachable tensors are collected before an allocation fails; a real excess is named", function()
+  tide.collect()
+  local MiB = 2 ^ 20
+  local cur = tide.memory().current
+  tide.set_memory_limit(cur + 24 * MiB)
+  local ok, err = pcall(function()
+    for _ = 1, 100 do local _ = tide.zeros({2048, 1024}) end   -- 8 MiB each, 800 MiB in total
+  end)
+  T.ok(ok, "a loop of 8 MiB temporaries runs under a 24 MiB headroom: " .. tostring(err))
+  local keep = {}
+  ok, err = pcall(function() for i = 1, 4 do keep[i] = tide.zeros({2048, 1024}) end end)
+  T.ok(not ok and tostring(err):find("exceeds the limit", 1, true) ~= nil, "keeping them exceeds it: " .. tostring(err))
+  keep = nil
+  tide.set_memory_limit(0)
+  for _ = 1, 4 do local _ = tide.zeros({2048, 1024}) end
+  T.eq(tide.memory().limit, 0)
+end)
+
 T.test("the collection threshold: the engine bytes held, at least 16x the Lua heap, within 32-256 MiB", function()
   local th = require("tide.tensor")._collect_threshold
   local MiB = 2 ^ 20
