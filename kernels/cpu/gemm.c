@@ -286,7 +286,8 @@ static inline void transpose16_f32(const float *src, int64_t lds, float *dst, in
 }
 
 /* pack_panels_f32 of a transposed B [N, K] (a Linear's weight): 16 x 16 blocks transposed in registers, the
-   ragged edges as before. A decoding step's products (64 rows) spent a third of their time in the scalar copy */
+   ragged edges element by element. A decoding step's products have few rows, so packing the weight is a large
+   part of each call */
 static void pack_panels_t_f32(float *dst, const float *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)
 {
     int64_t np = (N + PW - 1) / PW, K16 = K - K % 16;

@@ -71,9 +71,8 @@ local HEAP_GROW = 16
 
 -- the engine bytes to let grow before a full collection: clamp(max(base, 16 · heap), 32 MiB, 256 MiB), base the
 -- bytes held after the last one and heap the Lua heap's bytes. A full collection marks every live Lua object, so
--- its cost follows the heap (about 0.7 ms a MiB): a large heap (a rollout's trajectories and per-row caches, 7 MiB
--- at G = 32) frees more garbage per collection, so the collections are fewer and their cost per byte stays flat
--- (G = 32 rollouts 9-11% faster than at 32 MiB; a training step's small heap keeps the 32 MiB floor)
+-- its cost follows the heap: a large heap (a rollout's trajectories and per-row caches) waits for more garbage per
+-- collection, which keeps the collections' cost per byte freed flat; a training step's small heap keeps the floor
 local function collect_threshold(base, heap)
   local grow = base
   if HEAP_GROW * heap > grow then grow = HEAP_GROW * heap end
