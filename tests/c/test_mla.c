@@ -227,9 +227,9 @@ static tide_tensor *decode_rows_run(int R, tide_tensor *qt, tide_tensor *qr, tid
     return tide_mla_decode_rows(qt, qr, cn, kn, R, cb, qr ? kb : NULL, lens, 0.37);
 }
 
-static void test_decode_rows(int dtype, int64_t dr, const char *what)
+static void test_decode_rows(int dtype, int64_t dr, int64_t H, const char *what)
 {
-    enum { R = 3, H = 2, DC = 40 };   /* one full block of 32 latent dims and a partial one */
+    enum { R = 3, DC = 40 };   /* one full block of 32 latent dims and a partial one */
     const int64_t lens[R] = {5, 0, 37}, caps[R] = {8, 1 + 1, 40};
     tide_tensor *qt = randn(dtype, 3, (int64_t[]){R, H, DC}), *cn = randn(dtype, 3, (int64_t[]){R, 1, DC});
     tide_tensor *qr = dr ? randn(dtype, 3, (int64_t[]){R, H, dr}) : NULL, *kn = dr ? randn(dtype, 3, (int64_t[]){R, 1, dr}) : NULL;
@@ -385,10 +385,13 @@ int main(void)
     test_backward(&bpacked, "backward, T 150 packed");
     test_backward(&bdecode, "backward, Tq 20 < Tk 140");
     test_causality_and_packing();
-    test_decode_rows(TIDE_F64, 3, "decode_rows f64");
-    test_decode_rows(TIDE_F32, 3, "decode_rows f32");
-    test_decode_rows(TIDE_F64, 0, "decode_rows f64, no rope slot");
-    test_decode_rows(TIDE_F32, 16, "decode_rows f32, dc and dr multiples of 8 (the paired-head paths)");
+    test_decode_rows(TIDE_F64, 3, 2, "decode_rows f64");
+    test_decode_rows(TIDE_F32, 3, 2, "decode_rows f32");
+    test_decode_rows(TIDE_F64, 0, 2, "decode_rows f64, no rope slot");
+    /* dc and dr multiples of 8: the paired-head paths; 3 heads a pair and a single one, 5 heads a group of 4 and one */
+    test_decode_rows(TIDE_F32, 16, 2, "decode_rows f32, 8-aligned, 2 heads");
+    test_decode_rows(TIDE_F32, 16, 3, "decode_rows f32, 8-aligned, 3 heads");
+    test_decode_rows(TIDE_F32, 8, 5, "decode_rows f32, 8-aligned, 5 heads");
     test_decode_rows_appended(TIDE_F32, 3, "decode_rows appended f32");
     test_decode_rows_appended(TIDE_F64, 0, "decode_rows appended f64, no rope slot");
     test_decode_rows_appended(TIDE_F32, 8, "decode_rows appended f32, dc and dr multiples of 8");
