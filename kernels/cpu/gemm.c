@@ -256,66 +256,39 @@ DEFINE_PACK_PANELS(float, f32)
 DEFINE_PACK_PANELS(double, f64)
 #undef DEFINE_PACK_PANELS
 
-#if defined(__AVX512F__)
-/* dst[j · ldd + i] = src[i · lds + j] for i, j < 16: a 16 x 16 transpose in registers (pairs of rows interleaved,
-   then pairs of pairs, then the 128-bit lanes twice) */
-static inline void transpose16_f32(const float *src, int64_t lds, float *dst, int64_t ldd)
-{
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int h = 0; h < 2; h++)
-        for (int i = 0; i < 4; i++) {
-            t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
-            t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xdd);
-        }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
-    }
-    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, r[i]);
-}
+/* tile_mm.h's float block transposes (transpose_ld: 16 x 16 blocks by register shuffles, the edges element by
+   element) for the panels of a transposed B below */
+#define T float
+#define F(name) tmm_##name##_f32
+#include "tile_mm.h"
+#undef F
+#undef T
+#undef TMM_VL
+#undef TMM_NV
+#undef TMM_STAGES
 
-/* pack_panels_f32 of a transposed B [N, K] (a Linear's weight): 16 x 16 blocks transposed in registers, the
-   ragged edges element by element. A decoding step's products have few rows, so packing the weight is a large
-   part of each call */
+/* pack_panels_f32 of a transposed B [N, K] (a Linear's weight): each panel is the transpose of its w rows of B,
+   whole blocks in registers. A decoding step's products have few rows, so packing the weight is a large part of
+   each call */
 static void pack_panels_t_f32(float *dst, const float *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)
 {
-    int64_t np = (N + PW - 1) / PW, K16 = K - K % 16;
+    int64_t np = (N + PW - 1) / PW;
     for (int64_t p = 0; p < np; p++) {
-        int64_t w = N - p * PW < PW ? N - p * PW : PW, w16 = w - w % 16;
+        int64_t w = N - p * PW < PW ? N - p * PW : PW;
         float *d = dst + p * K * PW;
         if (w < PW)
             for (int64_t k = 0; k < K; k++)
                 for (int64_t c = w; c < PW; c++) d[k * PW + c] = 0;
-        const float *bp = B + p * PW * ldb;
-        for (int64_t c = 0; c < w16; c += 16)
-            for (int64_t k = 0; k < K16; k += 16) transpose16_f32(bp + c * ldb + k, ldb, d + k * PW + c, PW);
-        for (int64_t c = 0; c < w; c++) {
-            const float *src = bp + c * ldb;
-            for (int64_t k = c < w16 ? K16 : 0; k < K; k++) d[k * PW + c] = src[k];
-        }
+        tmm_transpose_ld_f32(d, PW, B + p * PW * ldb, w, K, ldb);
     }
 }
-#endif
 
 static void *pack_panels(size_t esz, int tb, const void *B, int64_t ldb, int64_t K, int64_t N, int64_t PW)
 {
     int64_t np = (N + PW - 1) / PW;
     void *dst = pack_get(1, (size_t)(np * K * PW) * esz + 1);
     if (!dst) return NULL;
-#if defined(__AVX512F__)
-    if (esz == sizeof(float) && tb && PW % 16 == 0) { pack_panels_t_f32(dst, B, ldb, K, N, PW); return dst; }
-#endif
+    if (esz == sizeof(float) && tb) { pack_panels_t_f32(dst, B, ldb, K, N, PW); return dst; }
     if (esz == sizeof(float)) pack_panels_f32(dst, tb, B, ldb, K, N, PW);
     else pack_panels_f64(dst, tb, B, ldb, K, N, PW);
     return dst;

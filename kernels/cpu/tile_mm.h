@@ -3,6 +3,9 @@
  * float type: included inside a kernel body that has defined T (float or double) and F(name) (a name with
  * the type's suffix). The including file undefines TMM_VL, TMM_NV and TMM_STAGES at its end.
  */
+#if defined(__AVX512F__)
+#include <immintrin.h>   /* tblock's float shuffles */
+#endif
 /* ---- a small dense product ------------------------------------------------------------------------ */
 /* C [m, n] = (acc ? C : 0) + alpha · A B, with A(r, kk) = A[r·sar + kk·sak] (so a transposed operand is
    a stride swap) and B row-major [k, n]. Tiles of 8 rows x 16 columns keep their accumulators in vector
@@ -66,7 +69,7 @@ static const F(ielem) F(tmask)[4][2][16] = { TMM_STAGE(TMM_VL / 2), TMM_STAGE(TM
 /* columns in tiles of TMM_WCOLS (32 floats: two vectors, 16 accumulators, so each broadcast of A feeds two fused
    multiply-adds; 16 doubles), then a 16-column tile; every element the same chain over k whatever its tile */
 #define TMM_WCOLS (TMM_VL == 16 ? 32 : 16)
-static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
+static __attribute__((unused)) void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, const T *B, int64_t ldb, int64_t m,
                   int64_t n, int64_t k, T alpha, int acc)
 {
     int64_t m8 = m - m % 8, n16 = n - n % 16, j0 = 0;
@@ -97,6 +100,35 @@ static void F(mm)(T *Cm, int64_t ldc, const T *A, int64_t sar, int64_t sak, cons
    floats: 64 shuffles against 256 scalar moves). */
 static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
 {
+#if defined(__AVX512F__)
+    /* floats under AVX-512: fixed-pattern shuffles (pairs of rows interleaved, then pairs of pairs, then the
+       128-bit lanes twice), each one instruction without a mask to load */
+    if (sizeof(T) == sizeof(float)) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps((const float *)in + i * ldi);
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; i++) {
+            r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+            r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+            r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++) {
+                t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
+                t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xdd);
+            }
+        for (int i = 0; i < 8; i++) {
+            r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+            r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+        }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps((float *)out + i * ldo, r[i]);
+        return;
+    }
+#endif
 #if defined(__clang__)
     /* clang has no two-source shuffle with a mask from memory (__builtin_shufflevector takes constants): moves */
     for (int i = 0; i < TMM_VL; i++)
@@ -122,7 +154,7 @@ static inline void F(tblock)(T *out, int64_t ldo, const T *in, int64_t ldi)
 
 /* out [n, m] (row stride ldo) = in [m, n]ᵀ (in has row stride ld): whole VL x VL blocks by shuffles, the edges
    element by element */
-static void F(transpose_ld)(T *out, int64_t ldo, const T *in, int64_t m, int64_t n, int64_t ld)
+static __attribute__((unused)) void F(transpose_ld)(T *out, int64_t ldo, const T *in, int64_t m, int64_t n, int64_t ld)
 {
     int64_t mb = m - m % TMM_VL, nb = n - n % TMM_VL;
     for (int64_t r0 = 0; r0 < mb; r0 += TMM_VL)
@@ -132,7 +164,7 @@ static void F(transpose_ld)(T *out, int64_t ldo, const T *in, int64_t m, int64_t
 }
 
 /* out [n, m] = in [m, n]ᵀ (in has row stride ld) */
-static void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
+static __attribute__((unused)) void F(transpose)(T *out, const T *in, int64_t m, int64_t n, int64_t ld)
 {
     F(transpose_ld)(out, m, in, m, n, ld);
 }
