@@ -5,7 +5,9 @@
  * sum of latents run over its row's own cached tokens in a fixed order
  * (tokens in sequence, the latent dims in fixed lanes), so a row's result does not depend on R or on the other
  * rows. No BLAS: a BLAS product picks its blocking from the sizes, which would tie a row's bits to its length's
- * neighbours.
+ * neighbours. Two consecutive rows that are consecutive queries over one buffer (an exact prefill's) run as one
+ * task on the packed float path, each cached token loaded once for both; every value is still computed as for
+ * the row alone.
  */
 #define DCAT_(a, b) a##_##b
 #define DCAT(a, b) DCAT_(a, b)
@@ -229,6 +231,268 @@ static inline __attribute__((always_inline)) void dz_wsum32(float *acc, const fl
         _mm512_storeu_ps(acc + 32 * hh + 16, a[hh][1]);
     }
 }
+/* dz_scores8 for two query rows a and b over the same cached tokens (the queries of one row's buffer in an exact
+   prefill): each token's block is loaded once for both; each row's accumulators advance exactly as in dz_scores8 */
+static inline void dz_scores8x2(float *sa0, float *sa1, float *sb0, float *sb1, const __m512 *qa, const __m512 *qb,
+                                const float *c, int64_t dc, const float *k, int64_t dr, int64_t t0)
+{
+    __m512 acc[2][8];
+    for (int j = 0; j < 8; j++) acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < (dc + dr) / 8; i++) {
+        __m512 q0 = qa[i], q1 = qb[i];
+        const float *x = i < dc / 8 ? c + t0 * dc + 8 * i : k + t0 * dr + 8 * (i - dc / 8);
+        int64_t ld = i < dc / 8 ? dc : dr;
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++) {
+            __m512 xb = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + j * ld));
+            acc[0][j] = _mm512_fmadd_ps(q0, xb, acc[0][j]);
+            acc[1][j] = _mm512_fmadd_ps(q1, xb, acc[1][j]);
+        }
+    }
+    float *dst[2][2] = {{sa0, sa1}, {sb0, sb1}};
+    for (int e = 0; e < 2; e++) {
+        __m512 *a = acc[e];
+        __m512 u0 = dz_hadd(dz_hadd(a[0], a[1]), dz_hadd(a[2], a[3]));
+        __m512 u1 = dz_hadd(dz_hadd(a[4], a[5]), dz_hadd(a[6], a[7]));
+        __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+        sum = _mm512_shuffle_f32x4(sum, sum, _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_ps(dst[e][0] + t0, _mm512_castps512_ps256(sum));
+        _mm256_storeu_ps(dst[e][1] + t0, _mm512_extractf32x8_ps(sum, 1));
+    }
+}
+
+/* dz_wsum32 for two query rows over one buffer, row a over its La tokens and row b over Lb >= La: the first La
+   tokens loaded once for both, then b's own; each row's sums in the order dz_wsum32 takes them */
+static inline __attribute__((always_inline)) void dz_wsum32x2(float *acca, float *accb, const float *sa,
+                                                              const float *sb, int64_t stride, const float *c,
+                                                              int64_t dc, int64_t j0, int64_t La, int64_t Lb,
+                                                              const int NH)
+{
+    __m512 a[4][2], b[4][2];
+    for (int hh = 0; hh < 4; hh++) a[hh][0] = a[hh][1] = b[hh][0] = b[hh][1] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < La; t++) {
+        const float *x = c + t * dc + j0;
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        _Pragma("GCC unroll 4")
+        for (int hh = 0; hh < NH; hh++) {
+            __m512 p = _mm512_set1_ps(sa[hh * stride + t]), q = _mm512_set1_ps(sb[hh * stride + t]);
+            a[hh][0] = _mm512_fmadd_ps(p, x0, a[hh][0]);
+            a[hh][1] = _mm512_fmadd_ps(p, x1, a[hh][1]);
+            b[hh][0] = _mm512_fmadd_ps(q, x0, b[hh][0]);
+            b[hh][1] = _mm512_fmadd_ps(q, x1, b[hh][1]);
+        }
+    }
+    for (int64_t t = La; t < Lb; t++) {
+        const float *x = c + t * dc + j0;
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        _Pragma("GCC unroll 4")
+        for (int hh = 0; hh < NH; hh++) {
+            __m512 q = _mm512_set1_ps(sb[hh * stride + t]);
+            b[hh][0] = _mm512_fmadd_ps(q, x0, b[hh][0]);
+            b[hh][1] = _mm512_fmadd_ps(q, x1, b[hh][1]);
+        }
+    }
+    for (int hh = 0; hh < NH; hh++) {
+        _mm512_storeu_ps(acca + 32 * hh, a[hh][0]);
+        _mm512_storeu_ps(acca + 32 * hh + 16, a[hh][1]);
+        _mm512_storeu_ps(accb + 32 * hh, b[hh][0]);
+        _mm512_storeu_ps(accb + 32 * hh + 16, b[hh][1]);
+    }
+}
+
+/* the packed queries of a group's head pairs ([q_a | q_b] block by block), rh0 = the group's first (row, head) */
+static inline void dz_pack(__m512 (*qp)[DZ_MAXB], const float *qt, const float *qr, int64_t rh0, int nh, int64_t dc,
+                           int64_t dr)
+{
+    for (int pi = 0; 2 * pi + 1 < nh; pi++) {
+        int64_t ra = rh0 + 2 * pi;
+        for (int64_t i = 0; i < dc / 8; i++)
+            qp[pi][i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(qt + ra * dc + 8 * i)),
+                                           _mm256_loadu_ps(qt + (ra + 1) * dc + 8 * i), 1);
+        for (int64_t i = 0; i < dr / 8; i++)
+            qp[pi][dc / 8 + i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(qr + ra * dr + 8 * i)),
+                                                    _mm256_loadu_ps(qr + (ra + 1) * dr + 8 * i), 1);
+    }
+}
+#endif
+
+#ifndef TIDE_DECODE_DHG
+#define TIDE_DECODE_DHG 1
+enum { DHG = 4 };   /* the most heads of one task: they read each cached token once */
+#endif
+
+/* the scores of row r's heads h0 .. h0 + nh - 1 over its tokens t0 .. L - 1 (t0 a multiple of 8) into s (head hh at
+   s + hh stride): blocks of 8 tokens, two heads over one read of a block where both are full; qp: the group's
+   packed head pairs (dz_pack) or NULL */
+static void DCAT(decode_scores_from, SFX)(T *s, int64_t stride, const T *qt, const T *qr, const T *c, const T *kr,
+                                          int64_t rh0, int nh, int64_t dc, int64_t dr, int64_t L, int64_t t0,
+                                          const void *qp)
+{
+    const int aligned = dc % 8 == 0 && dr % 8 == 0;
+    (void)qp;
+    for (int64_t t = t0; t < L; t += 8)
+        for (int hh = 0; hh < nh; hh++) {
+            int64_t rh = rh0 + hh;
+            if (aligned && L - t >= 8 && hh + 1 < nh) {   /* two heads over one read of the block */
+#if defined(TIDE_DECODE_ZMM)
+                if (qp) {
+                    dz_scores8((float *)(s + hh * stride), (float *)(s + (hh + 1) * stride),
+                               ((const __m512(*)[DZ_MAXB])qp)[hh / 2], (const float *)c, dc, (const float *)kr, dr, t);
+                    hh++;
+                    continue;
+                }
+#endif
+                DCAT(decode_scores8_full2, SFX)(s + hh * stride, s + (hh + 1) * stride, qt + rh * dc, qt + (rh + 1) * dc,
+                                                c, dc, dr ? qr + rh * dr : NULL, dr ? qr + (rh + 1) * dr : NULL, kr, dr, t);
+                hh++;
+            } else if (aligned && L - t >= 8)
+                DCAT(decode_scores8_full, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr, t);
+            else
+                DCAT(decode_scores8, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr, t,
+                                          L - t < 8 ? (int)(L - t) : 8);
+        }
+}
+
+/* the scores of nh heads over L tokens to p = exp(scale (s - max)) in place, the tail to the next multiple of 8
+   zeroed; inv[hh] = 1 / Σ p, summed in 8 lanes of t mod 8 */
+static void DCAT(decode_softmax, SFX)(T *s, int64_t stride, int nh, int64_t L, double scale, T *inv)
+{
+    for (int hh = 0; hh < nh; hh++) {
+        T *sh = s + hh * stride;
+        /* the max in vector lanes (fastmath.h): a max is exact, so any order gives the same value */
+        T m = DCAT(max, SFX)(sh, L, (T)-INFINITY);
+        T sc = (T)scale, ms = m * sc;
+        for (int64_t t = 0; t < L; t++) sh[t] = EXP(sh[t] * sc - ms);
+        for (int64_t t = L; t < ((L + 7) & ~(int64_t)7); t++) sh[t] = 0;
+        DCAT(dvec8, SFX) zv = {0};   /* lane j: sh[j], sh[8 + j], ... in sequence */
+        for (int64_t t = 0; t < L; t += 8) {
+            DCAT(dvec8, SFX) x;
+            memcpy(&x, sh + t, sizeof x);
+            zv += x;
+        }
+        T z[8];
+        memcpy(z, &zv, sizeof z);
+        T sum = ((z[0] + z[4]) + (z[2] + z[6])) + ((z[1] + z[5]) + (z[3] + z[7]));
+        inv[hh] = (T)1 / sum;
+    }
+}
+
+/* o = Σ_t p_t c_t / Σ p for latent dims j0 .. j0 + w - 1 of nh heads (out: the group's first head row), tokens in
+   sequence, 32 latent dims at a time in registers for each head of the group (full blocks in decode_wsum32, a last
+   partial block through a zero-padded copy of each token's tail) */
+static void DCAT(decode_wsum_block, SFX)(T *out, const T *s, int64_t stride, const T *c, int64_t dc, int64_t j0,
+                                         int64_t w, int64_t L, int nh, const T *inv, int zmm)
+{
+    DCAT(dvec8, SFX) acc[DHG][4];
+    memset(acc, 0, sizeof acc);
+    (void)zmm;
+#if defined(TIDE_DECODE_ZMM)
+    if (w == 32 && zmm) {
+        switch (nh) {
+        case 1: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 1); break;
+        case 2: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 2); break;
+        case 3: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 3); break;
+        default: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 4); break;
+        }
+    } else
+#endif
+    if (w == 32) {
+        switch (nh) {
+        case 1: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 1); break;
+        case 2: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 2); break;
+        case 3: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 3); break;
+        default: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 4); break;
+        }
+    } else {
+        for (int64_t t = 0; t < L; t++) {
+            const T *x = c + t * dc + j0;
+            T pad[32];
+            memset(pad, 0, sizeof pad);
+            memcpy(pad, x, (size_t)w * sizeof(T));
+            for (int hh = 0; hh < nh; hh++) DCAT(decode_axpy32, SFX)(acc[hh], s[hh * stride + t], pad);
+        }
+    }
+    for (int hh = 0; hh < nh; hh++) {
+        T buf[32], *o = out + hh * dc;
+        memcpy(buf, acc[hh], sizeof buf);
+        for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv[hh];
+    }
+}
+
+/* one task: query row r's heads h0 .. h0 + nh - 1 over its own L cached tokens; s: DHG x stride scratch */
+static void DCAT(decode_task, SFX)(T *out, const T *qt, const T *qr, const T *c, const T *kr, int64_t rh0, int nh,
+                                   int64_t dc, int64_t dr, int64_t L, double scale, T *s, int64_t stride)
+{
+    const void *qp = NULL;
+    int zmm = 0;
+#if defined(TIDE_DECODE_ZMM)
+    __m512 qpk[DHG / 2][DZ_MAXB];
+    if (sizeof(T) == sizeof(float) && dc % 8 == 0 && dr % 8 == 0 && (dc + dr) / 8 <= DZ_MAXB) {
+        dz_pack(qpk, (const float *)qt, (const float *)qr, rh0, nh, dc, dr);
+        qp = qpk;
+        zmm = 1;
+    }
+#endif
+    T inv[DHG];
+    DCAT(decode_scores_from, SFX)(s, stride, qt, qr, c, kr, rh0, nh, dc, dr, L, 0, qp);
+    DCAT(decode_softmax, SFX)(s, stride, nh, L, scale, inv);
+    for (int64_t j0 = 0; j0 < dc; j0 += 32)
+        DCAT(decode_wsum_block, SFX)(out + rh0 * dc, s, stride, c, dc, j0, dc - j0 < 32 ? dc - j0 : 32, L, nh, inv, zmm);
+}
+
+#if defined(TIDE_DECODE_ZMM) && !defined(TIDE_DECODE_TASK2)
+#define TIDE_DECODE_TASK2 1   /* defined once, in the float instantiation (mla.c includes this file for float first) */
+/* two tasks at once: query rows ra and ra + 1 (H heads apart in rh0) over one buffer, row a over La tokens and row b
+   over La + 1 (two consecutive queries of an exact prefill): the blocks of tokens both read are loaded once for
+   both, and every value is computed as decode_task computes it for each row alone. Float under AVX-512, dc and dr
+   multiples of 8. s: 2 x DHG x stride scratch */
+static void dz_task2(float *out, const float *qt, const float *qr, const float *c, const float *kr, int64_t rha,
+                     int64_t H, int nh, int64_t dc, int64_t dr, int64_t La, double scale, float *s, int64_t stride)
+{
+    int64_t rhb = rha + H, Lb = La + 1, tf = La & ~(int64_t)7;
+    float *sa = s, *sb = s + DHG * stride;
+    __m512 qa[DHG / 2][DZ_MAXB], qb[DHG / 2][DZ_MAXB];
+    dz_pack(qa, qt, qr, rha, nh, dc, dr);
+    dz_pack(qb, qt, qr, rhb, nh, dc, dr);
+    for (int64_t t = 0; t < tf; t += 8) {   /* the full blocks of both rows */
+        int hh = 0;
+        for (; hh + 1 < nh; hh += 2)
+            dz_scores8x2(sa + hh * stride, sa + (hh + 1) * stride, sb + hh * stride, sb + (hh + 1) * stride, qa[hh / 2],
+                         qb[hh / 2], c, dc, kr, dr, t);
+        if (hh < nh) {
+            decode_scores8_full_f32(sa + hh * stride, qt + (rha + hh) * dc, c, dc, dr ? qr + (rha + hh) * dr : NULL, kr,
+                                    dr, t);
+            decode_scores8_full_f32(sb + hh * stride, qt + (rhb + hh) * dc, c, dc, dr ? qr + (rhb + hh) * dr : NULL, kr,
+                                    dr, t);
+        }
+    }
+    decode_scores_from_f32(sa, stride, qt, qr, c, kr, rha, nh, dc, dr, La, tf, qa);
+    decode_scores_from_f32(sb, stride, qt, qr, c, kr, rhb, nh, dc, dr, Lb, tf, qb);
+    float inva[DHG], invb[DHG];
+    decode_softmax_f32(sa, stride, nh, La, scale, inva);
+    decode_softmax_f32(sb, stride, nh, Lb, scale, invb);
+    for (int64_t j0 = 0; j0 < dc; j0 += 32) {
+        int64_t w = dc - j0 < 32 ? dc - j0 : 32;
+        if (w < 32) {
+            decode_wsum_block_f32(out + rha * dc, sa, stride, c, dc, j0, w, La, nh, inva, 1);
+            decode_wsum_block_f32(out + rhb * dc, sb, stride, c, dc, j0, w, Lb, nh, invb, 1);
+            continue;
+        }
+        float acca[DHG * 32], accb[DHG * 32];
+        switch (nh) {
+        case 1: dz_wsum32x2(acca, accb, sa, sb, stride, c, dc, j0, La, Lb, 1); break;
+        case 2: dz_wsum32x2(acca, accb, sa, sb, stride, c, dc, j0, La, Lb, 2); break;
+        case 3: dz_wsum32x2(acca, accb, sa, sb, stride, c, dc, j0, La, Lb, 3); break;
+        default: dz_wsum32x2(acca, accb, sa, sb, stride, c, dc, j0, La, Lb, 4); break;
+        }
+        for (int hh = 0; hh < nh; hh++)
+            for (int64_t j = 0; j < 32; j++) {
+                out[(rha + hh) * dc + j0 + j] = acca[32 * hh + j] * inva[hh];
+                out[(rhb + hh) * dc + j0 + j] = accb[32 * hh + j] * invb[hh];
+            }
+    }
+}
 #endif
 
 static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_new, const T *kr_new, void *const *c_bufs,
@@ -245,117 +509,46 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
         }
         if (lens[r] + 1 > Lmax) Lmax = lens[r] + 1;
     }
-    /* one task per (row, group of up to HG heads): the heads of a group read each cached token once */
-    enum { HG = 4 };
-    int64_t ng = (H + HG - 1) / HG;
+    /* the units of work: a row, or two consecutive rows that are consecutive queries over one buffer (an exact
+       prefill's), which the packed float path runs together; a unit's low bit marks a pair */
+    int64_t *unit = malloc((size_t)(R > 0 ? R : 1) * sizeof *unit), nu = 0;
+    if (!unit) return tide_set_error("mla_decode_rows: out of memory for %lld rows", (long long)R);
+    int pairs = 0;
+#if defined(TIDE_DECODE_ZMM)
+    pairs = sizeof(T) == sizeof(float) && dc % 8 == 0 && dr % 8 == 0 && (dc + dr) / 8 <= DZ_MAXB;
+#endif
+    for (int64_t r = 0; r < R; r++) {
+        int pair = pairs && r + 1 < R && c_bufs[r + 1] == c_bufs[r] && (!dr || kr_bufs[r + 1] == kr_bufs[r]) &&
+                   lens[r + 1] == lens[r] + 1;
+        unit[nu++] = 2 * r + pair;
+        r += pair;
+    }
+    /* one task per (unit, group of up to DHG heads): the heads of a group read each cached token once */
+    int64_t ng = (H + DHG - 1) / DHG;
     int bad = 0;
     _Pragma("omp parallel if(R * H * Lmax * (dc + dr) > TIDE_OMP_MIN) reduction(|:bad)")
     {
         int64_t stride = Lmax + 8;
-        T *s = malloc((size_t)(HG * stride) * sizeof(T));
+        T *s = malloc((size_t)(2 * DHG * stride) * sizeof(T));
         if (!s) bad = 1;
         _Pragma("omp for schedule(static)")
-        for (int64_t rg = 0; rg < R * ng; rg++) {
+        for (int64_t ug = 0; ug < nu * ng; ug++) {
             if (!s) continue;
-            int64_t r = rg / ng, h0 = (rg % ng) * HG, L = lens[r] + 1;
-            int nh = H - h0 < HG ? (int)(H - h0) : HG;
+            int64_t u = unit[ug / ng], r = u / 2, h0 = (ug % ng) * DHG, L = lens[r] + 1;
+            int nh = H - h0 < DHG ? (int)(H - h0) : DHG;
             const T *c = c_bufs[r], *kr = dr ? (const T *)kr_bufs[r] : NULL;
-            const int aligned = dc % 8 == 0 && dr % 8 == 0;
 #if defined(TIDE_DECODE_ZMM)
-            /* the packed queries of the group's head pairs ([q_a | q_b] block by block) */
-            __m512 qp[HG / 2][DZ_MAXB];
-            const int zmm = sizeof(T) == sizeof(float) && aligned && (dc + dr) / 8 <= DZ_MAXB;
-            if (zmm)
-                for (int pi = 0; 2 * pi + 1 < nh; pi++) {
-                    int64_t ra = r * H + h0 + 2 * pi;
-                    for (int64_t i = 0; i < dc / 8; i++)
-                        qp[pi][i] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)qt + ra * dc + 8 * i)),
-                                                       _mm256_loadu_ps((const float *)qt + (ra + 1) * dc + 8 * i), 1);
-                    for (int64_t i = 0; i < dr / 8; i++)
-                        qp[pi][dc / 8 + i] =
-                            _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)qr + ra * dr + 8 * i)),
-                                               _mm256_loadu_ps((const float *)qr + (ra + 1) * dr + 8 * i), 1);
-                }
-#endif
-            for (int64_t t = 0; t < L; t += 8)
-                for (int hh = 0; hh < nh; hh++) {
-                    int64_t rh = r * H + h0 + hh;
-                    if (aligned && L - t >= 8 && hh + 1 < nh) {   /* two heads over one read of the block */
-#if defined(TIDE_DECODE_ZMM)
-                        if (zmm) {
-                            dz_scores8((float *)(s + hh * stride), (float *)(s + (hh + 1) * stride), qp[hh / 2],
-                                       (const float *)c, dc, (const float *)kr, dr, t);
-                            hh++;
-                            continue;
-                        }
-#endif
-                        DCAT(decode_scores8_full2, SFX)(s + hh * stride, s + (hh + 1) * stride, qt + rh * dc,
-                                                        qt + (rh + 1) * dc, c, dc, dr ? qr + rh * dr : NULL,
-                                                        dr ? qr + (rh + 1) * dr : NULL, kr, dr, t);
-                        hh++;
-                    } else if (aligned && L - t >= 8)
-                        DCAT(decode_scores8_full, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr,
-                                                       dr, t);
-                    else
-                        DCAT(decode_scores8, SFX)(s + hh * stride, qt + rh * dc, c, dc, dr ? qr + rh * dr : NULL, kr, dr,
-                                                  t, L - t < 8 ? (int)(L - t) : 8);
-                }
-            T inv[HG];
-            for (int hh = 0; hh < nh; hh++) {
-                T *sh = s + hh * stride;
-                /* the max in vector lanes (fastmath.h): a max is exact, so any order gives the same value */
-                T m = DCAT(max, SFX)(sh, L, (T)-INFINITY);
-                /* p = exp(scale (s - max)), summed in 8 lanes of t mod 8 (the tail padded with zeros) */
-                T sc = (T)scale, ms = m * sc;
-                for (int64_t t = 0; t < L; t++) sh[t] = EXP(sh[t] * sc - ms);
-                for (int64_t t = L; t < ((L + 7) & ~(int64_t)7); t++) sh[t] = 0;
-                T z[8] = {0};
-                for (int64_t t = 0; t < L; t += 8)
-                    for (int j = 0; j < 8; j++) z[j] += sh[t + j];
-                T sum = ((z[0] + z[4]) + (z[2] + z[6])) + ((z[1] + z[5]) + (z[3] + z[7]));
-                inv[hh] = (T)1 / sum;
+            if (u & 1) {
+                dz_task2((float *)out, (const float *)qt, (const float *)qr, (const float *)c, (const float *)kr,
+                         r * H + h0, H, nh, dc, dr, L, scale, (float *)s, stride);
+                continue;
             }
-            /* o = Σ_t p_t c_t, tokens in sequence, 32 latent dims at a time in registers for each head of the group
-               (full blocks in decode_wsum32, a last partial block through a zero-padded copy of each token's tail) */
-            for (int64_t j0 = 0; j0 < dc; j0 += 32) {
-                int64_t w = dc - j0 < 32 ? dc - j0 : 32;
-                DCAT(dvec8, SFX) acc[HG][4];
-                memset(acc, 0, sizeof acc);
-#if defined(TIDE_DECODE_ZMM)
-                if (w == 32 && zmm) {
-                    switch (nh) {
-                    case 1: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 1); break;
-                    case 2: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 2); break;
-                    case 3: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 3); break;
-                    default: dz_wsum32((float *)acc, (const float *)s, stride, (const float *)c, dc, j0, L, 4); break;
-                    }
-                } else
 #endif
-                if (w == 32) {
-                    switch (nh) {
-                    case 1: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 1); break;
-                    case 2: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 2); break;
-                    case 3: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 3); break;
-                    default: DCAT(decode_wsum32, SFX)(acc, s, stride, c, dc, j0, L, 4); break;
-                    }
-                } else {
-                    for (int64_t t = 0; t < L; t++) {
-                        const T *x = c + t * dc + j0;
-                        T pad[32];
-                        memset(pad, 0, sizeof pad);
-                        memcpy(pad, x, (size_t)w * sizeof(T));
-                        for (int hh = 0; hh < nh; hh++) DCAT(decode_axpy32, SFX)(acc[hh], s[hh * stride + t], pad);
-                    }
-                }
-                for (int hh = 0; hh < nh; hh++) {
-                    T buf[32], *o = out + (r * H + h0 + hh) * dc;
-                    memcpy(buf, acc[hh], sizeof buf);
-                    for (int64_t j = 0; j < w; j++) o[j0 + j] = buf[j] * inv[hh];
-                }
-            }
+            DCAT(decode_task, SFX)(out, qt, qr, c, kr, r * H + h0, nh, dc, dr, L, scale, s, stride);
         }
         free(s);
     }
+    free(unit);
     return bad ? tide_set_error("mla_decode_rows: out of memory for %lld scores", (long long)Lmax) : 0;
 }
 

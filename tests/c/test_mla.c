@@ -321,15 +321,17 @@ static void test_decode_rows(int dtype, int64_t dr, int64_t H, const char *what)
 
 /* the appended form (c_new NULL): T queries of one sequence share its buffer, which holds their latents already;
    query t attends over the first L0 + t + 1 tokens, bitwise what T one-token steps with fresh appends give */
-static void test_decode_rows_appended(int dtype, int64_t dr, const char *what)
+static void test_decode_rows_appended(int dtype, int64_t dr, int T, int64_t H, int64_t L0, const char *what)
 {
-    enum { T = 5, H = 2, DC = 40, L0 = 6, CAP = 16 };
+    enum { DC = 40, TMAX = 16 };
+    const int64_t CAP = L0 + T + 2;
     tide_tensor *qt = randn(dtype, 3, (int64_t[]){T, H, DC}), *qr = dr ? randn(dtype, 3, (int64_t[]){T, H, dr}) : NULL;
     tide_tensor *buf = randn(dtype, 3, (int64_t[]){1, CAP, DC}), *kbuf = dr ? randn(dtype, 3, (int64_t[]){1, CAP, dr}) : NULL;
     tide_tensor *step_c = clone(buf), *step_k = dr ? clone(kbuf) : NULL;
     double *before = host(buf);
-    tide_tensor *cb[T], *kb[T];
-    int64_t lens[T];
+    tide_tensor *cb[TMAX], *kb[TMAX];
+    int64_t lens[TMAX];
+    if (T > TMAX) { printf("FAIL %s: T %d > %d\n", what, T, (int)TMAX); g_fail++; return; }
     for (int t = 0; t < T; t++) { cb[t] = buf; kb[t] = kbuf; lens[t] = L0 + t; }
     tide_tensor *o = tide_mla_decode_rows(qt, qr, NULL, NULL, T, cb, dr ? kb : NULL, lens, 0.37);
     CHECK(o != NULL, "%s: runs (%s)", what, o ? "ok" : tide_last_error());
@@ -392,9 +394,15 @@ int main(void)
     test_decode_rows(TIDE_F32, 16, 2, "decode_rows f32, 8-aligned, 2 heads");
     test_decode_rows(TIDE_F32, 16, 3, "decode_rows f32, 8-aligned, 3 heads");
     test_decode_rows(TIDE_F32, 8, 5, "decode_rows f32, 8-aligned, 5 heads");
-    test_decode_rows_appended(TIDE_F32, 3, "decode_rows appended f32");
-    test_decode_rows_appended(TIDE_F64, 0, "decode_rows appended f64, no rope slot");
-    test_decode_rows_appended(TIDE_F32, 8, "decode_rows appended f32, dc and dr multiples of 8");
+    test_decode_rows_appended(TIDE_F32, 3, 5, 2, 6, "decode_rows appended f32");
+    test_decode_rows_appended(TIDE_F64, 0, 5, 2, 6, "decode_rows appended f64, no rope slot");
+    test_decode_rows_appended(TIDE_F32, 8, 5, 2, 6, "decode_rows appended f32, dc and dr multiples of 8");
+    /* consecutive queries over one buffer run in pairs on the packed float path: pairs whose shorter row ends on a
+       block (40 tokens), one short of a block (39: the longer row has one more full block) and inside one, a last
+       single query, a head pair with a single head (3 heads) and a group of four with a group of one (5) */
+    test_decode_rows_appended(TIDE_F32, 8, 9, 2, 37, "decode_rows appended f32, query pairs, 2 heads");
+    test_decode_rows_appended(TIDE_F32, 16, 7, 3, 38, "decode_rows appended f32, query pairs, 3 heads");
+    test_decode_rows_appended(TIDE_F32, 8, 6, 5, 21, "decode_rows appended f32, query pairs, 5 heads");
     if (tide_graph_live_nodes() != 0) { printf("FAIL %lld graph nodes leaked\n", (long long)tide_graph_live_nodes()); g_fail++; }
     if (tide_live_tensors() != 0) { printf("FAIL %lld tensors leaked\n", (long long)tide_live_tensors()); g_fail++; }
     printf("\n%d passed, %d failed\n", g_pass, g_fail);
