@@ -92,10 +92,12 @@ tide_tensor *tide_attnres(int n, tide_tensor **sources, tide_tensor *w, tide_ten
     const char *op = "attnres";
     TIDE_CHECK(n >= 1 && sources, "attnres: needs at least one source, got n = %d%s", n, sources ? "" : " (sources is NULL)");
     char a[128], b[128], e[64];
-    for (int i = 0; i < n; i++) {
-        snprintf(e, sizeof e, "source %d", i);
-        if (tide_check_float(sources[i], op, e)) return NULL;
-    }
+    for (int i = 0; i < n; i++)   /* the name formatted only for an error */
+        if (!sources[i] || !tide_is_float(sources[i]->dtype)) {
+            snprintf(e, sizeof e, "source %d", i);
+            tide_check_float(sources[i], op, e);
+            return NULL;
+        }
     tide_tensor *v0 = sources[0];
     TIDE_CHECK(v0->ndim >= 1 && v0->shape[v0->ndim - 1] >= 1, "attnres: sources must be [..., d] with d >= 1, got %s",
                SHAPE_STR(v0, a));

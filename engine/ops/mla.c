@@ -235,25 +235,27 @@ int tide_mla_decode_rows_forward(tide_node *n, tide_tensor **in, tide_tensor **o
     return 0;
 }
 
-/* a buffer of row r: [1, cap, w] or [cap, w], contiguous, same dtype and device as qt, room for one more token */
+/* a buffer of row r: [1, cap, w] or [cap, w], contiguous, same dtype and device as qt, room for one more token
+   (its name, "c_bufs[r]", formatted only for an error: an exact prefill checks thousands of rows a call) */
 static int check_row_buffer(const tide_tensor *buf, const tide_tensor *qt, int r, const char *what, int64_t w,
                             int64_t len)
 {
     const char *op = "mla_decode_rows";
     char a[128], e[48];
-    snprintf(e, sizeof e, "%s[%d]", what, r);
-    if (!buf) return tide_set_error("mla_decode_rows: %s is NULL", e);
-    if (tide_check_float(buf, op, e) || tide_check_same_device(qt, buf, op) || tide_check_same_dtype(qt, buf, op))
-        return -1;
+#define ROW_NAME (snprintf(e, sizeof e, "%s[%d]", what, r), e)
+    if (!buf) return tide_set_error("mla_decode_rows: %s is NULL", ROW_NAME);
+    if (!tide_is_float(buf->dtype)) return tide_check_float(buf, op, ROW_NAME);
+    if (tide_check_same_device(qt, buf, op) || tide_check_same_dtype(qt, buf, op)) return -1;
     int nd = buf->ndim;
     int ok = (nd == 2 || (nd == 3 && buf->shape[0] == 1)) && buf->shape[nd - 1] == w;
-    if (!ok) return tide_set_error("mla_decode_rows: %s is %s but must be [1, cap, %lld] or [cap, %lld]", e,
+    if (!ok) return tide_set_error("mla_decode_rows: %s is %s but must be [1, cap, %lld] or [cap, %lld]", ROW_NAME,
                                    SHAPE_STR(buf, a), (long long)w, (long long)w);
-    if (!tide_is_contiguous(buf)) return tide_set_error("mla_decode_rows: %s must be contiguous", e);
+    if (!tide_is_contiguous(buf)) return tide_set_error("mla_decode_rows: %s must be contiguous", ROW_NAME);
     int64_t cap = buf->shape[nd - 2];
     if (len < 0 || len >= cap)
         return tide_set_error("mla_decode_rows: row %d has %lld cached tokens but %s holds %lld: no room for one more",
-                              r, (long long)len, e, (long long)cap);
+                              r, (long long)len, ROW_NAME, (long long)cap);
+#undef ROW_NAME
     return 0;
 }
 
