@@ -257,6 +257,14 @@ T.test("exact forward: any split of a sequence into calls (prefill, decode steps
         end
         T.eq(tide.F.concat(parts, 2):tolist(), whole:tolist(), "split " .. table.concat(split, "+") .. " bitwise")
       end
+      -- last = true: the last position's logits alone, the same bits, and the same caches after it
+      local c1, c2 = m:new_cache(), m:new_cache()
+      local last = m:forward(x, c1, { exact = true, last = true })
+      T.eq(last:shape(), { 2, 1, V }, "last = true gives [B, 1, V]")
+      T.eq(last:tolist(), whole:narrow(2, 19, 1):tolist(), "last = true: the last position's bits")
+      m:forward(x, c2, { exact = true })
+      local nxt = x:narrow(2, 1, 1)
+      T.eq(m:forward(nxt, c1):tolist(), m:forward(nxt, c2):tolist(), "last = true: the same caches")
       local chunked = m:forward(x)
       local d = (chunked - whole):abs():max():item()
       T.ok(d > 0 and d < 1e-4, "chunked vs exact " .. d)

@@ -29,7 +29,7 @@ local function scripted(m, script_of)
   function w:forward(ids, cache, opts)
     local logits = m:forward(ids, cache, opts)
     local rows = ids:tolist()
-    local T_ = ids:size(2)
+    local T_ = logits:size(2)   -- the rollout asks for the last position's logits alone (opts.last)
     local raw = logits:narrow(2, T_, 1):tolist()
     w.log[#w.log + 1] = { ids = rows, logits = raw, cache = cache }
     local nxt = script_of(cache, rows)

@@ -331,6 +331,7 @@ end
 -- opts.exact (with caches, under no_grad): schedule-invariant: each token's logits and the caches are bitwise
 -- what one-token decode steps give, whatever the split of the sequence into calls (prefill T tokens, then decode
 -- one at a time, then feed a tool result == one call over all of it); slower than the chunked prefill
+-- opts.last: the logits of the last position only ([B, 1, V]; under exact, the same bits as that position of the whole)
 -- opts.images = {patches, grids, pad_id, rows}: the batch's packed images (vision.md §3, §7), spliced at the
 -- <|media_pad|> placeholders of ids (pad_id, else model.vision.media_pad); rows (0-based, optional): only these image
 -- tokens, in this order (a cp rank's slices: step.cp_slice)
@@ -372,7 +373,11 @@ end
 -- forward(ids, caches, {exact = true}) is schedule-invariant (rl.rollout runs every forward so)
 HybridLM.schedule_invariant = true
 
-function HybridLM:logits_of(ids, caches, opts) return self.lm_head:forward(self.model:forward(ids, caches, opts)) end
+function HybridLM:logits_of(ids, caches, opts)
+  local h = self.model:forward(ids, caches, opts)
+  if opts and opts.last and h:size(2) > 1 then h = h:narrow(2, h:size(2), 1) end
+  return self.lm_head:forward(h)
+end
 
 -- decode_rows(ids [R, 1] int, caches = {R caches of new_cache()}) -> logits [R, 1, V]: one decoding step of R rows
 -- that each carry their own caches, of any lengths (the rows of a rollout); row r's logits and caches are bitwise

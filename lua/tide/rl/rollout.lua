@@ -146,15 +146,16 @@ local function sample_t1(L, u)
   return id, a[o + id] - m - log(total)
 end
 
--- the forward options of a rollout: exact (schedule-invariant) where the model has it (nn.HybridLM)
-local EXACT = { exact = true }
+-- the forward options of a rollout: exact (schedule-invariant) where the model has it (nn.HybridLM), and the last
+-- position's logits alone (a rollout samples from those)
+local EXACT = { exact = true, last = true }
 local function forward_opts(model) return model.schedule_invariant and EXACT or nil end
 rollout.forward_opts = forward_opts
 
 -- forward ids (a Lua list) through the caches -> the last position's logits (a row's logits, above)
 local function feed_logits(model, cache, ids)
   local logits = model:forward(tide.tensor({ ids }, { dtype = "i32" }), cache, forward_opts(model))
-  local a, n = logits:narrow(2, #ids, 1):f64_array()
+  local a, n = logits:narrow(2, logits:size(2), 1):f64_array()
   return logits_at(a, 0, n)
 end
 -- the same as a Lua list
@@ -225,8 +226,8 @@ function rollout.run(model, tok, o)
     for i, row in ipairs(c) do caches[i] = row.cache end
     local batch = stack_caches(caches)
     local t0 = tide.time()
-    local n = #ids[1]
-    local a, nv = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model)):narrow(2, n, 1):f64_array()
+    local logits = model:forward(tide.tensor(ids, { dtype = "i32" }), batch, forward_opts(model))
+    local a, nv = logits:narrow(2, logits:size(2), 1):f64_array()
     st.forwards, st.t_forward = st.forwards + 1, st.t_forward + (tide.time() - t0)
     local V = nv / #c
     for i, row in ipairs(c) do row.cache, row.logits = split_cache(batch, i), logits_at(a, (i - 1) * V, V) end
