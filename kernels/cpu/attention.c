@@ -7,15 +7,18 @@
  * causal: query i sees key j iff j <= i + (Tk − Tq) (the last query aligns with the last key). A query
  * that sees no key (causal with Tq > Tk) gets out 0, lse −inf and no gradient.
  *
- * The products go to BLAS one head at a time with a [Tq, Tk] scratch allocated once per call. The
- * linked OpenBLAS is the OpenMP build: it threads internally and must not be called from inside an
- * OpenMP parallel region, so heads run sequentially and only our elementwise row loops use OpenMP.
+ * The products go to BLAS one head at a time with a [Tq, Tk] scratch. Many small heads (a score matrix of at most
+ * HEAD_PAR_MAX elements, at least two heads) run in parallel, one head per thread with its own scratch: a BLAS
+ * call inside the parallel region runs single-threaded (OpenBLAS checks omp_in_parallel(); gemm.c), and one
+ * threaded BLAS call per small head cost more in waking its threads than its products. Larger heads run one after
+ * another, each product threaded by BLAS and the softmax rows by OpenMP.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cblas.h>
+#include <omp.h>
 #include "cpu.h"
 #include "fastmath.h"
 
@@ -38,6 +41,18 @@ static inline int64_t last_key(int64_t i, int64_t Tq, int64_t Tk, int causal)
 
 static inline blasint ld_of(int64_t n) { return (blasint)(n > 0 ? n : 1); }
 
+/* heads in parallel when a head's score matrix has at most this many elements (a 1,024 x 1,024 f32 scratch: 4 MB
+   a thread, 8 MB in the backward) */
+#define HEAD_PAR_MAX ((int64_t)1 << 20)
+
+/* the threads that share the heads: 1 (heads in sequence, BLAS and the row loops threaded) or up to one a head */
+static int head_threads(int64_t BH, int64_t Tq, int64_t Tk)
+{
+    int nt = omp_get_max_threads();
+    if (BH < 2 || nt < 2 || Tq * Tk > HEAD_PAR_MAX) return 1;
+    return BH < nt ? (int)BH : nt;
+}
+
 /* C [M, N] = alpha op(A) op(B) (beta = 0), row-major; an empty inner dim gives C = 0 */
 #define DEFINE_MM(T, SFX, GEMM)                                                                         \
 static void mm_##SFX(int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const T *A,        \
@@ -58,9 +73,9 @@ DEFINE_MM(double, f64, cblas_dgemm)
 #define DEFINE_ATTENTION(T, SFX)                                                                        \
 /* S [Tq, Tk] holds scale·Q Kᵀ; on return it holds P (0 at masked keys). lse may be NULL (backward     \
    passes the saved one in slse instead and P is recomputed from it). */                                \
-static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int causal)               \
+static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int causal, int par)      \
 {                                                                                                       \
-    _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN_MATH)")                                                     \
+    _Pragma("omp parallel for if(par && Tq * Tk > TIDE_OMP_MIN_MATH)")                                              \
     for (int64_t i = 0; i < Tq; i++) {                                                                  \
         T *sr = S + i * Tk;                                                                             \
         int64_t last = last_key(i, Tq, Tk, causal);                                                     \
@@ -87,31 +102,36 @@ static void probs_##SFX(T *S, T *lse, const T *slse, int64_t Tq, int64_t Tk, int
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
+/* S: nt [Tq, Tk] scratches, one a thread */                                                            \
 static void attention_##SFX(T *out, T *lse, const T *q, const T *k, const T *v, T *S, int64_t BH,      \
-                            int64_t Tq, int64_t Tk, int64_t D, int causal, double scale)                \
+                            int64_t Tq, int64_t Tk, int64_t D, int causal, double scale, int nt)        \
 {                                                                                                       \
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")                             \
     for (int64_t h = 0; h < BH; h++) {                                                                  \
         const T *qh = q + h * Tq * D, *kh = k + h * Tk * D, *vh = v + h * Tk * D;                       \
-        T *oh = out + h * Tq * D;                                                                       \
-        mm_##SFX(0, 1, Tq, Tk, D, scale, qh, D, kh, D, S, Tk);                                          \
-        probs_##SFX(S, lse + h * Tq, NULL, Tq, Tk, causal);                                             \
-        mm_##SFX(0, 0, Tq, D, Tk, 1.0, S, Tk, vh, D, oh, D);                                            \
+        T *oh = out + h * Tq * D, *Sh = S + (int64_t)omp_get_thread_num() * Tq * Tk;                    \
+        mm_##SFX(0, 1, Tq, Tk, D, scale, qh, D, kh, D, Sh, Tk);                                         \
+        probs_##SFX(Sh, lse + h * Tq, NULL, Tq, Tk, causal, nt == 1);                                   \
+        mm_##SFX(0, 0, Tq, D, Tk, 1.0, Sh, Tk, vh, D, oh, D);                                           \
     }                                                                                                   \
 }                                                                                                       \
                                                                                                         \
+/* PS: nt pairs of [Tq, Tk] scratches (P, dS), one a thread */                                          \
 static void attention_backward_##SFX(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k,       \
-                                     const T *v, const T *out, const T *lse, T *P, T *dS, int64_t BH,  \
-                                     int64_t Tq, int64_t Tk, int64_t D, int causal, double scale)      \
+                                     const T *v, const T *out, const T *lse, T *PS, int64_t BH,        \
+                                     int64_t Tq, int64_t Tk, int64_t D, int causal, double scale, int nt) \
 {                                                                                                       \
+    _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")                             \
     for (int64_t h = 0; h < BH; h++) {                                                                  \
         const T *qh = q + h * Tq * D, *kh = k + h * Tk * D, *vh = v + h * Tk * D;                       \
         const T *oh = out + h * Tq * D, *doh = dout + h * Tq * D;                                       \
         T *dqh = dq + h * Tq * D, *dkh = dk + h * Tk * D, *dvh = dv + h * Tk * D;                       \
+        T *P = PS + (int64_t)omp_get_thread_num() * 2 * Tq * Tk, *dS = P + Tq * Tk;                     \
         mm_##SFX(0, 1, Tq, Tk, D, scale, qh, D, kh, D, P, Tk);                                          \
-        probs_##SFX(P, NULL, lse + h * Tq, Tq, Tk, causal);                                             \
+        probs_##SFX(P, NULL, lse + h * Tq, Tq, Tk, causal, nt == 1);                                    \
         mm_##SFX(1, 0, Tk, D, Tq, 1.0, P, Tk, doh, D, dvh, D);          /* dV = Pᵀ dO */                \
         mm_##SFX(0, 1, Tq, Tk, D, 1.0, doh, D, vh, D, dS, Tk);          /* dP = dO Vᵀ */                \
-        _Pragma("omp parallel for if(Tq * Tk > TIDE_OMP_MIN_MATH)")                                                 \
+        _Pragma("omp parallel for if(nt == 1 && Tq * Tk > TIDE_OMP_MIN_MATH)")                                      \
         for (int64_t i = 0; i < Tq; i++) {                                                              \
             const T *orow = oh + i * D, *grow = doh + i * D, *pr = P + i * Tk;                          \
             T *dr = dS + i * Tk;                                                                        \
@@ -153,10 +173,11 @@ int tide_cpu_attention(int dtype, void *out, void *lse, const void *q, const voi
     int rc = check_args("attention", dtype, BH, Tq, Tk, D, &bytes);
     if (rc) return rc;
     if (BH == 0 || Tq == 0) return 0;
-    void *S = malloc(bytes ? bytes : 1);
-    if (!S) return tide_set_error("attention: out of memory allocating %zu bytes for the score scratch", bytes);
-    if (dtype == TIDE_F32) attention_f32(out, lse, q, k, v, S, BH, Tq, Tk, D, causal, scale);
-    else attention_f64(out, lse, q, k, v, S, BH, Tq, Tk, D, causal, scale);
+    int nt = head_threads(BH, Tq, Tk);
+    void *S = malloc(bytes ? (size_t)nt * bytes : 1);
+    if (!S) return tide_set_error("attention: out of memory allocating %zu bytes for the score scratch", (size_t)nt * bytes);
+    if (dtype == TIDE_F32) attention_f32(out, lse, q, k, v, S, BH, Tq, Tk, D, causal, scale, nt);
+    else attention_f64(out, lse, q, k, v, S, BH, Tq, Tk, D, causal, scale, nt);
     free(S);
     return 0;
 }
@@ -169,16 +190,15 @@ int tide_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, const v
     int rc = check_args("attention_backward", dtype, BH, Tq, Tk, D, &bytes);
     if (rc) return rc;
     if (BH == 0) return 0;
-    void *P = malloc(bytes ? 2 * bytes : 1);
+    int nt = head_threads(BH, Tq, Tk);
+    void *P = malloc(bytes ? 2 * (size_t)nt * bytes : 1);
     if (!P)
         return tide_set_error("attention_backward: out of memory allocating %zu bytes for the score scratch",
-                              2 * bytes);
+                              2 * (size_t)nt * bytes);
     if (dtype == TIDE_F32)
-        attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, P, (float *)P + Tq * Tk, BH, Tq, Tk, D,
-                               causal, scale);
+        attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, P, BH, Tq, Tk, D, causal, scale, nt);
     else
-        attention_backward_f64(dq, dk, dv, dout, q, k, v, out, lse, P, (double *)P + Tq * Tk, BH, Tq, Tk, D,
-                               causal, scale);
+        attention_backward_f64(dq, dk, dv, dout, q, k, v, out, lse, P, BH, Tq, Tk, D, causal, scale, nt);
     free(P);
     return 0;
 }

@@ -124,6 +124,29 @@ T.test("gradcheck of softmax, rmsnorm and attention", function()
   T.gradcheck(function(a, b, c) return F.attention(a, b, c, { causal = true }) end, {q, k, v})
 end)
 
+T.test("attention: small heads run in parallel with the bits of one thread, forward and gradients", function()
+  -- 6 heads of 40 x 40 scores: one head a thread at two threads, in sequence at one; the same products and rows
+  tide.manual_seed(5)
+  local q, k, v = tide.randn({ 2, 3, 40, 16 }), tide.randn({ 2, 3, 40, 16 }), tide.randn({ 2, 3, 40, 16 })
+  local g = tide.randn({ 2, 3, 40, 16 })
+  local threads = tide.num_threads()
+  local function run(nt)
+    tide.set_num_threads(nt)
+    local a, b, c = q:clone():requires_grad_(), k:clone():requires_grad_(), v:clone():requires_grad_()
+    local o = F.attention(a, b, c, { causal = true })
+    o:backward(g)
+    return { o:tolist(), a:grad():tolist(), b:grad():tolist(), c:grad():tolist() }
+  end
+  local one, two = run(1), run(2)
+  tide.set_num_threads(threads)
+  for i, what in ipairs({ "out", "dq", "dk", "dv" }) do T.eq(two[i], one[i], what .. ": 2 threads == 1 thread, bitwise") end
+  -- against the f64 op (whose gradient check is above and in test-ops)
+  local o64 = F.attention(q:to("f64"), k:to("f64"), v:to("f64"), { causal = true })
+  local d, ref = 0, o64:tolist()
+  for i = 1, #ref do d = math.max(d, math.abs(one[1][i] - ref[i])) end
+  T.ok(d < 1e-5, "f32 out vs f64: " .. d)
+end)
+
 T.test("tide.profile: each op's forward, backward and recompute calls, self times, fn's results and errors", function()
   local x, w1, b1, w2, tg = mlp_params()
   local r, a, b, c = tide.profile(function()
