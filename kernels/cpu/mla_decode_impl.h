@@ -209,14 +209,13 @@ static inline void dz_scores8(float *sa, float *sb, const __m512 *qp, const floa
     _mm256_storeu_ps(sb + t0, _mm512_extractf32x8_ps(sum, 1));
 }
 
-/* decode_wsum32 in 16-lane registers: the same sums in the same order */
-static inline __attribute__((always_inline)) void dz_wsum32(float *acc, const float *s, int64_t stride,
-                                                            const float *c, int64_t dc, int64_t j0, int64_t L,
-                                                            const int NH)
+/* a[hh] += Σ_t p_hh,t x_t for tokens t0 .. t1 - 1 in sequence over a full block of 32 latent dims, 16-lane registers
+   (x_t = c + t·dc + j0, p_hh,t = s[hh·stride + t]): decode_wsum32's sums in its order */
+static inline __attribute__((always_inline)) void dz_wsum_run(__m512 (*a)[2], const float *s, int64_t stride,
+                                                              const float *c, int64_t dc, int64_t j0, int64_t t0,
+                                                              int64_t t1, const int NH)
 {
-    __m512 a[4][2];
-    for (int hh = 0; hh < 4; hh++) a[hh][0] = a[hh][1] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < L; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         const float *x = c + t * dc + j0;
         __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
         _Pragma("GCC unroll 4")
@@ -226,10 +225,25 @@ static inline __attribute__((always_inline)) void dz_wsum32(float *acc, const fl
             a[hh][1] = _mm512_fmadd_ps(p, x1, a[hh][1]);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void dz_wsum_store(float *acc, __m512 (*a)[2], const int NH)
+{
     for (int hh = 0; hh < NH; hh++) {
         _mm512_storeu_ps(acc + 32 * hh, a[hh][0]);
         _mm512_storeu_ps(acc + 32 * hh + 16, a[hh][1]);
     }
+}
+
+/* decode_wsum32 in 16-lane registers: the same sums in the same order */
+static inline __attribute__((always_inline)) void dz_wsum32(float *acc, const float *s, int64_t stride,
+                                                            const float *c, int64_t dc, int64_t j0, int64_t L,
+                                                            const int NH)
+{
+    __m512 a[4][2];
+    for (int hh = 0; hh < 4; hh++) a[hh][0] = a[hh][1] = _mm512_setzero_ps();
+    dz_wsum_run(a, s, stride, c, dc, j0, 0, L, NH);
+    dz_wsum_store(acc, a, NH);
 }
 /* dz_scores8 for two query rows a and b over the same cached tokens (the queries of one row's buffer in an exact
    prefill): each token's block is loaded once for both; each row's accumulators advance exactly as in dz_scores8 */
@@ -283,22 +297,9 @@ static inline __attribute__((always_inline)) void dz_wsum32x2(float *acca, float
             b[hh][1] = _mm512_fmadd_ps(q, x1, b[hh][1]);
         }
     }
-    for (int64_t t = La; t < Lb; t++) {
-        const float *x = c + t * dc + j0;
-        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        _Pragma("GCC unroll 4")
-        for (int hh = 0; hh < NH; hh++) {
-            __m512 q = _mm512_set1_ps(sb[hh * stride + t]);
-            b[hh][0] = _mm512_fmadd_ps(q, x0, b[hh][0]);
-            b[hh][1] = _mm512_fmadd_ps(q, x1, b[hh][1]);
-        }
-    }
-    for (int hh = 0; hh < NH; hh++) {
-        _mm512_storeu_ps(acca + 32 * hh, a[hh][0]);
-        _mm512_storeu_ps(acca + 32 * hh + 16, a[hh][1]);
-        _mm512_storeu_ps(accb + 32 * hh, b[hh][0]);
-        _mm512_storeu_ps(accb + 32 * hh + 16, b[hh][1]);
-    }
+    dz_wsum_run(b, sb, stride, c, dc, j0, La, Lb, NH);
+    dz_wsum_store(acca, a, NH);
+    dz_wsum_store(accb, b, NH);
 }
 
 /* the packed queries of a group's head pairs ([q_a | q_b] block by block), rh0 = the group's first (row, head) */
