@@ -39,20 +39,20 @@ function Attention:forward(x, cache)
   local q = self.q_proj:forward(x):reshape(B, T, H, D)
   local k = self.k_proj:forward(x):reshape(B, T, H, D)
   local v = self.v_proj:forward(x):reshape(B, T, H, D)
-  -- rope on [B, T, H, D], attention on [B, H, T, D]
-  q = F.rope(q, self.rope_theta, pos0):permute(1, 3, 2, 4)
-  k = F.rope(k, self.rope_theta, pos0):permute(1, 3, 2, 4)
-  v = v:permute(1, 3, 2, 4)
+  -- rope and attention on [B, T, H, D]: the tiled causal kernel of MLA's attention (F.mla_attention without a rope
+  -- slot: plain multi-head attention, the last query on the last key), whose memory is linear in T and which
+  -- runs small heads faster than F.attention's [T, T] scores per head; no transposes on either side
+  q = F.rope(q, self.rope_theta, pos0)
+  k = F.rope(k, self.rope_theta, pos0)
   if cache then
     if cache.k then
-      k = F.concat({ cache.k, k }, 3)
-      v = F.concat({ cache.v, v }, 3)
+      k = F.concat({ cache.k, k }, 2)
+      v = F.concat({ cache.v, v }, 2)
     end
     cache.k, cache.v, cache.pos = k, v, pos0 + T
   end
-  local o = F.attention(q, k, v, { causal = true, scale = self.scale })
-  o = o:permute(1, 3, 2, 4):contiguous():reshape(B, T, H * D)
-  return self.o_proj:forward(o)
+  local o = F.mla_attention(q, k, nil, v, { scale = self.scale })
+  return self.o_proj:forward(o:reshape(B, T, H * D))
 end
 
 function Attention:extra_repr()
