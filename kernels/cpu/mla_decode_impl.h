@@ -173,6 +173,12 @@ static inline void DCAT(decode_scores8_full2, SFX)(T *sa, T *sb, const T *q1a, c
 #define TIDE_DECODE_ZMM 1
 enum { DZ_MAXB = 64 };   /* the packed path's most 8-value blocks of [q1 | q2]: dc + dr <= 512 */
 
+/* whether a float type's rows take the packed path: dc and dr multiples of 8, at most DZ_MAXB blocks */
+static inline int dz_packed(size_t tsize, int64_t dc, int64_t dr)
+{
+    return tsize == sizeof(float) && dc % 8 == 0 && dr % 8 == 0 && (dc + dr) / 8 <= DZ_MAXB;
+}
+
 /* _mm256_hadd_ps on each 256-bit half: [a0 + a1, a2 + a3, b0 + b1, b2 + b3] in every 128-bit lane */
 static inline __m512 dz_hadd(__m512 a, __m512 b)
 {
@@ -429,7 +435,7 @@ static void DCAT(decode_task, SFX)(T *out, const T *qt, const T *qr, const T *c,
     int zmm = 0;
 #if defined(TIDE_DECODE_ZMM)
     __m512 qpk[DHG / 2][DZ_MAXB];
-    if (sizeof(T) == sizeof(float) && dc % 8 == 0 && dr % 8 == 0 && (dc + dr) / 8 <= DZ_MAXB) {
+    if (dz_packed(sizeof(T), dc, dr)) {
         dz_pack(qpk, (const float *)qt, (const float *)qr, rh0, nh, dc, dr);
         qp = qpk;
         zmm = 1;
@@ -516,7 +522,7 @@ static int DCAT(decode_rows, SFX)(T *out, const T *qt, const T *qr, const T *c_n
     if (!unit) return tide_set_error("mla_decode_rows: out of memory for %lld rows", (long long)R);
     int pairs = 0;
 #if defined(TIDE_DECODE_ZMM)
-    pairs = sizeof(T) == sizeof(float) && dc % 8 == 0 && dr % 8 == 0 && (dc + dr) / 8 <= DZ_MAXB;
+    pairs = dz_packed(sizeof(T), dc, dr);
 #endif
     for (int64_t r = 0; r < R; r++) {
         int pair = pairs && r + 1 < R && c_bufs[r + 1] == c_bufs[r] && (!dr || kr_bufs[r + 1] == kr_bufs[r]) &&
